@@ -1,0 +1,59 @@
+# pdkit's build entry points. `make` alone lists the targets.
+
+GO ?= go
+GOFMT ?= $(shell $(GO) env GOROOT)/bin/gofmt
+
+# Flags for `make test`: the whole suite must finish within 15 minutes on 2 cores.
+GOTESTFLAGS ?= -race -timeout 14m
+# How long each kernel benchmark runs in `make bench`.
+BENCHTIME ?= 1s
+# Arguments for `bin/pdserve generate` in `make run`.
+PROMPT ?= Once upon a time
+ARGS ?= --prompt "$(PROMPT)" --max-tokens 64
+# Stamped into the binaries' version variable.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS ?= -X main.version=$(VERSION)
+
+.DEFAULT_GOAL := help
+.PHONY: help deps build run test bench check cuda-check clean
+
+help: ## list the targets and the variables they read
+	@echo 'usage: make TARGET [VAR=value ...]'
+	@echo
+	@awk 'BEGIN { FS = ":.*## " } /^[a-z][a-z-]*:.*## / { printf "  %-11s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+	@echo
+	@echo 'variables: GO, GOTESTFLAGS (test), BENCHTIME (bench), PROMPT and ARGS (run), VERSION (build)'
+
+deps: ## install missing system packages (apt) and Go modules; needs Go already
+	@GO='$(GO)' sh scripts/deps.sh
+
+build: ## build bin/pdserve and bin/pdctl
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/pdserve ./cmd/pdserve
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/pdctl ./cmd/pdctl
+
+run: deps build ## generate text with the built-in model (override with ARGS="..." or PROMPT="...")
+	bin/pdserve generate $(ARGS)
+
+test: deps ## go vet, then the whole test suite with the race detector
+	$(GO) vet ./...
+	$(GO) test $(GOTESTFLAGS) ./...
+
+bench: deps build ## kernel micro-benchmarks, then the model benchmark (bin/pdserve bench)
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./kernels/...
+	bin/pdserve bench
+
+check: deps ## fail on unformatted files, go vet findings or a go.mod that go mod tidy would change
+	@files=$$(find . -name '*.go' -not -path './.git/*' -not -path './bin/*' -not -path '*/testdata/*' \
+		-exec '$(GOFMT)' -l {} +) || exit 1; \
+	if [ -n "$$files" ]; then echo 'gofmt would change these files:'; echo "$$files"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) mod tidy -diff
+
+cuda-check: deps ## compile (never run) the -tags cuda build against fetched CUDA headers
+	@dir=$$(sh scripts/cuda-headers.sh) && \
+	export CGO_CFLAGS="-I$$dir/include" CGO_LDFLAGS="-L$$dir/lib" && \
+	echo "$(GO) vet -tags cuda ./..." && $(GO) vet -tags cuda ./... && \
+	echo "$(GO) build -tags cuda ./..." && $(GO) build -tags cuda ./...
+
+clean: ## remove bin/
+	rm -rf bin/

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/spf13/pflag"
+
+	"github.com/pdkit/pdkit/engine/model"
+	"github.com/pdkit/pdkit/engine/model/builtin"
+	"github.com/pdkit/pdkit/kernels"
+	"github.com/pdkit/pdkit/kernels/cpu"
+	"github.com/pdkit/pdkit/kernels/ref"
+)
+
+// engineFlags are the flags every command that runs a model shares.
+type engineFlags struct {
+	model   string
+	backend string
+	threads int
+	indexK  string
+}
+
+func (e *engineFlags) register(f *pflag.FlagSet) {
+	f.StringVar(&e.model, "model", "", "GGUF model file (default: the built-in small llama-dsa model, generated once into $PDKIT_HOME)")
+	f.StringVar(&e.backend, "backend", "cpu", "kernels: cpu (fast) or ref (plain-Go reference, slow)")
+	f.IntVar(&e.threads, "threads", 0, "CPU threads for the cpu backend (0: all)")
+	f.StringVar(&e.indexK, "index-k", "fp8", "index-K precision of the sparse indexer: fp8 or bf16")
+}
+
+// resolveModel returns the model path, generating the default model into
+// the cache folder when none is given.
+func resolveModel(path string, stderr io.Writer) (string, error) {
+	if path != "" {
+		return path, nil
+	}
+	home, err := builtin.Home()
+	if err != nil {
+		return "", err
+	}
+	spec := builtin.Default()
+	p, err := builtin.Ensure(home, spec)
+	if err != nil {
+		return "", err
+	}
+	fmt.Fprintf(stderr, "model: %s (built-in %s %s)\n", p, spec.Arch, spec.Size)
+	return p, nil
+}
+
+// newBackend builds the kernels; the returned func releases them.
+func newBackend(name string, threads int) (kernels.Backend, func(), error) {
+	if threads < 0 {
+		return nil, nil, usagef("--threads %d must be ≥ 0", threads)
+	}
+	switch name {
+	case "cpu":
+		b := cpu.New(threads)
+		return b, b.Close, nil
+	case "ref":
+		return ref.New(), func() {}, nil
+	}
+	return nil, nil, usagef("--backend %q: want cpu or ref", name)
+}
+
+// open loads the model and kernels the flags name.
+func (e *engineFlags) open(stderr io.Writer) (*model.Model, kernels.Backend, kernels.IndexKDType, func(), error) {
+	ik, err := kernels.ParseIndexKDType(e.indexK)
+	if err != nil {
+		return nil, nil, 0, nil, usageError{err}
+	}
+	b, closeB, err := newBackend(e.backend, e.threads)
+	if err != nil {
+		return nil, nil, 0, nil, err
+	}
+	path, err := resolveModel(e.model, stderr)
+	if err != nil {
+		closeB()
+		return nil, nil, 0, nil, err
+	}
+	m, err := model.Open(path)
+	if err != nil {
+		closeB()
+		return nil, nil, 0, nil, err
+	}
+	return m, b, ik, func() { m.Close(); closeB() }, nil
+}

@@ -1,0 +1,76 @@
+// Command pdserve runs pdkit's engine: built-in models, single-process
+// generation and benchmarks today; the serving roles (router, prefill,
+// decode) arrive with the serving milestones.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// usageError marks a bad command line: exit code 2, like flag errors.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
+
+// usageArgs makes a cobra positional-argument check a usage error.
+func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := check(cmd, args); err != nil {
+			return usageError{err}
+		}
+		return nil
+	}
+}
+
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "pdserve",
+		Short: "Run pdkit's prefill/decode serving engine",
+		Long: `pdserve runs pdkit's engine. Today it generates and inspects models, runs a
+single-process generation and the model benchmarks; the serving roles (serve,
+router, prefill, decode, launch) arrive with the serving milestones.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Version:       version,
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.AddCommand(newModelCmd(), newGenerateCmd(), newBenchCmd())
+	return root
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := newRootCmd().ExecuteContext(ctx)
+	stop()
+	os.Exit(exitCode(err))
+}
+
+// exitCode maps errors to exit codes in one place: 0 ok, 2 usage, 130
+// interrupted, 1 anything else.
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(os.Stderr, "pdserve:", err)
+	var ue usageError
+	switch {
+	case errors.As(err, &ue):
+		return 2
+	case errors.Is(err, context.Canceled):
+		return 130
+	}
+	return 1
+}

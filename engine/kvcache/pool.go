@@ -1,0 +1,406 @@
+package kvcache
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/pdkit/pdkit/kernels"
+)
+
+// Pool is one rank's KV memory: per-layer K and V arrays of Pages*PageSize
+// slots × KVDim float32, per-layer index-K buffers, a page allocator and the
+// request-to-token table (MaxSeqs rows × MaxContext slots).
+//
+// A Pool belongs to its rank's loop and is not safe for concurrent use.
+// FreePages, TotalPages and Live are the exceptions: they read atomics (or
+// immutable fields) so that a debug reader may call them from any goroutine,
+// even while the loop is stuck.
+type Pool struct {
+	cfg   Config
+	k, v  [][]float32          // [layer][slot*KVDim]
+	idx   []*kernels.IndexKeys // [layer]; nil without an indexer
+	alloc *PageAllocator
+	bytes int64
+	total int // pages; immutable
+
+	table    []int32         // [row*MaxContext+pos] = slot, -1 when unused
+	rows     []*Seq          // [row]; nil when the row is free
+	freeRows []int32         // stack; top is the end
+	byID     map[uint64]*Seq // live sequences
+	live     atomic.Int64    // len(byID), for readers off the loop
+	owner    []int32         // Check's scratch: page -> row+1
+	rowSeen  []bool          // Check's scratch
+}
+
+// Seq is one request's KV footprint: its pages, its row in the
+// request-to-token table, how many tokens hold KV (Len) and how many more are
+// reserved beyond them. Its methods are for the pool's loop only.
+type Seq struct {
+	pool     *Pool
+	id       uint64
+	row      int
+	pages    []int32
+	n        int // committed tokens
+	reserved int // reserved tokens beyond n
+	released bool
+}
+
+// ID is the id the sequence was created with.
+func (s *Seq) ID() uint64 { return s.id }
+
+// Len is the number of tokens whose KV is written (committed).
+func (s *Seq) Len() int { return s.n }
+
+// Reserved is the number of tokens reserved beyond Len and not yet committed.
+func (s *Seq) Reserved() int { return s.reserved }
+
+// Released reports whether Release has been called.
+func (s *Seq) Released() bool { return s.released }
+
+// Row is the sequence's row in the request-to-token table.
+func (s *Seq) Row() int { return s.row }
+
+// Slots returns the slots of positions 0..Len()+Reserved()-1: a read-only
+// view of the sequence's request-to-token row, valid until the next Reserve,
+// Truncate or Release of this sequence. Nil once released.
+func (s *Seq) Slots() []int32 {
+	if s.released {
+		return nil
+	}
+	mc := s.pool.cfg.MaxContext
+	foot := s.n + s.reserved
+	base := s.row * mc
+	return s.pool.table[base : base+foot : base+foot]
+}
+
+// Pages returns a copy of the sequence's pages, in position order.
+func (s *Seq) Pages() []int32 { return append([]int32(nil), s.pages...) }
+
+// NewPool validates cfg and allocates the pool's memory.
+func NewPool(cfg Config) (*Pool, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.IndexK != nil {
+		ik := *cfg.IndexK
+		cfg.IndexK = &ik // the caller may reuse theirs
+	}
+	bytes, err := cfg.bytes()
+	if err != nil {
+		return nil, err
+	}
+	slots := cfg.Slots()
+	p := &Pool{
+		cfg:      cfg,
+		k:        make([][]float32, cfg.Layers),
+		v:        make([][]float32, cfg.Layers),
+		alloc:    NewPageAllocator(cfg.Pages),
+		bytes:    bytes,
+		total:    cfg.Pages,
+		table:    make([]int32, cfg.MaxSeqs*cfg.MaxContext),
+		rows:     make([]*Seq, cfg.MaxSeqs),
+		freeRows: make([]int32, cfg.MaxSeqs),
+		byID:     make(map[uint64]*Seq),
+	}
+	for l := range cfg.Layers {
+		p.k[l] = make([]float32, slots*cfg.KVDim)
+		p.v[l] = make([]float32, slots*cfg.KVDim)
+	}
+	if ic := cfg.IndexK; ic != nil {
+		p.idx = make([]*kernels.IndexKeys, cfg.Layers)
+		for l := range p.idx {
+			ik := &kernels.IndexKeys{DType: ic.DType, Dim: ic.Dim}
+			switch ic.DType {
+			case kernels.IndexFP8:
+				ik.FP8 = make([]uint8, slots*ic.Dim)
+				ik.Scales = make([]float32, slots)
+			case kernels.IndexBF16:
+				ik.BF16 = make([]uint16, slots*ic.Dim)
+			}
+			p.idx[l] = ik
+		}
+	}
+	for i := range p.table {
+		p.table[i] = -1
+	}
+	for i := range p.freeRows {
+		p.freeRows[i] = int32(cfg.MaxSeqs - 1 - i) // row 0 first
+	}
+	return p, nil
+}
+
+// Config returns the pool's configuration.
+func (p *Pool) Config() Config {
+	c := p.cfg
+	if c.IndexK != nil {
+		ik := *c.IndexK
+		c.IndexK = &ik
+	}
+	return c
+}
+
+// K is layer's key array, [slot*KVDim].
+func (p *Pool) K(layer int) []float32 { return p.k[layer] }
+
+// V is layer's value array, [slot*KVDim].
+func (p *Pool) V(layer int) []float32 { return p.v[layer] }
+
+// IndexKeys is layer's index-K buffer, nil when the model has no indexer.
+func (p *Pool) IndexKeys(layer int) *kernels.IndexKeys {
+	if p.idx == nil {
+		return nil
+	}
+	return p.idx[layer]
+}
+
+// Bytes is the memory held by the KV arrays, the index keys and their scales.
+func (p *Pool) Bytes() int64 { return p.bytes }
+
+// TableBytes is the memory held by the request-to-token table.
+func (p *Pool) TableBytes() int64 { return 4 * int64(len(p.table)) }
+
+// FreePages is the number of free pages. Safe from any goroutine.
+func (p *Pool) FreePages() int { return p.alloc.FreeCount() }
+
+// TotalPages is the number of pages in the pool. Safe from any goroutine.
+func (p *Pool) TotalPages() int { return p.total }
+
+// Live is the number of live (unreleased) sequences. Safe from any goroutine.
+func (p *Pool) Live() int { return int(p.live.Load()) }
+
+// Seq returns the live sequence with this id.
+func (p *Pool) Seq(id uint64) (*Seq, bool) {
+	s, ok := p.byID[id]
+	return s, ok
+}
+
+// NewSeq starts an empty sequence on a free request-to-token row. It fails
+// with ErrNoRow when every row is taken and ErrDuplicateSeq when a live
+// sequence already has id.
+func (p *Pool) NewSeq(id uint64) (*Seq, error) {
+	s, err := p.newSeq(id)
+	p.selfCheck()
+	return s, err
+}
+
+func (p *Pool) newSeq(id uint64) (*Seq, error) {
+	if _, ok := p.byID[id]; ok {
+		return nil, fmt.Errorf("%w: %d is live", ErrDuplicateSeq, id)
+	}
+	if len(p.freeRows) == 0 {
+		return nil, fmt.Errorf("%w: all %d rows in use (seq %d)", ErrNoRow, p.cfg.MaxSeqs, id)
+	}
+	row := p.freeRows[len(p.freeRows)-1]
+	p.freeRows = p.freeRows[:len(p.freeRows)-1]
+	s := &Seq{pool: p, id: id, row: int(row)}
+	p.rows[row] = s
+	p.byID[id] = s
+	p.live.Add(1)
+	return s, nil
+}
+
+// Reserve makes room for n tokens beyond Len: afterwards Len()+Reserved() is
+// at least Len()+n and Slots() covers those positions. It allocates the pages
+// this needs, all or nothing: on ErrOutOfPages nothing changes. A reservation
+// never shrinks (Reserve with n at or below Reserved() does nothing; use
+// Truncate to give reserved room back). Growing past MaxContext fails with
+// ErrContextFull, again changing nothing.
+func (p *Pool) Reserve(s *Seq, n int) error {
+	err := p.reserve(s, n)
+	p.selfCheck()
+	return err
+}
+
+func (p *Pool) reserve(s *Seq, n int) error {
+	if err := p.own(s); err != nil {
+		return err
+	}
+	if n < 0 {
+		return fmt.Errorf("kvcache: seq %d: reserve of %d tokens", s.id, n)
+	}
+	if mc := p.cfg.MaxContext; n > mc-s.n {
+		return fmt.Errorf("%w: seq %d: %d tokens + %d more > max context %d", ErrContextFull, s.id, s.n, n, mc)
+	}
+	target, foot := s.n+n, s.n+s.reserved
+	if target <= foot {
+		return nil
+	}
+	if need := p.cfg.PagesFor(target) - len(s.pages); need > 0 {
+		pages, err := p.alloc.alloc(need)
+		if err != nil {
+			return fmt.Errorf("seq %d: reserve %d tokens beyond %d: %w", s.id, n, s.n, err)
+		}
+		s.pages = append(s.pages, pages...)
+	}
+	row := p.row(s)
+	ps := p.cfg.PageSize
+	for pos := foot; pos < target; pos++ {
+		row[pos] = s.pages[pos/ps]*int32(ps) + int32(pos%ps)
+	}
+	s.reserved = target - s.n
+	return nil
+}
+
+// Commit records that the next n reserved tokens now hold KV: Len grows by n
+// and Reserved shrinks by n. Committing more than is reserved fails with
+// ErrNotReserved and changes nothing.
+func (p *Pool) Commit(s *Seq, n int) error {
+	err := p.commit(s, n)
+	p.selfCheck()
+	return err
+}
+
+func (p *Pool) commit(s *Seq, n int) error {
+	if err := p.own(s); err != nil {
+		return err
+	}
+	if n < 0 {
+		return fmt.Errorf("kvcache: seq %d: commit of %d tokens", s.id, n)
+	}
+	if n > s.reserved {
+		return fmt.Errorf("%w: seq %d: commit %d tokens, %d reserved", ErrNotReserved, s.id, n, s.reserved)
+	}
+	s.n += n
+	s.reserved -= n
+	return nil
+}
+
+// Truncate keeps positions 0..n-1 and drops the rest, committed or reserved,
+// freeing the whole pages no longer needed. With n at or below Len, Len
+// becomes n and nothing stays reserved; with n between Len and
+// Len+Reserved, only reserved room is given back. n beyond Len+Reserved is an
+// error.
+func (p *Pool) Truncate(s *Seq, n int) error {
+	err := p.truncate(s, n)
+	p.selfCheck()
+	return err
+}
+
+func (p *Pool) truncate(s *Seq, n int) error {
+	if err := p.own(s); err != nil {
+		return err
+	}
+	foot := s.n + s.reserved
+	if n < 0 || n > foot {
+		return fmt.Errorf("kvcache: seq %d: truncate to %d tokens, holds %d (%d committed)", s.id, n, foot, s.n)
+	}
+	keep := p.cfg.PagesFor(n)
+	if err := p.alloc.release(s.pages[keep:]); err != nil {
+		return fmt.Errorf("seq %d: truncate to %d tokens: %w", s.id, n, err)
+	}
+	s.pages = s.pages[:keep]
+	row := p.row(s)
+	for pos := n; pos < foot; pos++ {
+		row[pos] = -1
+	}
+	if n <= s.n {
+		s.n, s.reserved = n, 0
+	} else {
+		s.reserved = n - s.n
+	}
+	return nil
+}
+
+// Release frees the sequence's pages and row. It happens once: a second
+// Release (or any later call on s) returns ErrReleased and frees nothing.
+func (p *Pool) Release(s *Seq) error {
+	err := p.releaseSeq(s)
+	p.selfCheck()
+	return err
+}
+
+func (p *Pool) releaseSeq(s *Seq) error {
+	if err := p.own(s); err != nil {
+		return err
+	}
+	if err := p.alloc.release(s.pages); err != nil {
+		return fmt.Errorf("seq %d: release: %w", s.id, err)
+	}
+	row := p.row(s)
+	for pos := range s.n + s.reserved {
+		row[pos] = -1
+	}
+	p.rows[s.row] = nil
+	p.freeRows = append(p.freeRows, int32(s.row))
+	delete(p.byID, s.id)
+	p.live.Add(-1)
+	s.pages, s.n, s.reserved, s.released = nil, 0, 0, true
+	return nil
+}
+
+// own checks that s is a live sequence of p.
+func (p *Pool) own(s *Seq) error {
+	switch {
+	case s == nil:
+		return fmt.Errorf("%w: nil", ErrForeignSeq)
+	case s.pool != p:
+		return fmt.Errorf("%w: seq %d", ErrForeignSeq, s.id)
+	case s.released:
+		return fmt.Errorf("%w: seq %d", ErrReleased, s.id)
+	}
+	return nil
+}
+
+// row is s's whole request-to-token row.
+func (p *Pool) row(s *Seq) []int32 {
+	mc := p.cfg.MaxContext
+	return p.table[s.row*mc : (s.row+1)*mc]
+}
+
+// WriteKV stores one token's K and V rows (KVDim each) into slot of layer.
+func (p *Pool) WriteKV(layer int, slot int32, k, v []float32) {
+	d := p.cfg.KVDim
+	if len(k) != d || len(v) != d {
+		panic(fmt.Sprintf("kvcache: WriteKV: K row of %d and V row of %d, want %d", len(k), len(v), d))
+	}
+	if invariants {
+		p.checkSlot("WriteKV", slot)
+	}
+	off := int(slot) * d
+	copy(p.k[layer][off:off+d], k)
+	copy(p.v[layer][off:off+d], v)
+}
+
+// WriteIndexK stores one token's index key into slot of layer, quantized by
+// b: FP8 (e4m3 and one scale, b.QuantizeFP8) or BF16 (b.ToBF16). It panics
+// when the pool has no indexer.
+func (p *Pool) WriteIndexK(b kernels.Backend, layer int, slot int32, key []float32) {
+	if p.idx == nil {
+		panic("kvcache: WriteIndexK on a pool without an indexer")
+	}
+	ik := p.idx[layer]
+	d := ik.Dim
+	if len(key) != d {
+		panic(fmt.Sprintf("kvcache: WriteIndexK: key of %d, want %d", len(key), d))
+	}
+	if invariants {
+		p.checkSlot("WriteIndexK", slot)
+	}
+	off := int(slot) * d
+	switch ik.DType {
+	case kernels.IndexFP8:
+		ik.Scales[slot] = b.QuantizeFP8(ik.FP8[off:off+d], key)
+	case kernels.IndexBF16:
+		b.ToBF16(ik.BF16[off:off+d], key)
+	}
+}
+
+// checkSlot panics unless slot lies on an allocated page.
+func (p *Pool) checkSlot(op string, slot int32) {
+	if slot < 0 || int(slot) >= p.cfg.Slots() {
+		panic(fmt.Sprintf("kvcache: %s: slot %d out of range (%d slots)", op, slot, p.cfg.Slots()))
+	}
+	if page := slot / int32(p.cfg.PageSize); !p.alloc.allocated(page) {
+		panic(fmt.Sprintf("kvcache: %s: slot %d is on free page %d", op, slot, page))
+	}
+}
+
+// selfCheck runs Check after a mutation in invariants builds and panics with
+// its error: a broken invariant is a programming error.
+func (p *Pool) selfCheck() {
+	if invariants {
+		if err := p.Check(); err != nil {
+			panic(err)
+		}
+	}
+}

@@ -1,0 +1,304 @@
+// Package builtin generates pdkit's built-in models: llama-family GGUF files
+// whose weights come deterministically from a seed, so that a fresh machine
+// can run, test and benchmark the whole system with nothing to download. The
+// weights are random, so the text is meaningless, but every code path (GGUF,
+// tokenizer, forward pass, indexer, KV, sampling) is the real one, and the
+// llama variant loads in llama.cpp.
+package builtin
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+
+	"github.com/pdkit/pdkit/engine/gguf"
+	"github.com/pdkit/pdkit/engine/model"
+	"github.com/pdkit/pdkit/engine/tokenizer"
+	"github.com/pdkit/pdkit/kernels"
+)
+
+// Sizes of built-in models.
+const (
+	SizeTiny  = "tiny"  // for tests: generated in milliseconds
+	SizeSmall = "small" // the shape of llama2.c's stories15M plus the indexer: demo and benchmarks
+)
+
+// DefaultSeed is the seed of the default model.
+const DefaultSeed = 1
+
+// Spec names one built-in model.
+type Spec struct {
+	Arch string // model.ArchLlama or model.ArchLlamaDSA
+	Size string // SizeTiny or SizeSmall
+	Seed uint64
+	Type kernels.DType // weight type of the matrices (norms stay F32)
+}
+
+// Default is the model a command uses when none is given.
+func Default() Spec {
+	return Spec{Arch: model.ArchLlamaDSA, Size: SizeSmall, Seed: DefaultSeed, Type: kernels.F32}
+}
+
+// Shape returns the configuration of a built-in model.
+func Shape(arch, size string) (model.Config, error) {
+	var c model.Config
+	switch size {
+	case SizeTiny:
+		c = model.Config{VocabSize: 512, Dim: 64, Layers: 2, Hidden: 128, Heads: 4, KVHeads: 2, HeadDim: 16, ContextLen: 512}
+		c.Indexer = &model.IndexerConfig{Heads: 2, Dim: 16, TopK: 8}
+	case SizeSmall:
+		c = model.Config{VocabSize: 32000, Dim: 288, Layers: 6, Hidden: 768, Heads: 6, KVHeads: 6, HeadDim: 48, ContextLen: 2048, TiedOutput: true}
+		c.Indexer = &model.IndexerConfig{Heads: 4, Dim: 32, TopK: 128}
+	default:
+		return c, fmt.Errorf("builtin: unknown size %q (want %s or %s)", size, SizeTiny, SizeSmall)
+	}
+	c.Arch = arch
+	c.RopeDim = c.HeadDim
+	c.RopeTheta = 10000
+	c.NormEps = 1e-5
+	switch arch {
+	case model.ArchLlamaDSA:
+	case model.ArchLlama:
+		c.Indexer = nil
+	default:
+		return c, fmt.Errorf("builtin: unknown architecture %q (want %s or %s)", arch, model.ArchLlama, model.ArchLlamaDSA)
+	}
+	return c, c.Validate()
+}
+
+// FileName is the cache file name of a spec.
+func (s Spec) FileName() string {
+	return fmt.Sprintf("builtin-%s-%s-%s-seed%d.gguf", s.Arch, s.Size, typeName(s.Type), s.Seed)
+}
+
+func typeName(t kernels.DType) string {
+	switch t {
+	case kernels.F32:
+		return "f32"
+	case kernels.F16:
+		return "f16"
+	case kernels.BF16:
+		return "bf16"
+	case kernels.Q8_0:
+		return "q8_0"
+	}
+	return t.String()
+}
+
+// ParseType reads a weight type name: f32, f16, bf16 or q8_0.
+func ParseType(s string) (kernels.DType, error) {
+	for _, t := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0} {
+		if typeName(t) == s {
+			return t, nil
+		}
+	}
+	return 0, fmt.Errorf("weight type %q: want f32, f16, bf16 or q8_0", s)
+}
+
+// ggml file types (general.file_type) for the weight types we write.
+func fileType(t kernels.DType) uint32 {
+	switch t {
+	case kernels.F16:
+		return 1
+	case kernels.Q8_0:
+		return 7
+	case kernels.BF16:
+		return 32
+	}
+	return 0
+}
+
+func ggufType(t kernels.DType) gguf.Type {
+	switch t {
+	case kernels.F16:
+		return gguf.TypeF16
+	case kernels.BF16:
+		return gguf.TypeBF16
+	case kernels.Q8_0:
+		return gguf.TypeQ8_0
+	}
+	return gguf.TypeF32
+}
+
+// Build generates the model described by s as a GGUF writer.
+func Build(s Spec) (*gguf.Writer, error) {
+	c, err := Shape(s.Arch, s.Size)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := kernels.RowBytes(s.Type, c.Dim); err != nil {
+		return nil, fmt.Errorf("builtin: %w", err)
+	}
+	vocab, err := tokenizer.BuiltinVocab(c.VocabSize)
+	if err != nil {
+		return nil, err
+	}
+	w := gguf.NewWriter()
+	a := c.Arch
+	w.Add("general.architecture", a)
+	w.Add("general.name", fmt.Sprintf("pdkit builtin %s %s seed %d", a, s.Size, s.Seed))
+	w.Add("general.file_type", fileType(s.Type))
+	w.Add(a+".vocab_size", uint32(c.VocabSize))
+	w.Add(a+".context_length", uint32(c.ContextLen))
+	w.Add(a+".embedding_length", uint32(c.Dim))
+	w.Add(a+".block_count", uint32(c.Layers))
+	w.Add(a+".feed_forward_length", uint32(c.Hidden))
+	w.Add(a+".attention.head_count", uint32(c.Heads))
+	w.Add(a+".attention.head_count_kv", uint32(c.KVHeads))
+	w.Add(a+".attention.layer_norm_rms_epsilon", c.NormEps)
+	w.Add(a+".rope.dimension_count", uint32(c.RopeDim))
+	w.Add(a+".rope.freq_base", c.RopeTheta)
+	if ix := c.Indexer; ix != nil {
+		w.Add(a+".indexer.head_count", uint32(ix.Heads))
+		w.Add(a+".indexer.key_length", uint32(ix.Dim))
+		w.Add(a+".indexer.top_k", uint32(ix.TopK))
+	}
+	w.Add("tokenizer.ggml.model", vocab.Model)
+	w.Add("tokenizer.ggml.tokens", vocab.Tokens)
+	w.Add("tokenizer.ggml.scores", vocab.Scores)
+	w.Add("tokenizer.ggml.token_type", vocab.Types)
+	w.Add("tokenizer.ggml.bos_token_id", uint32(vocab.BOS))
+	w.Add("tokenizer.ggml.eos_token_id", uint32(vocab.EOS))
+	w.Add("tokenizer.ggml.unknown_token_id", uint32(vocab.UNK))
+	w.Add("tokenizer.ggml.add_bos_token", true)
+	w.Add("tokenizer.ggml.add_space_prefix", true)
+
+	g := &gen{rng: rand.New(rand.NewPCG(s.Seed, 0x9e3779b97f4a7c15)), w: w, typ: s.Type}
+	// Variance-preserving init: projections draw from N(0, 1/fan_in); the
+	// projections that write into the residual stream are scaled down by the
+	// depth so activations stay bounded across layers.
+	resid := 1 / math.Sqrt(2*float64(c.Layers))
+	g.matrix("token_embd.weight", c.VocabSize, c.Dim, 0.1)
+	g.vector("output_norm.weight", c.Dim)
+	if !c.TiedOutput {
+		g.matrix("output.weight", c.VocabSize, c.Dim, 1/math.Sqrt(float64(c.Dim)))
+	}
+	for l := range c.Layers {
+		p := fmt.Sprintf("blk.%d.", l)
+		in := 1 / math.Sqrt(float64(c.Dim))
+		g.vector(p+"attn_norm.weight", c.Dim)
+		g.matrix(p+"attn_q.weight", c.QDim(), c.Dim, in)
+		g.matrix(p+"attn_k.weight", c.KVDim(), c.Dim, in)
+		g.matrix(p+"attn_v.weight", c.KVDim(), c.Dim, in)
+		g.matrix(p+"attn_output.weight", c.Dim, c.QDim(), resid/math.Sqrt(float64(c.QDim())))
+		g.vector(p+"ffn_norm.weight", c.Dim)
+		g.matrix(p+"ffn_gate.weight", c.Hidden, c.Dim, in)
+		g.matrix(p+"ffn_up.weight", c.Hidden, c.Dim, in)
+		g.matrix(p+"ffn_down.weight", c.Dim, c.Hidden, resid/math.Sqrt(float64(c.Hidden)))
+		if ix := c.Indexer; ix != nil {
+			g.matrix(p+"indexer.attn_q.weight", ix.Heads*ix.Dim, c.Dim, in)
+			g.matrix(p+"indexer.attn_k.weight", ix.Dim, c.Dim, in)
+			g.matrix(p+"indexer.proj.weight", ix.Heads, c.Dim, in)
+		}
+	}
+	if g.err != nil {
+		return nil, g.err
+	}
+	return w, nil
+}
+
+// WriteFile generates s into path (atomically).
+func WriteFile(path string, s Spec) error {
+	w, err := Build(s)
+	if err != nil {
+		return err
+	}
+	return w.WriteFile(path)
+}
+
+// Ensure returns the path of s in the cache folder dir, generating it on
+// first use. Concurrent callers are safe: the file appears by rename.
+func Ensure(dir string, s Spec) (string, error) {
+	path := filepath.Join(dir, s.FileName())
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("builtin: cache folder: %w", err)
+	}
+	if err := WriteFile(path, s); err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
+// Home is the cache folder: $PDKIT_HOME, else ~/.cache/pdkit.
+func Home() (string, error) {
+	if h := os.Getenv("PDKIT_HOME"); h != "" {
+		return h, nil
+	}
+	d, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("no cache folder (set PDKIT_HOME): %w", err)
+	}
+	return filepath.Join(d, "pdkit"), nil
+}
+
+type gen struct {
+	rng *rand.Rand
+	w   *gguf.Writer
+	typ kernels.DType
+	err error
+}
+
+func (g *gen) normals(n int, std float64) []float32 {
+	out := make([]float32, n)
+	for i := range out {
+		out[i] = float32(g.rng.NormFloat64() * std)
+	}
+	return out
+}
+
+// vector writes a norm weight: F32 as llama.cpp expects, near 1.
+func (g *gen) vector(name string, n int) {
+	v := g.normals(n, 0.05)
+	for i := range v {
+		v[i] += 1
+	}
+	g.add(name, gguf.TypeF32, []uint64{uint64(n)}, f32le(v))
+}
+
+func (g *gen) matrix(name string, rows, cols int, std float64) {
+	v := g.normals(rows*cols, std)
+	rb, err := kernels.RowBytes(g.typ, cols)
+	if err != nil {
+		g.err = err
+		return
+	}
+	data := make([]byte, rb*rows)
+	for r := range rows {
+		src, dst := v[r*cols:(r+1)*cols], data[r*rb:(r+1)*rb]
+		switch g.typ {
+		case kernels.F32:
+			copy(dst, f32le(src))
+		case kernels.F16:
+			for i, x := range src {
+				binary.LittleEndian.PutUint16(dst[2*i:], kernels.F32ToF16(x))
+			}
+		case kernels.BF16:
+			for i, x := range src {
+				binary.LittleEndian.PutUint16(dst[2*i:], kernels.F32ToBF16(x))
+			}
+		case kernels.Q8_0:
+			kernels.QuantizeQ8Row(dst, src)
+		}
+	}
+	g.add(name, ggufType(g.typ), []uint64{uint64(cols), uint64(rows)}, data)
+}
+
+func (g *gen) add(name string, t gguf.Type, shape []uint64, data []byte) {
+	if g.err == nil {
+		g.err = g.w.AddTensor(name, t, shape, data)
+	}
+}
+
+func f32le(v []float32) []byte {
+	out := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(x))
+	}
+	return out
+}

@@ -1,0 +1,216 @@
+// Package bench measures the model runtime the way an operator sizes a
+// deployment: prompt (prefill) speed, single-stream decode speed, aggregate
+// decode speed of a batch, each against the memory-bandwidth bound measured
+// in the same run (decode reads every weight once per step, so weight bytes ÷
+// read bandwidth is the fastest a step can be).
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"text/tabwriter"
+	"time"
+
+	"github.com/pdkit/pdkit/engine/model"
+	"github.com/pdkit/pdkit/engine/model/builtin"
+	"github.com/pdkit/pdkit/engine/runner"
+	"github.com/pdkit/pdkit/kernels"
+	"github.com/pdkit/pdkit/kernels/cpu"
+)
+
+// Config chooses what to measure.
+type Config struct {
+	Home         string          // cache folder for the built-in models
+	Arch         string          // built-in architecture (llama compares with llama.cpp on the same file)
+	Types        []kernels.DType // weight types
+	Threads      []int
+	PromptLen    int // prefill benchmark prompt
+	DecodeTokens int // tokens generated per sequence in the decode benchmarks
+	Batch        int // sequences in the aggregate decode benchmark
+	Repeats      int // each figure is the median of this many runs
+}
+
+// Row is one line of the report.
+type Row struct {
+	Type        kernels.DType
+	Threads     int
+	Prefill     float64 // prompt tokens/s
+	Decode1     float64 // tokens/s, one sequence
+	DecodeBatch float64 // tokens/s summed over Batch sequences
+	Bound       float64 // tokens/s if a decode step only streamed the weights at the measured bandwidth
+}
+
+// Report is a whole run.
+type Report struct {
+	Config        Config
+	BandwidthGBs  map[int]float64 // read bandwidth by thread count
+	Rows          []Row
+	WeightBytes   map[kernels.DType]int64
+	ModelFileName map[kernels.DType]string
+}
+
+// Run measures every (type, threads) pair.
+func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
+	rep := &Report{Config: cfg, BandwidthGBs: map[int]float64{}, WeightBytes: map[kernels.DType]int64{}, ModelFileName: map[kernels.DType]string{}}
+	for _, th := range cfg.Threads {
+		b := cpu.New(th)
+		bw := Bandwidth(b, 256<<20, cfg.Repeats)
+		b.Close()
+		rep.BandwidthGBs[th] = bw / 1e9
+		fmt.Fprintf(progress, "read bandwidth, %d thread(s): %.1f GB/s\n", th, bw/1e9)
+	}
+	for _, typ := range cfg.Types {
+		spec := builtin.Spec{Arch: cfg.Arch, Size: builtin.SizeSmall, Seed: builtin.DefaultSeed, Type: typ}
+		path, err := builtin.Ensure(cfg.Home, spec)
+		if err != nil {
+			return nil, err
+		}
+		m, err := model.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		rep.ModelFileName[typ] = path
+		wb := StepWeightBytes(m)
+		rep.WeightBytes[typ] = wb
+		for _, th := range cfg.Threads {
+			row, err := measure(ctx, m, typ, th, cfg)
+			if err != nil {
+				m.Close()
+				return nil, err
+			}
+			row.Bound = rep.BandwidthGBs[th] * 1e9 / float64(wb)
+			rep.Rows = append(rep.Rows, row)
+			fmt.Fprintf(progress, "%v, %d thread(s): prefill %.0f, decode %.1f, batch %d %.1f tokens/s\n", typ, th, row.Prefill, row.Decode1, cfg.Batch, row.DecodeBatch)
+		}
+		m.Close()
+	}
+	return rep, nil
+}
+
+func measure(ctx context.Context, m *model.Model, typ kernels.DType, threads int, cfg Config) (Row, error) {
+	b := cpu.New(threads)
+	defer b.Close()
+	row := Row{Type: typ, Threads: threads}
+	rng := rand.New(rand.NewPCG(7, 7))
+	prompt := func(n int) []int32 {
+		p := make([]int32, n)
+		for i := range p {
+			p[i] = int32(3 + rng.IntN(m.Config.VocabSize-3)) // skip control tokens
+		}
+		return p
+	}
+	run := func(reqs []runner.Request) (runner.Stats, error) {
+		kv := 0
+		for _, q := range reqs {
+			kv += len(q.Prompt) + q.MaxTokens
+		}
+		r, err := runner.New(m, b, runner.Options{MaxSeqs: len(reqs), KVTokens: kv + 16*len(reqs), PrefillChunk: cfg.PromptLen})
+		if err != nil {
+			return runner.Stats{}, err
+		}
+		_, st, err := r.Generate(ctx, reqs, nil)
+		return st, err
+	}
+	var pre, d1, db []float64
+	for range cfg.Repeats {
+		st, err := run([]runner.Request{{Prompt: prompt(cfg.PromptLen), MaxTokens: 1, IgnoreEOS: true}})
+		if err != nil {
+			return row, err
+		}
+		pre = append(pre, float64(st.PromptTokens)/st.Prefill.Seconds())
+
+		st, err = run([]runner.Request{{Prompt: prompt(16), MaxTokens: cfg.DecodeTokens + 1, IgnoreEOS: true}})
+		if err != nil {
+			return row, err
+		}
+		d1 = append(d1, float64(cfg.DecodeTokens)/st.Decode.Seconds())
+
+		reqs := make([]runner.Request, cfg.Batch)
+		for i := range reqs {
+			reqs[i] = runner.Request{Prompt: prompt(16), MaxTokens: cfg.DecodeTokens + 1, IgnoreEOS: true}
+		}
+		st, err = run(reqs)
+		if err != nil {
+			return row, err
+		}
+		db = append(db, float64(cfg.Batch*cfg.DecodeTokens)/st.Decode.Seconds())
+	}
+	row.Prefill, row.Decode1, row.DecodeBatch = median(pre), median(d1), median(db)
+	return row, nil
+}
+
+// StepWeightBytes is what one decode step reads of the weights: every
+// layer matrix and the output projection (the embedding lookup reads one row).
+func StepWeightBytes(m *model.Model) int64 {
+	var n int64
+	add := func(x *kernels.Matrix) {
+		if x != nil {
+			n += int64(len(x.Data))
+		}
+	}
+	for i := range m.Layers {
+		l := &m.Layers[i]
+		for _, x := range []*kernels.Matrix{l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down, l.IndexQ, l.IndexK, l.IndexW} {
+			add(x)
+		}
+		n += int64(4 * (len(l.AttnNorm) + len(l.FFNNorm)))
+	}
+	add(m.Output)
+	return n
+}
+
+// Bandwidth measures memory read bandwidth in bytes/s with the backend's own
+// streaming kernel: a one-row MatMul over an F32 matrix far larger than the
+// caches reads every byte once and does almost no arithmetic per byte.
+func Bandwidth(b kernels.Backend, bytes, repeats int) float64 {
+	const cols = 1024
+	rows := bytes / (4 * cols)
+	data := make([]float32, rows*cols)
+	for i := range data {
+		data[i] = float32(i%7) * 0.25
+	}
+	w, err := kernels.NewMatrix(kernels.F32, rows, cols, kernels.F32Bytes(data))
+	if err != nil {
+		panic(err) // sizes above are constants
+	}
+	x := make([]float32, cols)
+	out := make([]float32, rows)
+	b.MatMul(out, x, w, 1) // fault the pages in
+	var runs []float64
+	for range max(repeats, 1) {
+		start := time.Now()
+		b.MatMul(out, x, w, 1)
+		runs = append(runs, float64(len(w.Data))/time.Since(start).Seconds())
+	}
+	return median(runs)
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// Print writes the report as a table.
+func (r *Report) Print(w io.Writer) {
+	c := r.Config
+	fmt.Fprintf(w, "\nbuilt-in %s small model (dim 288, 6 layers, vocab 32000); prefill: %d-token prompt; decode: %d tokens after a 16-token prompt; batch: %d sequences; median of %d\n\n",
+		c.Arch, c.PromptLen, c.DecodeTokens, c.Batch, c.Repeats)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "weights\tthreads\tprefill tok/s\tdecode tok/s\tbound tok/s\tof bound\tbatch-%d tok/s\tbatch/single\t\n", c.Batch)
+	for _, row := range r.Rows {
+		fmt.Fprintf(tw, "%v\t%d\t%.0f\t%.1f\t%.0f\t%.0f%%\t%.0f\t%.1fx\t\n",
+			row.Type, row.Threads, row.Prefill, row.Decode1, row.Bound, 100*row.Decode1/row.Bound, row.DecodeBatch, row.DecodeBatch/row.Decode1)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	for _, typ := range c.Types {
+		fmt.Fprintf(w, "%v: %.1f MB of weights per decode step (%s)\n", typ, float64(r.WeightBytes[typ])/1e6, r.ModelFileName[typ])
+	}
+	for _, th := range c.Threads {
+		fmt.Fprintf(w, "read bandwidth, %d thread(s): %.1f GB/s\n", th, r.BandwidthGBs[th])
+	}
+}

@@ -1,0 +1,64 @@
+// Package testmodel gives tests a real built-in model file: generated once
+// per test binary into a temporary folder and opened fresh for each caller.
+package testmodel
+
+import (
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/pdkit/pdkit/engine/model"
+	"github.com/pdkit/pdkit/engine/model/builtin"
+)
+
+var (
+	mu    sync.Mutex
+	dir   string
+	paths = map[builtin.Spec]string{}
+)
+
+// Path returns the file of spec, generating it on first use.
+func Path(t testing.TB, spec builtin.Spec) string {
+	t.Helper()
+	mu.Lock()
+	defer mu.Unlock()
+	if p, ok := paths[spec]; ok {
+		return p
+	}
+	if dir == "" {
+		d, err := os.MkdirTemp("", "pdkit-testmodel-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir = d
+	}
+	p := filepath.Join(dir, spec.FileName())
+	if err := builtin.WriteFile(p, spec); err != nil {
+		t.Fatal(err)
+	}
+	paths[spec] = p
+	return p
+}
+
+// Open loads spec's model and closes it when the test ends.
+func Open(t testing.TB, spec builtin.Spec) *model.Model {
+	t.Helper()
+	m, err := model.Open(Path(t, spec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// Cleanup removes the generated files; call it from TestMain after m.Run.
+func Cleanup() {
+	mu.Lock()
+	defer mu.Unlock()
+	if dir != "" {
+		os.RemoveAll(dir)
+		dir = ""
+		paths = map[builtin.Spec]string{}
+	}
+}

@@ -1,0 +1,179 @@
+package cpu
+
+import (
+	"unsafe"
+
+	"github.com/pdkit/pdkit/kernels"
+)
+
+// dot1x8Func computes eight dot products of one float32 row x against the
+// rows w[0..7] of one weight encoding (the first 8·n8 elements of each).
+type dot1x8Func func(x *float32, w *[8]unsafe.Pointer, n8 int, out *[8]float32)
+
+// cvtFunc decodes 8·n8 weights of one encoding to float32.
+type cvtFunc func(dst *float32, src unsafe.Pointer, n8 int)
+
+// kernelSet is one implementation of the inner loops: AVX2 assembly
+// (kern_amd64.s) or the portable Go below. A Backend uses one set for every
+// call, which is what makes its results independent of batch size and
+// thread count: each kernel of a set computes a dot product the same way.
+//
+// The canonical dot product over the first 8·n8 elements: eight lanes,
+// lane l accumulating the products of elements c ≡ l (mod 8) in increasing
+// c, starting from +0; then ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)). The
+// assembly uses one fused multiply-add per product; the Go set rounds the
+// product and the sum separately, so the two sets differ in the last bits
+// (both stay within the conformance tolerances) but each is self-consistent.
+// Callers add the elements past 8·n8 one at a time after the sum.
+type kernelSet struct {
+	name string
+	// dot1x8 is indexed by kernels.DType. The Q8_0 kernel needs whole
+	// 32-element blocks (n8 a multiple of 4).
+	dot1x8 [4]dot1x8Func
+	// dot3x4 computes ntiles tiles of 3 float32 x rows by 4 float32 w rows.
+	dot3x4 func(x *float32, xstride, ntiles int, w *[4]unsafe.Pointer, n8 int, out *float32, ostride int)
+	// cvt is indexed by kernels.DType (no F32 entry): exact widening.
+	cvt [4]cvtFunc
+	// cvtFP8 sets dst[i] = FP8ToF32(src[i])·scale.
+	cvtFP8 func(dst *float32, src *uint8, n8 int, scale float32)
+	// attnPV accumulates probability-weighted value rows (see kern_amd64.go).
+	attnPV func(out, p, v *float32, slots *int32, nslots, stride, n8 int)
+}
+
+func genericKernels() *kernelSet {
+	return &kernelSet{
+		name:   "go",
+		dot1x8: [4]dot1x8Func{goDot1x8F32, goDot1x8Enc(kernels.F16), goDot1x8Enc(kernels.BF16), goDot1x8Enc(kernels.Q8_0)},
+		dot3x4: goDot3x4F32,
+		cvt:    [4]cvtFunc{nil, goCvtF16, goCvtBF16, goCvtQ8},
+		cvtFP8: goCvtFP8,
+		attnPV: goAttnPV,
+	}
+}
+
+// hsum8 is the canonical horizontal sum.
+func hsum8(a *[8]float32) float32 {
+	return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+}
+
+// acc8 adds x[c]·w[c] into the lanes for c < len(x) (a multiple of 8). The
+// explicit conversions keep the compiler from fusing the multiply and add,
+// so that every call site rounds the same way on every architecture.
+func acc8(a *[8]float32, x, w []float32) {
+	w = w[:len(x)]
+	for c := 0; c+8 <= len(x); c += 8 {
+		xs, ws := x[c:c+8:c+8], w[c:c+8:c+8]
+		a[0] += float32(xs[0] * ws[0])
+		a[1] += float32(xs[1] * ws[1])
+		a[2] += float32(xs[2] * ws[2])
+		a[3] += float32(xs[3] * ws[3])
+		a[4] += float32(xs[4] * ws[4])
+		a[5] += float32(xs[5] * ws[5])
+		a[6] += float32(xs[6] * ws[6])
+		a[7] += float32(xs[7] * ws[7])
+	}
+}
+
+func f32s(p unsafe.Pointer, n int) []float32 { return unsafe.Slice((*float32)(p), n) }
+
+func goDot1x8F32(x *float32, w *[8]unsafe.Pointer, n8 int, out *[8]float32) {
+	xs := unsafe.Slice(x, 8*n8)
+	for j := range 8 {
+		var a [8]float32
+		acc8(&a, xs, f32s(w[j], 8*n8))
+		out[j] = hsum8(&a)
+	}
+}
+
+// goDot1x8Enc decodes each row 32 elements at a time (one Q8_0 block) into
+// a small buffer and accumulates it like goDot1x8F32.
+func goDot1x8Enc(d kernels.DType) dot1x8Func {
+	return func(x *float32, w *[8]unsafe.Pointer, n8 int, out *[8]float32) {
+		xs := unsafe.Slice(x, 8*n8)
+		var buf [kernels.Q8Block]float32
+		for j := range 8 {
+			var a [8]float32
+			for c0 := 0; c0 < len(xs); c0 += len(buf) {
+				cnt := min(len(buf), len(xs)-c0)
+				decodeAt(d, buf[:cnt], w[j], c0)
+				acc8(&a, xs[c0:c0+cnt], buf[:cnt])
+			}
+			out[j] = hsum8(&a)
+		}
+	}
+}
+
+// decodeAt decodes len(dst) weights of encoding d starting at element c0 of
+// the row at p (c0 and len(dst) multiples of 32 for Q8_0).
+func decodeAt(d kernels.DType, dst []float32, p unsafe.Pointer, c0 int) {
+	switch d {
+	case kernels.F16:
+		goCvtF16(&dst[0], unsafe.Add(p, 2*c0), len(dst)/8)
+		for i := len(dst) &^ 7; i < len(dst); i++ {
+			dst[i] = kernels.F16ToF32(*(*uint16)(unsafe.Add(p, 2*(c0+i))))
+		}
+	case kernels.BF16:
+		goCvtBF16(&dst[0], unsafe.Add(p, 2*c0), len(dst)/8)
+		for i := len(dst) &^ 7; i < len(dst); i++ {
+			dst[i] = kernels.BF16ToF32(*(*uint16)(unsafe.Add(p, 2*(c0+i))))
+		}
+	case kernels.Q8_0:
+		goCvtQ8(&dst[0], unsafe.Add(p, c0/kernels.Q8Block*q8BlockBytes), len(dst)/8)
+	}
+}
+
+// q8BlockBytes is the size of one Q8_0 block: fp16 scale, then 32 int8.
+const q8BlockBytes = 2 + kernels.Q8Block
+
+func goDot3x4F32(x *float32, xstride, ntiles int, w *[4]unsafe.Pointer, n8 int, out *float32, ostride int) {
+	for t := range ntiles {
+		for i := range 3 {
+			xi := f32s(unsafe.Add(unsafe.Pointer(x), (3*t+i)*xstride), 8*n8)
+			o := f32s(unsafe.Add(unsafe.Pointer(out), (3*t+i)*ostride), 4)
+			for j := range 4 {
+				var a [8]float32
+				acc8(&a, xi, f32s(w[j], 8*n8))
+				o[j] = hsum8(&a)
+			}
+		}
+	}
+}
+
+func goCvtF16(dst *float32, src unsafe.Pointer, n8 int) {
+	d, s := unsafe.Slice(dst, 8*n8), unsafe.Slice((*uint16)(src), 8*n8)
+	for i, h := range s {
+		d[i] = kernels.F16ToF32(h)
+	}
+}
+
+func goCvtBF16(dst *float32, src unsafe.Pointer, n8 int) {
+	d, s := unsafe.Slice(dst, 8*n8), unsafe.Slice((*uint16)(src), 8*n8)
+	for i, h := range s {
+		d[i] = kernels.BF16ToF32(h)
+	}
+}
+
+func goCvtQ8(dst *float32, src unsafe.Pointer, n8 int) {
+	n := 8 * n8
+	kernels.DequantizeQ8Row(unsafe.Slice(dst, n), unsafe.Slice((*byte)(src), n/kernels.Q8Block*q8BlockBytes))
+}
+
+func goCvtFP8(dst *float32, src *uint8, n8 int, scale float32) {
+	d, s := unsafe.Slice(dst, 8*n8), unsafe.Slice(src, 8*n8)
+	for i, c := range s {
+		d[i] = kernels.FP8ToF32(c) * scale
+	}
+}
+
+func goAttnPV(out, p, v *float32, slots *int32, nslots, stride, n8 int) {
+	o := unsafe.Slice(out, 8*n8)
+	ps, ss := unsafe.Slice(p, nslots), unsafe.Slice(slots, nslots)
+	clear(o)
+	for j, s := range ss {
+		row := f32s(unsafe.Add(unsafe.Pointer(v), int(s)*stride), len(o))
+		pj := ps[j]
+		for c, vc := range row {
+			o[c] += float32(pj * vc)
+		}
+	}
+}

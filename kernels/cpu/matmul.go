@@ -1,0 +1,209 @@
+package cpu
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/pdkit/pdkit/kernels"
+)
+
+// MatMul computes dst[i][r] = Σ_c x[i][c]·W[r][c].
+//
+// Work is cut into parts over W rows (panels of 8) and, when there are too
+// few panels for the threads, over x rows too. Inside a part:
+//
+//   - fewer than 3 x rows (decode): each x row meets 8 W rows at a time in a
+//     1×8 kernel that reads the weights in their own encoding (F16/BF16/Q8_0
+//     decoded in registers), so decode reads the fewest bytes;
+//   - otherwise (prefill): a panel of 8 W rows is decoded to float32 once
+//     (F32 is used in place) and 3×4 register tiles sweep a cache-sized block
+//     of x rows over it; leftover x rows use the 1×8 kernel on the panel.
+//
+// Every kernel accumulates a dot product the same way (kernelSet), and a
+// decoded weight is the same float32 in every path, so all paths give the
+// same bits for the same (x row, W row).
+func (b *Backend) MatMul(dst, x []float32, w *kernels.Matrix, m int) {
+	if m <= 0 {
+		return
+	}
+	n, k := w.Rows, w.Cols
+	if len(x) < m*k || len(dst) < m*n {
+		panic(fmt.Sprintf("kernels/cpu: MatMul of %d×%d by %v %d×%d: len(x) = %d, len(dst) = %d", m, k, w.DType, n, k, len(x), len(dst)))
+	}
+	rb, err := kernels.RowBytes(w.DType, k)
+	if err != nil || len(w.Data) < rb*n {
+		panic(fmt.Sprintf("kernels/cpu: MatMul: malformed %v matrix %d×%d (%d bytes)", w.DType, n, k, len(w.Data)))
+	}
+	mm := matmul{b: b, dst: dst, x: x, w: w, m: m, n: n, k: k, rb: rb}
+	parts := b.parts(m * n * k)
+	panels := ceilDiv(n, panel)
+	pn, pm := parts, 1
+	if panels < parts {
+		pn = panels
+		pm = min(ceilDiv(parts, panels), ceilDiv(m, 3))
+	}
+	nChunk := ceilDiv(panels, pn) * panel
+	mChunk := ceilDiv(ceilDiv(m, 3), pm) * 3
+	pn, pm = ceilDiv(n, nChunk), ceilDiv(m, mChunk)
+	b.pool.run(pm*pn, func(p int) {
+		i0, r0 := p/pn*mChunk, p%pn*nChunk
+		mm.part(i0, min(m, i0+mChunk), r0, min(n, r0+nChunk))
+	})
+}
+
+// panel is the number of W rows a kernel call covers.
+const panel = 8
+
+// xBlockBytes bounds the block of x rows swept over one panel, to keep it
+// in L2 while the panel stays in L1.
+const xBlockBytes = 256 << 10
+
+type matmul struct {
+	b       *Backend
+	dst, x  []float32
+	w       *kernels.Matrix
+	m, n, k int
+	rb      int // bytes per W row
+}
+
+// part computes dst rows [i0,i1) × columns [r0,r1).
+func (mm *matmul) part(i0, i1, r0, r1 int) {
+	if i1-i0 < 3 {
+		mm.rows(i0, i1, r0, r1)
+	} else {
+		mm.tiles(i0, i1, r0, r1)
+	}
+}
+
+// rowPtr points at W row r in its own encoding.
+func (mm *matmul) rowPtr(r int) unsafe.Pointer {
+	return unsafe.Pointer(&mm.w.Data[r*mm.rb])
+}
+
+// decodeTail writes the float32 values of W row r from column k8 on.
+func (mm *matmul) decodeTail(dst []float32, r, k8 int) {
+	row := mm.w.Data[r*mm.rb : (r+1)*mm.rb]
+	for c := range dst {
+		i := k8 + c
+		switch mm.w.DType {
+		case kernels.F32:
+			dst[c] = *(*float32)(unsafe.Pointer(&row[4*i]))
+		case kernels.F16:
+			dst[c] = kernels.F16ToF32(uint16(row[2*i]) | uint16(row[2*i+1])<<8)
+		case kernels.BF16:
+			dst[c] = kernels.BF16ToF32(uint16(row[2*i]) | uint16(row[2*i+1])<<8)
+		}
+	}
+}
+
+// addTail finishes a dot product: s plus x[c]·w[c] for the elements past
+// the kernel's multiple of 8, one rounded product and one rounded sum at a
+// time. Every path ends its dot products here.
+func addTail(s float32, x, w []float32) float32 {
+	w = w[:len(x)]
+	for c, v := range x {
+		s += float32(v * w[c])
+	}
+	return s
+}
+
+// rows is the decode path: 1×8 kernels in the weights' own encoding.
+func (mm *matmul) rows(i0, i1, r0, r1 int) {
+	k, n := mm.k, mm.n
+	k8 := k &^ 7
+	dot := mm.b.k.dot1x8[mm.w.DType]
+	var ptrs [panel]unsafe.Pointer
+	var out [panel]float32
+	var tails [panel][7]float32
+	for r := r0; r < r1; r += panel {
+		nr := min(panel, r1-r)
+		for j := range panel {
+			ptrs[j] = mm.rowPtr(r + min(j, nr-1))
+		}
+		if k8 < k {
+			for j := range nr {
+				mm.decodeTail(tails[j][:k-k8], r+j, k8)
+			}
+		}
+		for i := i0; i < i1; i++ {
+			xi := mm.x[i*k : (i+1)*k]
+			dot(&xi[0], &ptrs, k8/8, &out)
+			d := mm.dst[i*n+r : i*n+r+nr]
+			for j := range d {
+				d[j] = addTail(out[j], xi[k8:], tails[j][:])
+			}
+		}
+	}
+}
+
+// tiles is the prefill path: float32 panels and 3×4 register tiles.
+func (mm *matmul) tiles(i0, i1, r0, r1 int) {
+	k, n := mm.k, mm.n
+	k8 := k &^ 7
+	ks := (k + 7) &^ 7 // scratch row stride
+	dt := mm.w.DType
+	var wf []float32 // F32 weights in place
+	var sc *[]float32
+	if dt == kernels.F32 {
+		wf = unsafe.Slice((*float32)(unsafe.Pointer(&mm.w.Data[0])), mm.n*k)
+	} else {
+		sc = mm.b.getScratch(panel * ks)
+		defer mm.b.putScratch(sc)
+	}
+	mb := max(3, xBlockBytes/(4*k)/3*3)
+	kern := mm.b.k
+	var rowp [panel]unsafe.Pointer
+	var rows [panel][]float32 // the panel's rows as float32
+	var out [panel]float32
+	var tmp [12]float32
+	for b0 := i0; b0 < i1; b0 += mb {
+		b1 := min(i1, b0+mb)
+		nt := (b1 - b0) / 3
+		for r := r0; r < r1; r += panel {
+			nr := min(panel, r1-r)
+			for j := range nr {
+				if dt == kernels.F32 {
+					rows[j] = wf[(r+j)*k : (r+j+1)*k]
+				} else {
+					rows[j] = (*sc)[j*ks : j*ks+k]
+					if k8 > 0 {
+						kern.cvt[dt](&rows[j][0], mm.rowPtr(r+j), k8/8)
+					}
+					mm.decodeTail(rows[j][k8:], r+j, k8)
+				}
+			}
+			for j := range panel {
+				rowp[j] = unsafe.Pointer(&rows[min(j, nr-1)][0])
+			}
+			for h := 0; h < nr; h += 4 {
+				w4 := (*[4]unsafe.Pointer)(rowp[h : h+4])
+				if nr-h >= 4 {
+					if nt > 0 {
+						kern.dot3x4(&mm.x[b0*k], 4*k, nt, w4, k8/8, &mm.dst[b0*n+r+h], 4*n)
+					}
+					continue
+				}
+				for t := range nt {
+					i := b0 + 3*t
+					kern.dot3x4(&mm.x[i*k], 4*k, 1, w4, k8/8, &tmp[0], 16)
+					for ii := range 3 {
+						copy(mm.dst[(i+ii)*n+r+h:(i+ii)*n+r+nr], tmp[4*ii:4*ii+nr-h])
+					}
+				}
+			}
+			for i := b0 + 3*nt; i < b1; i++ {
+				kern.dot1x8[kernels.F32](&mm.x[i*k], &rowp, k8/8, &out)
+				copy(mm.dst[i*n+r:i*n+r+nr], out[:nr])
+			}
+			if k8 < k {
+				for i := b0; i < b1; i++ {
+					xt := mm.x[i*k+k8 : (i+1)*k]
+					d := mm.dst[i*n+r : i*n+r+nr]
+					for j := range d {
+						d[j] = addTail(d[j], xt, rows[j][k8:])
+					}
+				}
+			}
+		}
+	}
+}
