@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/pdkit/pdkit/engine/gguf"
-	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
 	"github.com/pdkit/pdkit/engine/model/reftest"
@@ -24,36 +23,42 @@ import (
 // Tolerance. Every weight format the tiny model uses (F32, F16, BF16, Q8_0)
 // decodes exactly into float32, so the engine and the reference see the same
 // weights and differ only by the engine's float32 arithmetic: rounding of
-// sums over at most 128 terms, of the softmax and of the norms, through two
-// layers, plus the float32 RoPE angles. Relative to the size of the logits
-// that is of order 1e-6; the measured worst case over every case below is
-// reported by the test (go test -v) and was about MEASURED. The bound is
+// sums over at most 128 terms, of the softmax, norms and RoPE angles, through
+// two layers. The bound is
 //
 //	|engine − ref| ≤ refAtol·scale + refRtol·|ref|
 //
-// with scale the largest |logit| of the reference for that model, so the
-// absolute part follows the logit scale (a logit near zero carries the
-// rounding error of its larger neighbours' computation, not its own). The
-// bound is a few times the measured error and orders of magnitude below what
-// a real bug produces: TestReferenceIsSensitive runs deliberately broken
-// references (no RoPE, the wrong KV head, no indexer RoPE, dense attention
-// where the indexer should be sparse, no final norm) and requires each to
-// fail it.
+// with scale the largest |logit| of the reference for that model (about 4),
+// so that the absolute part follows the logit scale: a logit near zero
+// carries the rounding error of the sums that produced it, not a relative
+// error of its own. Measured on amd64, the worst error over every case is
+// 9.3e-7 of the scale (3.5e-6 absolute) with the ref backend and 5.6e-7 with
+// the cpu backend, a float32 rounding error accumulated over ~100-term sums;
+// 5e-6 leaves 5x headroom for other accumulation orders (FMA, SIMD widths)
+// and is still far below any real bug: TestReferenceIsSensitive runs
+// deliberately broken references and requires each to fail. The smallest of
+// them, RMSNorm ε doubled, is off by 1.4e-3 of the scale on llama (~270x the
+// bound; on llama-dsa it also flips a selection);
+// the rest (no RoPE, the other RoPE pairing, the wrong KV head, no final norm,
+// and on llama-dsa no indexer RoPE, scoring unquantized or bf16 keys, dense
+// attention, top_k+1) are off by 0.15 to 1.2 of the scale.
 const (
-	refAtol = 2e-5
-	refRtol = 2e-5
+	refAtol = 5e-6
+	refRtol = 5e-6
 )
 
 // Tiny built-in model: vocab 512, dim 64, 2 layers, indexer top_k 8.
 const (
 	refSeed    = 3  // built-in model seed
-	refTokSeed = 11 // token sequence seed
+	refTokSeed = 11 // token sequence seed: picked before any run; seeds 1 to 13 all pass, with no indexer near-tie
 	refTokens  = 40 // > top_k, so 32 of the 40 positions of each layer use the sparse path
 )
 
 var (
-	refArchs  = []string{model.ArchLlama, model.ArchLlamaDSA}
-	refTypes  = []kernels.DType{kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0}
+	refArchs = []string{model.ArchLlama, model.ArchLlamaDSA}
+	refTypes = []kernels.DType{kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0}
+	// Chunk sizes (0: the whole prompt in one step) and page sizes: 16 holds
+	// the prompt in few pages, 3 makes every chunk of 7 span page boundaries.
 	refChunks = []int{0, 1, 7}
 	refPages  = []int{16, 3}
 )
@@ -125,7 +130,9 @@ func compareLogits(got []float32, want [][]float64) logitDiff {
 				wBest = i
 			}
 		}
-		if gBest != wBest {
+		// The greedy token must be the same, unless the reference itself has
+		// two tokens within the tolerance of each other at the top.
+		if gBest != wBest && row[wBest]-row[gBest] > refAtol*d.scale+refRtol*math.Abs(row[wBest]) {
 			d.argmax = append(d.argmax, p)
 		}
 	}
@@ -137,15 +144,32 @@ func (d logitDiff) String() string {
 		d.maxAbs, d.maxAbs/d.scale, d.scale, d.at[0], d.at[1], d.maxRatio)
 }
 
+type refRun struct{ chunk, page int }
+
 type refBackend struct {
 	name string
 	b    kernels.Backend
+	runs []refRun
 }
 
+// refBackends are the backends the engine is checked with. The cpu backend
+// runs every chunking and paging; the plain-Go ref backend, which is several
+// times slower under the race detector, runs two of them (the whole prompt
+// at once, and chunks crossing page boundaries): chunking and paging are the
+// engine's own logic, the same whatever backend runs the kernels.
 func refBackends(t *testing.T) []refBackend {
 	c := cpu.New(2)
 	t.Cleanup(func() { c.Close() })
-	return []refBackend{{"ref", ref.New()}, {"cpu", c}}
+	var all []refRun
+	for _, chunk := range refChunks {
+		for _, page := range refPages {
+			all = append(all, refRun{chunk, page})
+		}
+	}
+	return []refBackend{
+		{"cpu", c, all},
+		{"ref", ref.New(), []refRun{{0, 16}, {7, 3}}},
+	}
 }
 
 func indexKFor(arch string) []kernels.IndexKDType {
@@ -157,7 +181,8 @@ func indexKFor(arch string) []kernels.IndexKDType {
 
 // TestForwardMatchesReference checks every logit of every position, for both
 // architectures, every weight type, both backends, both index-K precisions,
-// and several chunkings and page sizes, against the float64 reference.
+// and several chunkings and page sizes, against the float64 reference, and
+// that every position's argmax (the greedy token) is the same.
 func TestForwardMatchesReference(t *testing.T) {
 	for _, arch := range refArchs {
 		for _, typ := range refTypes {
@@ -179,20 +204,18 @@ func TestForwardMatchesReference(t *testing.T) {
 					}
 					for _, be := range backends {
 						var worst logitDiff
-						for _, chunk := range refChunks {
-							for _, page := range refPages {
-								got, err := tmpScore(m, be.b, tokens, ik, page, chunk)
-								if err != nil {
-									t.Fatalf("backend %s chunk %d page %d: %v", be.name, chunk, page, err)
-								}
-								d := compareLogits(got, want.Logits)
-								if d.maxRatio >= worst.maxRatio {
-									worst = d
-								}
-								if d.maxRatio > 1 || len(d.argmax) > 0 {
-									t.Errorf("index-K %v backend %s chunk %d page %d: %v; argmax differs at positions %v%s",
-										ik, be.name, chunk, page, d, d.argmax, gapNote(want))
-								}
+						for _, r := range be.runs {
+							got, err := m.ScorePrompt(be.b, tokens, ik, r.page, r.chunk)
+							if err != nil {
+								t.Fatalf("backend %s chunk %d page %d: %v", be.name, r.chunk, r.page, err)
+							}
+							d := compareLogits(got, want.Logits)
+							if d.maxRatio >= worst.maxRatio {
+								worst = d
+							}
+							if d.maxRatio > 1 || len(d.argmax) > 0 {
+								t.Errorf("index-K %v backend %s chunk %d page %d: %v; argmax differs at positions %v%s",
+									ik, be.name, r.chunk, r.page, d, d.argmax, gapNote(want))
 							}
 						}
 						t.Logf("index-K %v backend %s, worst over chunks and pages: %v", ik, be.name, worst)
@@ -245,15 +268,17 @@ func selectionDiffs(a, b *reftest.Result) (n int, first string) {
 // from fp8 keys on this sequence, and must then disagree with the engine run
 // with fp8.
 func TestReferenceIsSensitive(t *testing.T) {
+	t.Parallel()
 	common := []reftest.Perturbation{reftest.NoRoPE, reftest.HalfSplitRoPE, reftest.WrongKVHead,
 		reftest.NoFinalNorm, reftest.DoubledEps}
 	indexer := []reftest.Perturbation{reftest.NoIndexerRoPE, reftest.UnquantizedIndexK,
 		reftest.DenseIndexer, reftest.TopKPlusOne}
 	for _, arch := range refArchs {
 		t.Run(arch, func(t *testing.T) {
+			t.Parallel()
 			m, f := refModel(t, arch, kernels.F32)
 			tokens := refTokenSeq(refTokens, m.Config.VocabSize, refTokSeed)
-			got, err := tmpScore(m, ref.New(), tokens, kernels.IndexFP8, 16, 0)
+			got, err := m.ScorePrompt(ref.New(), tokens, kernels.IndexFP8, 16, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -269,7 +294,7 @@ func TestReferenceIsSensitive(t *testing.T) {
 			ps := common
 			if arch == model.ArchLlamaDSA {
 				vs = append(vs, variant{"bf16 index keys", reftest.Options{IndexK: "bf16"}})
-				ps = append(ps, indexer...)
+				ps = slices.Concat(common, indexer)
 			}
 			for _, p := range ps {
 				vs = append(vs, variant{p.String(), reftest.Options{IndexK: "fp8", Perturb: p}})
@@ -298,14 +323,17 @@ func TestReferenceIsSensitive(t *testing.T) {
 
 // TestIndexKPrecisionChangesSelection checks, on the reference, that the
 // index-K precision matters as the specification says: over a longer
-// sequence, fp8 and bf16 keys select different tokens for some (layer, token).
+// sequence (96 tokens), fp8 and bf16 keys select different tokens for some
+// (layer, token). (On the 40-token sequence above they already differ in 8 of
+// the 64 sparse rows, which TestReferenceIsSensitive relies on.)
 func TestIndexKPrecisionChangesSelection(t *testing.T) {
+	t.Parallel()
 	_, f := refModel(t, model.ArchLlamaDSA, kernels.F32)
 	c, err := reftest.ReadConfig(f)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tokens := refTokenSeq(128, c.Vocab, refTokSeed)
+	tokens := refTokenSeq(96, c.Vocab, refTokSeed)
 	sel := map[string]*reftest.Result{}
 	for _, ik := range []string{"fp8", "bf16"} {
 		if sel[ik], err = reftest.Run(f, tokens, reftest.Options{IndexK: ik}); err != nil {
@@ -317,35 +345,4 @@ func TestIndexKPrecisionChangesSelection(t *testing.T) {
 	if differ == 0 {
 		t.Errorf("fp8 and bf16 index keys never select differently over %d tokens", len(tokens))
 	}
-}
-
-func tmpScore(m *model.Model, b kernels.Backend, tokens []int32, indexK kernels.IndexKDType, pageSize, chunk int) ([]float32, error) {
-	if chunk <= 0 {
-		chunk = len(tokens)
-	}
-	pages := (len(tokens) + pageSize - 1) / pageSize
-	pc := m.PoolConfig(pageSize, pages, 1, indexK)
-	pc.MaxContext = pages * pageSize
-	pool, err := kvcache.NewPool(pc)
-	if err != nil {
-		return nil, err
-	}
-	e, err := m.NewExec(b, pool)
-	if err != nil {
-		return nil, err
-	}
-	seq, err := pool.NewSeq(0)
-	if err != nil {
-		return nil, err
-	}
-	defer pool.Release(seq)
-	v := m.Config.VocabSize
-	out := make([]float32, len(tokens)*v)
-	for s := 0; s < len(tokens); s += chunk {
-		part := tokens[s:min(s+chunk, len(tokens))]
-		if err := e.Forward([]model.SeqInput{{Seq: seq, Tokens: part, NumLogits: len(part)}}, out[s*v:]); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
 }

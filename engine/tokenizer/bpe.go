@@ -103,6 +103,9 @@ func newBPE(b *base, v *Vocab) (*BPETokenizer, error) {
 	if !ok {
 		return nil, fmt.Errorf("tokenizer: unsupported gpt2 pre-tokenizer %q", v.Pre)
 	}
+	if len(v.Merges) > 1<<24 { // ranks are compared as float32 scores
+		return nil, fmt.Errorf("tokenizer: too many merges (%d)", len(v.Merges))
+	}
 	t := &BPETokenizer{
 		base:         b,
 		ranks:        make(map[mergePair]int32, len(v.Merges)),

@@ -5,13 +5,16 @@ import (
 	"strings"
 )
 
-// Limits of BuiltinVocab: the three special tokens and 256 byte tokens,
-// plus room for at least the most common characters.
+// Limits of BuiltinVocab. The minimum is the three special tokens and 256
+// byte tokens plus 64 pieces, enough for "▁", the lowercase letters, digits
+// and most uppercase ones; the maximum keeps construction well under a
+// second.
 const (
-	builtinFixed   = 3 + 256
-	MinBuiltinSize = builtinFixed + 64
+	MinBuiltinSize = 3 + 256 + 64
 	MaxBuiltinSize = 1 << 18
 )
+
+const builtinFixed = 3 + 256 // ids before the first normal piece
 
 // BuiltinVocab returns a deterministic "llama"-model vocab of exactly size
 // tokens, for the project's built-in models that are generated from a seed

@@ -55,6 +55,20 @@ func TestBuiltinVocabLayout(t *testing.T) {
 	}
 }
 
+func TestBuiltinVocabCoversASCII(t *testing.T) {
+	tk := builtinTokenizer(t, 512)
+	for c := byte('!'); c <= '~'; c++ {
+		if _, ok := tk.TokenID(string(c)); !ok {
+			t.Errorf("BuiltinVocab(512) lacks %q", c)
+		}
+	}
+	// Chat-template style text: control tokens only with EncodeWithSpecials.
+	got, err := tk.EncodeWithSpecials("<s>hi</s>")
+	if err != nil || got[0] != 1 || got[len(got)-1] != 2 {
+		t.Errorf("EncodeWithSpecials = %v, %v", got, err)
+	}
+}
+
 func TestBuiltinVocabDeterministic(t *testing.T) {
 	a, _ := BuiltinVocab(32000)
 	b, _ := BuiltinVocab(32000)

@@ -32,7 +32,7 @@ func FuzzRoundTrip(f *testing.F) {
 			if got != s {
 				t.Fatalf("Decode(Encode(%q)) = %q", s, got)
 			}
-			d := NewStreamDecoder(tk)
+			d := NewStreamDecoderAtStart(tk)
 			var sb strings.Builder
 			for _, id := range ids {
 				chunk := d.Add(id)

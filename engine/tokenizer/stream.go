@@ -25,24 +25,27 @@ type StreamDecoder struct {
 	pending []byte       // an incomplete UTF-8 sequence, at most 3 bytes
 }
 
-// NewStreamDecoder returns a decoder for a sequence that starts a text: like
-// Decode, it drops the space that a "llama" vocabulary's space prefix puts
-// in front of the first piece, so the chunks add up to Decode's result.
+// NewStreamDecoder returns a decoder for generated tokens, which continue a
+// prompt: every piece is rendered as Piece renders it, so a first generated
+// "▁Paris" reads " Paris", as llama.cpp's server streams it. For tokens
+// that start a text, use NewStreamDecoderAtStart.
 func NewStreamDecoder(t Tokenizer) *StreamDecoder {
 	d := &StreamDecoder{tok: t}
 	if pd, ok := t.(pieceDecoder); ok {
 		d.pd = pd
-		d.atStart = pd.stripsLeadingSpace()
 	}
 	return d
 }
 
-// NewContinuationDecoder returns a decoder for tokens that continue text
-// produced elsewhere, typically the tokens generated after a prompt. It
-// keeps every space: the first generated "▁Paris" must read " Paris".
-func NewContinuationDecoder(t Tokenizer) *StreamDecoder {
+// NewStreamDecoderAtStart returns a decoder for a sequence that starts a
+// text (such as a whole encoded document): like Decode, it drops the space
+// that a "llama" vocabulary's space prefix puts in front of the first piece,
+// so the chunks add up to Decode's result whenever that is valid UTF-8.
+func NewStreamDecoderAtStart(t Tokenizer) *StreamDecoder {
 	d := NewStreamDecoder(t)
-	d.atStart = false
+	if d.pd != nil {
+		d.atStart = d.pd.stripsLeadingSpace()
+	}
 	return d
 }
 

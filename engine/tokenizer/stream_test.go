@@ -36,8 +36,16 @@ func TestStreamMatchesDecode(t *testing.T) {
 		for _, s := range roundTripStrings {
 			ids := mustEncode(t, tk, s, true)
 			want := mustDecode(t, tk, ids)
-			if got := streamAll(t, NewStreamDecoder(tk), ids); got != want {
+			if got := streamAll(t, NewStreamDecoderAtStart(tk), ids); got != want {
 				t.Errorf("%s: stream(%q) = %q, Decode = %q", name, s, got, want)
+			}
+			// The default decoder renders pieces as they are.
+			var pieces strings.Builder
+			for _, id := range ids {
+				pieces.WriteString(tk.Piece(id))
+			}
+			if got := streamAll(t, NewStreamDecoder(tk), ids); got != pieces.String() {
+				t.Errorf("%s: stream(%q) = %q, pieces = %q", name, s, got, pieces.String())
 			}
 		}
 	}
@@ -86,13 +94,26 @@ func TestStreamHoldsIncompleteCharacters(t *testing.T) {
 func TestStreamLeadingSpace(t *testing.T) {
 	tk := builtinTokenizer(t, 32000)
 	ids := mustEncode(t, tk, "Paris is nice", true)
-	if got := streamAll(t, NewStreamDecoder(tk), ids); got != "Paris is nice" {
+	if got := streamAll(t, NewStreamDecoderAtStart(tk), ids); got != "Paris is nice" {
+		t.Errorf("NewStreamDecoderAtStart = %q", got)
+	}
+	// Generated tokens continue a prompt: their leading space is real, and
+	// prompt + generation reads like Decode of both.
+	prompt := mustEncode(t, tk, "The capital of France is", true)
+	gen := mustEncode(t, tk, "Paris is nice", false)
+	got := streamAll(t, NewStreamDecoder(tk), gen)
+	if got != " Paris is nice" {
 		t.Errorf("NewStreamDecoder = %q", got)
 	}
-	// Generated tokens continue a prompt: their leading space is real.
-	gen := mustEncode(t, tk, "Paris is nice", false)
-	if got := streamAll(t, NewContinuationDecoder(tk), gen); got != " Paris is nice" {
-		t.Errorf("NewContinuationDecoder = %q", got)
+	if whole := mustDecode(t, tk, append(prompt, gen...)); whole != mustDecode(t, tk, prompt)+got {
+		t.Errorf("Decode(prompt+gen) = %q, want prompt + %q", whole, got)
+	}
+	// Without a space prefix both decoders agree.
+	gpt := mustNew(t, trainBPE(t, trainingCorpus, "default", 100))
+	ids = mustEncode(t, gpt, " Paris is nice", false)
+	a, b := streamAll(t, NewStreamDecoder(gpt), ids), streamAll(t, NewStreamDecoderAtStart(gpt), ids)
+	if a != " Paris is nice" || b != a {
+		t.Errorf("gpt2 decoders: %q, %q", a, b)
 	}
 }
 
@@ -102,8 +123,8 @@ type foreign struct{ Tokenizer }
 func TestStreamForeignTokenizer(t *testing.T) {
 	tk := builtinTokenizer(t, 512)
 	ids := mustEncode(t, tk, "héllo 😀", false)
-	got := streamAll(t, NewStreamDecoder(foreign{tk}), ids)
-	if got != " héllo 😀" { // Piece keeps the prefix space
+	got := streamAll(t, NewStreamDecoderAtStart(foreign{tk}), ids)
+	if got != " héllo 😀" { // only Piece is known: the prefix space stays
 		t.Errorf("foreign stream = %q", got)
 	}
 	d := NewStreamDecoder(foreign{tk})

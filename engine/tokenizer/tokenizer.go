@@ -14,6 +14,7 @@ package tokenizer
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -122,6 +123,7 @@ type base struct {
 	// normal, undefined and user-defined ones. Control, unknown, unused and
 	// byte tokens are excluded so that no input text can turn into them.
 	ordinary map[string]int32
+	rest     map[string]int32 // byte and unused tokens, for TokenID only
 	specials specialMatcher
 
 	bos, eos, unk int32
@@ -142,6 +144,11 @@ func newBase(v *Vocab) (*base, error) {
 	}
 	if v.Scores != nil && len(v.Scores) != n {
 		return nil, fmt.Errorf("tokenizer: vocab has %d scores for %d tokens", len(v.Scores), n)
+	}
+	for i, sc := range v.Scores {
+		if math.IsNaN(float64(sc)) { // would make merge order arbitrary
+			return nil, fmt.Errorf("tokenizer: token %d (%q) has a NaN score", i, v.Tokens[i])
+		}
 	}
 	if v.Types != nil && len(v.Types) != n {
 		return nil, fmt.Errorf("tokenizer: vocab has %d token types for %d tokens", len(v.Types), n)
@@ -192,6 +199,7 @@ func newBase(v *Vocab) (*base, error) {
 		text:     v.Tokens,
 		typ:      typ,
 		ordinary: make(map[string]int32, n),
+		rest:     make(map[string]int32),
 		bos:      v.BOS,
 		eos:      v.EOS,
 		unk:      v.UNK,
@@ -204,6 +212,8 @@ func newBase(v *Vocab) (*base, error) {
 			if s != "" {
 				b.ordinary[s] = int32(i) // a later duplicate wins, as in llama.cpp
 			}
+		case TypeByte, TypeUnused:
+			b.rest[s] = int32(i)
 		}
 	}
 	b.specials.build(v.Tokens, typ)
@@ -283,10 +293,8 @@ func (b *base) TokenID(text string) (int32, bool) {
 	if id := b.specials.exact(text); id >= 0 {
 		return id, true
 	}
-	for i := len(b.text) - 1; i >= 0; i-- { // byte and unused tokens: rare lookups
-		if b.text[i] == text {
-			return int32(i), true
-		}
+	if id, ok := b.rest[text]; ok {
+		return id, true
 	}
 	return -1, false
 }
@@ -321,6 +329,10 @@ func (b *base) decodePiece(id int32, atStart *bool) string {
 
 func (b *base) stripsLeadingSpace() bool { return b.stripSpace }
 
+// maxTextLen bounds Encode's input: the merge loops index the normalized
+// text (up to 3× longer: " " becomes "▁") with int32.
+const maxTextLen = 1 << 28
+
 // fragmentEncoder tokenizes a run of text that contains no special tokens.
 // first is true when the run starts the text or directly follows a special
 // token, which is where SentencePiece adds its space prefix.
@@ -330,6 +342,9 @@ type fragmentEncoder interface {
 
 // encode splits text at special tokens and tokenizes the text between them.
 func (b *base) encode(e fragmentEncoder, text string, bos, allSpecials bool) ([]int32, error) {
+	if len(text) > maxTextLen {
+		return nil, fmt.Errorf("tokenizer: text of %d bytes is longer than the %d-byte limit", len(text), maxTextLen)
+	}
 	out := make([]int32, 0, len(text)/3+2)
 	if bos {
 		out = append(out, b.bos)

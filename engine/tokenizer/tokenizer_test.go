@@ -1,10 +1,10 @@
 package tokenizer
 
 import (
+	"math"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 )
 
 func TestNewErrors(t *testing.T) {
@@ -21,6 +21,7 @@ func TestNewErrors(t *testing.T) {
 		{"long types", func(v *Vocab) { v.Types = append(v.Types, 1) }, "token types for"},
 		{"bad type", func(v *Vocab) { v.Types[5] = 9 }, "invalid type 9"},
 		{"negative type", func(v *Vocab) { v.Types[5] = -1 }, "invalid type -1"},
+		{"NaN score", func(v *Vocab) { v.Scores[4] = float32(math.NaN()) }, "NaN score"},
 		{"BOS range", func(v *Vocab) { v.BOS = int32(len(v.Tokens)) }, "BOS id"},
 		{"EOS range", func(v *Vocab) { v.EOS = -2 }, "EOS id -2 out of range"},
 		{"UNK range", func(v *Vocab) { v.UNK = 1 << 20 }, "UNK id"},
@@ -111,31 +112,40 @@ func longPrompt() string {
 	return sb.String()
 }
 
-func TestLongPromptIsFast(t *testing.T) {
-	prompt := longPrompt()
-	// One long run without spaces is the worst case for the merge loops.
-	noSpaces := strings.Repeat("abcdefghij", 10_000)
-	for name, tk := range map[string]Tokenizer{
-		"spm32000": builtinTokenizer(t, 32000),
-		"gpt2":     mustNew(t, trainBPE(t, trainingCorpus, "default", 300)),
-	} {
-		for _, text := range []string{prompt, noSpaces} {
-			// The best of three runs filters out a loaded machine; an
-			// O(n²) merge loop would still take many seconds.
-			best := time.Duration(1<<63 - 1)
-			var ids []int32
-			for range 3 {
-				start := time.Now()
-				ids = mustEncode(t, tk, text, true)
-				best = min(best, time.Since(start))
-			}
-			t.Logf("%s: %d bytes → %d tokens in %v", name, len(text), len(ids), best)
-			if limit := time.Second; !raceEnabled && best > limit {
-				t.Errorf("%s: encoding %d bytes took %v (limit %v)", name, len(text), best, limit)
-			}
+// TestLongPromptRoundTrip checks long inputs, including one long run with no
+// spaces (the worst case for the merge loops); BenchmarkEncodeLong measures
+// their speed.
+func TestLongPromptRoundTrip(t *testing.T) {
+	for name, tk := range longPromptTokenizers(t) {
+		for _, text := range []string{longPrompt(), longNoSpaces()} {
+			ids := mustEncode(t, tk, text, true)
 			if s := mustDecode(t, tk, ids); s != text {
 				t.Errorf("%s: long round trip failed", name)
 			}
+		}
+	}
+}
+
+func longNoSpaces() string { return strings.Repeat("abcdefghij", 10_000) }
+
+func longPromptTokenizers(t testing.TB) map[string]Tokenizer {
+	return map[string]Tokenizer{
+		"spm32000": builtinTokenizer(t, 32000),
+		"gpt2":     mustNew(t, trainBPE(t, trainingCorpus, "default", 300)),
+	}
+}
+
+func BenchmarkEncodeLong(b *testing.B) {
+	for name, tk := range longPromptTokenizers(b) {
+		for tname, text := range map[string]string{"prose": longPrompt(), "nospaces": longNoSpaces()} {
+			b.Run(name+"/"+tname, func(b *testing.B) {
+				b.SetBytes(int64(len(text)))
+				for b.Loop() {
+					if _, err := tk.Encode(text, true); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
 		}
 	}
 }

@@ -105,7 +105,7 @@ func invMatMul(t *testing.T, variants []*Backend, portable bool) {
 
 func invAttention(t *testing.T, variants []*Backend) {
 	r := rand.New(rand.NewPCG(3, 4))
-	const tokens, pool = 33, 300
+	const tokens, pool = 33, 150
 	for _, shape := range []struct{ kv, group, hd int }{{2, 3, 48}, {1, 4, 20}, {2, 1, 64}} {
 		H := shape.kv * shape.group
 		qDim, kvDim := H*shape.hd, shape.kv*shape.hd
@@ -142,7 +142,7 @@ func invAttention(t *testing.T, variants []*Backend) {
 
 func invIndexScore(t *testing.T, variants []*Backend) {
 	r := rand.New(rand.NewPCG(5, 6))
-	const tokens, pool, H = 33, 1500, 4
+	const tokens, pool, H = 33, 400, 4
 	for _, dt := range []kernels.IndexKDType{kernels.IndexFP8, kernels.IndexBF16} {
 		for _, dim := range []int{32, 20} {
 			keys := &kernels.IndexKeys{DType: dt, Dim: dim}

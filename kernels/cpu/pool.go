@@ -2,34 +2,50 @@ package cpu
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // pool is the Backend's set of worker goroutines. A call cuts its work into
-// parts that write disjoint outputs; the calling goroutine and up to
-// threads-1 workers claim parts from a shared counter until none is left,
-// and the call returns when every part is done. Which goroutine runs a part
-// never changes what the part computes.
+// parts that write disjoint outputs; the calling goroutine and the workers
+// claim parts from a shared counter until none is left, and the call returns
+// when every part is done. Which goroutine runs a part never changes what
+// the part computes.
+//
+// A decode step makes dozens of calls of a few microseconds each, so waking
+// a parked goroutine (several microseconds) would eat the gain. A worker
+// that finishes a job therefore watches for the next one for a short while
+// (spinFor) before parking on the jobs channel, and the caller likewise
+// watches for its helpers to finish before parking. Between steps the
+// workers park and cost nothing.
 //
 // The workers are owned by the pool: they start in newPool and exit when
-// close is called (Backend.Close), after finishing any job already handed
-// to them.
+// close is called (Backend.Close), after finishing the job in hand.
 type pool struct {
 	threads int
-	jobs    chan *job
+	cur     atomic.Pointer[job] // the latest job, for spinning workers
+	parked  atomic.Int32        // workers blocked on jobs
+	jobs    chan *job           // wakes parked workers
 
 	mu      sync.RWMutex // guards closed against sends on a closed jobs
 	closed  bool
+	quit    atomic.Bool
 	workers sync.WaitGroup
 }
 
+// spinFor is how long an idle worker, or a caller waiting for its helpers,
+// polls before parking.
+const spinFor = 50 * time.Microsecond
+
 type job struct {
-	fn    func(part int)
-	parts int32
-	next  atomic.Int32
-	wg    sync.WaitGroup
-	perr  atomic.Pointer[string] // first panic, re-raised by the caller
+	fn       func(part int)
+	parts    int32
+	next     atomic.Int32  // next part to claim
+	done     atomic.Int32  // parts finished
+	finished chan struct{} // closed when done reaches parts
+	perr     atomic.Pointer[string]
 }
 
 func newPool(threads int) *pool {
@@ -43,8 +59,39 @@ func newPool(threads int) *pool {
 
 func (p *pool) worker() {
 	defer p.workers.Done()
-	for j := range p.jobs {
+	var last *job
+	for {
+		j := p.spinForJob(last)
+		if j == nil {
+			p.parked.Add(1)
+			var ok bool
+			j, ok = <-p.jobs
+			p.parked.Add(-1)
+			if !ok {
+				return
+			}
+		}
+		last = j
 		j.work()
+	}
+}
+
+// spinForJob polls for a job other than last for up to spinFor.
+func (p *pool) spinForJob(last *job) *job {
+	start := time.Now()
+	for i := 0; ; i++ {
+		if p.quit.Load() {
+			return nil
+		}
+		if j := p.cur.Load(); j != nil && j != last && j.next.Load() < j.parts {
+			return j
+		}
+		if i%64 == 63 {
+			if time.Since(start) > spinFor {
+				return nil
+			}
+			runtime.Gosched()
+		}
 	}
 }
 
@@ -60,20 +107,30 @@ func (p *pool) run(parts int, fn func(part int)) {
 		}
 		return
 	}
-	j := &job{fn: fn, parts: int32(parts)}
-	j.wg.Add(parts)
-	p.mu.RLock()
-	if !p.closed {
-		for range min(parts, p.threads) - 1 {
-			select {
-			case p.jobs <- j:
-			default: // every worker already has a job queued: do more here
+	j := &job{fn: fn, parts: int32(parts), finished: make(chan struct{})}
+	p.cur.Store(j)
+	// Wake parked workers; spinning ones see cur.
+	if n := min(int(p.parked.Load()), parts-1); n > 0 {
+		p.mu.RLock()
+		if !p.closed {
+			for range n {
+				select {
+				case p.jobs <- j:
+				default:
+				}
 			}
 		}
+		p.mu.RUnlock()
 	}
-	p.mu.RUnlock()
 	j.work()
-	j.wg.Wait()
+	start := time.Now()
+	for i := 0; j.done.Load() < j.parts; i++ {
+		if i%64 == 63 && time.Since(start) > spinFor {
+			<-j.finished
+			break
+		}
+	}
+	p.cur.CompareAndSwap(j, nil)
 	if e := j.perr.Load(); e != nil {
 		panic(*e)
 	}
@@ -91,11 +148,13 @@ func (j *job) work() {
 }
 
 func (j *job) runPart(i int) {
-	defer j.wg.Done()
 	defer func() {
 		if r := recover(); r != nil {
 			msg := fmt.Sprintf("kernels/cpu: part %d: %v", i, r)
 			j.perr.CompareAndSwap(nil, &msg)
+		}
+		if j.done.Add(1) == j.parts {
+			close(j.finished)
 		}
 	}()
 	j.fn(i)
@@ -107,6 +166,7 @@ func (p *pool) close() {
 	p.mu.Lock()
 	if !p.closed {
 		p.closed = true
+		p.quit.Store(true)
 		close(p.jobs)
 	}
 	p.mu.Unlock()

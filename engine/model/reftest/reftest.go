@@ -7,8 +7,9 @@
 // with less precision: the indexer's keys, which are quantized (fp8 e4m3 with
 // a per-token scale, or bf16) before they are scored.
 //
-// It is slow and simple on purpose: one token at a time, full recomputation,
-// no KV paging, no batching.
+// It is slow and simple on purpose: the whole sequence goes through one layer
+// after another, every position attending over its candidates (or its top_k
+// selection) directly; there is no KV paging, chunking or batching.
 package reftest
 
 import (

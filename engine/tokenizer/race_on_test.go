@@ -1,5 +1,0 @@
-//go:build race
-
-package tokenizer
-
-const raceEnabled = true
