@@ -6,6 +6,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/cpu"
+
+	"github.com/pdkit/pdkit/kernels"
 )
 
 // The assembly kernels (kern_amd64.s). Every pointer must cover what the
@@ -62,11 +64,65 @@ func cvtQ8(dst *float32, src unsafe.Pointer, n8 int)
 //go:noescape
 func cvtFP8(dst *float32, src *uint8, n8 int, scale float32)
 
+// decodeFP8Keys decodes the fp8 index keys (8·d8 codes and a scale each)
+// of slots[0..n) into consecutive float32 rows of dst.
+//
+//go:noescape
+func decodeFP8Keys(dst *float32, codes *uint8, scales *float32, slots *int32, n, d8 int)
+
+// decodeBF16Keys decodes the bf16 index keys of slots[0..n) likewise.
+//
+//go:noescape
+func decodeBF16Keys(dst *float32, src *uint16, slots *int32, n, d8 int)
+
+// indexScore8 scores nblk blocks of 8 decoded keys against nh query heads
+// (see kern_amd64.s).
+//
+//go:noescape
+func indexScore8(out, q, w *float32, nh int, keys *float32, nblk, n8 int)
+
+// attnQK sets scores[8b+l] = dot(q, K row slots[8b+l])·scale for nblk
+// blocks of 8 slots, each dot as dot1x8F32 computes it (n8 ≥ 1). k points
+// at the head's first element of slot 0; stride is in bytes.
+//
+//go:noescape
+func attnQK(scores, q, k *float32, slots *int32, nblk, stride, n8 int, scale float32)
+
 // attnPV sets out[c] = Σ_j p[j]·v[slots[j]·stride/4 + c] for c < 8·n8 and
 // j < nslots, in slot order, one FMA per term, from +0. stride is in bytes.
 //
 //go:noescape
 func attnPV(out, p, v *float32, slots *int32, nslots, stride, n8 int)
+
+// expF32 sets dst[i] = exp(src[i]) with the vectorised exp that softmaxF32
+// and swigluF32 use (see kern_amd64.s); for tests.
+//
+//go:noescape
+func expF32(dst, src *float32, n int)
+
+// softmaxF32 normalises x[:n] in place (n ≥ 1).
+//
+//go:noescape
+func softmaxF32(x *float32, n int)
+
+// swigluF32 sets dst[i] = gate[i]/(1+exp(-gate[i]))·up[i] for i < n.
+//
+//go:noescape
+func swigluF32(dst, gate, up *float32, n int)
+
+func asmSoftmax(x []float32) {
+	if len(x) > 0 {
+		softmaxF32(&x[0], len(x))
+	}
+}
+
+func asmSwiGLU(dst, gate, up []float32) {
+	n := len(dst)
+	gate, up = gate[:n], up[:n]
+	if n > 0 {
+		swigluF32(&dst[0], &gate[0], &up[0], n)
+	}
+}
 
 // hasAVX2 reports whether this CPU (and OS) runs the assembly kernels.
 var hasAVX2 = cpu.X86.HasAVX && cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.HasF16C
@@ -76,11 +132,27 @@ func asmKernels() *kernelSet {
 		return nil
 	}
 	return &kernelSet{
-		name:   "avx2",
-		dot1x8: [4]dot1x8Func{dot1x8F32, dot1x8F16, dot1x8BF16, dot1x8Q8},
-		dot3x4: dot3x4F32,
-		cvt:    [4]cvtFunc{nil, cvtF16, cvtBF16, cvtQ8},
-		cvtFP8: cvtFP8,
-		attnPV: attnPV,
+		name:    "avx2",
+		dot1x8:  [4]dot1x8Func{dot1x8F32, dot1x8F16, dot1x8BF16, dot1x8Q8},
+		dot3x4:  dot3x4F32,
+		cvt:     [4]cvtFunc{nil, cvtF16, cvtBF16, cvtQ8},
+		cvtFP8:  cvtFP8,
+		attnPV:  attnPV,
+		attnQK:  attnQK,
+		softmax: asmSoftmax,
+		swiglu:  asmSwiGLU,
+		decodeKeys: func(dst []float32, keys *kernels.IndexKeys, slots []int32) {
+			d8 := keys.Dim / 8
+			if len(slots) == 0 || d8 == 0 {
+				return
+			}
+			_ = dst[len(slots)*8*d8-1]
+			if keys.DType == kernels.IndexFP8 {
+				decodeFP8Keys(&dst[0], &keys.FP8[0], &keys.Scales[0], &slots[0], len(slots), d8)
+			} else {
+				decodeBF16Keys(&dst[0], &keys.BF16[0], &slots[0], len(slots), d8)
+			}
+		},
+		indexScore8: indexScore8,
 	}
 }

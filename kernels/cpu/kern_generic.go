@@ -1,6 +1,8 @@
 package cpu
 
 import (
+	"math"
+	"slices"
 	"unsafe"
 
 	"github.com/pdkit/pdkit/kernels"
@@ -38,16 +40,37 @@ type kernelSet struct {
 	cvtFP8 func(dst *float32, src *uint8, n8 int, scale float32)
 	// attnPV accumulates probability-weighted value rows (see kern_amd64.go).
 	attnPV func(out, p, v *float32, slots *int32, nslots, stride, n8 int)
+	// attnQK scores blocks of 8 slots: the scaled canonical dot of q with
+	// each slot's K row (see kern_amd64.go).
+	attnQK func(scores, q, k *float32, slots *int32, nblk, stride, n8 int, scale float32)
+	// softmax normalises one row in place; swiglu is silu(gate)·up. The
+	// assembly uses a vectorised exp and an 8-lane sum, the Go set
+	// math.Exp and a sequential sum exactly like the reference.
+	softmax func(x []float32)
+	swiglu  func(dst, gate, up []float32)
+	// decodeKeys decodes the index keys of slots (Dim a multiple of 8, the
+	// slots checked by the caller) into consecutive rows of dst, exactly
+	// as ref.IndexKey.
+	decodeKeys func(dst []float32, keys *kernels.IndexKeys, slots []int32)
+	// indexScore8 scores blocks of 8 decoded keys: out[l] = Σ_h
+	// w[h]·max(dot(q_h, key_l), 0), dots canonical, then per head one
+	// rounded product and one rounded sum, in head order.
+	indexScore8 func(out, q, w *float32, nh int, keys *float32, nblk, n8 int)
 }
 
 func genericKernels() *kernelSet {
 	return &kernelSet{
-		name:   "go",
-		dot1x8: [4]dot1x8Func{goDot1x8F32, goDot1x8Enc(kernels.F16), goDot1x8Enc(kernels.BF16), goDot1x8Enc(kernels.Q8_0)},
-		dot3x4: goDot3x4F32,
-		cvt:    [4]cvtFunc{nil, goCvtF16, goCvtBF16, goCvtQ8},
-		cvtFP8: goCvtFP8,
-		attnPV: goAttnPV,
+		name:        "go",
+		dot1x8:      [4]dot1x8Func{goDot1x8F32, goDot1x8Enc(kernels.F16), goDot1x8Enc(kernels.BF16), goDot1x8Enc(kernels.Q8_0)},
+		dot3x4:      goDot3x4F32,
+		cvt:         [4]cvtFunc{nil, goCvtF16, goCvtBF16, goCvtQ8},
+		cvtFP8:      goCvtFP8,
+		attnPV:      goAttnPV,
+		attnQK:      goAttnQK,
+		softmax:     goSoftmax,
+		swiglu:      goSwiGLU,
+		decodeKeys:  goDecodeKeys,
+		indexScore8: goIndexScore8,
 	}
 }
 
@@ -165,6 +188,21 @@ func goCvtFP8(dst *float32, src *uint8, n8 int, scale float32) {
 	}
 }
 
+func goAttnQK(scores, q, k *float32, slots *int32, nblk, stride, n8 int, scale float32) {
+	ss, sl := unsafe.Slice(scores, 8*nblk), unsafe.Slice(slots, 8*nblk)
+	var ptrs [8]unsafe.Pointer
+	var d [8]float32
+	for b := range nblk {
+		for l := range 8 {
+			ptrs[l] = unsafe.Add(unsafe.Pointer(k), int(sl[8*b+l])*stride)
+		}
+		goDot1x8F32(q, &ptrs, n8, &d)
+		for l, v := range d {
+			ss[8*b+l] = v * scale
+		}
+	}
+}
+
 func goAttnPV(out, p, v *float32, slots *int32, nslots, stride, n8 int) {
 	o := unsafe.Slice(out, 8*n8)
 	ps, ss := unsafe.Slice(p, nslots), unsafe.Slice(slots, nslots)
@@ -175,5 +213,65 @@ func goAttnPV(out, p, v *float32, slots *int32, nslots, stride, n8 int) {
 		for c, vc := range row {
 			o[c] += float32(pj * vc)
 		}
+	}
+}
+
+// goSoftmax is the reference's: max, exp, sequential float32 sum, divide.
+func goSoftmax(x []float32) {
+	if len(x) == 0 {
+		return
+	}
+	mx := slices.Max(x)
+	var sum float32
+	for i, v := range x {
+		e := float32(math.Exp(float64(v - mx)))
+		x[i] = e
+		sum += e
+	}
+	for i := range x {
+		x[i] /= sum
+	}
+}
+
+// goSwiGLU computes silu(gate)·up as the reference does.
+func goSwiGLU(dst, gate, up []float32) {
+	gate, up = gate[:len(dst)], up[:len(dst)]
+	for i, g := range gate {
+		dst[i] = g / (1 + float32(math.Exp(float64(-g)))) * up[i]
+	}
+}
+
+func goDecodeKeys(dst []float32, keys *kernels.IndexKeys, slots []int32) {
+	d := keys.Dim
+	for i, s := range slots {
+		row := dst[i*d : (i+1)*d]
+		switch keys.DType {
+		case kernels.IndexFP8:
+			scale := keys.Scales[s]
+			for c, code := range keys.FP8[int(s)*d : int(s+1)*d] {
+				row[c] = kernels.FP8ToF32(code) * scale
+			}
+		case kernels.IndexBF16:
+			for c, h := range keys.BF16[int(s)*d : int(s+1)*d] {
+				row[c] = kernels.BF16ToF32(h)
+			}
+		}
+	}
+}
+
+func goIndexScore8(out, q, w *float32, nh int, keys *float32, nblk, n8 int) {
+	d := 8 * n8
+	qs, ws := unsafe.Slice(q, nh*d), unsafe.Slice(w, nh)
+	ks, os := unsafe.Slice(keys, nblk*8*d), unsafe.Slice(out, nblk*8)
+	for b := range nblk {
+		var acc [8]float32
+		for h, wh := range ws {
+			for l := range 8 {
+				var a [8]float32
+				acc8(&a, qs[h*d:(h+1)*d], ks[(8*b+l)*d:(8*b+l+1)*d])
+				acc[l] += float32(wh * max(hsum8(&a), 0))
+			}
+		}
+		copy(os[8*b:8*b+8], acc[:])
 	}
 }

@@ -94,16 +94,11 @@ func (b *Backend) RoPE(x []float32, pos []int32, nHeads, headDim, ropeDim int, t
 	})
 }
 
-// silu is x·σ(x), computed as the reference does.
-func silu(x float32) float32 { return x / (1 + float32(math.Exp(float64(-x)))) }
-
 func (b *Backend) SwiGLU(dst, gate, up []float32) {
 	n := len(dst)
 	gate, up = gate[:n], up[:n]
 	b.forRanges(n, 16, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			dst[i] = silu(gate[i]) * up[i]
-		}
+		b.k.swiglu(dst[lo:hi], gate[lo:hi], up[lo:hi])
 	})
 }
 
@@ -114,26 +109,9 @@ func (b *Backend) Softmax(x []float32, rows, cols int) {
 	x = x[:rows*cols]
 	b.forRanges(rows, 16*cols, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			softmax(x[i*cols : (i+1)*cols])
+			b.k.softmax(x[i*cols : (i+1)*cols])
 		}
 	})
-}
-
-// softmax is the reference's: max, exp, sequential float32 sum, divide.
-func softmax(x []float32) {
-	if len(x) == 0 {
-		return
-	}
-	mx := slices.Max(x)
-	var sum float32
-	for i, v := range x {
-		e := float32(math.Exp(float64(v - mx)))
-		x[i] = e
-		sum += e
-	}
-	for i := range x {
-		x[i] /= sum
-	}
 }
 
 // Attention runs each (token, head) as one unit: scores by 1×8 dot kernels
@@ -192,7 +170,16 @@ func (b *Backend) attnHead(a *kernels.AttentionArgs, t, h int, sc *[]float32) {
 	dot := b.k.dot1x8[kernels.F32]
 	var ptrs [8]unsafe.Pointer
 	var d [8]float32
-	for j0 := 0; j0 < ns; j0 += 8 {
+	j0 := 0
+	if hd8 == hd {
+		// Whole blocks of 8 slots in one call.
+		nb := ns / 8
+		if nb > 0 {
+			b.k.attnQK(&scores[0], &q[0], &a.K[kvOff], &slots[0], nb, 4*kvDim, hd/8, a.Scale)
+		}
+		j0 = 8 * nb
+	}
+	for ; j0 < ns; j0 += 8 {
 		nj := min(8, ns-j0)
 		for l := range 8 {
 			ptrs[l] = unsafe.Pointer(&a.K[int(slots[j0+min(l, nj-1)])*kvDim+kvOff])
@@ -207,7 +194,7 @@ func (b *Backend) attnHead(a *kernels.AttentionArgs, t, h int, sc *[]float32) {
 			scores[j0+l] = s * a.Scale
 		}
 	}
-	softmax(scores)
+	b.k.softmax(scores)
 	if hd8 > 0 {
 		b.k.attnPV(&out[0], &scores[0], &a.V[kvOff], &slots[0], ns, 4*kvDim, hd8/8)
 	}
@@ -289,8 +276,12 @@ func (b *Backend) IndexScore(a *kernels.IndexScoreArgs) {
 	}
 	cuts := weightedCuts(len(runs), parts, func(i int) int { return runs[i].j1 - runs[i].j0 + 8 })
 	ds := (d + 7) &^ 7
+	scratch := 8 * ds
+	if d%8 == 0 {
+		scratch = (indexBatch + 8) * d
+	}
 	b.pool.run(len(cuts)-1, func(p int) {
-		sc := b.getScratch(8 * ds)
+		sc := b.getScratch(scratch)
 		for _, r := range runs[cuts[p]:cuts[p+1]] {
 			b.indexRun(a, r.t, r.j0, r.j1, *sc, ds)
 		}
@@ -301,9 +292,33 @@ func (b *Backend) IndexScore(a *kernels.IndexScoreArgs) {
 func (b *Backend) indexRun(a *kernels.IndexScoreArgs, t, j0, j1 int, kbuf []float32, ds int) {
 	keys := a.Keys
 	d, H := keys.Dim, a.NHeads
-	d8 := d &^ 7
 	slots := a.Slots[t][j0:j1]
 	out := a.Out[t][j0:j1]
+	if d%8 == 0 {
+		// Decode a batch of keys, score them 8 at a time in one kernel call.
+		q := a.Q[t*H*d : (t+1)*H*d]
+		w := a.W[t*H : (t+1)*H]
+		for s0 := 0; s0 < len(slots); s0 += indexBatch {
+			s1 := min(len(slots), s0+indexBatch)
+			nk := s1 - s0
+			b.k.decodeKeys(kbuf, keys, slots[s0:s1])
+			full := nk / 8
+			if full > 0 {
+				b.k.indexScore8(&out[s0], &q[0], &w[0], H, &kbuf[0], full, d/8)
+			}
+			if rem := nk - 8*full; rem > 0 {
+				last := kbuf[(nk-1)*d : nk*d]
+				for l := rem; l < 8; l++ {
+					copy(kbuf[(8*full+l)*d:], last)
+				}
+				var tmp [8]float32
+				b.k.indexScore8(&tmp[0], &q[0], &w[0], H, &kbuf[8*full*d], 1, d/8)
+				copy(out[s0+8*full:s1], tmp[:rem])
+			}
+		}
+		return
+	}
+	d8 := d &^ 7
 	dot := b.k.dot1x8[kernels.F32]
 	var ptrs [8]unsafe.Pointer
 	var dots, acc [8]float32
@@ -321,16 +336,17 @@ func (b *Backend) indexRun(a *kernels.IndexScoreArgs, t, j0, j1 int, kbuf []floa
 			dot(&q[0], &ptrs, d8/8, &dots)
 			wh := a.W[t*H+h]
 			for l := range nj {
-				s := dots[l]
-				if d8 < d {
-					s = addTail(s, q[d8:], kbuf[l*ds+d8:l*ds+d])
-				}
+				s := addTail(dots[l], q[d8:], kbuf[l*ds+d8:l*ds+d])
 				acc[l] += float32(wh * max(s, 0))
 			}
 		}
 		copy(out[jb:jb+nj], acc[:nj])
 	}
 }
+
+// indexBatch is how many keys IndexScore decodes at a time (a multiple of
+// 8; 256 keys of 32 floats stay in L1).
+const indexBatch = 256
 
 // decodeKey writes the float32 index key of slot s, exactly as
 // ref.IndexKey does.

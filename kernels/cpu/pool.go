@@ -26,6 +26,7 @@ import (
 type pool struct {
 	threads int
 	cur     atomic.Pointer[job] // the latest job, for spinning workers
+	seq     atomic.Uint64       // numbers jobs
 	parked  atomic.Int32        // workers blocked on jobs
 	jobs    chan *job           // wakes parked workers
 
@@ -41,6 +42,7 @@ const spinFor = 50 * time.Microsecond
 
 type job struct {
 	fn       func(part int)
+	seq      uint64
 	parts    int32
 	next     atomic.Int32  // next part to claim
 	done     atomic.Int32  // parts finished
@@ -59,7 +61,8 @@ func newPool(threads int) *pool {
 
 func (p *pool) worker() {
 	defer p.workers.Done()
-	var last *job
+	var last uint64 // the last job worked on, by number: holding the job
+	// itself would keep its closure (and so the Backend) reachable.
 	for {
 		j := p.spinForJob(last)
 		if j == nil {
@@ -71,19 +74,19 @@ func (p *pool) worker() {
 				return
 			}
 		}
-		last = j
+		last = j.seq
 		j.work()
 	}
 }
 
 // spinForJob polls for a job other than last for up to spinFor.
-func (p *pool) spinForJob(last *job) *job {
+func (p *pool) spinForJob(last uint64) *job {
 	start := time.Now()
 	for i := 0; ; i++ {
 		if p.quit.Load() {
 			return nil
 		}
-		if j := p.cur.Load(); j != nil && j != last && j.next.Load() < j.parts {
+		if j := p.cur.Load(); j != nil && j.seq != last && j.next.Load() < j.parts {
 			return j
 		}
 		if i%64 == 63 {
@@ -107,7 +110,7 @@ func (p *pool) run(parts int, fn func(part int)) {
 		}
 		return
 	}
-	j := &job{fn: fn, parts: int32(parts), finished: make(chan struct{})}
+	j := &job{fn: fn, seq: p.seq.Add(1), parts: int32(parts), finished: make(chan struct{})}
 	p.cur.Store(j)
 	// Wake parked workers; spinning ones see cur.
 	if n := min(int(p.parked.Load()), parts-1); n > 0 {
