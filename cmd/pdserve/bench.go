@@ -14,7 +14,7 @@ func newBenchCmd() *cobra.Command {
 	var types []string
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Measure prefill and decode speed of the built-in small model against the memory-bandwidth bound",
+		Short: "Measure prefill and decode speed of a built-in model against the memory-bandwidth bound",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Types = cfg.Types[:0]
@@ -33,7 +33,7 @@ func newBenchCmd() *cobra.Command {
 			if cfg.PromptLen < 1 || cfg.DecodeTokens < 1 || cfg.Batch < 1 || cfg.Repeats < 1 {
 				return usagef("--prompt, --decode, --batch and --repeats must be positive")
 			}
-			if _, err := builtin.Shape(cfg.Arch, builtin.SizeSmall); err != nil {
+			if _, err := builtin.Shape(cfg.Arch, cfg.Size); err != nil {
 				return usageError{err}
 			}
 			home, err := builtin.Home()
@@ -51,6 +51,7 @@ func newBenchCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Arch, "arch", model.ArchLlama, "built-in architecture: llama or llama-dsa")
+	f.StringVar(&cfg.Size, "size", builtin.SizeSmall, "built-in size: tiny or small")
 	f.StringSliceVar(&types, "types", []string{"f32", "q8_0"}, "weight types")
 	f.IntSliceVar(&cfg.Threads, "threads", []int{1, 2}, "thread counts")
 	f.IntVar(&cfg.PromptLen, "prompt", 512, "prefill prompt length")

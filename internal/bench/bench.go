@@ -25,6 +25,7 @@ import (
 type Config struct {
 	Home         string          // cache folder for the built-in models
 	Arch         string          // built-in architecture (llama compares with llama.cpp on the same file)
+	Size         string          // built-in size (default small)
 	Types        []kernels.DType // weight types
 	Threads      []int
 	PromptLen    int // prefill benchmark prompt
@@ -40,7 +41,11 @@ type Row struct {
 	Prefill     float64 // prompt tokens/s
 	Decode1     float64 // tokens/s, one sequence
 	DecodeBatch float64 // tokens/s summed over Batch sequences
-	Bound       float64 // tokens/s if a decode step only streamed the weights at the measured bandwidth
+	Bound       float64 // tokens/s if a decode step only streamed the weights from DRAM at the measured bandwidth
+	// BoundResident is the same bound with the bandwidth of reading a buffer
+	// the size of the weights again and again: on a machine whose caches
+	// hold the whole model, decode streams from cache, not DRAM.
+	BoundResident float64
 }
 
 // Report is a whole run.
@@ -54,16 +59,19 @@ type Report struct {
 
 // Run measures every (type, threads) pair.
 func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
+	if cfg.Size == "" {
+		cfg.Size = builtin.SizeSmall
+	}
 	rep := &Report{Config: cfg, BandwidthGBs: map[int]float64{}, WeightBytes: map[kernels.DType]int64{}, ModelFileName: map[kernels.DType]string{}}
 	for _, th := range cfg.Threads {
 		b := cpu.New(th)
-		bw := Bandwidth(b, 256<<20, cfg.Repeats)
+		bw := Bandwidth(b, 1<<30, cfg.Repeats)
 		b.Close()
 		rep.BandwidthGBs[th] = bw / 1e9
 		fmt.Fprintf(progress, "read bandwidth, %d thread(s): %.1f GB/s\n", th, bw/1e9)
 	}
 	for _, typ := range cfg.Types {
-		spec := builtin.Spec{Arch: cfg.Arch, Size: builtin.SizeSmall, Seed: builtin.DefaultSeed, Type: typ}
+		spec := builtin.Spec{Arch: cfg.Arch, Size: cfg.Size, Seed: builtin.DefaultSeed, Type: typ}
 		path, err := builtin.Ensure(cfg.Home, spec)
 		if err != nil {
 			return nil, err
@@ -82,6 +90,9 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 				return nil, err
 			}
 			row.Bound = rep.BandwidthGBs[th] * 1e9 / float64(wb)
+			b := cpu.New(th)
+			row.BoundResident = Bandwidth(b, int(wb), cfg.Repeats) / float64(wb)
+			b.Close()
 			rep.Rows = append(rep.Rows, row)
 			fmt.Fprintf(progress, "%v, %d thread(s): prefill %.0f, decode %.1f, batch %d %.1f tokens/s\n", typ, th, row.Prefill, row.Decode1, cfg.Batch, row.DecodeBatch)
 		}
@@ -162,12 +173,13 @@ func StepWeightBytes(m *model.Model) int64 {
 	return n
 }
 
-// Bandwidth measures memory read bandwidth in bytes/s with the backend's own
-// streaming kernel: a one-row MatMul over an F32 matrix far larger than the
-// caches reads every byte once and does almost no arithmetic per byte.
+// Bandwidth measures read bandwidth in bytes/s over a buffer of about the
+// given size with the backend's own streaming kernel: a one-row MatMul over
+// an F32 matrix reads every byte once and does almost no arithmetic per byte.
+// A buffer far larger than the caches measures DRAM.
 func Bandwidth(b kernels.Backend, bytes, repeats int) float64 {
 	const cols = 1024
-	rows := bytes / (4 * cols)
+	rows := max(bytes/(4*cols), 1)
 	data := make([]float32, rows*cols)
 	for i := range data {
 		data[i] = float32(i%7) * 0.25
@@ -197,13 +209,14 @@ func median(v []float64) float64 {
 // Print writes the report as a table.
 func (r *Report) Print(w io.Writer) {
 	c := r.Config
-	fmt.Fprintf(w, "\nbuilt-in %s small model (dim 288, 6 layers, vocab 32000); prefill: %d-token prompt; decode: %d tokens after a 16-token prompt; batch: %d sequences; median of %d\n\n",
-		c.Arch, c.PromptLen, c.DecodeTokens, c.Batch, c.Repeats)
+	mc, _ := builtin.Shape(c.Arch, c.Size)
+	fmt.Fprintf(w, "\nbuilt-in %s %s model (dim %d, %d layers, vocab %d); prefill: %d-token prompt; decode: %d tokens after a 16-token prompt; batch: %d sequences; median of %d\n\n",
+		c.Arch, c.Size, mc.Dim, mc.Layers, mc.VocabSize, c.PromptLen, c.DecodeTokens, c.Batch, c.Repeats)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "weights\tthreads\tprefill tok/s\tdecode tok/s\tbound tok/s\tof bound\tbatch-%d tok/s\tbatch/single\t\n", c.Batch)
+	fmt.Fprintf(tw, "weights\tthreads\tprefill tok/s\tdecode tok/s\tDRAM bound\tresident bound\tof resident\tbatch-%d tok/s\tbatch/single\t\n", c.Batch)
 	for _, row := range r.Rows {
-		fmt.Fprintf(tw, "%v\t%d\t%.0f\t%.1f\t%.0f\t%.0f%%\t%.0f\t%.1fx\t\n",
-			row.Type, row.Threads, row.Prefill, row.Decode1, row.Bound, 100*row.Decode1/row.Bound, row.DecodeBatch, row.DecodeBatch/row.Decode1)
+		fmt.Fprintf(tw, "%v\t%d\t%.0f\t%.1f\t%.0f\t%.0f\t%.0f%%\t%.0f\t%.1fx\t\n",
+			row.Type, row.Threads, row.Prefill, row.Decode1, row.Bound, row.BoundResident, 100*row.Decode1/row.BoundResident, row.DecodeBatch, row.DecodeBatch/row.Decode1)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
@@ -211,6 +224,7 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "%v: %.1f MB of weights per decode step (%s)\n", typ, float64(r.WeightBytes[typ])/1e6, r.ModelFileName[typ])
 	}
 	for _, th := range c.Threads {
-		fmt.Fprintf(w, "read bandwidth, %d thread(s): %.1f GB/s\n", th, r.BandwidthGBs[th])
+		fmt.Fprintf(w, "DRAM read bandwidth (1 GiB buffer), %d thread(s): %.1f GB/s\n", th, r.BandwidthGBs[th])
 	}
+	fmt.Fprintln(w, "DRAM bound: weight bytes per step ÷ DRAM bandwidth; resident bound: the same with the bandwidth of re-reading a buffer the size of the weights (what decode does when the caches hold the model)")
 }
