@@ -3,6 +3,7 @@ package model
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/pdkit/pdkit/engine/gguf"
 	"github.com/pdkit/pdkit/engine/tokenizer"
@@ -287,14 +288,5 @@ func equalShape(a, b []uint64) bool {
 		}
 		return s
 	}
-	a, b = trim(a), trim(b)
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
+	return slices.Equal(trim(a), trim(b))
 }

@@ -136,25 +136,7 @@ func newBPE(b *base, v *Vocab) (*BPETokenizer, error) {
 			t.byteTok[c] = id
 		}
 	}
-	b.piece = make([]string, len(v.Tokens))
-	for i, s := range v.Tokens {
-		switch b.typ[i] {
-		case TypeControl, TypeUnused:
-			// rendered as nothing
-		case TypeUnknown:
-			b.piece[i] = "\uFFFD"
-		case TypeUserDefined:
-			b.piece[i] = s // stored verbatim, not byte-level mapped
-		case TypeByte:
-			if c, ok := parseByteToken(s); ok {
-				b.piece[i] = string([]byte{c})
-			} else {
-				b.piece[i] = decodeByteLevel(s)
-			}
-		default:
-			b.piece[i] = decodeByteLevel(s)
-		}
-	}
+	b.renderPieces(v.Tokens, decodeByteLevel, true)
 	return t, nil
 }
 

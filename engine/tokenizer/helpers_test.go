@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"slices"
 	"sync"
 	"testing"
 )
@@ -101,14 +102,4 @@ func pieces(tk interface{ TokenText(int32) string }, ids []int32) []string {
 	return out
 }
 
-func equalIDs(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
+func equalIDs(a, b []int32) bool { return slices.Equal(a, b) }

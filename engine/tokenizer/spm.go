@@ -46,24 +46,12 @@ func newSPM(b *base, v *Vocab) *SPMTokenizer {
 	for i := range t.byteTok {
 		t.byteTok[i] = -1
 	}
-	b.piece = make([]string, len(v.Tokens))
 	for i, s := range v.Tokens {
-		switch b.typ[i] {
-		case TypeControl, TypeUnused:
-			// rendered as nothing
-		case TypeUnknown:
-			b.piece[i] = "\uFFFD"
-		case TypeByte:
-			if c, ok := parseByteToken(s); ok {
-				t.byteTok[c] = int32(i)
-				b.piece[i] = string([]byte{c})
-			} else {
-				b.piece[i] = strings.ReplaceAll(s, spaceMarker, " ")
-			}
-		default:
-			b.piece[i] = strings.ReplaceAll(s, spaceMarker, " ")
+		if c, ok := parseByteToken(s); ok && b.typ[i] == TypeByte {
+			t.byteTok[c] = int32(i)
 		}
 	}
+	b.renderPieces(v.Tokens, func(s string) string { return strings.ReplaceAll(s, spaceMarker, " ") }, false)
 	return t
 }
 

@@ -366,3 +366,32 @@ func (b *base) encode(e fragmentEncoder, text string, bos, allSpecials bool) ([]
 	}
 	return out, nil
 }
+
+// renderPieces fills b.piece, what each token prints as: control and unused
+// tokens nothing, the unknown token U+FFFD, byte tokens "<0xXX>" their byte,
+// and the others their text as text renders it (user-defined tokens verbatim
+// when userVerbatim).
+func (b *base) renderPieces(tokens []string, text func(string) string, userVerbatim bool) {
+	b.piece = make([]string, len(tokens))
+	for i, s := range tokens {
+		switch b.typ[i] {
+		case TypeControl, TypeUnused:
+		case TypeUnknown:
+			b.piece[i] = "\uFFFD"
+		case TypeUserDefined:
+			if userVerbatim {
+				b.piece[i] = s
+			} else {
+				b.piece[i] = text(s)
+			}
+		case TypeByte:
+			if c, ok := parseByteToken(s); ok {
+				b.piece[i] = string([]byte{c})
+			} else {
+				b.piece[i] = text(s)
+			}
+		default:
+			b.piece[i] = text(s)
+		}
+	}
+}
