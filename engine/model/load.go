@@ -144,6 +144,17 @@ func ReadConfig(f *gguf.File) (Config, error) {
 			c.VocabSize = int(min(t.Shape[1], 1<<31))
 		}
 	}
+	// Features of the llama family that this forward pass does not implement
+	// are refused rather than run wrongly.
+	if n, ok := f.Uint(arch + ".expert_count"); ok && n > 0 {
+		return Config{}, fmt.Errorf("model: mixture-of-experts (%d experts) is not supported", n)
+	}
+	if st, ok := f.String(arch + ".rope.scaling.type"); ok && st != "" && st != "none" {
+		return Config{}, fmt.Errorf("model: RoPE scaling %q is not supported", st)
+	}
+	if _, ok := f.Tensor("rope_freqs.weight"); ok {
+		return Config{}, errors.New("model: per-dimension RoPE frequencies (rope_freqs.weight, as in Llama 3.1) are not supported")
+	}
 	if v, ok := f.Uint(arch + ".attention.value_length"); ok && int(v) != c.HeadDim {
 		return Config{}, fmt.Errorf("model: value length %d differs from key length %d; not supported", v, c.HeadDim)
 	}

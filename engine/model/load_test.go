@@ -73,6 +73,11 @@ func TestLoadRefusesBadModels(t *testing.T) {
 			skip["blk.0.attn_k.weight"] = true
 			_ = w.AddTensor("blk.0.attn_k.weight", gguf.TypeQ4_0, []uint64{64, 32}, make([]byte, 2*32*18))
 		}, "Q4_0 is not supported"},
+		{"moe", model.ArchLlama, func(w *gguf.Writer, _ map[string]bool) { w.Add("llama.expert_count", uint32(8)) }, "mixture-of-experts (8 experts) is not supported"},
+		{"rope scaling", model.ArchLlama, func(w *gguf.Writer, _ map[string]bool) { w.Add("llama.rope.scaling.type", "yarn") }, `RoPE scaling "yarn" is not supported`},
+		{"rope freqs", model.ArchLlama, func(w *gguf.Writer, _ map[string]bool) {
+			_ = w.AddTensor("rope_freqs.weight", gguf.TypeF32, []uint64{8}, make([]byte, 32))
+		}, "rope_freqs.weight"},
 		{"tokenizer size", model.ArchLlama, func(w *gguf.Writer, _ map[string]bool) { w.Add("llama.vocab_size", uint32(600)) }, "model vocab is 600"},
 		{"no tokenizer", model.ArchLlama, func(w *gguf.Writer, _ map[string]bool) { w.Add("tokenizer.ggml.model", "bert") }, "bert"},
 	}
