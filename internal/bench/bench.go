@@ -32,6 +32,7 @@ type Config struct {
 	DecodeTokens int // tokens generated per sequence in the decode benchmarks
 	Batch        int // sequences in the aggregate decode benchmark
 	Repeats      int // each figure is the median of this many runs
+	DRAMBytes    int // buffer for the DRAM bandwidth (default 1 GiB: far beyond the caches)
 }
 
 // Row is one line of the report.
@@ -62,10 +63,13 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	if cfg.Size == "" {
 		cfg.Size = builtin.SizeSmall
 	}
+	if cfg.DRAMBytes == 0 {
+		cfg.DRAMBytes = 1 << 30
+	}
 	rep := &Report{Config: cfg, BandwidthGBs: map[int]float64{}, WeightBytes: map[kernels.DType]int64{}, ModelFileName: map[kernels.DType]string{}}
 	for _, th := range cfg.Threads {
 		b := cpu.New(th)
-		bw := Bandwidth(b, 1<<30, cfg.Repeats)
+		bw := Bandwidth(b, cfg.DRAMBytes, cfg.Repeats)
 		b.Close()
 		rep.BandwidthGBs[th] = bw / 1e9
 		fmt.Fprintf(progress, "read bandwidth, %d thread(s): %.1f GB/s\n", th, bw/1e9)
@@ -224,7 +228,7 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "%v: %.1f MB of weights per decode step (%s)\n", typ, float64(r.WeightBytes[typ])/1e6, r.ModelFileName[typ])
 	}
 	for _, th := range c.Threads {
-		fmt.Fprintf(w, "DRAM read bandwidth (1 GiB buffer), %d thread(s): %.1f GB/s\n", th, r.BandwidthGBs[th])
+		fmt.Fprintf(w, "DRAM read bandwidth (%d MiB buffer), %d thread(s): %.1f GB/s\n", c.DRAMBytes>>20, th, r.BandwidthGBs[th])
 	}
 	fmt.Fprintln(w, "DRAM bound: weight bytes per step ÷ DRAM bandwidth; resident bound: the same with the bandwidth of re-reading a buffer the size of the weights (what decode does when the caches hold the model)")
 }

@@ -19,7 +19,7 @@ func TestRunTiny(t *testing.T) {
 	cfg := Config{
 		Home: t.TempDir(), Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny,
 		Types: []kernels.DType{kernels.F32, kernels.Q8_0}, Threads: []int{1, 2},
-		PromptLen: 40, DecodeTokens: 8, Batch: 4, Repeats: 1,
+		PromptLen: 40, DecodeTokens: 8, Batch: 4, Repeats: 1, DRAMBytes: 4 << 20,
 	}
 	rep, err := Run(context.Background(), cfg, io.Discard)
 	if err != nil {
