@@ -3,6 +3,7 @@
 package cpu
 
 import (
+	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/cpu"
@@ -43,6 +44,15 @@ func dot1x8Q8(x *float32, w *[8]unsafe.Pointer, n8 int, out *[8]float32)
 //
 //go:noescape
 func dot3x4F32(x *float32, xstride, ntiles int, w *[4]unsafe.Pointer, n8 int, out *float32, ostride int)
+
+// dotQ8PairsZ is the AVX-512 Q8_0 decode kernel (kern_avx512_amd64.s):
+// groups of four pairs of dot products, each pair a lo W row against x0
+// and a hi W row against x1, every dot computed exactly as dot1x8Q8 does
+// unless a block scale is infinite or NaN; then some sum is NaN and bad is
+// nonzero. xd is scratch for 2·32·nb floats; tab is q8ScaleTable.
+//
+//go:noescape
+func dotQ8PairsZ(xd, x0, x1 *float32, nb int, w unsafe.Pointer, pstride, hoff, gstride, ngroups int, out *float32, ostep, ohi int, tab *float32, pfstep int) (bad int)
 
 // cvtF16 widens 8·n8 IEEE halves.
 //
@@ -127,10 +137,55 @@ func asmSwiGLU(dst, gate, up []float32) {
 // hasAVX2 reports whether this CPU (and OS) runs the assembly kernels.
 var hasAVX2 = cpu.X86.HasAVX && cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.HasF16C
 
+// hasAVX512 reports whether the AVX-512 decode kernel runs here as well.
+var hasAVX512 = hasAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VBMI
+
+// q8ScaleTable holds, for every IEEE half d (widened by VCVTPH2PS, as
+// the AVX2 kernels widen scales), d' = d·2^-8 at [d] and K = d'·(2^23+2^15)
+// at [1<<16 + d], both exact (see kern_avx512_amd64.s).
+var q8ScaleTable = sync.OnceValue(func() *[2 << 16]float32 {
+	var codes [1 << 16]uint16
+	for i := range codes {
+		codes[i] = uint16(i)
+	}
+	t := new([2 << 16]float32)
+	cvtF16(&t[0], unsafe.Pointer(&codes[0]), len(codes)/8)
+	for i := range 1 << 16 {
+		t[i] *= 0x1p-8
+		t[1<<16+i] = t[i] * (0x1p23 + 0x1p15)
+	}
+	return t
+})
+
+// asmQ8Pairs runs dotQ8PairsZ on whole groups (see kernelSet.q8Pairs).
+func asmQ8Pairs(xd, x0, x1 []float32, w []byte, rb, pstride, hoff, gstride, ngroups int, out []float32, ostep, ohi int) bool {
+	nb := len(x0) / kernels.Q8Block
+	if nb == 0 || ngroups <= 0 {
+		return true
+	}
+	x1 = x1[:len(x0)]
+	_ = xd[2*len(x0)-1]
+	// The last byte read: the hi row of the last pair of the last group.
+	_ = w[(ngroups-1)*gstride+3*pstride+hoff+rb-1]
+	_ = out[((ngroups-1)*ostep+ohi+16)/4-1]
+	tab := q8ScaleTable()
+	return dotQ8PairsZ(&xd[0], &x0[0], &x1[0], nb, unsafe.Pointer(&w[0]), pstride, hoff, gstride, ngroups, &out[0], ostep, ohi, &tab[0], 34*gstride/rb) == 0
+}
+
 func asmKernels() *kernelSet {
 	if !hasAVX2 {
 		return nil
 	}
+	k := avx2Kernels()
+	if hasAVX512 {
+		k.name = "avx2+avx512"
+		k.q8Pairs = asmQ8Pairs
+	}
+	return k
+}
+
+// avx2Kernels is the AVX2 set alone.
+func avx2Kernels() *kernelSet {
 	return &kernelSet{
 		name:    "avx2",
 		dot1x8:  [4]dot1x8Func{dot1x8F32, dot1x8F16, dot1x8BF16, dot1x8Q8},

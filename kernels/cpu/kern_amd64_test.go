@@ -3,8 +3,12 @@
 package cpu
 
 import (
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
+
+	"github.com/pdkit/pdkit/kernels"
 )
 
 // TestExpAccuracy measures the vectorised exp against math.Exp over every
@@ -66,6 +70,162 @@ func TestExpAccuracy(t *testing.T) {
 		for i := range d {
 			if math.Float32bits(d[i]) != math.Float32bits(dst[100+i]) {
 				t.Fatalf("n=%d: exp(%v) = %v in a tail, %v in a block", n, src[100+i], d[i], dst[100+i])
+			}
+		}
+	}
+}
+
+// avx2Only makes b use the AVX2 kernels alone (no AVX-512 decode kernel).
+func avx2Only(b *Backend) *Backend {
+	k := *b.k
+	k.name, k.q8Pairs = "avx2", nil
+	b.k = &k
+	return b
+}
+
+// randQ8 is a Q8_0 matrix of random bytes with scales drawn from every
+// class of finite half (normal, subnormal, ±0, large) and int8 from the
+// whole range, -128 included.
+func randQ8(r *rand.Rand, n, k int) *kernels.Matrix {
+	rb := k / kernels.Q8Block * 34
+	data := make([]byte, n*rb)
+	for i := range data {
+		data[i] = byte(r.Uint32())
+	}
+	for blk := 0; blk < len(data); blk += 34 {
+		var h uint16
+		switch r.IntN(8) {
+		case 0:
+			h = uint16(r.IntN(0x400)) // subnormal or +0
+		case 1:
+			h = 0x8000 | uint16(r.IntN(0x400)) // negative subnormal or -0
+		case 2:
+			h = uint16(r.IntN(0x7c00)) | uint16(r.IntN(2))<<15 // any finite
+		default:
+			h = kernels.F32ToF16((2*r.Float32() - 1) * 0.05)
+		}
+		data[blk], data[blk+1] = byte(h), byte(h>>8)
+	}
+	w, err := kernels.NewMatrix(kernels.Q8_0, n, k, data)
+	if err != nil {
+		panic(err)
+	}
+	return w
+}
+
+// TestQ8PairsMatchAVX2: the AVX-512 Q8_0 decode kernel gives the AVX2
+// kernel's bits, for one and two x rows, every W row count class, split
+// over threads or not, and with scales that are not finite (the kernel
+// then hands the rows back to the AVX2 kernel).
+func TestQ8PairsMatchAVX2(t *testing.T) {
+	if !hasAVX512 {
+		t.Skip("no AVX-512 (F, BW, VL, VBMI)")
+	}
+	r := rand.New(rand.NewPCG(11, 12))
+	for _, threads := range []int{1, 2, 3} {
+		for _, split := range []bool{false, true} {
+			fast, slow := newBackend(threads, false), avx2Only(newBackend(threads, false))
+			if fast.k.q8Pairs == nil {
+				t.Fatal("AVX-512 kernel not selected")
+			}
+			if split {
+				fast.minWork, slow.minWork = 1, 1
+			}
+			for _, n := range []int{1, 3, 4, 7, 8, 13, 16, 37, 203, 1000} {
+				for _, k := range []int{32, 64, 288} {
+					for _, special := range []string{"", "inf", "nan", "xinf"} {
+						w := randQ8(r, n, k)
+						x := randVec(r, 2*k, 4)
+						for i := range x {
+							// Some exact zeros, and a wide range of magnitudes.
+							switch r.IntN(16) {
+							case 0:
+								x[i] = 0
+							case 1:
+								x[i] *= 1e-30
+							case 2:
+								x[i] *= 1e20
+							}
+						}
+						row := r.IntN(n)
+						blk := row*w.RowBytes() + 34*r.IntN(k/32)
+						switch special {
+						case "inf":
+							// -Inf times positive q and x: -Inf in the AVX2
+							// kernel, not NaN.
+							w.Data[blk], w.Data[blk+1] = 0x00, 0xfc
+							for i := range 32 {
+								w.Data[blk+2+i] = byte(1 + r.IntN(127))
+							}
+							for i := range x {
+								x[i] = float32(math.Abs(float64(x[i])))
+							}
+						case "nan":
+							w.Data[blk], w.Data[blk+1] = 0x01, 0x7e
+						case "xinf":
+							x[r.IntN(len(x))] = float32(math.Inf(1))
+						}
+						for m := 1; m <= 2; m++ {
+							got, want := make([]float32, m*n), make([]float32, m*n)
+							fast.MatMul(got, x, w, m)
+							slow.MatMul(want, x, w, m)
+							sameBits(t, fmt.Sprintf("threads=%d split=%v n=%d k=%d m=%d %s", threads, split, n, k, m, special), got, want)
+						}
+					}
+				}
+			}
+			fast.Close()
+			slow.Close()
+		}
+	}
+}
+
+// TestQ8ScaleTable: every entry of the AVX-512 kernel's scale table is
+// exact, so that d'·f − K is d·q with a single rounding of an exact value.
+func TestQ8ScaleTable(t *testing.T) {
+	if !hasAVX512 {
+		t.Skip("no AVX-512 (F, BW, VL, VBMI)")
+	}
+	tab := q8ScaleTable()
+	for h := range 1 << 16 {
+		d := float64(kernels.F16ToF32(uint16(h)))
+		if math.IsInf(d, 0) || math.IsNaN(d) {
+			continue
+		}
+		if dp := float64(tab[h]); dp != d/256 {
+			t.Fatalf("half %#04x: d' = %v, want %v", h, dp, d/256)
+		}
+		if k := float64(tab[1<<16+h]); k != d/256*(1<<23+1<<15) {
+			t.Fatalf("half %#04x: K = %v, want %v", h, k, d/256*(1<<23+1<<15))
+		}
+	}
+}
+
+// BenchmarkMatMulQ8Decode compares the AVX-512 Q8_0 decode kernel with the
+// AVX2 one on the benchmark shapes, one and two x rows.
+func BenchmarkMatMulQ8Decode(b *testing.B) {
+	if !hasAVX512 {
+		b.Skip("no AVX-512 (F, BW, VL, VBMI)")
+	}
+	for _, s := range benchShapes {
+		w := benchMatrix(kernels.Q8_0, s.n, s.k)
+		for _, m := range []int{1, 2} {
+			x := randVec(rand.New(rand.NewPCG(9, 9)), m*s.k, 1)
+			dst := make([]float32, m*s.n)
+			for _, threads := range []int{1, 2} {
+				for _, set := range []string{"avx2", "avx512"} {
+					b.Run(fmt.Sprintf("%dx%d/m=%d/threads=%d/%s", s.n, s.k, m, threads, set), func(b *testing.B) {
+						be := New(threads)
+						defer be.Close()
+						if set == "avx2" {
+							avx2Only(be)
+						}
+						for b.Loop() {
+							be.MatMul(dst, x, w, m)
+						}
+						reportMatMul(b, w, m)
+					})
+				}
 			}
 		}
 	}

@@ -56,6 +56,16 @@ type kernelSet struct {
 	// w[h]·max(dot(q_h, key_l), 0), dots canonical, then per head one
 	// rounded product and one rounded sum, in head order.
 	indexScore8 func(out, q, w *float32, nh int, keys *float32, nblk, n8 int)
+	// q8Pairs, when not nil, is a faster Q8_0 decode kernel computing the
+	// same dots: ngroups groups of four pairs; pair p of group g is the lo
+	// W row at byte g·gstride + p·pstride of w against x0 and the hi row
+	// hoff bytes further against x1 (len(x0) a multiple of 32, x1 as long).
+	// The lo sums of group g go to out[g·ostep/4 + p], the hi sums ohi
+	// bytes after them. xd is scratch for 2·len(x0) floats. It reports
+	// false when some output may differ from dot1x8 (it then has a sum
+	// that is not finite, e.g. from a scale that is not): the caller must
+	// compute those rows again.
+	q8Pairs func(xd, x0, x1 []float32, w []byte, rb, pstride, hoff, gstride, ngroups int, out []float32, ostep, ohi int) bool
 }
 
 func genericKernels() *kernelSet {

@@ -14,7 +14,8 @@ import (
 //
 //   - fewer than 3 x rows (decode): each x row meets 8 W rows at a time in a
 //     1×8 kernel that reads the weights in their own encoding (F16/BF16/Q8_0
-//     decoded in registers), so decode reads the fewest bytes;
+//     decoded in registers), so decode reads the fewest bytes; Q8_0 uses
+//     the paired AVX-512 kernel instead where there is one (q8Pairs);
 //   - otherwise (prefill): a panel of 8 W rows is decoded to float32 once
 //     (F32 is used in place) and 3×4 register tiles sweep a cache-sized block
 //     of x rows over it; leftover x rows use the 1×8 kernel on the panel.
@@ -109,6 +110,9 @@ func addTail(s float32, x, w []float32) float32 {
 
 // rows is the decode path: 1×8 kernels in the weights' own encoding.
 func (mm *matmul) rows(i0, i1, r0, r1 int) {
+	if mm.w.DType == kernels.Q8_0 && mm.b.k.q8Pairs != nil {
+		r0 = mm.q8Pairs(i0, i1, r0, r1)
+	}
 	k, n := mm.k, mm.n
 	k8 := k &^ 7
 	dot := mm.b.k.dot1x8[mm.w.DType]
@@ -206,4 +210,35 @@ func (mm *matmul) tiles(i0, i1, r0, r1 int) {
 			}
 		}
 	}
+}
+
+// q8Pairs runs the paired Q8_0 kernel on as many W rows from r0 as it
+// takes whole groups of, for x rows [i0,i1) (one or two), and returns the
+// first row it left to the 1×8 kernel. One x row: groups of 8 W rows,
+// paired (r, r+4). Two x rows: groups of 4 W rows, each paired with itself
+// against both x rows.
+func (mm *matmul) q8Pairs(i0, i1, r0, r1 int) int {
+	k, n, rb := mm.k, mm.n, mm.rb
+	rows := 8 / (i1 - i0)
+	ng := (r1 - r0) / rows
+	if ng == 0 {
+		return r0
+	}
+	sc := mm.b.getScratch(2 * k)
+	defer mm.b.putScratch(sc)
+	x0 := mm.x[i0*k : (i0+1)*k]
+	x1 := mm.x[(i1-1)*k : i1*k]
+	w := mm.w.Data[r0*rb : (r0+ng*rows)*rb]
+	var ok bool
+	if i1-i0 == 1 {
+		ok = mm.b.k.q8Pairs(*sc, x0, x1, w, rb, rb, 4*rb, 8*rb, ng, mm.dst[i0*n+r0:i0*n+r0+8*ng], 32, 16)
+	} else {
+		ok = mm.b.k.q8Pairs(*sc, x0, x1, w, rb, rb, 0, 4*rb, ng, mm.dst[i0*n+r0:i1*n], 16, 4*n)
+	}
+	if !ok {
+		// A sum that is not finite, perhaps from a scale that is not: all
+		// again with the 1×8 kernel, which is exact for those too.
+		return r0
+	}
+	return r0 + ng*rows
 }
