@@ -2,10 +2,10 @@ package cpu
 
 import (
 	"math"
-	"slices"
 	"unsafe"
 
 	"github.com/pdkit/pdkit/kernels"
+	"github.com/pdkit/pdkit/kernels/ref"
 )
 
 // dot1x8Func computes eight dot products of one float32 row x against the
@@ -77,7 +77,7 @@ func genericKernels() *kernelSet {
 		cvtFP8:      goCvtFP8,
 		attnPV:      goAttnPV,
 		attnQK:      goAttnQK,
-		softmax:     goSoftmax,
+		softmax:     ref.SoftmaxRow,
 		swiglu:      goSwiGLU,
 		decodeKeys:  goDecodeKeys,
 		indexScore8: goIndexScore8,
@@ -223,23 +223,6 @@ func goAttnPV(out, p, v *float32, slots *int32, nslots, stride, n8 int) {
 		for c, vc := range row {
 			o[c] += float32(pj * vc)
 		}
-	}
-}
-
-// goSoftmax is the reference's: max, exp, sequential float32 sum, divide.
-func goSoftmax(x []float32) {
-	if len(x) == 0 {
-		return
-	}
-	mx := slices.Max(x)
-	var sum float32
-	for i, v := range x {
-		e := float32(math.Exp(float64(v - mx)))
-		x[i] = e
-		sum += e
-	}
-	for i := range x {
-		x[i] /= sum
 	}
 }
 

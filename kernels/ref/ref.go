@@ -75,11 +75,13 @@ func (*Backend) SwiGLU(dst, gate, up []float32) {
 
 func (*Backend) Softmax(x []float32, rows, cols int) {
 	for i := range rows {
-		softmax(x[i*cols : (i+1)*cols])
+		SoftmaxRow(x[i*cols : (i+1)*cols])
 	}
 }
 
-func softmax(x []float32) {
+// SoftmaxRow normalises one row in place: max, exp, sequential float32 sum,
+// divide. Portable backends share it so that they round as the oracle does.
+func SoftmaxRow(x []float32) {
 	if len(x) == 0 {
 		return
 	}
@@ -112,7 +114,7 @@ func (*Backend) Attention(a *kernels.AttentionArgs) {
 				}
 				scores[j] = d * a.Scale
 			}
-			softmax(scores)
+			SoftmaxRow(scores)
 			out := a.Out[t*qDim+h*hd : t*qDim+(h+1)*hd]
 			clear(out)
 			for j, s := range slots {
