@@ -171,7 +171,7 @@ func Build(s Spec) (*gguf.Writer, error) {
 	// projections that write into the residual stream are scaled down by the
 	// depth so activations stay bounded across layers.
 	resid := 1 / math.Sqrt(2*float64(c.Layers))
-	g.matrix("token_embd.weight", c.VocabSize, c.Dim, 0.1)
+	g.embedding("token_embd.weight", c.VocabSize, c.Dim, 0.02)
 	g.vector("output_norm.weight", c.Dim)
 	if !c.TiedOutput {
 		g.matrix("output.weight", c.VocabSize, c.Dim, 1/math.Sqrt(float64(c.Dim)))
@@ -261,8 +261,35 @@ func (g *gen) vector(name string, n int) {
 	g.add(name, gguf.TypeF32, []uint64{uint64(n)}, f32le(v))
 }
 
-func (g *gen) matrix(name string, rows, cols int, std float64) {
+// embedding writes token embeddings whose rows all have the same norm. With
+// random rows of unequal norm, the few longest win the (tied) output
+// projection for almost any hidden state, and greedy decoding of a random
+// model collapses onto them; equal norms spread the argmax over the vocab.
+func (g *gen) embedding(name string, rows, cols int, std float64) {
 	v := g.normals(rows*cols, std)
+	want := std * math.Sqrt(float64(cols))
+	for r := range rows {
+		row := v[r*cols : (r+1)*cols]
+		var ss float64
+		for _, x := range row {
+			ss += float64(x) * float64(x)
+		}
+		if ss > 0 {
+			k := float32(want / math.Sqrt(ss))
+			for i := range row {
+				row[i] *= k
+			}
+		}
+	}
+	g.encode(name, rows, cols, v)
+}
+
+func (g *gen) matrix(name string, rows, cols int, std float64) {
+	g.encode(name, rows, cols, g.normals(rows*cols, std))
+}
+
+// encode stores a rows×cols f32 matrix in the spec's weight type.
+func (g *gen) encode(name string, rows, cols int, v []float32) {
 	rb, err := kernels.RowBytes(g.typ, cols)
 	if err != nil {
 		g.err = err
