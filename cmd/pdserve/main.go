@@ -12,6 +12,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/pdkit/pdkit/internal/config"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -47,8 +49,24 @@ router, prefill, decode, launch) arrive with the serving milestones.`,
 		Version:       version,
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(newModelCmd(), newGenerateCmd(), newBenchCmd())
+	root.AddCommand(newModelCmd(), newGenerateCmd(), newBenchCmd(), newConfigCmd())
+	// Every flag can also come from its PD_* environment variable.
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		if err := config.ApplyEnv(cmd.Flags(), os.Getenv); err != nil {
+			return usageError{err}
+		}
+		return nil
+	}
+	annotate(root)
 	return root
+}
+
+// annotate documents each flag's environment variable in --help.
+func annotate(cmd *cobra.Command) {
+	config.AnnotateUsage(cmd.Flags())
+	for _, c := range cmd.Commands() {
+		annotate(c)
+	}
 }
 
 func main() {

@@ -129,3 +129,24 @@ func TestBadModelFile(t *testing.T) {
 		t.Fatalf("missing file: exit %d, stderr %q", code, stderr)
 	}
 }
+
+func TestConfigShowsSources(t *testing.T) {
+	t.Setenv("PD_THREADS", "3")
+	out, stderr, code := run(t, "config", "--index-k", "bf16")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^index-k\s+bf16\s+flag\s+PD_INDEX_K\s`),
+		regexp.MustCompile(`(?m)^threads\s+3\s+env\s+PD_THREADS\s`),
+		regexp.MustCompile(`(?m)^backend\s+cpu\s+default\s+PD_BACKEND\s`),
+	} {
+		if !want.MatchString(out) {
+			t.Errorf("config output lacks %v:\n%s", want, out)
+		}
+	}
+	t.Setenv("PD_THREADS", "many")
+	if _, stderr, code := run(t, "config"); code != 2 || !strings.Contains(stderr, "PD_THREADS") {
+		t.Errorf("bad PD_THREADS: exit %d, %q", code, stderr)
+	}
+}
