@@ -30,6 +30,53 @@ type Exec struct {
 	b    kernels.Backend
 	pool *kvcache.Pool
 	ws   workspace
+
+	// Tensor parallelism (see Shard): this rank's rows of every split
+	// matrix and the widths they produce. With one rank they are the whole.
+	shard              Shard
+	layers             []Layer
+	output             *kernels.Matrix
+	heads, kvHeads     int
+	qDim, kvDim        int
+	dim, hidden, vocab int
+}
+
+// Gatherer joins, across the ranks of a tensor-parallel group, every rank's
+// rows×width piece into rows×(ranks·width), pieces side by side in rank
+// order. A failure (a cancelled step, a broken group) ends the forward pass.
+type Gatherer interface {
+	Gather(local []float32, rows, width int, out []float32) error
+}
+
+// Shard places an Exec in a tensor-parallel group of Size ranks. Every
+// matrix is split by output rows (query and KV heads, model-width rows of the
+// output and down projections, hidden rows, vocabulary rows) and the
+// activations are gathered after each split matmul. Each output element is
+// thus still one full-length dot product computed by the same batch-invariant
+// kernel, so any number of ranks gives bit-identical logits to one rank. The
+// residual stream and the sparse indexer are replicated on every rank.
+type Shard struct {
+	Rank, Size int
+	Gather     Gatherer // nil when Size is 1
+}
+
+// CheckShards says whether the model can be split over n ranks.
+func (c *Config) CheckShards(n int) error {
+	if n < 1 {
+		return fmt.Errorf("tensor parallelism %d must be at least 1", n)
+	}
+	for _, d := range []struct {
+		what string
+		v    int
+	}{
+		{"attention heads", c.Heads}, {"KV heads", c.KVHeads}, {"embedding length", c.Dim},
+		{"feed-forward length", c.Hidden}, {"vocabulary size", c.VocabSize},
+	} {
+		if d.v%n != 0 {
+			return fmt.Errorf("tensor parallelism %d must divide the %d %s", n, d.v, d.what)
+		}
+	}
+	return nil
 }
 
 type workspace struct {
@@ -41,7 +88,8 @@ type workspace struct {
 	gate, up, h          []float32
 	iq, ik, iw           []float32
 	logitRows            []int
-	lx                   []float32
+	lx, lLocal           []float32
+	aFull, oFull, hFull  []float32 // gathered activations (tensor parallelism)
 	// indexer selection scratch
 	selTok   []int       // tokens whose context exceeds top-k
 	selSlots [][]int32   // their candidate slots
@@ -55,10 +103,23 @@ type workspace struct {
 
 // NewExec binds a model, a backend and a pool whose shape matches the model.
 func (m *Model) NewExec(b kernels.Backend, pool *kvcache.Pool) (*Exec, error) {
-	pc := pool.Config()
+	return m.NewShardedExec(b, pool, Shard{Size: 1})
+}
+
+// NewShardedExec binds rank sh.Rank of a tensor-parallel group: its pool
+// holds only its KV heads (see ShardPoolConfig).
+func (m *Model) NewShardedExec(b kernels.Backend, pool *kvcache.Pool, sh Shard) (*Exec, error) {
 	c := &m.Config
-	if pc.Layers != c.Layers || pc.KVDim != c.KVDim() {
-		return nil, fmt.Errorf("model: pool has %d layers × KV dim %d, model needs %d × %d", pc.Layers, pc.KVDim, c.Layers, c.KVDim())
+	if err := c.CheckShards(sh.Size); err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	if sh.Rank < 0 || sh.Rank >= sh.Size || (sh.Size > 1 && sh.Gather == nil) {
+		return nil, fmt.Errorf("model: rank %d of %d (gatherer set: %v)", sh.Rank, sh.Size, sh.Gather != nil)
+	}
+	n := sh.Size
+	pc := pool.Config()
+	if pc.Layers != c.Layers || pc.KVDim != c.KVDim()/n {
+		return nil, fmt.Errorf("model: pool has %d layers × KV dim %d, model needs %d × %d", pc.Layers, pc.KVDim, c.Layers, c.KVDim()/n)
 	}
 	if (pc.IndexK != nil) != (c.Indexer != nil) {
 		return nil, errors.New("model: pool index-K buffers do not match the model's indexer")
@@ -66,16 +127,59 @@ func (m *Model) NewExec(b kernels.Backend, pool *kvcache.Pool) (*Exec, error) {
 	if c.Indexer != nil && pc.IndexK.Dim != c.Indexer.Dim {
 		return nil, fmt.Errorf("model: pool index-K dim %d, indexer key length %d", pc.IndexK.Dim, c.Indexer.Dim)
 	}
-	return &Exec{m: m, b: b, pool: pool}, nil
+	e := &Exec{m: m, b: b, pool: pool, shard: sh,
+		heads: c.Heads / n, kvHeads: c.KVHeads / n,
+		dim: c.Dim / n, hidden: c.Hidden / n, vocab: c.VocabSize / n,
+	}
+	e.qDim, e.kvDim = e.heads*c.HeadDim, e.kvHeads*c.HeadDim
+	r := sh.Rank
+	e.layers = make([]Layer, len(m.Layers))
+	for l, w := range m.Layers {
+		w.Q, w.K, w.V, w.O = rowShard(w.Q, r, n), rowShard(w.K, r, n), rowShard(w.V, r, n), rowShard(w.O, r, n)
+		w.Gate, w.Up, w.Down = rowShard(w.Gate, r, n), rowShard(w.Up, r, n), rowShard(w.Down, r, n)
+		e.layers[l] = w // norms and indexer stay whole: they are replicated
+	}
+	e.output = rowShard(m.Output, r, n)
+	return e, nil
+}
+
+// rowShard is rows [r·R/n, (r+1)·R/n) of w, without copying.
+func rowShard(w *kernels.Matrix, r, n int) *kernels.Matrix {
+	if n == 1 {
+		return w
+	}
+	k, rb := w.Rows/n, w.RowBytes()
+	s, err := kernels.NewMatrix(w.DType, k, w.Cols, w.Data[r*k*rb:(r+1)*k*rb])
+	if err != nil { // unreachable: CheckShards made the rows divide
+		panic(fmt.Sprintf("model: slicing a %d×%d %v matrix: %v", w.Rows, w.Cols, w.DType, err))
+	}
+	return s
+}
+
+// gather joins a split activation across the group (with one rank, the
+// local piece is already whole).
+func (e *Exec) gather(local []float32, rows, width int, full *[]float32) ([]float32, error) {
+	local = local[:rows*width]
+	if e.shard.Size == 1 {
+		return local, nil
+	}
+	*full = grow(*full, rows*width*e.shard.Size)
+	return *full, e.shard.Gather.Gather(local, rows, width, *full)
 }
 
 // PoolConfig is the pool shape this model needs, for the given page size,
 // page count and index-K precision. A sequence can grow to the model's
 // context length or the pool's capacity, whichever is smaller.
 func (m *Model) PoolConfig(pageSize, pages, maxSeqs int, indexK kernels.IndexKDType) kvcache.Config {
+	return m.ShardPoolConfig(1, pageSize, pages, maxSeqs, indexK)
+}
+
+// ShardPoolConfig is PoolConfig for one rank of a group of n: it holds that
+// rank's KV heads, and the whole index-K cache (the indexer is replicated).
+func (m *Model) ShardPoolConfig(n, pageSize, pages, maxSeqs int, indexK kernels.IndexKDType) kvcache.Config {
 	c := &m.Config
 	pc := kvcache.Config{
-		Layers: c.Layers, KVDim: c.KVDim(), PageSize: pageSize, Pages: pages,
+		Layers: c.Layers, KVDim: c.KVDim() / max(n, 1), PageSize: pageSize, Pages: pages,
 		MaxSeqs: maxSeqs, MaxContext: min(c.ContextLen, pageSize*pages),
 	}
 	if c.Indexer != nil {
@@ -138,10 +242,14 @@ func (e *Exec) Forward(batch []SeqInput, logits []float32) error {
 	for i, t := range e.flatTokens(batch) {
 		e.m.TokenEmbd.DecodeRow(ws.x[i*c.Dim:(i+1)*c.Dim], int(t))
 	}
-	for l := range e.m.Layers {
-		e.layer(l, n)
+	for l := range e.layers {
+		if err := e.layer(l, n); err != nil {
+			return err
+		}
 	}
-	e.logits(logits)
+	if err := e.logits(logits); err != nil {
+		return err
+	}
 	for _, s := range batch {
 		if err := e.pool.Commit(s.Seq, len(s.Tokens)); err != nil {
 			return err
@@ -191,14 +299,14 @@ func (e *Exec) prepare(batch []SeqInput, n int) {
 	}
 	ws.x = grow(ws.x, n*c.Dim)
 	ws.xn = grow(ws.xn, n*c.Dim)
-	ws.o = grow(ws.o, n*c.Dim)
-	ws.q = grow(ws.q, n*c.QDim())
-	ws.a = grow(ws.a, n*c.QDim())
-	ws.k = grow(ws.k, n*c.KVDim())
-	ws.v = grow(ws.v, n*c.KVDim())
-	ws.gate = grow(ws.gate, n*c.Hidden)
-	ws.up = grow(ws.up, n*c.Hidden)
-	ws.h = grow(ws.h, n*c.Hidden)
+	ws.o = grow(ws.o, n*e.dim)
+	ws.q = grow(ws.q, n*e.qDim)
+	ws.a = grow(ws.a, n*e.qDim)
+	ws.k = grow(ws.k, n*e.kvDim)
+	ws.v = grow(ws.v, n*e.kvDim)
+	ws.gate = grow(ws.gate, n*e.hidden)
+	ws.up = grow(ws.up, n*e.hidden)
+	ws.h = grow(ws.h, n*e.hidden)
 	if ix := c.Indexer; ix != nil {
 		ws.iq = grow(ws.iq, n*ix.Heads*ix.Dim)
 		ws.ik = grow(ws.ik, n*ix.Dim)
@@ -206,19 +314,19 @@ func (e *Exec) prepare(batch []SeqInput, n int) {
 	}
 }
 
-func (e *Exec) layer(l, n int) {
+func (e *Exec) layer(l, n int) error {
 	c := &e.m.Config
-	w := &e.m.Layers[l]
+	w := &e.layers[l]
 	b := e.b
 	ws := &e.ws
-	kvd := c.KVDim()
+	kvd := e.kvDim
 
 	b.RMSNorm(ws.xn, ws.x, w.AttnNorm, n, c.NormEps)
 	b.MatMul(ws.q, ws.xn, w.Q, n)
 	b.MatMul(ws.k, ws.xn, w.K, n)
 	b.MatMul(ws.v, ws.xn, w.V, n)
-	b.RoPE(ws.q, ws.pos, c.Heads, c.HeadDim, c.RopeDim, c.RopeTheta)
-	b.RoPE(ws.k, ws.pos, c.KVHeads, c.HeadDim, c.RopeDim, c.RopeTheta)
+	b.RoPE(ws.q, ws.pos, e.heads, c.HeadDim, c.RopeDim, c.RopeTheta)
+	b.RoPE(ws.k, ws.pos, e.kvHeads, c.HeadDim, c.RopeDim, c.RopeTheta)
 	for i := range n {
 		e.pool.WriteKV(l, ws.slot[i], ws.k[i*kvd:(i+1)*kvd], ws.v[i*kvd:(i+1)*kvd])
 	}
@@ -228,18 +336,34 @@ func (e *Exec) layer(l, n int) {
 	}
 	b.Attention(&kernels.AttentionArgs{
 		Out: ws.a, Q: ws.q, K: e.pool.K(l), V: e.pool.V(l), Slots: ws.attn[:n],
-		NHeads: c.Heads, NKVHeads: c.KVHeads, HeadDim: c.HeadDim,
+		NHeads: e.heads, NKVHeads: e.kvHeads, HeadDim: c.HeadDim,
 		Scale: float32(1 / math.Sqrt(float64(c.HeadDim))),
 	})
-	b.MatMul(ws.o, ws.a, w.O, n)
-	addInPlace(ws.x, ws.o)
+	a, err := e.gather(ws.a, n, e.qDim, &ws.aFull)
+	if err != nil {
+		return err
+	}
+	b.MatMul(ws.o, a, w.O, n)
+	o, err := e.gather(ws.o, n, e.dim, &ws.oFull)
+	if err != nil {
+		return err
+	}
+	addInPlace(ws.x, o)
 
 	b.RMSNorm(ws.xn, ws.x, w.FFNNorm, n, c.NormEps)
 	b.MatMul(ws.gate, ws.xn, w.Gate, n)
 	b.MatMul(ws.up, ws.xn, w.Up, n)
 	b.SwiGLU(ws.h, ws.gate, ws.up)
-	b.MatMul(ws.o, ws.h, w.Down, n)
-	addInPlace(ws.x, ws.o)
+	h, err := e.gather(ws.h, n, e.hidden, &ws.hFull)
+	if err != nil {
+		return err
+	}
+	b.MatMul(ws.o, h, w.Down, n)
+	if o, err = e.gather(ws.o, n, e.dim, &ws.oFull); err != nil {
+		return err
+	}
+	addInPlace(ws.x, o)
+	return nil
 }
 
 // index runs the sparse-attention indexer of layer l: it writes every batch
@@ -249,7 +373,7 @@ func (e *Exec) layer(l, n int) {
 func (e *Exec) index(l, n int) {
 	c := &e.m.Config
 	ix := c.Indexer
-	w := &e.m.Layers[l]
+	w := &e.layers[l]
 	b := e.b
 	ws := &e.ws
 
@@ -309,12 +433,12 @@ func (e *Exec) index(l, n int) {
 }
 
 // logits computes the output projection for the rows that asked for it.
-func (e *Exec) logits(dst []float32) {
+func (e *Exec) logits(dst []float32) error {
 	c := &e.m.Config
 	ws := &e.ws
 	r := len(ws.logitRows)
 	if r == 0 {
-		return
+		return nil
 	}
 	ws.lx = grow(ws.lx, r*c.Dim)
 	for j, i := range ws.logitRows {
@@ -322,7 +446,13 @@ func (e *Exec) logits(dst []float32) {
 	}
 	xn := ws.xn[:r*c.Dim]
 	e.b.RMSNorm(xn, ws.lx, e.m.OutputNorm, r, c.NormEps)
-	e.b.MatMul(dst[:r*c.VocabSize], xn, e.m.Output, r)
+	if e.shard.Size == 1 {
+		e.b.MatMul(dst[:r*c.VocabSize], xn, e.output, r)
+		return nil
+	}
+	ws.lLocal = grow(ws.lLocal, r*e.vocab)
+	e.b.MatMul(ws.lLocal, xn, e.output, r)
+	return e.shard.Gather.Gather(ws.lLocal, r, e.vocab, dst[:r*c.VocabSize])
 }
 
 func addInPlace(dst, src []float32) {

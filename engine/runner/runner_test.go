@@ -2,7 +2,6 @@ package runner_test
 
 import (
 	"context"
-	"math/rand/v2"
 	"os"
 	"slices"
 	"testing"
@@ -27,16 +26,7 @@ func tiny(arch string) builtin.Spec {
 }
 
 func prompts(seed uint64, n, vocab int) [][]int32 {
-	rng := rand.New(rand.NewPCG(seed, seed))
-	out := make([][]int32, n)
-	for i := range out {
-		p := make([]int32, 3+rng.IntN(40))
-		for j := range p {
-			p[j] = int32(3 + rng.IntN(vocab-3))
-		}
-		out[i] = p
-	}
-	return out
+	return testmodel.Prompts(seed, n, 3, 42, vocab)
 }
 
 func greedy(ps [][]int32, maxTokens int) []runner.Request {

@@ -84,20 +84,8 @@ type rankResult struct {
 // Engine owns them and closes those that have a Close method. Each rank gets
 // a pool of ⌈kvTokens/pageSize⌉ pages holding its share of every token's KV.
 func New(m *model.Model, newBackend func(rank int) kernels.Backend, n int, pageSize, kvTokens, maxSeqs int, indexK kernels.IndexKDType) (*Engine, error) {
-	c := &m.Config
-	if n < 1 {
-		return nil, fmt.Errorf("tp: --tp %d must be at least 1", n)
-	}
-	for _, d := range []struct {
-		what string
-		v    int
-	}{
-		{"attention heads", c.Heads}, {"KV heads", c.KVHeads}, {"embedding length", c.Dim},
-		{"feed-forward length", c.Hidden}, {"vocabulary size", c.VocabSize},
-	} {
-		if d.v%n != 0 {
-			return nil, fmt.Errorf("tp: --tp %d must divide the %d %s", n, d.v, d.what)
-		}
+	if err := m.Config.CheckShards(n); err != nil {
+		return nil, fmt.Errorf("tp: %w", err)
 	}
 	if pageSize < 1 {
 		return nil, fmt.Errorf("tp: page size %d must be positive", pageSize)
@@ -105,8 +93,7 @@ func New(m *model.Model, newBackend func(rank int) kernels.Backend, n int, pageS
 	if kvTokens < 1 {
 		return nil, fmt.Errorf("tp: KV capacity of %d tokens must be positive", kvTokens)
 	}
-	pc := m.PoolConfig(pageSize, (kvTokens+pageSize-1)/pageSize, maxSeqs, indexK)
-	pc.KVDim /= n
+	pc := m.ShardPoolConfig(n, pageSize, (kvTokens+pageSize-1)/pageSize, maxSeqs, indexK)
 	group, err := dist.NewGroup(n, dist.Options{})
 	if err != nil {
 		return nil, err
@@ -125,8 +112,12 @@ func New(m *model.Model, newBackend func(rank int) kernels.Backend, n int, pageS
 			group.Close()
 			return nil, fmt.Errorf("tp: no backend for rank %d", r)
 		}
-		rk.shard()
 		e.ranks = append(e.ranks, rk)
+		if rk.exec, err = m.NewShardedExec(rk.b, pool, model.Shard{Rank: r, Size: n, Gather: rk}); err != nil {
+			e.closeBackends()
+			group.Close()
+			return nil, fmt.Errorf("tp: rank %d: %w", r, err)
+		}
 	}
 	e.jobs = make([]chan *job, n)
 	for r, rk := range e.ranks {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"os"
 	"runtime"
 	"slices"
@@ -41,16 +40,7 @@ const (
 )
 
 func prompts(seed uint64, n, vocab int) [][]int32 {
-	rng := rand.New(rand.NewPCG(seed, seed))
-	out := make([][]int32, n)
-	for i := range out {
-		p := make([]int32, 5+rng.IntN(30))
-		for j := range p {
-			p[j] = int32(3 + rng.IntN(vocab-3))
-		}
-		out[i] = p
-	}
-	return out
+	return testmodel.Prompts(seed, n, 5, 34, vocab)
 }
 
 func newEngine(t *testing.T, m *model.Model, n int) *tp.Engine {
@@ -239,9 +229,9 @@ func TestRefusesIndivisibleShapes(t *testing.T) {
 		n    int
 		want string
 	}{
-		{4, "tp: --tp 4 must divide the 2 KV heads"},
-		{3, "tp: --tp 3 must divide the 4 attention heads"},
-		{0, "tp: --tp 0 must be at least 1"},
+		{4, "tp: tensor parallelism 4 must divide the 2 KV heads"},
+		{3, "tp: tensor parallelism 3 must divide the 4 attention heads"},
+		{0, "tp: tensor parallelism 0 must be at least 1"},
 	} {
 		made := 0
 		_, err := tp.New(m, func(int) kernels.Backend { made++; return cpu.New(1) }, c.n, pageSize, kvTokens, maxSeqs, kernels.IndexFP8)

@@ -3,6 +3,7 @@
 package testmodel
 
 import (
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sync"
@@ -61,4 +62,19 @@ func Cleanup() {
 		dir = ""
 		paths = map[builtin.Spec]string{}
 	}
+}
+
+// Prompts returns n seeded random prompts of minLen to maxLen tokens, drawn
+// from the vocabulary past its three control tokens.
+func Prompts(seed uint64, n, minLen, maxLen, vocab int) [][]int32 {
+	rng := rand.New(rand.NewPCG(seed, seed))
+	out := make([][]int32, n)
+	for i := range out {
+		p := make([]int32, minLen+rng.IntN(maxLen-minLen+1))
+		for j := range p {
+			p[j] = int32(3 + rng.IntN(vocab-3))
+		}
+		out[i] = p
+	}
+	return out
 }
