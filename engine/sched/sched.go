@@ -1,0 +1,440 @@
+package sched
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+type request struct {
+	id          uint64
+	promptLen   int
+	maxTokens   int
+	arrival     time.Duration
+	since       time.Duration // entered the current state
+	admitted    time.Duration // last admission
+	state       State
+	fed         int    // tokens whose KV the loop holds
+	generated   int    // tokens sampled so far
+	pending     int    // tokens in the step in flight
+	logits      bool   // the in-flight item wants logits
+	pages       int    // pages held: pagesFor(fed+pending)
+	retractions int    // times preempted
+	seq         uint64 // admission order, for LIFO retraction
+	cut         Reason // why an Aborting request finishes at StepDone
+}
+
+// target is the number of tokens to prefill: the prompt plus, after a
+// retraction, everything generated so far.
+func (r *request) target() int { return r.promptLen + r.generated }
+
+// Scheduler is one rank's scheduler: a deterministic state machine. Events
+// (Add, Abort, Schedule, StepDone, Tick) go in; plans and finished requests
+// come out. It starts no goroutines, reads no clock (time comes in as the
+// now of each event, a duration since start; a now earlier than a previous
+// one counts as the previous one) and touches no KV pool: the loop acts on
+// its results. Identical event sequences give identical results, so every
+// rank of a TP group may run its own copy on the same (reduced) inputs.
+// Not safe for concurrent use.
+type Scheduler struct {
+	cfg        Config
+	now        time.Duration
+	reqs       map[uint64]*request // every request not yet finished
+	waiting    []*request          // FIFO; retracted requests go to the front
+	prefilling []*request          // admission order
+	running    []*request          // admission order
+	aborting   []*request          // left the queues during the step in flight
+	step       []Item              // the step in flight, nil when none
+	held       int                 // pages held by all requests
+	nextSeq    uint64
+}
+
+// New returns an empty scheduler for cfg.
+func New(cfg Config) (*Scheduler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Scheduler{cfg: cfg, reqs: make(map[uint64]*request)}, nil
+}
+
+// Config returns the scheduler's configuration.
+func (s *Scheduler) Config() Config { return s.cfg }
+
+func (s *Scheduler) advance(now time.Duration) {
+	if now > s.now {
+		s.now = now
+	}
+}
+
+// Add queues a new request at the back of the waiting queue. It fails, and
+// changes nothing, for a known id, an empty prompt or MaxTokens, or a
+// request whose longest sequence would not fit the whole pool.
+func (s *Scheduler) Add(req Request, now time.Duration) error {
+	s.advance(now)
+	if _, ok := s.reqs[req.ID]; ok {
+		return fmt.Errorf("%w: %d", ErrDuplicate, req.ID)
+	}
+	if req.PromptLen < 1 || req.MaxTokens < 1 {
+		return fmt.Errorf("%w: %d: prompt %d, max tokens %d", ErrInvalid, req.ID, req.PromptLen, req.MaxTokens)
+	}
+	// The last sampled token is never fed back, so the KV peaks at
+	// PromptLen+MaxTokens-1 tokens.
+	if p := s.cfg.pagesFor(req.PromptLen + req.MaxTokens - 1); p > s.cfg.TotalPages {
+		return fmt.Errorf("%w: %d needs %d pages of %d", ErrTooLarge, req.ID, p, s.cfg.TotalPages)
+	}
+	r := &request{id: req.ID, promptLen: req.PromptLen, maxTokens: req.MaxTokens, arrival: s.now, since: s.now, state: Waiting}
+	s.reqs[r.id] = r
+	s.waiting = append(s.waiting, r)
+	s.selfCheck()
+	return nil
+}
+
+// Abort ends a request in any state. A request outside the step in flight
+// finishes now and its Finish is returned; one in the step in flight leaves
+// every queue now and finishes at StepDone (its outcome ignored), so Abort
+// returns no Finish and a second Abort of it changes nothing. Either way its
+// KV is released exactly once, through the one Finish. An unknown or
+// already finished id gives ErrUnknown.
+func (s *Scheduler) Abort(id uint64, now time.Duration) ([]Finish, error) {
+	s.advance(now)
+	r, ok := s.reqs[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: %d", ErrUnknown, id)
+	}
+	if r.state == Aborting {
+		return nil, nil
+	}
+	f := s.cut(r, ReasonAbort)
+	s.selfCheck()
+	return f, nil
+}
+
+// cut ends r for reason: now, or at StepDone when r is in the step.
+func (s *Scheduler) cut(r *request, reason Reason) []Finish {
+	s.unqueue(r)
+	if r.pending > 0 {
+		r.state, r.since, r.cut = Aborting, s.now, reason
+		s.aborting = append(s.aborting, r)
+		return nil
+	}
+	return []Finish{s.finish(r, reason)}
+}
+
+// unqueue removes r from its queue (not from reqs).
+func (s *Scheduler) unqueue(r *request) {
+	switch r.state {
+	case Waiting:
+		s.waiting = remove(s.waiting, r)
+	case Prefilling:
+		s.prefilling = remove(s.prefilling, r)
+	case Running:
+		s.running = remove(s.running, r)
+	case Aborting:
+		s.aborting = remove(s.aborting, r)
+	}
+}
+
+func remove(q []*request, r *request) []*request {
+	for i, x := range q {
+		if x == r {
+			return append(q[:i], q[i+1:]...)
+		}
+	}
+	return q
+}
+
+// finish forgets r (already out of its queue) and reports it.
+func (s *Scheduler) finish(r *request, reason Reason) Finish {
+	f := Finish{ID: r.id, Reason: reason, Generated: r.generated, Release: r.pages > 0, Pages: r.pages}
+	s.held -= r.pages
+	r.pages, r.pending, r.state, r.since = 0, 0, Finished, s.now
+	delete(s.reqs, r.id)
+	return f
+}
+
+// Tick expires timeouts. Requests in the step in flight that expire finish
+// at StepDone.
+func (s *Scheduler) Tick(now time.Duration) []Finish {
+	s.advance(now)
+	f := s.expire()
+	s.selfCheck()
+	return f
+}
+
+func (s *Scheduler) expired(r *request) bool {
+	c := &s.cfg
+	switch {
+	case c.RequestTimeout > 0 && s.now-r.arrival >= c.RequestTimeout:
+		return true
+	case r.state == Waiting && c.WaitingTimeout > 0 && s.now-r.since >= c.WaitingTimeout:
+		return true
+	case r.state == Prefilling && c.PrefillTimeout > 0 && s.now-r.admitted >= c.PrefillTimeout:
+		return true
+	}
+	return false
+}
+
+func (s *Scheduler) expire() []Finish {
+	var out []Finish
+	for _, q := range [][]*request{s.running, s.prefilling, s.waiting} {
+		var exp []*request
+		for _, r := range q {
+			if s.expired(r) {
+				exp = append(exp, r)
+			}
+		}
+		for _, r := range exp {
+			out = append(out, s.cut(r, ReasonTimeout)...)
+		}
+	}
+	return out
+}
+
+// Schedule plans the next step given the free pages of the pool (the
+// minimum over the ranks). It first expires timeouts (Plan.Finished), then
+// plans:
+//
+//  1. every decoding request gets one token; when their new pages exceed
+//     the free pages, the most recently admitted requests (decoding or
+//     prefilling) are retracted, newest first, until the rest fit;
+//  2. prefilling requests get their next chunk (at most PrefillChunk, within
+//     MaxBatchTokens, shrunk to the pages left), in admission order;
+//  3. unless something was retracted, waiting requests are admitted in FIFO
+//     order while MaxRunning and the token budget allow and the pages for
+//     their whole prefill fit; the first that does not fit stops admission.
+//
+// If nothing could run while requests are admitted, the newest is retracted
+// until something runs or none is left. A plan with Run items starts a
+// step: the next Schedule needs its StepDone first.
+func (s *Scheduler) Schedule(now time.Duration, freePages int) (Plan, error) {
+	if s.step != nil {
+		return Plan{}, ErrStepInFlight
+	}
+	s.advance(now)
+	var p Plan
+	p.Finished = s.expire()
+	free := min(freePages, s.cfg.TotalPages-s.held)
+	for _, f := range p.Finished {
+		free += f.Pages
+	}
+	free = max(free, 0)
+
+	// 1. Decode, retracting newest first until every decode fits.
+	for {
+		need := 0
+		for _, r := range s.running {
+			need += s.cfg.pagesFor(r.fed+1) - r.pages
+		}
+		if need <= free || len(s.running) == 0 {
+			break
+		}
+		free += s.retractNewest(&p)
+	}
+	budget := s.cfg.MaxBatchTokens
+	for {
+		budget = s.cfg.MaxBatchTokens - len(s.running)
+		left := free
+		for _, r := range s.running {
+			left -= s.cfg.pagesFor(r.fed+1) - r.pages
+		}
+		// 2. Continue prefills.
+		var chunks []Item
+		for _, r := range s.prefilling {
+			n := min(s.cfg.PrefillChunk, r.target()-r.fed, budget, (r.pages+left)*s.cfg.PageSize-r.fed)
+			if n <= 0 {
+				continue
+			}
+			grow := s.cfg.pagesFor(r.fed+n) - r.pages
+			left -= grow
+			budget -= n
+			chunks = append(chunks, Item{ID: r.id, Start: r.fed, Tokens: n, WantLogits: r.fed+n == r.target(), Pages: r.pages + grow})
+		}
+		if len(s.running) > 0 || len(chunks) > 0 || len(s.prefilling) == 0 {
+			free = left
+			for _, r := range s.running {
+				p.Run = append(p.Run, Item{ID: r.id, Start: r.fed, Tokens: 1, WantLogits: true, Pages: s.cfg.pagesFor(r.fed + 1)})
+			}
+			p.Run = append(p.Run, chunks...)
+			break
+		}
+		// Only prefills are admitted and none can take a token: free
+		// pages for the older ones.
+		free += s.retractNewest(&p)
+	}
+
+	// 3. Admit from the waiting queue.
+	if len(p.Retract) == 0 {
+		for len(s.waiting) > 0 && budget > 0 && len(s.prefilling)+len(s.running)+len(s.aborting) < s.cfg.MaxRunning {
+			r := s.waiting[0]
+			if s.cfg.pagesFor(r.target()) > free {
+				break
+			}
+			n := min(s.cfg.PrefillChunk, r.target(), budget)
+			s.waiting = s.waiting[1:]
+			s.nextSeq++
+			r.seq, r.state, r.since, r.admitted = s.nextSeq, Prefilling, s.now, s.now
+			s.prefilling = append(s.prefilling, r)
+			pg := s.cfg.pagesFor(n)
+			free -= pg
+			budget -= n
+			p.Run = append(p.Run, Item{ID: r.id, Start: 0, Tokens: n, WantLogits: n == r.target(), Pages: pg})
+		}
+	}
+
+	for _, it := range p.Run {
+		r := s.reqs[it.ID]
+		p.PagesNeeded += it.Pages - r.pages
+		s.held += it.Pages - r.pages
+		r.pages, r.pending, r.logits = it.Pages, it.Tokens, it.WantLogits
+	}
+	if len(p.Run) > 0 {
+		s.step = p.Run
+	}
+	s.selfCheck()
+	return p, nil
+}
+
+// retractNewest sends the most recently admitted request (prefilling or
+// decoding) back to the front of the waiting queue, recording it in p, and
+// returns the pages it frees.
+func (s *Scheduler) retractNewest(p *Plan) int {
+	var r *request
+	for _, q := range [][]*request{s.prefilling, s.running} {
+		for _, x := range q {
+			if r == nil || x.seq > r.seq {
+				r = x
+			}
+		}
+	}
+	if r == nil {
+		return 0
+	}
+	s.unqueue(r)
+	freed := r.pages
+	p.Retract = append(p.Retract, Retract{ID: r.id, Generated: r.generated, Pages: freed})
+	s.held -= freed
+	r.pages, r.fed, r.state, r.since = 0, 0, Waiting, s.now
+	r.retractions++
+	s.waiting = append([]*request{r}, s.waiting...)
+	return freed
+}
+
+// StepDone ends the step in flight with the loop's outcomes, one per Run
+// item. It returns the requests that finished: by a stop token, by length,
+// and those aborted or timed out during the step (their outcomes ignored).
+// A missing or impossible outcome finishes that request with ReasonError
+// and is also reported in the error; outcomes for ids not in the step are
+// reported in the error and otherwise ignored. The state is consistent
+// whatever the error.
+func (s *Scheduler) StepDone(now time.Duration, outcomes []Outcome) ([]Finish, error) {
+	if s.step == nil {
+		return nil, ErrNoStep
+	}
+	s.advance(now)
+	step := s.step
+	s.step = nil
+	var bad []string
+	got := make(map[uint64]Outcome, len(outcomes))
+	inStep := make(map[uint64]bool, len(step))
+	for _, it := range step {
+		inStep[it.ID] = true
+	}
+	for _, o := range outcomes {
+		if !inStep[o.ID] {
+			bad = append(bad, fmt.Sprintf("%d not in the step", o.ID))
+			continue
+		}
+		if _, dup := got[o.ID]; dup {
+			bad = append(bad, fmt.Sprintf("%d reported twice", o.ID))
+			continue
+		}
+		got[o.ID] = o
+	}
+	var out []Finish
+	for _, it := range step {
+		r := s.reqs[it.ID]
+		r.fed += r.pending
+		r.pending = 0
+		if r.state == Aborting {
+			s.unqueue(r)
+			out = append(out, s.finish(r, r.cut))
+			continue
+		}
+		o, ok := got[it.ID]
+		want := 0
+		if it.WantLogits {
+			want = 1
+		}
+		if !ok || o.Emitted != want || (o.Stop && want == 0) {
+			if ok {
+				bad = append(bad, fmt.Sprintf("%d emitted %d (stop %t), want %d", it.ID, o.Emitted, o.Stop, want))
+			} else {
+				bad = append(bad, fmt.Sprintf("%d has no outcome", it.ID))
+			}
+			s.unqueue(r)
+			out = append(out, s.finish(r, ReasonError))
+			continue
+		}
+		r.generated += o.Emitted
+		switch {
+		case o.Stop:
+			s.unqueue(r)
+			out = append(out, s.finish(r, ReasonStop))
+		case r.generated >= r.maxTokens:
+			s.unqueue(r)
+			out = append(out, s.finish(r, ReasonLength))
+		case r.state == Prefilling && o.Emitted > 0:
+			s.prefilling = remove(s.prefilling, r)
+			r.state, r.since = Running, s.now
+			s.running = insertBySeq(s.running, r)
+		}
+	}
+	s.aborting = s.aborting[:0]
+	s.selfCheck()
+	if bad != nil {
+		return out, fmt.Errorf("%w: %s", ErrOutcome, strings.Join(bad, "; "))
+	}
+	return out, nil
+}
+
+func insertBySeq(q []*request, r *request) []*request {
+	i := len(q)
+	for i > 0 && q[i-1].seq > r.seq {
+		i--
+	}
+	q = append(q, nil)
+	copy(q[i+1:], q[i:])
+	q[i] = r
+	return q
+}
+
+// InFlight reports whether a step is in flight (planned, StepDone not yet
+// received).
+func (s *Scheduler) InFlight() bool { return s.step != nil }
+
+// Len is the number of requests not yet finished.
+func (s *Scheduler) Len() int { return len(s.reqs) }
+
+// HeldPages is the number of pages the scheduler counts as held by its
+// requests.
+func (s *Scheduler) HeldPages() int { return s.held }
+
+// Snapshot returns the queues as plain values.
+func (s *Scheduler) Snapshot() Snapshot {
+	info := func(q []*request) []ReqInfo {
+		out := make([]ReqInfo, 0, len(q))
+		for _, r := range q {
+			out = append(out, ReqInfo{
+				ID: r.id, State: r.state, Age: s.now - r.arrival, InState: s.now - r.since,
+				PromptLen: r.promptLen, MaxTokens: r.maxTokens, Generated: r.generated,
+				Fed: r.fed, InFlight: r.pending, Pages: r.pages, Retractions: r.retractions,
+			})
+		}
+		return out
+	}
+	return Snapshot{
+		Now: s.now, Waiting: info(s.waiting), Prefilling: info(s.prefilling),
+		Running: info(s.running), Aborting: info(s.aborting),
+		StepInFlight: s.step != nil, HeldPages: s.held, TotalPages: s.cfg.TotalPages,
+	}
+}
