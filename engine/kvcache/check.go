@@ -6,10 +6,16 @@ import "fmt"
 // invariant:
 //
 //   - the allocator's own accounting (PageAllocator.Check);
-//   - every page a live sequence owns is allocated, and no page is owned
-//     twice (by two sequences, or twice by one);
-//   - the pages owned by live sequences are exactly the allocated pages (no
-//     leaked page);
+//   - every page a live sequence owns is allocated, and no sequence owns a
+//     page twice;
+//   - a sequence's first Shared() pages are held by the prefix cache and
+//     lie within its committed tokens; each of its other pages is held by it
+//     alone (not by another sequence, not by the cache), so only those are
+//     ever written;
+//   - every page's reference count is the number of live sequences holding
+//     it plus one if the cache holds it, a page is allocated exactly when
+//     that count is positive (no leaked page, no page free while held), and
+//     the cached-page counter matches;
 //   - each live sequence holds exactly the pages its Len+Reserved tokens
 //     need, and its row's slots 0..Len+Reserved-1 are those of its pages;
 //   - the request-to-token rows are each either free (once) or held by the
@@ -21,13 +27,16 @@ func (p *Pool) Check() error {
 	if err := p.alloc.Check(); err != nil {
 		return err
 	}
-	if p.owner == nil {
-		p.owner = make([]int32, p.cfg.Pages)
+	if p.holders == nil {
+		p.holders = make([]int32, p.cfg.Pages)
 		p.rowSeen = make([]bool, p.cfg.MaxSeqs)
 	}
-	owner, rowSeen := p.owner, p.rowSeen
-	clear(owner)
+	holders, rowSeen := p.holders, p.rowSeen
+	clear(holders)
 	clear(rowSeen)
+	if len(p.refs) != p.total || len(p.cached) != p.total {
+		return fmt.Errorf("kvcache: %d reference counts and %d cache flags for %d pages", len(p.refs), len(p.cached), p.total)
+	}
 
 	for _, r := range p.freeRows {
 		switch {
@@ -42,7 +51,7 @@ func (p *Pool) Check() error {
 	}
 
 	ps, mc := p.cfg.PageSize, p.cfg.MaxContext
-	live, owned := 0, 0
+	live := 0
 	for r, s := range p.rows {
 		if s == nil {
 			if !rowSeen[r] {
@@ -67,15 +76,32 @@ func (p *Pool) Check() error {
 		if want := p.cfg.PagesFor(foot); len(s.pages) != want {
 			return fmt.Errorf("kvcache: seq %d holds %d pages for %d tokens, needs %d", s.id, len(s.pages), foot, want)
 		}
-		for _, pg := range s.pages {
+		if s.shared < 0 || s.shared*ps > s.n {
+			return fmt.Errorf("kvcache: seq %d shares %d pages of %d tokens but has %d committed", s.id, s.shared, ps, s.n)
+		}
+		for i, pg := range s.pages {
 			switch {
 			case !p.alloc.allocated(pg):
 				return fmt.Errorf("kvcache: seq %d owns page %d, which is not allocated", s.id, pg)
-			case owner[pg] != 0:
-				return fmt.Errorf("kvcache: page %d owned by seq %d and seq %d", pg, p.rows[owner[pg]-1].id, s.id)
+			case i < s.shared && !p.cached[pg]:
+				return fmt.Errorf("kvcache: seq %d shares page %d, which the cache does not hold", s.id, pg)
+			case i >= s.shared && p.cached[pg]:
+				return fmt.Errorf("kvcache: seq %d owns page %d, which the cache holds too", s.id, pg)
+			case i >= s.shared && holders[pg] != 0:
+				return fmt.Errorf("kvcache: page %d owned by seq %d and another sequence", pg, s.id)
 			}
-			owner[pg] = int32(r) + 1
-			owned++
+			holders[pg]++
+		}
+		for _, pg := range s.pages {
+			if holders[pg] < 0 {
+				return fmt.Errorf("kvcache: seq %d owns page %d twice", s.id, pg)
+			}
+			holders[pg] = -holders[pg] // mark: seen in this sequence
+		}
+		for _, pg := range s.pages {
+			if holders[pg] < 0 {
+				holders[pg] = -holders[pg]
+			}
 		}
 		row := p.table[r*mc : r*mc+foot]
 		for pos, slot := range row {
@@ -91,8 +117,28 @@ func (p *Pool) Check() error {
 	if l := p.live.Load(); l != int64(live) {
 		return fmt.Errorf("kvcache: live counter %d, %d live sequences", l, live)
 	}
-	if used := p.alloc.UsedCount(); owned != used {
-		return fmt.Errorf("kvcache: %d pages allocated, %d owned by live sequences (leak)", used, owned)
+	cached, held := 0, 0
+	for pg := range p.total {
+		h := holders[pg]
+		if p.cached[pg] {
+			h++
+			cached++
+		}
+		switch {
+		case h != p.refs[pg]:
+			return fmt.Errorf("kvcache: page %d has reference count %d, but %d holders (cached %v)", pg, p.refs[pg], h, p.cached[pg])
+		case (h > 0) != p.alloc.allocated(int32(pg)):
+			return fmt.Errorf("kvcache: page %d has %d holders but allocated is %v (leak)", pg, h, p.alloc.allocated(int32(pg)))
+		}
+		if h > 0 {
+			held++
+		}
+	}
+	if c := p.numCached.Load(); c != int64(cached) {
+		return fmt.Errorf("kvcache: cached counter %d, %d pages cached", c, cached)
+	}
+	if used := p.alloc.UsedCount(); held != used {
+		return fmt.Errorf("kvcache: %d pages allocated, %d held by live sequences or the cache (leak)", used, held)
 	}
 	return nil
 }

@@ -7,6 +7,14 @@
 // sequence (Seq) owns whole pages and one row of the request-to-token table;
 // row entry i is the slot of token position i.
 //
+// Pages may be shared: a page's holders are the live sequences that use it
+// and the prefix cache, counted by a reference count (see share.go). A
+// sequence may start from full pages the cache holds (NewSeqWithPrefix),
+// reading them without copying; a finished sequence's full pages move to the
+// cache (ReleaseTo) and the cache frees them when it evicts (FreeCached). A
+// page with more than one holder, or held by the cache, is never written.
+// Index keys share the slots of K and V, so they are shared with them.
+//
 // A Pool belongs to one rank's loop and is not safe for concurrent use. The
 // only exceptions are FreePages, TotalPages and Live, which read atomics so
 // that a debug reader may call them while the loop is stuck.

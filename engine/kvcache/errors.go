@@ -23,4 +23,12 @@ var (
 	ErrNotReserved = errors.New("kvcache: tokens not reserved")
 	// ErrForeignSeq: the sequence is nil or belongs to another pool.
 	ErrForeignSeq = errors.New("kvcache: sequence not of this pool")
+	// ErrNotCached: a page given as a cached prefix, or freed as cached, is
+	// not held by the prefix cache.
+	ErrNotCached = errors.New("kvcache: page not held by the prefix cache")
+	// ErrSharedPage: the operation would write to, or the cache would free,
+	// a page that others still use.
+	ErrSharedPage = errors.New("kvcache: page is shared")
+	// ErrBadPrefix: a prefix whose token count is not its pages' worth.
+	ErrBadPrefix = errors.New("kvcache: prefix is not whole pages")
 )

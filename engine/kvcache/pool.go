@@ -28,18 +28,34 @@ type Pool struct {
 	freeRows []int32         // stack; top is the end
 	byID     map[uint64]*Seq // live sequences
 	live     atomic.Int64    // len(byID), for readers off the loop
-	owner    []int32         // Check's scratch: page -> row+1
-	rowSeen  []bool          // Check's scratch
+
+	// Page sharing. refs[page] counts the page's holders: the live
+	// sequences that hold it plus one when the prefix cache holds it
+	// (cached[page]). A page is allocated exactly when refs > 0. Only a page
+	// held by one sequence and not by the cache may be written.
+	refs      []int32
+	cached    []bool
+	numCached atomic.Int64 // pages with cached set
+
+	holders []int32 // Check's scratch: page -> holders counted
+	rowSeen []bool  // Check's scratch
+	mark    []bool  // scratch for validating page lists
 }
 
 // Seq is one request's KV footprint: its pages, its row in the
 // request-to-token table, how many tokens hold KV (Len) and how many more are
 // reserved beyond them. Its methods are for the pool's loop only.
+//
+// A sequence started by NewSeqWithPrefix begins with Shared() pages that the
+// prefix cache holds: full pages of committed KV, read by the sequence and
+// never written (other sequences may read them too). Every later page is the
+// sequence's alone.
 type Seq struct {
 	pool     *Pool
 	id       uint64
 	row      int
 	pages    []int32
+	shared   int // pages[:shared] are cache-held and read-only
 	n        int // committed tokens
 	reserved int // reserved tokens beyond n
 	released bool
@@ -76,6 +92,10 @@ func (s *Seq) Slots() []int32 {
 // Pages returns a copy of the sequence's pages, in position order.
 func (s *Seq) Pages() []int32 { return append([]int32(nil), s.pages...) }
 
+// Shared is the number of leading pages the sequence shares with the prefix
+// cache (read-only); 0 for a sequence started by NewSeq.
+func (s *Seq) Shared() int { return s.shared }
+
 // NewPool validates cfg and allocates the pool's memory.
 func NewPool(cfg Config) (*Pool, error) {
 	if err := cfg.Validate(); err != nil {
@@ -101,6 +121,8 @@ func NewPool(cfg Config) (*Pool, error) {
 		rows:     make([]*Seq, cfg.MaxSeqs),
 		freeRows: make([]int32, cfg.MaxSeqs),
 		byID:     make(map[uint64]*Seq),
+		refs:     make([]int32, cfg.Pages),
+		cached:   make([]bool, cfg.Pages),
 	}
 	for l := range cfg.Layers {
 		p.k[l] = make([]float32, slots*cfg.KVDim)
@@ -168,6 +190,24 @@ func (p *Pool) TotalPages() int { return p.total }
 // Live is the number of live (unreleased) sequences. Safe from any goroutine.
 func (p *Pool) Live() int { return int(p.live.Load()) }
 
+// CachedPages is the number of pages the prefix cache holds (whether or not
+// sequences share them too). Safe from any goroutine.
+func (p *Pool) CachedPages() int { return int(p.numCached.Load()) }
+
+// Cached reports whether the prefix cache holds page.
+func (p *Pool) Cached(page int32) bool {
+	return page >= 0 && int(page) < p.total && p.cached[page]
+}
+
+// Refs is the number of holders of page: the live sequences that hold it,
+// plus one when the prefix cache holds it. 0 means the page is free.
+func (p *Pool) Refs(page int32) int {
+	if page < 0 || int(page) >= p.total {
+		return 0
+	}
+	return int(p.refs[page])
+}
+
 // Seq returns the live sequence with this id.
 func (p *Pool) Seq(id uint64) (*Seq, bool) {
 	s, ok := p.byID[id]
@@ -230,6 +270,9 @@ func (p *Pool) reserve(s *Seq, n int) error {
 		if err != nil {
 			return fmt.Errorf("seq %d: reserve %d tokens beyond %d: %w", s.id, n, s.n, err)
 		}
+		for _, pg := range pages {
+			p.refs[pg] = 1
+		}
 		s.pages = append(s.pages, pages...)
 	}
 	row := p.row(s)
@@ -285,10 +328,16 @@ func (p *Pool) truncate(s *Seq, n int) error {
 		return fmt.Errorf("kvcache: seq %d: truncate to %d tokens, holds %d (%d committed)", s.id, n, foot, s.n)
 	}
 	keep := p.cfg.PagesFor(n)
-	if err := p.alloc.release(s.pages[keep:]); err != nil {
+	if keep <= s.shared && n%p.cfg.PageSize != 0 {
+		// The next token would be written into a page others read.
+		return fmt.Errorf("%w: seq %d: truncate to %d tokens ends inside shared page %d (%d shared pages of %d tokens)",
+			ErrSharedPage, s.id, n, keep-1, s.shared, p.cfg.PageSize)
+	}
+	if err := p.unref(s.pages[keep:]); err != nil {
 		return fmt.Errorf("seq %d: truncate to %d tokens: %w", s.id, n, err)
 	}
 	s.pages = s.pages[:keep]
+	s.shared = min(s.shared, keep)
 	row := p.row(s)
 	for pos := n; pos < foot; pos++ {
 		row[pos] = -1
@@ -313,7 +362,7 @@ func (p *Pool) releaseSeq(s *Seq) error {
 	if err := p.own(s); err != nil {
 		return err
 	}
-	if err := p.alloc.release(s.pages); err != nil {
+	if err := p.unref(s.pages); err != nil {
 		return fmt.Errorf("seq %d: release: %w", s.id, err)
 	}
 	row := p.row(s)
@@ -324,7 +373,31 @@ func (p *Pool) releaseSeq(s *Seq) error {
 	p.freeRows = append(p.freeRows, int32(s.row))
 	delete(p.byID, s.id)
 	p.live.Add(-1)
-	s.pages, s.n, s.reserved, s.released = nil, 0, 0, true
+	s.pages, s.shared, s.n, s.reserved, s.released = nil, 0, 0, 0, true
+	return nil
+}
+
+// unref drops one holder from each of pages (distinct, each held) and frees
+// those left with none, in one allocator call so that the free order is that
+// of a plain release. On error nothing changes.
+func (p *Pool) unref(pages []int32) error {
+	var free []int32
+	for _, pg := range pages {
+		switch {
+		case pg < 0 || int(pg) >= p.total:
+			return fmt.Errorf("%w: page %d of %d", ErrBadPage, pg, p.total)
+		case p.refs[pg] <= 0:
+			return fmt.Errorf("%w: page %d has no holder", ErrDoubleFree, pg)
+		case p.refs[pg] == 1:
+			free = append(free, pg)
+		}
+	}
+	if err := p.alloc.release(free); err != nil {
+		return err
+	}
+	for _, pg := range pages {
+		p.refs[pg]--
+	}
 	return nil
 }
 
@@ -385,13 +458,20 @@ func (p *Pool) WriteIndexK(b kernels.Backend, layer int, slot int32, key []float
 	}
 }
 
-// checkSlot panics unless slot lies on an allocated page.
+// checkSlot panics unless slot lies on an allocated page that one sequence
+// alone holds: a free page, a page the prefix cache holds or a page shared by
+// several sequences is never written.
 func (p *Pool) checkSlot(op string, slot int32) {
 	if slot < 0 || int(slot) >= p.cfg.Slots() {
 		panic(fmt.Sprintf("kvcache: %s: slot %d out of range (%d slots)", op, slot, p.cfg.Slots()))
 	}
-	if page := slot / int32(p.cfg.PageSize); !p.alloc.allocated(page) {
+	page := slot / int32(p.cfg.PageSize)
+	switch {
+	case !p.alloc.allocated(page):
 		panic(fmt.Sprintf("kvcache: %s: slot %d is on free page %d", op, slot, page))
+	case p.cached[page] || p.refs[page] != 1:
+		panic(fmt.Sprintf("kvcache: %s: slot %d is on shared page %d (%d holders, cached %v)",
+			op, slot, page, p.refs[page], p.cached[page]))
 	}
 }
 
