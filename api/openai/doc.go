@@ -1,0 +1,18 @@
+// Package openai holds the OpenAI-compatible wire types of pdkit's server
+// (POST /v1/completions, POST /v1/chat/completions, GET /v1/models), the
+// decoding and validation of requests, and the error body.
+//
+// Decoding is strict about what it understands and lenient about the rest:
+// unknown fields are accepted and ignored, because OpenAI clients send many
+// that pdkit has no use for, but every known field must have the right JSON
+// type and a value in range, and a failure names the field (its param) in an
+// *Error carrying the HTTP status to answer with. JSON null for an optional
+// field means the field is absent. Features pdkit does not implement (several
+// choices per request, echo, logprobs) are refused with 400 rather than
+// ignored, so that a client never receives an answer to a question it did not
+// ask.
+//
+// After DecodeCompletion or DecodeChat succeeds, MaxTokens (for chat:
+// MaxCompletionTokens when max_tokens was absent), Temperature and TopP are
+// set; Params turns a request into plain sampling values.
+package openai
