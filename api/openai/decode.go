@@ -310,17 +310,24 @@ func choicesErr(name string, n int) *Error {
 // top-level JSON object into its fields.
 func readObject(r io.Reader, l Limits) (map[string]json.RawMessage, *Error) {
 	max := l.maxBody()
-	body, err := io.ReadAll(io.LimitReader(r, max+1))
-	if err != nil {
-		return nil, invalidf("", "reading the request body: %v", err)
-	}
-	if int64(len(body)) > max {
-		return nil, &Error{
+	tooLarge := func(limit int64) *Error {
+		return &Error{
 			Status:  http.StatusRequestEntityTooLarge,
-			Message: fmt.Sprintf("request body is larger than %d bytes", max),
+			Message: fmt.Sprintf("request body is larger than %d bytes", limit),
 			Type:    TypeInvalidRequest,
 			Code:    CodeRequestTooLarge,
 		}
+	}
+	body, err := io.ReadAll(io.LimitReader(r, max+1))
+	if err != nil {
+		// A server may bound the body itself with http.MaxBytesReader.
+		if mbe, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return nil, tooLarge(mbe.Limit)
+		}
+		return nil, invalidf("", "reading the request body: %v", err)
+	}
+	if int64(len(body)) > max {
+		return nil, tooLarge(max)
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, invalidf("", "request body is empty; expected a JSON object")

@@ -3,9 +3,12 @@ package openai
 import (
 	"encoding/json"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"strings"
 	"testing"
+	"testing/iotest"
 )
 
 var testLimits = Limits{MaxBodyBytes: 2048, DefaultMaxTokens: 64, MaxTokens: 4096, Models: []string{"tiny"}}
@@ -227,6 +230,52 @@ func TestDecodeChatValid(t *testing.T) {
 			}
 			roundTripChat(t, got, testLimits)
 		})
+	}
+}
+
+func TestDecodeReadErrors(t *testing.T) {
+	req := httptest.NewRequest("POST", "/v1/completions", strings.NewReader(`{"prompt": "`+strings.Repeat("a", 100)+`"}`))
+	body := http.MaxBytesReader(httptest.NewRecorder(), req.Body, 50)
+	_, e := DecodeCompletion(body, Limits{})
+	checkErr(t, errCase{body: "max bytes reader", status: 413, message: "request body is larger than 50 bytes"}, e)
+	if e.Code != CodeRequestTooLarge {
+		t.Errorf("code %q", e.Code)
+	}
+	_, e = DecodeChat(iotest.ErrReader(errors.New("connection reset")), Limits{})
+	checkErr(t, errCase{body: "failing reader", status: 400, message: "reading the request body: connection reset"}, e)
+}
+
+// TestValidateBuilt checks requests a client builds rather than decodes.
+func TestValidateBuilt(t *testing.T) {
+	cases := []struct {
+		name    string
+		v       interface{ Validate(Limits) *Error }
+		param   string
+		message string
+	}{
+		{"ok", &CompletionRequest{Prompt: Prompt{Text: "a"}}, "", ""},
+		{"empty tokens", &CompletionRequest{Prompt: Prompt{Tokens: []int{}}}, "prompt", `"prompt" must not be empty`},
+		{"negative token", &CompletionRequest{Prompt: Prompt{Tokens: []int{-1}}}, "prompt", `"prompt[0]" must be a token id (at least 0), got -1`},
+		{"chat ok", &ChatCompletionRequest{Messages: []Message{{Role: RoleUser}}}, "", ""},
+		{"no messages", &ChatCompletionRequest{}, "messages", `"messages" must not be empty`},
+		{"empty parts", &ChatCompletionRequest{Messages: []Message{{Role: RoleUser, Content: Content{Parts: []ContentPart{}}}}},
+			"messages[0].content", `"messages[0].content" must not be an empty array`},
+		{"image part", &ChatCompletionRequest{Messages: []Message{{Role: RoleUser, Content: Content{Parts: []ContentPart{{Type: "image_url"}}}}}},
+			"messages[0].content[0].type", `content part type "image_url" is not supported, only "text"`},
+		{"max_tokens", &ChatCompletionRequest{Messages: []Message{{Role: RoleUser}}, MaxTokens: ptr(0)},
+			"max_tokens", `"max_tokens" must be at least 1, got 0`},
+	}
+	for _, tc := range cases {
+		e := tc.v.Validate(testLimits)
+		if tc.message == "" {
+			if e != nil {
+				t.Errorf("%s: %v", tc.name, e)
+			}
+			continue
+		}
+		if e == nil || e.Status != 400 || e.Param != tc.param || e.Message != tc.message {
+			t.Errorf("%s: got %v, want param %q %q", tc.name, e, tc.param, tc.message)
+		}
 	}
 }
 
