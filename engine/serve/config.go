@@ -1,0 +1,105 @@
+package serve
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pdkit/pdkit/engine/model"
+	"github.com/pdkit/pdkit/kernels"
+)
+
+// Config sizes an Engine. Zero values take the defaults noted per field.
+type Config struct {
+	TP             int                 // tensor-parallel ranks (default 1); must divide the head counts
+	Threads        int                 // kernel threads per rank (default 1)
+	PageSize       int                 // tokens per KV page (default 16)
+	KVTokens       int                 // KV capacity per rank in tokens (default MaxRunning × context length)
+	MaxRunning     int                 // admitted requests at most (default 8)
+	MaxBatchTokens int                 // tokens per step, prefill and decode together (default 512); at least MaxRunning
+	PrefillChunk   int                 // prompt tokens per request per step (default 256)
+	IndexK         kernels.IndexKDType // index-K precision for models with an indexer
+
+	// Timeouts; zero disables one (see sched.Config).
+	WaitingTimeout time.Duration
+	PrefillTimeout time.Duration
+	RequestTimeout time.Duration
+
+	// Heartbeat is how long the loop waits for work before it iterates
+	// anyway (expiring timeouts and proving it is alive); default 50ms.
+	Heartbeat time.Duration
+}
+
+func (c *Config) setDefaults(m *model.Model) {
+	if c.TP == 0 {
+		c.TP = 1
+	}
+	if c.Threads == 0 {
+		c.Threads = 1
+	}
+	if c.PageSize == 0 {
+		c.PageSize = 16
+	}
+	if c.MaxRunning == 0 {
+		c.MaxRunning = 8
+	}
+	if c.KVTokens == 0 && m != nil {
+		c.KVTokens = c.MaxRunning * m.Config.ContextLen
+	}
+	if c.MaxBatchTokens == 0 {
+		c.MaxBatchTokens = max(512, c.MaxRunning)
+	}
+	if c.PrefillChunk == 0 {
+		c.PrefillChunk = 256
+	}
+	if c.Heartbeat == 0 {
+		c.Heartbeat = 50 * time.Millisecond
+	}
+}
+
+// Pages is the number of KV pages of each rank's pool.
+func (c Config) Pages() int {
+	if c.PageSize < 1 {
+		return 0
+	}
+	return (c.KVTokens + c.PageSize - 1) / c.PageSize
+}
+
+// Validate refuses impossible combinations, after defaults, for model m
+// (nil skips the model checks).
+func (c Config) Validate(m *model.Model) error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("serve: "+format, args...)) }
+	if c.TP < 1 {
+		bad("tp %d must be positive", c.TP)
+	} else if m != nil {
+		if err := m.Config.CheckShards(c.TP); err != nil {
+			bad("tp %d: %v", c.TP, err)
+		}
+	}
+	if c.Threads < 1 {
+		bad("threads per rank %d must be positive", c.Threads)
+	}
+	if c.PageSize < 1 {
+		bad("page size %d must be positive", c.PageSize)
+	}
+	if c.KVTokens < 1 {
+		bad("KV capacity of %d tokens must be positive", c.KVTokens)
+	}
+	if c.MaxRunning < 1 {
+		bad("max running %d must be positive", c.MaxRunning)
+	}
+	if c.MaxBatchTokens < c.MaxRunning {
+		bad("batch tokens %d below max running %d: a decode step of every running request could not fit", c.MaxBatchTokens, c.MaxRunning)
+	}
+	if c.PrefillChunk < 1 {
+		bad("prefill chunk %d must be positive", c.PrefillChunk)
+	}
+	if c.WaitingTimeout < 0 || c.PrefillTimeout < 0 || c.RequestTimeout < 0 {
+		bad("timeouts must not be negative")
+	}
+	if c.Heartbeat <= 0 {
+		bad("heartbeat %v must be positive", c.Heartbeat)
+	}
+	return errors.Join(errs...)
+}
