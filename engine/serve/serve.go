@@ -126,10 +126,22 @@ type StepRecord struct {
 // EngineSnapshot is the engine's state as the loop last published it.
 // Readers must not modify it.
 type EngineSnapshot struct {
-	Taken time.Time
-	Step  StepRecord
-	Queue sched.Snapshot
-	Err   string // the error that stopped the engine, if any
+	Taken  time.Time
+	Step   StepRecord
+	Queue  sched.Snapshot
+	Totals Totals
+	Err    string // the error that stopped the engine, if any
+}
+
+// Totals count since the engine started.
+type Totals struct {
+	Steps        uint64 // forward steps run
+	Tokens       uint64 // tokens run through the model (prefill and decode)
+	Sampled      uint64 // tokens sampled
+	Retractions  uint64 // requests retracted to free KV
+	Aborts       uint64 // requests finished by an abort
+	AbortsInStep uint64 // of those, aborted while in the step in flight
+	Finished     uint64 // requests finished, by any reason
 }
 
 // Health reports progress, not only liveness.
@@ -154,11 +166,15 @@ type Engine struct {
 
 	nextID atomic.Uint64
 
-	mu      sync.Mutex // guards the inbox
+	mu      sync.Mutex // guards the inbox; never held across work
 	closed  bool
 	pending []*request
 	aborts  []uint64
 	wake    chan struct{} // capacity 1: the inbox changed
+
+	// The inbox as Health sees it without the lock.
+	numPending    atomic.Int64
+	oldestPending atomic.Int64 // unix nanoseconds; 0 when none
 
 	stop chan struct{}
 	done chan struct{}
@@ -171,6 +187,7 @@ type Engine struct {
 	// Loop-owned.
 	reqs   map[uint64]*request
 	step   uint64
+	totals Totals
 	logits []float32
 	err    error
 }
@@ -265,7 +282,11 @@ func (e *Engine) Submit(ctx context.Context, q Request) (*Stream, error) {
 	// Registered before the loop can see the request, so that the loop's
 	// call of stop at the finish always finds it set.
 	r.stop = context.AfterFunc(ctx, s.Abort)
+	if len(e.pending) == 0 {
+		e.oldestPending.Store(r.submit.UnixNano())
+	}
 	e.pending = append(e.pending, r)
+	e.numPending.Store(int64(len(e.pending)))
 	e.mu.Unlock()
 	e.poke()
 	return s, nil
@@ -319,18 +340,16 @@ func (e *Engine) Health(now time.Time) Health {
 	for _, w := range s.Queue.Waiting {
 		h.OldestWaiting = max(h.OldestWaiting, w.Age+now.Sub(s.Taken))
 	}
-	e.mu.Lock()
-	h.Pending = len(e.pending)
-	if len(e.pending) > 0 {
-		h.OldestWaiting = max(h.OldestWaiting, now.Sub(e.pending[0].submit))
+	h.Pending = int(e.numPending.Load())
+	if t := e.oldestPending.Load(); t != 0 {
+		h.OldestWaiting = max(h.OldestWaiting, now.Sub(time.Unix(0, t)))
 	}
-	e.mu.Unlock()
 	return h
 }
 
 func (e *Engine) publish(rec StepRecord) {
 	e.last.Store(&rec)
-	s := &EngineSnapshot{Taken: time.Now(), Step: rec, Queue: e.sched.Snapshot()}
+	s := &EngineSnapshot{Taken: time.Now(), Step: rec, Queue: e.sched.Snapshot(), Totals: e.totals}
 	if e.err != nil {
 		s.Err = e.err.Error()
 	}
@@ -436,6 +455,7 @@ func (e *Engine) iterate(ctx context.Context, start time.Time) (bool, error) {
 			return false, fmt.Errorf("serve: release retracted %d: %w", rt.ID, err)
 		}
 		e.reqs[rt.ID].decoding = false
+		e.totals.Retractions++
 	}
 	rec.Retracted = len(plan.Retract)
 	if len(plan.Run) == 0 {
@@ -484,6 +504,8 @@ func (e *Engine) iterate(ctx context.Context, start time.Time) (bool, error) {
 	if err := e.tp.Forward(ctx, batch, logits); err != nil {
 		return false, fmt.Errorf("serve: step %d: %w", rec.Step, err)
 	}
+	e.totals.Steps++
+	e.totals.Tokens += uint64(rec.BatchTokens)
 	// Aborts that came during the step: the scheduler holds those in the
 	// step as Aborting and finishes them at StepDone.
 	if err := e.intake(ctx, fin); err != nil {
@@ -505,6 +527,7 @@ func (e *Engine) iterate(ctx context.Context, start time.Time) (bool, error) {
 			continue
 		}
 		tok := r.sampler.Sample(lg)
+		e.totals.Sampled++
 		r.all = append(r.all, tok)
 		r.gen++
 		r.decoding = true
@@ -543,6 +566,8 @@ func (e *Engine) intake(ctx context.Context, fin func([]sched.Finish) error) err
 	e.mu.Lock()
 	pending, aborts := e.pending, e.aborts
 	e.pending, e.aborts = nil, nil
+	e.numPending.Store(0)
+	e.oldestPending.Store(0)
 	e.mu.Unlock()
 	now := e.now()
 	for _, r := range pending {
@@ -578,6 +603,9 @@ func (e *Engine) cutReq(r *request, why string) ([]sched.Finish, error) {
 	if err != nil {
 		return nil, fmt.Errorf("serve: abort %d: %w", r.id, err)
 	}
+	if len(fs) == 0 {
+		e.totals.AbortsInStep++
+	}
 	return fs, nil
 }
 
@@ -605,11 +633,13 @@ func (e *Engine) finish(ctx context.Context, f sched.Finish) error {
 		reason = ReasonLength
 	case sched.ReasonAbort:
 		reason = r.cut
+		e.totals.Aborts++
 	case sched.ReasonTimeout:
 		reason = ReasonTimeout
 	default:
 		reason = "error: " + f.Reason.String()
 	}
+	e.totals.Finished++
 	e.deliver(r, Finish{Reason: reason, PromptTokens: len(r.req.Prompt), CompletionTokens: r.gen})
 	return nil
 }
@@ -634,6 +664,8 @@ func (e *Engine) shutdown() {
 	e.closed = true
 	pending := e.pending
 	e.pending, e.aborts = nil, nil
+	e.numPending.Store(0)
+	e.oldestPending.Store(0)
 	e.mu.Unlock()
 	reason := ReasonClosed
 	if e.err != nil {

@@ -132,7 +132,7 @@ func TestGreedyMatchesRunner(t *testing.T) {
 	for _, n := range []int{1, 2} {
 		t.Run(fmt.Sprint("tp", n), func(t *testing.T) {
 			// A small pool and batch force chunking and retraction.
-			e := newEngine(t, m, Config{TP: n, PageSize: 4, KVTokens: 160, MaxRunning: 6, MaxBatchTokens: 24, PrefillChunk: 7})
+			e := newEngine(t, m, Config{TP: n, PageSize: 4, KVTokens: 96, MaxRunning: 6, MaxBatchTokens: 24, PrefillChunk: 7})
 			var wg sync.WaitGroup
 			for i, p := range ps {
 				wg.Go(func() {
@@ -152,6 +152,11 @@ func TestGreedyMatchesRunner(t *testing.T) {
 			}
 			wg.Wait()
 			checkPools(t, e)
+			tot := e.Snapshot().Totals
+			t.Logf("totals %+v", tot)
+			if tot.Retractions == 0 {
+				t.Error("no retraction: the recompute path went untested")
+			}
 		})
 	}
 }
@@ -281,7 +286,11 @@ func TestAbortStorm(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			t.Logf("outcomes (mode reason): %v", reasons)
+			tot := e.Snapshot().Totals
+			t.Logf("outcomes (mode reason): %v; totals %+v", reasons, tot)
+			if tot.AbortsInStep == 0 {
+				t.Error("no abort landed in a step in flight")
+			}
 			checkPools(t, e)
 			if snap := e.Snapshot().Queue; snap.HeldPages != 0 {
 				t.Errorf("scheduler still counts %d held pages", snap.HeldPages)
@@ -394,4 +403,25 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 		t.Errorf("submit after close: %v", err)
 	}
 	poll(t, "goroutines back to the start", 10*time.Second, func() bool { return runtime.NumGoroutine() <= before })
+}
+
+// While the loop is stuck (here: blocked on its inbox lock), LastStep,
+// Snapshot and Health still answer, and Health shows the loop's age grow.
+func TestReadersWhileStuck(t *testing.T) {
+	m := tinyModel(t)
+	e := newEngine(t, m, Config{PageSize: 4, KVTokens: 64, Heartbeat: time.Millisecond})
+	s, err := e.Submit(context.Background(), Request{Prompt: []int32{5, 6, 7}, MaxTokens: 3, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	collect(t, s, 20*time.Second)
+	e.mu.Lock()
+	poll(t, "loop age grows", 10*time.Second, func() bool { return e.Health(time.Now()).LoopAge > 100*time.Millisecond })
+	rec := e.LastStep()
+	snap := e.Snapshot()
+	e.mu.Unlock()
+	if rec.Step == 0 || snap == nil || snap.Totals.Sampled != 3 {
+		t.Errorf("while stuck: step %+v, snapshot %+v", rec, snap)
+	}
+	poll(t, "loop age recovers", 10*time.Second, func() bool { return e.Health(time.Now()).LoopAge < 100*time.Millisecond })
 }
