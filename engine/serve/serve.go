@@ -112,6 +112,7 @@ func (s *Stream) Abort() {
 }
 
 // StepRecord describes one loop iteration. It is immutable once published.
+// Step counts iterations, idle ones (no batch, Phase "idle") included.
 type StepRecord struct {
 	Step        uint64
 	Phase       string // idle, prefill, decode or mixed
@@ -205,7 +206,9 @@ type request struct {
 	stop     func() bool
 }
 
-// New builds the ranks and the scheduler and starts the loop.
+// New builds the ranks (cfg.TP of them, each with a cpu backend of
+// cfg.Threads threads) and the scheduler, and starts the loop goroutine
+// (pprof label role=engine), which runs until Close.
 func New(m *model.Model, cfg Config) (*Engine, error) {
 	cfg.setDefaults(m)
 	if err := cfg.Validate(m); err != nil {
@@ -291,6 +294,11 @@ func (e *Engine) Submit(ctx context.Context, q Request) (*Stream, error) {
 	e.poke()
 	return s, nil
 }
+
+// Abort aborts request id (a Stream's ID) in whatever state it is, for an
+// abort by id from an admin call. It never blocks; an unknown or finished
+// id is ignored.
+func (e *Engine) Abort(id uint64) { e.abort(id) }
 
 func (e *Engine) abort(id uint64) {
 	e.mu.Lock()

@@ -425,3 +425,80 @@ func TestReadersWhileStuck(t *testing.T) {
 	}
 	poll(t, "loop age recovers", 10*time.Second, func() bool { return e.Health(time.Now()).LoopAge < 100*time.Millisecond })
 }
+
+// A request whose timeout expires finishes with "timeout" and frees its KV.
+func TestTimeout(t *testing.T) {
+	m := tinyModel(t)
+	e := newEngine(t, m, Config{PageSize: 4, KVTokens: 64, RequestTimeout: time.Nanosecond})
+	s, err := e.Submit(context.Background(), Request{Prompt: []int32{5, 6, 7}, MaxTokens: 40, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, fin := collect(t, s, 20*time.Second); fin.Reason != ReasonTimeout {
+		t.Errorf("finish %+v, want timeout", fin)
+	}
+	checkPools(t, e)
+}
+
+// Engine.Abort by id ends a request; unknown ids are ignored.
+func TestAbortByID(t *testing.T) {
+	m := tinyModel(t)
+	e := newEngine(t, m, Config{PageSize: 4, KVTokens: 256})
+	s, err := e.Submit(context.Background(), Request{Prompt: []int32{5, 6, 7}, MaxTokens: 200, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := <-s.Events; ev.Finish != nil {
+		t.Fatalf("first event is a finish: %+v", ev.Finish)
+	}
+	e.Abort(s.ID + 1000)
+	e.Abort(s.ID)
+	toks, fin := collect(t, s, 20*time.Second)
+	if fin.Reason != ReasonAbort || fin.CompletionTokens != len(toks)+1 {
+		t.Errorf("finish %+v after %d more tokens", fin, len(toks))
+	}
+	checkPools(t, e)
+}
+
+// A reader that never reads does not stall the loop: its events wait in
+// the stream's buffer while other requests complete.
+func TestUnreadStreamDoesNotStall(t *testing.T) {
+	m := tinyModel(t)
+	e := newEngine(t, m, Config{PageSize: 4, KVTokens: 256})
+	idle, err := e.Submit(context.Background(), Request{Prompt: []int32{9, 8, 7}, MaxTokens: 30, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy, err := e.Submit(context.Background(), Request{Prompt: []int32{5, 6, 7}, MaxTokens: 40, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if toks, fin := collect(t, busy, 20*time.Second); len(toks) != 40 || fin.Reason != ReasonLength {
+		t.Errorf("busy stream: %d tokens, %+v", len(toks), fin)
+	}
+	if toks, fin := collect(t, idle, 20*time.Second); len(toks) != 30 || fin.Reason != ReasonLength {
+		t.Errorf("unread stream: %d tokens, %+v", len(toks), fin)
+	}
+}
+
+func TestSubmitRejects(t *testing.T) {
+	m := tinyModel(t)
+	e := newEngine(t, m, Config{PageSize: 4, KVTokens: 64})
+	for name, q := range map[string]Request{
+		"empty":       {MaxTokens: 1},
+		"no tokens":   {Prompt: []int32{5}},
+		"context":     {Prompt: []int32{5}, MaxTokens: m.Config.ContextLen},
+		"pool":        {Prompt: make([]int32, 60), MaxTokens: 10},
+		"vocabulary":  {Prompt: []int32{int32(m.Config.VocabSize)}, MaxTokens: 1},
+		"temperature": {Prompt: []int32{5}, MaxTokens: 1, Sampling: sample.Params{Temperature: -1}},
+	} {
+		if _, err := e.Submit(context.Background(), q); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := e.Submit(ctx, Request{Prompt: []int32{5}, MaxTokens: 1}); err == nil {
+		t.Error("cancelled ctx: accepted")
+	}
+}
