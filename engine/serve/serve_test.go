@@ -68,16 +68,20 @@ func collect(t *testing.T, s *Stream, deadline time.Duration) ([]int32, Finish) 
 	}
 }
 
-// poll waits for cond, without sleeping, until the deadline.
-func poll(t *testing.T, what string, deadline time.Duration, cond func() bool) {
+// poll waits for cond, without sleeping, until the deadline; it reports
+// an error and returns false when the deadline passes. It may be called
+// from any goroutine.
+func poll(t *testing.T, what string, deadline time.Duration, cond func() bool) bool {
 	t.Helper()
 	end := time.Now().Add(deadline)
 	for !cond() {
 		if time.Now().After(end) {
-			t.Fatalf("%s: not within %v", what, deadline)
+			t.Errorf("%s: not within %v", what, deadline)
+			return false
 		}
 		runtime.Gosched()
 	}
+	return true
 }
 
 // checkPools verifies that every rank's pool is fully free. The loop is
@@ -229,8 +233,12 @@ func TestAbortStorm(t *testing.T) {
 					case early:
 						s.Abort()
 					case prefill:
-						// Wait until it is prefilling (or gone), then abort.
-						poll(t, "prefilling", 20*time.Second, func() bool {
+						// Wait until it is admitted (or has already
+						// produced an event), then abort.
+						poll(t, "admitted", 20*time.Second, func() bool {
+							if len(s.Events) > 0 {
+								return true
+							}
 							q := e.Snapshot().Queue
 							for _, r := range q.Prefilling {
 								if r.ID == s.ID {
@@ -416,10 +424,13 @@ func TestReadersWhileStuck(t *testing.T) {
 	}
 	collect(t, s, 20*time.Second)
 	e.mu.Lock()
-	poll(t, "loop age grows", 10*time.Second, func() bool { return e.Health(time.Now()).LoopAge > 100*time.Millisecond })
+	grew := poll(t, "loop age grows", 10*time.Second, func() bool { return e.Health(time.Now()).LoopAge > 100*time.Millisecond })
 	rec := e.LastStep()
 	snap := e.Snapshot()
 	e.mu.Unlock()
+	if !grew {
+		t.FailNow()
+	}
 	if rec.Step == 0 || snap == nil || snap.Totals.Sampled != 3 {
 		t.Errorf("while stuck: step %+v, snapshot %+v", rec, snap)
 	}
