@@ -544,7 +544,11 @@ func (e *Engine) iterate(ctx context.Context, start time.Time) (bool, error) {
 		case r.events <- Event{Token: tok}:
 		default:
 			// Never blocks: the request goes instead.
-			if _, err := e.cutReq(r, ReasonSlowReader); err != nil {
+			fs, err := e.cutReq(r, ReasonSlowReader)
+			if err == nil {
+				err = fin(fs) // none: it is in the step, finished at StepDone
+			}
+			if err != nil {
 				return false, err
 			}
 		}
