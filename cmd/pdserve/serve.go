@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pdkit/pdkit/engine/model"
+	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/server"
+	"github.com/pdkit/pdkit/kernels"
+)
+
+type serveOptions struct {
+	engine     engineFlags
+	host       string
+	port       int
+	modelName  string
+	cfg        serve.Config
+	stallAfter time.Duration
+	shutdown   time.Duration
+}
+
+func newServeCmd() *cobra.Command {
+	o := serveOptions{}
+	cmd := &cobra.Command{
+		Use:   "serve [--model FILE] [--host H] [--port P] [--tp N]",
+		Short: "Serve the OpenAI-compatible HTTP API with a colocated engine (prefill and decode in one process)",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return serveRun(cmd, o)
+		},
+	}
+	f := cmd.Flags()
+	o.engine.register(f)
+	f.StringVar(&o.host, "host", "127.0.0.1", "address to listen on")
+	f.IntVar(&o.port, "port", 8000, "port to listen on (0: pick a free one)")
+	f.StringVar(&o.modelName, "model-name", "", "model name served by the API (default: the model's general.name, else the file name)")
+	f.IntVar(&o.cfg.TP, "tp", 1, "tensor-parallel ranks; must divide the model's head counts")
+	f.IntVar(&o.cfg.MaxRunning, "max-running", 8, "requests admitted at once")
+	f.IntVar(&o.cfg.PageSize, "page-size", 16, "KV page size in tokens")
+	f.IntVar(&o.cfg.KVTokens, "kv-tokens", 0, "KV capacity per rank in tokens (0: max-running × context length)")
+	f.IntVar(&o.cfg.MaxBatchTokens, "max-batch-tokens", 512, "tokens per step, prefill and decode together")
+	f.IntVar(&o.cfg.PrefillChunk, "prefill-chunk", 256, "prompt tokens per request per step")
+	f.DurationVar(&o.cfg.WaitingTimeout, "waiting-timeout", 0, "longest a request may wait for admission (0: no limit)")
+	f.DurationVar(&o.cfg.PrefillTimeout, "prefill-timeout", 0, "longest a prompt may take to prefill (0: no limit)")
+	f.DurationVar(&o.cfg.RequestTimeout, "request-timeout", 0, "longest a request may take in all (0: no limit)")
+	f.DurationVar(&o.stallAfter, "stall-after", 5*time.Second, "/health answers 503 when the engine loop has not iterated for this long")
+	f.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a shutdown waits for requests in flight")
+	return cmd
+}
+
+func serveRun(cmd *cobra.Command, o serveOptions) error {
+	stderr := cmd.ErrOrStderr()
+	if o.port < 0 || o.port > 65535 {
+		return usagef("--port %d: want 0 to 65535", o.port)
+	}
+	if o.engine.backend != "cpu" {
+		return usagef("--backend %q: serve runs the cpu backend only", o.engine.backend)
+	}
+	if o.engine.threads < 0 {
+		return usagef("--threads %d must be ≥ 0", o.engine.threads)
+	}
+	if o.stallAfter <= 0 || o.shutdown <= 0 {
+		return usagef("--stall-after and --shutdown-timeout must be positive")
+	}
+	ik, err := kernels.ParseIndexKDType(o.engine.indexK)
+	if err != nil {
+		return usageError{err}
+	}
+	cfg := o.cfg
+	cfg.IndexK = ik
+	cfg.Threads = o.engine.threads
+	if cfg.Threads == 0 {
+		cfg.Threads = max(1, runtime.NumCPU()/max(1, cfg.TP))
+	}
+	path, err := resolveModel(o.engine.model, stderr)
+	if err != nil {
+		return err
+	}
+	m, err := model.Open(path)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	// serve.New refuses only impossible settings (it validates them
+	// after its defaults), so its error is a usage error.
+	eng, err := serve.New(m, cfg)
+	if err != nil {
+		return usageError{err}
+	}
+	defer eng.Close()
+
+	ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(o.port)))
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	h := server.New(eng, m, server.Options{ModelName: o.modelName, ModelPath: path, StallAfter: o.stallAfter, Logger: log})
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	fmt.Fprintf(stderr, "serving %s on http://%s\n", h.ModelName(), ln.Addr())
+
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	select {
+	case err := <-done:
+		return err
+	case <-cmd.Context().Done():
+	}
+	log.Info("shutting down", "timeout", o.shutdown)
+	ctx, cancel := context.WithTimeout(context.Background(), o.shutdown)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		log.Warn("requests still in flight; closing them", "err", err)
+		srv.Close()
+	}
+	if err := <-done; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return eng.Close()
+}

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"regexp"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pdkit/pdkit/api/openai"
+	"github.com/pdkit/pdkit/engine/model"
+	"github.com/pdkit/pdkit/engine/model/builtin"
+	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/kernels"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testmodel.Cleanup()
+	os.Exit(code)
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and one reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestServe(t *testing.T) {
+	path := testmodel.Path(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
+	var out, errb syncBuffer
+	cmd := newRootCmd()
+	cmd.SetArgs([]string{"serve", "--model", path, "--port", "0", "--threads", "1", "--model-name", "tiny"})
+	cmd.SetOut(&out)
+	cmd.SetErr(&errb)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(ctx) }()
+
+	re := regexp.MustCompile(`on (http://[0-9.:]+)\n`)
+	var url string
+	for end := time.Now().Add(20 * time.Second); url == ""; time.Sleep(5 * time.Millisecond) {
+		if m := re.FindStringSubmatch(errb.String()); m != nil {
+			url = m[1]
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("serve ended early: %v: %s", err, errb.String())
+		default:
+		}
+		if time.Now().After(end) {
+			t.Fatalf("no listening URL: %s", errb.String())
+		}
+	}
+	resp, err := http.Get(url + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var ml openai.ModelList
+	if resp.StatusCode != 200 || json.Unmarshal(b, &ml) != nil || len(ml.Data) != 1 || ml.Data[0].ID != "tiny" {
+		t.Fatalf("/v1/models: %d %s", resp.StatusCode, b)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not shut down")
+	}
+	if _, err := http.Get(url + "/health"); err == nil {
+		t.Error("still answering after shutdown")
+	}
+}
+
+func TestServeUsageErrors(t *testing.T) {
+	path := testmodel.Path(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
+	for _, args := range [][]string{
+		{"serve", "--model", path, "--port", "-1"},
+		{"serve", "--model", path, "--backend", "ref"},
+		{"serve", "--model", path, "--tp", "3"},
+		{"serve", "--model", path, "--index-k", "fp4"},
+		{"serve", "extra"},
+	} {
+		if _, stderr, code := run(t, args...); code != 2 {
+			t.Errorf("%v: exit %d, want 2 (%s)", args, code, stderr)
+		}
+	}
+}

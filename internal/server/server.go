@@ -1,0 +1,675 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"path/filepath"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pdkit/pdkit/api/openai"
+	"github.com/pdkit/pdkit/engine/model"
+	"github.com/pdkit/pdkit/engine/sample"
+	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/engine/tokenizer"
+)
+
+// Options configure a Server. Zero values take the defaults noted per field.
+type Options struct {
+	// ModelName is the name the API serves the model under (default: the
+	// model's general.name, else the base name of ModelPath without its
+	// extension, else "pdkit").
+	ModelName string
+	// ModelPath is the model's file, for the default name.
+	ModelPath string
+	// StallAfter is how long the engine loop may go without iterating
+	// before /health answers 503 (default 5s).
+	StallAfter time.Duration
+	// MaxBodyBytes bounds request bodies (default 4 MiB).
+	MaxBodyBytes int64
+	// Logger receives the server's logs (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Server is the HTTP handler. It is safe for concurrent use.
+type Server struct {
+	eng     *serve.Engine
+	m       *model.Model
+	tok     tokenizer.Tokenizer
+	opts    Options
+	limits  openai.Limits
+	log     *slog.Logger
+	mux     *http.ServeMux
+	created int64
+	methods map[string]string // path → allowed method
+}
+
+// New returns a server over eng, which must serve m.
+func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
+	if opts.ModelName == "" {
+		opts.ModelName = m.Name
+	}
+	if opts.ModelName == "" && opts.ModelPath != "" {
+		base := filepath.Base(opts.ModelPath)
+		opts.ModelName = strings.TrimSuffix(base, filepath.Ext(base))
+	}
+	if opts.ModelName == "" {
+		opts.ModelName = "pdkit"
+	}
+	if opts.StallAfter <= 0 {
+		opts.StallAfter = 5 * time.Second
+	}
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = openai.DefaultMaxBodyBytes
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	s := &Server{
+		eng: eng, m: m, tok: m.Tokenizer, opts: opts, log: opts.Logger,
+		limits: openai.Limits{
+			MaxBodyBytes: opts.MaxBodyBytes,
+			MaxTokens:    m.Config.ContextLen,
+			Models:       []string{opts.ModelName},
+		},
+		mux:     http.NewServeMux(),
+		created: time.Now().Unix(),
+		methods: map[string]string{},
+	}
+	s.handle("POST", "/v1/completions", s.completions)
+	s.handle("POST", "/v1/chat/completions", s.chat)
+	s.handle("GET", "/v1/models", s.models)
+	s.handle("POST", "/generate", s.generateNative)
+	s.handle("POST", "/abort_request", s.abort)
+	s.handle("GET", "/health", s.health)
+	s.handle("GET", "/debug/v1/state", s.state)
+	s.handle("GET", "/debug/v1/stacks", s.stacks)
+	s.mux.HandleFunc("/", s.notFound)
+	return s
+}
+
+func (s *Server) handle(method, path string, h http.HandlerFunc) {
+	s.methods[path] = method
+	s.mux.HandleFunc(method+" "+path, h)
+}
+
+// ModelName is the name the server answers to.
+func (s *Server) ModelName() string { return s.opts.ModelName }
+
+// ServeHTTP serves r, turning a handler panic into a logged 500.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rw := &recorder{ResponseWriter: w}
+	defer func() {
+		v := recover()
+		if v == nil {
+			return
+		}
+		if v == http.ErrAbortHandler {
+			panic(v)
+		}
+		s.log.Error("handler panic", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(v))
+		if !rw.wrote {
+			openai.ServerError("internal error").WriteJSON(rw)
+		}
+	}()
+	s.mux.ServeHTTP(rw, r)
+}
+
+// recorder notes whether a response has begun.
+type recorder struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (w *recorder) WriteHeader(code int) { w.wrote = true; w.ResponseWriter.WriteHeader(code) }
+func (w *recorder) Write(b []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(b)
+}
+func (w *recorder) Flush() {
+	w.wrote = true
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
+	if m, ok := s.methods[r.URL.Path]; ok {
+		w.Header().Set("Allow", m)
+		(&openai.Error{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest,
+			Message: fmt.Sprintf("method %s not allowed on %s; use %s", r.Method, r.URL.Path, m)}).WriteJSON(w)
+		return
+	}
+	(&openai.Error{Status: http.StatusNotFound, Type: openai.TypeInvalidRequest,
+		Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)}).WriteJSON(w)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		openai.ServerError(err.Error()).WriteJSON(w)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+// job is one generation as the handlers see it.
+type job struct {
+	prompt   []int32
+	params   openai.Params
+	stream   bool
+	usage    bool // stream_options.include_usage
+	idPrefix string
+	chat     bool
+}
+
+// submit checks the prompt against the context and submits the job.
+func (s *Server) submit(r *http.Request, j *job) (*serve.Stream, *openai.Error) {
+	if len(j.prompt) == 0 {
+		return nil, openai.InvalidRequest("prompt", "the prompt is empty")
+	}
+	ctxLen := s.m.Config.ContextLen
+	if len(j.prompt) > ctxLen-j.params.MaxTokens {
+		return nil, openai.InvalidRequest("prompt", fmt.Sprintf(
+			"the prompt has %d tokens; with max_tokens %d it exceeds the context length of %d tokens",
+			len(j.prompt), j.params.MaxTokens, ctxLen))
+	}
+	seed := uint64(j.params.Seed)
+	if !j.params.HasSeed {
+		seed = rand.Uint64()
+	}
+	st, err := s.eng.Submit(r.Context(), serve.Request{
+		Prompt:    j.prompt,
+		MaxTokens: j.params.MaxTokens,
+		Sampling:  sample.Params{Temperature: float32(j.params.Temperature), TopP: float32(j.params.TopP), Seed: seed},
+		IgnoreEOS: j.params.IgnoreEOS,
+	})
+	switch {
+	case err == nil:
+		return st, nil
+	case errors.Is(err, serve.ErrClosed):
+		return nil, &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: err.Error()}
+	case r.Context().Err() != nil:
+		return nil, &openai.Error{Status: 499, Type: openai.TypeInvalidRequest, Message: "client closed the request"}
+	}
+	return nil, openai.InvalidRequest("", err.Error())
+}
+
+// outcome is how a generation ended.
+type outcome struct {
+	finish string
+	usage  openai.Usage
+	err    string // an engine failure ("error: ..."), empty otherwise
+}
+
+// run reads st to its end, passing emit each piece of final text (see the
+// package doc on stop strings). emit's error (a client gone) aborts st.
+func (s *Server) run(st *serve.Stream, stops []string, emit func(string) error) (outcome, error) {
+	dec := tokenizer.NewStreamDecoder(s.tok)
+	var pending string
+	n := 0
+	for ev := range st.Events {
+		if f := ev.Finish; f != nil {
+			pending += dec.Flush()
+			out := outcome{usage: usage(f.PromptTokens, f.CompletionTokens)}
+			if i := firstStop(pending, stops); i >= 0 {
+				pending, out.finish = pending[:i], openai.FinishStop
+			} else {
+				switch f.Reason {
+				case serve.ReasonStop, serve.ReasonLength, serve.ReasonAbort:
+					out.finish = f.Reason
+				case serve.ReasonTimeout:
+					out.finish = openai.FinishAbort
+				default:
+					out.finish, out.err = openai.FinishAbort, f.Reason
+				}
+			}
+			if pending != "" {
+				if err := emit(pending); err != nil {
+					return out, err
+				}
+			}
+			return out, nil
+		}
+		n++
+		if !s.tok.IsEOG(ev.Token) {
+			pending += dec.Add(ev.Token)
+		}
+		if i := firstStop(pending, stops); i >= 0 {
+			st.Abort()
+			prompt := 0
+			for ev := range st.Events {
+				if ev.Finish != nil {
+					prompt = ev.Finish.PromptTokens
+				}
+			}
+			out := outcome{finish: openai.FinishStop, usage: usage(prompt, n)}
+			if i > 0 {
+				if err := emit(pending[:i]); err != nil {
+					return out, err
+				}
+			}
+			return out, nil
+		}
+		cut := len(pending) - holdback(pending, stops)
+		if cut > 0 {
+			if err := emit(pending[:cut]); err != nil {
+				st.Abort()
+				return outcome{}, err
+			}
+			pending = pending[cut:]
+		}
+	}
+	return outcome{finish: openai.FinishAbort, err: "error: stream closed without a finish"}, nil
+}
+
+func usage(prompt, completion int) openai.Usage {
+	return openai.Usage{PromptTokens: prompt, CompletionTokens: completion, TotalTokens: prompt + completion}
+}
+
+// firstStop is the index of the earliest stop string in text, or -1.
+func firstStop(text string, stops []string) int {
+	best := -1
+	for _, s := range stops {
+		if s == "" {
+			continue
+		}
+		if i := strings.Index(text, s); i >= 0 && (best < 0 || i < best) {
+			best = i
+		}
+	}
+	return best
+}
+
+// holdback is the length of the longest suffix of text that is a proper
+// prefix of a stop string: text that a later token may turn into a stop.
+func holdback(text string, stops []string) int {
+	hold := 0
+	for _, s := range stops {
+		for k := min(len(s)-1, len(text)); k > hold; k-- {
+			if strings.HasSuffix(text, s[:k]) {
+				hold = k
+				break
+			}
+		}
+	}
+	return hold
+}
+
+func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	req, oerr := openai.DecodeCompletion(r.Body, s.limits)
+	if oerr != nil {
+		oerr.WriteJSON(w)
+		return
+	}
+	j := &job{params: req.Params(s.limits), stream: req.Stream, idPrefix: "cmpl-"}
+	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+	if req.Prompt.Tokens != nil {
+		vocab := s.tok.VocabSize()
+		j.prompt = make([]int32, len(req.Prompt.Tokens))
+		for i, t := range req.Prompt.Tokens {
+			if t < 0 || t >= vocab {
+				openai.InvalidRequest("prompt", fmt.Sprintf("token %d at %d is outside the vocabulary of %d", t, i, vocab)).WriteJSON(w)
+				return
+			}
+			j.prompt[i] = int32(t)
+		}
+	} else {
+		p, err := s.tok.Encode(req.Prompt.Text, true)
+		if err != nil {
+			openai.InvalidRequest("prompt", err.Error()).WriteJSON(w)
+			return
+		}
+		j.prompt = p
+	}
+	s.serveJob(w, r, j)
+}
+
+// ChatPrompt renders messages with the default template (see the package
+// doc) and encodes them.
+func ChatPrompt(t tokenizer.Tokenizer, msgs []openai.Message) ([]int32, error) {
+	var b strings.Builder
+	for _, m := range msgs {
+		b.WriteString("<|" + m.Role + "|>\n")
+		b.WriteString(m.Content.String())
+		b.WriteString("\n")
+	}
+	b.WriteString("<|assistant|>\n")
+	return t.Encode(b.String(), true)
+}
+
+func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
+	req, oerr := openai.DecodeChat(r.Body, s.limits)
+	if oerr != nil {
+		oerr.WriteJSON(w)
+		return
+	}
+	j := &job{params: req.Params(s.limits), stream: req.Stream, idPrefix: "chatcmpl-", chat: true}
+	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+	p, err := ChatPrompt(s.tok, req.Messages)
+	if err != nil {
+		openai.InvalidRequest("messages", err.Error()).WriteJSON(w)
+		return
+	}
+	j.prompt = p
+	s.serveJob(w, r, j)
+}
+
+func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job) {
+	st, oerr := s.submit(r, j)
+	if oerr != nil {
+		oerr.WriteJSON(w)
+		return
+	}
+	defer st.Abort()
+	id := j.idPrefix + strconv.FormatUint(st.ID, 10)
+	created := time.Now().Unix()
+	if !j.stream {
+		var text strings.Builder
+		out, _ := s.run(st, j.params.Stop, func(t string) error { text.WriteString(t); return nil })
+		if out.err != "" {
+			openai.ServerError(out.err).WriteJSON(w)
+			return
+		}
+		if r.Context().Err() != nil {
+			return
+		}
+		if j.chat {
+			writeJSON(w, http.StatusOK, openai.ChatCompletionResponse{
+				ID: id, Object: openai.ObjectChatCompletion, Created: created, Model: s.opts.ModelName,
+				Choices: []openai.ChatChoice{{Message: openai.ChatMessage{Role: openai.RoleAssistant, Content: text.String()}, FinishReason: out.finish}},
+				Usage:   out.usage,
+			})
+			return
+		}
+		writeJSON(w, http.StatusOK, openai.CompletionResponse{
+			ID: id, Object: openai.ObjectTextCompletion, Created: created, Model: s.opts.ModelName,
+			Choices: []openai.CompletionChoice{{Text: text.String(), FinishReason: out.finish}},
+			Usage:   out.usage,
+		})
+		return
+	}
+
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	rc.Flush()
+	chunk := func(text string, finish *string, u *openai.Usage, first bool) any {
+		if j.chat {
+			c := openai.ChatCompletionChunk{ID: id, Object: openai.ObjectChatChunk, Created: created, Model: s.opts.ModelName, Usage: u,
+				Choices: []openai.ChatChunkChoice{}}
+			if u == nil {
+				d := openai.ChatDelta{Content: text}
+				if first {
+					d.Role = openai.RoleAssistant
+				}
+				c.Choices = append(c.Choices, openai.ChatChunkChoice{Delta: d, FinishReason: finish})
+			}
+			return c
+		}
+		c := openai.CompletionChunk{ID: id, Object: openai.ObjectTextCompletion, Created: created, Model: s.opts.ModelName, Usage: u,
+			Choices: []openai.CompletionChunkChoice{}}
+		if u == nil {
+			c.Choices = append(c.Choices, openai.CompletionChunkChoice{Text: text, FinishReason: finish})
+		}
+		return c
+	}
+	first := true
+	if j.chat {
+		if err := openai.WriteEvent(w, chunk("", nil, nil, true)); err != nil {
+			return
+		}
+		first = false
+	}
+	out, err := s.run(st, j.params.Stop, func(t string) error {
+		err := openai.WriteEvent(w, chunk(t, nil, nil, first))
+		first = false
+		return err
+	})
+	if err != nil || r.Context().Err() != nil {
+		return
+	}
+	if out.err != "" {
+		openai.WriteEvent(w, openai.ServerError(out.err).Body())
+	}
+	finish := out.finish
+	if openai.WriteEvent(w, chunk("", &finish, nil, first)) != nil {
+		return
+	}
+	if j.usage {
+		u := out.usage
+		if openai.WriteEvent(w, chunk("", nil, &u, false)) != nil {
+			return
+		}
+	}
+	openai.WriteDone(w)
+}
+
+func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, openai.ModelList{Object: openai.ObjectList, Data: []openai.Model{{
+		ID: s.opts.ModelName, Object: openai.ObjectModel, Created: s.created, OwnedBy: "pdkit",
+	}}})
+}
+
+// GenerateRequest is the body of the native POST /generate.
+type GenerateRequest struct {
+	Text           string         `json:"text"`
+	SamplingParams SamplingParams `json:"sampling_params"`
+}
+
+// SamplingParams are /generate's sampling settings; absent ones take
+// max_new_tokens 16, temperature 1, top_p 1 and a random seed.
+type SamplingParams struct {
+	MaxNewTokens *int     `json:"max_new_tokens"`
+	Temperature  *float64 `json:"temperature"`
+	TopP         *float64 `json:"top_p"`
+	Seed         *int64   `json:"seed"`
+	Stop         []string `json:"stop"`
+	IgnoreEOS    bool     `json:"ignore_eos"`
+}
+
+// GenerateResponse is the answer of POST /generate.
+type GenerateResponse struct {
+	Text     string   `json:"text"`
+	MetaInfo MetaInfo `json:"meta_info"`
+}
+
+// MetaInfo describes a /generate result.
+type MetaInfo struct {
+	ID               string `json:"id"`
+	PromptTokens     int    `json:"prompt_tokens"`
+	CompletionTokens int    `json:"completion_tokens"`
+	FinishReason     string `json:"finish_reason"`
+}
+
+func (s *Server) generateNative(w http.ResponseWriter, r *http.Request) {
+	var req GenerateRequest
+	if oerr := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); oerr != nil {
+		oerr.WriteJSON(w)
+		return
+	}
+	sp := req.SamplingParams
+	p := openai.Params{MaxTokens: openai.DefaultMaxTokens, Temperature: 1, TopP: 1, Stop: sp.Stop, IgnoreEOS: sp.IgnoreEOS}
+	if sp.MaxNewTokens != nil {
+		if *sp.MaxNewTokens < 1 || *sp.MaxNewTokens > s.m.Config.ContextLen {
+			openai.InvalidRequest("sampling_params.max_new_tokens", fmt.Sprintf("must be in [1, %d]", s.m.Config.ContextLen)).WriteJSON(w)
+			return
+		}
+		p.MaxTokens = *sp.MaxNewTokens
+	}
+	if sp.Temperature != nil {
+		if *sp.Temperature < 0 || *sp.Temperature > 2 {
+			openai.InvalidRequest("sampling_params.temperature", "must be in [0, 2]").WriteJSON(w)
+			return
+		}
+		p.Temperature = *sp.Temperature
+	}
+	if sp.TopP != nil {
+		if !(*sp.TopP > 0 && *sp.TopP <= 1) {
+			openai.InvalidRequest("sampling_params.top_p", "must be in (0, 1]").WriteJSON(w)
+			return
+		}
+		p.TopP = *sp.TopP
+	}
+	if sp.Seed != nil {
+		p.Seed, p.HasSeed = *sp.Seed, true
+	}
+	prompt, err := s.tok.Encode(req.Text, true)
+	if err != nil {
+		openai.InvalidRequest("text", err.Error()).WriteJSON(w)
+		return
+	}
+	st, oerr := s.submit(r, &job{prompt: prompt, params: p})
+	if oerr != nil {
+		oerr.WriteJSON(w)
+		return
+	}
+	defer st.Abort()
+	var text strings.Builder
+	out, _ := s.run(st, p.Stop, func(t string) error { text.WriteString(t); return nil })
+	if out.err != "" {
+		openai.ServerError(out.err).WriteJSON(w)
+		return
+	}
+	writeJSON(w, http.StatusOK, GenerateResponse{Text: text.String(), MetaInfo: MetaInfo{
+		ID: strconv.FormatUint(st.ID, 10), PromptTokens: out.usage.PromptTokens,
+		CompletionTokens: out.usage.CompletionTokens, FinishReason: out.finish,
+	}})
+}
+
+// decodeJSON reads a JSON body into v, strictly typed, with a size bound.
+func decodeJSON(w http.ResponseWriter, r *http.Request, max int64, v any) *openai.Error {
+	body := http.MaxBytesReader(w, r.Body, max)
+	dec := json.NewDecoder(body)
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		var te *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &mbe):
+			return &openai.Error{Status: http.StatusRequestEntityTooLarge, Type: openai.TypeInvalidRequest,
+				Code: openai.CodeRequestTooLarge, Message: fmt.Sprintf("the body exceeds %d bytes", max)}
+		case errors.As(err, &te):
+			return openai.InvalidRequest(te.Field, fmt.Sprintf("%s must be %s, not %s", te.Field, te.Type, te.Value))
+		}
+		return openai.InvalidRequest("", "malformed JSON body: "+err.Error())
+	}
+	if dec.More() {
+		return openai.InvalidRequest("", "malformed JSON body: data after the object")
+	}
+	return nil
+}
+
+// AbortRequest is the body of POST /abort_request.
+type AbortRequest struct {
+	RID string `json:"rid"`
+}
+
+func (s *Server) abort(w http.ResponseWriter, r *http.Request) {
+	var req AbortRequest
+	if oerr := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); oerr != nil {
+		oerr.WriteJSON(w)
+		return
+	}
+	rid := req.RID
+	if i := strings.LastIndexByte(rid, '-'); i >= 0 {
+		rid = rid[i+1:]
+	}
+	id, err := strconv.ParseUint(rid, 10, 64)
+	if err != nil {
+		openai.InvalidRequest("rid", fmt.Sprintf("rid %q is not a request id (cmpl-N, chatcmpl-N or N)", req.RID)).WriteJSON(w)
+		return
+	}
+	s.eng.Abort(id)
+	writeJSON(w, http.StatusOK, map[string]any{"success": true, "rid": req.RID})
+}
+
+// HealthResponse is the body of GET /health.
+type HealthResponse struct {
+	Status          string  `json:"status"` // ok or unhealthy
+	Reason          string  `json:"reason,omitempty"`
+	Step            uint64  `json:"step"`
+	LoopAgeMS       float64 `json:"loop_age_ms"`
+	Waiting         int     `json:"waiting"`
+	Running         int     `json:"running"`
+	Pending         int     `json:"pending"`
+	OldestWaitingMS float64 `json:"oldest_waiting_ms"`
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
+	h := s.eng.Health(time.Now())
+	resp := HealthResponse{Status: "ok", Step: h.Step, LoopAgeMS: ms(h.LoopAge), Waiting: h.Waiting,
+		Running: h.Running, Pending: h.Pending, OldestWaitingMS: ms(h.OldestWaiting)}
+	switch {
+	case h.Err != "":
+		resp.Status, resp.Reason = "unhealthy", "engine failed: "+h.Err
+	case h.LoopAge > s.opts.StallAfter:
+		resp.Status, resp.Reason = "unhealthy", fmt.Sprintf("engine loop has not iterated for %v (limit %v)", h.LoopAge.Round(time.Millisecond), s.opts.StallAfter)
+	}
+	status := http.StatusOK
+	if resp.Reason != "" {
+		status = http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, resp)
+}
+
+// StateResponse is the body of GET /debug/v1/state.
+type StateResponse struct {
+	Model    string                `json:"model"`
+	Config   serve.Config          `json:"config"`
+	LastStep serve.StepRecord      `json:"last_step"`
+	Snapshot *serve.EngineSnapshot `json:"snapshot"`
+}
+
+func (s *Server) state(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, StateResponse{Model: s.opts.ModelName, Config: s.eng.Config(),
+		LastStep: s.eng.LastStep(), Snapshot: s.eng.Snapshot()})
+}
+
+func (s *Server) stacks(w http.ResponseWriter, r *http.Request) {
+	var buf bytes.Buffer
+	if err := pprof.Lookup("goroutine").WriteTo(&buf, 1); err != nil {
+		openai.ServerError(err.Error()).WriteJSON(w)
+		return
+	}
+	out := buf.Bytes()
+	if rank := r.URL.Query().Get("rank"); rank != "" {
+		if _, err := strconv.Atoi(rank); err != nil {
+			openai.InvalidRequest("rank", fmt.Sprintf("rank %q is not a number", rank)).WriteJSON(w)
+			return
+		}
+		out = filterRank(out, rank)
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Write(out)
+}
+
+// filterRank keeps the header and the goroutine groups of a debug=1
+// goroutine profile whose labels carry rank.
+func filterRank(profile []byte, rank string) []byte {
+	header, rest, _ := bytes.Cut(profile, []byte("\n"))
+	want := []byte(`"rank":"` + rank + `"`)
+	out := append(header, '\n')
+	for b := range bytes.SplitSeq(rest, []byte("\n\n")) {
+		if bytes.Contains(b, want) {
+			out = append(out, '\n')
+			out = append(out, bytes.TrimRight(b, "\n")...)
+			out = append(out, '\n')
+		}
+	}
+	return out
+}
