@@ -26,6 +26,7 @@ type serveOptions struct {
 	modelName  string
 	cfg        serve.Config
 	stallAfter time.Duration
+	maxQueue   time.Duration
 	shutdown   time.Duration
 }
 
@@ -54,6 +55,7 @@ func newServeCmd() *cobra.Command {
 	f.DurationVar(&o.cfg.PrefillTimeout, "prefill-timeout", 0, "longest a prompt may take to prefill (0: no limit)")
 	f.DurationVar(&o.cfg.RequestTimeout, "request-timeout", 0, "longest a request may take in all (0: no limit)")
 	f.DurationVar(&o.stallAfter, "stall-after", 5*time.Second, "/health answers 503 when the engine loop has not iterated for this long")
+	f.DurationVar(&o.maxQueue, "max-queue-age", 0, "/health answers 503 while a request has waited longer than this for admission (0: never)")
 	f.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a shutdown waits for requests in flight")
 	return cmd
 }
@@ -69,8 +71,8 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	if o.engine.threads < 0 {
 		return usagef("--threads %d must be ≥ 0", o.engine.threads)
 	}
-	if o.stallAfter <= 0 || o.shutdown <= 0 {
-		return usagef("--stall-after and --shutdown-timeout must be positive")
+	if o.stallAfter <= 0 || o.shutdown <= 0 || o.maxQueue < 0 {
+		return usagef("--stall-after and --shutdown-timeout must be positive, --max-queue-age not negative")
 	}
 	ik, err := kernels.ParseIndexKDType(o.engine.indexK)
 	if err != nil {
@@ -104,7 +106,7 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	h := server.New(eng, m, server.Options{ModelName: o.modelName, ModelPath: path, StallAfter: o.stallAfter, Logger: log})
+	h := server.New(eng, m, server.Options{ModelName: o.modelName, ModelPath: path, StallAfter: o.stallAfter, MaxQueueAge: o.maxQueue, Logger: log})
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	fmt.Fprintf(stderr, "serving %s on http://%s\n", h.ModelName(), ln.Addr())
 

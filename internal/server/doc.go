@@ -41,14 +41,15 @@
 // # Health and debug
 //
 // GET /health answers 200 with the engine's Health as JSON while the loop
-// has iterated within Options.StallAfter and has not failed, else 503 with
-// the reason. GET /debug/v1/state is the engine's last published Snapshot
+// has iterated within Options.StallAfter, has not failed and (when
+// Options.MaxQueueAge is set) no request has waited longer than that for
+// admission; else 503 with the reason. GET /debug/v1/state is the engine's last published Snapshot
 // and step record. GET /debug/v1/stacks is the goroutine profile in pprof's
 // debug=1 text; with ?rank=N only the goroutine groups whose pprof labels
 // carry rank=N are kept.
 //
 // Not yet here: Prometheus metrics (GET /metrics), the /admin/v1 calls
 // and their token, per-rank flight recorders in the debug API, GGUF chat
-// templates, and a 503 on queue age in /health (the ages are reported but
-// only loop stalls and engine failures make it unhealthy).
+// templates, several choices per request, and a requests-per-queue view
+// beyond what the engine snapshot carries.
 package server

@@ -32,6 +32,9 @@ type Options struct {
 	// StallAfter is how long the engine loop may go without iterating
 	// before /health answers 503 (default 5s).
 	StallAfter time.Duration
+	// MaxQueueAge makes /health answer 503 while a request has waited
+	// for admission longer than this (0: queue age never does).
+	MaxQueueAge time.Duration
 	// MaxBodyBytes bounds request bodies (default 4 MiB).
 	MaxBodyBytes int64
 	// Logger receives the server's logs (default slog.Default()).
@@ -619,6 +622,8 @@ func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 		resp.Status, resp.Reason = "unhealthy", "engine failed: "+h.Err
 	case h.LoopAge > s.opts.StallAfter:
 		resp.Status, resp.Reason = "unhealthy", fmt.Sprintf("engine loop has not iterated for %v (limit %v)", h.LoopAge.Round(time.Millisecond), s.opts.StallAfter)
+	case s.opts.MaxQueueAge > 0 && h.OldestWaiting > s.opts.MaxQueueAge:
+		resp.Status, resp.Reason = "unhealthy", fmt.Sprintf("a request has waited %v for admission (limit %v)", h.OldestWaiting.Round(time.Millisecond), s.opts.MaxQueueAge)
 	}
 	status := http.StatusOK
 	if resp.Reason != "" {

@@ -534,3 +534,92 @@ func TestInfoEndpoints(t *testing.T) {
 		t.Errorf("stalled health: %d %s", rec.Code, rec.Body)
 	}
 }
+
+// A storm of clients that disconnect at random moments leaves the KV pool
+// fully free and the server serving.
+func TestDisconnectStorm(t *testing.T) {
+	e := newEnv(t)
+	var wg sync.WaitGroup
+	for i := range 64 {
+		wg.Go(func() {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			b, _ := json.Marshal(map[string]any{"prompt": fmt.Sprintf("Tale %d", i), "max_tokens": 100, "ignore_eos": true, "stream": i%2 == 0})
+			req, _ := http.NewRequestWithContext(ctx, "POST", e.ts.URL+"/v1/completions", bytes.NewReader(b))
+			if i%4 == 1 {
+				// Cancel before or while the request is in the engine.
+				time.AfterFunc(time.Duration(i)*100*time.Microsecond, cancel)
+			}
+			resp, err := e.ts.Client().Do(req)
+			if err != nil {
+				return
+			}
+			defer resp.Body.Close()
+			buf := make([]byte, 1+i*7)
+			io.ReadFull(resp.Body, buf)
+			cancel()
+		})
+	}
+	wg.Wait()
+	waitIdle(t, e.eng)
+	if r := e.complete(t, map[string]any{"prompt": "x", "max_tokens": 2}); len(r.Choices) != 1 {
+		t.Errorf("%+v", r)
+	}
+	waitIdle(t, e.eng)
+}
+
+// FuzzRequests posts arbitrary bodies: every answer is a 200 or an
+// OpenAI-style 4xx error, never a panic or a 5xx.
+func FuzzRequests(f *testing.F) {
+	for _, s := range []string{
+		`{"prompt": "hi", "max_tokens": 3}`,
+		`{"prompt": [1, 2, 3], "max_tokens": 2, "stream": true, "stop": ["a"]}`,
+		`{"prompt": "x", "max_tokens": 99999}`,
+		`{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}`,
+		`{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}], "max_tokens": 2, "stream": true}`,
+		`{"text": "hi", "sampling_params": {"max_new_tokens": 2, "temperature": 0}}`,
+		`{"rid": "cmpl-12"}`,
+		`{`, `null`, `[]`, `{"prompt": null}`, `{"prompt": "", "max_tokens": 1}`,
+	} {
+		for _, p := range []byte{0, 1, 2, 3} {
+			f.Add(p, s)
+		}
+	}
+	m := testmodel.Open(f, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
+	eng, err := serve.New(m, serve.Config{PageSize: 4, MaxRunning: 4})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { eng.Close() })
+	srv := New(eng, m, Options{ModelName: "tiny"})
+	paths := []string{"/v1/completions", "/v1/chat/completions", "/generate", "/abort_request"}
+	f.Fuzz(func(t *testing.T, path byte, body string) {
+		p := paths[int(path)%len(paths)]
+		// Bound the work of one input.
+		var probe map[string]any
+		if json.Unmarshal([]byte(body), &probe) == nil {
+			for _, k := range []string{"max_tokens", "max_completion_tokens"} {
+				if v, ok := probe[k].(float64); ok && v > 16 && v <= float64(m.Config.ContextLen) {
+					t.Skip()
+				}
+			}
+			if sp, ok := probe["sampling_params"].(map[string]any); ok {
+				if v, ok := sp["max_new_tokens"].(float64); ok && v > 16 {
+					t.Skip()
+				}
+			}
+		}
+		rec := httptest.NewRecorder()
+		srv.ServeHTTP(rec, httptest.NewRequest("POST", p, strings.NewReader(body)))
+		switch {
+		case rec.Code == 200:
+		case rec.Code >= 400 && rec.Code < 500:
+			var eb openai.ErrorBody
+			if json.Unmarshal(rec.Body.Bytes(), &eb) != nil || eb.Error.Message == "" {
+				t.Errorf("%s %q: %d with body %s", p, body, rec.Code, rec.Body)
+			}
+		default:
+			t.Errorf("%s %q: status %d: %s", p, body, rec.Code, rec.Body)
+		}
+	})
+}
