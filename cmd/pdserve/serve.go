@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"runtime"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -107,7 +108,15 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	h := server.New(eng, m, server.Options{ModelName: o.modelName, ModelPath: path, StallAfter: o.stallAfter, MaxQueueAge: o.maxQueue, Logger: log})
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	// In-flight handlers are waited for before the model is closed: a
+	// handler cut off by the shutdown timeout may still be detokenizing.
+	var inflight sync.WaitGroup
+	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inflight.Add(1)
+		defer inflight.Done()
+		h.ServeHTTP(w, r)
+	})
+	srv := &http.Server{Handler: counted, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	fmt.Fprintf(stderr, "serving %s on http://%s\n", h.ModelName(), ln.Addr())
 
 	done := make(chan error, 1)
@@ -124,8 +133,11 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 		log.Warn("requests still in flight; closing them", "err", err)
 		srv.Close()
 	}
-	if err := <-done; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
+	serr := <-done
+	cerr := eng.Close() // finishes the streams of any handler still running
+	inflight.Wait()
+	if serr != nil && !errors.Is(serr, http.ErrServerClosed) {
+		return serr
 	}
-	return eng.Close()
+	return cerr
 }

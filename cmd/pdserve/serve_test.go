@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -47,7 +49,7 @@ func TestServe(t *testing.T) {
 	path := testmodel.Path(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
 	var out, errb syncBuffer
 	cmd := newRootCmd()
-	cmd.SetArgs([]string{"serve", "--model", path, "--port", "0", "--threads", "1", "--model-name", "tiny"})
+	cmd.SetArgs([]string{"serve", "--model", path, "--port", "0", "--threads", "1", "--model-name", "tiny", "--shutdown-timeout", "1ms"})
 	cmd.SetOut(&out)
 	cmd.SetErr(&errb)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -80,6 +82,17 @@ func TestServe(t *testing.T) {
 	if resp.StatusCode != 200 || json.Unmarshal(b, &ml) != nil || len(ml.Data) != 1 || ml.Data[0].ID != "tiny" {
 		t.Fatalf("/v1/models: %d %s", resp.StatusCode, b)
 	}
+	// A stream in flight when the server shuts down is cut off.
+	body := `{"prompt": "hi", "max_tokens": 400, "ignore_eos": true, "stream": true}`
+	sresp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sresp.Body.Close()
+	rd := bufio.NewReader(sresp.Body)
+	if line, err := rd.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("stream: %q %v", line, err)
+	}
 	cancel()
 	select {
 	case err := <-done:
@@ -89,6 +102,7 @@ func TestServe(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("serve did not shut down")
 	}
+	io.Copy(io.Discard, rd) // ends, one way or another
 	if _, err := http.Get(url + "/health"); err == nil {
 		t.Error("still answering after shutdown")
 	}

@@ -109,9 +109,11 @@ func (s *Server) ModelName() string { return s.opts.ModelName }
 // ServeHTTP serves r, turning a handler panic into a logged 500.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rw := &recorder{ResponseWriter: w}
+	start := time.Now()
 	defer func() {
 		v := recover()
 		if v == nil {
+			s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "status", rw.status, "duration", time.Since(start))
 			return
 		}
 		if v == http.ErrAbortHandler {
@@ -128,16 +130,28 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // recorder notes whether a response has begun.
 type recorder struct {
 	http.ResponseWriter
-	wrote bool
+	wrote  bool
+	status int
 }
 
-func (w *recorder) WriteHeader(code int) { w.wrote = true; w.ResponseWriter.WriteHeader(code) }
+func (w *recorder) WriteHeader(code int) {
+	if !w.wrote {
+		w.wrote, w.status = true, code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
 func (w *recorder) Write(b []byte) (int, error) {
-	w.wrote = true
+	if !w.wrote {
+		w.wrote, w.status = true, http.StatusOK
+	}
 	return w.ResponseWriter.Write(b)
 }
+
 func (w *recorder) Flush() {
-	w.wrote = true
+	if !w.wrote {
+		w.wrote, w.status = true, http.StatusOK
+	}
 	if f, ok := w.ResponseWriter.(http.Flusher); ok {
 		f.Flush()
 	}
