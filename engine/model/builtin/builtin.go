@@ -69,9 +69,19 @@ func Shape(arch, size string) (model.Config, error) {
 	return c, c.Validate()
 }
 
+// Version numbers the generator: it is part of the cache file name, so a
+// change to how weights or vocabulary are generated never reuses a file an
+// older generator wrote. Bump it whenever Build's output changes.
+const Version = 2
+
 // FileName is the cache file name of a spec.
 func (s Spec) FileName() string {
-	return fmt.Sprintf("builtin-%s-%s-%s-seed%d.gguf", s.Arch, s.Size, typeName(s.Type), s.Seed)
+	return fmt.Sprintf("builtin-v%d-%s-%s-%s-seed%d.gguf", Version, s.Arch, s.Size, typeName(s.Type), s.Seed)
+}
+
+// Name is the model's general.name, also the model id the server reports.
+func (s Spec) Name() string {
+	return fmt.Sprintf("pdkit-builtin-%s-%s-seed%d", s.Arch, s.Size, s.Seed)
 }
 
 func typeName(t kernels.DType) string {
@@ -139,7 +149,7 @@ func Build(s Spec) (*gguf.Writer, error) {
 	w := gguf.NewWriter()
 	a := c.Arch
 	w.Add("general.architecture", a)
-	w.Add("general.name", fmt.Sprintf("pdkit builtin %s %s seed %d", a, s.Size, s.Seed))
+	w.Add("general.name", s.Name())
 	w.Add("general.file_type", fileType(s.Type))
 	w.Add(a+".vocab_size", uint32(c.VocabSize))
 	w.Add(a+".context_length", uint32(c.ContextLen))
