@@ -87,8 +87,24 @@ func poll(t *testing.T, what string, deadline time.Duration, cond func() bool) b
 // checkPools verifies that every rank's pool is fully free. The loop is
 // idle (every stream has finished), and the releases happened before the
 // finishes were sent, so reading the pools here is ordered after them.
+// checkPools waits until the loop has published a state with no pages held
+// and every submitted request finished (a stream's Finish reaches its reader
+// before the loop publishes the step that finished it), then checks every
+// rank's pool. The loop is idle by then, so reading the pools is safe.
 func checkPools(t *testing.T, e *Engine) {
 	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		snap := e.Snapshot()
+		if snap.Queue.HeldPages == 0 && snap.Totals.Finished == e.nextID.Load() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("engine not quiet: %d pages held, %d of %d requests finished", snap.Queue.HeldPages, snap.Totals.Finished, e.nextID.Load())
+			return
+		}
+		runtime.Gosched()
+	}
 	for r := range e.tp.Size() {
 		p := e.tp.Pool(r)
 		if p.FreePages() != p.TotalPages() || p.Live() != 0 {
