@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -21,11 +20,7 @@ import (
 	"github.com/pdkit/pdkit/kernels"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testmodel.Cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testmodel.Main(m) }
 
 // syncBuffer is a bytes.Buffer safe for one writer and one reader.
 type syncBuffer struct {

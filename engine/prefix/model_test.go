@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"testing"
 
@@ -17,11 +16,7 @@ import (
 	"github.com/pdkit/pdkit/kernels/cpu"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testmodel.Cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testmodel.Main(m) }
 
 // run prefills each prompt from its sequence's Len on, all in one batch,
 // then decodes steps greedy tokens, and returns per sequence the logits of

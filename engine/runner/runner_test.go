@@ -2,7 +2,6 @@ package runner_test
 
 import (
 	"context"
-	"os"
 	"slices"
 	"testing"
 
@@ -15,11 +14,7 @@ import (
 	"github.com/pdkit/pdkit/kernels/cpu"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testmodel.Cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testmodel.Main(m) }
 
 func tiny(arch string) builtin.Spec {
 	return builtin.Spec{Arch: arch, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"runtime"
 	"slices"
 	"sync"
@@ -20,11 +19,7 @@ import (
 	"github.com/pdkit/pdkit/kernels/cpu"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testmodel.Cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testmodel.Main(m) }
 
 func tinyModel(t *testing.T) *model.Model {
 	t.Helper()

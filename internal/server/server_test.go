@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -27,11 +26,7 @@ import (
 	"github.com/pdkit/pdkit/kernels/cpu"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testmodel.Cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testmodel.Main(m) }
 
 type env struct {
 	m   *model.Model

@@ -78,3 +78,11 @@ func Prompts(seed uint64, n, minLen, maxLen, vocab int) [][]int32 {
 	}
 	return out
 }
+
+// Main runs a package's tests and removes the generated models afterwards;
+// call it from TestMain.
+func Main(m *testing.M) {
+	code := m.Run()
+	Cleanup()
+	os.Exit(code)
+}
