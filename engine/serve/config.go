@@ -28,6 +28,25 @@ type Config struct {
 	// Heartbeat is how long the loop waits for work before it iterates
 	// anyway (expiring timeouts and proving it is alive); default 50ms.
 	Heartbeat time.Duration
+
+	// Observer, when set, is told of every emitted token, finished
+	// request and forward step. The loop calls it on its own goroutine
+	// with timestamps it took itself, so it must return at once and never
+	// block (updating counters and histograms is fine).
+	Observer Observer
+}
+
+// Observer watches the loop for metrics. See Config.Observer.
+type Observer interface {
+	// TokenEmitted reports request id's n-th generated token (n counts
+	// from 1). For n == 1, since is the time to first token (from Submit);
+	// after that it is the time since the request's previous token.
+	TokenEmitted(id uint64, n int, since time.Duration)
+	// RequestFinished reports a request's end, whatever the reason
+	// (requests refused at admission and ended by Close included).
+	RequestFinished(id uint64, f Finish)
+	// StepFinished reports an iteration that ran a forward step.
+	StepFinished(rec StepRecord)
 }
 
 func (c *Config) setDefaults(m *model.Model) {

@@ -27,7 +27,10 @@
 // [EngineSnapshot] (with the scheduler's queues, copied by the loop itself)
 // through atomic pointers, plus a heartbeat time. [Engine.LastStep],
 // [Engine.Snapshot] and [Engine.Health] read only those: no locks, no help
-// from the loop, so they answer while the loop is stuck.
+// from the loop, so they answer while the loop is stuck. [Engine.KVPages]
+// reads a rank's pool through its atomic counter, equally lock-free. For
+// latencies, [Config.Observer] is told of every token, finished request
+// and forward step, on the loop's goroutine, with the loop's timestamps.
 //
 // Not yet here: the step record has no last-collective sequence number
 // because tp.Engine does not expose its dist.Group's flight recorder; the
@@ -204,6 +207,7 @@ type request struct {
 	decoding bool   // prefilled since its last admission
 	cut      string // why an abort was asked for
 	stop     func() bool
+	lastTok  time.Time // when the previous token was emitted
 }
 
 // New builds the ranks (cfg.TP of them, each with a cpu backend of
@@ -333,6 +337,18 @@ func (e *Engine) LastStep() StepRecord { return *e.last.Load() }
 
 // Snapshot returns the state the loop last published.
 func (e *Engine) Snapshot() *EngineSnapshot { return e.snap.Load() }
+
+// Ranks is the number of tensor-parallel ranks.
+func (e *Engine) Ranks() int { return e.tp.Size() }
+
+// KVPages reports rank r's KV pool: pages in use and pages in all. It
+// reads the pool's atomic counter, so it is safe from any goroutine and
+// answers while the loop is stuck.
+func (e *Engine) KVPages(r int) (used, total int) {
+	p := e.tp.Pool(r)
+	total = p.TotalPages()
+	return total - p.FreePages(), total
+}
 
 // Health reports the loop's liveness and the age of the oldest request
 // that waits, as of now.
@@ -520,6 +536,7 @@ func (e *Engine) iterate(ctx context.Context, start time.Time) (bool, error) {
 		return false, err
 	}
 	outcomes := make([]sched.Outcome, 0, len(plan.Run))
+	emitted := time.Now() // one timestamp for every token of the step
 	j := 0
 	for _, it := range plan.Run {
 		if !it.WantLogits {
@@ -540,6 +557,7 @@ func (e *Engine) iterate(ctx context.Context, start time.Time) (bool, error) {
 		r.gen++
 		r.decoding = true
 		stop := (!r.req.IgnoreEOS && e.m.Tokenizer.IsEOG(tok)) || slices.Contains(r.req.Stop, tok)
+		e.observeToken(r, emitted) // counted even if the reader proves too slow, as CompletionTokens does
 		select {
 		case r.events <- Event{Token: tok}:
 		default:
@@ -564,7 +582,24 @@ func (e *Engine) iterate(ctx context.Context, start time.Time) (bool, error) {
 	rec.Finished, rec.End = finished, time.Now()
 	e.step++
 	e.publish(rec)
+	if o := e.cfg.Observer; o != nil {
+		o.StepFinished(rec)
+	}
 	return true, nil
+}
+
+// observeToken tells the observer of r's latest token, emitted at t.
+func (e *Engine) observeToken(r *request, t time.Time) {
+	o := e.cfg.Observer
+	if o == nil {
+		return
+	}
+	prev := r.lastTok
+	if r.gen == 1 || prev.IsZero() {
+		prev = r.submit
+	}
+	r.lastTok = t
+	o.TokenEmitted(r.id, r.gen, t.Sub(prev))
 }
 
 func put64(b []byte, v uint64) {
@@ -661,6 +696,9 @@ func (e *Engine) finish(ctx context.Context, f sched.Finish) error {
 func (e *Engine) deliver(r *request, f Finish) {
 	if r.stop != nil {
 		r.stop()
+	}
+	if o := e.cfg.Observer; o != nil {
+		o.RequestFinished(r.id, f)
 	}
 	select {
 	case r.events <- Event{Finish: &f}:

@@ -1,8 +1,9 @@
 // Package server is pdkit's HTTP front end over a colocated serve.Engine:
 // the OpenAI-compatible API (POST /v1/completions, POST
 // /v1/chat/completions, GET /v1/models), a native POST /generate, POST
-// /abort_request, GET /health and a versioned debug API (GET
-// /debug/v1/state, GET /debug/v1/stacks?rank=N).
+// /abort_request, GET /health, GET /metrics (Prometheus text, see
+// internal/metrics) and a versioned debug API (GET /debug/v1/state, GET
+// /debug/v1/stacks?rank=N).
 //
 // # Requests
 //
@@ -48,7 +49,12 @@
 // debug=1 text; with ?rank=N only the goroutine groups whose pprof labels
 // carry rank=N are kept.
 //
-// Not yet here: Prometheus metrics (GET /metrics), the /admin/v1 calls
+// GET /metrics serves Options.Metrics' registry. The engine's gauges and
+// counters are read at scrape time; the token counters and the latency
+// histograms need the same Metrics set as the engine's
+// serve.Config.Observer.
+//
+// Not yet here: prefix-cache and collective-wait metrics, the /admin/v1 calls
 // and their token, per-rank flight recorders in the debug API, GGUF chat
 // templates, several choices per request, and a requests-per-queue view
 // beyond what the engine snapshot carries.

@@ -19,6 +19,7 @@ import (
 	"github.com/pdkit/pdkit/engine/sample"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/engine/tokenizer"
+	"github.com/pdkit/pdkit/internal/metrics"
 )
 
 // Options configure a Server. Zero values take the defaults noted per field.
@@ -39,6 +40,12 @@ type Options struct {
 	MaxBodyBytes int64
 	// Logger receives the server's logs (default slog.Default()).
 	Logger *slog.Logger
+	// Metrics backs GET /metrics. The server attaches the engine to it
+	// (Metrics.Watch). Set the same Metrics as the engine's
+	// serve.Config.Observer to get the token counters and the latency
+	// histograms; default: a fresh registry with the engine's gauges and
+	// counters only.
+	Metrics *metrics.Metrics
 }
 
 // Server is the HTTP handler. It is safe for concurrent use.
@@ -75,6 +82,14 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.Metrics == nil {
+		opts.Metrics = metrics.New(nil)
+	}
+	if err := opts.Metrics.Watch(eng); err != nil {
+		// Already watched (a second server on the same Metrics): the
+		// registered collector serves.
+		opts.Logger.Debug("metrics: engine collector not registered", "err", err)
+	}
 	s := &Server{
 		eng: eng, m: m, tok: m.Tokenizer, opts: opts, log: opts.Logger,
 		limits: openai.Limits{
@@ -92,6 +107,7 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 	s.handle("POST", "/generate", s.generateNative)
 	s.handle("POST", "/abort_request", s.abort)
 	s.handle("GET", "/health", s.health)
+	s.handle("GET", "/metrics", opts.Metrics.Handler().ServeHTTP)
 	s.handle("GET", "/debug/v1/state", s.state)
 	s.handle("GET", "/debug/v1/stacks", s.stacks)
 	s.mux.HandleFunc("/", s.notFound)

@@ -1,0 +1,196 @@
+// Package metrics exposes a serving engine's state and latencies in the
+// Prometheus text format, under the namespace "pdkit".
+//
+// Every Metrics registers on a registry of its own (never the global
+// default one), so that several servers in one process do not collide.
+//
+// Two sources feed it:
+//
+//   - An engine collector reads the engine at scrape time without locks
+//     (the loop's published snapshot, its health and the KV pools' atomic
+//     counters), so a scrape answers while the loop is stuck: requests
+//     running and waiting, KV pages used and in all per rank, retractions
+//     and aborts.
+//   - The Metrics is a serve.Observer: set it as serve.Config.Observer and
+//     the loop reports every token, finished request and forward step with
+//     timestamps it took itself, which feed the token and request counters
+//     and the time-to-first-token, inter-token and step-duration
+//     histograms. Its methods only update atomics; they never block.
+package metrics
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/pdkit/pdkit/engine/serve"
+)
+
+// Namespace prefixes every metric name.
+const Namespace = "pdkit"
+
+// Metrics holds the observer-fed metrics and the registry they live on.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	promptTokens prometheus.Counter
+	genTokens    prometheus.Counter
+	requests     *prometheus.CounterVec
+	ttft         prometheus.Histogram
+	itl          prometheus.Histogram
+	step         prometheus.Histogram
+}
+
+var _ serve.Observer = (*Metrics)(nil)
+
+// Latency buckets in seconds: 1ms to about 33s.
+var latencyBuckets = prometheus.ExponentialBuckets(0.001, 2, 16)
+
+// New registers the observer-fed metrics on reg (a fresh registry when
+// nil) and returns them. Attach an engine with Watch.
+func New(reg *prometheus.Registry) *Metrics {
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m := &Metrics{
+		reg: reg,
+		promptTokens: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "prompt_tokens_total",
+			Help: "Prompt tokens of finished requests.",
+		}),
+		genTokens: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "generation_tokens_total",
+			Help: "Tokens generated, counted as they are emitted.",
+		}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "requests_total",
+			Help: "Finished requests by finish reason (stop, length, abort, timeout, error).",
+		}, []string{"finish_reason"}),
+		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "time_to_first_token_seconds",
+			Help:    "Time from submission to a request's first generated token.",
+			Buckets: latencyBuckets,
+		}),
+		itl: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "inter_token_latency_seconds",
+			Help:    "Time between consecutive generated tokens of a request.",
+			Buckets: latencyBuckets,
+		}),
+		step: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "step_duration_seconds",
+			Help:    "Duration of loop iterations that ran a forward step.",
+			Buckets: latencyBuckets,
+		}),
+	}
+	reg.MustRegister(m.promptTokens, m.genTokens, m.requests, m.ttft, m.itl, m.step)
+	return m
+}
+
+// Registry is the registry the metrics live on.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Watch registers a collector that reads eng at scrape time. Call it once
+// per engine.
+func (m *Metrics) Watch(eng *serve.Engine) error {
+	return m.reg.Register(newEngineCollector(eng))
+}
+
+// Handler serves the registry in the Prometheus exposition formats.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// TokenEmitted implements serve.Observer.
+func (m *Metrics) TokenEmitted(_ uint64, n int, since time.Duration) {
+	m.genTokens.Inc()
+	if n == 1 {
+		m.ttft.Observe(since.Seconds())
+	} else {
+		m.itl.Observe(since.Seconds())
+	}
+}
+
+// RequestFinished implements serve.Observer.
+func (m *Metrics) RequestFinished(_ uint64, f serve.Finish) {
+	m.promptTokens.Add(float64(f.PromptTokens))
+	m.requests.WithLabelValues(Reason(f.Reason)).Inc()
+}
+
+// StepFinished implements serve.Observer.
+func (m *Metrics) StepFinished(rec serve.StepRecord) {
+	m.step.Observe(rec.End.Sub(rec.Start).Seconds())
+}
+
+// Reason maps a finish reason onto a bounded label value: every
+// "error: ..." text becomes "error".
+func Reason(r string) string {
+	switch r {
+	case serve.ReasonStop, serve.ReasonLength, serve.ReasonAbort, serve.ReasonTimeout:
+		return r
+	}
+	if strings.HasPrefix(r, "error") {
+		return "error"
+	}
+	return "other"
+}
+
+// engineCollector reads an engine at scrape time.
+type engineCollector struct {
+	eng                        *serve.Engine
+	running, waiting           *prometheus.Desc
+	pagesUsed, pagesTotal      *prometheus.Desc
+	retractions, aborts, steps *prometheus.Desc
+	heldPages, schedTotalPages *prometheus.Desc
+}
+
+func newEngineCollector(eng *serve.Engine) *engineCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, labels, nil)
+	}
+	return &engineCollector{
+		eng:             eng,
+		running:         d("num_running_reqs", "Admitted requests (prefilling and decoding)."),
+		waiting:         d("num_waiting_reqs", "Requests waiting for admission, queued or not yet taken by the loop."),
+		pagesUsed:       d("kv_pages_used", "KV pages in use in the rank's pool.", "rank"),
+		pagesTotal:      d("kv_pages_total", "KV pages of the rank's pool.", "rank"),
+		retractions:     d("retractions_total", "Requests retracted to free KV."),
+		aborts:          d("aborts_total", "Requests finished by an abort."),
+		steps:           d("steps_total", "Forward steps run."),
+		heldPages:       d("sched_kv_pages_held", "KV pages the scheduler holds for its requests (per rank)."),
+		schedTotalPages: d("sched_kv_pages_total", "KV pages the scheduler manages (per rank)."),
+	}
+}
+
+func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.running, c.waiting, c.pagesUsed, c.pagesTotal, c.retractions, c.aborts, c.steps, c.heldPages, c.schedTotalPages} {
+		ch <- d
+	}
+}
+
+func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
+	h := c.eng.Health(time.Now())
+	s := c.eng.Snapshot()
+	gauge := func(d *prometheus.Desc, v int, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
+	}
+	counter := func(d *prometheus.Desc, v uint64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+	}
+	gauge(c.running, h.Running)
+	gauge(c.waiting, h.Waiting+h.Pending)
+	for r := range c.eng.Ranks() {
+		used, total := c.eng.KVPages(r)
+		rank := strconv.Itoa(r)
+		gauge(c.pagesUsed, used, rank)
+		gauge(c.pagesTotal, total, rank)
+	}
+	gauge(c.heldPages, s.Queue.HeldPages)
+	gauge(c.schedTotalPages, s.Queue.TotalPages)
+	counter(c.retractions, s.Totals.Retractions)
+	counter(c.aborts, s.Totals.Aborts)
+	counter(c.steps, s.Totals.Steps)
+}

@@ -1,0 +1,121 @@
+package metrics
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pdkit/pdkit/engine/model"
+	"github.com/pdkit/pdkit/engine/model/builtin"
+	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/kernels"
+)
+
+func TestMain(m *testing.M) { testmodel.Main(m) }
+
+func TestReason(t *testing.T) {
+	for in, want := range map[string]string{
+		"stop": "stop", "length": "length", "abort": "abort", "timeout": "timeout",
+		serve.ReasonSlowReader: "error", serve.ReasonClosed: "error", "error: release 3: boom": "error", "weird": "other",
+	} {
+		if got := Reason(in); got != want {
+			t.Errorf("Reason(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// values gathers reg into name{label values} → value.
+func values(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			k := f.GetName()
+			for _, l := range m.GetLabel() {
+				k += "/" + l.GetValue()
+			}
+			switch {
+			case m.Counter != nil:
+				out[k] = m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				out[k] = m.GetGauge().GetValue()
+			case m.Histogram != nil:
+				out[k+"_count"] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return out
+}
+
+func TestEngineAbortAndFinish(t *testing.T) {
+	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
+	met := New(nil)
+	eng, err := serve.New(m, serve.Config{PageSize: 4, MaxRunning: 4, Observer: met})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	if err := met.Watch(eng); err != nil {
+		t.Fatal(err)
+	}
+	if err := met.Watch(eng); err == nil {
+		t.Error("second Watch of the same registry accepted")
+	}
+	ctx := context.Background()
+	done, err := eng.Submit(ctx, serve.Request{Prompt: []int32{1, 2, 3}, MaxTokens: 4, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long, err := eng.Submit(ctx, serve.Request{Prompt: []int32{4, 5, 6}, MaxTokens: 200, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen := 0
+	for ev := range done.Events {
+		if ev.Finish != nil {
+			gen += ev.Finish.CompletionTokens
+		}
+	}
+	<-long.Events // its first token: running now
+	long.Abort()
+	for ev := range long.Events {
+		if ev.Finish != nil {
+			if ev.Finish.Reason != serve.ReasonAbort {
+				t.Fatalf("long request finished with %q", ev.Finish.Reason)
+			}
+			gen += ev.Finish.CompletionTokens
+		}
+	}
+	var v map[string]float64
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		v = values(t, met.Registry())
+		if v["pdkit_kv_pages_used/0"] == 0 && v["pdkit_aborts_total"] == 1 || time.Now().After(end) {
+			break
+		}
+	}
+	for k, want := range map[string]float64{
+		"pdkit_aborts_total":                      1,
+		"pdkit_requests_total/abort":              1,
+		"pdkit_requests_total/length":             1,
+		"pdkit_prompt_tokens_total":               6,
+		"pdkit_generation_tokens_total":           float64(gen),
+		"pdkit_time_to_first_token_seconds_count": 2,
+		"pdkit_inter_token_latency_seconds_count": float64(gen - 2),
+		"pdkit_kv_pages_used/0":                   0,
+		"pdkit_kv_pages_total/0":                  float64(eng.Config().Pages()),
+		"pdkit_num_running_reqs":                  0,
+		"pdkit_num_waiting_reqs":                  0,
+		"pdkit_sched_kv_pages_held":               0,
+	} {
+		if got, ok := v[k]; !ok || got != want {
+			t.Errorf("%s = %v (present %v), want %v", k, got, ok, want)
+		}
+	}
+}
