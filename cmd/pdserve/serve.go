@@ -16,6 +16,7 @@ import (
 
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/metrics"
 	"github.com/pdkit/pdkit/internal/server"
 	"github.com/pdkit/pdkit/kernels"
 )
@@ -94,6 +95,10 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 		return err
 	}
 	defer m.Close()
+	// One registry per server: the engine reports tokens and timings to it
+	// as it runs, and /metrics also reads the engine's snapshot when scraped.
+	met := metrics.New(nil)
+	cfg.Observer = met
 	// serve.New refuses only impossible settings (it validates them
 	// after its defaults), so its error is a usage error.
 	eng, err := serve.New(m, cfg)
@@ -107,7 +112,7 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	h := server.New(eng, m, server.Options{ModelName: o.modelName, ModelPath: path, StallAfter: o.stallAfter, MaxQueueAge: o.maxQueue, Logger: log})
+	h := server.New(eng, m, server.Options{ModelName: o.modelName, ModelPath: path, StallAfter: o.stallAfter, MaxQueueAge: o.maxQueue, Logger: log, Metrics: met})
 	// In-flight handlers are waited for before the model is closed: a
 	// handler cut off by the shutdown timeout may still be detokenizing.
 	var inflight sync.WaitGroup

@@ -77,6 +77,24 @@ func TestServe(t *testing.T) {
 	if resp.StatusCode != 200 || json.Unmarshal(b, &ml) != nil || len(ml.Data) != 1 || ml.Data[0].ID != "tiny" {
 		t.Fatalf("/v1/models: %d %s", resp.StatusCode, b)
 	}
+	// The engine reports to /metrics as it runs.
+	cresp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "hi", "max_tokens": 3, "ignore_eos": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, cresp.Body)
+	cresp.Body.Close()
+	mresp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, _ := io.ReadAll(mresp.Body)
+	mresp.Body.Close()
+	for _, want := range []string{"pdkit_generation_tokens_total 3", "pdkit_time_to_first_token_seconds_count 1", `pdkit_requests_total{finish_reason="length"} 1`} {
+		if !strings.Contains(string(mb), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
 	// A stream in flight when the server shuts down is cut off.
 	body := `{"prompt": "hi", "max_tokens": 400, "ignore_eos": true, "stream": true}`
 	sresp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
