@@ -58,13 +58,10 @@ func BenchmarkRankOrderSum(b *testing.B) {
 			for r := range bufs {
 				bufs[r] = randF32(rng, sh.n)
 			}
-			out := make([]float32, sh.n)
+			var scratch []float32
 			b.SetBytes(int64(4 * sh.n))
 			for b.Loop() {
-				copy(out, bufs[0])
-				for _, src := range bufs[1:] {
-					reduceF32(OpAllReduceSum, out, src)
-				}
+				reduceRanks(OpAllReduceSum, &scratch, sh.n, sh.ranks, func(r int) []float32 { return bufs[r] })
 			}
 		})
 	}

@@ -318,19 +318,9 @@ func (g *Group) compute(r *round) {
 	case OpAllReduceSum, OpAllReduceMin, OpAllReduceMax:
 		switch c.Elem {
 		case ElemFloat32:
-			out := grow(&g.f32, c.Count)
-			copy(out, r.args[0].f32)
-			for _, a := range r.args[1:] {
-				reduceF32(c.Op, out, a.f32[:len(out)])
-			}
-			r.resF32 = out
+			r.resF32 = reduceRanks(c.Op, &g.f32, c.Count, len(r.args), func(i int) []float32 { return r.args[i].f32 })
 		case ElemInt64:
-			out := grow(&g.i64, c.Count)
-			copy(out, r.args[0].i64)
-			for _, a := range r.args[1:] {
-				reduceI64(c.Op, out, a.i64[:len(out)])
-			}
-			r.resI64 = out
+			r.resI64 = reduceRanks(c.Op, &g.i64, c.Count, len(r.args), func(i int) []int64 { return r.args[i].i64 })
 		}
 	case OpBroadcast:
 		root := r.args[c.Root]
@@ -355,42 +345,29 @@ func (g *Group) compute(r *round) {
 	}
 }
 
-func reduceF32(op Op, acc, src []float32) {
-	switch op {
-	case OpAllReduceSum:
-		for i, v := range src {
-			acc[i] += v
-		}
-	case OpAllReduceMin:
-		for i, v := range src {
-			if v < acc[i] || v != v {
-				acc[i] = v
+// reduceRanks folds every rank's buffer into scratch in rank order 0..N-1,
+// so the result does not depend on the order the ranks arrived in.
+func reduceRanks[T float32 | int64](op Op, scratch *[]T, count, ranks int, buf func(rank int) []T) []T {
+	out := grow(scratch, count)
+	copy(out, buf(0))
+	for r := 1; r < ranks; r++ {
+		src := buf(r)[:count]
+		switch op {
+		case OpAllReduceSum:
+			for i, v := range src {
+				out[i] += v
 			}
-		}
-	case OpAllReduceMax:
-		for i, v := range src {
-			if v > acc[i] || v != v {
-				acc[i] = v
+		case OpAllReduceMin: // the builtin propagates NaN
+			for i, v := range src {
+				out[i] = min(out[i], v)
+			}
+		case OpAllReduceMax:
+			for i, v := range src {
+				out[i] = max(out[i], v)
 			}
 		}
 	}
-}
-
-func reduceI64(op Op, acc, src []int64) {
-	switch op {
-	case OpAllReduceSum:
-		for i, v := range src {
-			acc[i] += v
-		}
-	case OpAllReduceMin:
-		for i, v := range src {
-			acc[i] = min(acc[i], v)
-		}
-	case OpAllReduceMax:
-		for i, v := range src {
-			acc[i] = max(acc[i], v)
-		}
-	}
+	return out
 }
 
 // grow returns (*s)[:n], reallocating when the capacity is short.

@@ -1,6 +1,7 @@
 package dist
 
 import (
+	"cmp"
 	"slices"
 	"time"
 )
@@ -57,15 +58,7 @@ func (c *Comm) Records() []Record {
 			out = append(out, *p)
 		}
 	}
-	slices.SortFunc(out, func(a, b Record) int {
-		switch {
-		case a.Seq < b.Seq:
-			return -1
-		case a.Seq > b.Seq:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b Record) int { return cmp.Compare(a.Seq, b.Seq) })
 	return out
 }
 

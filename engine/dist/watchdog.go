@@ -1,6 +1,7 @@
 package dist
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -93,15 +94,7 @@ func (g *Group) Stuck(now time.Time, threshold time.Duration) []Stall {
 		s.Waited = now.Sub(s.Since)
 		out = append(out, s)
 	}
-	slices.SortFunc(out, func(a, b Stall) int {
-		switch {
-		case a.Seq < b.Seq:
-			return -1
-		case a.Seq > b.Seq:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b Stall) int { return cmp.Compare(a.Seq, b.Seq) })
 	return out
 }
 
