@@ -534,32 +534,19 @@ func (s *Server) generateNative(w http.ResponseWriter, r *http.Request) {
 		oerr.WriteJSON(w)
 		return
 	}
+	// The native request is checked and defaulted as a completion request,
+	// so both APIs share one set of limits; only the parameter names differ.
 	sp := req.SamplingParams
-	p := openai.Params{MaxTokens: openai.DefaultMaxTokens, Temperature: 1, TopP: 1, Stop: sp.Stop, IgnoreEOS: sp.IgnoreEOS}
-	if sp.MaxNewTokens != nil {
-		if *sp.MaxNewTokens < 1 || *sp.MaxNewTokens > s.m.Config.ContextLen {
-			openai.InvalidRequest("sampling_params.max_new_tokens", fmt.Sprintf("must be in [1, %d]", s.m.Config.ContextLen)).WriteJSON(w)
-			return
-		}
-		p.MaxTokens = *sp.MaxNewTokens
+	cr := openai.CompletionRequest{
+		Prompt: openai.Prompt{Text: req.Text}, MaxTokens: sp.MaxNewTokens, Temperature: sp.Temperature,
+		TopP: sp.TopP, Seed: sp.Seed, Stop: sp.Stop, IgnoreEOS: sp.IgnoreEOS,
 	}
-	if sp.Temperature != nil {
-		if *sp.Temperature < 0 || *sp.Temperature > 2 {
-			openai.InvalidRequest("sampling_params.temperature", "must be in [0, 2]").WriteJSON(w)
-			return
-		}
-		p.Temperature = *sp.Temperature
+	if oerr := cr.Validate(s.limits); oerr != nil {
+		oerr.Param = nativeParam[oerr.Param]
+		oerr.WriteJSON(w)
+		return
 	}
-	if sp.TopP != nil {
-		if !(*sp.TopP > 0 && *sp.TopP <= 1) {
-			openai.InvalidRequest("sampling_params.top_p", "must be in (0, 1]").WriteJSON(w)
-			return
-		}
-		p.TopP = *sp.TopP
-	}
-	if sp.Seed != nil {
-		p.Seed, p.HasSeed = *sp.Seed, true
-	}
+	p := cr.Params(s.limits)
 	prompt, err := s.tok.Encode(req.Text, true)
 	if err != nil {
 		openai.InvalidRequest("text", err.Error()).WriteJSON(w)
@@ -581,6 +568,13 @@ func (s *Server) generateNative(w http.ResponseWriter, r *http.Request) {
 		ID: strconv.FormatUint(st.ID, 10), PromptTokens: out.usage.PromptTokens,
 		CompletionTokens: out.usage.CompletionTokens, FinishReason: out.finish,
 	}})
+}
+
+// nativeParam names /generate's fields for the completion-request fields
+// its values are checked as.
+var nativeParam = map[string]string{
+	"prompt": "text", "max_tokens": "sampling_params.max_new_tokens", "temperature": "sampling_params.temperature",
+	"top_p": "sampling_params.top_p", "stop": "sampling_params.stop",
 }
 
 // decodeJSON reads a JSON body into v, strictly typed, with a size bound.
