@@ -38,9 +38,10 @@ test: deps ## go vet, then the whole test suite with the race detector
 	$(GO) vet ./...
 	$(GO) test $(GOTESTFLAGS) ./...
 
-bench: deps build ## kernel micro-benchmarks, then the model benchmark (bin/pdserve bench)
+bench: deps build ## kernel micro-benchmarks, the model benchmark (bin/pdserve bench), then the serving one (bin/pdserve bench serve)
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./kernels/...
 	bin/pdserve bench
+	bin/pdserve bench serve
 
 check: deps ## fail on unformatted files, go vet findings or a go.mod that go mod tidy would change
 	@files=$$(find . -name '*.go' -not -path './.git/*' -not -path './bin/*' -not -path '*/testdata/*' \

@@ -58,5 +58,71 @@ func newBenchCmd() *cobra.Command {
 	f.IntVar(&cfg.DecodeTokens, "decode", 128, "tokens to decode per sequence")
 	f.IntVar(&cfg.Batch, "batch", 32, "sequences in the aggregate decode run")
 	f.IntVar(&cfg.Repeats, "repeats", 3, "runs per figure (the median is reported)")
+	cmd.AddCommand(newBenchServeCmd())
+	return cmd
+}
+
+func newBenchServeCmd() *cobra.Command {
+	cfg := bench.ServingConfig{}
+	var typ string
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Measure the serving path: streamed /v1/completions against an in-process server at several client concurrencies",
+		Long: `serve starts an in-process server (engine and OpenAI API on a loopback port) over a
+built-in model and, for each concurrency level, runs that many clients issuing streamed
+/v1/completions requests (random token-id prompts, temperature 0, ignore_eos). It reports
+requests/s, output tokens/s, time to first token and inter-token latency percentiles per
+level, and the aggregate output rate at concurrency 32 against concurrency 1.`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			dt, err := builtin.ParseType(typ)
+			if err != nil {
+				return usageError{err}
+			}
+			cfg.Type = dt
+			if len(cfg.Concurrency) == 0 {
+				return usagef("--concurrency needs at least one level")
+			}
+			for _, c := range cfg.Concurrency {
+				if c < 1 {
+					return usagef("--concurrency %d must be ≥ 1", c)
+				}
+			}
+			if cfg.Threads < 0 || cfg.Requests < 0 {
+				return usagef("--threads and --requests must not be negative (0: the default)")
+			}
+			if cfg.PromptLen < 1 || cfg.MaxTokens < 1 || cfg.MaxRunning < 1 {
+				return usagef("--prompt, --max-tokens and --max-running must be positive")
+			}
+			shape, err := builtin.Shape(cfg.Arch, cfg.Size)
+			if err != nil {
+				return usageError{err}
+			}
+			if cfg.PromptLen+cfg.MaxTokens > shape.ContextLen {
+				return usagef("--prompt %d plus --max-tokens %d exceed the model's context length %d", cfg.PromptLen, cfg.MaxTokens, shape.ContextLen)
+			}
+			home, err := builtin.Home()
+			if err != nil {
+				return err
+			}
+			cfg.Home = home
+			rep, err := bench.RunServing(cmd.Context(), cfg, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			rep.Print(cmd.OutOrStdout())
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Arch, "arch", model.ArchLlama, "built-in architecture: llama or llama-dsa")
+	f.StringVar(&cfg.Size, "size", builtin.SizeSmall, "built-in size: tiny or small")
+	f.StringVar(&typ, "type", "f32", "weight type")
+	f.IntSliceVar(&cfg.Concurrency, "concurrency", []int{1, 8, 32, 64}, "client concurrency levels")
+	f.IntVar(&cfg.PromptLen, "prompt", 128, "prompt length in tokens")
+	f.IntVar(&cfg.MaxTokens, "max-tokens", 64, "tokens generated per request")
+	f.IntVar(&cfg.Requests, "requests", 0, "requests per level (0: max(2×concurrency, 8))")
+	f.IntVar(&cfg.Threads, "threads", 0, "engine kernel threads (0: every CPU)")
+	f.IntVar(&cfg.MaxRunning, "max-running", 64, "requests the engine admits at once")
 	return cmd
 }
