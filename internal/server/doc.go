@@ -26,11 +26,49 @@
 //
 // # Chat template
 //
-// GGUF chat templates (tokenizer.chat_template, Jinja) are not interpreted
-// yet. Every model uses the default template: the BOS token, then for each
-// message "<|role|>\n" + content + "\n", then "<|assistant|>\n". The text
-// is encoded with Encode(text, true) (which adds the BOS), so the role
-// markers are plain text and a message cannot inject control tokens.
+// The server picks the chat template once, at New, from the GGUF's
+// tokenizer.chat_template (model.Model.ChatTemplate). The Jinja is not
+// interpreted: DetectChatTemplate recognises the common families by their
+// markers, and anything else (or no template) gets the default template.
+// GET /debug/v1/state reports the family as "chat_template". The rendered
+// formats, for messages S (system), U1 (user), A1 (assistant), U2 (user),
+// each ending with the generation prompt for the assistant:
+//
+//	default  "<|system|>\nS\n<|user|>\nU1\n<|assistant|>\nA1\n<|user|>\nU2\n<|assistant|>\n"
+//	chatml   "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU1<|im_end|>\n"
+//	         "<|im_start|>assistant\nA1<|im_end|>\n<|im_start|>user\nU2<|im_end|>\n<|im_start|>assistant\n"
+//	llama3   "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
+//	         "<|start_header_id|>user<|end_header_id|>\n\nU1<|eot_id|>" ... (A1, U2 alike)
+//	         "<|start_header_id|>assistant<|end_header_id|>\n\n"
+//	llama2   "<s>[INST] <<SYS>>\nS\n<</SYS>>\n\nU1 [/INST] A1 </s><s>[INST] U2 [/INST]"
+//	mistral  "<s>[INST] S\n\nU1 [/INST]A1</s>[INST] U2 [/INST]"
+//	zephyr   "<|system|>\nS</s>\n<|user|>\nU1</s>\n<|assistant|>\nA1</s>\n<|user|>\nU2</s>\n<|assistant|>\n"
+//	gemma    "<bos><start_of_turn>user\nS\n\nU1<end_of_turn>\n<start_of_turn>model\nA1<end_of_turn>\n"
+//	         "<start_of_turn>user\nU2<end_of_turn>\n<start_of_turn>model\n"
+//
+// The default template takes the roles system, user, assistant and tool (as
+// "<|tool|>"); the families take system, user and assistant, and any other
+// role is a 400 with param "messages". llama2, llama3 and gemma trim
+// spaces around each message's content; the others keep it as it is. llama2, mistral and gemma have no system turn: the
+// system messages (several joined by a blank line) are folded into the next
+// user message as shown; when no user message follows they form a user turn
+// of their own. For llama2 and mistral the generation prompt is the
+// " [/INST]" that closes the last user turn, so a conversation that ends
+// with an assistant message ends with its "</s>".
+//
+// BOS: llama3, llama2 (once per user turn), mistral and gemma write it
+// themselves and are encoded without the tokenizer's own BOS; default,
+// chatml and zephyr write none and are encoded with it (Encode(text, true):
+// only when the vocabulary's add_bos_token asks for it). Either way the BOS
+// is the tokenizer's BOS id, whatever spelling the template shows, and is
+// never doubled. The markers the template writes ("<|im_start|>", "</s>",
+// "<start_of_turn>", ...) become their control tokens when the vocabulary
+// has them, so the prompt is what tokenizing the rendered text with its
+// control tokens recognised gives (as llama.cpp does); but message content
+// is always encoded as plain text, so a message cannot inject control
+// tokens. DetectChatTemplate lists the markers each family is recognised by. With the default template the role markers
+// are plain text too, and the prompt is exactly Encode(text, true) of the
+// text above.
 //
 // # Errors
 //
@@ -55,7 +93,8 @@
 // serve.Config.Observer.
 //
 // Not yet here: prefix-cache and collective-wait metrics, the /admin/v1 calls
-// and their token, per-rank flight recorders in the debug API, GGUF chat
-// templates, several choices per request, and a requests-per-queue view
+// and their token, per-rank flight recorders in the debug API, Jinja chat
+// templates outside the families above (and a flag to choose one), tool
+// calls, several choices per request, and a requests-per-queue view
 // beyond what the engine snapshot carries.
 package server

@@ -53,6 +53,7 @@ type Server struct {
 	eng     *serve.Engine
 	m       *model.Model
 	tok     tokenizer.Tokenizer
+	tmpl    ChatTemplate // picked at New from the model's chat template
 	opts    Options
 	limits  openai.Limits
 	log     *slog.Logger
@@ -92,6 +93,7 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 	}
 	s := &Server{
 		eng: eng, m: m, tok: m.Tokenizer, opts: opts, log: opts.Logger,
+		tmpl: DetectChatTemplate(m.ChatTemplate()),
 		limits: openai.Limits{
 			MaxBodyBytes: opts.MaxBodyBytes,
 			MaxTokens:    m.Config.ContextLen,
@@ -111,6 +113,7 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 	s.handle("GET", "/debug/v1/state", s.state)
 	s.handle("GET", "/debug/v1/stacks", s.stacks)
 	s.mux.HandleFunc("/", s.notFound)
+	opts.Logger.Debug("chat template", "name", s.tmpl.Name(), "from_gguf", m.ChatTemplate() != "")
 	return s
 }
 
@@ -369,16 +372,9 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 }
 
 // ChatPrompt renders messages with the default template (see the package
-// doc) and encodes them.
+// doc) and encodes them; EncodeChat takes the template.
 func ChatPrompt(t tokenizer.Tokenizer, msgs []openai.Message) ([]int32, error) {
-	var b strings.Builder
-	for _, m := range msgs {
-		b.WriteString("<|" + m.Role + "|>\n")
-		b.WriteString(m.Content.String())
-		b.WriteString("\n")
-	}
-	b.WriteString("<|assistant|>\n")
-	return t.Encode(b.String(), true)
+	return EncodeChat(t, DefaultChatTemplate(), msgs)
 }
 
 func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
@@ -389,7 +385,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	}
 	j := &job{params: req.Params(s.limits), stream: req.Stream, idPrefix: "chatcmpl-", chat: true}
 	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
-	p, err := ChatPrompt(s.tok, req.Messages)
+	p, err := EncodeChat(s.tok, s.tmpl, req.Messages)
 	if err != nil {
 		openai.InvalidRequest("messages", err.Error()).WriteJSON(w)
 		return
@@ -658,14 +654,15 @@ func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 
 // StateResponse is the body of GET /debug/v1/state.
 type StateResponse struct {
-	Model    string                `json:"model"`
-	Config   serve.Config          `json:"config"`
-	LastStep serve.StepRecord      `json:"last_step"`
-	Snapshot *serve.EngineSnapshot `json:"snapshot"`
+	Model        string                `json:"model"`
+	ChatTemplate string                `json:"chat_template"` // the chat template's family name
+	Config       serve.Config          `json:"config"`
+	LastStep     serve.StepRecord      `json:"last_step"`
+	Snapshot     *serve.EngineSnapshot `json:"snapshot"`
 }
 
 func (s *Server) state(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, StateResponse{Model: s.opts.ModelName, Config: s.eng.Config(),
+	writeJSON(w, http.StatusOK, StateResponse{Model: s.opts.ModelName, ChatTemplate: s.tmpl.Name(), Config: s.eng.Config(),
 		LastStep: s.eng.LastStep(), Snapshot: s.eng.Snapshot()})
 }
 
