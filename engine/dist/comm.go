@@ -21,6 +21,7 @@ type Comm struct {
 	waiting   atomic.Pointer[Record]   // the call in progress, or nil
 	last      atomic.Pointer[Record]   // the latest call entered
 	completed atomic.Uint64            // the last seq that ended ok
+	waited    atomic.Int64             // nanoseconds spent in collectives
 }
 
 // Rank is this communicator's rank.

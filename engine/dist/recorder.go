@@ -46,8 +46,23 @@ func (c *Comm) end(err error) {
 	if err == nil {
 		c.completed.Store(rec.Seq)
 	}
+	c.waited.Add(int64(rec.End.Sub(rec.Start)))
 	c.waiting.Store(nil)
 }
+
+// LastSeq is the sequence number of the last collective the rank entered (0
+// before the first). Lock-free, for step records.
+func (c *Comm) LastSeq() uint64 {
+	if l := c.last.Load(); l != nil {
+		return l.Seq
+	}
+	return 0
+}
+
+// WaitTotal is the time the rank has spent inside collectives, from entering
+// one until it returned (waiting for peers plus the data movement).
+// Lock-free, for metrics.
+func (c *Comm) WaitTotal() time.Duration { return time.Duration(c.waited.Load()) }
 
 // Records returns the rank's flight recorder, oldest first. It takes no lock
 // and may be called from any goroutine, even while the rank is stuck.

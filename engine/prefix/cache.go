@@ -277,6 +277,19 @@ func (c *Cache) Evict(n int) int {
 	return len(freed)
 }
 
+// Evictable counts the cached pages Evict could free now: those no match
+// locks and no sequence holds. (A sequence or lock on a page pins every page
+// above it, so repeated leaf eviction reaches all of them.)
+func (c *Cache) Evictable() int {
+	n := 0
+	for _, nd := range c.byPage {
+		if c.evictable(nd) {
+			n++
+		}
+	}
+	return n
+}
+
 // evictable: no match locks nd and no sequence holds its page.
 func (c *Cache) evictable(nd *node) bool {
 	return nd.lock == 0 && c.pool.Refs(nd.page) == 1

@@ -35,11 +35,11 @@ func (s *Scheduler) Check() error {
 			sum += r.pages
 			switch q.st {
 			case Waiting:
-				if r.pages != 0 || r.fed != 0 || r.pending != 0 {
+				if r.pages != 0 || r.fed != 0 || r.pending != 0 || r.shared*c.PageSize != r.cached {
 					return fmt.Errorf("sched: waiting request %d holds pages %d fed %d pending %d", r.id, r.pages, r.fed, r.pending)
 				}
 			default:
-				if r.pages != c.pagesFor(r.fed+r.pending) || r.pages == 0 {
+				if r.pages != c.pagesFor(r.fed+r.pending)-r.shared || r.pages == 0 || r.fed+r.pending <= r.cached {
 					return fmt.Errorf("sched: request %d holds %d pages for %d+%d tokens", r.id, r.pages, r.fed, r.pending)
 				}
 			}

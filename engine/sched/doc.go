@@ -30,7 +30,7 @@
 // then, unless the step retracted, waiting requests in FIFO order while a
 // slot, tokens and the pages of their whole prefill are free. The loop
 // releases the KV of Plan.Finished (Release set) and Plan.Retract, reserves
-// each Run item (kvcache Reserve(Tokens) on a Seq of Len Start; Start 0 means
+// each Run item (kvcache Reserve(Tokens) on a Seq of Len Start; Fresh means
 // a new Seq), runs the batch and reports one [Outcome] per item to StepDone.
 // Page holdings are counted as ceil(tokens/PageSize) per request, exactly as
 // the pool allocates them.

@@ -46,10 +46,11 @@ type pageModel struct {
 	cfg    Config
 	alive  map[uint64]bool // added and not yet finished
 	tokens map[uint64]int  // tokens the loop reserved KV for, per held sequence
+	shared map[uint64]int  // shared prefix pages per held sequence (not held by it)
 	seen   map[string]int  // what happened, to check the run covered it
 }
 
-func (m *pageModel) pages(id uint64) int { return m.cfg.pagesFor(m.tokens[id]) }
+func (m *pageModel) pages(id uint64) int { return m.cfg.pagesFor(m.tokens[id]) - m.shared[id] }
 
 func (m *pageModel) held() int {
 	n := 0
@@ -67,6 +68,7 @@ func (m *pageModel) release(what string, id uint64, release bool, pages int) {
 		m.t.Fatalf("%s %d: release=%t pages=%d, model holds=%t pages=%d", what, id, release, pages, holds, m.pages(id))
 	}
 	delete(m.tokens, id)
+	delete(m.shared, id)
 }
 
 func (m *pageModel) finish(fs []Finish) {
@@ -104,13 +106,24 @@ func (m *pageModel) plan(p Plan, free int) {
 		}
 		seen[it.ID] = true
 		have, holds := m.tokens[it.ID]
-		if (it.Start == 0) == holds || have != it.Start {
+		if it.Fresh {
+			if holds || it.Start != it.Cached || it.Cached%m.cfg.PageSize != 0 {
+				m.t.Fatalf("fresh run item %+v: model holds=%t tokens=%d", it, holds, have)
+			}
+			m.shared[it.ID] = it.Cached / m.cfg.PageSize
+			if it.Cached > 0 {
+				m.seen["cached admission"]++
+			}
+		} else if !holds || have != it.Start {
 			m.t.Fatalf("run item %+v: model holds=%t tokens=%d", it, holds, have)
 		}
 		if it.Tokens < 1 || (it.Tokens > 1 && it.Tokens > m.cfg.PrefillChunk) {
 			m.t.Fatalf("run item %+v: bad chunk", it)
 		}
-		before := m.pages(it.ID)
+		before := 0
+		if holds {
+			before = m.pages(it.ID)
+		}
 		m.tokens[it.ID] = it.Start + it.Tokens
 		if m.pages(it.ID) != it.Pages {
 			m.t.Fatalf("run item %+v: model pages %d", it, m.pages(it.ID))
@@ -159,7 +172,7 @@ func randomRun(t *testing.T, seed uint64, n int) ([]event, map[string]int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &pageModel{t: t, cfg: cfg, alive: map[uint64]bool{}, tokens: map[uint64]int{}, seen: map[string]int{}}
+	m := &pageModel{t: t, cfg: cfg, alive: map[uint64]bool{}, tokens: map[uint64]int{}, shared: map[uint64]int{}, seen: map[string]int{}}
 	var events []event
 	var now time.Duration
 	var step []Item
@@ -170,6 +183,9 @@ func randomRun(t *testing.T, seed uint64, n int) ([]event, map[string]int) {
 		case k < 3:
 			e.kind = "add"
 			e.req = Request{ID: uint64(rng.IntN(30)), PromptLen: rng.IntN(30), MaxTokens: rng.IntN(12)}
+			if c := rng.IntN(4) * cfg.PageSize; c < e.req.PromptLen && rng.IntN(2) == 0 {
+				e.req.Cached = c
+			}
 			err := s.Add(e.req, now)
 			switch {
 			case err == nil:

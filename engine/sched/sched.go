@@ -22,7 +22,13 @@ type request struct {
 	retractions int    // times preempted
 	seq         uint64 // admission order, for LIFO retraction
 	cut         Reason // why an Aborting request finishes at StepDone
+	cached      int    // prompt tokens on shared prefix-cache pages (until retracted)
+	shared      int    // cached/PageSize: pages the request reads but does not hold
 }
+
+// own is the number of pages the request holds for n tokens of KV: those
+// beyond its shared prefix.
+func (s *Scheduler) own(r *request, n int) int { return s.cfg.pagesFor(n) - r.shared }
 
 // target is the number of tokens to prefill: the prompt plus, after a
 // retraction, everything generated so far.
@@ -77,12 +83,16 @@ func (s *Scheduler) Add(req Request, now time.Duration) error {
 	if req.PromptLen < 1 || req.MaxTokens < 1 {
 		return fmt.Errorf("%w: %d: prompt %d, max tokens %d", ErrInvalid, req.ID, req.PromptLen, req.MaxTokens)
 	}
+	if req.Cached < 0 || req.Cached%s.cfg.PageSize != 0 || req.Cached >= req.PromptLen {
+		return fmt.Errorf("%w: %d: cached prefix of %d tokens (page size %d, prompt %d)", ErrInvalid, req.ID, req.Cached, s.cfg.PageSize, req.PromptLen)
+	}
 	// The last sampled token is never fed back, so the KV peaks at
 	// PromptLen+MaxTokens-1 tokens.
 	if p := s.cfg.pagesFor(req.PromptLen + req.MaxTokens - 1); p > s.cfg.TotalPages {
 		return fmt.Errorf("%w: %d needs %d pages of %d", ErrTooLarge, req.ID, p, s.cfg.TotalPages)
 	}
-	r := &request{id: req.ID, promptLen: req.PromptLen, maxTokens: req.MaxTokens, arrival: s.now, since: s.now, state: Waiting}
+	r := &request{id: req.ID, promptLen: req.PromptLen, maxTokens: req.MaxTokens, arrival: s.now, since: s.now, state: Waiting,
+		cached: req.Cached, shared: req.Cached / s.cfg.PageSize}
 	s.reqs[r.id] = r
 	s.waiting = append(s.waiting, r)
 	s.selfCheck()
@@ -223,7 +233,7 @@ func (s *Scheduler) Schedule(now time.Duration, freePages int) (Plan, error) {
 	for {
 		need := 0
 		for _, r := range s.running {
-			need += s.cfg.pagesFor(r.fed+1) - r.pages
+			need += s.own(r, r.fed+1) - r.pages
 		}
 		if need <= free || len(s.running) == 0 {
 			break
@@ -235,16 +245,16 @@ func (s *Scheduler) Schedule(now time.Duration, freePages int) (Plan, error) {
 		budget = s.cfg.MaxBatchTokens - len(s.running)
 		left := free
 		for _, r := range s.running {
-			left -= s.cfg.pagesFor(r.fed+1) - r.pages
+			left -= s.own(r, r.fed+1) - r.pages
 		}
 		// 2. Continue prefills.
 		var chunks []Item
 		for _, r := range s.prefilling {
-			n := min(s.cfg.PrefillChunk, r.target()-r.fed, budget, (r.pages+left)*s.cfg.PageSize-r.fed)
+			n := min(s.cfg.PrefillChunk, r.target()-r.fed, budget, (r.shared+r.pages+left)*s.cfg.PageSize-r.fed)
 			if n <= 0 {
 				continue
 			}
-			grow := s.cfg.pagesFor(r.fed+n) - r.pages
+			grow := s.own(r, r.fed+n) - r.pages
 			left -= grow
 			budget -= n
 			chunks = append(chunks, Item{ID: r.id, Start: r.fed, Tokens: n, WantLogits: r.fed+n == r.target(), Pages: r.pages + grow})
@@ -252,7 +262,7 @@ func (s *Scheduler) Schedule(now time.Duration, freePages int) (Plan, error) {
 		if len(s.running) > 0 || len(chunks) > 0 || len(s.prefilling) == 0 {
 			free = left
 			for _, r := range s.running {
-				p.Run = append(p.Run, Item{ID: r.id, Start: r.fed, Tokens: 1, WantLogits: true, Pages: s.cfg.pagesFor(r.fed + 1)})
+				p.Run = append(p.Run, Item{ID: r.id, Start: r.fed, Tokens: 1, WantLogits: true, Pages: s.own(r, r.fed+1)})
 			}
 			p.Run = append(p.Run, chunks...)
 			break
@@ -266,18 +276,19 @@ func (s *Scheduler) Schedule(now time.Duration, freePages int) (Plan, error) {
 	if len(p.Retract) == 0 {
 		for len(s.waiting) > 0 && budget > 0 && len(s.prefilling)+len(s.running)+len(s.aborting) < s.cfg.MaxRunning {
 			r := s.waiting[0]
-			if s.cfg.pagesFor(r.target()) > free {
+			if s.own(r, r.target()) > free {
 				break
 			}
-			n := min(s.cfg.PrefillChunk, r.target(), budget)
+			n := min(s.cfg.PrefillChunk, r.target()-r.cached, budget)
 			s.waiting = s.waiting[1:]
 			s.nextSeq++
 			r.seq, r.state, r.since, r.admitted = s.nextSeq, Prefilling, s.now, s.now
+			r.fed = r.cached
 			s.prefilling = append(s.prefilling, r)
-			pg := s.cfg.pagesFor(n)
+			pg := s.own(r, r.cached+n)
 			free -= pg
 			budget -= n
-			p.Run = append(p.Run, Item{ID: r.id, Start: 0, Tokens: n, WantLogits: n == r.target(), Pages: pg})
+			p.Run = append(p.Run, Item{ID: r.id, Start: r.cached, Tokens: n, WantLogits: r.cached+n == r.target(), Pages: pg, Fresh: true, Cached: r.cached})
 		}
 	}
 
@@ -314,6 +325,7 @@ func (s *Scheduler) retractNewest(p *Plan) int {
 	p.Retract = append(p.Retract, Retract{ID: r.id, Generated: r.generated, Pages: freed})
 	s.held -= freed
 	r.pages, r.fed, r.state, r.since = 0, 0, Waiting, s.now
+	r.cached, r.shared = 0, 0 // the loop released the prefix with the sequence
 	r.retractions++
 	s.waiting = append([]*request{r}, s.waiting...)
 	return freed
@@ -427,7 +439,7 @@ func (s *Scheduler) Snapshot() Snapshot {
 			out = append(out, ReqInfo{
 				ID: r.id, State: r.state, Age: s.now - r.arrival, InState: s.now - r.since,
 				PromptLen: r.promptLen, MaxTokens: r.maxTokens, Generated: r.generated,
-				Fed: r.fed, InFlight: r.pending, Pages: r.pages, Retractions: r.retractions,
+				Fed: r.fed, InFlight: r.pending, Pages: r.pages, Retractions: r.retractions, Cached: r.cached,
 			})
 		}
 		return out

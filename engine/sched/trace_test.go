@@ -167,7 +167,7 @@ func (h *harness) run(t *testing.T, line string) string {
 		h.s = s
 		return "ok\n"
 	case "add":
-		err := h.s.Add(Request{ID: uint64(a.int(t, "id", 0)), PromptLen: a.int(t, "prompt", 1), MaxTokens: a.int(t, "max", 1)}, a.dur(t, "t"))
+		err := h.s.Add(Request{ID: uint64(a.int(t, "id", 0)), PromptLen: a.int(t, "prompt", 1), MaxTokens: a.int(t, "max", 1), Cached: a.int(t, "cached", 0)}, a.dur(t, "t"))
 		if err != nil {
 			fmt.Fprintf(&b, "error: %v\n", err)
 		}
@@ -268,7 +268,11 @@ func writePlan(b *strings.Builder, p Plan) {
 		if it.Tokens == 1 && it.WantLogits && it.Start > 0 {
 			kind = "decode"
 		}
-		fmt.Fprintf(b, "run %d %s [%d,%d) logits=%t pages=%d\n", it.ID, kind, it.Start, it.Start+it.Tokens, it.WantLogits, it.Pages)
+		fmt.Fprintf(b, "run %d %s [%d,%d) logits=%t pages=%d", it.ID, kind, it.Start, it.Start+it.Tokens, it.WantLogits, it.Pages)
+		if it.Cached > 0 {
+			fmt.Fprintf(b, " cached=%d", it.Cached)
+		}
+		b.WriteString("\n")
 	}
 	fmt.Fprintf(b, "pages-needed=%d\n", p.PagesNeeded)
 }

@@ -67,6 +67,12 @@ type Request struct {
 	ID        uint64
 	PromptLen int // prompt tokens, at least 1
 	MaxTokens int // tokens to generate at most, at least 1
+	// Cached is how many leading prompt tokens already have KV on shared
+	// pages of a prefix cache (a whole number of pages, less than
+	// PromptLen): the first admission starts from there and the request
+	// holds only the pages beyond them. A retraction gives the prefix up;
+	// the request is then recomputed from position 0.
+	Cached int
 }
 
 // Item is one request's part of a step: run the request's tokens
@@ -74,14 +80,18 @@ type Request struct {
 // the number of tokens whose KV the loop holds (its Seq's Len): Start 0
 // means a fresh sequence (first admission or re-admission after
 // retraction). Pages is what the request holds once the loop has reserved
-// room for Tokens more. WantLogits: sample one token from the last
-// position (final prefill chunk, or decode).
+// room for Tokens more (shared prefix pages not counted). WantLogits: sample
+// one token from the last position (final prefill chunk, or decode). Fresh
+// marks an admission: the loop starts a new sequence, on the request's
+// Cached prefix pages when Cached > 0 (then Start == Cached).
 type Item struct {
 	ID         uint64
 	Start      int
 	Tokens     int
 	WantLogits bool
 	Pages      int
+	Fresh      bool
+	Cached     int
 }
 
 // Retract is a preempted request: the loop releases its KV now; the request
@@ -146,6 +156,7 @@ type ReqInfo struct {
 	InFlight    int // tokens in the step in flight
 	Pages       int
 	Retractions int
+	Cached      int // prompt tokens read from shared prefix-cache pages
 }
 
 // Snapshot is the scheduler's state as plain values, for a debug API.

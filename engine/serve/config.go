@@ -20,6 +20,23 @@ type Config struct {
 	PrefillChunk   int                 // prompt tokens per request per step (default 256)
 	IndexK         kernels.IndexKDType // index-K precision for models with an indexer
 
+	// DisablePrefixCache turns the radix prefix cache off: every prompt is
+	// computed from position 0 and finished sequences free all their pages.
+	DisablePrefixCache bool
+
+	// Name and Role label the loops' goroutines (pprof labels server and
+	// role; default "pdserve" and "colocated").
+	Name, Role string
+
+	// FlightRecorderLen is how many collectives each rank's flight
+	// recorder keeps (default dist.DefaultFlightRecorderLen).
+	FlightRecorderLen int
+
+	// CloseTimeout is how long Close waits for the loops to stop at an
+	// iteration boundary before it closes the rank group under them
+	// (default 5s).
+	CloseTimeout time.Duration
+
 	// Timeouts; zero disables one (see sched.Config).
 	WaitingTimeout time.Duration
 	PrefillTimeout time.Duration
@@ -74,6 +91,15 @@ func (c *Config) setDefaults(m *model.Model) {
 	if c.Heartbeat == 0 {
 		c.Heartbeat = 50 * time.Millisecond
 	}
+	if c.Name == "" {
+		c.Name = "pdserve"
+	}
+	if c.Role == "" {
+		c.Role = "colocated"
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = 5 * time.Second
+	}
 }
 
 // Pages is the number of KV pages of each rank's pool.
@@ -119,6 +145,15 @@ func (c Config) Validate(m *model.Model) error {
 	}
 	if c.Heartbeat <= 0 {
 		bad("heartbeat %v must be positive", c.Heartbeat)
+	}
+	if c.CloseTimeout <= 0 {
+		bad("close timeout %v must be positive", c.CloseTimeout)
+	}
+	if c.FlightRecorderLen < 0 {
+		bad("flight recorder length %d must not be negative", c.FlightRecorderLen)
+	}
+	if c.PageSize >= 1 && c.KVTokens >= 1 && c.MaxRunning >= 1 && c.Pages() < c.MaxRunning {
+		bad("KV pool of %d pages cannot hold %d running requests (one page each at least): raise the KV capacity or lower max running", c.Pages(), c.MaxRunning)
 	}
 	return errors.Join(errs...)
 }

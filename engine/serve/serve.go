@@ -1,59 +1,85 @@
-// Package serve is the colocated serving engine core: one loop goroutine
-// that admits requests, schedules them with engine/sched, runs each step as
-// one batch through a tensor-parallel engine/tp.Engine, samples every
-// request with its own seeded sampler and streams the tokens out. There is
-// no HTTP here; the HTTP server calls [Engine.Submit].
+// Package serve is the colocated serving engine: prefill and decode in one
+// process, over TP ranks. There is no HTTP here; the HTTP server calls
+// [Engine.Submit].
 //
-// # The loop
+// # One loop per rank
 //
-// The loop is lock-step (no overlap of scheduling with compute): drain new
-// requests and aborts, Tick, Schedule from the MIN over the ranks of their
-// free pages, release the KV of finished and retracted requests, run the
-// plan as one forward batch (prompt chunks and decode tokens together; a
-// retracted request recomputes its prompt plus what it generated), apply the
-// aborts that arrived during the step, sample, stream, StepDone, publish.
+// Each TP rank runs its own event loop goroutine (pprof labels server, role
+// and rank) with its own scheduler (engine/sched), its own KV pool, its own
+// radix prefix cache (engine/prefix) and its shard of the weights
+// (engine/tp). The loops move in lock-step through the rank group
+// (engine/dist); an iteration is:
+//
+//  1. rank 0 takes the new requests and aborts from the inbox and broadcasts
+//     them with its clock (stepInput); every rank applies the bytes it
+//     received: adds (with the prefix-cache match MIN-reduced), aborts,
+//     timeouts;
+//  2. the ranks MIN-reduce their free pages (free plus evictable cached
+//     pages) and each schedules from that; a MAX-reduction of the plan's
+//     digest proves the plans agree (a divergence stops the engine);
+//  3. each rank releases the plan's finished and retracted sequences,
+//     evicts cached pages to make room, and runs its shard of the batch;
+//  4. rank 0 samples, streams the tokens and broadcasts them with the
+//     aborts that arrived during the step (stepOutput); every rank applies
+//     them, finishes what stopped and publishes its step record.
+//
+// The rule, which every change to the loop must keep: every decision that
+// precedes a collective or changes queue or allocator state is taken from
+// values all ranks agree on: broadcast by rank 0 or reduced over the
+// group. No rank branches on its own state (its clock, its inbox, its
+// pool) before a collective. Rank 0's local state (the inbox, the streams,
+// its clock) enters the other ranks only through its broadcasts.
 //
 // # Streams
 //
 // Each [Stream] carries an event channel of capacity MaxTokens+1: one slot
 // per token it can ever produce plus one for the Finish, after which the
 // channel is closed. A slow reader therefore never stalls the loop; should a
-// send ever find the buffer full all the same, the loop does not block: it
+// send ever find the buffer full all the same, rank 0 does not block: it
 // aborts the request with reason "error: reader too slow".
 //
 // # Reading the engine from outside
 //
-// After every iteration the loop publishes an immutable [StepRecord] and an
-// [EngineSnapshot] (with the scheduler's queues, copied by the loop itself)
-// through atomic pointers, plus a heartbeat time. [Engine.LastStep],
-// [Engine.Snapshot] and [Engine.Health] read only those: no locks, no help
-// from the loop, so they answer while the loop is stuck. [Engine.KVPages]
-// reads a rank's pool through its atomic counter, equally lock-free. For
-// latencies, [Config.Observer] is told of every token, finished request
-// and forward step, on the loop's goroutine, with the loop's timestamps.
+// After every iteration each rank publishes an immutable [StepRecord] (with
+// the sequence number of its last collective) and rank 0 an
+// [EngineSnapshot] (its scheduler's queues, copied by the loop itself),
+// through atomic pointers, plus heartbeat times. [Engine.LastStep],
+// [Engine.RankSteps], [Engine.Snapshot], [Engine.Health], [Engine.KVPages]
+// and [Engine.Collectives] read only atomics: no locks, no help from the
+// loops, so they answer while a loop is stuck. For latencies,
+// [Config.Observer] is told of every token, finished request and forward
+// step, on rank 0's goroutine, with the loop's timestamps.
 //
-// Not yet here: the step record has no last-collective sequence number
-// because tp.Engine does not expose its dist.Group's flight recorder; the
-// loop runs on the driver goroutine and hands each rank the same plan (the
-// per-rank loops with a broadcast plan and the overlap variant come later);
-// no prefix cache; stop sequences are token ids (Request.Stop), stop
-// strings belong to the HTTP layer that owns detokenization; an engine
-// whose forward step fails finishes every request with an error and must be
-// rebuilt.
+// # Prefix cache
+//
+// A new request's prompt (all but its last token) is matched against each
+// rank's cache when it arrives; the matched pages stay locked while it
+// waits, it is admitted at the matched length and shares those pages. A
+// finished or retracted sequence gives its full pages to the cache; a
+// retracted request gives its prefix up and is recomputed from position 0.
+// Cached pages that nothing uses are evicted, least recently used first,
+// when a step needs the room.
+//
+// Not yet here: the overlap variant (scheduling step N+1 while step N runs);
+// stop sequences are token ids (Request.Stop), stop strings belong to the
+// HTTP layer that owns detokenization; an engine whose step fails finishes
+// every request with an error and must be rebuilt.
 package serve
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/pdkit/pdkit/engine/dist"
 	"github.com/pdkit/pdkit/engine/model"
+	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/engine/sample"
 	"github.com/pdkit/pdkit/engine/sched"
 	"github.com/pdkit/pdkit/engine/tp"
@@ -114,9 +140,12 @@ func (s *Stream) Abort() {
 	s.once.Do(func() { s.e.abort(s.ID) })
 }
 
-// StepRecord describes one loop iteration. It is immutable once published.
-// Step counts iterations, idle ones (no batch, Phase "idle") included.
+// StepRecord describes one loop iteration of one rank. It is immutable once
+// published. Step counts iterations, idle ones (no batch, Phase "idle")
+// included; ranks in lock-step have equal Step, Digest and CollectiveSeq
+// after each iteration.
 type StepRecord struct {
+	Rank        int
 	Step        uint64
 	Phase       string // idle, prefill, decode or mixed
 	BatchSize   int    // requests in the batch
@@ -124,7 +153,10 @@ type StepRecord struct {
 	Retracted   int    // requests retracted by the plan
 	Finished    int    // requests that finished in the iteration
 	Digest      uint64 // FNV-1a of (id, start, tokens) of every batch item, in order
-	Start, End  time.Time
+	// CollectiveSeq is the sequence number of the rank's last collective
+	// when the iteration ended.
+	CollectiveSeq uint64
+	Start, End    time.Time
 }
 
 // EngineSnapshot is the engine's state as the loop last published it.
@@ -146,11 +178,17 @@ type Totals struct {
 	Aborts       uint64 // requests finished by an abort
 	AbortsInStep uint64 // of those, aborted while in the step in flight
 	Finished     uint64 // requests finished, by any reason
+	// Prefix cache: prompt tokens of admitted requests, and of those the
+	// ones read from cached pages instead of computed.
+	PromptTokens    uint64
+	CachedTokens    uint64
+	PrefixHits      uint64 // requests that matched at least one cached page
+	PrefixEvictions uint64 // cached pages evicted (rank 0)
 }
 
 // Health reports progress, not only liveness.
 type Health struct {
-	LoopAge       time.Duration // since the loop's last iteration began
+	LoopAge       time.Duration // since the least recent start of an iteration over the ranks
 	Step          uint64
 	Waiting       int           // requests queued in the scheduler
 	Running       int           // admitted requests (prefilling and decoding)
@@ -161,12 +199,12 @@ type Health struct {
 
 // Engine is the serving engine. Its methods are safe for concurrent use.
 type Engine struct {
-	m     *model.Model
-	cfg   Config
-	tp    *tp.Engine
-	sched *sched.Scheduler
-	epoch time.Time
-	vocab int
+	m      *model.Model
+	cfg    Config
+	shards *tp.Shards
+	epoch  time.Time
+	vocab  int
+	loops  []*rankLoop
 
 	nextID atomic.Uint64
 
@@ -180,66 +218,112 @@ type Engine struct {
 	numPending    atomic.Int64
 	oldestPending atomic.Int64 // unix nanoseconds; 0 when none
 
-	stop chan struct{}
-	done chan struct{}
-	once sync.Once
+	stop     chan struct{}
+	done     chan struct{} // closed once every loop has stopped and shutdown ran
+	once     sync.Once
+	closeErr error
 
-	beat atomic.Int64 // unix nanoseconds of the last iteration's start
-	last atomic.Pointer[StepRecord]
 	snap atomic.Pointer[EngineSnapshot]
 
-	// Loop-owned.
-	reqs   map[uint64]*request
-	step   uint64
+	// Rank 0's: the front of every request the ranks know (stream,
+	// sampler), and the totals. Owned by rank 0's loop while it runs, then
+	// by the shutdown.
+	front  map[uint64]*request
 	totals Totals
-	logits []float32
-	err    error
+	err    error // the failure that stopped the loops
 }
 
+// request is rank 0's view of a request: what only the rank that samples
+// and streams needs.
 type request struct {
-	id       uint64
-	req      Request
-	submit   time.Time
-	events   chan Event
-	sampler  *sample.Sampler
-	all      []int32 // prompt, then generated tokens
-	gen      int
-	decoding bool   // prefilled since its last admission
-	cut      string // why an abort was asked for
-	stop     func() bool
-	lastTok  time.Time // when the previous token was emitted
+	id      uint64
+	req     Request
+	submit  time.Time
+	events  chan Event
+	sampler *sample.Sampler
+	gen     int
+	cut     string // why an abort was asked for
+	stop    func() bool
+	lastTok time.Time // when the previous token was emitted
 }
 
 // New builds the ranks (cfg.TP of them, each with a cpu backend of
-// cfg.Threads threads) and the scheduler, and starts the loop goroutine
-// (pprof label role=engine), which runs until Close.
+// cfg.Threads threads), their schedulers and prefix caches, and starts one
+// loop goroutine per rank, which run until Close.
 func New(m *model.Model, cfg Config) (*Engine, error) {
 	cfg.setDefaults(m)
 	if err := cfg.Validate(m); err != nil {
 		return nil, err
 	}
-	sc, err := sched.New(sched.Config{
-		MaxRunning: cfg.MaxRunning, MaxBatchTokens: cfg.MaxBatchTokens, PrefillChunk: cfg.PrefillChunk,
-		PageSize: cfg.PageSize, TotalPages: cfg.Pages(),
-		WaitingTimeout: cfg.WaitingTimeout, PrefillTimeout: cfg.PrefillTimeout, RequestTimeout: cfg.RequestTimeout,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("serve: %w", err)
-	}
 	threads := cfg.Threads
-	te, err := tp.New(m, func(int) kernels.Backend { return cpu.New(threads) }, cfg.TP, cfg.PageSize, cfg.KVTokens, cfg.MaxRunning, cfg.IndexK)
+	shards, err := tp.NewShards(m, func(int) kernels.Backend { return cpu.New(threads) }, cfg.TP, cfg.PageSize, cfg.KVTokens, cfg.MaxRunning, cfg.IndexK,
+		dist.Options{FlightRecorderLen: cfg.FlightRecorderLen})
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	e := &Engine{
-		m: m, cfg: cfg, tp: te, sched: sc, epoch: time.Now(), vocab: m.Config.VocabSize,
+		m: m, cfg: cfg, shards: shards, epoch: time.Now(), vocab: m.Config.VocabSize,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
-		reqs: make(map[uint64]*request),
+		front: make(map[uint64]*request),
 	}
-	e.beat.Store(time.Now().UnixNano())
-	e.publish(StepRecord{Phase: "idle", Start: e.epoch, End: e.epoch})
-	go pprof.Do(context.Background(), pprof.Labels("role", "engine"), func(context.Context) { e.loop() })
+	for r := range cfg.TP {
+		sc, err := sched.New(sched.Config{
+			MaxRunning: cfg.MaxRunning, MaxBatchTokens: cfg.MaxBatchTokens, PrefillChunk: cfg.PrefillChunk,
+			PageSize: cfg.PageSize, TotalPages: cfg.Pages(),
+			WaitingTimeout: cfg.WaitingTimeout, PrefillTimeout: cfg.PrefillTimeout, RequestTimeout: cfg.RequestTimeout,
+		})
+		if err != nil {
+			shards.Close()
+			return nil, fmt.Errorf("serve: %w", err)
+		}
+		l := &rankLoop{e: e, r: r, rk: shards.Rank(r), sched: sc, seqs: make(map[uint64]*seqState)}
+		if !cfg.DisablePrefixCache {
+			l.cache = prefix.New(l.rk.Pool())
+		}
+		now := time.Now()
+		l.beat.Store(now.UnixNano())
+		l.last.Store(&StepRecord{Rank: r, Phase: "idle", Start: now, End: now})
+		e.loops = append(e.loops, l)
+	}
+	e.publish(*e.loops[0].last.Load())
+	go pprof.Do(context.Background(), pprof.Labels("server", cfg.Name, "role", cfg.Role), func(ctx context.Context) { e.run(ctx) })
 	return e, nil
+}
+
+// run is the engine's supervisor goroutine: it starts the rank loops, waits
+// for all of them and finishes what they left.
+func (e *Engine) run(ctx context.Context) {
+	defer close(e.done)
+	errs := make([]error, len(e.loops))
+	var wg sync.WaitGroup
+	for r, l := range e.loops {
+		wg.Go(func() {
+			pprof.Do(ctx, pprof.Labels("rank", strconv.Itoa(r)), func(context.Context) {
+				errs[r] = l.run()
+			})
+			if errs[r] != nil {
+				// Wake the peers waiting for this rank in a collective.
+				e.shards.Group().Close()
+			}
+		})
+	}
+	wg.Wait()
+	closing := false
+	select {
+	case <-e.stop:
+		closing = true
+	default:
+	}
+	for _, err := range errs {
+		if err == nil || (closing && errors.Is(err, dist.ErrGroupClosed)) {
+			continue
+		}
+		// A rank's own failure comes before what its peers saw of it.
+		if e.err == nil || errors.Is(e.err, dist.ErrGroupClosed) || errors.Is(e.err, dist.ErrGroupBroken) {
+			e.err = err
+		}
+	}
+	e.shutdown()
 }
 
 // Config returns the effective configuration.
@@ -278,7 +362,6 @@ func (e *Engine) Submit(ctx context.Context, q Request) (*Stream, error) {
 		id: e.nextID.Add(1), req: q, submit: time.Now(),
 		events:  make(chan Event, q.MaxTokens+1),
 		sampler: sample.New(q.Sampling),
-		all:     append(make([]int32, 0, len(q.Prompt)+q.MaxTokens), q.Prompt...),
 	}
 	s := &Stream{ID: r.id, Events: r.events, e: e}
 	e.mu.Lock()
@@ -320,46 +403,80 @@ func (e *Engine) poke() {
 	}
 }
 
-// Close stops the loop, finishes every request still known with
-// "error: engine closed" and closes the ranks. It is idempotent.
+// Close stops the loops at their next iteration, finishes every request
+// still known with "error: engine closed" and closes the ranks. A loop that
+// does not stop within Config.CloseTimeout (stuck in a collective) is woken
+// by closing the rank group. It is idempotent.
 func (e *Engine) Close() error {
-	var err error
 	e.once.Do(func() {
 		close(e.stop)
-		<-e.done
-		err = e.tp.Close()
+		e.poke()
+		t := time.NewTimer(e.cfg.CloseTimeout)
+		select {
+		case <-e.done:
+		case <-t.C:
+			e.shards.Group().Close()
+			<-e.done
+		}
+		t.Stop()
+		e.closeErr = e.shards.Close()
 	})
-	return err
+	return e.closeErr
 }
 
-// LastStep returns the record of the last finished iteration.
-func (e *Engine) LastStep() StepRecord { return *e.last.Load() }
+// LastStep returns the record of rank 0's last finished iteration.
+func (e *Engine) LastStep() StepRecord { return *e.loops[0].last.Load() }
 
-// Snapshot returns the state the loop last published.
+// RankSteps returns every rank's last step record, in rank order.
+func (e *Engine) RankSteps() []StepRecord {
+	out := make([]StepRecord, len(e.loops))
+	for i, l := range e.loops {
+		out[i] = *l.last.Load()
+	}
+	return out
+}
+
+// Collectives copies the rank group's state: every rank's flight recorder,
+// the call it waits in, whether the group broke. Lock-free.
+func (e *Engine) Collectives() dist.Snapshot { return e.shards.Group().Snapshot() }
+
+// Stalls lists the collectives that have waited longer than threshold, with
+// the ranks that have not arrived.
+func (e *Engine) Stalls(now time.Time, threshold time.Duration) []dist.Stall {
+	return e.shards.Group().Stuck(now, threshold)
+}
+
+// CollectiveWait is the time rank r has spent inside collectives.
+func (e *Engine) CollectiveWait(r int) time.Duration { return e.shards.Rank(r).Comm().WaitTotal() }
+
+// Snapshot returns the state rank 0's loop last published.
 func (e *Engine) Snapshot() *EngineSnapshot { return e.snap.Load() }
 
 // Ranks is the number of tensor-parallel ranks.
-func (e *Engine) Ranks() int { return e.tp.Size() }
+func (e *Engine) Ranks() int { return len(e.loops) }
 
-// KVPages reports rank r's KV pool: pages in use and pages in all. It
-// reads the pool's atomic counter, so it is safe from any goroutine and
-// answers while the loop is stuck.
-func (e *Engine) KVPages(r int) (used, total int) {
-	p := e.tp.Pool(r)
+// KVPages reports rank r's KV pool: pages in use (by sequences or the
+// prefix cache), pages the prefix cache holds, and pages in all. It reads
+// the pool's atomic counters, so it is safe from any goroutine and answers
+// while the loop is stuck.
+func (e *Engine) KVPages(r int) (used, cached, total int) {
+	p := e.shards.Rank(r).Pool()
 	total = p.TotalPages()
-	return total - p.FreePages(), total
+	return total - p.FreePages(), p.CachedPages(), total
 }
 
-// Health reports the loop's liveness and the age of the oldest request
+// Health reports the loops' liveness and the age of the oldest request
 // that waits, as of now.
 func (e *Engine) Health(now time.Time) Health {
 	s := e.snap.Load()
 	h := Health{
-		LoopAge: now.Sub(time.Unix(0, e.beat.Load())),
 		Step:    s.Step.Step,
 		Waiting: len(s.Queue.Waiting),
 		Running: len(s.Queue.Prefilling) + len(s.Queue.Running),
 		Err:     s.Err,
+	}
+	for _, l := range e.loops {
+		h.LoopAge = max(h.LoopAge, now.Sub(time.Unix(0, l.beat.Load())))
 	}
 	for _, w := range s.Queue.Waiting {
 		h.OldestWaiting = max(h.OldestWaiting, w.Age+now.Sub(s.Taken))
@@ -371,221 +488,14 @@ func (e *Engine) Health(now time.Time) Health {
 	return h
 }
 
+// publish stores rank 0's snapshot; called by rank 0's loop and by the
+// shutdown after it.
 func (e *Engine) publish(rec StepRecord) {
-	e.last.Store(&rec)
-	s := &EngineSnapshot{Taken: time.Now(), Step: rec, Queue: e.sched.Snapshot(), Totals: e.totals}
+	s := &EngineSnapshot{Taken: time.Now(), Step: rec, Queue: e.loops[0].sched.Snapshot(), Totals: e.totals}
 	if e.err != nil {
 		s.Err = e.err.Error()
 	}
 	e.snap.Store(s)
-}
-
-func (e *Engine) now() time.Duration { return time.Since(e.epoch) }
-
-// loop is the engine's goroutine.
-//
-// The rule: every decision that precedes a collective or changes queue or
-// allocator state is taken from values all ranks agree on. Here the
-// scheduler runs once, on this goroutine, from reduced inputs (free pages
-// are the MIN over the ranks' pools, which is what every rank could
-// allocate), and every rank executes the same plan: the same releases, the
-// same batch. No rank ever branches on its own state before a collective;
-// a rank that cannot reserve its share says so through the agreement inside
-// tp's step, not by skipping it.
-func (e *Engine) loop() {
-	defer close(e.done)
-	defer e.shutdown()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-e.stop:
-			cancel()
-		case <-e.done:
-		}
-	}()
-	timer := time.NewTimer(e.cfg.Heartbeat)
-	defer timer.Stop()
-	for {
-		select {
-		case <-e.stop:
-			return
-		default:
-		}
-		start := time.Now()
-		e.beat.Store(start.UnixNano())
-		ran, err := e.iterate(ctx, start)
-		if err != nil {
-			select {
-			case <-e.stop:
-				// Close cut the step short; that is no engine failure.
-			default:
-				e.err = err
-				e.publish(*e.last.Load())
-			}
-			return
-		}
-		if ran {
-			continue
-		}
-		timer.Reset(e.cfg.Heartbeat)
-		select {
-		case <-e.stop:
-			return
-		case <-e.wake:
-		case <-timer.C:
-		}
-	}
-}
-
-// iterate runs one iteration; ran says a forward step was run.
-func (e *Engine) iterate(ctx context.Context, start time.Time) (bool, error) {
-	rec := StepRecord{Step: e.step + 1, Phase: "idle", Start: start}
-	finished := 0
-	fin := func(fs []sched.Finish) error {
-		for _, f := range fs {
-			if err := e.finish(ctx, f); err != nil {
-				return err
-			}
-			finished++
-		}
-		return nil
-	}
-	if err := e.intake(ctx, fin); err != nil {
-		return false, err
-	}
-	if err := fin(e.sched.Tick(e.now())); err != nil {
-		return false, err
-	}
-	if e.sched.Len() == 0 {
-		rec.Finished, rec.End = finished, time.Now()
-		e.step++
-		e.publish(rec)
-		return false, nil
-	}
-	free := e.tp.Pool(0).FreePages()
-	for r := 1; r < e.tp.Size(); r++ {
-		free = min(free, e.tp.Pool(r).FreePages())
-	}
-	plan, err := e.sched.Schedule(e.now(), free)
-	if err != nil {
-		return false, fmt.Errorf("serve: schedule: %w", err)
-	}
-	if err := fin(plan.Finished); err != nil {
-		return false, err
-	}
-	for _, rt := range plan.Retract {
-		if err := e.tp.Release(ctx, rt.ID); err != nil {
-			return false, fmt.Errorf("serve: release retracted %d: %w", rt.ID, err)
-		}
-		e.reqs[rt.ID].decoding = false
-		e.totals.Retractions++
-	}
-	rec.Retracted = len(plan.Retract)
-	if len(plan.Run) == 0 {
-		rec.Finished, rec.End = finished, time.Now()
-		e.step++
-		e.publish(rec)
-		return false, nil
-	}
-
-	batch := make([]tp.Input, len(plan.Run))
-	h := fnv.New64a()
-	var buf [24]byte
-	nl, prefill, decode := 0, 0, 0
-	for i, it := range plan.Run {
-		r := e.reqs[it.ID]
-		n := 0
-		if it.WantLogits {
-			n = 1
-		}
-		batch[i] = tp.Input{SeqID: it.ID, Tokens: r.all[it.Start : it.Start+it.Tokens], NumLogits: n}
-		nl += n
-		rec.BatchTokens += it.Tokens
-		if r.decoding {
-			decode++
-		} else {
-			prefill++
-		}
-		put64(buf[0:], it.ID)
-		put64(buf[8:], uint64(it.Start))
-		put64(buf[16:], uint64(it.Tokens))
-		h.Write(buf[:])
-	}
-	rec.BatchSize, rec.Digest = len(plan.Run), h.Sum64()
-	switch {
-	case decode == 0:
-		rec.Phase = "prefill"
-	case prefill == 0:
-		rec.Phase = "decode"
-	default:
-		rec.Phase = "mixed"
-	}
-	if cap(e.logits) < nl*e.vocab {
-		e.logits = make([]float32, nl*e.vocab)
-	}
-	logits := e.logits[:nl*e.vocab]
-	if err := e.tp.Forward(ctx, batch, logits); err != nil {
-		return false, fmt.Errorf("serve: step %d: %w", rec.Step, err)
-	}
-	e.totals.Steps++
-	e.totals.Tokens += uint64(rec.BatchTokens)
-	// Aborts that came during the step: the scheduler holds those in the
-	// step as Aborting and finishes them at StepDone.
-	if err := e.intake(ctx, fin); err != nil {
-		return false, err
-	}
-	outcomes := make([]sched.Outcome, 0, len(plan.Run))
-	emitted := time.Now() // one timestamp for every token of the step
-	j := 0
-	for _, it := range plan.Run {
-		if !it.WantLogits {
-			outcomes = append(outcomes, sched.Outcome{ID: it.ID})
-			continue
-		}
-		lg := logits[j*e.vocab : (j+1)*e.vocab]
-		j++
-		r := e.reqs[it.ID]
-		if r.cut != "" {
-			// Aborted in the step: its outcome is ignored.
-			outcomes = append(outcomes, sched.Outcome{ID: it.ID, Emitted: 1})
-			continue
-		}
-		tok := r.sampler.Sample(lg)
-		e.totals.Sampled++
-		r.all = append(r.all, tok)
-		r.gen++
-		r.decoding = true
-		stop := (!r.req.IgnoreEOS && e.m.Tokenizer.IsEOG(tok)) || slices.Contains(r.req.Stop, tok)
-		e.observeToken(r, emitted) // counted even if the reader proves too slow, as CompletionTokens does
-		select {
-		case r.events <- Event{Token: tok}:
-		default:
-			// Never blocks: the request goes instead.
-			fs, err := e.cutReq(r, ReasonSlowReader)
-			if err == nil {
-				err = fin(fs) // none: it is in the step, finished at StepDone
-			}
-			if err != nil {
-				return false, err
-			}
-		}
-		outcomes = append(outcomes, sched.Outcome{ID: it.ID, Emitted: 1, Stop: stop})
-	}
-	fs, err := e.sched.StepDone(e.now(), outcomes)
-	if ferr := fin(fs); ferr != nil {
-		return false, ferr
-	}
-	if err != nil {
-		return false, fmt.Errorf("serve: step %d: %w", rec.Step, err)
-	}
-	rec.Finished, rec.End = finished, time.Now()
-	e.step++
-	e.publish(rec)
-	if o := e.cfg.Observer; o != nil {
-		o.StepFinished(rec)
-	}
-	return true, nil
 }
 
 // observeToken tells the observer of r's latest token, emitted at t.
@@ -600,95 +510,6 @@ func (e *Engine) observeToken(r *request, t time.Time) {
 	}
 	r.lastTok = t
 	o.TokenEmitted(r.id, r.gen, t.Sub(prev))
-}
-
-func put64(b []byte, v uint64) {
-	for i := range 8 {
-		b[i] = byte(v >> (8 * i))
-	}
-}
-
-// intake takes the new requests and the aborts from the inbox.
-func (e *Engine) intake(ctx context.Context, fin func([]sched.Finish) error) error {
-	e.mu.Lock()
-	pending, aborts := e.pending, e.aborts
-	e.pending, e.aborts = nil, nil
-	e.numPending.Store(0)
-	e.oldestPending.Store(0)
-	e.mu.Unlock()
-	now := e.now()
-	for _, r := range pending {
-		if err := e.sched.Add(sched.Request{ID: r.id, PromptLen: len(r.req.Prompt), MaxTokens: r.req.MaxTokens}, now); err != nil {
-			e.deliver(r, Finish{Reason: "error: " + err.Error(), PromptTokens: len(r.req.Prompt)})
-			continue
-		}
-		e.reqs[r.id] = r
-	}
-	for _, id := range aborts {
-		r, ok := e.reqs[id]
-		if !ok || r.cut != "" {
-			continue
-		}
-		fs, err := e.cutReq(r, ReasonAbort)
-		if err != nil {
-			return err
-		}
-		if err := fin(fs); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// cutReq aborts r in the scheduler, remembering why.
-func (e *Engine) cutReq(r *request, why string) ([]sched.Finish, error) {
-	if r.cut != "" {
-		return nil, nil
-	}
-	r.cut = why
-	fs, err := e.sched.Abort(r.id, e.now())
-	if err != nil {
-		return nil, fmt.Errorf("serve: abort %d: %w", r.id, err)
-	}
-	if len(fs) == 0 {
-		e.totals.AbortsInStep++
-	}
-	return fs, nil
-}
-
-// finish releases a finished request's KV (once: the scheduler reports
-// every request in exactly one Finish) and ends its stream.
-func (e *Engine) finish(ctx context.Context, f sched.Finish) error {
-	r := e.reqs[f.ID]
-	delete(e.reqs, f.ID)
-	if f.Release {
-		if err := e.tp.Release(ctx, f.ID); err != nil {
-			if r != nil {
-				e.deliver(r, Finish{Reason: "error: " + err.Error(), PromptTokens: len(r.req.Prompt), CompletionTokens: r.gen})
-			}
-			return fmt.Errorf("serve: release %d: %w", f.ID, err)
-		}
-	}
-	if r == nil {
-		return fmt.Errorf("serve: finish of unknown request %d", f.ID)
-	}
-	var reason string
-	switch f.Reason {
-	case sched.ReasonStop:
-		reason = ReasonStop
-	case sched.ReasonLength:
-		reason = ReasonLength
-	case sched.ReasonAbort:
-		reason = r.cut
-		e.totals.Aborts++
-	case sched.ReasonTimeout:
-		reason = ReasonTimeout
-	default:
-		reason = "error: " + f.Reason.String()
-	}
-	e.totals.Finished++
-	e.deliver(r, Finish{Reason: reason, PromptTokens: len(r.req.Prompt), CompletionTokens: r.gen})
-	return nil
 }
 
 // deliver sends the Finish and closes the stream. The buffer always has
@@ -707,8 +528,9 @@ func (e *Engine) deliver(r *request, f Finish) {
 	close(r.events)
 }
 
-// shutdown finishes every request the loop still knows or has not taken,
-// releasing their KV when the ranks still answer.
+// shutdown runs once every loop has stopped: it finishes every request
+// the ranks still know or rank 0 has not taken, releasing their KV when the
+// ranks stopped cleanly between steps.
 func (e *Engine) shutdown() {
 	e.mu.Lock()
 	e.closed = true
@@ -721,34 +543,21 @@ func (e *Engine) shutdown() {
 	if e.err != nil {
 		reason = "error: " + e.err.Error()
 	}
-	ctx := context.Background()
-	// After a failed or interrupted step the ranks may disagree with the
-	// scheduler; then nothing is released (the ranks are closed anyway).
-	release := e.err == nil && !e.sched.InFlight()
-	ids := make([]uint64, 0, len(e.reqs))
-	for id := range e.reqs {
+	for _, l := range e.loops {
+		l.drop(e.err == nil)
+	}
+	ids := make([]uint64, 0, len(e.front))
+	for id := range e.front {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
 	for _, id := range ids {
-		r := e.reqs[id]
-		delete(e.reqs, id)
-		if release {
-			// The scheduler forgets it; its Finish says whether KV is held.
-			if fs, err := e.sched.Abort(id, e.now()); err == nil {
-				for _, f := range fs {
-					if f.Release {
-						if e.tp.Release(ctx, f.ID) != nil {
-							release = false
-						}
-					}
-				}
-			}
-		}
+		r := e.front[id]
+		delete(e.front, id)
 		e.deliver(r, Finish{Reason: reason, PromptTokens: len(r.req.Prompt), CompletionTokens: r.gen})
 	}
 	for _, r := range pending {
 		e.deliver(r, Finish{Reason: reason, PromptTokens: len(r.req.Prompt)})
 	}
-	e.publish(*e.last.Load())
+	e.publish(*e.loops[0].last.Load())
 }

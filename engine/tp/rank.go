@@ -11,11 +11,11 @@ import (
 	"github.com/pdkit/pdkit/kernels"
 )
 
-// rank is one rank's share of the model and its state. Everything in it
-// belongs to the rank's goroutine. The forward pass itself is model.Exec in
-// its sharded form; this type adds the sequences, the step's agreement and
-// the all-gather.
-type rank struct {
+// Rank is one rank's share of the model and its state. Everything in it
+// belongs to the one goroutine that drives the rank. The forward pass itself
+// is model.Exec in its sharded form; this type adds the sequences, the step's
+// agreement and the all-gather.
+type Rank struct {
 	r, n int
 	m    *model.Model
 	b    kernels.Backend
@@ -29,6 +29,7 @@ type rank struct {
 	inputs  []model.SeqInput
 	logits  []float32 // ranks other than 0 still receive the gathered logits
 	gath    []float32 // all-gather output, [N×rows×width]
+	last    []float32 // the last Forward's logits
 }
 
 func grow[T any](s []T, n int) []T {
@@ -41,7 +42,7 @@ func grow[T any](s []T, n int) []T {
 // Gather all-gathers every rank's rows×width piece and lays the pieces side
 // by side in rank order into out (rows × N·width); it is the rank's
 // model.Gatherer.
-func (rk *rank) Gather(local []float32, rows, width int, out []float32) error {
+func (rk *Rank) Gather(local []float32, rows, width int, out []float32) error {
 	rk.gath = grow(rk.gath, rk.n*rows*width)
 	if err := rk.comm.AllGather(rk.ctx, local, rk.gath); err != nil {
 		return err
@@ -56,7 +57,18 @@ func (rk *rank) Gather(local []float32, rows, width int, out []float32) error {
 	return nil
 }
 
-func (rk *rank) release(id uint64) error {
+// Index is the rank's number in its group.
+func (rk *Rank) Index() int { return rk.r }
+
+// Pool is the rank's KV pool.
+func (rk *Rank) Pool() *kvcache.Pool { return rk.pool }
+
+// Comm is the rank's handle on the group, for the caller's own collectives
+// between steps.
+func (rk *Rank) Comm() *dist.Comm { return rk.comm }
+
+// Release frees sequence id.
+func (rk *Rank) Release(id uint64) error {
 	s, ok := rk.pool.Seq(id)
 	if !ok {
 		return fmt.Errorf("tp: no live sequence %d", id)
@@ -64,8 +76,14 @@ func (rk *rank) release(id uint64) error {
 	return rk.pool.Release(s)
 }
 
-// forward runs one step on this rank; rank 0 stores the logits into dst.
-func (rk *rank) forward(ctx context.Context, batch []Input, dst []float32) error {
+// Forward runs one step over batch on this rank, together with every other
+// rank of the group (each with the same batch): it writes the KV of every
+// input token into its sequence (a SeqID without a live sequence starts one;
+// a sequence started by the caller, for instance with a shared prefix, is
+// continued), commits it and stores the requested logits into dst (nil: a
+// buffer of the rank's own, see Logits). Every rank ends with the same full
+// logits.
+func (rk *Rank) Forward(ctx context.Context, batch []Input, dst []float32) error {
 	rk.ctx = ctx
 	defer func() { rk.ctx = nil }()
 	if err := rk.begin(ctx, batch); err != nil {
@@ -81,14 +99,18 @@ func (rk *rank) forward(ctx context.Context, batch []Input, dst []float32) error
 		rk.logits = grow(rk.logits, nl*rk.m.Config.VocabSize)
 		dst = rk.logits
 	}
+	rk.last = dst[:nl*rk.m.Config.VocabSize]
 	return rk.exec.Forward(rk.inputs, dst)
 }
+
+// Logits are the logits of the rank's last Forward, valid until the next.
+func (rk *Rank) Logits() []float32 { return rk.last }
 
 // begin finds (or starts) every sequence and reserves room for its tokens,
 // then agrees with the other ranks that all of them could: a rank that
 // failed must not leave its peers waiting in the next collective. On failure
 // the sequences this step started are released again.
-func (rk *rank) begin(ctx context.Context, batch []Input) error {
+func (rk *Rank) begin(ctx context.Context, batch []Input) error {
 	c := &rk.m.Config
 	rk.seqs = grow(rk.seqs, len(batch))
 	rk.created = rk.created[:0]

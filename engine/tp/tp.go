@@ -41,13 +41,91 @@ type Input struct {
 	NumLogits int // logits for the last NumLogits tokens
 }
 
-// Engine runs forward passes of one model over N ranks. Its methods may be
-// called from any goroutine; steps run one at a time.
+// Shards is a model split over N ranks: each Rank owns its weight shard, its
+// backend and its KV pool, and the ranks meet only through one dist.Group.
+// Whoever drives the ranks gives each Rank to exactly one goroutine; Engine
+// does that for callers that want one call per step, engine/serve runs one
+// event loop per Rank.
+type Shards struct {
+	m     *model.Model
+	group *dist.Group
+	ranks []*Rank
+}
+
+// NewShards splits m over n ranks. newBackend(r) gives rank r its kernels;
+// the Shards own them and close those that have a Close method. Each rank
+// gets a pool of ⌈kvTokens/pageSize⌉ pages holding its share of every
+// token's KV. opts configures the group (flight recorder, watchdog).
+func NewShards(m *model.Model, newBackend func(rank int) kernels.Backend, n int, pageSize, kvTokens, maxSeqs int, indexK kernels.IndexKDType, opts dist.Options) (*Shards, error) {
+	if err := m.Config.CheckShards(n); err != nil {
+		return nil, fmt.Errorf("tp: %w", err)
+	}
+	if pageSize < 1 {
+		return nil, fmt.Errorf("tp: page size %d must be positive", pageSize)
+	}
+	if kvTokens < 1 {
+		return nil, fmt.Errorf("tp: KV capacity of %d tokens must be positive", kvTokens)
+	}
+	pc := m.ShardPoolConfig(n, pageSize, (kvTokens+pageSize-1)/pageSize, maxSeqs, indexK)
+	group, err := dist.NewGroup(n, opts)
+	if err != nil {
+		return nil, err
+	}
+	s := &Shards{m: m, group: group}
+	for r := range n {
+		pool, err := kvcache.NewPool(pc)
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("tp: rank %d: %w", r, err)
+		}
+		rk := &Rank{r: r, n: n, m: m, b: newBackend(r), pool: pool, comm: group.Rank(r)}
+		if rk.b == nil {
+			s.Close()
+			return nil, fmt.Errorf("tp: no backend for rank %d", r)
+		}
+		s.ranks = append(s.ranks, rk)
+		if rk.exec, err = m.NewShardedExec(rk.b, pool, model.Shard{Rank: r, Size: n, Gather: rk}); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("tp: rank %d: %w", r, err)
+		}
+	}
+	return s, nil
+}
+
+// Size is the number of ranks.
+func (s *Shards) Size() int { return len(s.ranks) }
+
+// Rank returns rank r. It belongs to the one goroutine that drives it.
+func (s *Shards) Rank(r int) *Rank { return s.ranks[r] }
+
+// Group is the ranks' TP group: its Snapshot, Stuck and Close may be called
+// from any goroutine.
+func (s *Shards) Group() *dist.Group { return s.group }
+
+// Close closes the group and the backends. Call it once the goroutines that
+// drive the ranks have stopped; to wake a rank waiting in a collective
+// first, close the Group alone (it is idempotent).
+func (s *Shards) Close() error {
+	err := s.group.Close()
+	for _, rk := range s.ranks {
+		switch b := rk.b.(type) {
+		case interface{ Close() }:
+			b.Close()
+		case interface{ Close() error }:
+			b.Close()
+		}
+		rk.b = nil
+	}
+	return err
+}
+
+// Engine runs forward passes of one model over N ranks: one goroutine per
+// rank, each step handed to all of them. Its methods may be called from any
+// goroutine; steps run one at a time.
 type Engine struct {
 	m      *model.Model
 	n      int
-	group  *dist.Group
-	ranks  []*rank
+	shards *Shards
 	jobs   []chan *job // one per rank, unbuffered
 	stop   chan struct{}
 	wg     sync.WaitGroup
@@ -80,47 +158,16 @@ type rankResult struct {
 	err  error
 }
 
-// New shards m over n ranks. newBackend(r) gives rank r its kernels; the
-// Engine owns them and closes those that have a Close method. Each rank gets
-// a pool of ⌈kvTokens/pageSize⌉ pages holding its share of every token's KV.
+// New shards m over n ranks (see NewShards) and starts a goroutine per rank
+// (pprof label rank=r).
 func New(m *model.Model, newBackend func(rank int) kernels.Backend, n int, pageSize, kvTokens, maxSeqs int, indexK kernels.IndexKDType) (*Engine, error) {
-	if err := m.Config.CheckShards(n); err != nil {
-		return nil, fmt.Errorf("tp: %w", err)
-	}
-	if pageSize < 1 {
-		return nil, fmt.Errorf("tp: page size %d must be positive", pageSize)
-	}
-	if kvTokens < 1 {
-		return nil, fmt.Errorf("tp: KV capacity of %d tokens must be positive", kvTokens)
-	}
-	pc := m.ShardPoolConfig(n, pageSize, (kvTokens+pageSize-1)/pageSize, maxSeqs, indexK)
-	group, err := dist.NewGroup(n, dist.Options{})
+	shards, err := NewShards(m, newBackend, n, pageSize, kvTokens, maxSeqs, indexK, dist.Options{})
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{m: m, n: n, group: group, stop: make(chan struct{})}
-	for r := range n {
-		pool, err := kvcache.NewPool(pc)
-		if err != nil {
-			e.closeBackends()
-			group.Close()
-			return nil, fmt.Errorf("tp: rank %d: %w", r, err)
-		}
-		rk := &rank{r: r, n: n, m: m, b: newBackend(r), pool: pool, comm: group.Rank(r)}
-		if rk.b == nil {
-			e.closeBackends()
-			group.Close()
-			return nil, fmt.Errorf("tp: no backend for rank %d", r)
-		}
-		e.ranks = append(e.ranks, rk)
-		if rk.exec, err = m.NewShardedExec(rk.b, pool, model.Shard{Rank: r, Size: n, Gather: rk}); err != nil {
-			e.closeBackends()
-			group.Close()
-			return nil, fmt.Errorf("tp: rank %d: %w", r, err)
-		}
-	}
+	e := &Engine{m: m, n: n, shards: shards, stop: make(chan struct{})}
 	e.jobs = make([]chan *job, n)
-	for r, rk := range e.ranks {
+	for r, rk := range shards.ranks {
 		e.jobs[r] = make(chan *job)
 		e.wg.Add(1)
 		go func() {
@@ -138,10 +185,10 @@ func (e *Engine) Size() int { return e.n }
 
 // Pool returns rank r's KV pool. It belongs to the rank's goroutine: read it
 // only between calls.
-func (e *Engine) Pool(r int) *kvcache.Pool { return e.ranks[r].pool }
+func (e *Engine) Pool(r int) *kvcache.Pool { return e.shards.ranks[r].pool }
 
 // loop is rank rk's goroutine: it runs jobs until Close.
-func (e *Engine) loop(rk *rank, jobs <-chan *job) {
+func (e *Engine) loop(rk *Rank, jobs <-chan *job) {
 	for {
 		select {
 		case <-e.stop:
@@ -154,9 +201,9 @@ func (e *Engine) loop(rk *rank, jobs <-chan *job) {
 				if rk.r == 0 {
 					dst = e.logits
 				}
-				err = rk.forward(j.ctx, j.batch, dst)
+				err = rk.Forward(j.ctx, j.batch, dst)
 			case jobRelease:
-				err = rk.release(j.id)
+				err = rk.Release(j.id)
 			}
 			j.done <- rankResult{rk.r, err}
 		}
@@ -269,20 +316,9 @@ func (e *Engine) Close() error {
 	e.closeOnce.Do(func() {
 		close(e.stop)
 		// Wakes a rank waiting in a collective.
-		e.closeErr = e.group.Close()
+		e.closeErr = e.shards.group.Close()
 		e.wg.Wait()
-		e.closeBackends()
+		e.shards.Close()
 	})
 	return e.closeErr
-}
-
-func (e *Engine) closeBackends() {
-	for _, rk := range e.ranks {
-		switch b := rk.b.(type) {
-		case interface{ Close() }:
-			b.Close()
-		case interface{ Close() error }:
-			b.Close()
-		}
-	}
 }

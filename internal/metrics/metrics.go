@@ -145,6 +145,10 @@ type engineCollector struct {
 	pagesUsed, pagesTotal      *prometheus.Desc
 	retractions, aborts, steps *prometheus.Desc
 	heldPages, schedTotalPages *prometheus.Desc
+	pagesCached, collWait      *prometheus.Desc
+	promptTokens, cachedTokens *prometheus.Desc
+	prefixHits, evictions      *prometheus.Desc
+	loopAge                    *prometheus.Desc
 }
 
 func newEngineCollector(eng *serve.Engine) *engineCollector {
@@ -155,7 +159,14 @@ func newEngineCollector(eng *serve.Engine) *engineCollector {
 		eng:             eng,
 		running:         d("num_running_reqs", "Admitted requests (prefilling and decoding)."),
 		waiting:         d("num_waiting_reqs", "Requests waiting for admission, queued or not yet taken by the loop."),
-		pagesUsed:       d("kv_pages_used", "KV pages in use in the rank's pool.", "rank"),
+		pagesUsed:       d("kv_pages_used", "KV pages held by requests and not by the prefix cache, in the rank's pool.", "rank"),
+		pagesCached:     d("kv_pages_cached", "KV pages the rank's prefix cache holds (some may be shared with running requests).", "rank"),
+		collWait:        d("collective_wait_seconds_total", "Time the rank spent inside collectives (waiting for its peers and moving data).", "rank"),
+		promptTokens:    d("prefix_cache_prompt_tokens_total", "Prompt tokens of admitted requests."),
+		cachedTokens:    d("prefix_cache_hit_tokens_total", "Prompt tokens read from the prefix cache instead of computed."),
+		prefixHits:      d("prefix_cache_hits_total", "Requests whose prompt matched at least one cached page."),
+		evictions:       d("prefix_cache_evicted_pages_total", "Cached pages evicted to make room (rank 0)."),
+		loopAge:         d("loop_age_seconds", "Time since the least recent start of a loop iteration over the ranks."),
 		pagesTotal:      d("kv_pages_total", "KV pages of the rank's pool.", "rank"),
 		retractions:     d("retractions_total", "Requests retracted to free KV."),
 		aborts:          d("aborts_total", "Requests finished by an abort."),
@@ -166,7 +177,8 @@ func newEngineCollector(eng *serve.Engine) *engineCollector {
 }
 
 func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.running, c.waiting, c.pagesUsed, c.pagesTotal, c.retractions, c.aborts, c.steps, c.heldPages, c.schedTotalPages} {
+	for _, d := range []*prometheus.Desc{c.running, c.waiting, c.pagesUsed, c.pagesTotal, c.retractions, c.aborts, c.steps, c.heldPages, c.schedTotalPages,
+		c.pagesCached, c.collWait, c.promptTokens, c.cachedTokens, c.prefixHits, c.evictions, c.loopAge} {
 		ch <- d
 	}
 }
@@ -183,11 +195,18 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.running, h.Running)
 	gauge(c.waiting, h.Waiting+h.Pending)
 	for r := range c.eng.Ranks() {
-		used, total := c.eng.KVPages(r)
+		used, cached, total := c.eng.KVPages(r)
 		rank := strconv.Itoa(r)
-		gauge(c.pagesUsed, used, rank)
+		gauge(c.pagesUsed, used-cached, rank)
+		gauge(c.pagesCached, cached, rank)
 		gauge(c.pagesTotal, total, rank)
+		ch <- prometheus.MustNewConstMetric(c.collWait, prometheus.CounterValue, c.eng.CollectiveWait(r).Seconds(), rank)
 	}
+	ch <- prometheus.MustNewConstMetric(c.loopAge, prometheus.GaugeValue, h.LoopAge.Seconds())
+	counter(c.promptTokens, s.Totals.PromptTokens)
+	counter(c.cachedTokens, s.Totals.CachedTokens)
+	counter(c.prefixHits, s.Totals.PrefixHits)
+	counter(c.evictions, s.Totals.PrefixEvictions)
 	gauge(c.heldPages, s.Queue.HeldPages)
 	gauge(c.schedTotalPages, s.Queue.TotalPages)
 	counter(c.retractions, s.Totals.Retractions)

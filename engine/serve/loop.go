@@ -1,0 +1,615 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/pdkit/pdkit/engine/dist"
+	"github.com/pdkit/pdkit/engine/prefix"
+	"github.com/pdkit/pdkit/engine/sched"
+	"github.com/pdkit/pdkit/engine/tp"
+)
+
+// errDiverged stops the engine when the ranks planned different steps: a
+// broken lock-step that would otherwise corrupt the KV silently.
+var errDiverged = errors.New("serve: ranks planned different steps")
+
+// rankLoop is one rank's event loop and everything it owns. Only its
+// goroutine touches it, except beat and last, which are atomics for readers.
+type rankLoop struct {
+	e     *Engine
+	r     int
+	rk    *tp.Rank
+	sched *sched.Scheduler
+	cache *prefix.Cache // nil when the prefix cache is off
+	seqs  map[uint64]*seqState
+	step  uint64
+
+	beat atomic.Int64 // unix nanoseconds of the last iteration's start
+	last atomic.Pointer[StepRecord]
+
+	wire     []byte // rank 0's encoding buffer
+	now      time.Duration
+	finished int // requests finished in the current iteration
+}
+
+// seqState is what every rank knows of a request.
+type seqState struct {
+	all       []int32 // prompt, then generated tokens
+	maxTokens int
+	ignoreEOS bool
+	stop      []int32
+	decoding  bool    // prefilled since its last admission
+	cut       bool    // aborted; its outcome is ignored
+	matched   []int32 // cached prefix pages locked for it, until its sequence ends
+}
+
+// ctx is the loops' context: a loop stuck in a collective is woken by
+// closing the group, not by cancelling (a cancelled collective would leave
+// the group broken for the shutdown).
+var ctx = context.Background()
+
+func (l *rankLoop) comm() *dist.Comm { return l.rk.Comm() }
+
+// run is the rank's loop. It returns nil when rank 0 broadcasts the stop.
+func (l *rankLoop) run() error {
+	ran := true
+	for {
+		in, err := l.receive(ran)
+		if err != nil {
+			return err
+		}
+		if in.stop {
+			return nil
+		}
+		start := time.Now()
+		l.beat.Store(start.UnixNano())
+		if ran, err = l.iterate(in, start); err != nil {
+			return err
+		}
+	}
+}
+
+// receive gets the iteration's input: rank 0 takes it from the inbox (after
+// waiting for work when the last iteration ran nothing) and broadcasts it;
+// every rank decodes the broadcast bytes.
+func (l *rankLoop) receive(ran bool) (stepInput, error) {
+	var in stepInput
+	var data []byte
+	if l.r == 0 {
+		if !ran {
+			l.e.idle()
+		}
+		in = l.e.takeInbox()
+		l.wire = in.encode(l.wire[:0])
+		data = l.wire
+	}
+	got, err := l.comm().BroadcastBytes(ctx, 0, data)
+	if err != nil {
+		return in, fmt.Errorf("serve: rank %d: step input: %w", l.r, err)
+	}
+	if err := in.decode(got); err != nil {
+		return in, fmt.Errorf("serve: rank %d: %w", l.r, err)
+	}
+	return in, nil
+}
+
+// idle waits, on rank 0, until the inbox changes, the heartbeat passes or
+// the engine closes.
+func (e *Engine) idle() {
+	t := time.NewTimer(e.cfg.Heartbeat)
+	defer t.Stop()
+	select {
+	case <-e.stop:
+	case <-e.wake:
+	case <-t.C:
+	}
+}
+
+// takeInbox empties the inbox into a step input and registers the new
+// requests' fronts.
+func (e *Engine) takeInbox() stepInput {
+	in := stepInput{now: time.Since(e.epoch)}
+	select {
+	case <-e.stop:
+		in.stop = true
+		return in
+	default:
+	}
+	e.mu.Lock()
+	pending, aborts := e.pending, e.aborts
+	e.pending, e.aborts = nil, nil
+	e.numPending.Store(0)
+	e.oldestPending.Store(0)
+	e.mu.Unlock()
+	for _, r := range pending {
+		e.front[r.id] = r
+		in.adds = append(in.adds, addMsg{id: r.id, maxTokens: r.req.MaxTokens, ignoreEOS: r.req.IgnoreEOS, prompt: r.req.Prompt, stop: r.req.Stop})
+	}
+	for _, id := range aborts {
+		if r := e.front[id]; r != nil && r.cut == "" {
+			r.cut = ReasonAbort
+			in.aborts = append(in.aborts, id)
+		}
+	}
+	return in
+}
+
+// takeAborts, on rank 0 during a step, takes the aborts of requests the
+// ranks know and leaves the others (for requests still in the inbox) for
+// the next step input.
+func (e *Engine) takeAborts() []uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var cuts []uint64
+	keep := e.aborts[:0]
+	for _, id := range e.aborts {
+		r, known := e.front[id]
+		switch {
+		case !known:
+			keep = append(keep, id)
+		case r.cut == "":
+			r.cut = ReasonAbort
+			cuts = append(cuts, id)
+		}
+	}
+	e.aborts = keep
+	return cuts
+}
+
+// iterate runs one iteration from its input; ran says a forward step ran.
+func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
+	l.now, l.finished = in.now, 0
+	rec := StepRecord{Rank: l.r, Step: l.step + 1, Phase: "idle", Start: start}
+	if err := l.admit(in.adds); err != nil {
+		return false, err
+	}
+	for _, id := range in.aborts {
+		if err := l.cut(id); err != nil {
+			return false, err
+		}
+	}
+	if err := l.finish(l.sched.Tick(l.now)); err != nil {
+		return false, err
+	}
+	if l.sched.Len() == 0 {
+		l.publish(rec)
+		return false, nil
+	}
+
+	// Room: what every rank could allocate, evicting unused cached pages.
+	free := []int64{int64(l.freePages())}
+	if err := l.comm().AllReduceMinInt(ctx, free); err != nil {
+		return false, fmt.Errorf("serve: rank %d: free pages: %w", l.r, err)
+	}
+	plan, err := l.sched.Schedule(l.now, int(free[0]))
+	if err != nil {
+		return false, fmt.Errorf("serve: rank %d: schedule: %w", l.r, err)
+	}
+	rec.Digest = digest(rec.Step, plan.Run)
+	if err := l.agree(rec.Digest); err != nil {
+		return false, err
+	}
+	if err := l.finish(plan.Finished); err != nil {
+		return false, err
+	}
+	for _, rt := range plan.Retract {
+		s := l.seqs[rt.ID]
+		if err := l.release(rt.ID, s); err != nil {
+			return false, fmt.Errorf("serve: rank %d: release retracted %d: %w", l.r, rt.ID, err)
+		}
+		s.decoding = false
+		if l.r == 0 {
+			l.e.totals.Retractions++
+		}
+	}
+	rec.Retracted = len(plan.Retract)
+	if len(plan.Run) == 0 {
+		l.publish(rec)
+		return false, nil
+	}
+
+	batch, err := l.prepare(plan, &rec)
+	if err != nil {
+		return false, err
+	}
+	if err := l.rk.Forward(ctx, batch, nil); err != nil {
+		return false, fmt.Errorf("serve: rank %d: step %d: %w", l.r, rec.Step, err)
+	}
+	if l.r == 0 {
+		l.e.totals.Steps++
+		l.e.totals.Tokens += uint64(rec.BatchTokens)
+	}
+	out, err := l.results(plan)
+	if err != nil {
+		return false, err
+	}
+	if err := l.apply(plan, out); err != nil {
+		return false, err
+	}
+	l.publish(rec)
+	if o := l.e.cfg.Observer; o != nil && l.r == 0 {
+		o.StepFinished(rec)
+	}
+	return true, nil
+}
+
+// admit adds the new requests, each at the length of its cached prefix: the
+// ranks match their own caches and take the MIN, so all of them admit at
+// the same length.
+func (l *rankLoop) admit(adds []addMsg) error {
+	if len(adds) == 0 {
+		return nil
+	}
+	matched := make([][]int32, len(adds))
+	n := make([]int64, len(adds))
+	if l.cache != nil {
+		for i, a := range adds {
+			pages, k := l.cache.Match(a.prompt[:len(a.prompt)-1])
+			matched[i], n[i] = pages, int64(k)
+		}
+		if err := l.comm().AllReduceMinInt(ctx, n); err != nil {
+			return fmt.Errorf("serve: rank %d: prefix match: %w", l.r, err)
+		}
+	}
+	ps := l.e.cfg.PageSize
+	for i, a := range adds {
+		if got := len(matched[i]) * ps; got > int(n[i]) {
+			// A peer matched less: keep the agreed part only.
+			if err := l.cache.Unlock(matched[i]); err != nil {
+				return fmt.Errorf("serve: rank %d: %w", l.r, err)
+			}
+			matched[i], _ = l.cache.Match(a.prompt[:n[i]])
+		}
+		s := &seqState{all: append(make([]int32, 0, len(a.prompt)+a.maxTokens), a.prompt...),
+			maxTokens: a.maxTokens, ignoreEOS: a.ignoreEOS, stop: a.stop, matched: matched[i]}
+		err := l.sched.Add(sched.Request{ID: a.id, PromptLen: len(a.prompt), MaxTokens: a.maxTokens, Cached: int(n[i])}, l.now)
+		if err != nil {
+			if l.cache != nil {
+				if uerr := l.cache.Unlock(s.matched); uerr != nil {
+					return fmt.Errorf("serve: rank %d: %w", l.r, uerr)
+				}
+			}
+			if l.r == 0 {
+				r := l.e.front[a.id]
+				delete(l.e.front, a.id)
+				l.e.deliver(r, Finish{Reason: "error: " + err.Error(), PromptTokens: len(a.prompt)})
+			}
+			continue
+		}
+		l.seqs[a.id] = s
+		if l.r == 0 {
+			t := &l.e.totals
+			t.PromptTokens += uint64(len(a.prompt))
+			t.CachedTokens += uint64(n[i])
+			if n[i] > 0 {
+				t.PrefixHits++
+			}
+		}
+	}
+	return nil
+}
+
+// cut aborts a request the ranks know in whatever state it is; an unknown
+// (already finished) or already cut id changes nothing.
+func (l *rankLoop) cut(id uint64) error {
+	s := l.seqs[id]
+	if s == nil || s.cut {
+		return nil
+	}
+	s.cut = true
+	fs, err := l.sched.Abort(id, l.now)
+	if err != nil {
+		return fmt.Errorf("serve: rank %d: abort %d: %w", l.r, id, err)
+	}
+	if len(fs) == 0 && l.r == 0 {
+		l.e.totals.AbortsInStep++
+	}
+	return l.finish(fs)
+}
+
+// freePages is what this rank could allocate now: free pages plus cached
+// pages nothing uses.
+func (l *rankLoop) freePages() int {
+	n := l.rk.Pool().FreePages()
+	if l.cache != nil {
+		n += l.cache.Evictable()
+	}
+	return n
+}
+
+// agree MAX-reduces the plan digest and its negation: the ranks agree when
+// the maximum equals the minimum.
+func (l *rankLoop) agree(d uint64) error {
+	v := int64(d >> 2)
+	buf := []int64{v, -v}
+	if err := l.comm().AllReduceMaxInt(ctx, buf); err != nil {
+		return fmt.Errorf("serve: rank %d: plan agreement: %w", l.r, err)
+	}
+	if buf[0] != -buf[1] {
+		return fmt.Errorf("%w: rank %d at step %d", errDiverged, l.r, l.step+1)
+	}
+	return nil
+}
+
+// digest is FNV-1a over the step number and (id, start, tokens) of every
+// batch item, in order.
+func digest(step uint64, run []sched.Item) uint64 {
+	h := fnv.New64a()
+	var buf [24]byte
+	put64(buf[:], step)
+	h.Write(buf[:8])
+	for _, it := range run {
+		put64(buf[0:], it.ID)
+		put64(buf[8:], uint64(it.Start))
+		put64(buf[16:], uint64(it.Tokens))
+		h.Write(buf[:])
+	}
+	return h.Sum64()
+}
+
+func put64(b []byte, v uint64) {
+	for i := range 8 {
+		b[i] = byte(v >> (8 * i))
+	}
+}
+
+// prepare starts the sequences of admissions on their cached prefixes,
+// evicts cached pages for the room the plan needs and builds the batch.
+func (l *rankLoop) prepare(plan sched.Plan, rec *StepRecord) ([]tp.Input, error) {
+	pool := l.rk.Pool()
+	for _, it := range plan.Run {
+		if it.Fresh && it.Cached > 0 {
+			s := l.seqs[it.ID]
+			if _, err := pool.NewSeqWithPrefix(it.ID, s.matched[:it.Cached/l.e.cfg.PageSize], it.Cached); err != nil {
+				return nil, fmt.Errorf("serve: rank %d: admit %d on its prefix: %w", l.r, it.ID, err)
+			}
+		}
+	}
+	if short := plan.PagesNeeded - pool.FreePages(); short > 0 && l.cache != nil {
+		n := l.cache.Evict(short)
+		if l.r == 0 {
+			l.e.totals.PrefixEvictions += uint64(n)
+		}
+	}
+	batch := make([]tp.Input, len(plan.Run))
+	prefill, decode := 0, 0
+	for i, it := range plan.Run {
+		s := l.seqs[it.ID]
+		n := 0
+		if it.WantLogits {
+			n = 1
+		}
+		batch[i] = tp.Input{SeqID: it.ID, Tokens: s.all[it.Start : it.Start+it.Tokens], NumLogits: n}
+		rec.BatchTokens += it.Tokens
+		if s.decoding {
+			decode++
+		} else {
+			prefill++
+		}
+	}
+	rec.BatchSize = len(plan.Run)
+	switch {
+	case decode == 0:
+		rec.Phase = "prefill"
+	case prefill == 0:
+		rec.Phase = "decode"
+	default:
+		rec.Phase = "mixed"
+	}
+	return batch, nil
+}
+
+// results gets the step's outcome: rank 0 takes the aborts that came during
+// the step, samples every other item that wants logits, streams the tokens
+// and broadcasts all of it; every rank decodes the broadcast bytes.
+func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
+	var out stepOutput
+	var data []byte
+	if l.r == 0 {
+		e := l.e
+		out.now = time.Since(e.epoch)
+		out.cuts = e.takeAborts()
+		cut := make(map[uint64]bool, len(out.cuts))
+		for _, id := range out.cuts {
+			cut[id] = true
+		}
+		logits := l.rk.Logits()
+		emitted := time.Now() // one timestamp for every token of the step
+		j := 0
+		for _, it := range plan.Run {
+			if !it.WantLogits {
+				continue
+			}
+			lg := logits[j*e.vocab : (j+1)*e.vocab]
+			j++
+			if l.seqs[it.ID].cut || cut[it.ID] {
+				continue
+			}
+			r := e.front[it.ID]
+			tok := r.sampler.Sample(lg)
+			e.totals.Sampled++
+			r.gen++
+			e.observeToken(r, emitted) // counted even if the reader proves too slow, as CompletionTokens does
+			select {
+			case r.events <- Event{Token: tok}:
+			default:
+				// Never blocks: the request goes instead.
+				r.cut = ReasonSlowReader
+				out.cuts = append(out.cuts, it.ID)
+				continue
+			}
+			s := l.seqs[it.ID]
+			stop := (!s.ignoreEOS && e.m.Tokenizer.IsEOG(tok)) || slices.Contains(s.stop, tok)
+			out.toks = append(out.toks, sampled{tok: tok, stop: stop})
+		}
+		l.wire = out.encode(l.wire[:0])
+		data = l.wire
+	}
+	got, err := l.comm().BroadcastBytes(ctx, 0, data)
+	if err != nil {
+		return out, fmt.Errorf("serve: rank %d: step output: %w", l.r, err)
+	}
+	if err := out.decode(got); err != nil {
+		return out, fmt.Errorf("serve: rank %d: %w", l.r, err)
+	}
+	return out, nil
+}
+
+// apply ends the step on this rank: the cuts, then the tokens.
+func (l *rankLoop) apply(plan sched.Plan, out stepOutput) error {
+	l.now = max(l.now, out.now)
+	for _, id := range out.cuts {
+		if err := l.cut(id); err != nil {
+			return err
+		}
+	}
+	outcomes := make([]sched.Outcome, 0, len(plan.Run))
+	j := 0
+	for _, it := range plan.Run {
+		s := l.seqs[it.ID]
+		switch {
+		case !it.WantLogits:
+			outcomes = append(outcomes, sched.Outcome{ID: it.ID})
+		case s.cut:
+			// Aborted in the step: its outcome is ignored.
+			outcomes = append(outcomes, sched.Outcome{ID: it.ID, Emitted: 1})
+		default:
+			if j == len(out.toks) {
+				return fmt.Errorf("%w: rank %d: %d sampled tokens for more items", errWire, l.r, len(out.toks))
+			}
+			t := out.toks[j]
+			j++
+			s.all = append(s.all, t.tok)
+			s.decoding = true
+			outcomes = append(outcomes, sched.Outcome{ID: it.ID, Emitted: 1, Stop: t.stop})
+		}
+	}
+	if j != len(out.toks) {
+		return fmt.Errorf("%w: rank %d: %d sampled tokens for %d items", errWire, l.r, len(out.toks), j)
+	}
+	fs, err := l.sched.StepDone(l.now, outcomes)
+	if ferr := l.finish(fs); ferr != nil {
+		return ferr
+	}
+	if err != nil {
+		return fmt.Errorf("serve: rank %d: step %d: %w", l.r, l.step+1, err)
+	}
+	return nil
+}
+
+// finish ends requests the scheduler finished: each exactly once, with its
+// sequence (if any) given to the prefix cache, and on rank 0 its stream.
+func (l *rankLoop) finish(fs []sched.Finish) error {
+	for _, f := range fs {
+		s := l.seqs[f.ID]
+		if s == nil {
+			return fmt.Errorf("serve: rank %d: finish of unknown request %d", l.r, f.ID)
+		}
+		delete(l.seqs, f.ID)
+		var err error
+		switch {
+		case f.Release:
+			err = l.release(f.ID, s)
+		case l.cache != nil:
+			err = l.cache.Unlock(s.matched) // finished while waiting
+		}
+		l.finished++
+		if l.r == 0 {
+			l.e.finishFront(f, err)
+		}
+		if err != nil {
+			return fmt.Errorf("serve: rank %d: release %d: %w", l.r, f.ID, err)
+		}
+	}
+	return nil
+}
+
+// release ends request id's sequence: its full pages go to the prefix cache
+// (which unlocks its matched prefix), the rest is freed.
+func (l *rankLoop) release(id uint64, s *seqState) error {
+	pool := l.rk.Pool()
+	seq, ok := pool.Seq(id)
+	if !ok {
+		return fmt.Errorf("no live sequence %d", id)
+	}
+	defer func() { s.matched = nil }()
+	if l.cache == nil {
+		return pool.Release(seq)
+	}
+	return l.cache.Finish(seq, s.all[:seq.Len()], s.matched)
+}
+
+// finishFront ends a request's stream on rank 0.
+func (e *Engine) finishFront(f sched.Finish, releaseErr error) {
+	r := e.front[f.ID]
+	delete(e.front, f.ID)
+	if r == nil {
+		return
+	}
+	var reason string
+	switch f.Reason {
+	case sched.ReasonStop:
+		reason = ReasonStop
+	case sched.ReasonLength:
+		reason = ReasonLength
+	case sched.ReasonAbort:
+		reason = r.cut
+		e.totals.Aborts++
+	case sched.ReasonTimeout:
+		reason = ReasonTimeout
+	default:
+		reason = "error: " + f.Reason.String()
+	}
+	if releaseErr != nil {
+		reason = "error: " + releaseErr.Error()
+	}
+	e.totals.Finished++
+	e.deliver(r, Finish{Reason: reason, PromptTokens: len(r.req.Prompt), CompletionTokens: r.gen})
+}
+
+// publish ends an iteration: the rank's step record, and on rank 0 the
+// engine snapshot.
+func (l *rankLoop) publish(rec StepRecord) {
+	l.step++
+	rec.Finished, rec.End, rec.CollectiveSeq = l.finished, time.Now(), l.comm().LastSeq()
+	l.last.Store(&rec)
+	if l.r == 0 {
+		l.e.publish(rec)
+	}
+}
+
+// drop forgets every request after the loop stopped; with release set (the
+// loops stopped between steps) their sequences and locks are given back, so
+// the pool's accounting still balances.
+func (l *rankLoop) drop(release bool) {
+	release = release && !l.sched.InFlight()
+	ids := make([]uint64, 0, len(l.seqs))
+	for id := range l.seqs {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		s := l.seqs[id]
+		delete(l.seqs, id)
+		if !release {
+			continue
+		}
+		fs, err := l.sched.Abort(id, l.now)
+		if err != nil {
+			continue
+		}
+		for _, f := range fs {
+			if f.Release {
+				l.release(f.ID, s)
+			} else if l.cache != nil {
+				l.cache.Unlock(s.matched)
+			}
+		}
+	}
+}

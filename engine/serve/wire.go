@@ -1,0 +1,197 @@
+package serve
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// The two messages rank 0 broadcasts every step. They carry everything the
+// ranks must agree on that does not come out of a reduction: the clock, the
+// new requests, the aborts, the sampled tokens. Every rank, rank 0 included,
+// applies the decoded bytes, so all of them act on exactly the same values.
+
+// stepInput opens an iteration.
+type stepInput struct {
+	now    time.Duration // since the engine's epoch, rank 0's clock
+	stop   bool          // the engine is closing: every loop returns
+	adds   []addMsg
+	aborts []uint64 // applied after adds; unknown or finished ids are ignored
+}
+
+// addMsg is a new request as the ranks need it (the sampler and the stream
+// stay on rank 0).
+type addMsg struct {
+	id        uint64
+	maxTokens int
+	ignoreEOS bool
+	prompt    []int32
+	stop      []int32
+}
+
+// stepOutput closes a step that ran a forward pass.
+type stepOutput struct {
+	now  time.Duration
+	cuts []uint64 // requests aborted while the step ran, applied before the tokens
+	// toks has one entry per Run item that wants logits and is not cut
+	// (before or by this message), in plan order.
+	toks []sampled
+}
+
+type sampled struct {
+	tok  int32
+	stop bool // the token ends the generation
+}
+
+var errWire = errors.New("serve: corrupt step message")
+
+func (m *stepInput) encode(b []byte) []byte {
+	b = binary.LittleEndian.AppendUint64(b, uint64(m.now))
+	b = appendBool(b, m.stop)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.adds)))
+	for _, a := range m.adds {
+		b = binary.LittleEndian.AppendUint64(b, a.id)
+		b = binary.LittleEndian.AppendUint32(b, uint32(a.maxTokens))
+		b = appendBool(b, a.ignoreEOS)
+		b = appendTokens(b, a.prompt)
+		b = appendTokens(b, a.stop)
+	}
+	return appendIDs(b, m.aborts)
+}
+
+func (m *stepInput) decode(b []byte) error {
+	r := reader{b: b}
+	*m = stepInput{now: time.Duration(r.u64()), stop: r.bool()}
+	n := r.count(8 + 4 + 1 + 4 + 4)
+	for range n {
+		a := addMsg{id: r.u64(), maxTokens: int(r.u32()), ignoreEOS: r.bool()}
+		a.prompt = r.tokens()
+		a.stop = r.tokens()
+		m.adds = append(m.adds, a)
+	}
+	m.aborts = r.ids()
+	return r.done()
+}
+
+func (m *stepOutput) encode(b []byte) []byte {
+	b = binary.LittleEndian.AppendUint64(b, uint64(m.now))
+	b = appendIDs(b, m.cuts)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.toks)))
+	for _, s := range m.toks {
+		b = binary.LittleEndian.AppendUint32(b, uint32(s.tok))
+		b = appendBool(b, s.stop)
+	}
+	return b
+}
+
+func (m *stepOutput) decode(b []byte) error {
+	r := reader{b: b}
+	*m = stepOutput{now: time.Duration(r.u64())}
+	m.cuts = r.ids()
+	n := r.count(5)
+	m.toks = make([]sampled, 0, n)
+	for range n {
+		m.toks = append(m.toks, sampled{tok: int32(r.u32()), stop: r.bool()})
+	}
+	return r.done()
+}
+
+func appendBool(b []byte, v bool) []byte {
+	if v {
+		return append(b, 1)
+	}
+	return append(b, 0)
+}
+
+func appendTokens(b []byte, ts []int32) []byte {
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(ts)))
+	for _, t := range ts {
+		b = binary.LittleEndian.AppendUint32(b, uint32(t))
+	}
+	return b
+}
+
+func appendIDs(b []byte, ids []uint64) []byte {
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(ids)))
+	for _, id := range ids {
+		b = binary.LittleEndian.AppendUint64(b, id)
+	}
+	return b
+}
+
+// reader decodes little-endian fields; the first short read sets err and
+// every later read returns zero.
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) take(n int) []byte {
+	if r.err != nil || len(r.b) < n {
+		if r.err == nil {
+			r.err = fmt.Errorf("%w: %d bytes short", errWire, n-len(r.b))
+		}
+		return nil
+	}
+	v := r.b[:n]
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) u64() uint64 {
+	if v := r.take(8); v != nil {
+		return binary.LittleEndian.Uint64(v)
+	}
+	return 0
+}
+
+func (r *reader) u32() uint32 {
+	if v := r.take(4); v != nil {
+		return binary.LittleEndian.Uint32(v)
+	}
+	return 0
+}
+
+func (r *reader) bool() bool {
+	v := r.take(1)
+	return v != nil && v[0] != 0
+}
+
+// count reads an element count and refuses one that the remaining bytes
+// cannot hold at minSize bytes per element.
+func (r *reader) count(minSize int) int {
+	n := int(r.u32())
+	if r.err == nil && n*minSize > len(r.b) {
+		r.err = fmt.Errorf("%w: %d elements in %d bytes", errWire, n, len(r.b))
+	}
+	if r.err != nil {
+		return 0
+	}
+	return n
+}
+
+func (r *reader) tokens() []int32 {
+	n := r.count(4)
+	out := make([]int32, n)
+	for i := range out {
+		out[i] = int32(r.u32())
+	}
+	return out
+}
+
+func (r *reader) ids() []uint64 {
+	n := r.count(8)
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = r.u64()
+	}
+	return out
+}
+
+func (r *reader) done() error {
+	if r.err == nil && len(r.b) != 0 {
+		r.err = fmt.Errorf("%w: %d trailing bytes", errWire, len(r.b))
+	}
+	return r.err
+}
