@@ -30,6 +30,8 @@ type serveOptions struct {
 	stallAfter time.Duration
 	maxQueue   time.Duration
 	shutdown   time.Duration
+
+	noPrefixCache bool
 }
 
 func newServeCmd() *cobra.Command {
@@ -53,6 +55,7 @@ func newServeCmd() *cobra.Command {
 	f.IntVar(&o.cfg.KVTokens, "kv-tokens", 0, "KV capacity per rank in tokens (0: max-running × context length)")
 	f.IntVar(&o.cfg.MaxBatchTokens, "max-batch-tokens", 512, "tokens per step, prefill and decode together")
 	f.IntVar(&o.cfg.PrefillChunk, "prefill-chunk", 256, "prompt tokens per request per step")
+	f.BoolVar(&o.noPrefixCache, "no-prefix-cache", false, "turn the radix prefix cache off (every prompt computed from its first token)")
 	f.DurationVar(&o.cfg.WaitingTimeout, "waiting-timeout", 0, "longest a request may wait for admission (0: no limit)")
 	f.DurationVar(&o.cfg.PrefillTimeout, "prefill-timeout", 0, "longest a prompt may take to prefill (0: no limit)")
 	f.DurationVar(&o.cfg.RequestTimeout, "request-timeout", 0, "longest a request may take in all (0: no limit)")
@@ -82,6 +85,7 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	}
 	cfg := o.cfg
 	cfg.IndexK = ik
+	cfg.DisablePrefixCache = o.noPrefixCache
 	cfg.Threads = o.engine.threads
 	if cfg.Threads == 0 {
 		cfg.Threads = max(1, runtime.NumCPU()/max(1, cfg.TP))

@@ -158,7 +158,7 @@ func TestGreedyMatchesRunner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range []int{1, 2} {
+	for _, n := range []int{1, 2, 4} {
 		t.Run(fmt.Sprint("tp", n), func(t *testing.T) {
 			// A small pool and batch force chunking and retraction.
 			e := newEngine(t, m, Config{TP: n, PageSize: 4, KVTokens: 96, MaxRunning: 6, MaxBatchTokens: 24, PrefillChunk: 7})

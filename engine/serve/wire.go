@@ -155,7 +155,11 @@ func (r *reader) u32() uint32 {
 
 func (r *reader) bool() bool {
 	v := r.take(1)
-	return v != nil && v[0] != 0
+	if v != nil && v[0] > 1 {
+		r.err = fmt.Errorf("%w: boolean byte %d", errWire, v[0])
+		return false
+	}
+	return v != nil && v[0] == 1
 }
 
 // count reads an element count and refuses one that the remaining bytes

@@ -195,7 +195,7 @@ func TestBitExact(t *testing.T) {
 			if len(distinct) < 3 {
 				t.Fatalf("prompt 0 generates %v: too repetitive to show anything", want.tokens[0])
 			}
-			for _, n := range []int{1, 2} {
+			for _, n := range []int{1, 2, 4} {
 				e := newEngine(t, m, n)
 				got := run(t, v, ps, engineStep(e))
 				sameBits(t, fmt.Sprintf("TP=%d vs model.Exec", n), got, want)
@@ -224,8 +224,8 @@ func TestRefusesIndivisibleShapes(t *testing.T) {
 		n    int
 		want string
 	}{
-		{4, "tp: tensor parallelism 4 must divide the 2 KV heads"},
-		{3, "tp: tensor parallelism 3 must divide the 4 attention heads"},
+		{8, "tp: tensor parallelism 8 must divide the 4 KV heads"},
+		{3, "tp: tensor parallelism 3 must divide the 8 attention heads"},
 		{0, "tp: tensor parallelism 0 must be at least 1"},
 	} {
 		made := 0

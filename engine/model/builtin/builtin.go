@@ -47,7 +47,9 @@ func Shape(arch, size string) (model.Config, error) {
 	var c model.Config
 	switch size {
 	case SizeTiny:
-		c = model.Config{VocabSize: 512, Dim: 64, Layers: 2, Hidden: 128, Heads: 4, KVHeads: 2, HeadDim: 16, ContextLen: 512}
+		// 8 query heads over 4 KV heads: grouped-query attention that
+		// shards over TP = 1, 2 and 4.
+		c = model.Config{VocabSize: 512, Dim: 64, Layers: 2, Hidden: 128, Heads: 8, KVHeads: 4, HeadDim: 8, ContextLen: 512}
 		c.Indexer = &model.IndexerConfig{Heads: 2, Dim: 16, TopK: 8}
 	case SizeSmall:
 		c = model.Config{VocabSize: 32000, Dim: 288, Layers: 6, Hidden: 768, Heads: 6, KVHeads: 6, HeadDim: 48, ContextLen: 2048, TiedOutput: true}
@@ -72,7 +74,7 @@ func Shape(arch, size string) (model.Config, error) {
 // Version numbers the generator: it is part of the cache file name, so a
 // change to how weights or vocabulary are generated never reuses a file an
 // older generator wrote. Bump it whenever Build's output changes.
-const Version = 2
+const Version = 3
 
 // FileName is the cache file name of a spec.
 func (s Spec) FileName() string {
