@@ -232,7 +232,7 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	if err := l.apply(plan, out); err != nil {
 		return false, err
 	}
-	l.publish(rec)
+	rec = l.publish(rec)
 	if o := l.e.cfg.Observer; o != nil && l.r == 0 {
 		o.StepFinished(rec)
 	}
@@ -574,14 +574,15 @@ func (e *Engine) finishFront(f sched.Finish, releaseErr error) {
 }
 
 // publish ends an iteration: the rank's step record, and on rank 0 the
-// engine snapshot.
-func (l *rankLoop) publish(rec StepRecord) {
+// engine snapshot. It returns the record as published.
+func (l *rankLoop) publish(rec StepRecord) StepRecord {
 	l.step++
 	rec.Finished, rec.End, rec.CollectiveSeq = l.finished, time.Now(), l.comm().LastSeq()
 	l.last.Store(&rec)
 	if l.r == 0 {
 		l.e.publish(rec)
 	}
+	return rec
 }
 
 // drop forgets every request after the loop stopped; with release set (the

@@ -65,6 +65,44 @@ type ServingLevel struct {
 	// character or an end-of-generation token, rides with the next chunk).
 	TTFTP50, TTFTP99 float64
 	ITLP50, ITLP99   float64
+	// DecodeTokPerSec is the engine's aggregate decode rate: tokens of its
+	// decode-only iterations over those iterations' wall time (scheduling,
+	// forward, sampling and streaming included; prefill and mixed steps
+	// excluded), the serving counterpart of a batched benchmark's decode
+	// figure. DecodeBatch is the mean batch of those iterations.
+	DecodeTokPerSec float64
+	DecodeBatch     float64
+}
+
+// decodeTally adds up the engine's decode-only iterations; it is the
+// engine's Observer during a run.
+type decodeTally struct {
+	mu     sync.Mutex
+	tokens int
+	steps  int
+	busy   time.Duration
+}
+
+func (d *decodeTally) TokenEmitted(uint64, int, time.Duration) {}
+func (d *decodeTally) RequestFinished(uint64, serve.Finish)    {}
+func (d *decodeTally) StepFinished(rec serve.StepRecord) {
+	if rec.Phase != "decode" {
+		return
+	}
+	d.mu.Lock()
+	d.tokens += rec.BatchTokens
+	d.steps++
+	d.busy += rec.End.Sub(rec.Start)
+	d.mu.Unlock()
+}
+
+// take returns the tally so far and starts a new one.
+func (d *decodeTally) take() (tokens, steps int, busy time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	tokens, steps, busy = d.tokens, d.steps, d.busy
+	d.tokens, d.steps, d.busy = 0, 0, 0
+	return
 }
 
 // ServingReport is a whole serving run.
@@ -78,14 +116,24 @@ type ServingReport struct {
 // Speedup is the aggregate output tokens/s at concurrency c over that at
 // concurrency 1; false when either level was not run.
 func (r *ServingReport) Speedup(c int) (float64, bool) {
+	return r.ratio(c, func(l ServingLevel) float64 { return l.TokPerSec })
+}
+
+// DecodeSpeedup is the engine's aggregate decode tokens/s at concurrency c
+// over that at concurrency 1.
+func (r *ServingReport) DecodeSpeedup(c int) (float64, bool) {
+	return r.ratio(c, func(l ServingLevel) float64 { return l.DecodeTokPerSec })
+}
+
+func (r *ServingReport) ratio(c int, f func(ServingLevel) float64) (float64, bool) {
 	var one, at float64
 	var haveOne, haveAt bool
 	for _, l := range r.Levels {
 		if l.Concurrency == 1 {
-			one, haveOne = l.TokPerSec, true
+			one, haveOne = f(l), true
 		}
 		if l.Concurrency == c {
-			at, haveAt = l.TokPerSec, true
+			at, haveAt = f(l), true
 		}
 	}
 	if !haveOne || !haveAt || one <= 0 {
@@ -167,7 +215,8 @@ func RunServing(ctx context.Context, cfg ServingConfig, progress io.Writer) (rep
 	// MaxRunning full contexts (the engine's default).
 	const pageSize = 16
 	perReq := (cfg.PromptLen + cfg.MaxTokens + pageSize - 1) / pageSize * pageSize
-	eng, err := serve.New(m, serve.Config{Threads: cfg.Threads, MaxRunning: cfg.MaxRunning, PageSize: pageSize, KVTokens: cfg.MaxRunning * perReq})
+	tally := &decodeTally{}
+	eng, err := serve.New(m, serve.Config{Threads: cfg.Threads, MaxRunning: cfg.MaxRunning, PageSize: pageSize, KVTokens: cfg.MaxRunning * perReq, Observer: tally})
 	if err != nil {
 		return rep, err
 	}
@@ -196,9 +245,14 @@ func RunServing(ctx context.Context, cfg ServingConfig, progress io.Writer) (rep
 		return rep, fmt.Errorf("bench: warm-up request: %w", err)
 	}
 	for li, conc := range cfg.Concurrency {
+		tally.take()
 		lv, err := runLevel(ctx, cl, conc, cfg.requestsAt(conc), func(i int) []int { return prompts.at(li+1, i) })
 		if err != nil {
 			return rep, fmt.Errorf("bench: concurrency %d: %w", conc, err)
+		}
+		if tokens, steps, busy := tally.take(); steps > 0 && busy > 0 {
+			lv.DecodeTokPerSec = float64(tokens) / busy.Seconds()
+			lv.DecodeBatch = float64(tokens) / float64(steps)
 		}
 		rep.Levels = append(rep.Levels, lv)
 		fmt.Fprintf(progress, "c=%d: %d requests in %.1fs, %.1f req/s, %.1f output tok/s, TTFT p50 %.1f ms, ITL p50 %.1f ms\n",
@@ -453,19 +507,27 @@ func (r *ServingReport) Print(w io.Writer) {
 	fmt.Fprintf(w, "\nserving: built-in %s %s model, %v (dim %d, %d layers, vocab %d), %d engine thread(s), max %d running; %d-token prompts, %d output tokens each (ignore_eos, temperature 0), streamed /v1/completions\n\n",
 		c.Arch, c.Size, c.Type, mc.Dim, mc.Layers, mc.VocabSize, c.Threads, c.MaxRunning, c.PromptLen, c.MaxTokens)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "concurrency\trequests\treq/s\toutput tok/s\tvs c=1\tTTFT p50 ms\tTTFT p99 ms\tITL p50 ms\tITL p99 ms\t\n")
-	for _, l := range r.Levels {
-		vs := "-"
-		if s, ok := r.Speedup(l.Concurrency); ok {
-			vs = fmt.Sprintf("%.1fx", s)
+	fmt.Fprintf(tw, "concurrency\trequests\treq/s\toutput tok/s\tvs c=1\tdecode tok/s\tdecode batch\tvs c=1\tTTFT p50 ms\tTTFT p99 ms\tITL p50 ms\tITL p99 ms\t\n")
+	ratio := func(s float64, ok bool) string {
+		if !ok {
+			return "-"
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%.2f\t%.1f\t%s\t%.1f\t%.1f\t%.1f\t%.1f\t\n",
-			l.Concurrency, l.Requests, l.ReqPerSec, l.TokPerSec, vs, l.TTFTP50, l.TTFTP99, l.ITLP50, l.ITLP99)
+		return fmt.Sprintf("%.1fx", s)
+	}
+	for _, l := range r.Levels {
+		vs := ratio(r.Speedup(l.Concurrency))
+		dvs := ratio(r.DecodeSpeedup(l.Concurrency))
+		fmt.Fprintf(tw, "%d\t%d\t%.2f\t%.1f\t%s\t%.1f\t%.1f\t%s\t%.1f\t%.1f\t%.1f\t%.1f\t\n",
+			l.Concurrency, l.Requests, l.ReqPerSec, l.TokPerSec, vs, l.DecodeTokPerSec, l.DecodeBatch, dvs, l.TTFTP50, l.TTFTP99, l.ITLP50, l.ITLP99)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
 	if s, ok := r.Speedup(32); ok {
 		fmt.Fprintf(w, "aggregate output tok/s at concurrency 32 is %.1fx that at concurrency 1\n", s)
 	}
+	if s, ok := r.DecodeSpeedup(32); ok {
+		fmt.Fprintf(w, "aggregate decode tok/s at concurrency 32 is %.1fx the single-stream decode rate\n", s)
+	}
+	fmt.Fprintln(w, "decode tok/s: tokens of the engine's decode-only iterations over their wall time (scheduling, forward, sampling, streaming)")
 	fmt.Fprintln(w, "TTFT: request sent to first text chunk; ITL: between successive text chunks of a request; rates over each level's wall time")
 }
