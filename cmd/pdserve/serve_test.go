@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -40,33 +41,59 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func TestServe(t *testing.T) {
-	path := testmodel.Path(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
-	var out, errb syncBuffer
+// serving is a pdserve serve running in process.
+type serving struct {
+	url    string
+	errb   *syncBuffer
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// startServe runs the serve command with args (after "serve --port 0")
+// in process and waits until it listens. The server is shut down when the
+// test ends, if it still runs.
+func startServe(t *testing.T, args ...string) *serving {
+	t.Helper()
+	s := &serving{errb: &syncBuffer{}, done: make(chan error, 1)}
+	var out syncBuffer
 	cmd := newRootCmd()
-	cmd.SetArgs([]string{"serve", "--model", path, "--port", "0", "--threads", "1", "--model-name", "tiny", "--shutdown-timeout", "1ms"})
+	cmd.SetArgs(append([]string{"serve", "--port", "0"}, args...))
 	cmd.SetOut(&out)
-	cmd.SetErr(&errb)
+	cmd.SetErr(s.errb)
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- cmd.ExecuteContext(ctx) }()
+	s.cancel = cancel
+	go func() { s.done <- cmd.ExecuteContext(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-s.done:
+		case <-time.After(20 * time.Second):
+			t.Error("serve did not shut down")
+		}
+	})
 
 	re := regexp.MustCompile(`on (http://[0-9.:]+)\n`)
-	var url string
-	for end := time.Now().Add(20 * time.Second); url == ""; time.Sleep(5 * time.Millisecond) {
-		if m := re.FindStringSubmatch(errb.String()); m != nil {
-			url = m[1]
+	for end := time.Now().Add(20 * time.Second); s.url == ""; time.Sleep(5 * time.Millisecond) {
+		if m := re.FindStringSubmatch(s.errb.String()); m != nil {
+			s.url = m[1]
 		}
 		select {
-		case err := <-done:
-			t.Fatalf("serve ended early: %v: %s", err, errb.String())
+		case err := <-s.done:
+			s.done <- err
+			t.Fatalf("serve ended early: %v: %s", err, s.errb.String())
 		default:
 		}
 		if time.Now().After(end) {
-			t.Fatalf("no listening URL: %s", errb.String())
+			t.Fatalf("no listening URL: %s", s.errb.String())
 		}
 	}
+	return s
+}
+
+func TestServe(t *testing.T) {
+	path := testmodel.Path(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
+	s := startServe(t, "--model", path, "--threads", "1", "--model-name", "tiny", "--shutdown-timeout", "1ms")
+	url, cancel, done := s.url, s.cancel, s.done
 	resp, err := http.Get(url + "/v1/models")
 	if err != nil {
 		t.Fatal(err)
@@ -109,6 +136,7 @@ func TestServe(t *testing.T) {
 	cancel()
 	select {
 	case err := <-done:
+		done <- err // for the cleanup
 		if err != nil {
 			t.Fatalf("serve: %v", err)
 		}
@@ -119,6 +147,87 @@ func TestServe(t *testing.T) {
 	if _, err := http.Get(url + "/health"); err == nil {
 		t.Error("still answering after shutdown")
 	}
+}
+
+// Greedy completions served over HTTP equal what pdserve generate prints for
+// the same prompts and max tokens, completed concurrently, streamed or not.
+func TestGenerateMatchesServe(t *testing.T) {
+	path := testmodel.Path(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
+	prompts := []struct {
+		text   string
+		maxTok int
+	}{
+		{"Once upon a time", 16},
+		{"The little robot looked at the stars and said", 24},
+		{"hi", 5},
+		{"A long time ago, in a workshop full of gears, springs and wires, there lived", 32},
+	}
+	want := make([]string, len(prompts))
+	for i, p := range prompts {
+		out, stderr, code := run(t, "generate", "--model", path, "--threads", "1", "--prompt", p.text,
+			"--max-tokens", strconv.Itoa(p.maxTok), "--temperature", "0")
+		if code != 0 {
+			t.Fatalf("generate %q: exit %d: %s", p.text, code, stderr)
+		}
+		text, ok := strings.CutSuffix(out, "\n")
+		if !ok {
+			t.Fatalf("generate %q: output %q does not end its line", p.text, out)
+		}
+		want[i] = text
+		t.Logf("generate %q: %q", p.text, text)
+	}
+	if strings.Join(want, "") == "" {
+		t.Fatal("generate printed no text for any prompt: a weak test")
+	}
+
+	s := startServe(t, "--model", path, "--threads", "1", "--page-size", "4", "--max-running", "4")
+	var wg sync.WaitGroup
+	for i, p := range prompts {
+		for _, stream := range []bool{false, true} {
+			wg.Go(func() {
+				body, _ := json.Marshal(map[string]any{"prompt": p.text, "max_tokens": p.maxTok, "temperature": 0, "stream": stream})
+				resp, err := http.Post(s.url+"/v1/completions", "application/json", bytes.NewReader(body))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer resp.Body.Close()
+				b, err := io.ReadAll(resp.Body)
+				if err != nil || resp.StatusCode != 200 {
+					t.Errorf("prompt %d: %d %v %s", i, resp.StatusCode, err, b)
+					return
+				}
+				var got string
+				if !stream {
+					var r openai.CompletionResponse
+					if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) != 1 {
+						t.Errorf("prompt %d: %v %s", i, err, b)
+						return
+					}
+					got = r.Choices[0].Text
+				} else {
+					for line := range strings.Lines(string(b)) {
+						data, ok := strings.CutPrefix(strings.TrimSpace(line), "data: ")
+						if !ok || data == "[DONE]" {
+							continue
+						}
+						var c openai.CompletionChunk
+						if err := json.Unmarshal([]byte(data), &c); err != nil {
+							t.Errorf("prompt %d: %v %s", i, err, data)
+							return
+						}
+						for _, ch := range c.Choices {
+							got += ch.Text
+						}
+					}
+				}
+				if got != want[i] {
+					t.Errorf("prompt %q (stream %v): served %q, generate printed %q", p.text, stream, got, want[i])
+				}
+			})
+		}
+	}
+	wg.Wait()
 }
 
 func TestServeUsageErrors(t *testing.T) {
