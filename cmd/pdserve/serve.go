@@ -32,6 +32,7 @@ type serveOptions struct {
 	shutdown   time.Duration
 
 	noPrefixCache bool
+	adminToken    string
 }
 
 func newServeCmd() *cobra.Command {
@@ -62,6 +63,7 @@ func newServeCmd() *cobra.Command {
 	f.DurationVar(&o.stallAfter, "stall-after", 5*time.Second, "/health answers 503 when the engine loop has not iterated for this long")
 	f.DurationVar(&o.maxQueue, "max-queue-age", 0, "/health answers 503 while a request has waited longer than this for admission (0: never)")
 	f.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a shutdown waits for requests in flight")
+	f.StringVar(&o.adminToken, "admin-token", "", "bearer token the /admin/v1/ API requires (empty: admin calls only when listening on loopback)")
 	return cmd
 }
 
@@ -116,7 +118,12 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	h := server.New(eng, m, server.Options{ModelName: o.modelName, ModelPath: path, StallAfter: o.stallAfter, MaxQueueAge: o.maxQueue, Logger: log, Metrics: met})
+	loopback := isLoopback(ln.Addr())
+	if !loopback && o.adminToken == "" {
+		log.Warn("admin API disabled: listening beyond loopback without --admin-token", "addr", ln.Addr().String())
+	}
+	h := server.New(eng, m, server.Options{ModelName: o.modelName, ModelPath: path, StallAfter: o.stallAfter, MaxQueueAge: o.maxQueue, Logger: log, Metrics: met,
+		AdminToken: o.adminToken, Loopback: loopback})
 	// In-flight handlers are waited for before the model is closed: a
 	// handler cut off by the shutdown timeout may still be detokenizing.
 	var inflight sync.WaitGroup
@@ -149,4 +156,11 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 		return serr
 	}
 	return cerr
+}
+
+// isLoopback reports whether a listener's address is a loopback one (an
+// unspecified address such as 0.0.0.0 is not).
+func isLoopback(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
 }

@@ -244,3 +244,77 @@ func TestServeUsageErrors(t *testing.T) {
 		}
 	}
 }
+
+// --admin-token (or PD_ADMIN_TOKEN) protects /admin/v1/; without one a
+// server beyond loopback refuses admin calls and says so at start-up.
+func TestServeAdminToken(t *testing.T) {
+	path := testmodel.Path(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
+	start := func(args ...string) (url string, errb *syncBuffer, stop func()) {
+		t.Helper()
+		errb = &syncBuffer{}
+		cmd := newRootCmd()
+		cmd.SetArgs(append([]string{"serve", "--model", path, "--port", "0", "--threads", "1", "--shutdown-timeout", "1ms"}, args...))
+		cmd.SetOut(io.Discard)
+		cmd.SetErr(errb)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- cmd.ExecuteContext(ctx) }()
+		stop = func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		}
+		re := regexp.MustCompile(`on http://\S*:([0-9]+)\n`)
+		for end := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			if m := re.FindStringSubmatch(errb.String()); m != nil {
+				return "http://127.0.0.1:" + m[1], errb, stop
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("serve ended early: %v: %s", err, errb.String())
+			default:
+			}
+			if time.Now().After(end) {
+				cancel()
+				t.Fatalf("no listening URL: %s", errb.String())
+			}
+		}
+	}
+	abortAll := func(url, auth string) int {
+		t.Helper()
+		req, _ := http.NewRequest("POST", url+"/admin/v1/abort_all", nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+
+	t.Setenv("PD_ADMIN_TOKEN", "tok")
+	url, _, stop := start()
+	if c1, c2, c3 := abortAll(url, ""), abortAll(url, "Bearer nope"), abortAll(url, "Bearer tok"); c1 != 401 || c2 != 401 || c3 != 200 {
+		t.Errorf("with PD_ADMIN_TOKEN: %d %d %d, want 401 401 200", c1, c2, c3)
+	}
+	stop()
+
+	t.Setenv("PD_ADMIN_TOKEN", "")
+	url, _, stop = start() // 127.0.0.1, no token: allowed
+	if c := abortAll(url, ""); c != 200 {
+		t.Errorf("loopback without a token: %d", c)
+	}
+	stop()
+
+	url, errb, stop := start("--host", "0.0.0.0")
+	if c := abortAll(url, ""); c != 403 {
+		t.Errorf("0.0.0.0 without a token: %d", c)
+	}
+	stop()
+	if !strings.Contains(errb.String(), "admin API disabled") {
+		t.Errorf("no warning at start-up: %s", errb.String())
+	}
+}

@@ -2,8 +2,8 @@
 // the OpenAI-compatible API (POST /v1/completions, POST
 // /v1/chat/completions, GET /v1/models), a native POST /generate, POST
 // /abort_request, GET /health, GET /metrics (Prometheus text, see
-// internal/metrics) and a versioned debug API (GET /debug/v1/state, GET
-// /debug/v1/stacks?rank=N).
+// internal/metrics), a versioned read-only debug API (GET /debug/v1/...)
+// and an admin API (POST /admin/v1/...).
 //
 // # Requests
 //
@@ -87,14 +87,69 @@
 // debug=1 text; with ?rank=N only the goroutine groups whose pprof labels
 // carry rank=N are kept.
 //
+// The other debug calls answer JSON with snake_case fields; their types
+// are in api/debug, which pdctl reads. Like /health and the two above they
+// read only the engine's lock-free accessors (atomics the loops publish,
+// the pools' counters, the rank group's flight recorders), never a lock a
+// loop holds, so they answer while a loop is stuck. Times are RFC 3339 with
+// nanoseconds, durations float milliseconds (fields ending in _ms).
+//
+//	GET /debug/v1/steps        every rank's last step record: rank, step, phase,
+//	                           batch_size, batch_tokens, retracted, finished,
+//	                           digest (16 hex digits), collective_seq, start,
+//	                           end, duration_ms; "agree" when all ranks have
+//	                           the same step, digest and collective_seq, and
+//	                           "spread", the largest step less the smallest
+//	                           (ranks read mid-iteration may be one step apart).
+//	GET /debug/v1/collectives  size, closed, broken (broken_reason), and per
+//	                           rank: last_entered, last_completed, waiting (the
+//	                           call it waits in, or null), wait_seconds, and the
+//	                           flight recorder's records (seq, op, elem, bytes,
+//	                           start, end, waiting, outcome, duration_ms);
+//	                           "stalls": the calls waiting longer than ?stall=D
+//	                           (a Go duration; default Options.StallAfter) with
+//	                           the ranks arrived and where the missing ones are.
+//	GET /debug/v1/requests     the last snapshot's requests, queue by queue (or
+//	                           only ?queue=waiting|prefilling|running|aborting;
+//	                           another name is a 400): id, queue, age_ms,
+//	                           in_state_ms (both as of the answer), prompt_tokens,
+//	                           max_tokens, generated, fed (tokens with KV),
+//	                           in_flight, cached (prefix-cache tokens), pages,
+//	                           retractions; with counts per queue, pending
+//	                           (submitted, not yet taken by the loop) and kv:
+//	                           each rank's used, cached and total pages.
+//
+// An idle engine has rank 0 waiting for work outside any collective while
+// the other ranks wait in the broadcast of its next step input (for a
+// heartbeat at most): a rank > 0 "waiting" in a Broadcast is normal.
+//
+// # Admin
+//
+// POST /admin/v1/requests/{id}/abort aborts one request, by the engine's
+// id N or the response's cmpl-N / chatcmpl-N: 200 {"aborted": N}, 404 when
+// the id is in no queue of the engine's latest snapshot. A request
+// submitted but not yet taken by the loop is in no snapshot, so the call
+// waits up to 250ms for the pending requests to be taken; best effort: a
+// loop stuck that long makes such an id a 404. POST /admin/v1/abort_all
+// aborts every request in the latest snapshot's waiting, prefilling and
+// running queues and answers their ids, {"aborted": [...]}; requests still
+// pending are not among them.
+//
+// Every /admin/v1/ call, an unknown path included, is checked first: with
+// Options.AdminToken set it must carry "Authorization: Bearer <token>"
+// (compared in constant time), else 401; without a token, admin calls are
+// allowed only when Options.Loopback says the server listens on loopback
+// only, else 403 "admin API disabled: set --admin-token". Each call is
+// logged at info level with the caller's address, the call, the status and
+// what it did.
+//
 // GET /metrics serves Options.Metrics' registry. The engine's gauges and
 // counters are read at scrape time; the token counters and the latency
 // histograms need the same Metrics set as the engine's
 // serve.Config.Observer.
 //
-// Not yet here: prefix-cache and collective-wait metrics, the /admin/v1 calls
-// and their token, per-rank flight recorders in the debug API, Jinja chat
+// Not yet here: prefix-cache and collective-wait metrics, Jinja chat
 // templates outside the families above (and a flag to choose one), tool
-// calls, several choices per request, and a requests-per-queue view
-// beyond what the engine snapshot carries.
+// calls, several choices per request, admin calls beyond aborts (drain,
+// pause), and the ids of requests still pending in the debug API.
 package server

@@ -46,6 +46,12 @@ type Options struct {
 	// histograms; default: a fresh registry with the engine's gauges and
 	// counters only.
 	Metrics *metrics.Metrics
+	// AdminToken, when set, is the bearer token every /admin/v1/ call
+	// must carry (Authorization: Bearer <token>).
+	AdminToken string
+	// Loopback says the server listens on a loopback address only. Without
+	// an AdminToken, admin calls are allowed only then.
+	Loopback bool
 }
 
 // Server is the HTTP handler. It is safe for concurrent use.
@@ -112,6 +118,10 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 	s.handle("GET", "/metrics", opts.Metrics.Handler().ServeHTTP)
 	s.handle("GET", "/debug/v1/state", s.state)
 	s.handle("GET", "/debug/v1/stacks", s.stacks)
+	s.handle("GET", "/debug/v1/steps", s.steps)
+	s.handle("GET", "/debug/v1/collectives", s.collectives)
+	s.handle("GET", "/debug/v1/requests", s.requests)
+	s.mux.Handle("/admin/v1/", s.adminHandler())
 	s.mux.HandleFunc("/", s.notFound)
 	opts.Logger.Debug("chat template", "name", s.tmpl.Name(), "from_gguf", m.ChatTemplate() != "")
 	return s

@@ -1,0 +1,153 @@
+package server
+
+import (
+	"context"
+	"crypto/subtle"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/pdkit/pdkit/api/debug"
+	"github.com/pdkit/pdkit/api/openai"
+)
+
+// adminResult carries, through a call's context, what an admin handler did,
+// for the log line of the call.
+type adminResult struct{}
+
+func setResult(r *http.Request, format string, args ...any) {
+	if p, ok := r.Context().Value(adminResult{}).(*string); ok {
+		*p = fmt.Sprintf(format, args...)
+	}
+}
+
+// adminHandler serves /admin/v1/: every call is checked first (see
+// authorize), whatever its path, then dispatched and logged with the
+// caller's address, the call and its result.
+func (s *Server) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	post := func(path string, h http.HandlerFunc) {
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			if r.Method != http.MethodPost {
+				w.Header().Set("Allow", http.MethodPost)
+				(&openai.Error{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest,
+					Message: fmt.Sprintf("method %s not allowed on %s; use POST", r.Method, r.URL.Path)}).WriteJSON(w)
+				return
+			}
+			h(w, r)
+		})
+	}
+	post("/admin/v1/requests/{id}/abort", s.adminAbort)
+	post("/admin/v1/abort_all", s.adminAbortAll)
+	mux.HandleFunc("/", s.notFound)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rw := &recorder{ResponseWriter: w}
+		var result string
+		defer func() {
+			s.log.Info("admin call", "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path,
+				"status", rw.status, "result", result)
+		}()
+		if oerr := s.authorize(r); oerr != nil {
+			result = oerr.Message
+			if oerr.Status == http.StatusUnauthorized {
+				rw.Header().Set("WWW-Authenticate", `Bearer realm="pdkit admin"`)
+			}
+			oerr.WriteJSON(rw)
+			return
+		}
+		mux.ServeHTTP(rw, r.WithContext(context.WithValue(r.Context(), adminResult{}, &result)))
+	})
+}
+
+// authorize applies the admin rule: with Options.AdminToken set, the call
+// must carry "Authorization: Bearer <token>" (compared in constant time);
+// without one, only a server bound to loopback (Options.Loopback) takes
+// admin calls.
+func (s *Server) authorize(r *http.Request) *openai.Error {
+	token := s.opts.AdminToken
+	if token == "" {
+		if s.opts.Loopback {
+			return nil
+		}
+		return &openai.Error{Status: http.StatusForbidden, Type: openai.TypeInvalidRequest,
+			Message: "admin API disabled: set --admin-token"}
+	}
+	scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return &openai.Error{Status: http.StatusUnauthorized, Type: openai.TypeInvalidRequest,
+			Message: "admin API: missing bearer token (Authorization: Bearer <token>)"}
+	}
+	if subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(token)) != 1 {
+		return &openai.Error{Status: http.StatusUnauthorized, Type: openai.TypeInvalidRequest,
+			Message: "admin API: wrong bearer token"}
+	}
+	return nil
+}
+
+// knownWait bounds how long an abort by id waits for a pending request to
+// show up in the engine's snapshot.
+const knownWait = 250 * time.Millisecond
+
+func (s *Server) adminAbort(w http.ResponseWriter, r *http.Request) {
+	raw := r.PathValue("id")
+	id, ok := parseID(raw)
+	if !ok {
+		setResult(r, "bad id %q", raw)
+		openai.InvalidRequest("id", fmt.Sprintf("%q is not a request id (cmpl-N, chatcmpl-N or N)", raw)).WriteJSON(w)
+		return
+	}
+	if !s.known(id) {
+		setResult(r, "request %d not found", id)
+		(&openai.Error{Status: http.StatusNotFound, Type: openai.TypeInvalidRequest, Param: "id",
+			Message: fmt.Sprintf("request %d is not known to the engine (finished, or never submitted)", id)}).WriteJSON(w)
+		return
+	}
+	s.eng.Abort(id)
+	setResult(r, "aborted %d", id)
+	writeJSON(w, http.StatusOK, debug.AbortResponse{Aborted: id})
+}
+
+// known reports whether id is in a queue of the engine's latest snapshot.
+// A request submitted but not yet taken by the loop is in no snapshot yet:
+// known waits (at most knownWait) until no request is pending and a
+// snapshot published after that moment lacks id. Best effort: a loop stuck
+// that long makes a pending id unknown.
+func (s *Server) known(id uint64) bool {
+	deadline := time.Now().Add(knownWait)
+	var drained time.Time // when no request was pending any more
+	for {
+		snap := s.eng.Snapshot()
+		for _, name := range debug.Queues {
+			for _, ri := range queueOf(snap.Queue, name) {
+				if ri.ID == id {
+					return true
+				}
+			}
+		}
+		now := time.Now()
+		switch {
+		case !drained.IsZero() && snap.Taken.After(drained):
+			return false
+		case drained.IsZero() && s.eng.Health(now).Pending == 0:
+			drained = now
+		}
+		if now.After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (s *Server) adminAbortAll(w http.ResponseWriter, r *http.Request) {
+	q := s.eng.Snapshot().Queue
+	ids := []uint64{}
+	for _, name := range []string{debug.QueueWaiting, debug.QueuePrefilling, debug.QueueRunning} {
+		for _, ri := range queueOf(q, name) {
+			s.eng.Abort(ri.ID)
+			ids = append(ids, ri.ID)
+		}
+	}
+	setResult(r, "aborted %d requests %v", len(ids), ids)
+	writeJSON(w, http.StatusOK, debug.AbortAllResponse{Aborted: ids})
+}

@@ -1,0 +1,164 @@
+package server
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/pdkit/pdkit/api/debug"
+	"github.com/pdkit/pdkit/api/openai"
+	"github.com/pdkit/pdkit/engine/dist"
+	"github.com/pdkit/pdkit/engine/sched"
+	"github.com/pdkit/pdkit/engine/serve"
+)
+
+// The debug handlers read only the engine's lock-free accessors (atomics
+// the loops publish, the pools' counters, the group's flight recorders), so
+// they answer while a loop is stuck. They never call into the loop or take
+// the engine's inbox lock.
+
+func (s *Server) steps(w http.ResponseWriter, _ *http.Request) {
+	recs := s.eng.RankSteps()
+	resp := debug.StepsResponse{Agree: true, Ranks: make([]debug.Step, len(recs))}
+	lo, hi := ^uint64(0), uint64(0)
+	for i, r := range recs {
+		resp.Ranks[i] = debugStep(r)
+		lo, hi = min(lo, r.Step), max(hi, r.Step)
+		if r.Step != recs[0].Step || r.Digest != recs[0].Digest || r.CollectiveSeq != recs[0].CollectiveSeq {
+			resp.Agree = false
+		}
+	}
+	if len(recs) > 0 {
+		resp.Spread = hi - lo
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func debugStep(r serve.StepRecord) debug.Step {
+	return debug.Step{
+		Rank: r.Rank, Step: r.Step, Phase: r.Phase, BatchSize: r.BatchSize, BatchTokens: r.BatchTokens,
+		Retracted: r.Retracted, Finished: r.Finished, Digest: fmt.Sprintf("%016x", r.Digest),
+		CollectiveSeq: r.CollectiveSeq, Start: r.Start, End: r.End, DurationMS: ms(r.End.Sub(r.Start)),
+	}
+}
+
+func (s *Server) collectives(w http.ResponseWriter, r *http.Request) {
+	threshold := s.opts.StallAfter
+	if v := r.URL.Query().Get("stall"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			openai.InvalidRequest("stall", fmt.Sprintf("stall %q is not a duration (like 500ms or 2s)", v)).WriteJSON(w)
+			return
+		}
+		threshold = d
+	}
+	now := time.Now()
+	g := s.eng.Collectives()
+	resp := debug.CollectivesResponse{
+		Size: g.Size, Closed: g.Closed, Broken: g.Broken != "", BrokenReason: g.Broken,
+		StallThresholdMS: ms(threshold), Stalls: []debug.Stall{}, Ranks: make([]debug.CollectiveRank, len(g.Ranks)),
+	}
+	for i, rs := range g.Ranks {
+		cr := debug.CollectiveRank{
+			Rank: rs.Rank, LastEntered: rs.LastEntered, LastCompleted: rs.LastCompleted,
+			WaitSeconds: s.eng.CollectiveWait(rs.Rank).Seconds(), Records: make([]debug.Collective, len(rs.Records)),
+		}
+		if rs.Waiting != nil {
+			c := debugCollective(*rs.Waiting, now)
+			cr.Waiting = &c
+		}
+		for j, rec := range rs.Records {
+			cr.Records[j] = debugCollective(rec, now)
+		}
+		resp.Ranks[i] = cr
+	}
+	for _, st := range s.eng.Stalls(now, threshold) {
+		ds := debug.Stall{Seq: st.Seq, Op: st.Op.String(), Since: st.Since, WaitedMS: ms(st.Waited),
+			Arrived: append([]int{}, st.Arrived...), Missing: make([]debug.Peer, len(st.Missing))}
+		for j, p := range st.Missing {
+			ds.Missing[j] = debug.Peer{Rank: p.Rank, InCollective: p.InCollective, Seq: p.Seq, Op: p.Op.String()}
+		}
+		resp.Stalls = append(resp.Stalls, ds)
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func debugCollective(r dist.Record, now time.Time) debug.Collective {
+	c := debug.Collective{Seq: r.Seq, Op: r.Op.String(), Elem: r.Elem.String(), Bytes: r.Bytes, Start: r.Start,
+		Waiting: r.Waiting(), Outcome: r.Outcome}
+	if r.Waiting() {
+		c.DurationMS = ms(now.Sub(r.Start))
+	} else {
+		end := r.End
+		c.End = &end
+		c.DurationMS = ms(end.Sub(r.Start))
+	}
+	return c
+}
+
+func (s *Server) requests(w http.ResponseWriter, r *http.Request) {
+	filter := r.URL.Query().Get("queue")
+	if filter != "" && !slices.Contains(debug.Queues, filter) {
+		openai.InvalidRequest("queue", fmt.Sprintf("unknown queue %q: want waiting, prefilling, running or aborting", filter)).WriteJSON(w)
+		return
+	}
+	now := time.Now()
+	snap := s.eng.Snapshot()
+	q := snap.Queue
+	since := now.Sub(snap.Taken)
+	resp := debug.RequestsResponse{
+		Taken: snap.Taken, Step: snap.Step.Step, Queue: filter,
+		Counts: map[string]int{
+			debug.QueueWaiting: len(q.Waiting), debug.QueuePrefilling: len(q.Prefilling),
+			debug.QueueRunning: len(q.Running), debug.QueueAborting: len(q.Aborting),
+		},
+		Pending: s.eng.Health(now).Pending, StepInFlight: q.StepInFlight, HeldPages: q.HeldPages, TotalPages: q.TotalPages,
+		Requests: []debug.RequestInfo{}, KV: make([]debug.KVPages, s.eng.Ranks()),
+	}
+	for _, name := range debug.Queues {
+		if filter != "" && filter != name {
+			continue
+		}
+		for _, ri := range queueOf(q, name) {
+			resp.Requests = append(resp.Requests, debug.RequestInfo{
+				ID: ri.ID, Queue: name, AgeMS: ms(ri.Age + since), InStateMS: ms(ri.InState + since),
+				PromptTokens: ri.PromptLen, MaxTokens: ri.MaxTokens, Generated: ri.Generated, Fed: ri.Fed,
+				InFlight: ri.InFlight, Cached: ri.Cached, Pages: ri.Pages, Retractions: ri.Retractions,
+			})
+		}
+	}
+	for rank := range resp.KV {
+		used, cached, total := s.eng.KVPages(rank)
+		resp.KV[rank] = debug.KVPages{Rank: rank, Used: used, Cached: cached, Total: total}
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// queueOf is the snapshot's queue called name.
+func queueOf(q sched.Snapshot, name string) []sched.ReqInfo {
+	switch name {
+	case debug.QueueWaiting:
+		return q.Waiting
+	case debug.QueuePrefilling:
+		return q.Prefilling
+	case debug.QueueRunning:
+		return q.Running
+	case debug.QueueAborting:
+		return q.Aborting
+	}
+	return nil
+}
+
+// parseID reads a request id: N, cmpl-N or chatcmpl-N.
+func parseID(s string) (uint64, bool) {
+	for _, p := range []string{"chatcmpl-", "cmpl-"} {
+		if len(s) > len(p) && s[:len(p)] == p {
+			s = s[len(p):]
+			break
+		}
+	}
+	id, err := strconv.ParseUint(s, 10, 64)
+	return id, err == nil
+}

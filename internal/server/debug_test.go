@@ -1,0 +1,241 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pdkit/pdkit/api/debug"
+	"github.com/pdkit/pdkit/api/openai"
+	"github.com/pdkit/pdkit/engine/model"
+	"github.com/pdkit/pdkit/engine/model/builtin"
+	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/kernels"
+)
+
+// newEnvWith is newEnv with the engine's configuration and the server's
+// options given.
+func newEnvWith(t *testing.T, cfg serve.Config, opts Options) *env {
+	t.Helper()
+	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
+	eng, err := serve.New(m, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.ModelName == "" {
+		opts.ModelName = "tiny"
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	srv := New(eng, m, opts)
+	ts := httptest.NewServer(srv)
+	t.Cleanup(func() {
+		ts.Close()
+		eng.Close()
+	})
+	return &env{m: m, eng: eng, srv: srv, ts: ts}
+}
+
+// getJSON GETs path, wants 200 and decodes the body into v.
+func getJSON(t *testing.T, e *env, path string, v any) {
+	t.Helper()
+	code, b := get(t, e, path)
+	if code != 200 {
+		t.Fatalf("GET %s: %d %s", path, code, b)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatalf("GET %s: %v: %s", path, err, b)
+	}
+}
+
+// eventually polls cond every few milliseconds for up to 20s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(20 * time.Second); !cond(); time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// openStream starts a streamed completion and reads its first chunk; it
+// returns the response id and the reader positioned after that chunk.
+func openStream(t *testing.T, e *env, body map[string]any) (string, *bufio.Reader, io.Closer) {
+	t.Helper()
+	body["stream"] = true
+	b, _ := json.Marshal(body)
+	resp, err := e.ts.Client().Post(e.ts.URL+"/v1/completions", "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd := bufio.NewReader(resp.Body)
+	line, err := rd.ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c openai.CompletionChunk
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &c); err != nil {
+		t.Fatalf("%v: %q", err, line)
+	}
+	return c.ID, rd, resp.Body
+}
+
+func TestDebugStepsTP2(t *testing.T) {
+	e := newEnvWith(t, serve.Config{TP: 2, PageSize: 4, MaxRunning: 8}, Options{})
+	e.complete(t, map[string]any{"prompt": prompt, "max_tokens": 5, "ignore_eos": true})
+	waitIdle(t, e.eng)
+	var last debug.StepsResponse
+	eventually(t, "ranks agreeing", func() bool {
+		getJSON(t, e, "/debug/v1/steps", &last)
+		return last.Agree
+	})
+	if len(last.Ranks) != 2 || last.Spread != 0 {
+		t.Fatalf("steps: %+v", last)
+	}
+	for i, r := range last.Ranks {
+		if r.Rank != i || r.Step == 0 || r.Step != last.Ranks[0].Step || len(r.Digest) != 16 || r.CollectiveSeq == 0 ||
+			r.End.Before(r.Start) || r.DurationMS < 0 || r.Phase == "" {
+			t.Errorf("rank %d: %+v", i, r)
+		}
+	}
+	// The field names are the documented snake_case ones.
+	_, b := get(t, e, "/debug/v1/steps")
+	for _, f := range []string{`"agree"`, `"spread"`, `"batch_size"`, `"batch_tokens"`, `"collective_seq"`, `"duration_ms"`} {
+		if !bytes.Contains(b, []byte(f)) {
+			t.Errorf("steps lacks %s: %s", f, b)
+		}
+	}
+}
+
+func TestDebugCollectivesIdle(t *testing.T) {
+	e := newEnvWith(t, serve.Config{TP: 2, PageSize: 4, MaxRunning: 8}, Options{})
+	e.complete(t, map[string]any{"prompt": prompt, "max_tokens": 5, "ignore_eos": true})
+	waitIdle(t, e.eng)
+	// Idle, rank 0 waits for work outside any collective, while the other
+	// ranks wait for its next step input in a broadcast (a heartbeat at most).
+	var c debug.CollectivesResponse
+	eventually(t, "rank 0 out of collectives", func() bool {
+		getJSON(t, e, "/debug/v1/collectives", &c)
+		return c.Ranks[0].Waiting == nil
+	})
+	if w := c.Ranks[1].Waiting; w != nil && (w.Op != "Broadcast" || w.Seq != c.Ranks[1].LastEntered || !w.Waiting || w.End != nil) {
+		t.Errorf("rank 1 waits in %+v", w)
+	}
+	if c.Size != 2 || c.Closed || c.Broken || len(c.Stalls) != 0 || c.StallThresholdMS != 5000 || len(c.Ranks) != 2 {
+		t.Fatalf("collectives: %+v", c)
+	}
+	for i, r := range c.Ranks {
+		if r.Rank != i || len(r.Records) == 0 || r.LastEntered == 0 || r.LastCompleted == 0 || r.WaitSeconds < 0 {
+			t.Errorf("rank %d: %+v", i, r)
+			continue
+		}
+		for j, rec := range r.Records {
+			if j > 0 && rec.Seq <= r.Records[j-1].Seq {
+				t.Errorf("rank %d: seq %d after %d", i, rec.Seq, r.Records[j-1].Seq)
+			}
+			if rec.Op == "" || rec.Elem == "" || rec.Start.IsZero() {
+				t.Errorf("rank %d record %d: %+v", i, j, rec)
+			}
+		}
+	}
+	getJSON(t, e, "/debug/v1/collectives?stall=250ms", &c)
+	if c.StallThresholdMS != 250 {
+		t.Errorf("stall threshold %v, want 250", c.StallThresholdMS)
+	}
+	if code, b := get(t, e, "/debug/v1/collectives?stall=soon"); code != 400 || !bytes.Contains(b, []byte(`"param":"stall"`)) {
+		t.Errorf("bad stall: %d %s", code, b)
+	}
+}
+
+// blocker is an Observer that, once armed, blocks rank 0's loop in
+// StepFinished until released: a loop stuck in the middle of its work.
+type blocker struct {
+	mu      sync.Mutex
+	armed   bool
+	stuck   chan struct{} // closed when the loop blocks
+	release chan struct{}
+}
+
+func (b *blocker) TokenEmitted(uint64, int, time.Duration) {}
+func (b *blocker) RequestFinished(uint64, serve.Finish)    {}
+func (b *blocker) StepFinished(serve.StepRecord) {
+	b.mu.Lock()
+	armed := b.armed
+	b.armed = false
+	b.mu.Unlock()
+	if armed {
+		close(b.stuck)
+		<-b.release
+	}
+}
+
+// The debug endpoints answer while rank 0's loop is stuck and rank 1 waits
+// for it in a collective, and they show the stall.
+func TestDebugWhileLoopStuck(t *testing.T) {
+	b := &blocker{armed: true, stuck: make(chan struct{}), release: make(chan struct{})}
+	e := newEnvWith(t, serve.Config{TP: 2, PageSize: 4, MaxRunning: 8, Observer: b}, Options{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(b.release) }) }
+	t.Cleanup(unblock) // runs before the engine is closed
+
+	done := make(chan streamResult, 1)
+	go func() { done <- e.stream(t, map[string]any{"prompt": prompt, "max_tokens": 20, "ignore_eos": true}) }()
+	select {
+	case <-b.stuck:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the loop never reached the observer")
+	}
+	e.ts.Client().Timeout = 5 * time.Second
+
+	var c debug.CollectivesResponse
+	eventually(t, "rank 1 stalled in a collective", func() bool {
+		getJSON(t, e, "/debug/v1/collectives?stall=1ms", &c)
+		return c.Ranks[1].Waiting != nil && len(c.Stalls) > 0
+	})
+	st := c.Stalls[0]
+	if len(st.Arrived) != 1 || st.Arrived[0] != 1 || len(st.Missing) != 1 || st.Missing[0].Rank != 0 || st.Missing[0].InCollective {
+		t.Errorf("stall: %+v", st)
+	}
+	if w := c.Ranks[1].Waiting; !w.Waiting || w.End != nil || w.Outcome != "" || w.Seq != st.Seq {
+		t.Errorf("rank 1 waits in %+v", w)
+	}
+	var s debug.StepsResponse
+	getJSON(t, e, "/debug/v1/steps", &s)
+	if len(s.Ranks) != 2 || s.Spread > 1 {
+		t.Errorf("steps while stuck: %+v", s)
+	}
+	var q debug.RequestsResponse
+	getJSON(t, e, "/debug/v1/requests", &q)
+	if len(q.Requests) != 1 || len(q.KV) != 2 || q.KV[0].Used == 0 {
+		t.Errorf("requests while stuck: %+v", q)
+	}
+	if code, b := get(t, e, "/debug/v1/state"); code != 200 {
+		t.Errorf("state while stuck: %d %s", code, b)
+	}
+	if code, b := get(t, e, "/health"); code != 200 {
+		t.Errorf("health while stuck: %d %s", code, b)
+	}
+
+	unblock()
+	select {
+	case r := <-done:
+		if r.finish != "length" {
+			t.Errorf("after the stall: %+v", r)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the request did not finish after the loop was released")
+	}
+	waitIdle(t, e.eng)
+}
+
+func itoa(n uint64) string { return strconv.FormatUint(n, 10) }
