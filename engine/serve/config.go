@@ -50,7 +50,7 @@ type Config struct {
 	// request and forward step. The loop calls it on its own goroutine
 	// with timestamps it took itself, so it must return at once and never
 	// block (updating counters and histograms is fine).
-	Observer Observer
+	Observer Observer `json:"-"`
 }
 
 // Observer watches the loop for metrics. See Config.Observer.
