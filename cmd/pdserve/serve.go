@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pdkit/pdkit/engine/dist"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/metrics"
@@ -60,7 +61,7 @@ func newServeCmd() *cobra.Command {
 	f.DurationVar(&o.cfg.WaitingTimeout, "waiting-timeout", 0, "longest a request may wait for admission (0: no limit)")
 	f.DurationVar(&o.cfg.PrefillTimeout, "prefill-timeout", 0, "longest a prompt may take to prefill (0: no limit)")
 	f.DurationVar(&o.cfg.RequestTimeout, "request-timeout", 0, "longest a request may take in all (0: no limit)")
-	f.DurationVar(&o.stallAfter, "stall-after", 5*time.Second, "/health answers 503 when the engine loop has not iterated for this long")
+	f.DurationVar(&o.stallAfter, "stall-after", 5*time.Second, "/health answers 503 when the engine loop has not iterated for this long, and the collective watchdog reports a collective that waits this long")
 	f.DurationVar(&o.maxQueue, "max-queue-age", 0, "/health answers 503 while a request has waited longer than this for admission (0: never)")
 	f.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a shutdown waits for requests in flight")
 	f.StringVar(&o.adminToken, "admin-token", "", "bearer token the /admin/v1/ API requires (empty: admin calls only when listening on loopback)")
@@ -105,6 +106,9 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	// as it runs, and /metrics also reads the engine's snapshot when scraped.
 	met := metrics.New(nil)
 	cfg.Observer = met
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	cfg.CollectiveWatchdog = o.stallAfter
+	cfg.OnStall = func(s dist.Stall) { log.Warn("collective stalled", "seq", s.Seq, "stall", s.String()) }
 	// serve.New refuses only impossible settings (it validates them
 	// after its defaults), so its error is a usage error.
 	eng, err := serve.New(m, cfg)
@@ -117,7 +121,6 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
 	loopback := isLoopback(ln.Addr())
 	if !loopback && o.adminToken == "" {
 		log.Warn("admin API disabled: listening beyond loopback without --admin-token", "addr", ln.Addr().String())

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pdkit/pdkit/engine/dist"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/kernels"
 )
@@ -31,6 +32,15 @@ type Config struct {
 	// FlightRecorderLen is how many collectives each rank's flight
 	// recorder keeps (default dist.DefaultFlightRecorderLen).
 	FlightRecorderLen int
+
+	// CollectiveWatchdog is the stall threshold of the rank group's
+	// watchdog: a collective that waits longer is reported once, with the
+	// ranks that have not arrived, to OnStall (default 5s; negative turns
+	// the watchdog off).
+	CollectiveWatchdog time.Duration
+	// OnStall receives the watchdog's reports on the watchdog's goroutine;
+	// it must return promptly. Default: a warning through log/slog.
+	OnStall func(dist.Stall) `json:"-"`
 
 	// CloseTimeout is how long Close waits for the loops to stop at an
 	// iteration boundary before it closes the rank group under them
@@ -97,6 +107,9 @@ func (c *Config) setDefaults(m *model.Model) {
 	if c.Role == "" {
 		c.Role = "colocated"
 	}
+	if c.CollectiveWatchdog == 0 {
+		c.CollectiveWatchdog = 5 * time.Second
+	}
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = 5 * time.Second
 	}
@@ -145,6 +158,9 @@ func (c Config) Validate(m *model.Model) error {
 	}
 	if c.Heartbeat <= 0 {
 		bad("heartbeat %v must be positive", c.Heartbeat)
+	}
+	if c.CollectiveWatchdog > 0 && c.Heartbeat >= c.CollectiveWatchdog {
+		bad("heartbeat %v must be shorter than the collective watchdog %v: idle ranks wait for rank 0 in a collective up to one heartbeat", c.Heartbeat, c.CollectiveWatchdog)
 	}
 	if c.CloseTimeout <= 0 {
 		bad("close timeout %v must be positive", c.CloseTimeout)

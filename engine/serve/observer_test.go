@@ -2,9 +2,12 @@ package serve
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pdkit/pdkit/engine/dist"
 )
 
 type recordingObserver struct {
@@ -56,4 +59,56 @@ func TestObserverSeesPublishedSteps(t *testing.T) {
 	if obs.steps[0].Phase != "prefill" || obs.steps[3].Phase != "decode" {
 		t.Errorf("phases %q ... %q", obs.steps[0].Phase, obs.steps[3].Phase)
 	}
+}
+
+// blockingObserver holds rank 0's loop inside StepFinished until released.
+type blockingObserver struct {
+	recordingObserver
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (o *blockingObserver) StepFinished(rec StepRecord) {
+	o.once.Do(func() {
+		close(o.entered)
+		<-o.release
+	})
+}
+
+// A rank that does not arrive at a collective is reported by the watchdog,
+// which names it; the engine goes on once it arrives.
+func TestWatchdogNamesMissingRank(t *testing.T) {
+	m := tinyModel(t)
+	obs := &blockingObserver{entered: make(chan struct{}), release: make(chan struct{})}
+	stalls := make(chan string, 16)
+	e := newEngine(t, m, Config{TP: 2, PageSize: 4, KVTokens: 128, Observer: obs, Heartbeat: 5 * time.Millisecond,
+		CollectiveWatchdog: 50 * time.Millisecond, OnStall: func(s dist.Stall) {
+			select {
+			case stalls <- s.String():
+			default:
+			}
+		}})
+	s, err := e.Submit(context.Background(), Request{Prompt: []int32{5, 6, 7}, MaxTokens: 3, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-obs.entered // rank 0 is held after its first step; rank 1 waits for it
+	var report string
+	select {
+	case report = <-stalls:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no stall reported")
+	}
+	close(obs.release)
+	if !strings.Contains(report, "arrived [1]") || !strings.Contains(report, "waiting for rank 0") {
+		t.Errorf("stall report %q does not name rank 0", report)
+	}
+	if _, fin := collect(t, s, 20*time.Second); fin.Reason != ReasonLength {
+		t.Errorf("after the stall: %+v", fin)
+	}
+	if e.StallsReported() == 0 {
+		t.Error("stall not counted")
+	}
+	t.Logf("report: %s", report)
 }

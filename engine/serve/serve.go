@@ -70,6 +70,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -223,7 +224,8 @@ type Engine struct {
 	once     sync.Once
 	closeErr error
 
-	snap atomic.Pointer[EngineSnapshot]
+	snap   atomic.Pointer[EngineSnapshot]
+	stalls atomic.Uint64 // collectives the watchdog reported
 
 	// Rank 0's: the front of every request the ranks know (stream,
 	// sampler), and the totals. Owned by rank 0's loop while it runs, then
@@ -256,12 +258,26 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	threads := cfg.Threads
-	shards, err := tp.NewShards(m, func(int) kernels.Backend { return cpu.New(threads) }, cfg.TP, cfg.PageSize, cfg.KVTokens, cfg.MaxRunning, cfg.IndexK,
-		dist.Options{FlightRecorderLen: cfg.FlightRecorderLen})
+	e := &Engine{}
+	gopts := dist.Options{FlightRecorderLen: cfg.FlightRecorderLen}
+	if cfg.CollectiveWatchdog > 0 {
+		onStall := cfg.OnStall
+		if onStall == nil {
+			onStall = func(s dist.Stall) {
+				slog.Warn("collective stalled", "server", cfg.Name, "role", cfg.Role, "stall", s.String())
+			}
+		}
+		gopts.Watchdog = cfg.CollectiveWatchdog
+		gopts.OnStall = func(s dist.Stall) {
+			e.stalls.Add(1)
+			onStall(s)
+		}
+	}
+	shards, err := tp.NewShards(m, func(int) kernels.Backend { return cpu.New(threads) }, cfg.TP, cfg.PageSize, cfg.KVTokens, cfg.MaxRunning, cfg.IndexK, gopts)
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
-	e := &Engine{
+	*e = Engine{
 		m: m, cfg: cfg, shards: shards, epoch: time.Now(), vocab: m.Config.VocabSize,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		front: make(map[uint64]*request),
@@ -445,6 +461,9 @@ func (e *Engine) Collectives() dist.Snapshot { return e.shards.Group().Snapshot(
 func (e *Engine) Stalls(now time.Time, threshold time.Duration) []dist.Stall {
 	return e.shards.Group().Stuck(now, threshold)
 }
+
+// StallsReported counts the collectives the watchdog reported as stalled.
+func (e *Engine) StallsReported() uint64 { return e.stalls.Load() }
 
 // CollectiveWait is the time rank r has spent inside collectives.
 func (e *Engine) CollectiveWait(r int) time.Duration { return e.shards.Rank(r).Comm().WaitTotal() }

@@ -148,7 +148,7 @@ type engineCollector struct {
 	pagesCached, collWait      *prometheus.Desc
 	promptTokens, cachedTokens *prometheus.Desc
 	prefixHits, evictions      *prometheus.Desc
-	loopAge                    *prometheus.Desc
+	loopAge, stalls            *prometheus.Desc
 }
 
 func newEngineCollector(eng *serve.Engine) *engineCollector {
@@ -166,6 +166,7 @@ func newEngineCollector(eng *serve.Engine) *engineCollector {
 		cachedTokens:    d("prefix_cache_hit_tokens_total", "Prompt tokens read from the prefix cache instead of computed."),
 		prefixHits:      d("prefix_cache_hits_total", "Requests whose prompt matched at least one cached page."),
 		evictions:       d("prefix_cache_evicted_pages_total", "Cached pages evicted to make room (rank 0)."),
+		stalls:          d("collective_stalls_total", "Collectives the rank group's watchdog reported as stalled."),
 		loopAge:         d("loop_age_seconds", "Time since the least recent start of a loop iteration over the ranks."),
 		pagesTotal:      d("kv_pages_total", "KV pages of the rank's pool.", "rank"),
 		retractions:     d("retractions_total", "Requests retracted to free KV."),
@@ -178,7 +179,7 @@ func newEngineCollector(eng *serve.Engine) *engineCollector {
 
 func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.running, c.waiting, c.pagesUsed, c.pagesTotal, c.retractions, c.aborts, c.steps, c.heldPages, c.schedTotalPages,
-		c.pagesCached, c.collWait, c.promptTokens, c.cachedTokens, c.prefixHits, c.evictions, c.loopAge} {
+		c.pagesCached, c.collWait, c.promptTokens, c.cachedTokens, c.prefixHits, c.evictions, c.loopAge, c.stalls} {
 		ch <- d
 	}
 }
@@ -207,6 +208,7 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.cachedTokens, s.Totals.CachedTokens)
 	counter(c.prefixHits, s.Totals.PrefixHits)
 	counter(c.evictions, s.Totals.PrefixEvictions)
+	counter(c.stalls, c.eng.StallsReported())
 	gauge(c.heldPages, s.Queue.HeldPages)
 	gauge(c.schedTotalPages, s.Queue.TotalPages)
 	counter(c.retractions, s.Totals.Retractions)
