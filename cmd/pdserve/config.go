@@ -2,36 +2,63 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/pdkit/pdkit/internal/config"
 )
 
+// newConfigCmd prints the effective settings of another command: its flags,
+// each from the command line given here, its PD_* variable or its default.
 func newConfigCmd() *cobra.Command {
-	var e engineFlags
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "config",
-		Short: "Print the effective engine settings and where each comes from (flag, PD_* environment, default)",
-		Args:  usageArgs(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			entries := config.Effective(cmd.Flags())
-			kept := entries[:0]
-			for _, en := range entries {
-				if en.Name != "json" {
-					kept = append(kept, en)
+		Use:   "config [COMMAND [FLAGS]]",
+		Short: "Print the effective settings of a command (default: serve) and where each comes from (flag, PD_* environment, default)",
+		Long: "Print the effective settings of a command (default: serve) and where each comes from.\n\n" +
+			"Flags after the command name are parsed as that command would parse them, e.g.\n" +
+			"  pdserve config serve --tp 2 --json",
+		Args:               cobra.ArbitraryArgs,
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if i := slices.Index(args, "--json"); i >= 0 {
+				asJSON = true
+				args = slices.Delete(args, i, i+1)
+			}
+			if slices.Contains(args, "-h") || slices.Contains(args, "--help") {
+				return cmd.Help()
+			}
+			name := "serve"
+			if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
+				name, args = args[0], args[1:]
+			}
+			target, _, err := cmd.Root().Find([]string{name})
+			if err != nil || target == cmd.Root() || target == cmd {
+				return usagef("config: unknown command %q", name)
+			}
+			fs := target.Flags()
+			if err := fs.Parse(args); err != nil {
+				return usageError{err}
+			}
+			if err := config.ApplyEnv(fs, os.Getenv); err != nil {
+				return usageError{err}
+			}
+			entries := config.Effective(fs)
+			for i := range entries {
+				if strings.HasSuffix(entries[i].Name, "token") && entries[i].Value != "" {
+					entries[i].Value = "***" // a secret: shown as set, never printed
 				}
 			}
 			if asJSON {
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
-				return enc.Encode(kept)
+				return enc.Encode(entries)
 			}
-			return config.Print(cmd.OutOrStdout(), kept)
+			return config.Print(cmd.OutOrStdout(), entries)
 		},
 	}
-	e.register(cmd.Flags())
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

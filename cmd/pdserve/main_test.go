@@ -150,3 +150,31 @@ func TestConfigShowsSources(t *testing.T) {
 		t.Errorf("bad PD_THREADS: exit %d, %q", code, stderr)
 	}
 }
+
+// config shows the serve command's settings by default, another command's
+// on request, and never prints a token.
+func TestConfigOfCommands(t *testing.T) {
+	t.Setenv("PD_ADMIN_TOKEN", "s3cret")
+	out, stderr, code := run(t, "config", "serve", "--tp", "2", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{`"name": "tp"`, `"value": "2"`, `"name": "no-prefix-cache"`, `"name": "stall-after"`, `"value": "***"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("config serve --json lacks %s:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "s3cret") {
+		t.Error("config printed the admin token")
+	}
+	out, _, code = run(t, "config", "generate")
+	if code != 0 || !regexp.MustCompile(`(?m)^max-tokens\s+128\s+default`).MatchString(out) {
+		t.Errorf("config generate: exit %d\n%s", code, out)
+	}
+	if _, stderr, code := run(t, "config", "nope"); code != 2 || !strings.Contains(stderr, `unknown command "nope"`) {
+		t.Errorf("config nope: exit %d, %q", code, stderr)
+	}
+	if _, _, code := run(t, "config", "serve", "--tp", "x"); code != 2 {
+		t.Errorf("config serve --tp x: exit %d", code)
+	}
+}
