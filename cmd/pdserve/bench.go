@@ -1,6 +1,8 @@
 package main
 
 import (
+	"io"
+
 	"github.com/spf13/cobra"
 
 	"github.com/pdkit/pdkit/engine/model"
@@ -36,17 +38,10 @@ func newBenchCmd() *cobra.Command {
 			if _, err := builtin.Shape(cfg.Arch, cfg.Size); err != nil {
 				return usageError{err}
 			}
-			home, err := builtin.Home()
-			if err != nil {
-				return err
-			}
-			cfg.Home = home
-			rep, err := bench.Run(cmd.Context(), cfg, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			rep.Print(cmd.OutOrStdout())
-			return nil
+			return runReport(cmd, func(home string) (printer, error) {
+				cfg.Home = home
+				return bench.Run(cmd.Context(), cfg, cmd.ErrOrStderr())
+			})
 		},
 	}
 	f := cmd.Flags()
@@ -101,17 +96,11 @@ level, and the aggregate output rate at concurrency 32 against concurrency 1.`,
 			if cfg.PromptLen+cfg.MaxTokens > shape.ContextLen {
 				return usagef("--prompt %d plus --max-tokens %d exceed the model's context length %d", cfg.PromptLen, cfg.MaxTokens, shape.ContextLen)
 			}
-			home, err := builtin.Home()
-			if err != nil {
-				return err
-			}
-			cfg.Home = home
-			rep, err := bench.RunServing(cmd.Context(), cfg, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			rep.Print(cmd.OutOrStdout())
-			return nil
+			return runReport(cmd, func(home string) (printer, error) {
+				cfg.Home = home
+				rep, err := bench.RunServing(cmd.Context(), cfg, cmd.ErrOrStderr())
+				return &rep, err
+			})
 		},
 	}
 	f := cmd.Flags()
@@ -125,4 +114,22 @@ level, and the aggregate output rate at concurrency 32 against concurrency 1.`,
 	f.IntVar(&cfg.Threads, "threads", 0, "engine kernel threads (0: every CPU)")
 	f.IntVar(&cfg.MaxRunning, "max-running", 64, "requests the engine admits at once")
 	return cmd
+}
+
+// printer is a benchmark report.
+type printer interface{ Print(w io.Writer) }
+
+// runReport runs a benchmark over the built-in models' cache folder and
+// prints its report on stdout (progress goes to stderr).
+func runReport(cmd *cobra.Command, run func(home string) (printer, error)) error {
+	home, err := builtin.Home()
+	if err != nil {
+		return err
+	}
+	rep, err := run(home)
+	if err != nil {
+		return err
+	}
+	rep.Print(cmd.OutOrStdout())
+	return nil
 }

@@ -2,7 +2,6 @@ package server
 
 import (
 	"encoding/json"
-	"net/http/httptest"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -254,17 +253,8 @@ func TestChatTemplateFromGGUF(t *testing.T) {
 	if !strings.Contains(m.ChatTemplate(), "<|im_start|>") {
 		t.Fatalf("ChatTemplate() = %q", m.ChatTemplate())
 	}
-	eng, err := serve.New(m, serve.Config{PageSize: 4, MaxRunning: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := New(eng, m, Options{ModelName: "tiny"})
-	ts := httptest.NewServer(srv)
-	t.Cleanup(func() {
-		ts.Close()
-		eng.Close()
-	})
-	e := &env{m: m, eng: eng, srv: srv, ts: ts}
+	e := newEnvModel(t, m, serve.Config{PageSize: 4, MaxRunning: 8})
+	srv := e.srv
 	if srv.ChatTemplate().Name() != ChatML {
 		t.Fatalf("template %s", srv.ChatTemplate().Name())
 	}

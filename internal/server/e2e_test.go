@@ -9,7 +9,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -35,18 +34,7 @@ var tinySpec = builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Se
 // newEnvCfg is newEnv with an engine configuration of the caller's.
 func newEnvCfg(t *testing.T, cfg serve.Config) *env {
 	t.Helper()
-	m := testmodel.Open(t, tinySpec)
-	eng, err := serve.New(m, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := New(eng, m, Options{ModelName: "tiny"})
-	ts := httptest.NewServer(srv)
-	t.Cleanup(func() {
-		ts.Close()
-		eng.Close()
-	})
-	return &env{m: m, eng: eng, srv: srv, ts: ts}
+	return newEnvModel(t, testmodel.Open(t, tinySpec), cfg)
 }
 
 // result is one completion as the tests compare them.

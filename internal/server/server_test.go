@@ -38,7 +38,14 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
-	eng, err := serve.New(m, serve.Config{PageSize: 4, MaxRunning: 8})
+	return newEnvModel(t, m, serve.Config{PageSize: 4, MaxRunning: 8})
+}
+
+// newEnvModel serves m with an engine of configuration cfg on a real HTTP
+// server; both are closed with the test.
+func newEnvModel(t *testing.T, m *model.Model, cfg serve.Config) *env {
+	t.Helper()
+	eng, err := serve.New(m, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
