@@ -3,6 +3,7 @@ module github.com/pdkit/pdkit
 go 1.26.8
 
 require (
+	github.com/pebbe/zmq4 v1.4.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.9

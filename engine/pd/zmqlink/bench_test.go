@@ -1,0 +1,170 @@
+package zmqlink
+
+import (
+	"context"
+	"io"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// The throughput benchmarks move b.N messages one way over loopback TCP and
+// report MB/s. BenchmarkRawTCP is the yardstick that BenchmarkZMQ's figures
+// are compared with (run both in the same `go test -bench` run):
+//
+//	go test -run '^$' -bench 'ZMQ|RawTCP' ./engine/pd/zmqlink/
+
+type zmqCase struct {
+	name   string
+	size   int // bytes per message
+	frames int // the message is split into this many frames
+	conns  int // Outboxes (so sockets and sender goroutines) to the Inbox
+	opts   SocketOptions
+}
+
+const mib = 1 << 20
+
+var zmqCases = []zmqCase{
+	{name: "1MiB/default", size: mib, frames: 1, conns: 1},
+	{name: "1MiB/buf4MiB", size: mib, frames: 1, conns: 1, opts: SocketOptions{SndBuf: 4 * mib, RcvBuf: 4 * mib}},
+	{name: "1MiB/hwm8", size: mib, frames: 1, conns: 1, opts: SocketOptions{HWM: 8}},
+	{name: "1MiB/hwm256", size: mib, frames: 1, conns: 1, opts: SocketOptions{HWM: 256}},
+	{name: "1MiB/4x256KiB-frames", size: mib, frames: 4, conns: 1},
+	{name: "1MiB/2conns", size: mib, frames: 1, conns: 2},
+	{name: "1MiB/4conns", size: mib, frames: 1, conns: 4},
+	{name: "256KiB/default", size: mib / 4, frames: 1, conns: 1},
+	{name: "4MiB/default", size: 4 * mib, frames: 1, conns: 1},
+	{name: "4MiB/buf4MiB", size: 4 * mib, frames: 1, conns: 1, opts: SocketOptions{SndBuf: 4 * mib, RcvBuf: 4 * mib}},
+}
+
+func BenchmarkZMQ(b *testing.B) {
+	for _, c := range zmqCases {
+		b.Run(c.name, func(b *testing.B) { benchZMQ(b, c) })
+	}
+}
+
+func benchZMQ(b *testing.B, c zmqCase) {
+	payload := make([]byte, c.size)
+	for i := range payload {
+		payload[i] = byte(i)
+	}
+	frames := make([][]byte, c.frames)
+	step := c.size / c.frames
+	for i := range frames {
+		frames[i] = payload[i*step : (i+1)*step]
+	}
+	var got, warm atomic.Int64
+	all := make(chan struct{})
+	want := int64(b.N)
+	h := func(fr [][]byte) error {
+		if len(fr) == 1 && len(fr[0]) == 1 { // a connecting message
+			warm.Add(1)
+			return nil
+		}
+		if got.Add(1) == want {
+			close(all)
+		}
+		return nil
+	}
+	in, err := Listen("tcp://127.0.0.1:0", h, &InboxOptions{SocketOptions: c.opts})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer in.Close()
+	outs := make([]*Outbox, c.conns)
+	for i := range outs {
+		if outs[i], err = NewOutbox(&OutboxOptions{SocketOptions: c.opts}); err != nil {
+			b.Fatal(err)
+		}
+		defer outs[i].Close()
+		// Connect before timing.
+		if err := outs[i].Send(context.Background(), in.Endpoint(), [][]byte{{0}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for warm.Load() < int64(c.conns) {
+		runtime.Gosched()
+	}
+	b.SetBytes(int64(c.size))
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for k, out := range outs {
+		n := b.N / c.conns
+		if k < b.N%c.conns {
+			n++
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range n {
+				if err := out.Send(context.Background(), in.Endpoint(), frames); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	<-all
+	b.StopTimer()
+}
+
+// BenchmarkRawTCP writes 1 MiB buffers over a loopback net.Conn. "reuse"
+// reads into one buffer, as a hand-written Go transport would; "alloc"
+// allocates each message, as pebbe/zmq4's receive does.
+func BenchmarkRawTCP(b *testing.B) {
+	for _, alloc := range []bool{false, true} {
+		name := "1MiB/reuse"
+		if alloc {
+			name = "1MiB/alloc"
+		}
+		b.Run(name, func(b *testing.B) { benchRawTCP(b, mib, alloc) })
+	}
+}
+
+func benchRawTCP(b *testing.B, size int, alloc bool) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	done := make(chan error, 1)
+	go func() {
+		conn, err := l.Accept()
+		if err != nil {
+			done <- err
+			return
+		}
+		defer conn.Close()
+		buf := make([]byte, size)
+		for range b.N {
+			if alloc {
+				buf = make([]byte, size)
+			}
+			if _, err := io.ReadFull(conn, buf); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	conn, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	payload := make([]byte, size)
+	b.SetBytes(int64(size))
+	b.ResetTimer()
+	for range b.N {
+		if _, err := conn.Write(payload); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+}

@@ -1,0 +1,104 @@
+package zmqlink
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"syscall"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// ErrClosed is returned by operations on a closed Inbox or Outbox.
+var ErrClosed = errors.New("zmqlink: closed")
+
+// ErrQueueFull is returned by Outbox.Send when the send queue stayed full
+// until the caller's context ended.
+var ErrQueueFull = errors.New("zmqlink: send queue full")
+
+// ErrCloseTimeout is returned by Close when the owner goroutine did not
+// finish within the close timeout (for an Inbox: a handler that does not
+// return).
+var ErrCloseTimeout = errors.New("zmqlink: close timed out")
+
+// bindAddress turns "tcp://host:0" into ZeroMQ's wildcard port form
+// "tcp://host:*"; any other endpoint is returned unchanged.
+func bindAddress(endpoint string) string {
+	if strings.HasPrefix(endpoint, "tcp://") && strings.HasSuffix(endpoint, ":0") {
+		return strings.TrimSuffix(endpoint, "0") + "*"
+	}
+	return endpoint
+}
+
+func isErrno(err error, e syscall.Errno) bool {
+	return err != nil && zmq.AsErrno(err) == zmq.Errno(e)
+}
+
+func isAgain(err error) bool { return isErrno(err, syscall.EAGAIN) }
+
+func isTerm(err error) bool { return err != nil && zmq.AsErrno(err) == zmq.ETERM }
+
+func isIntr(err error) bool { return isErrno(err, syscall.EINTR) }
+
+// newContext makes a ZeroMQ context with n I/O threads (0: libzmq's default).
+func newContext(ioThreads int) (*zmq.Context, error) {
+	ctx, err := zmq.NewContext()
+	if err != nil {
+		return nil, fmt.Errorf("zmqlink: new context: %w", err)
+	}
+	if ioThreads > 0 {
+		if err := ctx.SetIoThreads(ioThreads); err != nil {
+			ctx.Term()
+			return nil, fmt.Errorf("zmqlink: io threads: %w", err)
+		}
+	}
+	return ctx, nil
+}
+
+// SocketOptions are the per-socket ZeroMQ options the package sets. Zero
+// values keep libzmq's defaults unless noted.
+type SocketOptions struct {
+	// HWM is the high-water mark in messages (SNDHWM for an Outbox peer,
+	// RCVHWM for an Inbox). 0 means the package default (see the types).
+	HWM int
+	// SndBuf and RcvBuf are the kernel socket buffer sizes in bytes
+	// (SO_SNDBUF / SO_RCVBUF). 0 keeps the OS default.
+	SndBuf, RcvBuf int
+	// IOThreads is the number of libzmq I/O threads of the context.
+	IOThreads int
+}
+
+func (o SocketOptions) apply(s *zmq.Socket, hwmSend bool) error {
+	if o.HWM > 0 {
+		var err error
+		if hwmSend {
+			err = s.SetSndhwm(o.HWM)
+		} else {
+			err = s.SetRcvhwm(o.HWM)
+		}
+		if err != nil {
+			return fmt.Errorf("zmqlink: hwm: %w", err)
+		}
+	}
+	if o.SndBuf > 0 {
+		if err := s.SetSndbuf(o.SndBuf); err != nil {
+			return fmt.Errorf("zmqlink: sndbuf: %w", err)
+		}
+	}
+	if o.RcvBuf > 0 {
+		if err := s.SetRcvbuf(o.RcvBuf); err != nil {
+			return fmt.Errorf("zmqlink: rcvbuf: %w", err)
+		}
+	}
+	return nil
+}
+
+func unixNano(t time.Time) int64 { return t.UnixNano() }
+
+func fromUnixNano(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}

@@ -1,0 +1,291 @@
+package zmqlink
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// Handler handles one multipart message. It runs on the Inbox's receive
+// goroutine, so messages are handled one at a time in arrival order, and
+// while it runs nothing else is read from the socket (ZeroMQ buffers up to
+// the receive high-water mark, then the senders' backlogs grow): a handler
+// must return quickly, handing long work to another goroutine. It may keep
+// the frames; they are not reused.
+//
+// A non-nil error counts the message as dropped (HandlerErrors); a panic is
+// recovered and counted (HandlerPanics). Neither stops the loop. Wrapping a
+// Handler in another (to count, trace, or inject faults for chaos tests)
+// is the intended way to add behaviour.
+type Handler func(frames [][]byte) error
+
+// InboxOptions configure an Inbox. The zero value is usable.
+type InboxOptions struct {
+	SocketOptions
+	// PollInterval bounds how long the receive goroutine waits in one poll,
+	// and so how long Close waits for it to notice. Default 20ms.
+	PollInterval time.Duration
+	// CloseTimeout bounds Close. Default 5s.
+	CloseTimeout time.Duration
+	// MaxBatch is how many messages are read after one poll before the
+	// goroutine checks for Close again. Default 64.
+	MaxBatch int
+}
+
+const defaultInboxHWM = 1000
+
+// InboxStats is a snapshot of an Inbox's counters for metrics and the
+// debug API.
+type InboxStats struct {
+	Endpoint      string    `json:"endpoint"`
+	Alive         bool      `json:"alive"`
+	ExitReason    string    `json:"exit_reason,omitempty"`
+	Messages      uint64    `json:"messages"`       // multipart messages received
+	Bytes         uint64    `json:"bytes"`          // payload bytes received, all frames
+	HandlerErrors uint64    `json:"handler_errors"` // handler returned an error: dropped
+	HandlerPanics uint64    `json:"handler_panics"` // handler panicked: recovered, dropped
+	RecvErrors    uint64    `json:"recv_errors"`    // socket errors while receiving
+	LastMessage   time.Time `json:"last_message"`   // zero if none yet
+	LastError     string    `json:"last_error,omitempty"`
+}
+
+// Inbox receives multipart messages on a bound PULL socket.
+type Inbox struct {
+	endpoint string
+	handler  Handler
+	opts     InboxOptions
+
+	closing   chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+
+	alive         atomic.Bool
+	messages      atomic.Uint64
+	bytes         atomic.Uint64
+	handlerErrors atomic.Uint64
+	handlerPanics atomic.Uint64
+	recvErrors    atomic.Uint64
+	lastMessage   atomic.Int64 // unix nanoseconds
+	exitReason    atomic.Pointer[string]
+	lastError     atomic.Pointer[string]
+}
+
+// Listen binds a PULL socket on endpoint (for example "tcp://127.0.0.1:0";
+// a port 0 binds a free port, reported by Endpoint) and starts the receive
+// goroutine, which calls h for each message until Close.
+func Listen(endpoint string, h Handler, opts *InboxOptions) (*Inbox, error) {
+	if h == nil {
+		return nil, errors.New("zmqlink: nil handler")
+	}
+	in := &Inbox{handler: h, closing: make(chan struct{}), done: make(chan struct{})}
+	if opts != nil {
+		in.opts = *opts
+	}
+	if in.opts.PollInterval <= 0 {
+		in.opts.PollInterval = 20 * time.Millisecond
+	}
+	if in.opts.CloseTimeout <= 0 {
+		in.opts.CloseTimeout = 5 * time.Second
+	}
+	if in.opts.MaxBatch <= 0 {
+		in.opts.MaxBatch = 64
+	}
+	if in.opts.HWM <= 0 {
+		in.opts.HWM = defaultInboxHWM
+	}
+	ready := make(chan error, 1)
+	in.alive.Store(true)
+	go in.run(endpoint, ready)
+	if err := <-ready; err != nil {
+		<-in.done
+		return nil, err
+	}
+	return in, nil
+}
+
+// Endpoint is the endpoint the socket is bound to, with the real port when
+// it was bound with port 0 (ZeroMQ's last endpoint).
+func (in *Inbox) Endpoint() string { return in.endpoint }
+
+// Alive reports whether the receive goroutine is running.
+func (in *Inbox) Alive() bool { return in.alive.Load() }
+
+// ExitReason is why the receive goroutine ended ("" while it runs).
+func (in *Inbox) ExitReason() string {
+	if p := in.exitReason.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// Stats returns a snapshot of the counters.
+func (in *Inbox) Stats() InboxStats {
+	s := InboxStats{
+		Endpoint:      in.endpoint,
+		Alive:         in.Alive(),
+		ExitReason:    in.ExitReason(),
+		Messages:      in.messages.Load(),
+		Bytes:         in.bytes.Load(),
+		HandlerErrors: in.handlerErrors.Load(),
+		HandlerPanics: in.handlerPanics.Load(),
+		RecvErrors:    in.recvErrors.Load(),
+		LastMessage:   fromUnixNano(in.lastMessage.Load()),
+	}
+	if p := in.lastError.Load(); p != nil {
+		s.LastError = *p
+	}
+	return s
+}
+
+// Close stops the receive goroutine, which closes the socket and terminates
+// the context. It waits at most the close timeout (ErrCloseTimeout if a
+// handler does not return). Calling it again returns the first result.
+func (in *Inbox) Close() error {
+	in.closeOnce.Do(func() {
+		close(in.closing)
+		t := time.NewTimer(in.opts.CloseTimeout)
+		defer t.Stop()
+		select {
+		case <-in.done:
+		case <-t.C:
+			in.closeErr = ErrCloseTimeout
+		}
+	})
+	return in.closeErr
+}
+
+func (in *Inbox) setExit(reason string) {
+	in.exitReason.Store(&reason)
+	in.alive.Store(false)
+}
+
+func (in *Inbox) noteError(err error) {
+	s := err.Error()
+	in.lastError.Store(&s)
+}
+
+// run is the owner goroutine: every call on the socket happens here.
+func (in *Inbox) run(endpoint string, ready chan<- error) {
+	defer close(in.done)
+	ctx, err := newContext(in.opts.IOThreads)
+	if err != nil {
+		in.setExit(err.Error())
+		ready <- err
+		return
+	}
+	defer ctx.Term()
+	sock, err := in.bind(ctx, endpoint)
+	if err != nil {
+		in.setExit(err.Error())
+		ready <- err
+		return
+	}
+	defer sock.Close() // runs before ctx.Term
+	ready <- nil
+
+	reason := in.loop(sock)
+	in.setExit(reason)
+}
+
+func (in *Inbox) bind(ctx *zmq.Context, endpoint string) (*zmq.Socket, error) {
+	sock, err := ctx.NewSocket(zmq.PULL)
+	if err != nil {
+		return nil, fmt.Errorf("zmqlink: new socket: %w", err)
+	}
+	fail := func(err error) (*zmq.Socket, error) {
+		sock.Close()
+		return nil, err
+	}
+	if err := sock.SetLinger(0); err != nil {
+		return fail(fmt.Errorf("zmqlink: linger: %w", err))
+	}
+	if err := in.opts.apply(sock, false); err != nil {
+		return fail(err)
+	}
+	if err := sock.Bind(bindAddress(endpoint)); err != nil {
+		return fail(fmt.Errorf("zmqlink: bind %s: %w", endpoint, err))
+	}
+	ep, err := sock.GetLastEndpoint()
+	if err != nil {
+		return fail(fmt.Errorf("zmqlink: last endpoint: %w", err))
+	}
+	in.endpoint = ep
+	return sock, nil
+}
+
+// loop polls and receives until Close; it returns the exit reason. Errors
+// on one message never end it; only a terminated context does.
+func (in *Inbox) loop(sock *zmq.Socket) string {
+	poller := zmq.NewPoller()
+	poller.Add(sock, zmq.POLLIN)
+	for {
+		select {
+		case <-in.closing:
+			return "closed"
+		default:
+		}
+		polled, err := poller.Poll(in.opts.PollInterval)
+		if err != nil {
+			if isIntr(err) {
+				continue
+			}
+			if isTerm(err) {
+				return "context terminated: " + err.Error()
+			}
+			in.recvErrors.Add(1)
+			in.noteError(err)
+			continue
+		}
+		if len(polled) == 0 {
+			continue
+		}
+		for range in.opts.MaxBatch {
+			frames, err := sock.RecvMessageBytes(zmq.DONTWAIT)
+			if err != nil {
+				if isAgain(err) || isIntr(err) {
+					break
+				}
+				if isTerm(err) {
+					return "context terminated: " + err.Error()
+				}
+				in.recvErrors.Add(1)
+				in.noteError(err)
+				break
+			}
+			in.deliver(frames)
+		}
+	}
+}
+
+func (in *Inbox) deliver(frames [][]byte) {
+	n := 0
+	for _, f := range frames {
+		n += len(f)
+	}
+	in.messages.Add(1)
+	in.bytes.Add(uint64(n))
+	in.lastMessage.Store(unixNano(time.Now()))
+	if err := in.call(frames); err != nil {
+		in.noteError(err)
+	}
+}
+
+// call runs the handler, turning a panic into a counted error.
+func (in *Inbox) call(frames [][]byte) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			in.handlerPanics.Add(1)
+			err = fmt.Errorf("zmqlink: handler panic: %v", r)
+		}
+	}()
+	if err := in.handler(frames); err != nil {
+		in.handlerErrors.Add(1)
+		return err
+	}
+	return nil
+}

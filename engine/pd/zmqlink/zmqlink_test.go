@@ -1,0 +1,362 @@
+package zmqlink
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"net"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+)
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		runtime.Gosched()
+		time.Sleep(time.Millisecond) // poll interval, not a wait for a condition
+	}
+}
+
+// checkGoroutines fails the test if, after it ends, the goroutine count
+// does not come back to what it was when checkGoroutines was called.
+func checkGoroutines(t *testing.T) {
+	t.Helper()
+	base := runtime.NumGoroutine()
+	t.Cleanup(func() {
+		deadline := time.Now().Add(5 * time.Second)
+		for runtime.NumGoroutine() > base {
+			if time.Now().After(deadline) {
+				buf := make([]byte, 1<<16)
+				n := runtime.Stack(buf, true)
+				t.Errorf("goroutines: %d, baseline %d\n%s", runtime.NumGoroutine(), base, buf[:n])
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+}
+
+// collector is a Handler that keeps every message.
+type collector struct {
+	mu   sync.Mutex
+	msgs [][][]byte
+}
+
+func (c *collector) handle(frames [][]byte) error {
+	c.mu.Lock()
+	c.msgs = append(c.msgs, frames)
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *collector) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.msgs)
+}
+
+func (c *collector) snapshot() [][][]byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([][][]byte(nil), c.msgs...)
+}
+
+func newPair(t *testing.T, h Handler) (*Inbox, *Outbox) {
+	t.Helper()
+	in, err := Listen("tcp://127.0.0.1:0", h, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := NewOutbox(nil)
+	if err != nil {
+		in.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := out.Close(); err != nil {
+			t.Error("outbox close:", err)
+		}
+		if err := in.Close(); err != nil {
+			t.Error("inbox close:", err)
+		}
+	})
+	return in, out
+}
+
+func msg(i int) [][]byte {
+	var seq [8]byte
+	binary.LittleEndian.PutUint64(seq[:], uint64(i))
+	body := make([]byte, i%700)
+	for j := range body {
+		body[j] = byte(i + j)
+	}
+	return [][]byte{[]byte("PDK1"), seq[:], {}, body}
+}
+
+func TestRoundTripInOrder(t *testing.T) {
+	checkGoroutines(t)
+	var c collector
+	in, out := newPair(t, c.handle)
+	if in.Endpoint() == "tcp://127.0.0.1:0" || in.Endpoint() == "" {
+		t.Fatalf("endpoint %q: want the real port", in.Endpoint())
+	}
+	const n = 2000
+	ctx := context.Background()
+	wantBytes := 0
+	for i := range n {
+		m := msg(i)
+		for _, f := range m {
+			wantBytes += len(f)
+		}
+		if err := out.Send(ctx, in.Endpoint(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "all messages", func() bool { return c.len() == n })
+	for i, got := range c.snapshot() {
+		want := msg(i)
+		if len(got) != len(want) {
+			t.Fatalf("message %d: %d frames, want %d", i, len(got), len(want))
+		}
+		for j := range want {
+			if string(got[j]) != string(want[j]) {
+				t.Fatalf("message %d frame %d differs", i, j)
+			}
+		}
+	}
+	st := in.Stats()
+	if st.Messages != n || st.Bytes != uint64(wantBytes) || !st.Alive || st.LastMessage.IsZero() {
+		t.Fatalf("inbox stats %+v, want %d messages, %d bytes", st, n, wantBytes)
+	}
+	os := out.Stats()
+	if os.Sent != n || os.Bytes != uint64(wantBytes) || os.Peers != 1 || os.Dropped != 0 || os.SendErrors != 0 {
+		t.Fatalf("outbox stats %+v", os)
+	}
+}
+
+func TestHandlerPanicAndErrorRecovered(t *testing.T) {
+	checkGoroutines(t)
+	var c collector
+	h := func(frames [][]byte) error {
+		switch string(frames[0]) {
+		case "panic":
+			panic("boom")
+		case "error":
+			return errors.New("bad message")
+		}
+		return c.handle(frames)
+	}
+	in, out := newPair(t, h)
+	ctx := context.Background()
+	for _, s := range []string{"a", "panic", "b", "error", "c"} {
+		if err := out.Send(ctx, in.Endpoint(), [][]byte{[]byte(s)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "3 good messages", func() bool { return c.len() == 3 })
+	waitFor(t, 10*time.Second, "5 counted", func() bool { return in.Stats().Messages == 5 })
+	got := ""
+	for _, m := range c.snapshot() {
+		got += string(m[0])
+	}
+	if got != "abc" {
+		t.Fatalf("handled %q, want abc", got)
+	}
+	st := in.Stats()
+	if st.HandlerPanics != 1 || st.HandlerErrors != 1 || !st.Alive || !in.Alive() {
+		t.Fatalf("stats %+v", st)
+	}
+	if st.LastError == "" {
+		t.Fatal("no last error")
+	}
+}
+
+// deadEndpoint returns a loopback TCP endpoint nobody listens on.
+func deadEndpoint(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return "tcp://" + addr
+}
+
+func TestCloseWithPeerGone(t *testing.T) {
+	checkGoroutines(t)
+	out, err := NewOutbox(&OutboxOptions{SocketOptions: SocketOptions{HWM: 4}, MaxPending: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := deadEndpoint(t)
+	big := make([]byte, 1<<20)
+	accepted, refused := 0, 0
+	for range 20 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		err := out.Send(ctx, ep, [][]byte{big})
+		cancel()
+		switch {
+		case err == nil:
+			accepted++
+		case errors.Is(err, ErrQueueFull):
+			refused++
+		default:
+			t.Fatal(err)
+		}
+	}
+	// About 4 in ZeroMQ's pipe (HWM), 8 pending: a dead peer pushes back
+	// on Send.
+	if accepted < 8 || refused == 0 {
+		t.Fatalf("accepted %d, refused %d; want at least 8 accepted and some refused", accepted, refused)
+	}
+	// Sends are refused by a full queue, never block forever.
+	small, err := NewOutbox(&OutboxOptions{QueueSize: 1, SocketOptions: SocketOptions{HWM: 1}, MaxPending: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	var sendErr error
+	for i := 0; i < 10000 && sendErr == nil; i++ {
+		sendErr = small.Send(ctx, ep, [][]byte{big})
+	}
+	if !errors.Is(sendErr, ErrQueueFull) {
+		t.Fatalf("send to a full queue: %v, want ErrQueueFull", sendErr)
+	}
+	start := time.Now()
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := small.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("close took %v", d)
+	}
+	if err := out.Close(); err != nil { // idempotent
+		t.Fatal(err)
+	}
+	if out.Alive() {
+		t.Fatal("alive after close")
+	}
+	if err := out.Send(context.Background(), ep, [][]byte{big}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("send after close: %v", err)
+	}
+	st := out.Stats()
+	if st.Sent+st.Dropped != uint64(accepted) || st.Dropped < 8 || st.QueueFull != uint64(refused) || st.Backlog != 0 || st.Peers != 0 {
+		t.Fatalf("stats %+v: want sent+dropped = %d accepted, at least 8 dropped, %d refused", st, accepted, refused)
+	}
+}
+
+func TestConcurrentSenders(t *testing.T) {
+	checkGoroutines(t)
+	var c collector
+	in, out := newPair(t, c.handle)
+	const senders, each = 4, 50
+	var wg sync.WaitGroup
+	for s := range senders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				m := [][]byte{{byte(s)}, binary.LittleEndian.AppendUint32(nil, uint32(i))}
+				if err := out.Send(context.Background(), in.Endpoint(), m); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	waitFor(t, 10*time.Second, "200 messages", func() bool { return c.len() == senders*each })
+	next := make([]uint32, senders)
+	for _, m := range c.snapshot() {
+		s, i := m[0][0], binary.LittleEndian.Uint32(m[1])
+		if i != next[s] {
+			t.Fatalf("sender %d: got %d, want %d (per-sender order)", s, i, next[s])
+		}
+		next[s]++
+	}
+}
+
+func TestForgetReconnectsRestartedPeer(t *testing.T) {
+	checkGoroutines(t)
+	var c1 collector
+	in1, err := Listen("tcp://127.0.0.1:0", c1.handle, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := in1.Endpoint()
+	out, err := NewOutbox(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	if err := out.Send(context.Background(), ep, [][]byte{[]byte("one")}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "first message", func() bool { return c1.len() == 1 })
+	if err := in1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := in1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if in1.Alive() || in1.ExitReason() != "closed" {
+		t.Fatalf("after close: alive %v, reason %q", in1.Alive(), in1.ExitReason())
+	}
+	var c2 collector
+	in2, err := Listen(ep, c2.handle, nil) // the restarted peer, same endpoint
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in2.Close()
+	if err := out.Forget(ep); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Forget("tcp://127.0.0.1:1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Send(context.Background(), ep, [][]byte{[]byte("two")}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "message to the restarted peer", func() bool { return c2.len() == 1 })
+}
+
+func TestListenErrors(t *testing.T) {
+	checkGoroutines(t)
+	in, err := Listen("tcp://127.0.0.1:0", func([][]byte) error { return nil }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	if _, err := Listen(in.Endpoint(), func([][]byte) error { return nil }, nil); err == nil {
+		t.Fatal("second bind on the same port succeeded")
+	}
+	if _, err := Listen("bogus://x", func([][]byte) error { return nil }, nil); err == nil {
+		t.Fatal("bad endpoint accepted")
+	}
+	if _, err := Listen("tcp://127.0.0.1:0", nil, nil); err == nil {
+		t.Fatal("nil handler accepted")
+	}
+}
+
+func TestBindAddress(t *testing.T) {
+	for in, want := range map[string]string{
+		"tcp://127.0.0.1:0":    "tcp://127.0.0.1:*",
+		"tcp://127.0.0.1:5550": "tcp://127.0.0.1:5550",
+		"ipc:///tmp/x":         "ipc:///tmp/x",
+	} {
+		if got := bindAddress(in); got != want {
+			t.Errorf("bindAddress(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
