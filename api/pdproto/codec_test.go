@@ -1,0 +1,315 @@
+package pdproto
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"slices"
+	"strconv"
+	"testing"
+)
+
+func filled(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed + byte(i*7)
+	}
+	return b
+}
+
+// samples holds at least one message of every type, with empty lists and
+// strings, extreme values and a large payload among them.
+func samples() []Message {
+	return []Message{
+		&TransferInfo{},
+		&TransferInfo{
+			Room: 0x7fff_ffff_ffff_fff1, Endpoint: "tcp://127.0.0.1:41003", Rank: 1,
+			Pages: []uint32{7, 8, 9, 0xffff_ffff}, Tokens: 200, IndexKDType: "fp8", RequestID: "cmpl-42",
+		},
+		&TransferInfo{Room: 1, Pages: make([]uint32, 100_000), IndexKDType: "bf16", RequestID: "é\x00\xff"},
+		&KVChunk{},
+		&KVChunk{Room: 3, Chunk: 0, Start: 0, End: 64, Layers: []LayerKV{
+			{K: filled(64, 1), V: filled(64, 2), IndexK: filled(16, 3), IndexKScales: filled(4, 4)},
+			{K: filled(64, 5), V: filled(64, 6)},
+		}},
+		&KVChunk{Room: 3, Chunk: 1, Start: 64, End: 100, Layers: []LayerKV{{}, {K: []byte{1}}},
+			Final: &ChunkFinal{FirstToken: -1, PromptTokens: 100, CachedTokens: 32}},
+		&KVChunk{Room: 4, Chunk: 9, Start: 5, End: 5, Final: &ChunkFinal{}},
+		bigChunk(4, 1<<20),
+		&Status{},
+		&Status{Room: 5, Rank: 3, State: Success},
+		&Status{Room: 5, Rank: 0, State: Failed, Error: "prefill aborted: client disconnected"},
+		&Abort{},
+		&Abort{Room: 6, Endpoint: "tcp://10.0.0.2:5555", Rank: 1, Reason: "timeout in Transferring after 5s"},
+		&AbortAck{},
+		&AbortAck{Room: 6, Rank: 1, InFlight: true},
+		&Heartbeat{},
+		&Heartbeat{Sender: "tcp://10.0.0.2:5555", Boot: 0xdead_beef, Seq: 1 << 63, UnixNano: -5, Reply: true},
+	}
+}
+
+// bigChunk is a KV_CHUNK of about total payload bytes over layers layers.
+func bigChunk(layers, total int) *KVChunk {
+	per := total / layers
+	c := &KVChunk{Room: 42, Chunk: 2, Start: 128, End: 192, Final: &ChunkFinal{FirstToken: 17, PromptTokens: 192}}
+	for i := range layers {
+		c.Layers = append(c.Layers, LayerKV{
+			K: filled(per*3/8, byte(i)), V: filled(per*3/8, byte(i+1)),
+			IndexK: filled(per/4-per/64, byte(i+2)), IndexKScales: filled(per/64, byte(i+3)),
+		})
+	}
+	return c
+}
+
+func mustEncode(t testing.TB, m Message) [][]byte {
+	t.Helper()
+	frames, err := Encode(m)
+	if err != nil {
+		t.Fatalf("Encode(%T): %v", m, err)
+	}
+	return frames
+}
+
+func cloneFrames(frames [][]byte) [][]byte {
+	out := make([][]byte, len(frames))
+	for i, f := range frames {
+		out[i] = bytes.Clone(f)
+	}
+	return out
+}
+
+func TestRoundTrip(t *testing.T) {
+	seen := map[Type]bool{}
+	for _, m := range samples() {
+		seen[m.Type()] = true
+		frames := mustEncode(t, m)
+		if string(frames[0]) != "PDKIT\x01" || string(frames[1]) != string(m.Type()) {
+			t.Fatalf("%T: frames 0 and 1 are %q %q", m, frames[0], frames[1])
+		}
+		got, err := Decode(cloneFrames(frames))
+		if err != nil {
+			t.Fatalf("Decode(Encode(%T)): %v", m, err)
+		}
+		if !reflect.DeepEqual(got, m) {
+			t.Fatalf("round trip of %T:\n got %+v\nwant %+v", m, got, m)
+		}
+		again := mustEncode(t, got)
+		if !framesEqual(again, frames) {
+			t.Fatalf("%T re-encodes differently", m)
+		}
+	}
+	for _, ty := range Types {
+		if !seen[ty] {
+			t.Errorf("no sample of %s", ty)
+		}
+	}
+}
+
+func framesEqual(a, b [][]byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !bytes.Equal(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func TestFrameCountsAndPayloadFrames(t *testing.T) {
+	c := bigChunk(3, 3000)
+	frames := mustEncode(t, c)
+	if len(frames) != 3+4*3 {
+		t.Fatalf("%d frames, want 15", len(frames))
+	}
+	for i, l := range c.Layers {
+		for j, p := range [][]byte{l.K, l.V, l.IndexK, l.IndexKScales} {
+			if f := frames[3+4*i+j]; &f[0] != &p[0] {
+				t.Errorf("layer %d part %d was copied into its frame", i, j)
+			}
+		}
+	}
+	got, err := Decode(frames)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if &got.(*KVChunk).Layers[1].V[0] != &frames[3+4+1][0] {
+		t.Error("Decode copied a payload frame")
+	}
+	// Appending to a small frame must not overwrite its neighbour.
+	s := mustEncode(t, &Status{Room: 1, State: Success, Error: "x"})
+	_ = append(s[0], 'X')
+	_ = append(s[1], 'Y')
+	if _, err := Decode(s); err != nil {
+		t.Fatalf("frames share capacity: %v", err)
+	}
+}
+
+// TestTruncations cuts every encoded sample in every way: dropping trailing
+// frames, and cutting any frame short by any number of bytes. Each must fail
+// with ErrMalformed and a *DecodeError, never panic. Frames over 8 KiB (the
+// large samples) are cut at every length near either end and at a stride in
+// between; the small samples of the same shapes are cut everywhere.
+func TestTruncations(t *testing.T) {
+	for _, m := range samples() {
+		frames := mustEncode(t, m)
+		for n := range len(frames) {
+			expectMalformed(t, m, "frames[:"+itoa(n)+"]", frames[:n])
+		}
+		for i, f := range frames {
+			for cut := range len(f) {
+				if len(f) > 8<<10 && cut > 4<<10 && len(f)-cut > 4<<10 && cut%4093 != 0 {
+					continue
+				}
+				g := slices.Clone(frames)
+				g[i] = f[:cut]
+				expectMalformed(t, m, "frame "+itoa(i)+" cut to "+itoa(cut), g)
+			}
+		}
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+func expectMalformed(t *testing.T, m Message, what string, frames [][]byte) {
+	t.Helper()
+	got, err := decodeNoPanic(t, frames)
+	if err == nil {
+		t.Fatalf("%T %s: decoded to %+v", m, what, got)
+	}
+	if !errors.Is(err, ErrMalformed) {
+		t.Fatalf("%T %s: %v does not match ErrMalformed", m, what, err)
+	}
+	var de *DecodeError
+	if !errors.As(err, &de) {
+		t.Fatalf("%T %s: %T is not a *DecodeError", m, what, err)
+	}
+	if got != nil {
+		t.Fatalf("%T %s: a message came with the error", m, what)
+	}
+}
+
+func decodeNoPanic(t *testing.T, frames [][]byte) (m Message, err error) {
+	t.Helper()
+	defer func() {
+		if r := recover(); r != nil {
+			t.Fatalf("Decode panicked: %v", r)
+		}
+	}()
+	return Decode(frames)
+}
+
+func TestExtraFramesAndTrailingBytes(t *testing.T) {
+	for _, m := range samples() {
+		frames := mustEncode(t, m)
+		expectMalformed(t, m, "extra frame", append(cloneFrames(frames), []byte("x")))
+		expectMalformed(t, m, "extra empty frame", append(cloneFrames(frames), nil))
+		for i := range frames {
+			g := cloneFrames(frames)
+			g[i] = append(g[i], 0)
+			expectMalformed(t, m, "frame "+itoa(i)+" with a trailing byte", g)
+		}
+	}
+}
+
+func TestDecodeErrors(t *testing.T) {
+	status := mustEncode(t, &Status{Room: 1, State: Success})
+	ack := mustEncode(t, &AbortAck{Room: 1})
+	hb := mustEncode(t, &Heartbeat{})
+	chunk := mustEncode(t, &KVChunk{Room: 1, Start: 1, End: 2, Layers: []LayerKV{{K: []byte("kk")}}})
+	with := func(frames [][]byte, i int, f func([]byte) []byte) [][]byte {
+		g := cloneFrames(frames)
+		g[i] = f(g[i])
+		return g
+	}
+	set := func(off int, v byte) func([]byte) []byte {
+		return func(b []byte) []byte { b[off] = v; return b }
+	}
+	tests := []struct {
+		name   string
+		frames [][]byte
+		kind   error
+		field  string
+	}{
+		{"no frames", nil, ErrMalformed, ""},
+		{"foreign guard", [][]byte{[]byte("NixlMsgGuard"), []byte("ABORT")}, ErrVersion, "guard"},
+		{"sglang-style ABORT without guard", [][]byte{[]byte("ABORT"), []byte("123")}, ErrVersion, "guard"},
+		{"empty guard", [][]byte{{}}, ErrVersion, "guard"},
+		{"next version", with(status, 0, set(5, 2)), ErrVersion, "version"},
+		{"guard only", status[:1], ErrMalformed, ""},
+		{"unknown type", with(status, 1, func([]byte) []byte { return []byte("STATUS2") }), ErrUnknownType, "type"},
+		{"lowercase type", with(status, 1, func([]byte) []byte { return []byte("status") }), ErrUnknownType, "type"},
+		{"state out of range", with(status, 2, set(12, 5)), ErrMalformed, "state"},
+		{"in_flight not a bool", with(ack, 2, set(12, 2)), ErrMalformed, "in_flight"},
+		{"unknown heartbeat flag", with(hb, 2, set(24, 2)), ErrMalformed, "flags"},
+		{"unknown chunk flag", with(chunk, 2, set(20, 0x80)), ErrMalformed, "flags"},
+		{"reversed range", with(chunk, 2, set(12, 9)), ErrMalformed, "end"},
+		{"payload longer than announced", with(chunk, 3, func(b []byte) []byte { return append(b, 'k') }), ErrMalformed, "layer[0].k"},
+		{"huge page count", mustEncodeWith(t, &TransferInfo{}, func(h []byte) { h[len(h)-1] = 0xff }), ErrMalformed, "pages"},
+		{"huge string", mustEncodeWith(t, &Abort{}, func(h []byte) { h[15] = 0xff }), ErrMalformed, "endpoint"},
+		{"huge layer count", with(chunk, 2, set(24, 0xff)), ErrMalformed, "layers"},
+	}
+	for _, tt := range tests {
+		m, err := decodeNoPanic(t, tt.frames)
+		if err == nil {
+			t.Errorf("%s: decoded to %+v", tt.name, m)
+			continue
+		}
+		var de *DecodeError
+		if !errors.As(err, &de) || !errors.Is(err, tt.kind) || !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: %v, want a *DecodeError of kind %v", tt.name, err, tt.kind)
+			continue
+		}
+		if de.Field != tt.field {
+			t.Errorf("%s: field %q, want %q (%v)", tt.name, de.Field, tt.field, err)
+		}
+	}
+}
+
+func mustEncodeWith(t *testing.T, m Message, edit func(header []byte)) [][]byte {
+	g := cloneFrames(mustEncode(t, m))
+	edit(g[2])
+	return g
+}
+
+func TestDecodeErrorText(t *testing.T) {
+	frames := mustEncode(t, &KVChunk{Layers: []LayerKV{{}, {V: []byte("v")}}})
+	frames[3+4+1] = nil
+	_, err := Decode(frames)
+	want := "pdproto: malformed message: KV_CHUNK frame 8 (layer[1].v): 0 bytes, header says 1"
+	if err == nil || err.Error() != want {
+		t.Fatalf("got %v\nwant %s", err, want)
+	}
+}
+
+func TestEncodeErrors(t *testing.T) {
+	for _, m := range []Message{
+		nil,
+		(*TransferInfo)(nil), (*KVChunk)(nil), (*Status)(nil), (*Abort)(nil), (*AbortAck)(nil), (*Heartbeat)(nil),
+		&Status{State: 5},
+		&KVChunk{Start: 2, End: 1},
+	} {
+		if frames, err := Encode(m); err == nil {
+			t.Errorf("Encode(%#v) = %q, want an error", m, frames)
+		}
+	}
+}
+
+func TestRoomOf(t *testing.T) {
+	for _, m := range samples() {
+		room, ok := RoomOf(m)
+		if _, hb := m.(*Heartbeat); ok == hb {
+			t.Errorf("RoomOf(%T) ok = %v", m, ok)
+		}
+		if v := reflect.ValueOf(m).Elem().FieldByName("Room"); ok && v.Uint() != room {
+			t.Errorf("RoomOf(%T) = %d, want %d", m, room, v.Uint())
+		}
+	}
+}
+
+func TestGuard(t *testing.T) {
+	if g := Guard(); string(g) != "PDKIT\x01" {
+		t.Fatalf("Guard() = %q", g)
+	}
+}
