@@ -8,4 +8,10 @@
 //   - openai: the OpenAI-compatible request and response types, strict
 //     request decoding with OpenAI-style error bodies, and server-sent event
 //     helpers for streaming.
+//   - debug: the JSON answers of a server's debug API (/debug/v1/...):
+//     per-rank step records, flight recorders, requests per queue.
+//   - pdproto: the PD wire protocol: the multipart ZeroMQ messages between
+//     prefill and decode ranks (encode, strict decode, KVPoll rules) and the
+//     bootstrap registry's JSON types with the handshake's compatibility
+//     check. docs/protocol.md describes both field by field.
 package api
