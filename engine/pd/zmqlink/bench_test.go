@@ -36,6 +36,8 @@ var zmqCases = []zmqCase{
 	{name: "1MiB/4conns", size: mib, frames: 1, conns: 4},
 	{name: "256KiB/default", size: mib / 4, frames: 1, conns: 1},
 	{name: "4MiB/default", size: 4 * mib, frames: 1, conns: 1},
+	{name: "1KiB/default", size: 1 << 10, frames: 1, conns: 1},
+	{name: "1KiB/hwm8", size: 1 << 10, frames: 1, conns: 1, opts: SocketOptions{HWM: 8}},
 	{name: "4MiB/buf4MiB", size: 4 * mib, frames: 1, conns: 1, opts: SocketOptions{SndBuf: 4 * mib, RcvBuf: 4 * mib}},
 }
 
