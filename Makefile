@@ -38,10 +38,11 @@ test: deps ## go vet, then the whole test suite with the race detector
 	$(GO) vet ./...
 	$(GO) test $(GOTESTFLAGS) ./...
 
-bench: deps build ## kernel micro-benchmarks, the model benchmark (bin/pdserve bench), then the serving one (bin/pdserve bench serve)
+bench: deps build ## kernel micro-benchmarks, the model benchmark (bin/pdserve bench), the serving one (bin/pdserve bench serve), then the PD wire codec and the ZeroMQ transport against raw loopback TCP
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./kernels/...
 	bin/pdserve bench
 	bin/pdserve bench serve
+	$(GO) test -run '^$$' -bench . -benchmem ./api/pdproto/ ./engine/pd/zmqlink/
 
 check: deps ## fail on unformatted files, go vet findings or a go.mod that go mod tidy would change
 	@files=$$(find . -name '*.go' -not -path './.git/*' -not -path './bin/*' -not -path '*/testdata/*' \
