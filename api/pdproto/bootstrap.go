@@ -269,24 +269,13 @@ func CheckCompatible(local DecodeInfo, remote []RankInfo) error {
 			Prefill: fmt.Sprint(n), Decode: fmt.Sprint(local.TPSize),
 			Reason: "different TP sizes on prefill and decode are not supported yet"}
 	}
+	mine := RankInfo{TPSize: local.TPSize, PageSize: local.PageSize, KVDType: local.KVDType, IndexKDType: local.IndexKDType,
+		Model: local.Model, Layers: local.Layers, KVHeads: local.KVHeads, HeadDim: local.HeadDim}
 	for _, r := range remote {
-		for _, c := range []struct {
-			field          string
-			prefill, local any
-		}{
-			{"page_size", r.PageSize, local.PageSize},
-			{"kv_dtype", r.KVDType, local.KVDType},
-			{"index_k_dtype", r.IndexKDType, local.IndexKDType},
-			{"model", r.Model, local.Model},
-			{"layers", r.Layers, local.Layers},
-			{"kv_heads", r.KVHeads, local.KVHeads},
-			{"head_dim", r.HeadDim, local.HeadDim},
-		} {
-			if c.prefill != c.local {
-				return &IncompatibleError{Rank: r.Rank, Field: c.field,
-					Prefill: compatValue(c.prefill), Decode: compatValue(c.local),
-					Reason: c.field + " must match"}
-			}
+		if field, pv, dv := FirstDifference(r, mine); field != "" {
+			return &IncompatibleError{Rank: r.Rank, Field: field,
+				Prefill: compatValue(pv), Decode: compatValue(dv),
+				Reason: field + " must match"}
 		}
 	}
 	return nil
@@ -294,6 +283,32 @@ func CheckCompatible(local DecodeInfo, remote []RankInfo) error {
 
 // compatValue formats a compared value; strings are quoted so that an empty one
 // is visible.
+// FirstDifference names the first setting that every rank of a PD pair
+// must share (tp_size, page_size, kv_dtype, index_k_dtype, model, layers,
+// kv_heads, head_dim) in which a and b differ, with both values; "" when
+// they agree. The registry checks a prefill group with it, the handshake a
+// decode server against that group.
+func FirstDifference(a, b RankInfo) (field string, av, bv any) {
+	for _, c := range []struct {
+		field string
+		a, b  any
+	}{
+		{"tp_size", a.TPSize, b.TPSize},
+		{"page_size", a.PageSize, b.PageSize},
+		{"kv_dtype", a.KVDType, b.KVDType},
+		{"index_k_dtype", a.IndexKDType, b.IndexKDType},
+		{"model", a.Model, b.Model},
+		{"layers", a.Layers, b.Layers},
+		{"kv_heads", a.KVHeads, b.KVHeads},
+		{"head_dim", a.HeadDim, b.HeadDim},
+	} {
+		if c.a != c.b {
+			return c.field, c.a, c.b
+		}
+	}
+	return "", nil, nil
+}
+
 func compatValue(v any) string {
 	if s, ok := v.(string); ok {
 		return fmt.Sprintf("%q", s)

@@ -233,36 +233,14 @@ func (g *Registry) Register(info pdproto.RankInfo) (*pdproto.RegisterResponse, *
 		if other.Rank == info.Rank {
 			continue
 		}
-		if field, mine, theirs := firstDifference(info, other); field != "" {
+		if field, m, t := pdproto.FirstDifference(info, other); field != "" {
+			mine, theirs := fmt.Sprintf("%#v", m), fmt.Sprintf("%#v", t)
 			return nil, conflict(field, "rank %d registers %s %s but rank %d registered %s %s; all ranks must agree",
 				info.Rank, field, mine, other.Rank, field, theirs)
 		}
 	}
 	g.ranks[info.Rank] = info
 	return g.responseLocked(info.Rank, replaced), nil
-}
-
-// firstDifference names the first group-wide field in which a and b differ,
-// with both values, or returns "".
-func firstDifference(a, b pdproto.RankInfo) (field, av, bv string) {
-	for _, c := range []struct {
-		field string
-		a, b  any
-	}{
-		{"tp_size", a.TPSize, b.TPSize},
-		{"page_size", a.PageSize, b.PageSize},
-		{"kv_dtype", a.KVDType, b.KVDType},
-		{"index_k_dtype", a.IndexKDType, b.IndexKDType},
-		{"model", a.Model, b.Model},
-		{"layers", a.Layers, b.Layers},
-		{"kv_heads", a.KVHeads, b.KVHeads},
-		{"head_dim", a.HeadDim, b.HeadDim},
-	} {
-		if c.a != c.b {
-			return c.field, fmt.Sprintf("%#v", c.a), fmt.Sprintf("%#v", c.b)
-		}
-	}
-	return "", "", ""
 }
 
 // tpSizeLocked is the number of ranks to wait for: the configured size, or

@@ -102,3 +102,17 @@ func fromUnixNano(n int64) time.Time {
 	}
 	return time.Unix(0, n)
 }
+
+// stopOwner closes closing, which tells an owner goroutine to stop, and
+// waits at most d for it to close done.
+func stopOwner(closing chan struct{}, done <-chan struct{}, d time.Duration) error {
+	close(closing)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-t.C:
+		return ErrCloseTimeout
+	}
+}

@@ -147,14 +147,7 @@ func (in *Inbox) Stats() InboxStats {
 // handler does not return). Calling it again returns the first result.
 func (in *Inbox) Close() error {
 	in.closeOnce.Do(func() {
-		close(in.closing)
-		t := time.NewTimer(in.opts.CloseTimeout)
-		defer t.Stop()
-		select {
-		case <-in.done:
-		case <-t.C:
-			in.closeErr = ErrCloseTimeout
-		}
+		in.closeErr = stopOwner(in.closing, in.done, in.opts.CloseTimeout)
 	})
 	return in.closeErr
 }

@@ -227,14 +227,7 @@ func (o *Outbox) Forget(endpoint string) error {
 // calling it again returns the first result.
 func (o *Outbox) Close() error {
 	o.closeOnce.Do(func() {
-		close(o.closing)
-		t := time.NewTimer(o.opts.CloseTimeout)
-		defer t.Stop()
-		select {
-		case <-o.done:
-		case <-t.C:
-			o.closeErr = ErrCloseTimeout
-		}
+		o.closeErr = stopOwner(o.closing, o.done, o.opts.CloseTimeout)
 	})
 	return o.closeErr
 }
