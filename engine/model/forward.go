@@ -60,6 +60,23 @@ type Shard struct {
 	Gather     Gatherer // nil when Size is 1
 }
 
+// CheckInput checks batch entry i: at least one token, every token in the
+// vocabulary, and logits wanted for at most all of them.
+func (c *Config) CheckInput(i int, tokens []int32, numLogits int) error {
+	if len(tokens) == 0 {
+		return fmt.Errorf("batch entry %d has no tokens", i)
+	}
+	if numLogits < 0 || numLogits > len(tokens) {
+		return fmt.Errorf("batch entry %d wants %d logits of %d tokens", i, numLogits, len(tokens))
+	}
+	for _, t := range tokens {
+		if t < 0 || int(t) >= c.VocabSize {
+			return fmt.Errorf("token %d out of vocabulary (%d)", t, c.VocabSize)
+		}
+	}
+	return nil
+}
+
 // CheckShards says whether the model can be split over n ranks.
 func (c *Config) CheckShards(n int) error {
 	if n < 1 {
@@ -212,16 +229,8 @@ func (e *Exec) Forward(batch []SeqInput, logits []float32) error {
 	c := &e.m.Config
 	n, nl := 0, 0
 	for i, s := range batch {
-		if len(s.Tokens) == 0 {
-			return fmt.Errorf("model: batch entry %d has no tokens", i)
-		}
-		if s.NumLogits < 0 || s.NumLogits > len(s.Tokens) {
-			return fmt.Errorf("model: batch entry %d wants %d logits of %d tokens", i, s.NumLogits, len(s.Tokens))
-		}
-		for _, t := range s.Tokens {
-			if t < 0 || int(t) >= c.VocabSize {
-				return fmt.Errorf("model: token %d out of vocabulary (%d)", t, c.VocabSize)
-			}
+		if err := c.CheckInput(i, s.Tokens, s.NumLogits); err != nil {
+			return fmt.Errorf("model: %w", err)
 		}
 		if s.Seq.Len()+len(s.Tokens) > c.ContextLen {
 			return fmt.Errorf("model: sequence of %d tokens exceeds the context length %d", s.Seq.Len()+len(s.Tokens), c.ContextLen)

@@ -222,16 +222,8 @@ func (e *Engine) Forward(ctx context.Context, batch []Input, logits []float32) e
 	nl := 0
 	seen := make(map[uint64]bool, len(batch))
 	for i, s := range batch {
-		if len(s.Tokens) == 0 {
-			return fmt.Errorf("tp: batch entry %d has no tokens", i)
-		}
-		if s.NumLogits < 0 || s.NumLogits > len(s.Tokens) {
-			return fmt.Errorf("tp: batch entry %d wants %d logits of %d tokens", i, s.NumLogits, len(s.Tokens))
-		}
-		for _, t := range s.Tokens {
-			if t < 0 || int(t) >= c.VocabSize {
-				return fmt.Errorf("tp: token %d out of vocabulary (%d)", t, c.VocabSize)
-			}
+		if err := c.CheckInput(i, s.Tokens, s.NumLogits); err != nil {
+			return fmt.Errorf("tp: %w", err)
 		}
 		if seen[s.SeqID] {
 			return fmt.Errorf("tp: sequence %d appears twice in the batch", s.SeqID)

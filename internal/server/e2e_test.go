@@ -44,16 +44,32 @@ type result struct {
 	Usage  openai.Usage
 }
 
+// open sends body as JSON to path with a 30 s deadline; cancel ends the
+// request once its body is read.
+func (e *env) open(path string, body map[string]any) (*http.Response, context.CancelFunc, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	req, err := http.NewRequestWithContext(ctx, "POST", e.ts.URL+path, bytes.NewReader(b))
+	if err == nil {
+		var resp *http.Response
+		if resp, err = e.ts.Client().Do(req); err == nil {
+			return resp, cancel, nil
+		}
+	}
+	cancel()
+	return nil, nil, err
+}
+
 // completeErr posts a non-streamed completion; it may run on any goroutine.
 func (e *env) completeErr(path string, body map[string]any) (result, error) {
-	b, _ := json.Marshal(body)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "POST", e.ts.URL+path, bytes.NewReader(b))
-	resp, err := e.ts.Client().Do(req)
+	resp, cancel, err := e.open(path, body)
 	if err != nil {
 		return result{}, err
 	}
+	defer cancel()
 	defer resp.Body.Close()
 	out, err := io.ReadAll(resp.Body)
 	if err != nil {
@@ -82,14 +98,11 @@ func (e *env) streamErr(path string, body map[string]any) (result, error) {
 	body = maps(body)
 	body["stream"] = true
 	body["stream_options"] = map[string]any{"include_usage": true}
-	b, _ := json.Marshal(body)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "POST", e.ts.URL+path, bytes.NewReader(b))
-	resp, err := e.ts.Client().Do(req)
+	resp, cancel, err := e.open(path, body)
 	if err != nil {
 		return result{}, err
 	}
+	defer cancel()
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
 		out, _ := io.ReadAll(resp.Body)
