@@ -89,6 +89,16 @@ type CompletionRequest struct {
 	// IgnoreEOS keeps generating past end-of-sequence tokens until
 	// max_tokens or a stop string (an extension, for benchmarks).
 	IgnoreEOS bool `json:"ignore_eos,omitempty"`
+	PD
+}
+
+// PD holds the fields a PD router adds to a request it forwards (a pdkit
+// extension): the room that pairs the prefill and the decode side of one
+// request, and, for the decode side, the prefill server's bootstrap
+// registry. A colocated server refuses them.
+type PD struct {
+	BootstrapRoom *uint64 `json:"bootstrap_room,omitempty"`
+	BootstrapURL  string  `json:"bootstrap_url,omitempty"`
 }
 
 // ContentPart is one part of a chat message's content. Only "text" parts
@@ -164,6 +174,7 @@ type ChatCompletionRequest struct {
 	User                string         `json:"user,omitempty"`
 	// IgnoreEOS is as in CompletionRequest (an extension).
 	IgnoreEOS bool `json:"ignore_eos,omitempty"`
+	PD
 }
 
 // Usage counts the tokens of a request.

@@ -1,0 +1,25 @@
+package pdproto
+
+// Roles of a pdkit server.
+const (
+	RoleColocated = "colocated"
+	RolePrefill   = "prefill"
+	RoleDecode    = "decode"
+	RoleRouter    = "router"
+)
+
+// InfoPath is where every pdkit server describes itself (GET, JSON
+// ServerInfo); a router reads it to learn each server's role, TP size and,
+// for a prefill server, its bootstrap registry.
+const InfoPath = "/pd/v1/info"
+
+// ServerInfo is the answer of InfoPath.
+type ServerInfo struct {
+	Role   string `json:"role"`
+	Model  string `json:"model"`
+	TPSize int    `json:"tp_size"`
+	// BootstrapURL is the prefill server's registry base URL (for example
+	// http://127.0.0.1:8998), which a router hands to the decode side in
+	// the request's bootstrap_url; empty on other roles.
+	BootstrapURL string `json:"bootstrap_url,omitempty"`
+}
