@@ -35,8 +35,8 @@ func (s *Scheduler) Check() error {
 			sum += r.pages
 			switch q.st {
 			case Waiting:
-				if r.pages != 0 || r.fed != 0 || r.pending != 0 || r.shared*c.PageSize != r.cached {
-					return fmt.Errorf("sched: waiting request %d holds pages %d fed %d pending %d", r.id, r.pages, r.fed, r.pending)
+				if r.fed != r.transferred || r.pages != c.pagesFor(r.transferred) || r.pending != 0 || r.shared*c.PageSize != r.cached {
+					return fmt.Errorf("sched: waiting request %d holds pages %d fed %d pending %d (transferred %d)", r.id, r.pages, r.fed, r.pending, r.transferred)
 				}
 			default:
 				if r.pages != c.pagesFor(r.fed+r.pending)-r.shared || r.pages == 0 || r.fed+r.pending <= r.cached {

@@ -47,6 +47,7 @@ type pageModel struct {
 	alive  map[uint64]bool // added and not yet finished
 	tokens map[uint64]int  // tokens the loop reserved KV for, per held sequence
 	shared map[uint64]int  // shared prefix pages per held sequence (not held by it)
+	parked map[uint64]bool // sequences that arrived with transferred KV and are not admitted yet
 	seen   map[string]int  // what happened, to check the run covered it
 }
 
@@ -69,6 +70,7 @@ func (m *pageModel) release(what string, id uint64, release bool, pages int) {
 	}
 	delete(m.tokens, id)
 	delete(m.shared, id)
+	delete(m.parked, id)
 }
 
 func (m *pageModel) finish(fs []Finish) {
@@ -120,6 +122,7 @@ func (m *pageModel) plan(p Plan, free int) {
 		if it.Tokens < 1 || (it.Tokens > 1 && it.Tokens > m.cfg.PrefillChunk) {
 			m.t.Fatalf("run item %+v: bad chunk", it)
 		}
+		delete(m.parked, it.ID)
 		before := 0
 		if holds {
 			before = m.pages(it.ID)
@@ -137,8 +140,8 @@ func (m *pageModel) plan(p Plan, free int) {
 	if tokens > m.cfg.MaxBatchTokens {
 		m.t.Fatalf("step of %d tokens", tokens)
 	}
-	if len(m.tokens) > m.cfg.MaxRunning {
-		m.t.Fatalf("%d sequences held, max running %d", len(m.tokens), m.cfg.MaxRunning)
+	if n := len(m.tokens) - len(m.parked); n > m.cfg.MaxRunning {
+		m.t.Fatalf("%d admitted sequences held, max running %d", n, m.cfg.MaxRunning)
 	}
 	if h := m.held(); h > m.cfg.TotalPages {
 		m.t.Fatalf("model holds %d pages of %d", h, m.cfg.TotalPages)
@@ -172,7 +175,7 @@ func randomRun(t *testing.T, seed uint64, n int) ([]event, map[string]int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &pageModel{t: t, cfg: cfg, alive: map[uint64]bool{}, tokens: map[uint64]int{}, shared: map[uint64]int{}, seen: map[string]int{}}
+	m := &pageModel{t: t, cfg: cfg, alive: map[uint64]bool{}, tokens: map[uint64]int{}, shared: map[uint64]int{}, parked: map[uint64]bool{}, seen: map[string]int{}}
 	var events []event
 	var now time.Duration
 	var step []Item
@@ -183,8 +186,13 @@ func randomRun(t *testing.T, seed uint64, n int) ([]event, map[string]int) {
 		case k < 3:
 			e.kind = "add"
 			e.req = Request{ID: uint64(rng.IntN(30)), PromptLen: rng.IntN(30), MaxTokens: rng.IntN(12)}
-			if c := rng.IntN(4) * cfg.PageSize; c < e.req.PromptLen && rng.IntN(2) == 0 {
-				e.req.Cached = c
+			switch k := rng.IntN(4); {
+			case k == 0:
+				if c := rng.IntN(4) * cfg.PageSize; c < e.req.PromptLen {
+					e.req.Cached = c
+				}
+			case k == 1 && e.req.PromptLen > 1:
+				e.req.Transferred = 1 + rng.IntN(e.req.PromptLen-1)
 			}
 			err := s.Add(e.req, now)
 			switch {
@@ -193,6 +201,11 @@ func randomRun(t *testing.T, seed uint64, n int) ([]event, map[string]int) {
 					t.Fatalf("added %d twice", e.req.ID)
 				}
 				m.alive[e.req.ID] = true
+				if e.req.Transferred > 0 {
+					m.tokens[e.req.ID] = e.req.Transferred
+					m.parked[e.req.ID] = true
+					m.seen["transferred arrival"]++
+				}
 			case errors.Is(err, ErrDuplicate) != m.alive[e.req.ID]:
 				t.Fatalf("add %+v: %v, alive %t", e.req, err, m.alive[e.req.ID])
 			}

@@ -24,6 +24,7 @@ type request struct {
 	cut         Reason // why an Aborting request finishes at StepDone
 	cached      int    // prompt tokens on shared prefix-cache pages (until retracted)
 	shared      int    // cached/PageSize: pages the request reads but does not hold
+	transferred int    // prompt tokens whose KV arrived with the request (until retracted)
 }
 
 // own is the number of pages the request holds for n tokens of KV: those
@@ -86,13 +87,22 @@ func (s *Scheduler) Add(req Request, now time.Duration) error {
 	if req.Cached < 0 || req.Cached%s.cfg.PageSize != 0 || req.Cached >= req.PromptLen {
 		return fmt.Errorf("%w: %d: cached prefix of %d tokens (page size %d, prompt %d)", ErrInvalid, req.ID, req.Cached, s.cfg.PageSize, req.PromptLen)
 	}
+	if req.Transferred < 0 || req.Transferred >= req.PromptLen || (req.Transferred > 0 && req.Cached > 0) {
+		return fmt.Errorf("%w: %d: %d transferred tokens (prompt %d, cached %d)", ErrInvalid, req.ID, req.Transferred, req.PromptLen, req.Cached)
+	}
 	// The last sampled token is never fed back, so the KV peaks at
 	// PromptLen+MaxTokens-1 tokens.
 	if p := s.cfg.pagesFor(req.PromptLen + req.MaxTokens - 1); p > s.cfg.TotalPages {
 		return fmt.Errorf("%w: %d needs %d pages of %d", ErrTooLarge, req.ID, p, s.cfg.TotalPages)
 	}
+	if p := s.cfg.pagesFor(req.Transferred); s.held+p > s.cfg.TotalPages {
+		return fmt.Errorf("%w: %d arrives holding %d pages, %d of %d are held already", ErrInvalid, req.ID, p, s.held, s.cfg.TotalPages)
+	}
 	r := &request{id: req.ID, promptLen: req.PromptLen, maxTokens: req.MaxTokens, arrival: s.now, since: s.now, state: Waiting,
-		cached: req.Cached, shared: req.Cached / s.cfg.PageSize}
+		cached: req.Cached, shared: req.Cached / s.cfg.PageSize, transferred: req.Transferred}
+	r.fed = r.transferred
+	r.pages = s.cfg.pagesFor(r.fed)
+	s.held += r.pages
 	s.reqs[r.id] = r
 	s.waiting = append(s.waiting, r)
 	s.selfCheck()
@@ -276,19 +286,26 @@ func (s *Scheduler) Schedule(now time.Duration, freePages int) (Plan, error) {
 	if len(p.Retract) == 0 {
 		for len(s.waiting) > 0 && budget > 0 && len(s.prefilling)+len(s.running)+len(s.aborting) < s.cfg.MaxRunning {
 			r := s.waiting[0]
-			if s.own(r, r.target()) > free {
+			if s.own(r, r.target())-r.pages > free {
 				break
 			}
-			n := min(s.cfg.PrefillChunk, r.target()-r.cached, budget)
+			fresh := r.pages == 0 // no sequence yet: a transferred request has one
+			if fresh {
+				r.fed = r.cached
+			}
+			n := min(s.cfg.PrefillChunk, r.target()-r.fed, budget)
 			s.waiting = s.waiting[1:]
 			s.nextSeq++
 			r.seq, r.state, r.since, r.admitted = s.nextSeq, Prefilling, s.now, s.now
-			r.fed = r.cached
 			s.prefilling = append(s.prefilling, r)
-			pg := s.own(r, r.cached+n)
-			free -= pg
+			pg := s.own(r, r.fed+n)
+			free -= pg - r.pages
 			budget -= n
-			p.Run = append(p.Run, Item{ID: r.id, Start: r.cached, Tokens: n, WantLogits: r.cached+n == r.target(), Pages: pg, Fresh: true, Cached: r.cached})
+			it := Item{ID: r.id, Start: r.fed, Tokens: n, WantLogits: r.fed+n == r.target(), Pages: pg, Fresh: fresh}
+			if fresh {
+				it.Cached = r.cached
+			}
+			p.Run = append(p.Run, it)
 		}
 	}
 
@@ -325,7 +342,7 @@ func (s *Scheduler) retractNewest(p *Plan) int {
 	p.Retract = append(p.Retract, Retract{ID: r.id, Generated: r.generated, Pages: freed})
 	s.held -= freed
 	r.pages, r.fed, r.state, r.since = 0, 0, Waiting, s.now
-	r.cached, r.shared = 0, 0 // the loop released the prefix with the sequence
+	r.cached, r.shared, r.transferred = 0, 0, 0 // the loop released the prefix or transferred KV with the sequence
 	r.retractions++
 	s.waiting = append([]*request{r}, s.waiting...)
 	return freed

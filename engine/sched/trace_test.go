@@ -167,7 +167,7 @@ func (h *harness) run(t *testing.T, line string) string {
 		h.s = s
 		return "ok\n"
 	case "add":
-		err := h.s.Add(Request{ID: uint64(a.int(t, "id", 0)), PromptLen: a.int(t, "prompt", 1), MaxTokens: a.int(t, "max", 1), Cached: a.int(t, "cached", 0)}, a.dur(t, "t"))
+		err := h.s.Add(Request{ID: uint64(a.int(t, "id", 0)), PromptLen: a.int(t, "prompt", 1), MaxTokens: a.int(t, "max", 1), Cached: a.int(t, "cached", 0), Transferred: a.int(t, "transferred", 0)}, a.dur(t, "t"))
 		if err != nil {
 			fmt.Fprintf(&b, "error: %v\n", err)
 		}

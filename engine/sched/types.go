@@ -73,6 +73,13 @@ type Request struct {
 	// holds only the pages beyond them. A retraction gives the prefix up;
 	// the request is then recomputed from position 0.
 	Cached int
+	// Transferred is how many leading prompt tokens already have KV in the
+	// request's own sequence when it arrives (a PD decode request: the KV
+	// came from a prefill server). The request holds their pages from Add
+	// on, waits holding them and is admitted from there; a retraction gives
+	// them up and recomputes from position 0. Less than PromptLen, and not
+	// together with Cached.
+	Transferred int
 }
 
 // Item is one request's part of a step: run the request's tokens
@@ -82,8 +89,10 @@ type Request struct {
 // retraction). Pages is what the request holds once the loop has reserved
 // room for Tokens more (shared prefix pages not counted). WantLogits: sample
 // one token from the last position (final prefill chunk, or decode). Fresh
-// marks an admission: the loop starts a new sequence, on the request's
-// Cached prefix pages when Cached > 0 (then Start == Cached).
+// marks an admission without a sequence: the loop starts a new one, on the
+// request's Cached prefix pages when Cached > 0 (then Start == Cached). A
+// request that arrived with Transferred KV is admitted on its sequence
+// (Fresh false, Start == Transferred).
 type Item struct {
 	ID         uint64
 	Start      int
