@@ -1,0 +1,122 @@
+package kvcache
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/pdkit/pdkit/kernels"
+)
+
+// Moving KV between pools of two processes (PD disaggregation): the sender
+// appends the rows of some slots as bytes, the receiver puts them into its
+// own slots. K and V rows are little-endian float32, KVDim per token;
+// index-K rows are the stored codes (one byte per element for fp8, two
+// little-endian bytes for bf16) and, for fp8, one little-endian float32
+// scale per token. Both pools must have the same KV shape and index-K
+// precision; Put refuses bytes of the wrong size.
+
+// AppendKV appends the K and V rows of slots in layer to k and v.
+func (p *Pool) AppendKV(layer int, slots []int32, k, v []byte) ([]byte, []byte) {
+	d := p.cfg.KVDim
+	for _, s := range slots {
+		off := int(s) * d
+		k = appendF32(k, p.k[layer][off:off+d])
+		v = appendF32(v, p.v[layer][off:off+d])
+	}
+	return k, v
+}
+
+// AppendIndexK appends the index-K rows of slots in layer to rows, and for
+// fp8 their scales to scales. A pool without an indexer appends nothing.
+func (p *Pool) AppendIndexK(layer int, slots []int32, rows, scales []byte) ([]byte, []byte) {
+	if p.idx == nil {
+		return rows, scales
+	}
+	ik := p.idx[layer]
+	d := ik.Dim
+	for _, s := range slots {
+		off := int(s) * d
+		switch ik.DType {
+		case kernels.IndexFP8:
+			rows = append(rows, ik.FP8[off:off+d]...)
+			scales = binary.LittleEndian.AppendUint32(scales, math.Float32bits(ik.Scales[s]))
+		case kernels.IndexBF16:
+			for _, h := range ik.BF16[off : off+d] {
+				rows = binary.LittleEndian.AppendUint16(rows, h)
+			}
+		}
+	}
+	return rows, scales
+}
+
+// PutKV writes K and V rows, as AppendKV wrote them, into slots of layer.
+// Each slot must lie on a page the caller's sequence alone holds.
+func (p *Pool) PutKV(layer int, slots []int32, k, v []byte) error {
+	d := p.cfg.KVDim
+	if len(k) != len(slots)*d*4 || len(v) != len(k) {
+		return fmt.Errorf("kvcache: put KV of layer %d: %d K and %d V bytes for %d tokens of %d", layer, len(k), len(v), len(slots), d)
+	}
+	for i, s := range slots {
+		if invariants {
+			p.checkSlot("PutKV", s)
+		}
+		off := int(s) * d
+		getF32(p.k[layer][off:off+d], k[i*d*4:])
+		getF32(p.v[layer][off:off+d], v[i*d*4:])
+	}
+	return nil
+}
+
+// PutIndexK writes index-K rows and scales, as AppendIndexK wrote them,
+// into slots of layer.
+func (p *Pool) PutIndexK(layer int, slots []int32, rows, scales []byte) error {
+	if p.idx == nil {
+		if len(rows) != 0 || len(scales) != 0 {
+			return fmt.Errorf("kvcache: put index-K of layer %d: the pool has no indexer", layer)
+		}
+		return nil
+	}
+	ik := p.idx[layer]
+	d := ik.Dim
+	n := len(slots)
+	switch ik.DType {
+	case kernels.IndexFP8:
+		if len(rows) != n*d || len(scales) != n*4 {
+			return fmt.Errorf("kvcache: put fp8 index-K of layer %d: %d row and %d scale bytes for %d tokens of %d", layer, len(rows), len(scales), n, d)
+		}
+	case kernels.IndexBF16:
+		if len(rows) != n*d*2 || len(scales) != 0 {
+			return fmt.Errorf("kvcache: put bf16 index-K of layer %d: %d row and %d scale bytes for %d tokens of %d", layer, len(rows), len(scales), n, d)
+		}
+	}
+	for i, s := range slots {
+		if invariants {
+			p.checkSlot("PutIndexK", s)
+		}
+		off := int(s) * d
+		switch ik.DType {
+		case kernels.IndexFP8:
+			copy(ik.FP8[off:off+d], rows[i*d:(i+1)*d])
+			ik.Scales[s] = math.Float32frombits(binary.LittleEndian.Uint32(scales[i*4:]))
+		case kernels.IndexBF16:
+			for j := range d {
+				ik.BF16[off+j] = binary.LittleEndian.Uint16(rows[(i*d+j)*2:])
+			}
+		}
+	}
+	return nil
+}
+
+func appendF32(b []byte, f []float32) []byte {
+	for _, x := range f {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(x))
+	}
+	return b
+}
+
+func getF32(dst []float32, b []byte) {
+	for i := range dst {
+		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[i*4:]))
+	}
+}
