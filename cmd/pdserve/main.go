@@ -51,6 +51,7 @@ router, prefill, decode, launch) arrive with the serving milestones.`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(newModelCmd(), newGenerateCmd(), newBenchCmd(), newConfigCmd())
 	root.AddCommand(newServeCmd())
+	root.AddCommand(newLaunchCmd())
 	// Every flag can also come from its PD_* environment variable.
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		if err := config.ApplyEnv(cmd.Flags(), os.Getenv); err != nil {
