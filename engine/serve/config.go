@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/dist"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/kernels"
@@ -25,9 +26,14 @@ type Config struct {
 	// computed from position 0 and finished sequences free all their pages.
 	DisablePrefixCache bool
 
-	// Name and Role label the loops' goroutines (pprof labels server and
-	// role; default "pdserve" and "colocated").
+	// Name labels the loops' goroutines (pprof label server; default
+	// "pdserve"). Role is the engine's part: colocated (default), prefill
+	// or decode (PD disaggregation, see PDConfig); it is the pprof label
+	// role too.
 	Name, Role string
+
+	// PD configures the prefill and decode roles.
+	PD PDConfig
 
 	// FlightRecorderLen is how many collectives each rank's flight
 	// recorder keeps (default dist.DefaultFlightRecorderLen).
@@ -105,8 +111,9 @@ func (c *Config) setDefaults(m *model.Model) {
 		c.Name = "pdserve"
 	}
 	if c.Role == "" {
-		c.Role = "colocated"
+		c.Role = pdproto.RoleColocated
 	}
+	c.PD.setDefaults()
 	if c.CollectiveWatchdog == 0 {
 		c.CollectiveWatchdog = 5 * time.Second
 	}
@@ -114,6 +121,19 @@ func (c *Config) setDefaults(m *model.Model) {
 		c.CloseTimeout = 5 * time.Second
 	}
 }
+
+// maxSeqs is the number of sequences a rank's pool holds at once: the
+// running requests, and on a decode server as many again whose KV arrives
+// or waits for admission.
+func (c Config) maxSeqs() int {
+	if c.Role == pdproto.RoleDecode {
+		return 2 * c.MaxRunning
+	}
+	return c.MaxRunning
+}
+
+// pagesFor is the number of pages that hold n tokens.
+func (c Config) pagesFor(n int) int { return (n + c.PageSize - 1) / c.PageSize }
 
 // Pages is the number of KV pages of each rank's pool.
 func (c Config) Pages() int {
@@ -161,6 +181,14 @@ func (c Config) Validate(m *model.Model) error {
 	}
 	if c.CollectiveWatchdog > 0 && c.Heartbeat >= c.CollectiveWatchdog {
 		bad("heartbeat %v must be shorter than the collective watchdog %v: idle ranks wait for rank 0 in a collective up to one heartbeat", c.Heartbeat, c.CollectiveWatchdog)
+	}
+	switch c.Role {
+	case pdproto.RoleColocated, pdproto.RolePrefill, pdproto.RoleDecode:
+	default:
+		bad("role %q: want colocated, prefill or decode", c.Role)
+	}
+	if err := c.PD.validate(); err != nil {
+		bad("%v", err)
 	}
 	if c.CloseTimeout <= 0 {
 		bad("close timeout %v must be positive", c.CloseTimeout)

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/dist"
 	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/engine/sched"
@@ -27,6 +28,7 @@ type rankLoop struct {
 	rk    *tp.Rank
 	sched *sched.Scheduler
 	cache *prefix.Cache // nil when the prefix cache is off
+	pd    *rankPD       // nil on a colocated server
 	seqs  map[uint64]*seqState
 	step  uint64
 
@@ -129,7 +131,14 @@ func (e *Engine) takeInbox() stepInput {
 	e.mu.Unlock()
 	for _, r := range pending {
 		e.front[r.id] = r
-		in.adds = append(in.adds, addMsg{id: r.id, maxTokens: r.req.MaxTokens, ignoreEOS: r.req.IgnoreEOS, prompt: r.req.Prompt, stop: r.req.Stop})
+		a := addMsg{id: r.id, maxTokens: r.req.MaxTokens, ignoreEOS: r.req.IgnoreEOS, prompt: r.req.Prompt, stop: r.req.Stop}
+		if pd := r.req.PD; pd != nil {
+			a.pd, a.room, a.url = true, pd.Room, pd.BootstrapURL
+			if e.cfg.Role == pdproto.RolePrefill {
+				a.maxTokens = 1 // the prefill samples the first token only
+			}
+		}
+		in.adds = append(in.adds, a)
 	}
 	for _, id := range aborts {
 		if r := e.front[id]; r != nil && r.cut == "" {
@@ -166,7 +175,15 @@ func (e *Engine) takeAborts() []uint64 {
 func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	l.now, l.finished = in.now, 0
 	rec := StepRecord{Rank: l.r, Step: l.step + 1, Phase: "idle", Start: start}
-	if err := l.admit(in.adds); err != nil {
+	var adds []addMsg
+	for _, a := range in.adds {
+		if a.pd && l.pd != nil {
+			l.pdAdmit(a)
+			continue
+		}
+		adds = append(adds, a)
+	}
+	if err := l.admit(adds); err != nil {
 		return false, err
 	}
 	for _, id := range in.aborts {
@@ -177,17 +194,26 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	if err := l.finish(l.sched.Tick(l.now)); err != nil {
 		return false, err
 	}
-	if l.sched.Len() == 0 {
+	if l.sched.Len() == 0 && (l.pd == nil || len(l.pd.reqs) == 0) {
 		l.publish(rec)
 		return false, nil
 	}
 
 	// Room: what every rank could allocate, evicting unused cached pages.
-	free := []int64{int64(l.freePages())}
-	if err := l.comm().AllReduceMinInt(ctx, free); err != nil {
+	pool := l.rk.Pool()
+	reduced := []int64{int64(l.freePages()), int64(pool.Config().MaxSeqs - pool.Live())}
+	if err := l.comm().AllReduceMinInt(ctx, reduced); err != nil {
 		return false, fmt.Errorf("serve: rank %d: free pages: %w", l.r, err)
 	}
-	plan, err := l.sched.Schedule(l.now, int(free[0]))
+	free, err := l.pdStep(int(reduced[0]), int(reduced[1]))
+	if err != nil {
+		return false, err
+	}
+	if l.sched.Len() == 0 {
+		l.publish(rec)
+		return false, nil
+	}
+	plan, err := l.sched.Schedule(l.now, free)
 	if err != nil {
 		return false, fmt.Errorf("serve: rank %d: schedule: %w", l.r, err)
 	}
@@ -299,7 +325,11 @@ func (l *rankLoop) admit(adds []addMsg) error {
 // (already finished) or already cut id changes nothing.
 func (l *rankLoop) cut(id uint64) error {
 	s := l.seqs[id]
-	if s == nil || s.cut {
+	if s == nil {
+		_, err := l.pdAbort(id)
+		return err
+	}
+	if s.cut {
 		return nil
 	}
 	s.cut = true
@@ -470,6 +500,7 @@ func (l *rankLoop) apply(plan sched.Plan, out stepOutput) error {
 		}
 	}
 	outcomes := make([]sched.Outcome, 0, len(plan.Run))
+	var toks map[uint64]int32
 	j := 0
 	for _, it := range plan.Run {
 		s := l.seqs[it.ID]
@@ -487,12 +518,17 @@ func (l *rankLoop) apply(plan sched.Plan, out stepOutput) error {
 			j++
 			s.all = append(s.all, t.tok)
 			s.decoding = true
+			if toks == nil {
+				toks = make(map[uint64]int32)
+			}
+			toks[it.ID] = t.tok
 			outcomes = append(outcomes, sched.Outcome{ID: it.ID, Emitted: 1, Stop: t.stop})
 		}
 	}
 	if j != len(out.toks) {
 		return fmt.Errorf("%w: rank %d: %d sampled tokens for %d items", errWire, l.r, len(out.toks), j)
 	}
+	l.sendChunks(plan.Run, toks) // before StepDone releases what finished
 	fs, err := l.sched.StepDone(l.now, outcomes)
 	if ferr := l.finish(fs); ferr != nil {
 		return ferr
@@ -520,7 +556,8 @@ func (l *rankLoop) finish(fs []sched.Finish) error {
 			err = l.cache.Unlock(s.matched) // finished while waiting
 		}
 		l.finished++
-		if l.r == 0 {
+		held := l.pdFinished(f)
+		if l.r == 0 && !held {
 			l.e.finishFront(f, err)
 		}
 		if err != nil {

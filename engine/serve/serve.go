@@ -78,6 +78,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/dist"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/prefix"
@@ -109,6 +110,10 @@ type Request struct {
 	Sampling  sample.Params
 	IgnoreEOS bool    // keep generating past end-of-generation tokens
 	Stop      []int32 // further token ids that end the generation
+	// PD is set, and required, on a prefill or decode server: the request
+	// is one side of a disaggregated request (see PDConfig). A prefill
+	// server computes the prompt's KV and the first token only.
+	PD *PDRequest
 }
 
 // Event is one token (Finish nil) or the request's end (Finish set; the
@@ -226,6 +231,7 @@ type Engine struct {
 
 	snap   atomic.Pointer[EngineSnapshot]
 	stalls atomic.Uint64 // collectives the watchdog reported
+	pd     *pdEngine     // nil on a colocated server
 
 	// Rank 0's: the front of every request the ranks know (stream,
 	// sampler), and the totals. Owned by rank 0's loop while it runs, then
@@ -273,7 +279,7 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 			onStall(s)
 		}
 	}
-	shards, err := tp.NewShards(m, func(int) kernels.Backend { return cpu.New(threads) }, cfg.TP, cfg.PageSize, cfg.KVTokens, cfg.MaxRunning, cfg.IndexK, gopts)
+	shards, err := tp.NewShards(m, func(int) kernels.Backend { return cpu.New(threads) }, cfg.TP, cfg.PageSize, cfg.KVTokens, cfg.maxSeqs(), cfg.IndexK, gopts)
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
@@ -293,6 +299,16 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 			return nil, fmt.Errorf("serve: %w", err)
 		}
 		l := &rankLoop{e: e, r: r, rk: shards.Rank(r), sched: sc, seqs: make(map[uint64]*seqState)}
+		if cfg.Role != pdproto.RoleColocated {
+			if e.pd == nil {
+				e.pd = newPDEngine()
+			}
+			if l.pd, err = newRankPD(&e.cfg, e.poke); err != nil {
+				e.closePD()
+				shards.Close()
+				return nil, fmt.Errorf("serve: rank %d: %w", r, err)
+			}
+		}
 		if !cfg.DisablePrefixCache {
 			l.cache = prefix.New(l.rk.Pool())
 		}
@@ -369,6 +385,22 @@ func (e *Engine) Submit(ctx context.Context, q Request) (*Stream, error) {
 	if err := q.Sampling.Validate(); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
+	switch role := e.cfg.Role; {
+	case role == pdproto.RoleColocated && q.PD != nil:
+		return nil, errors.New("serve: a colocated server takes no bootstrap room")
+	case role != pdproto.RoleColocated && q.PD == nil:
+		return nil, fmt.Errorf("serve: a %s server takes only PD requests (with a bootstrap room): send requests through the router", role)
+	case role == pdproto.RoleDecode && q.PD.BootstrapURL == "":
+		return nil, errors.New("serve: a PD request to a decode server needs the prefill's bootstrap URL")
+	case role == pdproto.RolePrefill && q.PD.BootstrapURL != "":
+		return nil, errors.New("serve: a prefill server takes no bootstrap URL")
+	case role == pdproto.RoleDecode:
+		e.resolved(q.PD.BootstrapURL) // start the lookup now
+	}
+	if q.PD != nil {
+		pd := *q.PD
+		q.PD = &pd
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -435,9 +467,25 @@ func (e *Engine) Close() error {
 			<-e.done
 		}
 		t.Stop()
-		e.closeErr = e.shards.Close()
+		e.closeErr = errors.Join(e.closePD(), e.shards.Close())
 	})
 	return e.closeErr
+}
+
+// closePD stops the registry lookups and closes the ranks' sockets.
+func (e *Engine) closePD() error {
+	if e.pd == nil {
+		return nil
+	}
+	e.pd.stop()
+	e.pd.wg.Wait()
+	var errs []error
+	for _, l := range e.loops {
+		if l.pd != nil {
+			errs = append(errs, l.pd.close())
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // LastStep returns the record of rank 0's last finished iteration.

@@ -28,6 +28,9 @@ type addMsg struct {
 	ignoreEOS bool
 	prompt    []int32
 	stop      []int32
+	pd        bool   // a PD request: room (and, on a decode server, url) are set
+	room      uint64 // bootstrap room
+	url       string // the prefill's bootstrap registry (decode role)
 }
 
 // stepOutput closes a step that ran a forward pass.
@@ -56,6 +59,10 @@ func (m *stepInput) encode(b []byte) []byte {
 		b = appendBool(b, a.ignoreEOS)
 		b = appendTokens(b, a.prompt)
 		b = appendTokens(b, a.stop)
+		b = appendBool(b, a.pd)
+		b = binary.LittleEndian.AppendUint64(b, a.room)
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(a.url)))
+		b = append(b, a.url...)
 	}
 	return appendIDs(b, m.aborts)
 }
@@ -63,11 +70,14 @@ func (m *stepInput) encode(b []byte) []byte {
 func (m *stepInput) decode(b []byte) error {
 	r := reader{b: b}
 	*m = stepInput{now: time.Duration(r.u64()), stop: r.bool()}
-	n := r.count(8 + 4 + 1 + 4 + 4)
+	n := r.count(8 + 4 + 1 + 4 + 4 + 1 + 8 + 4)
 	for range n {
 		a := addMsg{id: r.u64(), maxTokens: int(r.u32()), ignoreEOS: r.bool()}
 		a.prompt = r.tokens()
 		a.stop = r.tokens()
+		a.pd = r.bool()
+		a.room = r.u64()
+		a.url = string(r.take(r.count(1)))
 		m.adds = append(m.adds, a)
 	}
 	m.aborts = r.ids()

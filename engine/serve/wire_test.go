@@ -8,7 +8,7 @@ import (
 
 func TestWireRoundTrip(t *testing.T) {
 	in := stepInput{now: 12345, stop: true,
-		adds:   []addMsg{{id: 7, maxTokens: 9, ignoreEOS: true, prompt: []int32{1, 2, 3}, stop: []int32{4}}, {id: 8, maxTokens: 1, prompt: []int32{5}, stop: []int32{}}},
+		adds:   []addMsg{{id: 7, maxTokens: 9, ignoreEOS: true, prompt: []int32{1, 2, 3}, stop: []int32{4}}, {id: 8, maxTokens: 1, prompt: []int32{5}, stop: []int32{}, pd: true, room: 1 << 60, url: "http://127.0.0.1:8998"}},
 		aborts: []uint64{7, 99}}
 	var got stepInput
 	if err := got.decode(in.encode(nil)); err != nil || !reflect.DeepEqual(got, in) {

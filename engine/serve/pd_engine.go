@@ -1,0 +1,187 @@
+package serve
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/pd/bootstrap"
+	"github.com/pdkit/pdkit/engine/pd/zmqlink"
+	"github.com/pdkit/pdkit/kernels"
+)
+
+// pdEngine is the Engine's PD state outside the rank loops: the decode
+// side's registry resolutions and the counters the metrics read.
+type pdEngine struct {
+	instance string
+	started  time.Time
+
+	mu    sync.Mutex
+	res   map[string]*resolution
+	ctx   context.Context
+	stop  context.CancelFunc
+	wg    sync.WaitGroup
+	phase [len(phaseNames)]atomic.Int64
+	bytes atomic.Uint64
+	fails atomic.Uint64
+}
+
+// resolution is one prefill registry as the decode side knows it.
+type resolution struct {
+	done  bool
+	infos []pdproto.RankInfo
+	err   error
+	at    time.Time
+}
+
+// retryFailedAfter is how soon a failed registry lookup may be tried again.
+const retryFailedAfter = time.Second
+
+func newPDEngine() *pdEngine {
+	ctx, stop := context.WithCancel(context.Background())
+	now := time.Now()
+	return &pdEngine{instance: fmt.Sprintf("%x", now.UnixNano()), started: now, res: map[string]*resolution{}, ctx: ctx, stop: stop}
+}
+
+// resolved reports the registry at url: its ranks (checked compatible), or
+// why not, and whether the lookup has ended. It starts a lookup when none is
+// under way (or the last one failed a while ago). Safe from any goroutine.
+func (e *Engine) resolved(url string) ([]pdproto.RankInfo, error, bool) {
+	p := e.pd
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := p.res[url]
+	if r == nil || (r.done && r.err != nil && time.Since(r.at) > retryFailedAfter) {
+		r = &resolution{at: time.Now()}
+		p.res[url] = r
+		local := e.decodeInfo()
+		p.wg.Go(func() {
+			ctx, cancel := context.WithTimeout(p.ctx, e.cfg.PD.BootstrapTimeout)
+			defer cancel()
+			infos, err := (&bootstrap.Client{}).Handshake(ctx, url, local)
+			p.mu.Lock()
+			r.done, r.infos, r.err, r.at = true, infos, err, time.Now()
+			p.mu.Unlock()
+		})
+	}
+	return r.infos, r.err, r.done
+}
+
+// forgetResolution drops what is known of url, so that the next request
+// looks it up again (a prefill that restarted has new endpoints).
+func (e *Engine) forgetResolution(url string) {
+	e.pd.mu.Lock()
+	defer e.pd.mu.Unlock()
+	if r := e.pd.res[url]; r != nil && r.done {
+		delete(e.pd.res, url)
+	}
+}
+
+func (e *Engine) indexKName() string {
+	if e.m.Config.Indexer == nil {
+		return ""
+	}
+	if e.cfg.IndexK == kernels.IndexBF16 {
+		return "bf16"
+	}
+	return "fp8"
+}
+
+const kvDTypeName = "f32" // how the pools store K and V
+
+func (e *Engine) decodeInfo() pdproto.DecodeInfo {
+	c := &e.m.Config
+	return pdproto.DecodeInfo{TPSize: e.cfg.TP, PageSize: e.cfg.PageSize, KVDType: kvDTypeName, IndexKDType: e.indexKName(),
+		Model: e.m.Name, Layers: c.Layers, KVHeads: c.KVHeads / e.cfg.TP, HeadDim: c.HeadDim}
+}
+
+// RankInfos describes a prefill server's ranks for its bootstrap registry;
+// nil on other roles.
+func (e *Engine) RankInfos() []pdproto.RankInfo {
+	if e.cfg.Role != pdproto.RolePrefill {
+		return nil
+	}
+	d := e.decodeInfo()
+	var out []pdproto.RankInfo
+	for r, l := range e.loops {
+		out = append(out, pdproto.RankInfo{Rank: r, TPSize: d.TPSize, Endpoint: l.pd.inbox.Endpoint(), PageSize: d.PageSize,
+			KVDType: d.KVDType, IndexKDType: d.IndexKDType, Model: d.Model, Layers: d.Layers, KVHeads: d.KVHeads, HeadDim: d.HeadDim,
+			InstanceID: e.pd.instance, StartedAt: e.pd.started})
+	}
+	return out
+}
+
+// PDQueues counts the PD requests per queue, summed over nothing: rank 0's
+// view (every rank holds the same queues). Keys: bootstrap, active,
+// inflight (prefill); prealloc, transfer, aborting (decode).
+func (e *Engine) PDQueues() map[string]int64 {
+	if e.pd == nil {
+		return nil
+	}
+	out := map[string]int64{}
+	for i := range e.pd.phase {
+		out[phaseNames[i]] = e.pd.phase[i].Load()
+	}
+	return out
+}
+
+// PDTransferBytes is the KV payload moved by this server (sent by a
+// prefill, received by a decode), rank 0's share.
+func (e *Engine) PDTransferBytes() uint64 {
+	if e.pd == nil {
+		return 0
+	}
+	return e.pd.bytes.Load()
+}
+
+// PDFailures counts PD requests that failed (not counting client aborts).
+func (e *Engine) PDFailures() uint64 {
+	if e.pd == nil {
+		return 0
+	}
+	return e.pd.fails.Load()
+}
+
+// PDLinks reports every rank's socket: receive loop liveness and counts,
+// and the messages dropped as late or out of place.
+func (e *Engine) PDLinks() []PDLink {
+	if e.pd == nil {
+		return nil
+	}
+	out := make([]PDLink, len(e.loops))
+	for r, l := range e.loops {
+		out[r] = PDLink{Rank: r, Inbox: l.pd.inbox.Stats(), Outbox: l.pd.outbox.Stats(), Late: l.pd.mb.late.Load(), Misplaced: l.pd.mb.bad.Load()}
+	}
+	return out
+}
+
+// PDLink is one rank's PD socket state.
+type PDLink struct {
+	Rank      int
+	Inbox     zmqlink.InboxStats
+	Outbox    zmqlink.OutboxStats
+	Late      uint64 // messages for rooms the rank does not have
+	Misplaced uint64 // messages of a type the rank's role never receives
+}
+
+func (e *Engine) pdCount(p pdPhase, d int64) { e.pd.phase[p].Add(d) }
+func (e *Engine) pdBytes(n int)              { e.pd.bytes.Add(uint64(n)) }
+
+// emitFirst streams a decode request's first token, which came from the
+// prefill, on rank 0.
+func (e *Engine) emitFirst(id uint64, tok int32) {
+	r := e.front[id]
+	if r == nil {
+		return
+	}
+	r.gen++
+	e.totals.Sampled++
+	e.observeToken(r, time.Now())
+	select {
+	case r.events <- Event{Token: tok}:
+	default:
+	}
+}
