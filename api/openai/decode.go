@@ -73,6 +73,7 @@ func DecodeCompletion(r io.Reader, l Limits) (*CompletionRequest, *Error) {
 		f.fail(invalidf("prompt", `"prompt" is required`))
 	}
 	f.sampling(&req.Temperature, &req.TopP, &req.Seed, &req.Stop, &req.IgnoreEOS)
+	req.PD = f.pd()
 	req.MaxTokens = f.intp("max_tokens")
 	req.Stream = f.boolean("stream")
 	req.StreamOptions = f.streamOptions()
@@ -121,6 +122,7 @@ func DecodeChat(r io.Reader, l Limits) (*ChatCompletionRequest, *Error) {
 		f.fail(invalidf("messages", `"messages" is required`))
 	}
 	f.sampling(&req.Temperature, &req.TopP, &req.Seed, &req.Stop, &req.IgnoreEOS)
+	req.PD = f.pd()
 	req.MaxTokens = f.intp("max_tokens")
 	req.MaxCompletionTokens = f.intp("max_completion_tokens")
 	req.Stream = f.boolean("stream")
@@ -482,6 +484,22 @@ func (f *fieldReader) sampling(temp, topP **float64, seed **int64, stop *[]strin
 		*stop, f.err = parseStop(raw)
 	}
 	*ignoreEOS = f.boolean("ignore_eos")
+}
+
+// pd reads the fields a PD router adds: bootstrap_room, an unsigned 64-bit
+// integer, and bootstrap_url, a string.
+func (f *fieldReader) pd() PD {
+	var pd PD
+	if raw, ok := f.get("bootstrap_room"); ok && f.err == nil {
+		n, err := strconv.ParseUint(string(raw), 10, 64)
+		if err != nil {
+			f.fail(invalidf("bootstrap_room", `"bootstrap_room" must be an unsigned 64-bit integer`))
+			return pd
+		}
+		pd.BootstrapRoom = &n
+	}
+	pd.BootstrapURL = f.str("bootstrap_url")
+	return pd
 }
 
 func (f *fieldReader) streamOptions() *StreamOptions {

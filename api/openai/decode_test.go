@@ -371,3 +371,19 @@ func roundTripChat(t testing.TB, req *ChatCompletionRequest, l Limits) {
 		t.Fatalf("round trip changed the request:\n%s\n%s", b, b2)
 	}
 }
+
+func TestDecodePDFields(t *testing.T) {
+	req, e := DecodeCompletion(strings.NewReader(`{"prompt":"x","bootstrap_room":18446744073709551615,"bootstrap_url":"http://127.0.0.1:8998"}`), Limits{})
+	if e != nil || req.PD.BootstrapRoom == nil || *req.PD.BootstrapRoom != 1<<64-1 || req.PD.BootstrapURL != "http://127.0.0.1:8998" {
+		t.Fatalf("%+v %v", req, e)
+	}
+	chat, e := DecodeChat(strings.NewReader(`{"messages":[{"role":"user","content":"x"}],"bootstrap_room":7}`), Limits{})
+	if e != nil || chat.PD.BootstrapRoom == nil || *chat.PD.BootstrapRoom != 7 {
+		t.Fatalf("%+v %v", chat, e)
+	}
+	for _, body := range []string{`{"prompt":"x","bootstrap_room":-1}`, `{"prompt":"x","bootstrap_room":"7"}`, `{"prompt":"x","bootstrap_room":1.5}`, `{"prompt":"x","bootstrap_url":7}`} {
+		if _, e := DecodeCompletion(strings.NewReader(body), Limits{}); e == nil || e.Status != 400 {
+			t.Errorf("%s: %v", body, e)
+		}
+	}
+}

@@ -14,7 +14,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/dist"
+	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/metrics"
@@ -34,19 +36,51 @@ type serveOptions struct {
 
 	noPrefixCache bool
 	adminToken    string
+	bootstrapPort int // prefill: the registry's port
 }
 
 func newServeCmd() *cobra.Command {
+	return newEngineCmd(pdproto.RoleColocated, "serve [--model FILE] [--host H] [--port P] [--tp N]",
+		"Serve the OpenAI-compatible HTTP API with a colocated engine (prefill and decode in one process)")
+}
+
+func newPrefillCmd() *cobra.Command {
+	return newEngineCmd(pdproto.RolePrefill, "prefill [--model FILE] [--port P] [--bootstrap-port B] [--tp N]",
+		"Run a PD prefill server: computes prompts' KV and streams it to decode servers over ZeroMQ; serves its bootstrap registry on --bootstrap-port")
+}
+
+func newDecodeCmd() *cobra.Command {
+	return newEngineCmd(pdproto.RoleDecode, "decode [--model FILE] [--port P] [--tp N]",
+		"Run a PD decode server: receives prompts' KV from prefill servers and generates the tokens")
+}
+
+// newEngineCmd is the command of one engine role: the same engine, flags
+// and HTTP API, the role's part of a request differing.
+func newEngineCmd(role, use, short string) *cobra.Command {
 	o := serveOptions{}
+	o.cfg.Role = role
 	cmd := &cobra.Command{
-		Use:   "serve [--model FILE] [--host H] [--port P] [--tp N]",
-		Short: "Serve the OpenAI-compatible HTTP API with a colocated engine (prefill and decode in one process)",
+		Use:   use,
+		Short: short,
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return serveRun(cmd, o)
 		},
 	}
 	f := cmd.Flags()
+	if role != pdproto.RoleColocated {
+		f.StringVar(&o.cfg.PD.Host, "pd-host", "127.0.0.1", "address the ranks' ZeroMQ sockets bind and advertise")
+		f.DurationVar(&o.cfg.PD.BootstrapTimeout, "bootstrap-timeout", 10*time.Second, "longest a PD request may wait for its peer's handshake (and, on a decode server, for pages)")
+		f.DurationVar(&o.cfg.PD.SendTimeout, "send-timeout", 2*time.Second, "longest handing one PD message to the transport may take")
+	}
+	switch role {
+	case pdproto.RolePrefill:
+		f.IntVar(&o.bootstrapPort, "bootstrap-port", 8998, "port of the bootstrap registry (0: pick a free one)")
+		f.DurationVar(&o.cfg.PD.InflightTimeout, "inflight-timeout", 10*time.Second, "longest a prefill waits for the decode to acknowledge the KV")
+	case pdproto.RoleDecode:
+		f.DurationVar(&o.cfg.PD.TransferTimeout, "transfer-timeout", 30*time.Second, "longest a decode waits for a prompt's KV")
+		f.DurationVar(&o.cfg.PD.AbortAckTimeout, "abort-ack-timeout", 5*time.Second, "longest an aborted room's pages stay reserved waiting for the prefill's ABORT_ACK")
+	}
 	o.engine.register(f)
 	f.StringVar(&o.host, "host", "127.0.0.1", "address to listen on")
 	f.IntVar(&o.port, "port", 8000, "port to listen on (0: pick a free one)")
@@ -70,8 +104,8 @@ func newServeCmd() *cobra.Command {
 
 func serveRun(cmd *cobra.Command, o serveOptions) error {
 	stderr := cmd.ErrOrStderr()
-	if o.port < 0 || o.port > 65535 {
-		return usagef("--port %d: want 0 to 65535", o.port)
+	if o.port < 0 || o.port > 65535 || o.bootstrapPort < 0 || o.bootstrapPort > 65535 {
+		return usagef("--port %d, --bootstrap-port %d: want 0 to 65535", o.port, o.bootstrapPort)
 	}
 	if o.engine.backend != "cpu" {
 		return usagef("--backend %q: serve runs the cpu backend only", o.engine.backend)
@@ -125,8 +159,18 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	if !loopback && o.adminToken == "" {
 		log.Warn("admin API disabled: listening beyond loopback without --admin-token", "addr", ln.Addr().String())
 	}
+	var bootstrapURL string
+	if cfg.Role == pdproto.RolePrefill {
+		stop, url, err := serveRegistry(eng, o, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		bootstrapURL = url
+		fmt.Fprintf(stderr, "bootstrap registry on %s\n", url)
+	}
 	h := server.New(eng, m, server.Options{ModelName: o.modelName, ModelPath: path, StallAfter: o.stallAfter, MaxQueueAge: o.maxQueue, Logger: log, Metrics: met,
-		AdminToken: o.adminToken, Loopback: loopback})
+		AdminToken: o.adminToken, Loopback: loopback, BootstrapURL: bootstrapURL})
 	// In-flight handlers are waited for before the model is closed: a
 	// handler cut off by the shutdown timeout may still be detokenizing.
 	var inflight sync.WaitGroup
@@ -136,7 +180,7 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 		h.ServeHTTP(w, r)
 	})
 	srv := &http.Server{Handler: counted, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	fmt.Fprintf(stderr, "serving %s on http://%s\n", h.ModelName(), ln.Addr())
+	fmt.Fprintf(stderr, "serving %s (%s) on http://%s\n", h.ModelName(), cfg.Role, ln.Addr())
 
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
@@ -159,6 +203,39 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 		return serr
 	}
 	return cerr
+}
+
+// serveRegistry registers a prefill engine's ranks in a bootstrap registry
+// and serves it on --bootstrap-port; stop shuts it down.
+func serveRegistry(eng *serve.Engine, o serveOptions, log *slog.Logger) (stop func(), url string, err error) {
+	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: eng.Ranks()})
+	for _, info := range eng.RankInfos() {
+		if _, berr := reg.Register(info); berr != nil {
+			return nil, "", berr
+		}
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(o.bootstrapPort)))
+	if err != nil {
+		return nil, "", fmt.Errorf("bootstrap registry: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(pdproto.BootstrapPrefix, reg)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.Serve(ln)
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	host := o.cfg.PD.Host // an address peers reach, unlike 0.0.0.0
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if srv.Shutdown(ctx) != nil {
+			srv.Close()
+		}
+		<-done
+	}, "http://" + net.JoinHostPort(host, strconv.Itoa(port)), nil
 }
 
 // isLoopback reports whether a listener's address is a loopback one (an

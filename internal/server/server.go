@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/openai"
+	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/sample"
 	"github.com/pdkit/pdkit/engine/serve"
@@ -52,6 +53,9 @@ type Options struct {
 	// Loopback says the server listens on a loopback address only. Without
 	// an AdminToken, admin calls are allowed only then.
 	Loopback bool
+	// BootstrapURL is a prefill server's bootstrap registry, which
+	// GET /pd/v1/info reports to routers.
+	BootstrapURL string
 }
 
 // Server is the HTTP handler. It is safe for concurrent use.
@@ -117,6 +121,7 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 	s.handle("GET", "/health", s.health)
 	s.handle("GET", "/metrics", opts.Metrics.Handler().ServeHTTP)
 	s.handle("GET", "/debug/v1/state", s.state)
+	s.handle("GET", pdproto.InfoPath, s.pdInfo)
 	s.handle("GET", "/debug/v1/stacks", s.stacks)
 	s.handle("GET", "/debug/v1/steps", s.steps)
 	s.handle("GET", "/debug/v1/collectives", s.collectives)
@@ -217,6 +222,15 @@ type job struct {
 	usage    bool // stream_options.include_usage
 	idPrefix string
 	chat     bool
+	pd       *serve.PDRequest // the PD side of a disaggregated request
+}
+
+// pdOf is the engine's form of a request's PD fields; nil without a room.
+func pdOf(f openai.PD) *serve.PDRequest {
+	if f.BootstrapRoom == nil {
+		return nil
+	}
+	return &serve.PDRequest{Room: *f.BootstrapRoom, BootstrapURL: f.BootstrapURL}
 }
 
 // submit checks the prompt against the context and submits the job.
@@ -239,6 +253,7 @@ func (s *Server) submit(r *http.Request, j *job) (*serve.Stream, *openai.Error) 
 		MaxTokens: j.params.MaxTokens,
 		Sampling:  sample.Params{Temperature: float32(j.params.Temperature), TopP: float32(j.params.TopP), Seed: seed},
 		IgnoreEOS: j.params.IgnoreEOS,
+		PD:        j.pd,
 	})
 	switch {
 	case err == nil:
@@ -358,7 +373,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		oerr.WriteJSON(w)
 		return
 	}
-	j := &job{params: req.Params(s.limits), stream: req.Stream, idPrefix: "cmpl-"}
+	j := &job{params: req.Params(s.limits), stream: req.Stream, idPrefix: "cmpl-", pd: pdOf(req.PD)}
 	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	if req.Prompt.Tokens != nil {
 		vocab := s.tok.VocabSize()
@@ -393,7 +408,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		oerr.WriteJSON(w)
 		return
 	}
-	j := &job{params: req.Params(s.limits), stream: req.Stream, idPrefix: "chatcmpl-", chat: true}
+	j := &job{params: req.Params(s.limits), stream: req.Stream, idPrefix: "chatcmpl-", chat: true, pd: pdOf(req.PD)}
 	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	p, err := EncodeChat(s.tok, s.tmpl, req.Messages)
 	if err != nil {
@@ -708,4 +723,10 @@ func filterRank(profile []byte, rank string) []byte {
 		}
 	}
 	return out
+}
+
+// pdInfo describes the server to a PD router.
+func (s *Server) pdInfo(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, pdproto.ServerInfo{Role: s.eng.Config().Role, Model: s.opts.ModelName,
+		TPSize: s.eng.Ranks(), BootstrapURL: s.opts.BootstrapURL})
 }
