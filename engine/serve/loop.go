@@ -616,6 +616,7 @@ func (l *rankLoop) publish(rec StepRecord) StepRecord {
 	l.step++
 	rec.Finished, rec.End, rec.CollectiveSeq = l.finished, time.Now(), l.comm().LastSeq()
 	l.last.Store(&rec)
+	l.publishPD()
 	if l.r == 0 {
 		l.e.publish(rec)
 	}

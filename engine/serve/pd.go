@@ -251,6 +251,35 @@ type rankPD struct {
 	outbox *zmqlink.Outbox
 	mb     *mailbox
 	reqs   map[uint64]*pdReq
+	snap   atomic.Pointer[[]PDEntry] // published after every iteration
+}
+
+// PDEntry is one PD request on one rank as the rank last published it.
+type PDEntry struct {
+	ID        uint64
+	Room      uint64
+	Queue     string        // bootstrap, active, inflight (prefill); prealloc, transfer, aborting (decode)
+	InQueue   time.Duration // on the engine's clock, as of the rank's last iteration
+	Peer      string        // the peer rank's endpoint, once known
+	Tokens    int           // prompt tokens
+	Chunks    int           // KV chunks sent (prefill) or applied (decode)
+	Bytes     int           // KV payload bytes moved
+	AbortSent bool          // decode: ABORT sent to the prefill rank
+	Error     string        // why it is failing, if it is
+}
+
+// publishPD stores the rank's PD queues for readers.
+func (l *rankLoop) publishPD() {
+	if l.pd == nil {
+		return
+	}
+	out := make([]PDEntry, 0, len(l.pd.reqs))
+	for _, id := range slices.Sorted(maps.Keys(l.pd.reqs)) {
+		q := l.pd.reqs[id]
+		out = append(out, PDEntry{ID: q.id, Room: q.room, Queue: q.phase.String(), InQueue: l.now - q.since, Peer: q.peer,
+			Tokens: len(q.add.prompt), Chunks: q.chunks, Bytes: q.bytes, AbortSent: q.abort, Error: q.why})
+	}
+	l.pd.snap.Store(&out)
 }
 
 // newRankPD binds the rank's socket: control on a prefill rank, KV on a
@@ -637,6 +666,7 @@ func (l *rankLoop) pdFail(q *pdReq) error {
 			return nil
 		}
 		l.send(q.peer, &pdproto.Abort{Room: q.room, Endpoint: l.pd.inbox.Endpoint(), Rank: uint32(l.r), Reason: why})
+		q.abort = true
 		l.pdMove(q, phaseAborting)
 	default: // prealloc: no pages yet
 		if q.peer != "" {

@@ -158,6 +158,21 @@ func (e *Engine) PDLinks() []PDLink {
 	return out
 }
 
+// PDQueueEntries returns every rank's PD queues as each rank last
+// published them (lock-free), in rank order; nil on a colocated server.
+func (e *Engine) PDQueueEntries() [][]PDEntry {
+	if e.pd == nil {
+		return nil
+	}
+	out := make([][]PDEntry, len(e.loops))
+	for r, l := range e.loops {
+		if p := l.pd.snap.Load(); p != nil {
+			out[r] = *p
+		}
+	}
+	return out
+}
+
 // PDLink is one rank's PD socket state.
 type PDLink struct {
 	Rank      int
