@@ -34,6 +34,8 @@ type Config struct {
 
 	// PD configures the prefill and decode roles.
 	PD PDConfig
+	// Faults are the fault switches on at start (see FaultBootstrapAbortCrash).
+	Faults []string
 
 	// FlightRecorderLen is how many collectives each rank's flight
 	// recorder keeps (default dist.DefaultFlightRecorderLen).
@@ -189,6 +191,11 @@ func (c Config) Validate(m *model.Model) error {
 	}
 	if err := c.PD.validate(); err != nil {
 		bad("%v", err)
+	}
+	for _, f := range c.Faults {
+		if err := checkFault(f, c.Role); err != nil {
+			bad("%v", err)
+		}
 	}
 	if c.CloseTimeout <= 0 {
 		bad("close timeout %v must be positive", c.CloseTimeout)

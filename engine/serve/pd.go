@@ -137,7 +137,8 @@ type mailbox struct {
 	late    atomic.Uint64   // messages for rooms nobody has, dropped
 	bad     atomic.Uint64   // messages that made no sense here, dropped
 	prefill bool
-	wake    func() // tells the loops that mail arrived
+	wake    func()                 // tells the loops that mail arrived
+	fault   func(name string) bool // whether a fault switch is on
 }
 
 type mail struct {
@@ -187,6 +188,11 @@ func (mb *mailbox) handle(frames [][]byte) error {
 		if !mb.prefill {
 			mb.bad.Add(1)
 			return nil
+		}
+		if mb.fault(FaultBootstrapAbortCrash) {
+			// The reference system's bootstrap thread knew no ABORT
+			// and died on it; so does this loop with the fault on.
+			return fmt.Errorf("control loop: unknown message type %s (fault %s): %w", m.Type(), FaultBootstrapAbortCrash, zmqlink.ErrExitLoop)
 		}
 		x.abort = m
 	case *pdproto.KVChunk:
@@ -284,8 +290,8 @@ func (l *rankLoop) publishPD() {
 
 // newRankPD binds the rank's socket: control on a prefill rank, KV on a
 // decode rank.
-func newRankPD(cfg *Config, wake func()) (*rankPD, error) {
-	pd := &rankPD{mb: &mailbox{rooms: map[uint64]*mail{}, known: map[uint64]bool{}, prefill: cfg.Role == pdproto.RolePrefill, wake: wake},
+func newRankPD(cfg *Config, wake func(), fault func(string) bool) (*rankPD, error) {
+	pd := &rankPD{mb: &mailbox{rooms: map[uint64]*mail{}, known: map[uint64]bool{}, prefill: cfg.Role == pdproto.RolePrefill, wake: wake, fault: fault},
 		reqs: map[uint64]*pdReq{}}
 	in, err := zmqlink.Listen("tcp://"+cfg.PD.Host+":0", pd.mb.handle, nil)
 	if err != nil {
@@ -448,7 +454,7 @@ func (l *rankLoop) judge(q *pdReq) pdproto.KVPoll {
 		}
 		return pdproto.Transferring
 	case phaseAborting:
-		if m.acked || age > c.AbortAckTimeout {
+		if m.acked || (m.status != nil && m.status.State == pdproto.Failed) || age > c.AbortAckTimeout {
 			return pdproto.Success
 		}
 		return pdproto.Transferring
@@ -638,8 +644,10 @@ func (l *rankLoop) pdFail(q *pdReq) error {
 	switch {
 	case l.e.cfg.Role == pdproto.RolePrefill:
 		if q.phase == phaseActive {
-			if r := l.e.front[q.id]; l.r == 0 && r != nil && r.cut == "" {
-				r.cut = "error: pd: " + why
+			if l.r == 0 {
+				if r := l.e.front[q.id]; r != nil && r.cut == "" {
+					r.cut = "error: pd: " + why
+				}
 			}
 			q.why = why
 			if err := l.cut(q.id); err != nil {
@@ -657,16 +665,15 @@ func (l *rankLoop) pdFail(q *pdReq) error {
 			q.why = why // its finish, from the cut, ends it
 		}
 	case q.phase == phaseTransfer:
-		failedByPeer := m.status != nil && m.status.State == pdproto.Failed
+		// Every rank holds the pages until its prefill peer can write no
+		// more: it acknowledged the ABORT, or had failed the room itself
+		// (nothing follows STATUS Failed), or the deadline passed. Which
+		// of these a rank saw is its own business; the move is agreed.
 		l.pdEnd(q, errors.New("pd: "+why))
-		if failedByPeer {
-			// The prefill writes nothing after STATUS Failed.
-			l.pdRelease(q)
-			l.pdForget(q)
-			return nil
+		if m.status == nil || m.status.State != pdproto.Failed {
+			l.send(q.peer, &pdproto.Abort{Room: q.room, Endpoint: l.pd.inbox.Endpoint(), Rank: uint32(l.r), Reason: why})
+			q.abort = true
 		}
-		l.send(q.peer, &pdproto.Abort{Room: q.room, Endpoint: l.pd.inbox.Endpoint(), Rank: uint32(l.r), Reason: why})
-		q.abort = true
 		l.pdMove(q, phaseAborting)
 	default: // prealloc: no pages yet
 		if q.peer != "" {
@@ -693,8 +700,10 @@ func (l *rankLoop) pdAbort(id uint64) (bool, error) {
 		return true, nil // the prefill work is done, or the abort is under way
 	}
 	q.why = "aborted"
-	if r := l.e.front[id]; l.r == 0 && r != nil {
-		r.cut = ReasonAbort
+	if l.r == 0 {
+		if r := l.e.front[id]; r != nil {
+			r.cut = ReasonAbort
+		}
 	}
 	if l.e.cfg.Role == pdproto.RolePrefill {
 		// The decode learns it from STATUS Failed when it sent its info.

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -112,4 +114,133 @@ func TestPDMatchesColocated(t *testing.T) {
 			})
 		}
 	}
+}
+
+// session is one PD request as a router runs it: both sides under one room,
+// both cancelled together when the client goes.
+type session struct {
+	cancel context.CancelFunc
+	p, d   *Stream
+}
+
+func (pp *pdPair) open(t *testing.T, q Request, room uint64) *session {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	pq, dq := q, q
+	pq.PD = &PDRequest{Room: room}
+	dq.PD = &PDRequest{Room: room, BootstrapURL: pp.url}
+	ps, err := pp.prefill.Submit(ctx, pq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := pp.decode.Submit(ctx, dq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &session{cancel: cancel, p: ps, d: ds}
+}
+
+// inQueue reports whether request id is in queue on rank 0 of e.
+func inQueue(e *Engine, id uint64, queue string) bool {
+	for _, en := range e.PDQueueEntries()[0] {
+		if en.ID == id && en.Queue == queue {
+			return true
+		}
+	}
+	return false
+}
+
+// drained waits until both sides hold no PD request and no KV.
+func (pp *pdPair) drained(t *testing.T, within time.Duration) {
+	t.Helper()
+	poll(t, "PD queues empty", within, func() bool {
+		for _, e := range []*Engine{pp.prefill, pp.decode} {
+			for _, v := range e.PDQueues() {
+				if v != 0 {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	checkPools(t, pp.prefill)
+	checkPools(t, pp.decode)
+}
+
+// The mass-abort drill: sessions aborted in every phase (waiting for the
+// handshake, transferring, decoding) leave both sides empty and serving.
+func TestPDMassAbortDrill(t *testing.T) {
+	m := tinyModel(t)
+	cfg := Config{TP: 2, PageSize: 4, KVTokens: 1024, MaxRunning: 8, MaxBatchTokens: 64, PrefillChunk: 8, PD: PDConfig{AbortAckTimeout: time.Second}}
+	pp := newPDPair(t, cfg)
+	ps := testmodel.Prompts(29, 60, 8, 60, m.Config.VocabSize)
+	phases := []string{"prealloc", "transfer", "decoding", "early"}
+	var wg sync.WaitGroup
+	for i, p := range ps {
+		phase := phases[i%len(phases)]
+		wg.Go(func() {
+			s := pp.open(t, Request{Prompt: p, MaxTokens: 40, IgnoreEOS: true}, uint64(9000+i))
+			switch phase {
+			case "prealloc", "transfer":
+				// Best effort: the phase may pass before it is seen.
+				deadline := time.Now().Add(5 * time.Second)
+				for !inQueue(pp.decode, s.d.ID, phase) && len(s.d.Events) == 0 && time.Now().Before(deadline) {
+					runtime.Gosched()
+				}
+			case "decoding":
+				if ev := <-s.d.Events; ev.Finish != nil {
+					t.Errorf("session %d finished before decoding: %+v", i, ev.Finish)
+					return
+				}
+			}
+			s.cancel()
+			collect(t, s.d, 30*time.Second)
+			collect(t, s.p, 30*time.Second)
+		})
+	}
+	wg.Wait()
+	if p, d := pp.prefill.Snapshot().Err, pp.decode.Snapshot().Err; p != "" || d != "" {
+		t.Fatalf("engine failed: prefill %q, decode %q", p, d)
+	}
+	pp.drained(t, 2*time.Second)
+	// Both sides serve again.
+	for i, p := range testmodel.Prompts(31, 20, 4, 30, m.Config.VocabSize) {
+		toks, dfin, _ := pp.run(t, context.Background(), Request{Prompt: p, MaxTokens: 5, IgnoreEOS: true}, uint64(19000+i))
+		if len(toks) != 5 || dfin.Reason != ReasonLength {
+			t.Errorf("after the drill, request %d: %d tokens, %q", i, len(toks), dfin.Reason)
+		}
+	}
+	pp.drained(t, 10*time.Second)
+}
+
+// With bootstrap-abort-crash on, the first ABORT kills the prefill's control
+// loop; a new request then waits for a handshake that never comes, until
+// its timeout: the wedge, visible in the prefill's socket state.
+func TestPDBootstrapAbortCrashWedges(t *testing.T) {
+	m := tinyModel(t)
+	cfg := Config{PageSize: 4, KVTokens: 512, MaxRunning: 4, PD: PDConfig{BootstrapTimeout: 2 * time.Second, TransferTimeout: 2 * time.Second, AbortAckTimeout: time.Second}}
+	pp := newPDPair(t, cfg)
+	if err := pp.prefill.SetFault(FaultBootstrapAbortCrash, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := pp.decode.SetFault(FaultBootstrapAbortCrash, true); err == nil {
+		t.Error("a prefill fault switched on at a decode server")
+	}
+	ps := testmodel.Prompts(37, 2, 200, 300, m.Config.VocabSize)
+	// Abort a session in transfer: the decode sends ABORT to the prefill.
+	s := pp.open(t, Request{Prompt: ps[0], MaxTokens: 8, IgnoreEOS: true}, 1)
+	poll(t, "in transfer", 10*time.Second, func() bool { return inQueue(pp.decode, s.d.ID, "transfer") || len(s.d.Events) > 0 })
+	s.cancel()
+	collect(t, s.d, 30*time.Second)
+	collect(t, s.p, 30*time.Second)
+	poll(t, "control loop dead", 10*time.Second, func() bool { return !pp.prefill.PDLinks()[0].Inbox.Alive })
+	if r := pp.prefill.PDLinks()[0].Inbox.ExitReason; !strings.Contains(r, "unknown message type ABORT") {
+		t.Errorf("exit reason %q", r)
+	}
+	// A new request hangs in the handshake and fails only by its timeout.
+	toks, dfin, pfin := pp.run(t, context.Background(), Request{Prompt: ps[1], MaxTokens: 4}, 2)
+	if len(toks) != 0 || !strings.Contains(pfin.Reason, "no transfer info") || !strings.HasPrefix(dfin.Reason, "error: pd:") {
+		t.Errorf("wedged cluster served: %d tokens, decode %q, prefill %q", len(toks), dfin.Reason, pfin.Reason)
+	}
+	t.Logf("decode %q; prefill %q", dfin.Reason, pfin.Reason)
 }

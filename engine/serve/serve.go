@@ -232,6 +232,7 @@ type Engine struct {
 	snap   atomic.Pointer[EngineSnapshot]
 	stalls atomic.Uint64 // collectives the watchdog reported
 	pd     *pdEngine     // nil on a colocated server
+	faults faultSet
 
 	// Rank 0's: the front of every request the ranks know (stream,
 	// sampler), and the totals. Owned by rank 0's loop while it runs, then
@@ -288,6 +289,9 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		front: make(map[uint64]*request),
 	}
+	for _, name := range cfg.Faults {
+		e.faults.on[faultIndex(name)].Store(true) // checked by Validate
+	}
 	for r := range cfg.TP {
 		sc, err := sched.New(sched.Config{
 			MaxRunning: cfg.MaxRunning, MaxBatchTokens: cfg.MaxBatchTokens, PrefillChunk: cfg.PrefillChunk,
@@ -303,7 +307,7 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 			if e.pd == nil {
 				e.pd = newPDEngine()
 			}
-			if l.pd, err = newRankPD(&e.cfg, e.poke); err != nil {
+			if l.pd, err = newRankPD(&e.cfg, e.poke, e.faults.enabled); err != nil {
 				e.closePD()
 				shards.Close()
 				return nil, fmt.Errorf("serve: rank %d: %w", r, err)

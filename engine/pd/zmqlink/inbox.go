@@ -250,12 +250,20 @@ func (in *Inbox) loop(sock *zmq.Socket) string {
 				in.noteError(err)
 				break
 			}
-			in.deliver(frames)
+			if err := in.deliver(frames); errors.Is(err, ErrExitLoop) {
+				return err.Error()
+			}
 		}
 	}
 }
 
-func (in *Inbox) deliver(frames [][]byte) {
+// ErrExitLoop, returned (or wrapped) by a handler, ends the receive loop
+// as if it had crashed: the socket closes, Alive turns false and the exit
+// reason is the error's text. Only fault switches use it; a healthy handler
+// never stops its loop.
+var ErrExitLoop = errors.New("zmqlink: handler ended the receive loop")
+
+func (in *Inbox) deliver(frames [][]byte) error {
 	n := 0
 	for _, f := range frames {
 		n += len(f)
@@ -263,9 +271,11 @@ func (in *Inbox) deliver(frames [][]byte) {
 	in.messages.Add(1)
 	in.bytes.Add(uint64(n))
 	in.lastMessage.Store(unixNano(time.Now()))
-	if err := in.call(frames); err != nil {
+	err := in.call(frames)
+	if err != nil {
 		in.noteError(err)
 	}
+	return err
 }
 
 // call runs the handler, turning a panic into a counted error.

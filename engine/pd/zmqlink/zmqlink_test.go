@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -358,5 +360,31 @@ func TestBindAddress(t *testing.T) {
 		if got := bindAddress(in); got != want {
 			t.Errorf("bindAddress(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// A handler that returns ErrExitLoop ends the receive loop: what comes
+// after is never handled, the inbox reports itself dead with the reason,
+// and Close still returns.
+func TestHandlerEndsLoop(t *testing.T) {
+	checkGoroutines(t)
+	var c collector
+	h := func(frames [][]byte) error {
+		if string(frames[0]) == "exit" {
+			return fmt.Errorf("unknown message: %w", ErrExitLoop)
+		}
+		return c.handle(frames)
+	}
+	in, out := newPair(t, h)
+	ctx := context.Background()
+	for _, s := range []string{"a", "exit", "b"} {
+		if err := out.Send(ctx, in.Endpoint(), [][]byte{[]byte(s)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "loop ends", func() bool { return !in.Alive() })
+	st := in.Stats()
+	if c.len() != 1 || st.Alive || !strings.Contains(st.ExitReason, "unknown message") {
+		t.Fatalf("handled %d, stats %+v", c.len(), st)
 	}
 }
