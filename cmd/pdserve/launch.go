@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -15,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/config"
 	"github.com/pdkit/pdkit/internal/launch"
 )
@@ -55,7 +57,7 @@ Other PD_* variables in the environment reach the servers.`,
 	f.IntVar(&o.prefill, "prefill", 1, "prefill servers")
 	f.IntVar(&o.decode, "decode", 1, "decode servers")
 	f.IntVar(&o.tp, "tp", 1, "tensor-parallel ranks of each prefill and decode server")
-	f.StringArrayVar(&o.faults, "fault", nil, "fault switch passed to every prefill and decode server (repeatable)")
+	f.StringArrayVar(&o.faults, "fault", nil, "fault switch to turn on in the servers of its role (repeatable; e.g. bootstrap-abort-crash)")
 	f.DurationVar(&o.readyTimeout, "ready-timeout", 2*time.Minute, "longest wait for every server to answer /health")
 	f.DurationVar(&o.grace, "stop-timeout", 15*time.Second, "how long a stop waits after SIGTERM before it kills a server")
 	return cmd
@@ -85,21 +87,24 @@ func (p launchPlan) specs() []launch.Spec {
 		specs = append(specs, launch.Spec{Name: name, Role: role, Path: p.exe, Args: args, Env: p.env,
 			HealthURL: loopbackURL(port) + "/health"})
 	}
-	faults := func(args []string) []string {
+	// Each fault goes to the servers of the roles it applies to.
+	faults := func(role string, args []string) []string {
 		for _, f := range p.faults {
-			args = append(args, "--fault", f)
+			if roles, _ := serve.FaultRoles(f); slices.Contains(roles, role) {
+				args = append(args, "--fault", f)
+			}
 		}
 		return args
 	}
 	tp := strconv.Itoa(p.tp)
 	var prefillURLs, decodeURLs []string
 	for i, pp := range p.prefill {
-		add(fmt.Sprintf("prefill-%d", i), "prefill", pp.http, faults([]string{"prefill", "--model", p.model,
+		add(fmt.Sprintf("prefill-%d", i), "prefill", pp.http, faults("prefill", []string{"prefill", "--model", p.model,
 			"--port", strconv.Itoa(pp.http), "--bootstrap-port", strconv.Itoa(pp.bootstrap), "--tp", tp})...)
 		prefillURLs = append(prefillURLs, loopbackURL(pp.http))
 	}
 	for j, port := range p.decode {
-		add(fmt.Sprintf("decode-%d", j), "decode", port, faults([]string{"decode", "--model", p.model,
+		add(fmt.Sprintf("decode-%d", j), "decode", port, faults("decode", []string{"decode", "--model", p.model,
 			"--port", strconv.Itoa(port), "--tp", tp})...)
 		decodeURLs = append(decodeURLs, loopbackURL(port))
 	}
@@ -140,8 +145,8 @@ func launchRun(cmd *cobra.Command, o launchOptions) error {
 		return usagef("--ready-timeout and --stop-timeout must be positive")
 	}
 	for _, f := range o.faults {
-		if f == "" || strings.HasPrefix(f, "-") {
-			return usagef("--fault %q: want a fault name", f)
+		if _, ok := serve.FaultRoles(f); !ok {
+			return usagef("--fault %q: not a fault switch", f)
 		}
 	}
 	if o.port != 0 {

@@ -69,6 +69,7 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 	}
 	f := cmd.Flags()
 	if role != pdproto.RoleColocated {
+		f.StringSliceVar(&o.cfg.Faults, "fault", nil, "fault switch to turn on at start (repeatable; see GET /debug/v1/faults)")
 		f.StringVar(&o.cfg.PD.Host, "pd-host", "127.0.0.1", "address the ranks' ZeroMQ sockets bind and advertise")
 		f.DurationVar(&o.cfg.PD.BootstrapTimeout, "bootstrap-timeout", 10*time.Second, "longest a PD request may wait for its peer's handshake (and, on a decode server, for pages)")
 		f.DurationVar(&o.cfg.PD.SendTimeout, "send-timeout", 2*time.Second, "longest handing one PD message to the transport may take")

@@ -63,6 +63,16 @@ func checkFault(name, role string) error {
 	return nil
 }
 
+// FaultRoles returns the roles whose servers take fault name; false for an
+// unknown fault.
+func FaultRoles(name string) ([]string, bool) {
+	i := faultIndex(name)
+	if i < 0 {
+		return nil, false
+	}
+	return slices.Clone(faultSpecs[i].Roles), true
+}
+
 // SetFault switches fault name on or off, live.
 func (e *Engine) SetFault(name string, on bool) error {
 	if err := checkFault(name, e.cfg.Role); err != nil {

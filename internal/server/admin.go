@@ -10,6 +10,7 @@ import (
 
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/openai"
+	"github.com/pdkit/pdkit/engine/serve"
 )
 
 // adminResult carries, through a call's context, what an admin handler did,
@@ -40,6 +41,8 @@ func (s *Server) adminHandler() http.Handler {
 	}
 	post("/admin/v1/requests/{id}/abort", s.adminAbort)
 	post("/admin/v1/abort_all", s.adminAbortAll)
+	post("/admin/v1/faults/{name}/on", s.adminFault(true))
+	post("/admin/v1/faults/{name}/off", s.adminFault(false))
 	mux.HandleFunc("/", s.notFound)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rw := &recorder{ResponseWriter: w}
@@ -150,4 +153,32 @@ func (s *Server) adminAbortAll(w http.ResponseWriter, r *http.Request) {
 	}
 	setResult(r, "aborted %d requests %v", len(ids), ids)
 	writeJSON(w, http.StatusOK, debug.AbortAllResponse{Aborted: ids})
+}
+
+// adminFault switches a fault on or off: 200 with every fault's state, 400
+// for a fault unknown or of another role.
+func (s *Server) adminFault(on bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		name := r.PathValue("name")
+		if err := s.eng.SetFault(name, on); err != nil {
+			setResult(r, "fault %s: %v", name, err)
+			openai.InvalidRequest("name", err.Error()).WriteJSON(w)
+			return
+		}
+		setResult(r, "fault %s on=%t", name, on)
+		writeJSON(w, http.StatusOK, faultList(s.eng))
+	}
+}
+
+// faults lists the fault switches (GET /debug/v1/faults).
+func (s *Server) faults(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, faultList(s.eng))
+}
+
+func faultList(e *serve.Engine) debug.FaultsResponse {
+	var out debug.FaultsResponse
+	for _, f := range e.Faults() {
+		out.Faults = append(out.Faults, debug.Fault{Name: f.Name, Roles: f.Roles, Doc: f.Doc, On: f.On})
+	}
+	return out
 }
