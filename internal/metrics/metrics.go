@@ -16,6 +16,35 @@
 //     timestamps it took itself, which feed the token and request counters
 //     and the time-to-first-token, inter-token and step-duration
 //     histograms. Its methods only update atomics; they never block.
+//
+// # PD roles
+//
+// On a prefill or decode engine (serve.Config.Role) the engine collector
+// also reads, at scrape time and only through the engine's lock-free PD
+// accessors (PDQueueEntries, PDLinks, PDFailures, PDTransferBytes):
+//
+//	pdkit_num_prefill_bootstrap_queue_reqs{rank}  prefill: waiting for the decode's transfer info
+//	pdkit_num_prefill_inflight_queue_reqs{rank}   prefill: KV sent, waiting for the decode's ack
+//	pdkit_num_decode_prealloc_queue_reqs{rank}    decode: resolving the registry, reserving pages
+//	pdkit_num_decode_transfer_queue_reqs{rank}    decode: waiting for the KV
+//	pdkit_num_decode_aborting_queue_reqs{rank}    decode: ABORT sent, pages held until acked
+//	pdkit_pd_failed_reqs_total                    PD requests failed (client aborts not counted)
+//	pdkit_kv_transfer_bytes_total                 KV payload sent (prefill) or received (decode), rank 0's share
+//	pdkit_pd_messages_received_total{rank}        messages the rank's socket received
+//	pdkit_pd_dropped_messages_total{rank,reason}  dropped: malformed (the handler refused it),
+//	                                              handler_panic (recovered), late (unknown room),
+//	                                              misplaced (a type the role never receives)
+//	pdkit_pd_messages_sent_total{rank}            messages handed to ZeroMQ
+//	pdkit_pd_send_errors_total{rank}              connect or send failures
+//	pdkit_pd_receive_loop_up{rank}                1 while the rank's receive loop runs, else 0
+//
+// The queue gauges use the reference system's names; each rank's count is
+// taken from the queues the rank last published (after its last loop
+// iteration), and a role exports only its own queues. A colocated engine
+// exports none of these.
+//
+// Not yet here: a KV transfer latency histogram (it needs an observer hook
+// in the engine for the end of a room's transfer).
 package metrics
 
 import (
@@ -149,6 +178,9 @@ type engineCollector struct {
 	promptTokens, cachedTokens *prometheus.Desc
 	prefixHits, evictions      *prometheus.Desc
 	loopAge, stalls            *prometheus.Desc
+
+	// PD roles only (nil descs on a colocated engine).
+	pd *pdDescs
 }
 
 func newEngineCollector(eng *serve.Engine) *engineCollector {
@@ -174,6 +206,7 @@ func newEngineCollector(eng *serve.Engine) *engineCollector {
 		steps:           d("steps_total", "Forward steps run."),
 		heldPages:       d("sched_kv_pages_held", "KV pages the scheduler holds for its requests (per rank)."),
 		schedTotalPages: d("sched_kv_pages_total", "KV pages the scheduler manages (per rank)."),
+		pd:              newPDDescs(eng.Config().Role),
 	}
 }
 
@@ -182,6 +215,7 @@ func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.pagesCached, c.collWait, c.promptTokens, c.cachedTokens, c.prefixHits, c.evictions, c.loopAge, c.stalls} {
 		ch <- d
 	}
+	c.pd.describe(ch)
 }
 
 func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
@@ -214,4 +248,5 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.retractions, s.Totals.Retractions)
 	counter(c.aborts, s.Totals.Aborts)
 	counter(c.steps, s.Totals.Steps)
+	c.pd.collect(c.eng, ch)
 }

@@ -5,10 +5,12 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/openai"
+	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/dist"
 	"github.com/pdkit/pdkit/engine/sched"
 	"github.com/pdkit/pdkit/engine/serve"
@@ -161,4 +163,59 @@ func parseID(s string) (uint64, bool) {
 	}
 	id, err := strconv.ParseUint(s, 10, 64)
 	return id, err == nil
+}
+
+// pd serves GET /debug/v1/pd: every rank's PD socket and queues, read from
+// the engine's lock-free PD accessors (the queues each rank published
+// after its last iteration, the sockets' atomic counters).
+func (s *Server) pd(w http.ResponseWriter, r *http.Request) {
+	role := s.eng.Config().Role
+	if role != pdproto.RolePrefill && role != pdproto.RoleDecode {
+		(&openai.Error{Status: http.StatusNotFound, Type: openai.TypeInvalidRequest,
+			Message: fmt.Sprintf("not a PD server: this server's role is %s", role)}).WriteJSON(w)
+		return
+	}
+	filter := r.URL.Query().Get("queue")
+	if filter != "" && !slices.Contains(debug.PDQueues, filter) {
+		openai.InvalidRequest("queue", fmt.Sprintf("unknown queue %q: want one of %s", filter, strings.Join(debug.PDQueues, ", "))).WriteJSON(w)
+		return
+	}
+	links := s.eng.PDLinks()
+	entries := s.eng.PDQueueEntries()
+	resp := debug.PDResponse{Role: role, Queue: filter, FailedRequests: s.eng.PDFailures(), TransferBytes: s.eng.PDTransferBytes(),
+		Ranks: make([]debug.PDRank, max(len(links), len(entries)))}
+	for i := range resp.Ranks {
+		resp.Ranks[i] = debug.PDRank{Rank: i, Counts: map[string]int{}, Entries: []debug.PDEntry{}}
+	}
+	for _, l := range links {
+		if l.Rank >= 0 && l.Rank < len(resp.Ranks) {
+			resp.Ranks[l.Rank].Socket = debugPDSocket(l)
+		}
+	}
+	for rank, es := range entries {
+		rr := &resp.Ranks[rank]
+		for _, e := range es {
+			rr.Counts[e.Queue]++
+			if filter != "" && e.Queue != filter {
+				continue
+			}
+			rr.Entries = append(rr.Entries, debug.PDEntry{ID: e.ID, Room: e.Room, Queue: e.Queue, InQueueMS: ms(e.InQueue), Peer: e.Peer,
+				Tokens: e.Tokens, Chunks: e.Chunks, Bytes: e.Bytes, AbortSent: e.AbortSent, Error: e.Error})
+		}
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func debugPDSocket(l serve.PDLink) debug.PDSocket {
+	in, out := l.Inbox, l.Outbox
+	sock := debug.PDSocket{Endpoint: in.Endpoint, Alive: in.Alive, ExitReason: in.ExitReason, Messages: in.Messages, Bytes: in.Bytes,
+		HandlerErrors: in.HandlerErrors, HandlerPanics: in.HandlerPanics, RecvErrors: in.RecvErrors, LastError: in.LastError,
+		Late: l.Late, Misplaced: l.Misplaced,
+		Outbox: debug.PDOutbox{Alive: out.Alive, Peers: out.Peers, Queued: out.Queued, Backlog: out.Backlog, Sent: out.Sent,
+			Bytes: out.Bytes, SendErrors: out.SendErrors, Dropped: out.Dropped, LastError: out.LastError}}
+	if !in.LastMessage.IsZero() {
+		t := in.LastMessage
+		sock.LastMessage = &t
+	}
+	return sock
 }

@@ -118,6 +118,24 @@
 //	                           retractions; with counts per queue, pending
 //	                           (submitted, not yet taken by the loop) and kv:
 //	                           each rank's used, cached and total pages.
+//	GET /debug/v1/pd           a prefill or decode server's PD state (a colocated
+//	                           server answers 404 "not a PD server"): role,
+//	                           failed_requests, transfer_bytes (rank 0's share),
+//	                           and per rank: the socket (endpoint, alive,
+//	                           exit_reason, messages, bytes, handler_errors
+//	                           (malformed messages), handler_panics, recv_errors,
+//	                           last_message (null before the first), late (for an
+//	                           unknown room), misplaced (a type the role never
+//	                           receives), and the outbox's alive, peers, queued,
+//	                           backlog, sent, bytes, send_errors, dropped), counts
+//	                           per queue, and every PD queue entry as the rank last
+//	                           published it: id, room, queue, in_queue_ms (as of
+//	                           the rank's last iteration), peer (the peer rank's
+//	                           endpoint), tokens, chunks, bytes, abort_sent,
+//	                           error. Queues: bootstrap, active, inflight
+//	                           (prefill); prealloc, transfer, aborting (decode).
+//	                           ?queue=NAME lists only that queue's entries (the
+//	                           counts stay whole); another name is a 400.
 //
 // An idle engine has rank 0 waiting for work outside any collective while
 // the other ranks wait in the broadcast of its next step input (for a
@@ -146,7 +164,9 @@
 // GET /metrics serves Options.Metrics' registry. The engine's gauges and
 // counters are read at scrape time; the token counters and the latency
 // histograms need the same Metrics set as the engine's
-// serve.Config.Observer.
+// serve.Config.Observer. A prefill or decode server adds its PD queue
+// gauges, transfer, failure and message counters and its receive loops'
+// liveness, per rank (see internal/metrics).
 //
 // Not yet here: prefix-cache and collective-wait metrics, Jinja chat
 // templates outside the families above (and a flag to choose one), tool

@@ -1,0 +1,92 @@
+package debug
+
+import "time"
+
+// PDPath is a prefill or decode server's PD state (GET, JSON PDResponse);
+// a colocated server answers 404.
+const PDPath = "/debug/v1/pd"
+
+// PD queue names, as in PDEntry.Queue and the queue filter of GET
+// /debug/v1/pd.
+const (
+	PDQueueBootstrap = "bootstrap" // prefill: waiting for the decode's transfer info
+	PDQueueActive    = "active"    // prefill: in the scheduler, KV streamed per chunk
+	PDQueueInflight  = "inflight"  // prefill: KV sent, waiting for the decode's ack
+	PDQueuePrealloc  = "prealloc"  // decode: resolving the registry, reserving pages
+	PDQueueTransfer  = "transfer"  // decode: waiting for the KV
+	PDQueueAborting  = "aborting"  // decode: ABORT sent, pages held until acked
+)
+
+// PDQueues lists the PD queue names of both roles.
+var PDQueues = []string{PDQueueBootstrap, PDQueueActive, PDQueueInflight, PDQueuePrealloc, PDQueueTransfer, PDQueueAborting}
+
+// PDResponse is the body of GET /debug/v1/pd.
+type PDResponse struct {
+	Role string `json:"role"` // prefill or decode
+	// Queue is the filter asked for; empty: every queue.
+	Queue string `json:"queue,omitempty"`
+	// FailedRequests counts the PD requests that failed (client aborts
+	// not counted); TransferBytes is the KV payload moved, rank 0's share.
+	FailedRequests uint64   `json:"failed_requests"`
+	TransferBytes  uint64   `json:"transfer_bytes"`
+	Ranks          []PDRank `json:"ranks"`
+}
+
+// PDRank is one rank's PD socket and queues.
+type PDRank struct {
+	Rank   int      `json:"rank"`
+	Socket PDSocket `json:"socket"`
+	// Counts has every queue's length on the rank, whatever the filter.
+	Counts map[string]int `json:"counts"`
+	// Entries are the rank's PD requests as the rank last published them
+	// (after its last loop iteration), by id.
+	Entries []PDEntry `json:"entries"`
+}
+
+// PDSocket is a rank's PD socket: the receive loop of its inbox (control
+// on a prefill rank, KV on a decode rank) and its outbox.
+type PDSocket struct {
+	Endpoint string `json:"endpoint"`
+	// Alive: the receive loop runs; ExitReason says why it ended.
+	Alive         bool   `json:"alive"`
+	ExitReason    string `json:"exit_reason,omitempty"`
+	Messages      uint64 `json:"messages"`       // multipart messages received
+	Bytes         uint64 `json:"bytes"`          // bytes received, all frames
+	HandlerErrors uint64 `json:"handler_errors"` // malformed: refused by the handler, dropped
+	HandlerPanics uint64 `json:"handler_panics"` // recovered, dropped
+	RecvErrors    uint64 `json:"recv_errors"`
+	// LastMessage is when the last message arrived; null before the first.
+	LastMessage *time.Time `json:"last_message"`
+	LastError   string     `json:"last_error,omitempty"`
+	Late        uint64     `json:"late"`      // for rooms the rank does not have, dropped
+	Misplaced   uint64     `json:"misplaced"` // of a type the role never receives, dropped
+	Outbox      PDOutbox   `json:"outbox"`
+}
+
+// PDOutbox is a rank's sending side.
+type PDOutbox struct {
+	Alive      bool   `json:"alive"`
+	Peers      int    `json:"peers"`   // connected peer sockets
+	Queued     int    `json:"queued"`  // waiting in the send queue
+	Backlog    int    `json:"backlog"` // held for peers at their high-water mark
+	Sent       uint64 `json:"sent"`
+	Bytes      uint64 `json:"bytes"`
+	SendErrors uint64 `json:"send_errors"`
+	Dropped    uint64 `json:"dropped"` // backlog overflow or timeout, forgotten peer, close
+	LastError  string `json:"last_error,omitempty"`
+}
+
+// PDEntry is one PD request on one rank.
+type PDEntry struct {
+	ID    uint64 `json:"id"`
+	Room  uint64 `json:"room"`
+	Queue string `json:"queue"`
+	// InQueueMS is the time in the queue as of the rank's last iteration.
+	InQueueMS float64 `json:"in_queue_ms"`
+	Peer      string  `json:"peer,omitempty"` // the peer rank's endpoint, once known
+	Tokens    int     `json:"tokens"`         // prompt tokens
+	Chunks    int     `json:"chunks"`         // KV chunks sent (prefill) or applied (decode)
+	Bytes     int     `json:"bytes"`          // KV payload bytes moved
+	AbortSent bool    `json:"abort_sent"`     // decode: ABORT sent to the prefill rank
+	Error     string  `json:"error,omitempty"`
+}

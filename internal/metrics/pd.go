@@ -1,0 +1,118 @@
+package metrics
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/serve"
+)
+
+// pdQueue is one PD queue gauge: the engine's queue name and the metric.
+type pdQueue struct {
+	queue string
+	desc  *prometheus.Desc
+}
+
+// pdDescs are the metrics of a prefill or decode engine, read at scrape
+// time from the engine's lock-free PD accessors (PDQueueEntries, PDLinks,
+// PDFailures, PDTransferBytes).
+type pdDescs struct {
+	queues        []pdQueue // the role's queues, per rank
+	failed, bytes *prometheus.Desc
+	received      *prometheus.Desc
+	dropped       *prometheus.Desc
+	sent          *prometheus.Desc
+	sendErrors    *prometheus.Desc
+	loopUp        *prometheus.Desc
+}
+
+// Reasons of pdkit_pd_dropped_messages_total.
+const (
+	DropMalformed    = "malformed"     // the inbox handler refused it (undecodable, unknown type, bad guard)
+	DropHandlerPanic = "handler_panic" // handling it panicked (recovered)
+	DropLate         = "late"          // for a room the rank does not have
+	DropMisplaced    = "misplaced"     // of a type the rank's role never receives
+)
+
+// newPDDescs returns the PD metrics of role; nil for a colocated engine.
+func newPDDescs(role string) *pdDescs {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, labels, nil)
+	}
+	var queues []pdQueue
+	switch role {
+	case pdproto.RolePrefill:
+		queues = []pdQueue{
+			{"bootstrap", d("num_prefill_bootstrap_queue_reqs", "PD requests waiting for their decode's transfer info, per rank.", "rank")},
+			{"inflight", d("num_prefill_inflight_queue_reqs", "PD requests whose KV is sent, waiting for the decode's acknowledgement, per rank.", "rank")},
+		}
+	case pdproto.RoleDecode:
+		queues = []pdQueue{
+			{"prealloc", d("num_decode_prealloc_queue_reqs", "PD requests resolving the prefill's registry or waiting for KV pages, per rank.", "rank")},
+			{"transfer", d("num_decode_transfer_queue_reqs", "PD requests waiting for their KV from the prefill, per rank.", "rank")},
+			{"aborting", d("num_decode_aborting_queue_reqs", "Aborted PD requests holding their pages until the prefill acknowledges the abort, per rank.", "rank")},
+		}
+	default:
+		return nil
+	}
+	return &pdDescs{
+		queues:     queues,
+		failed:     d("pd_failed_reqs_total", "PD requests that failed (bootstrap, transfer or peer failure; client aborts not counted)."),
+		bytes:      d("kv_transfer_bytes_total", "KV payload bytes sent (prefill) or received (decode), rank 0's share."),
+		received:   d("pd_messages_received_total", "Messages the rank's PD socket received.", "rank"),
+		dropped:    d("pd_dropped_messages_total", "Messages the rank's PD socket dropped, by reason (malformed, handler_panic, late, misplaced).", "rank", "reason"),
+		sent:       d("pd_messages_sent_total", "Messages the rank handed to ZeroMQ for its peers.", "rank"),
+		sendErrors: d("pd_send_errors_total", "Messages the rank failed to connect or send (dropped).", "rank"),
+		loopUp:     d("pd_receive_loop_up", "1 while the rank's PD receive loop runs, 0 once it has exited.", "rank"),
+	}
+}
+
+func (p *pdDescs) describe(ch chan<- *prometheus.Desc) {
+	if p == nil {
+		return
+	}
+	for _, q := range p.queues {
+		ch <- q.desc
+	}
+	for _, d := range []*prometheus.Desc{p.failed, p.bytes, p.received, p.dropped, p.sent, p.sendErrors, p.loopUp} {
+		ch <- d
+	}
+}
+
+func (p *pdDescs) collect(eng *serve.Engine, ch chan<- prometheus.Metric) {
+	if p == nil {
+		return
+	}
+	val := func(d *prometheus.Desc, t prometheus.ValueType, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, t, v, labels...)
+	}
+	for r, entries := range eng.PDQueueEntries() {
+		n := map[string]int{}
+		for _, e := range entries {
+			n[e.Queue]++
+		}
+		rank := strconv.Itoa(r)
+		for _, q := range p.queues {
+			val(q.desc, prometheus.GaugeValue, float64(n[q.queue]), rank)
+		}
+	}
+	val(p.failed, prometheus.CounterValue, float64(eng.PDFailures()))
+	val(p.bytes, prometheus.CounterValue, float64(eng.PDTransferBytes()))
+	for _, l := range eng.PDLinks() {
+		rank := strconv.Itoa(l.Rank)
+		val(p.received, prometheus.CounterValue, float64(l.Inbox.Messages), rank)
+		val(p.dropped, prometheus.CounterValue, float64(l.Inbox.HandlerErrors), rank, DropMalformed)
+		val(p.dropped, prometheus.CounterValue, float64(l.Inbox.HandlerPanics), rank, DropHandlerPanic)
+		val(p.dropped, prometheus.CounterValue, float64(l.Late), rank, DropLate)
+		val(p.dropped, prometheus.CounterValue, float64(l.Misplaced), rank, DropMisplaced)
+		val(p.sent, prometheus.CounterValue, float64(l.Outbox.Sent), rank)
+		val(p.sendErrors, prometheus.CounterValue, float64(l.Outbox.SendErrors), rank)
+		up := 0.0
+		if l.Inbox.Alive {
+			up = 1
+		}
+		val(p.loopUp, prometheus.GaugeValue, up, rank)
+	}
+}

@@ -1,0 +1,173 @@
+package metrics
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/model"
+	"github.com/pdkit/pdkit/engine/model/builtin"
+	"github.com/pdkit/pdkit/engine/pd/bootstrap"
+	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/kernels"
+)
+
+// finish reads s to its finish.
+func finish(t *testing.T, s *serve.Stream) serve.Finish {
+	t.Helper()
+	timer := time.NewTimer(30 * time.Second)
+	defer timer.Stop()
+	for {
+		select {
+		case ev, ok := <-s.Events:
+			if !ok {
+				t.Fatalf("stream %d closed without a finish", s.ID)
+			}
+			if ev.Finish != nil {
+				return *ev.Finish
+			}
+		case <-timer.C:
+			t.Fatalf("stream %d: no finish within 30s", s.ID)
+		}
+	}
+}
+
+// A prefill and a decode engine, on real sockets with the prefill's
+// registry on a real HTTP server, export their PD families after one
+// request: bytes moved on both sides, queues empty, receive loops up.
+func TestPDEngines(t *testing.T) {
+	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
+	const tp = 2
+	engines := map[string]*serve.Engine{}
+	regs := map[string]*Metrics{}
+	for _, role := range []string{pdproto.RolePrefill, pdproto.RoleDecode} {
+		met := New(nil)
+		eng, err := serve.New(m, serve.Config{Role: role, TP: tp, PageSize: 4, KVTokens: 256, MaxRunning: 4, Observer: met})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { eng.Close() })
+		if err := met.Watch(eng); err != nil {
+			t.Fatal(err)
+		}
+		engines[role], regs[role] = eng, met
+	}
+	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: tp})
+	for _, info := range engines[pdproto.RolePrefill].RankInfos() {
+		if _, err := reg.Register(info); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mux := http.NewServeMux()
+	mux.Handle(pdproto.BootstrapPrefix, reg)
+	ts := httptest.NewServer(mux)
+	defer ts.Close()
+
+	ctx := context.Background()
+	q := serve.Request{Prompt: []int32{5, 6, 7, 8, 9, 10, 11}, MaxTokens: 4, IgnoreEOS: true}
+	pq, dq := q, q
+	pq.PD = &serve.PDRequest{Room: 77}
+	dq.PD = &serve.PDRequest{Room: 77, BootstrapURL: ts.URL}
+	ps, err := engines[pdproto.RolePrefill].Submit(ctx, pq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := engines[pdproto.RoleDecode].Submit(ctx, dq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := finish(t, ds); f.Reason != serve.ReasonLength {
+		t.Fatalf("decode finished %+v", f)
+	}
+	if f := finish(t, ps); f.Reason != serve.ReasonLength {
+		t.Fatalf("prefill finished %+v", f)
+	}
+
+	queues := map[string][]string{
+		pdproto.RolePrefill: {"pdkit_num_prefill_bootstrap_queue_reqs", "pdkit_num_prefill_inflight_queue_reqs"},
+		pdproto.RoleDecode:  {"pdkit_num_decode_prealloc_queue_reqs", "pdkit_num_decode_transfer_queue_reqs", "pdkit_num_decode_aborting_queue_reqs"},
+	}
+	for role, met := range regs {
+		// Every rank publishes its queues after its iteration: wait
+		// until all have caught up with the finish.
+		var v map[string]float64
+		for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			v = values(t, met.Registry())
+			empty := true
+			for _, name := range queues[role] {
+				for r := range tp {
+					empty = empty && v[name+"/"+strconv.Itoa(r)] == 0
+				}
+			}
+			if empty || time.Now().After(end) {
+				break
+			}
+		}
+		for r := range tp {
+			rank := "/" + strconv.Itoa(r)
+			for _, name := range queues[role] {
+				if got, ok := v[name+rank]; !ok || got != 0 {
+					t.Errorf("%s: %s%s = %v (present %v), want 0", role, name, rank, got, ok)
+				}
+			}
+			if got := v["pdkit_pd_receive_loop_up"+rank]; got != 1 {
+				t.Errorf("%s: receive loop up%s = %v", role, rank, got)
+			}
+			if got := v["pdkit_pd_messages_received_total"+rank]; got < 1 {
+				t.Errorf("%s: messages received%s = %v", role, rank, got)
+			}
+			if got := v["pdkit_pd_messages_sent_total"+rank]; got < 1 {
+				t.Errorf("%s: messages sent%s = %v", role, rank, got)
+			}
+			for _, k := range []string{"pdkit_pd_send_errors_total" + rank,
+				"pdkit_pd_dropped_messages_total" + rank + "/" + DropMalformed, "pdkit_pd_dropped_messages_total" + rank + "/" + DropHandlerPanic,
+				"pdkit_pd_dropped_messages_total" + rank + "/" + DropLate, "pdkit_pd_dropped_messages_total" + rank + "/" + DropMisplaced} {
+				if got, ok := v[k]; !ok || got != 0 {
+					t.Errorf("%s: %s = %v (present %v), want 0", role, k, got, ok)
+				}
+			}
+		}
+		if got := v["pdkit_kv_transfer_bytes_total"]; got <= 0 {
+			t.Errorf("%s: kv transfer bytes %v", role, got)
+		}
+		if got, ok := v["pdkit_pd_failed_reqs_total"]; !ok || got != 0 {
+			t.Errorf("%s: failed reqs %v (present %v)", role, got, ok)
+		}
+		// The other role's queues are not exported.
+		for other, names := range queues {
+			if other == role {
+				continue
+			}
+			for _, name := range names {
+				if _, ok := v[name+"/0"]; ok {
+					t.Errorf("%s exports %s", role, name)
+				}
+			}
+		}
+	}
+}
+
+// A colocated engine exports no PD family.
+func TestColocatedHasNoPD(t *testing.T) {
+	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
+	eng, err := serve.New(m, serve.Config{PageSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	met := New(nil)
+	if err := met.Watch(eng); err != nil {
+		t.Fatal(err)
+	}
+	for k := range values(t, met.Registry()) {
+		if strings.HasPrefix(k, "pdkit_pd_") || strings.Contains(k, "_queue_reqs") || k == "pdkit_kv_transfer_bytes_total" {
+			t.Errorf("colocated engine exports %s", k)
+		}
+	}
+}
