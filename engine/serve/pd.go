@@ -62,6 +62,11 @@ type PDConfig struct {
 	AbortAckTimeout time.Duration
 	// SendTimeout bounds handing one message to the transport. Default 2s.
 	SendTimeout time.Duration
+	// HeartbeatInterval is how often a decode rank probes each prefill
+	// rank it waits on (default 500ms); HeartbeatTimeout is how long a
+	// probe may go unanswered before the rooms on that peer fail (default
+	// 3s).
+	HeartbeatInterval, HeartbeatTimeout time.Duration
 }
 
 func (c *PDConfig) setDefaults() {
@@ -72,7 +77,8 @@ func (c *PDConfig) setDefaults() {
 		v   *time.Duration
 		def time.Duration
 	}{{&c.BootstrapTimeout, 10 * time.Second}, {&c.TransferTimeout, 30 * time.Second},
-		{&c.InflightTimeout, 10 * time.Second}, {&c.AbortAckTimeout, 5 * time.Second}, {&c.SendTimeout, 2 * time.Second}} {
+		{&c.InflightTimeout, 10 * time.Second}, {&c.AbortAckTimeout, 5 * time.Second}, {&c.SendTimeout, 2 * time.Second},
+		{&c.HeartbeatInterval, 500 * time.Millisecond}, {&c.HeartbeatTimeout, 3 * time.Second}} {
 		if *d.v == 0 {
 			*d.v = d.def
 		}
@@ -82,6 +88,9 @@ func (c *PDConfig) setDefaults() {
 func (c PDConfig) validate() error {
 	if c.BootstrapTimeout < 0 || c.TransferTimeout < 0 || c.InflightTimeout < 0 || c.AbortAckTimeout < 0 || c.SendTimeout < 0 {
 		return errors.New("PD timeouts must not be negative")
+	}
+	if c.HeartbeatInterval <= 0 || c.HeartbeatTimeout <= c.HeartbeatInterval {
+		return fmt.Errorf("PD heartbeat timeout %v must exceed its interval %v", c.HeartbeatTimeout, c.HeartbeatInterval)
 	}
 	return nil
 }
@@ -121,6 +130,7 @@ type pdReq struct {
 	sent   int     // prefill: prompt tokens whose KV was sent
 	chunks int     // prefill: chunks sent; decode: chunks applied
 	slots  []int32 // decode: destination slots of the prompt
+	boot   uint64  // decode: the prefill peer's boot number when first heard
 	first  *pdproto.ChunkFinal
 	bytes  int    // KV payload bytes moved
 	why    string // why it failed
@@ -139,6 +149,17 @@ type mailbox struct {
 	prefill bool
 	wake    func()                 // tells the loops that mail arrived
 	fault   func(name string) bool // whether a fault switch is on
+	reply   func(endpoint string, m pdproto.Message)
+	self    *pdproto.Heartbeat // a prefill's reply template: Sender and Boot
+	peers   map[string]*peerState
+}
+
+// peerState is a decode rank's view of one prefill rank's liveness.
+type peerState struct {
+	probe      uint64    // last probe sequence number sent
+	probedAt   time.Time // when that probe went out
+	unanswered time.Time // the first probe not answered since the last reply; zero when none
+	boot       uint64    // the peer's boot number from its last reply
 }
 
 type mail struct {
@@ -159,12 +180,13 @@ func (mb *mailbox) handle(frames [][]byte) error {
 	if err != nil {
 		return err
 	}
-	room, ok := pdproto.RoomOf(m)
-	if !ok {
-		return nil // heartbeats: not used yet
-	}
 	mb.mu.Lock()
 	defer mb.mu.Unlock()
+	if hb, ok := m.(*pdproto.Heartbeat); ok {
+		mb.heartbeat(hb)
+		return nil
+	}
+	room, _ := pdproto.RoomOf(m)
 	if !mb.known[room] && (!mb.prefill || len(mb.rooms) >= maxUnknownRooms) {
 		// A decode has every room it expects messages for; a prefill
 		// may hear from a decode before the router's request arrives,
@@ -214,6 +236,66 @@ func (mb *mailbox) handle(frames [][]byte) error {
 	return nil
 }
 
+// heartbeat answers a probe (prefill) or records a reply (decode). mu is
+// held.
+func (mb *mailbox) heartbeat(hb *pdproto.Heartbeat) {
+	switch {
+	case mb.prefill && !hb.Reply:
+		r := *mb.self
+		r.Seq, r.UnixNano, r.Reply = hb.Seq, time.Now().UnixNano(), true
+		mb.reply(hb.Sender, &r)
+	case !mb.prefill && hb.Reply:
+		p := mb.peers[hb.Sender]
+		if p == nil {
+			mb.late.Add(1)
+			return
+		}
+		p.unanswered, p.boot = time.Time{}, hb.Boot
+		mb.wake()
+	default:
+		mb.bad.Add(1)
+	}
+}
+
+// probe sends a heartbeat to peer when the interval has passed since the
+// last one; called by the decode loop for every peer it waits on.
+func (mb *mailbox) probe(peer, self string, boot uint64, every time.Duration, send func(string, pdproto.Message)) {
+	mb.mu.Lock()
+	p := mb.peers[peer]
+	if p == nil {
+		p = &peerState{}
+		mb.peers[peer] = p
+	}
+	now := time.Now()
+	if now.Sub(p.probedAt) < every {
+		mb.mu.Unlock()
+		return
+	}
+	p.probe++
+	p.probedAt = now
+	if p.unanswered.IsZero() {
+		p.unanswered = now
+	}
+	seq := p.probe
+	mb.mu.Unlock()
+	send(peer, &pdproto.Heartbeat{Sender: self, Boot: boot, Seq: seq, UnixNano: now.UnixNano()})
+}
+
+// peer reports a prefill rank's liveness: how long its oldest unanswered
+// probe has waited, and its boot number (0 before its first reply).
+func (mb *mailbox) peer(endpoint string) (silent time.Duration, boot uint64) {
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	p := mb.peers[endpoint]
+	if p == nil {
+		return 0, 0
+	}
+	if !p.unanswered.IsZero() {
+		silent = time.Since(p.unanswered)
+	}
+	return silent, p.boot
+}
+
 // take returns the room's mail, leaving the room's entry in place (chunks
 // are moved out).
 func (mb *mailbox) take(room uint64) mail {
@@ -258,6 +340,8 @@ type rankPD struct {
 	mb     *mailbox
 	reqs   map[uint64]*pdReq
 	snap   atomic.Pointer[[]PDEntry] // published after every iteration
+	boot   uint64                    // this server's boot number, in heartbeats
+	cfg    *PDConfig
 }
 
 // PDEntry is one PD request on one rank as the rank last published it.
@@ -290,36 +374,78 @@ func (l *rankLoop) publishPD() {
 
 // newRankPD binds the rank's socket: control on a prefill rank, KV on a
 // decode rank.
-func newRankPD(cfg *Config, wake func(), fault func(string) bool) (*rankPD, error) {
-	pd := &rankPD{mb: &mailbox{rooms: map[uint64]*mail{}, known: map[uint64]bool{}, prefill: cfg.Role == pdproto.RolePrefill, wake: wake, fault: fault},
-		reqs: map[uint64]*pdReq{}}
-	in, err := zmqlink.Listen("tcp://"+cfg.PD.Host+":0", pd.mb.handle, nil)
-	if err != nil {
-		return nil, err
-	}
+func newRankPD(cfg *Config, boot uint64, wake func(), fault func(string) bool) (*rankPD, error) {
+	pd := &rankPD{mb: &mailbox{rooms: map[uint64]*mail{}, known: map[uint64]bool{}, prefill: cfg.Role == pdproto.RolePrefill,
+		wake: wake, fault: fault, peers: map[string]*peerState{}}, reqs: map[uint64]*pdReq{}, boot: boot, cfg: &cfg.PD}
 	out, err := zmqlink.NewOutbox(nil)
 	if err != nil {
-		in.Close()
 		return nil, err
 	}
-	pd.inbox, pd.outbox = in, out
+	pd.outbox = out
+	pd.mb.reply = func(endpoint string, m pdproto.Message) { pd.send(endpoint, m) }
+	pd.mb.mu.Lock()
+	pd.mb.self = &pdproto.Heartbeat{Boot: boot}
+	pd.mb.mu.Unlock()
+	in, err := zmqlink.Listen("tcp://"+cfg.PD.Host+":0", pd.mb.handle, nil)
+	if err != nil {
+		out.Close()
+		return nil, err
+	}
+	pd.inbox = in
+	pd.mb.mu.Lock()
+	pd.mb.self.Sender = in.Endpoint()
+	pd.mb.mu.Unlock()
 	return pd, nil
+}
+
+// send hands m to the transport for endpoint, within the send timeout.
+func (pd *rankPD) send(endpoint string, m pdproto.Message) error {
+	frames, err := pdproto.Encode(m)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), pd.cfg.SendTimeout)
+	defer cancel()
+	return pd.outbox.Send(ctx, endpoint, frames)
+}
+
+// heartbeats probes every prefill rank this decode rank waits on.
+func (l *rankLoop) heartbeats() {
+	if l.pd.mb.prefill {
+		return
+	}
+	probed := map[string]bool{}
+	for _, q := range l.pd.reqs {
+		if q.peer != "" && !probed[q.peer] {
+			probed[q.peer] = true
+			l.pd.mb.probe(q.peer, l.pd.inbox.Endpoint(), l.pd.boot, l.pd.cfg.HeartbeatInterval, func(ep string, m pdproto.Message) { l.pd.send(ep, m) })
+		}
+	}
+}
+
+// peerLost says why a decode room's prefill peer counts as gone: silent
+// past the heartbeat timeout, or restarted since the room began.
+func (l *rankLoop) peerLost(q *pdReq) string {
+	if q.peer == "" {
+		return ""
+	}
+	silent, boot := l.pd.mb.peer(q.peer)
+	switch {
+	case silent > l.pd.cfg.HeartbeatTimeout:
+		return fmt.Sprintf("prefill rank %s silent for %v (heartbeat timeout %v)", q.peer, silent.Round(time.Millisecond), l.pd.cfg.HeartbeatTimeout)
+	case boot != 0 && q.boot == 0:
+		q.boot = boot
+	case boot != 0 && boot != q.boot:
+		return fmt.Sprintf("prefill rank %s restarted", q.peer)
+	}
+	return ""
 }
 
 func (pd *rankPD) close() error {
 	return errors.Join(pd.inbox.Close(), pd.outbox.Close())
 }
 
-// send hands m to the transport for endpoint, within the send timeout.
-func (l *rankLoop) send(endpoint string, m pdproto.Message) error {
-	frames, err := pdproto.Encode(m)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), l.e.cfg.PD.SendTimeout)
-	defer cancel()
-	return l.pd.outbox.Send(ctx, endpoint, frames)
-}
+func (l *rankLoop) send(endpoint string, m pdproto.Message) error { return l.pd.send(endpoint, m) }
 
 // pdAdmit takes in a new PD request on this rank.
 func (l *rankLoop) pdAdmit(a addMsg) {
@@ -349,6 +475,7 @@ func (l *rankLoop) pdStep(free, rows int) (int, error) {
 	if len(l.pd.reqs) == 0 {
 		return free, nil
 	}
+	l.heartbeats()
 	ids := slices.Sorted(maps.Keys(l.pd.reqs))
 	states := make([]int64, len(ids))
 	for i, id := range ids {
@@ -437,6 +564,10 @@ func (l *rankLoop) judge(q *pdReq) pdproto.KVPoll {
 			q.why = "the prefill failed: " + m.status.Error
 			return pdproto.Failed
 		}
+		if why := l.peerLost(q); why != "" {
+			q.why = why
+			return pdproto.Failed
+		}
 		for _, ch := range m.chunks {
 			if err := l.applyChunk(q, ch); err != nil {
 				q.why = err.Error()
@@ -454,7 +585,10 @@ func (l *rankLoop) judge(q *pdReq) pdproto.KVPoll {
 		}
 		return pdproto.Transferring
 	case phaseAborting:
-		if m.acked || (m.status != nil && m.status.State == pdproto.Failed) || age > c.AbortAckTimeout {
+		// A lost peer acknowledges nothing; and were it only slow, its
+		// late chunks could not land: the loop applies chunks only to
+		// rooms in transfer, and mail for rooms it dropped is counted late.
+		if m.acked || (m.status != nil && m.status.State == pdproto.Failed) || age > c.AbortAckTimeout || l.peerLost(q) != "" {
 			return pdproto.Success
 		}
 		return pdproto.Transferring

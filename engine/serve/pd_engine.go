@@ -18,6 +18,7 @@ import (
 type pdEngine struct {
 	instance string
 	started  time.Time
+	boot     uint64 // sent in heartbeats: a new number means a restarted server
 
 	mu    sync.Mutex
 	res   map[string]*resolution
@@ -43,7 +44,7 @@ const retryFailedAfter = time.Second
 func newPDEngine() *pdEngine {
 	ctx, stop := context.WithCancel(context.Background())
 	now := time.Now()
-	return &pdEngine{instance: fmt.Sprintf("%x", now.UnixNano()), started: now, res: map[string]*resolution{}, ctx: ctx, stop: stop}
+	return &pdEngine{instance: fmt.Sprintf("%x", now.UnixNano()), started: now, boot: uint64(now.UnixNano()), res: map[string]*resolution{}, ctx: ctx, stop: stop}
 }
 
 // resolved reports the registry at url: its ranks (checked compatible), or

@@ -244,3 +244,61 @@ func TestPDBootstrapAbortCrashWedges(t *testing.T) {
 	}
 	t.Logf("decode %q; prefill %q", dfin.Reason, pfin.Reason)
 }
+
+// A prefill that dies while a decode waits for its KV fails the decode's
+// rooms within the heartbeat timeout, frees their pages, and a restarted
+// prefill (new endpoints, same registry) serves again without restarting
+// the decode.
+func TestPDPrefillDeathAndRestart(t *testing.T) {
+	m := tinyModel(t)
+	cfg := Config{TP: 2, PageSize: 4, KVTokens: 512, MaxRunning: 4,
+		PD: PDConfig{HeartbeatInterval: 50 * time.Millisecond, HeartbeatTimeout: 500 * time.Millisecond}}
+	pc, dc := cfg, cfg
+	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
+	prefill, err := New(m, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decode := newEngine(t, m, dc)
+	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: cfg.TP})
+	register := func(e *Engine) {
+		for _, info := range e.RankInfos() {
+			if _, err := reg.Register(info); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	register(prefill)
+	mux := http.NewServeMux()
+	mux.Handle(pdproto.BootstrapPrefix, reg)
+	ts := httptest.NewServer(mux)
+	t.Cleanup(ts.Close)
+	pp := &pdPair{prefill: prefill, decode: decode, url: ts.URL}
+
+	// The decode side alone: it reserves, sends its info and waits.
+	ps := testmodel.Prompts(41, 2, 10, 20, m.Config.VocabSize)
+	ds, err := decode.Submit(context.Background(), Request{Prompt: ps[0], MaxTokens: 4, PD: &PDRequest{Room: 77, BootstrapURL: ts.URL}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "in transfer", 10*time.Second, func() bool { return inQueue(decode, ds.ID, "transfer") })
+	died := time.Now()
+	if err := prefill.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, fin := collect(t, ds, 20*time.Second)
+	if !strings.Contains(fin.Reason, "silent") {
+		t.Errorf("decode finish %q, want the prefill found silent", fin.Reason)
+	}
+	t.Logf("failed %v after the prefill died: %s", time.Since(died).Round(time.Millisecond), fin.Reason)
+	poll(t, "decode queues empty", 10*time.Second, func() bool { return decode.PDQueues()["aborting"] == 0 && decode.PDQueues()["transfer"] == 0 })
+	checkPools(t, decode)
+
+	restarted := newEngine(t, m, pc)
+	register(restarted)
+	pp.prefill = restarted
+	toks, dfin, pfin := pp.run(t, context.Background(), Request{Prompt: ps[1], MaxTokens: 4, IgnoreEOS: true}, 78)
+	if len(toks) != 4 || dfin.Reason != ReasonLength || pfin.Reason != ReasonLength {
+		t.Errorf("after the restart: %d tokens, decode %q, prefill %q", len(toks), dfin.Reason, pfin.Reason)
+	}
+}
