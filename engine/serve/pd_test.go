@@ -1,8 +1,10 @@
 package serve
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
+	"github.com/pdkit/pdkit/engine/pd/zmqlink"
 	"github.com/pdkit/pdkit/internal/testmodel"
 	"github.com/pdkit/pdkit/kernels"
 )
@@ -301,4 +304,87 @@ func TestPDPrefillDeathAndRestart(t *testing.T) {
 	if len(toks) != 4 || dfin.Reason != ReasonLength || pfin.Reason != ReasonLength {
 		t.Errorf("after the restart: %d tokens, decode %q, prefill %q", len(toks), dfin.Reason, pfin.Reason)
 	}
+}
+
+// Garbage on the PD sockets (malformed, unknown, misplaced and late
+// messages) is counted and dropped: the receive loops stay alive and a real
+// transfer succeeds afterwards.
+func TestPDSocketsSurviveGarbage(t *testing.T) {
+	m := tinyModel(t)
+	pp := newPDPair(t, Config{PageSize: 4, KVTokens: 512, MaxRunning: 4})
+	out, err := zmqlink.NewOutbox(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	rng := rand.New(rand.NewPCG(5, 5))
+	valid := func(msg pdproto.Message) [][]byte {
+		f, err := pdproto.Encode(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	msgs := [][][]byte{
+		{[]byte("hello")},
+		{pdproto.Guard(), []byte("NO_SUCH_TYPE"), {1, 2, 3}},
+		valid(&pdproto.KVChunk{Room: 404, Start: 0, End: 0}),                   // late on the decode, misplaced on the prefill
+		valid(&pdproto.TransferInfo{Room: 405, Endpoint: "tcp://127.0.0.1:1"}), // misplaced on the decode
+		valid(&pdproto.AbortAck{Room: 406}),
+		valid(&pdproto.Heartbeat{Sender: "tcp://127.0.0.1:1", Reply: true}),
+	}
+	for range 200 {
+		n := 1 + rng.IntN(5)
+		frames := make([][]byte, n)
+		for i := range frames {
+			frames[i] = make([]byte, rng.IntN(64))
+			for j := range frames[i] {
+				frames[i][j] = byte(rng.Uint32())
+			}
+		}
+		if rng.IntN(2) == 0 {
+			frames[0] = pdproto.Guard()
+		}
+		msgs = append(msgs, frames)
+	}
+	endpoints := []string{pp.prefill.PDLinks()[0].Inbox.Endpoint, pp.decode.PDLinks()[0].Inbox.Endpoint}
+	for _, ep := range endpoints {
+		for _, f := range msgs {
+			if err := out.Send(context.Background(), ep, f); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	poll(t, "garbage received", 10*time.Second, func() bool {
+		return pp.prefill.PDLinks()[0].Inbox.Messages >= uint64(len(msgs)) && pp.decode.PDLinks()[0].Inbox.Messages >= uint64(len(msgs))
+	})
+	for _, e := range []*Engine{pp.prefill, pp.decode} {
+		l := e.PDLinks()[0]
+		if !l.Inbox.Alive || l.Inbox.HandlerErrors == 0 || l.Late+l.Misplaced == 0 {
+			t.Errorf("%s: %+v", e.cfg.Role, l)
+		}
+	}
+	p := testmodel.Prompts(43, 1, 10, 20, m.Config.VocabSize)[0]
+	if toks, dfin, _ := pp.run(t, context.Background(), Request{Prompt: p, MaxTokens: 3, IgnoreEOS: true}, 99); len(toks) != 3 {
+		t.Errorf("after the garbage: %d tokens, %q", len(toks), dfin.Reason)
+	}
+}
+
+func FuzzMailbox(f *testing.F) {
+	for _, msg := range []pdproto.Message{&pdproto.KVChunk{Room: 1}, &pdproto.TransferInfo{Room: 1}, &pdproto.Abort{Room: 1},
+		&pdproto.Status{Room: 1}, &pdproto.AbortAck{Room: 1}, &pdproto.Heartbeat{Sender: "x"}} {
+		frames, _ := pdproto.Encode(msg)
+		f.Add(bytes.Join(frames, []byte{0xff, 0xfe}))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		frames := bytes.Split(b, []byte{0xff, 0xfe})
+		for _, prefill := range []bool{true, false} {
+			mb := &mailbox{rooms: map[uint64]*mail{}, known: map[uint64]bool{1: true}, prefill: prefill, wake: func() {},
+				fault: func(string) bool { return false }, reply: func(string, pdproto.Message) {},
+				self: &pdproto.Heartbeat{Sender: "self"}, peers: map[string]*peerState{"x": {}}}
+			mb.handle(frames) // must not panic; errors are the transport's to count
+			mb.take(1)
+			mb.expire(time.Now())
+		}
+	})
 }
