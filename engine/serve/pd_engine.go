@@ -174,6 +174,15 @@ func (e *Engine) PDQueueEntries() [][]PDEntry {
 	return out
 }
 
+// RoomRequest returns the id of the live request of bootstrap room room.
+func (e *Engine) RoomRequest(room uint64) (uint64, bool) {
+	v, ok := e.rooms.Load(room)
+	if !ok {
+		return 0, false
+	}
+	return v.(uint64), true
+}
+
 // PDLink is one rank's PD socket state.
 type PDLink struct {
 	Rank      int

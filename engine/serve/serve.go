@@ -233,6 +233,7 @@ type Engine struct {
 	stalls atomic.Uint64 // collectives the watchdog reported
 	pd     *pdEngine     // nil on a colocated server
 	faults faultSet
+	rooms  sync.Map // bootstrap room -> request id, for live PD requests
 
 	// Rank 0's: the front of every request the ranks know (stream,
 	// sampler), and the totals. Owned by rank 0's loop while it runs, then
@@ -429,6 +430,9 @@ func (e *Engine) Submit(ctx context.Context, q Request) (*Stream, error) {
 	}
 	e.pending = append(e.pending, r)
 	e.numPending.Store(int64(len(e.pending)))
+	if q.PD != nil {
+		e.rooms.Store(q.PD.Room, r.id)
+	}
 	e.mu.Unlock()
 	e.poke()
 	return s, nil
@@ -588,6 +592,9 @@ func (e *Engine) observeToken(r *request, t time.Time) {
 func (e *Engine) deliver(r *request, f Finish) {
 	if r.stop != nil {
 		r.stop()
+	}
+	if r.req.PD != nil {
+		e.rooms.CompareAndDelete(r.req.PD.Room, r.id)
 	}
 	if o := e.cfg.Observer; o != nil {
 		o.RequestFinished(r.id, f)

@@ -5,6 +5,8 @@ import (
 	"crypto/subtle"
 	"fmt"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -41,6 +43,7 @@ func (s *Server) adminHandler() http.Handler {
 	}
 	post("/admin/v1/requests/{id}/abort", s.adminAbort)
 	post("/admin/v1/abort_all", s.adminAbortAll)
+	post("/admin/v1/rooms/{room}/abort", s.adminAbortRoom)
 	post("/admin/v1/faults/{name}/on", s.adminFault(true))
 	post("/admin/v1/faults/{name}/off", s.adminFault(false))
 	mux.HandleFunc("/", s.notFound)
@@ -128,6 +131,13 @@ func (s *Server) known(id uint64) bool {
 				}
 			}
 		}
+		if pd := s.eng.PDQueueEntries(); len(pd) > 0 {
+			for _, en := range pd[0] {
+				if en.ID == id {
+					return true
+				}
+			}
+		}
 		now := time.Now()
 		switch {
 		case !drained.IsZero() && snap.Taken.After(drained):
@@ -149,6 +159,14 @@ func (s *Server) adminAbortAll(w http.ResponseWriter, r *http.Request) {
 		for _, ri := range queueOf(q, name) {
 			s.eng.Abort(ri.ID)
 			ids = append(ids, ri.ID)
+		}
+	}
+	if pd := s.eng.PDQueueEntries(); len(pd) > 0 {
+		for _, en := range pd[0] {
+			if !slices.Contains(ids, en.ID) {
+				s.eng.Abort(en.ID)
+				ids = append(ids, en.ID)
+			}
 		}
 	}
 	setResult(r, "aborted %d requests %v", len(ids), ids)
@@ -181,4 +199,26 @@ func faultList(e *serve.Engine) debug.FaultsResponse {
 		out.Faults = append(out.Faults, debug.Fault{Name: f.Name, Roles: f.Roles, Doc: f.Doc, On: f.On})
 	}
 	return out
+}
+
+// adminAbortRoom aborts the live PD request of a bootstrap room (the
+// router's key for the pair of requests on a prefill and a decode server).
+func (s *Server) adminAbortRoom(w http.ResponseWriter, r *http.Request) {
+	raw := r.PathValue("room")
+	room, err := strconv.ParseUint(raw, 10, 64)
+	if err != nil {
+		setResult(r, "bad room %q", raw)
+		openai.InvalidRequest("room", fmt.Sprintf("%q is not a bootstrap room (an unsigned 64-bit integer)", raw)).WriteJSON(w)
+		return
+	}
+	id, ok := s.eng.RoomRequest(room)
+	if !ok {
+		setResult(r, "room %d not found", room)
+		(&openai.Error{Status: http.StatusNotFound, Type: openai.TypeInvalidRequest, Param: "room",
+			Message: fmt.Sprintf("no live request of room %d", room)}).WriteJSON(w)
+		return
+	}
+	s.eng.Abort(id)
+	setResult(r, "aborted room %d (request %d)", room, id)
+	writeJSON(w, http.StatusOK, debug.AbortResponse{Aborted: id})
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/pdproto"
@@ -71,5 +72,47 @@ func TestFaultSwitches(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 400 || !strings.Contains(string(body), "applies to") {
 		t.Errorf("colocated: %d %s", resp.StatusCode, body)
+	}
+}
+
+// An operator aborts a PD request by its bootstrap room, in whatever queue
+// it waits: here a decode request whose prefill half never came.
+func TestAdminAbortRoom(t *testing.T) {
+	_, de, registry := newPDServers(t, serve.Config{PageSize: 4, MaxRunning: 4})
+	de.srv.opts.Loopback = true
+	const room = 515
+	res := make(chan string, 1)
+	go func() {
+		out, err := de.completeErr("/v1/completions", map[string]any{"prompt": "alone", "max_tokens": 4, "bootstrap_room": room, "bootstrap_url": registry})
+		if err != nil {
+			res <- err.Error()
+			return
+		}
+		res <- out.Finish
+	}()
+	eventually(t, "the room known", func() bool { _, ok := de.eng.RoomRequest(room); return ok })
+	for _, c := range []struct {
+		path   string
+		status int
+	}{{"/admin/v1/rooms/x/abort", 400}, {"/admin/v1/rooms/516/abort", 404}, {"/admin/v1/rooms/515/abort", 200}} {
+		resp, err := http.Post(de.ts.URL+c.path, "application/json", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.status {
+			t.Errorf("%s: %d, want %d", c.path, resp.StatusCode, c.status)
+		}
+	}
+	select {
+	case got := <-res:
+		if got != "abort" {
+			t.Errorf("the aborted request ended with %q", got)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the aborted request did not end")
+	}
+	if _, ok := de.eng.RoomRequest(room); ok {
+		t.Error("the room outlived its request")
 	}
 }
