@@ -52,6 +52,7 @@ router, prefill, decode, launch) arrive with the serving milestones.`,
 	root.AddCommand(newModelCmd(), newGenerateCmd(), newBenchCmd(), newConfigCmd())
 	root.AddCommand(newServeCmd())
 	root.AddCommand(newLaunchCmd())
+	root.AddCommand(newRouterCmd())
 	// Every flag can also come from its PD_* environment variable.
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		if err := config.ApplyEnv(cmd.Flags(), os.Getenv); err != nil {

@@ -1,0 +1,49 @@
+package debug
+
+import "time"
+
+// ClusterPath is where a router lists the servers it routes to (GET, JSON
+// ClusterResponse), so that a tool can find every server of a PD cluster
+// from the router alone.
+const ClusterPath = "/debug/v1/cluster"
+
+// ClusterResponse is the body of GET /debug/v1/cluster on a router.
+type ClusterResponse struct {
+	// HealthyPrefill and HealthyDecode count the servers of each role that
+	// get new requests.
+	HealthyPrefill int `json:"healthy_prefill"`
+	HealthyDecode  int `json:"healthy_decode"`
+	// LiveRooms is the number of bootstrap rooms of requests in flight.
+	LiveRooms int `json:"live_rooms"`
+	// HealthIntervalMS is the time between two health checks of a server.
+	HealthIntervalMS float64 `json:"health_interval_ms"`
+	// Servers lists the prefill servers, then the decode servers, in the
+	// order the router was given them.
+	Servers []ClusterServer `json:"servers"`
+}
+
+// ClusterServer is one server as its router sees it.
+type ClusterServer struct {
+	// Role is the role the router was told (prefill or decode).
+	Role string `json:"role"`
+	URL  string `json:"url"`
+	// Healthy: the server gets new requests.
+	Healthy bool `json:"healthy"`
+	// Reason says why the server is not healthy; empty while healthy.
+	Reason string `json:"reason,omitempty"`
+	// ConsecutiveFailures counts the failed health checks since the last
+	// good one.
+	ConsecutiveFailures int `json:"consecutive_failures"`
+	// TPSize, Model and BootstrapURL come from the server's last
+	// /pd/v1/info answer (BootstrapURL only on a prefill server).
+	TPSize       int    `json:"tp_size"`
+	Model        string `json:"model"`
+	BootstrapURL string `json:"bootstrap_url,omitempty"`
+	// LastCheck is when the last health check ended; null before the
+	// first one.
+	LastCheck *time.Time `json:"last_check"`
+	// InFlight counts the router's requests in flight on the server, and
+	// RequestsServed those it has sent there since the router started.
+	InFlight       int64  `json:"in_flight"`
+	RequestsServed uint64 `json:"requests_served"`
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pdkit/pdkit/internal/router"
+)
+
+type routerOptions struct {
+	host           string
+	port           int
+	prefill        []string
+	decode         []string
+	healthInterval time.Duration
+	shutdown       time.Duration
+}
+
+func newRouterCmd() *cobra.Command {
+	o := routerOptions{}
+	cmd := &cobra.Command{
+		Use:   "router --prefill URL[,URL...] --decode URL[,URL...] [--host H] [--port P]",
+		Short: "Serve the OpenAI-compatible HTTP API in front of prefill and decode servers (a PD cluster)",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return routerRun(cmd, o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.host, "host", "127.0.0.1", "address to listen on")
+	f.IntVar(&o.port, "port", 8000, "port to listen on (0: pick a free one)")
+	f.StringSliceVar(&o.prefill, "prefill", nil, "prefill servers' base URLs (comma-separated, repeatable)")
+	f.StringSliceVar(&o.decode, "decode", nil, "decode servers' base URLs (comma-separated, repeatable)")
+	f.DurationVar(&o.healthInterval, "health-interval", time.Second, "time between two health checks of a server; two failed checks in a row mark it down")
+	f.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a shutdown waits for requests in flight")
+	return cmd
+}
+
+func routerRun(cmd *cobra.Command, o routerOptions) error {
+	stderr := cmd.ErrOrStderr()
+	if o.port < 0 || o.port > 65535 {
+		return usagef("--port %d: want 0 to 65535", o.port)
+	}
+	if len(o.prefill) == 0 || len(o.decode) == 0 {
+		return usagef("router needs at least one --prefill and one --decode server URL")
+	}
+	for _, u := range append(append([]string{}, o.prefill...), o.decode...) {
+		if _, err := router.ParseServerURL(u); err != nil {
+			return usageError{err}
+		}
+	}
+	if o.healthInterval <= 0 || o.shutdown <= 0 {
+		return usagef("--health-interval and --shutdown-timeout must be positive")
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	rt, err := router.New(router.Options{Prefill: o.prefill, Decode: o.decode, HealthInterval: o.healthInterval, Logger: log})
+	if err != nil {
+		return usageError{err} // only a bad server list is refused
+	}
+	defer rt.Close()
+
+	ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(o.port)))
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: rt, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	fmt.Fprintf(stderr, "routing on http://%s (prefill %v, decode %v)\n", ln.Addr(), o.prefill, o.decode)
+
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	select {
+	case err := <-done:
+		return err
+	case <-cmd.Context().Done():
+	}
+	log.Info("shutting down", "timeout", o.shutdown)
+	ctx, cancel := context.WithTimeout(context.Background(), o.shutdown)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		log.Warn("requests still in flight; closing them", "err", err)
+		srv.Close()
+	}
+	if serr := <-done; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
+		return serr
+	}
+	return nil
+}

@@ -1,0 +1,300 @@
+package router
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pdkit/pdkit/api/debug"
+	"github.com/pdkit/pdkit/api/openai"
+	"github.com/pdkit/pdkit/api/pdproto"
+)
+
+// upstream is one prefill or decode server.
+type upstream struct {
+	role string // the role the router was given it as
+	url  string
+
+	inFlight atomic.Int64  // the router's requests in flight on it
+	served   atomic.Uint64 // requests sent to it
+
+	mu        sync.Mutex
+	healthy   bool
+	reason    string // why not healthy
+	fails     int    // failed checks in a row
+	info      pdproto.ServerInfo
+	lastCheck time.Time
+}
+
+// snapshot returns the state of u that routing needs.
+func (u *upstream) state() (healthy bool, info pdproto.ServerInfo) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.healthy, u.info
+}
+
+func (rt *Router) healthLoop(ctx context.Context) {
+	defer close(rt.done)
+	t := time.NewTicker(rt.opts.HealthInterval)
+	defer t.Stop()
+	for {
+		rt.CheckNow(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// CheckNow checks every server once, concurrently, and returns when all
+// checks have ended (each is bounded by HealthTimeout and ctx).
+func (rt *Router) CheckNow(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, u := range rt.servers() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rt.check(ctx, u)
+		}()
+	}
+	wg.Wait()
+}
+
+func (rt *Router) servers() []*upstream {
+	all := make([]*upstream, 0, len(rt.prefill)+len(rt.decode))
+	return append(append(all, rt.prefill...), rt.decode...)
+}
+
+// check runs one health check of u and records its outcome. A role that
+// does not match marks u down at once; other failures after FailThreshold
+// checks in a row.
+func (rt *Router) check(parent context.Context, u *upstream) {
+	ctx, cancel := context.WithTimeout(parent, rt.opts.HealthTimeout)
+	defer cancel()
+	info, mismatch, err := rt.probe(ctx, u)
+	if parent.Err() != nil {
+		return // the router is closing: not the server's fault
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	was := u.healthy
+	u.lastCheck = time.Now()
+	switch {
+	case err == nil:
+		u.healthy, u.reason, u.fails, u.info = true, "", 0, info
+	case mismatch:
+		u.fails++
+		u.healthy, u.reason, u.info = false, err.Error(), info
+	default:
+		u.fails++
+		if u.fails >= rt.opts.FailThreshold || !u.healthy {
+			u.healthy, u.reason = false, err.Error()
+		}
+	}
+	if u.healthy != was {
+		if u.healthy {
+			rt.log.Info("server up", "role", u.role, "url", u.url, "model", u.info.Model, "tp_size", u.info.TPSize)
+			rt.metrics.healthy.WithLabelValues(u.role, u.url).Set(1)
+		} else {
+			rt.log.Warn("server down", "role", u.role, "url", u.url, "reason", u.reason, "failed_checks", u.fails)
+			rt.metrics.healthy.WithLabelValues(u.role, u.url).Set(0)
+		}
+	} else if err != nil {
+		rt.log.Debug("health check failed", "role", u.role, "url", u.url, "err", err, "failed_checks", u.fails)
+	}
+}
+
+// probe asks u for /health and its info. mismatch reports a server that
+// answers but is not what the router takes it for.
+func (rt *Router) probe(ctx context.Context, u *upstream) (info pdproto.ServerInfo, mismatch bool, err error) {
+	status, body, err := rt.get(ctx, u.url+"/health")
+	if err != nil {
+		return info, false, fmt.Errorf("health check: %v", err)
+	}
+	if status != http.StatusOK {
+		return info, false, fmt.Errorf("health check: status %d: %s", status, summary(body))
+	}
+	status, body, err = rt.get(ctx, u.url+pdproto.InfoPath)
+	if err != nil {
+		return info, false, fmt.Errorf("server info: %v", err)
+	}
+	if status != http.StatusOK {
+		return info, false, fmt.Errorf("server info: status %d: %s", status, summary(body))
+	}
+	if err := json.Unmarshal(body, &info); err != nil {
+		return info, false, fmt.Errorf("server info: %v", err)
+	}
+	if info.Role != u.role {
+		return info, true, fmt.Errorf("role mismatch: given as a %s server, it says it is %q", u.role, info.Role)
+	}
+	if u.role == pdproto.RolePrefill && info.BootstrapURL == "" {
+		return info, true, fmt.Errorf("prefill server reports no bootstrap_url")
+	}
+	return info, false, nil
+}
+
+// get fetches url, reading at most 1 MiB of its body.
+func (rt *Router) get(ctx context.Context, url string) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := rt.client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return resp.StatusCode, body, err
+}
+
+// summary shortens a response body for a reason string.
+func summary(body []byte) string {
+	s := strings.TrimSpace(string(body))
+	if e := openai.ParseError(500, body); e.Message != "" && e.Message != s {
+		s = e.Message
+	} else {
+		var h struct {
+			Reason string `json:"reason"`
+		}
+		if json.Unmarshal(body, &h) == nil && h.Reason != "" {
+			s = h.Reason
+		}
+	}
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}
+
+// pick chooses the healthy server of list with the fewest requests in
+// flight, round-robin among equals, and counts one more request on it.
+func (rt *Router) pick(role string) *upstream {
+	list, i := rt.prefill, 0
+	if role == pdproto.RoleDecode {
+		list, i = rt.decode, 1
+	}
+	rt.pickMu.Lock()
+	defer rt.pickMu.Unlock()
+	var best *upstream
+	var bestLoad int64
+	n := len(list)
+	start := int(rt.rr[i] % uint64(n))
+	for k := range n {
+		u := list[(start+k)%n]
+		if ok, _ := u.state(); !ok {
+			continue
+		}
+		if l := u.inFlight.Load(); best == nil || l < bestLoad {
+			best, bestLoad = u, l
+		}
+	}
+	if best == nil {
+		return nil
+	}
+	rt.rr[i]++
+	best.inFlight.Add(1)
+	best.served.Add(1)
+	rt.metrics.inFlight.WithLabelValues(best.role, best.url).Inc()
+	return best
+}
+
+// release ends a request that pick counted on u.
+func (rt *Router) release(u *upstream) {
+	u.inFlight.Add(-1)
+	rt.metrics.inFlight.WithLabelValues(u.role, u.url).Dec()
+}
+
+// healthyCount counts the healthy servers of list.
+func healthyCount(list []*upstream) int {
+	n := 0
+	for _, u := range list {
+		if ok, _ := u.state(); ok {
+			n++
+		}
+	}
+	return n
+}
+
+// HealthResponse is the body of the router's GET /health.
+type HealthResponse struct {
+	Status         string `json:"status"` // ok or unhealthy
+	Reason         string `json:"reason,omitempty"`
+	HealthyPrefill int    `json:"healthy_prefill"`
+	HealthyDecode  int    `json:"healthy_decode"`
+}
+
+func (rt *Router) health(w http.ResponseWriter, _ *http.Request) {
+	resp := HealthResponse{Status: "ok", HealthyPrefill: healthyCount(rt.prefill), HealthyDecode: healthyCount(rt.decode)}
+	switch {
+	case resp.HealthyPrefill == 0:
+		resp.Status, resp.Reason = "unhealthy", "no healthy prefill server"
+	case resp.HealthyDecode == 0:
+		resp.Status, resp.Reason = "unhealthy", "no healthy decode server"
+	}
+	status := http.StatusOK
+	if resp.Reason != "" {
+		status = http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, resp)
+}
+
+func (rt *Router) cluster(w http.ResponseWriter, _ *http.Request) {
+	resp := debug.ClusterResponse{
+		HealthyPrefill:   healthyCount(rt.prefill),
+		HealthyDecode:    healthyCount(rt.decode),
+		LiveRooms:        rt.rooms.count(),
+		HealthIntervalMS: float64(rt.opts.HealthInterval) / float64(time.Millisecond),
+		Servers:          []debug.ClusterServer{},
+	}
+	for _, u := range rt.servers() {
+		u.mu.Lock()
+		s := debug.ClusterServer{
+			Role: u.role, URL: u.url, Healthy: u.healthy, Reason: u.reason, ConsecutiveFailures: u.fails,
+			TPSize: u.info.TPSize, Model: u.info.Model, BootstrapURL: u.info.BootstrapURL,
+			InFlight: u.inFlight.Load(), RequestsServed: u.served.Load(),
+		}
+		if !u.lastCheck.IsZero() {
+			t := u.lastCheck
+			s.LastCheck = &t
+		}
+		u.mu.Unlock()
+		resp.Servers = append(resp.Servers, s)
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// models answers GET /v1/models from a healthy decode server.
+func (rt *Router) models(w http.ResponseWriter, r *http.Request) {
+	u := rt.pick(pdproto.RoleDecode)
+	if u == nil {
+		noServer(pdproto.RoleDecode).WriteJSON(w)
+		return
+	}
+	defer rt.release(u)
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	status, body, err := rt.get(ctx, u.url+"/v1/models")
+	if err != nil {
+		rt.metrics.upstreamErrors.WithLabelValues(u.role, u.url).Inc()
+		(&openai.Error{Status: http.StatusBadGateway, Type: openai.TypeServer,
+			Message: fmt.Sprintf("decode server %s: %v", u.url, err)}).WriteJSON(w)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(body)
+}
+
+// noServer is the 503 for a role without a healthy server.
+func noServer(role string) *openai.Error {
+	return &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeServer,
+		Message: fmt.Sprintf("no healthy %s server", role)}
+}

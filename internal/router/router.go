@@ -1,0 +1,299 @@
+// Package router is the OpenAI-compatible front of a PD cluster: for each
+// request it picks a healthy prefill and a healthy decode server (the least
+// loaded by its own count of requests in flight, round-robin among equals),
+// assigns a bootstrap room no live request holds, sends the request to both
+// at once and streams the decode side's answer back. The prefill side's
+// answer is awaited only for its errors: a prefill failure before the decode
+// side has produced anything cancels the decode side and is returned to the
+// client.
+//
+// Aborts fan out: when the client disconnects, or on POST /abort_request
+// with the decode side's response id or the router's own request id (the
+// X-Request-Id response header), both upstream requests are cancelled, and
+// the servers abort a request whose client went away.
+//
+// A goroutine owned by the Router checks every server's /health and
+// /pd/v1/info at an interval; a server that fails FailThreshold checks in a
+// row, or whose info names another role than the one it was given as, gets
+// no new requests until it is healthy again.
+//
+// Routes: POST /v1/completions, /v1/chat/completions and /generate (proxied),
+// POST /abort_request, GET /v1/models (from a healthy decode server),
+// GET /health, GET /metrics (Prometheus, namespace pdkit), GET
+// /debug/v1/cluster (api/debug.ClusterResponse) and GET /pd/v1/info.
+package router
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pdkit/pdkit/api/openai"
+	"github.com/pdkit/pdkit/api/pdproto"
+)
+
+// Options configure a Router. Zero values take the defaults noted per field.
+type Options struct {
+	// Prefill and Decode are the servers' base URLs (http://host:port); at
+	// least one of each is required.
+	Prefill []string
+	Decode  []string
+	// HealthInterval is the time between two health checks of a server
+	// (default 1s).
+	HealthInterval time.Duration
+	// HealthTimeout bounds one health check (default 2s).
+	HealthTimeout time.Duration
+	// FailThreshold is how many health checks in a row a server must fail
+	// to be marked down (default 2).
+	FailThreshold int
+	// PrefillGrace is how long a finished decode response waits for its
+	// prefill side's answer before cancelling it (default 2s).
+	PrefillGrace time.Duration
+	// MaxBodyBytes bounds request bodies (default 4 MiB).
+	MaxBodyBytes int64
+	// Logger receives the router's logs (default slog.Default()).
+	Logger *slog.Logger
+	// Client sends the upstream requests (default: a client with dial,
+	// TLS and idle timeouts but no overall timeout, since responses
+	// stream; every request carries a context).
+	Client *http.Client
+}
+
+// Router is the HTTP handler of a PD router. It is safe for concurrent use.
+// Close stops its health checks.
+type Router struct {
+	opts    Options
+	log     *slog.Logger
+	client  *http.Client
+	mux     *http.ServeMux
+	methods map[string]string // path → allowed method
+	metrics *metrics
+	created int64
+
+	prefill []*upstream
+	decode  []*upstream
+
+	pickMu sync.Mutex // makes choosing a server and counting it one step
+	rr     [2]uint64  // round-robin offsets: prefill, decode
+
+	rooms rooms
+	reqs  requests
+	seq   atomic.Uint64 // the router's request ids
+
+	stop   context.CancelFunc
+	done   chan struct{} // closed when the health loop has returned
+	closed sync.Once
+}
+
+// New checks opts, starts the health checks and returns the router. The
+// servers count as down until their first good check; CheckNow runs one
+// round at once.
+func New(opts Options) (*Router, error) {
+	if len(opts.Prefill) == 0 || len(opts.Decode) == 0 {
+		return nil, errors.New("router: at least one prefill and one decode server are required")
+	}
+	if opts.HealthInterval <= 0 {
+		opts.HealthInterval = time.Second
+	}
+	if opts.HealthTimeout <= 0 {
+		opts.HealthTimeout = 2 * time.Second
+	}
+	if opts.FailThreshold <= 0 {
+		opts.FailThreshold = 2
+	}
+	if opts.PrefillGrace <= 0 {
+		opts.PrefillGrace = 2 * time.Second
+	}
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = openai.DefaultMaxBodyBytes
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Client == nil {
+		opts.Client = defaultClient()
+	}
+	rt := &Router{
+		opts: opts, log: opts.Logger, client: opts.Client,
+		mux: http.NewServeMux(), methods: map[string]string{},
+		metrics: newMetrics(), created: time.Now().Unix(),
+		rooms: rooms{live: map[uint64]struct{}{}},
+		reqs:  requests{byID: map[string]*tracked{}},
+		done:  make(chan struct{}),
+	}
+	seen := map[string]bool{}
+	for _, role := range []string{pdproto.RolePrefill, pdproto.RoleDecode} {
+		urls := opts.Prefill
+		if role == pdproto.RoleDecode {
+			urls = opts.Decode
+		}
+		for _, raw := range urls {
+			u, err := ParseServerURL(raw)
+			if err != nil {
+				return nil, err
+			}
+			if seen[u] {
+				return nil, fmt.Errorf("router: server %s given twice", u)
+			}
+			seen[u] = true
+			up := &upstream{role: role, url: u, reason: "not checked yet"}
+			if role == pdproto.RolePrefill {
+				rt.prefill = append(rt.prefill, up)
+			} else {
+				rt.decode = append(rt.decode, up)
+			}
+			rt.metrics.healthy.WithLabelValues(role, u).Set(0)
+			rt.metrics.inFlight.WithLabelValues(role, u).Set(0)
+		}
+	}
+	rt.handle("POST", "/v1/completions", rt.proxy)
+	rt.handle("POST", "/v1/chat/completions", rt.proxy)
+	rt.handle("POST", "/generate", rt.proxy)
+	rt.handle("POST", "/abort_request", rt.abort)
+	rt.handle("GET", "/v1/models", rt.models)
+	rt.handle("GET", "/health", rt.health)
+	rt.handle("GET", "/metrics", rt.metrics.handler().ServeHTTP)
+	rt.handle("GET", "/debug/v1/cluster", rt.cluster)
+	rt.handle("GET", pdproto.InfoPath, rt.info)
+	rt.mux.HandleFunc("/", rt.notFound)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	rt.stop = cancel
+	go rt.healthLoop(ctx)
+	return rt, nil
+}
+
+// ParseServerURL checks a server's base URL (http or https, with a host)
+// and returns it without a trailing slash.
+func ParseServerURL(raw string) (string, error) {
+	u, err := url.Parse(strings.TrimSpace(raw))
+	if err != nil {
+		return "", fmt.Errorf("server URL %q: %v", raw, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", fmt.Errorf("server URL %q: want http://host:port", raw)
+	}
+	if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return "", fmt.Errorf("server URL %q: want a base URL without user, query or fragment", raw)
+	}
+	return strings.TrimRight(u.String(), "/"), nil
+}
+
+func defaultClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		Proxy:                 nil, // the servers are the cluster's own
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout:   5 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		IdleConnTimeout:       90 * time.Second,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   256,
+		ForceAttemptHTTP2:     true,
+	}}
+}
+
+// Close stops the health checks and waits for their goroutine. Requests in
+// flight are not affected; the http.Server that serves the Router owns them.
+func (rt *Router) Close() error {
+	rt.closed.Do(func() {
+		rt.stop()
+		<-rt.done
+		if t, ok := rt.client.Transport.(*http.Transport); ok && rt.opts.Client == nil {
+			t.CloseIdleConnections()
+		}
+	})
+	return nil
+}
+
+func (rt *Router) handle(method, path string, h http.HandlerFunc) {
+	rt.methods[path] = method
+	rt.mux.HandleFunc(method+" "+path, h)
+}
+
+// ServeHTTP serves r, turning a handler panic into a logged 500.
+func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rw := &recorder{ResponseWriter: w}
+	start := time.Now()
+	defer func() {
+		v := recover()
+		if v == nil {
+			rt.log.Debug("request", "method", r.Method, "path", r.URL.Path, "status", rw.status, "duration", time.Since(start))
+			return
+		}
+		if v == http.ErrAbortHandler {
+			panic(v)
+		}
+		rt.log.Error("handler panic", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(v))
+		if !rw.wrote {
+			openai.ServerError("internal error").WriteJSON(rw)
+		}
+	}()
+	rt.mux.ServeHTTP(rw, r)
+}
+
+// recorder notes whether a response has begun.
+type recorder struct {
+	http.ResponseWriter
+	wrote  bool
+	status int
+}
+
+func (w *recorder) WriteHeader(code int) {
+	if !w.wrote {
+		w.wrote, w.status = true, code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *recorder) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.wrote, w.status = true, http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *recorder) Flush() {
+	if !w.wrote {
+		w.wrote, w.status = true, http.StatusOK
+	}
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (rt *Router) notFound(w http.ResponseWriter, r *http.Request) {
+	if m, ok := rt.methods[r.URL.Path]; ok {
+		w.Header().Set("Allow", m)
+		(&openai.Error{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest,
+			Message: fmt.Sprintf("method %s not allowed on %s; use %s", r.Method, r.URL.Path, m)}).WriteJSON(w)
+		return
+	}
+	(&openai.Error{Status: http.StatusNotFound, Type: openai.TypeInvalidRequest,
+		Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)}).WriteJSON(w)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		openai.ServerError(err.Error()).WriteJSON(w)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+func (rt *Router) info(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, pdproto.ServerInfo{Role: pdproto.RoleRouter})
+}
