@@ -50,7 +50,7 @@ router, prefill, decode, launch) arrive with the serving milestones.`,
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(newModelCmd(), newGenerateCmd(), newBenchCmd(), newConfigCmd())
-	root.AddCommand(newServeCmd())
+	root.AddCommand(newServeCmd(), newPrefillCmd(), newDecodeCmd())
 	root.AddCommand(newLaunchCmd())
 	root.AddCommand(newRouterCmd())
 	// Every flag can also come from its PD_* environment variable.
