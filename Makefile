@@ -7,9 +7,8 @@ GOFMT ?= $(shell $(GO) env GOROOT)/bin/gofmt
 GOTESTFLAGS ?= -race -timeout 14m
 # How long each kernel benchmark runs in `make bench`.
 BENCHTIME ?= 1s
-# Arguments for `bin/pdserve generate` in `make run`.
-PROMPT ?= Once upon a time
-ARGS ?= --prompt "$(PROMPT)" --max-tokens 64
+# Flags for `bin/pdserve launch` in `make run`.
+ARGS ?=
 # Stamped into the binaries' version variable.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS ?= -X main.version=$(VERSION)
@@ -22,7 +21,7 @@ help: ## list the targets and the variables they read
 	@echo
 	@awk 'BEGIN { FS = ":.*## " } /^[a-z][a-z-]*:.*## / { printf "  %-11s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 	@echo
-	@echo 'variables: GO, GOTESTFLAGS (test), BENCHTIME (bench), PROMPT and ARGS (run), VERSION (build)'
+	@echo 'variables: GO, GOTESTFLAGS (test), BENCHTIME (bench), ARGS (run: pdserve launch flags), VERSION (build)'
 
 deps: ## install missing system packages (apt) and Go modules; needs Go already
 	@GO='$(GO)' sh scripts/deps.sh
@@ -31,17 +30,18 @@ build: ## build bin/pdserve and bin/pdctl
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/pdserve ./cmd/pdserve
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/pdctl ./cmd/pdctl
 
-run: deps build ## generate text with the built-in model (override with ARGS="..." or PROMPT="...")
-	bin/pdserve generate $(ARGS)
+run: deps build ## a PD cluster on loopback (router on :8000, one prefill, one decode) with the built-in model; ARGS="..." adds launch flags
+	bin/pdserve launch $(ARGS)
 
 test: deps ## go vet, then the whole test suite with the race detector
 	$(GO) vet ./...
 	$(GO) test $(GOTESTFLAGS) ./...
 
-bench: deps build ## kernel micro-benchmarks, the model benchmark (bin/pdserve bench), the serving one (bin/pdserve bench serve), then the PD wire codec and the ZeroMQ transport against raw loopback TCP
+bench: deps build ## kernel micro-benchmarks, the model benchmark (bin/pdserve bench), the serving one (bin/pdserve bench serve), PD vs colocated TTFT and the KV transport against raw TCP (bin/pdserve bench pd), then the PD wire codec and the ZeroMQ transport against raw loopback TCP
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./kernels/...
 	bin/pdserve bench
 	bin/pdserve bench serve
+	bin/pdserve bench pd
 	$(GO) test -run '^$$' -bench . -benchmem ./api/pdproto/ ./engine/pd/zmqlink/
 
 check: deps ## fail on unformatted files, go vet findings or a go.mod that go mod tidy would change
