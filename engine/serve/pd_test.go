@@ -389,3 +389,32 @@ func FuzzMailbox(f *testing.F) {
 		}
 	})
 }
+
+// A decode refuses a prefill whose pools do not match its own at the
+// handshake, with an error naming the field; no pages are held after.
+func TestPDHandshakeRefusesMismatch(t *testing.T) {
+	m := tinyModel(t)
+	pc := Config{PageSize: 4, KVTokens: 256, MaxRunning: 2, Role: pdproto.RolePrefill}
+	dc := Config{PageSize: 8, KVTokens: 256, MaxRunning: 2, Role: pdproto.RoleDecode}
+	p := newEngine(t, m, pc)
+	d := newEngine(t, m, dc)
+	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: 1})
+	for _, info := range p.RankInfos() {
+		if _, err := reg.Register(info); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mux := http.NewServeMux()
+	mux.Handle(pdproto.BootstrapPrefix, reg)
+	ts := httptest.NewServer(mux)
+	t.Cleanup(ts.Close)
+	s, err := d.Submit(context.Background(), Request{Prompt: []int32{5, 6, 7}, MaxTokens: 2, PD: &PDRequest{Room: 3, BootstrapURL: ts.URL}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, fin := collect(t, s, 20*time.Second)
+	if !strings.Contains(fin.Reason, "page_size") {
+		t.Errorf("finish %q, want the page size mismatch named", fin.Reason)
+	}
+	checkPools(t, d)
+}
