@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -53,7 +54,67 @@ func newBenchCmd() *cobra.Command {
 	f.IntVar(&cfg.DecodeTokens, "decode", 128, "tokens to decode per sequence")
 	f.IntVar(&cfg.Batch, "batch", 32, "sequences in the aggregate decode run")
 	f.IntVar(&cfg.Repeats, "repeats", 3, "runs per figure (the median is reported)")
-	cmd.AddCommand(newBenchServeCmd())
+	cmd.AddCommand(newBenchServeCmd(), newBenchPDCmd())
+	return cmd
+}
+
+func newBenchPDCmd() *cobra.Command {
+	cfg := bench.PDConfig{}
+	var typ string
+	cmd := &cobra.Command{
+		Use:   "pd",
+		Short: "Measure PD disaggregation: TTFT of a prefill+decode pair against a colocated engine, and the KV transport against raw TCP",
+		Long: `pd builds, in one process, a colocated engine and a prefill+decode pair (bootstrap registry
+on a loopback HTTP port, KV over ZeroMQ on loopback) over the same built-in model and
+configuration. For each prompt length it runs the same greedy requests one at a time on both
+and reports time to first token percentiles and their PD/colocated ratio; PD tokens must equal
+the colocated ones. Then it sends real KV_CHUNK messages over the ZeroMQ link for a while and
+moves the same bytes over raw loopback TCP, and reports both rates and their ratio (goal ≥ 0.8).`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			dt, err := builtin.ParseType(typ)
+			if err != nil {
+				return usageError{err}
+			}
+			cfg.Type = dt
+			if cfg.TP < 1 || cfg.Requests < 1 || cfg.MaxTokens < 1 || cfg.TransportTime <= 0 {
+				return usagef("--tp, --requests, --max-tokens and --transport-time must be positive")
+			}
+			if cfg.Threads < 0 {
+				return usagef("--threads must not be negative (0: every CPU / tp)")
+			}
+			if len(cfg.Prompts) == 0 {
+				return usagef("--prompts needs at least one length")
+			}
+			shape, err := builtin.Shape(cfg.Arch, cfg.Size)
+			if err != nil {
+				return usageError{err}
+			}
+			if err := shape.CheckShards(cfg.TP); err != nil {
+				return usagef("--tp %d: %v", cfg.TP, err)
+			}
+			for _, n := range cfg.Prompts {
+				if n < 1 || n+cfg.MaxTokens > shape.ContextLen {
+					return usagef("--prompts %d: want 1 to %d tokens (context %d less --max-tokens %d)", n, shape.ContextLen-cfg.MaxTokens, shape.ContextLen, cfg.MaxTokens)
+				}
+			}
+			return runReport(cmd, func(home string) (printer, error) {
+				cfg.Home = home
+				rep, err := bench.RunPD(cmd.Context(), cfg, cmd.ErrOrStderr())
+				return &rep, err
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Arch, "arch", model.ArchLlama, "built-in architecture: llama or llama-dsa")
+	f.StringVar(&cfg.Size, "size", builtin.SizeSmall, "built-in size: tiny or small")
+	f.StringVar(&typ, "type", "f32", "weight type")
+	f.IntVar(&cfg.TP, "tp", 1, "tensor-parallel ranks of every engine")
+	f.IntSliceVar(&cfg.Prompts, "prompts", []int{128, 1024}, "prompt lengths in tokens")
+	f.IntVar(&cfg.Requests, "requests", 8, "requests per prompt length, one at a time")
+	f.IntVar(&cfg.MaxTokens, "max-tokens", 8, "greedy tokens generated per request")
+	f.IntVar(&cfg.Threads, "threads", 0, "kernel threads per rank (0: every CPU / tp)")
+	f.DurationVar(&cfg.TransportTime, "transport-time", 2*time.Second, "how long the KV transport loop sends")
 	return cmd
 }
 
