@@ -342,6 +342,7 @@ type rankPD struct {
 	snap   atomic.Pointer[[]PDEntry] // published after every iteration
 	boot   uint64                    // this server's boot number, in heartbeats
 	cfg    *PDConfig
+	bytes  atomic.Uint64 // KV payload bytes this rank sent or applied
 }
 
 // PDEntry is one PD request on one rank as the rank last published it.
@@ -722,6 +723,10 @@ func (l *rankLoop) pdArrived(q *pdReq) error {
 		return fmt.Errorf("serve: rank %d: %w", l.r, err)
 	}
 	l.send(q.peer, &pdproto.Status{Room: q.room, Rank: uint32(l.r), State: pdproto.Success})
+	l.pd.bytes.Add(uint64(q.bytes))
+	if o, ok := l.e.cfg.Observer.(PDObserver); ok {
+		o.KVTransferred(l.r, q.bytes, l.now-q.since)
+	}
 	l.pdForget(q)
 	a := q.add
 	tok := q.first.FirstToken
@@ -771,6 +776,7 @@ func (l *rankLoop) pdFail(q *pdReq) error {
 	}
 	if l.r == 0 && why != "aborted" {
 		l.e.pd.fails.Add(1)
+		l.e.pd.failsIn[q.phase].Add(1)
 	}
 	if q.url != "" && why != "aborted" {
 		l.e.forgetResolution(q.url) // a restarted prefill has new endpoints
@@ -979,6 +985,7 @@ func (l *rankLoop) sendChunks(items []sched.Item, toks map[uint64]int32) {
 		}
 		q.sent, q.chunks = end, q.chunks+1
 		q.bytes += ch.PayloadBytes()
+		l.pd.bytes.Add(uint64(ch.PayloadBytes()))
 		if err := l.send(q.peer, ch); err != nil {
 			q.why = "sending KV: " + err.Error()
 		}

@@ -26,8 +26,33 @@ type pdEngine struct {
 	stop  context.CancelFunc
 	wg    sync.WaitGroup
 	phase [len(phaseNames)]atomic.Int64
-	bytes atomic.Uint64
-	fails atomic.Uint64
+	bytes   atomic.Uint64
+	fails   atomic.Uint64
+	failsIn [len(phaseNames)]atomic.Uint64 // by the queue the request failed in
+}
+
+// PDObserver is implemented by a Config.Observer that also wants the PD
+// transfers: a decode rank reports each request's KV as it completes, with
+// its payload bytes and the time from TRANSFER_INFO to the last chunk. It
+// is called on the rank's loop goroutine and must not block.
+type PDObserver interface {
+	KVTransferred(rank, bytes int, d time.Duration)
+}
+
+// PDFailuresByQueue counts PD failures (not client aborts) by the queue
+// the request was in: bootstrap, active, inflight (prefill); prealloc,
+// transfer (decode).
+func (e *Engine) PDFailuresByQueue() map[string]uint64 {
+	if e.pd == nil {
+		return nil
+	}
+	out := map[string]uint64{}
+	for i := range e.pd.failsIn {
+		if n := e.pd.failsIn[i].Load(); n > 0 {
+			out[phaseNames[i]] = n
+		}
+	}
+	return out
 }
 
 // resolution is one prefill registry as the decode side knows it.
@@ -154,7 +179,8 @@ func (e *Engine) PDLinks() []PDLink {
 	}
 	out := make([]PDLink, len(e.loops))
 	for r, l := range e.loops {
-		out[r] = PDLink{Rank: r, Inbox: l.pd.inbox.Stats(), Outbox: l.pd.outbox.Stats(), Late: l.pd.mb.late.Load(), Misplaced: l.pd.mb.bad.Load()}
+		out[r] = PDLink{Rank: r, Inbox: l.pd.inbox.Stats(), Outbox: l.pd.outbox.Stats(), Late: l.pd.mb.late.Load(), Misplaced: l.pd.mb.bad.Load(),
+			KVBytes: l.pd.bytes.Load()}
 	}
 	return out
 }
@@ -190,6 +216,7 @@ type PDLink struct {
 	Outbox    zmqlink.OutboxStats
 	Late      uint64 // messages for rooms the rank does not have
 	Misplaced uint64 // messages of a type the rank's role never receives
+	KVBytes   uint64 // KV payload bytes the rank sent (prefill) or applied (decode)
 }
 
 func (e *Engine) pdCount(p pdPhase, d int64) { e.pd.phase[p].Add(d) }

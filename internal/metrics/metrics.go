@@ -72,9 +72,14 @@ type Metrics struct {
 	ttft         prometheus.Histogram
 	itl          prometheus.Histogram
 	step         prometheus.Histogram
+	kvTransfer   *prometheus.HistogramVec
+	kvBytes      *prometheus.HistogramVec
 }
 
-var _ serve.Observer = (*Metrics)(nil)
+var (
+	_ serve.Observer   = (*Metrics)(nil)
+	_ serve.PDObserver = (*Metrics)(nil)
+)
 
 // Latency buckets in seconds: 1ms to about 33s.
 var latencyBuckets = prometheus.ExponentialBuckets(0.001, 2, 16)
@@ -115,7 +120,17 @@ func New(reg *prometheus.Registry) *Metrics {
 			Buckets: latencyBuckets,
 		}),
 	}
-	reg.MustRegister(m.promptTokens, m.genTokens, m.requests, m.ttft, m.itl, m.step)
+	m.kvTransfer = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "kv_transfer_duration_seconds",
+		Help:    "Decode side: from sending TRANSFER_INFO to the last KV chunk applied, per request and rank.",
+		Buckets: latencyBuckets,
+	}, []string{"rank"})
+	m.kvBytes = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "kv_transfer_request_bytes",
+		Help:    "Decode side: KV payload bytes of one request's transfer, per rank.",
+		Buckets: prometheus.ExponentialBuckets(1024, 4, 12),
+	}, []string{"rank"})
+	reg.MustRegister(m.promptTokens, m.genTokens, m.requests, m.ttft, m.itl, m.step, m.kvTransfer, m.kvBytes)
 	return m
 }
 
@@ -249,4 +264,11 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.aborts, s.Totals.Aborts)
 	counter(c.steps, s.Totals.Steps)
 	c.pd.collect(c.eng, ch)
+}
+
+// KVTransferred implements serve.PDObserver.
+func (m *Metrics) KVTransferred(rank, bytes int, d time.Duration) {
+	r := strconv.Itoa(rank)
+	m.kvTransfer.WithLabelValues(r).Observe(d.Seconds())
+	m.kvBytes.WithLabelValues(r).Observe(float64(bytes))
 }

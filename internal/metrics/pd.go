@@ -20,7 +20,9 @@ type pdQueue struct {
 // PDFailures, PDTransferBytes).
 type pdDescs struct {
 	queues        []pdQueue // the role's queues, per rank
+	failQueues    []string  // the queues a request of the role can fail in
 	failed, bytes *prometheus.Desc
+	rankBytes     *prometheus.Desc
 	received      *prometheus.Desc
 	dropped       *prometheus.Desc
 	sent          *prometheus.Desc
@@ -57,9 +59,15 @@ func newPDDescs(role string) *pdDescs {
 	default:
 		return nil
 	}
+	failQueues := []string{"bootstrap", "active", "inflight"}
+	if role == pdproto.RoleDecode {
+		failQueues = []string{"prealloc", "transfer"}
+	}
 	return &pdDescs{
 		queues:     queues,
-		failed:     d("pd_failed_reqs_total", "PD requests that failed (bootstrap, transfer or peer failure; client aborts not counted)."),
+		failQueues: failQueues,
+		failed:     d("pd_failed_reqs_total", "PD requests that failed (bootstrap, transfer or peer failure; client aborts not counted), by the queue they failed in.", "queue"),
+		rankBytes:  d("kv_transfer_rank_bytes_total", "KV payload bytes the rank sent (prefill) or applied (decode).", "rank"),
 		bytes:      d("kv_transfer_bytes_total", "KV payload bytes sent (prefill) or received (decode), rank 0's share."),
 		received:   d("pd_messages_received_total", "Messages the rank's PD socket received.", "rank"),
 		dropped:    d("pd_dropped_messages_total", "Messages the rank's PD socket dropped, by reason (malformed, handler_panic, late, misplaced).", "rank", "reason"),
@@ -76,7 +84,7 @@ func (p *pdDescs) describe(ch chan<- *prometheus.Desc) {
 	for _, q := range p.queues {
 		ch <- q.desc
 	}
-	for _, d := range []*prometheus.Desc{p.failed, p.bytes, p.received, p.dropped, p.sent, p.sendErrors, p.loopUp} {
+	for _, d := range []*prometheus.Desc{p.failed, p.bytes, p.rankBytes, p.received, p.dropped, p.sent, p.sendErrors, p.loopUp} {
 		ch <- d
 	}
 }
@@ -98,11 +106,15 @@ func (p *pdDescs) collect(eng *serve.Engine, ch chan<- prometheus.Metric) {
 			val(q.desc, prometheus.GaugeValue, float64(n[q.queue]), rank)
 		}
 	}
-	val(p.failed, prometheus.CounterValue, float64(eng.PDFailures()))
+	fails := eng.PDFailuresByQueue()
+	for _, q := range p.failQueues {
+		val(p.failed, prometheus.CounterValue, float64(fails[q]), q)
+	}
 	val(p.bytes, prometheus.CounterValue, float64(eng.PDTransferBytes()))
 	for _, l := range eng.PDLinks() {
 		rank := strconv.Itoa(l.Rank)
 		val(p.received, prometheus.CounterValue, float64(l.Inbox.Messages), rank)
+		val(p.rankBytes, prometheus.CounterValue, float64(l.KVBytes), rank)
 		val(p.dropped, prometheus.CounterValue, float64(l.Inbox.HandlerErrors), rank, DropMalformed)
 		val(p.dropped, prometheus.CounterValue, float64(l.Inbox.HandlerPanics), rank, DropHandlerPanic)
 		val(p.dropped, prometheus.CounterValue, float64(l.Late), rank, DropLate)

@@ -136,8 +136,14 @@ func TestPDEngines(t *testing.T) {
 		if got := v["pdkit_kv_transfer_bytes_total"]; got <= 0 {
 			t.Errorf("%s: kv transfer bytes %v", role, got)
 		}
-		if got, ok := v["pdkit_pd_failed_reqs_total"]; !ok || got != 0 {
-			t.Errorf("%s: failed reqs %v (present %v)", role, got, ok)
+		fq := map[string]string{pdproto.RolePrefill: "bootstrap", pdproto.RoleDecode: "transfer"}[role]
+		if got, ok := v["pdkit_pd_failed_reqs_total/"+fq]; !ok || got != 0 {
+			t.Errorf("%s: failed reqs in %s %v (present %v)", role, fq, got, ok)
+		}
+		for r := range tp {
+			if got := v["pdkit_kv_transfer_rank_bytes_total/"+strconv.Itoa(r)]; got <= 0 {
+				t.Errorf("%s: rank %d transfer bytes %v", role, r, got)
+			}
 		}
 		// The other role's queues are not exported.
 		for other, names := range queues {
