@@ -430,6 +430,9 @@ func chunkShape(c *model.Config, tp, perTok, tokens int) *pdproto.KVChunk {
 	return ch
 }
 
+// transportWindow is how many KV chunks the transport loop keeps in flight.
+const transportWindow = 16
+
 // measureTransport sends msg over zmqlink (Outbox → Inbox, encoded and
 // decoded with pdproto, as the engines do) for about d, then moves the
 // same bytes in messages of the same size over a raw loopback TCP
@@ -505,6 +508,12 @@ func measureTransport(ctx context.Context, msg *pdproto.KVChunk, d time.Duration
 	start := time.Now()
 	n := 0
 	for n == 0 || time.Since(start) < d {
+		// Keep a bounded window in flight, so that the loop measures the
+		// steady rate and ends about d after it started, not after a
+		// backlog of the Outbox's whole pending allowance drains.
+		for int64(n)-got.Load() >= transportWindow {
+			time.Sleep(50 * time.Microsecond)
+		}
 		m := *msg
 		m.Chunk = uint32(n)
 		if err := send(&m); err != nil {
