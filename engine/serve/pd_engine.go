@@ -20,12 +20,12 @@ type pdEngine struct {
 	started  time.Time
 	boot     uint64 // sent in heartbeats: a new number means a restarted server
 
-	mu    sync.Mutex
-	res   map[string]*resolution
-	ctx   context.Context
-	stop  context.CancelFunc
-	wg    sync.WaitGroup
-	phase [len(phaseNames)]atomic.Int64
+	mu      sync.Mutex
+	res     map[string]*resolution
+	ctx     context.Context
+	stop    context.CancelFunc
+	wg      sync.WaitGroup
+	phase   [len(phaseNames)]atomic.Int64
 	bytes   atomic.Uint64
 	fails   atomic.Uint64
 	failsIn [len(phaseNames)]atomic.Uint64 // by the queue the request failed in
