@@ -50,15 +50,20 @@ type node struct {
 }
 
 // newNode serves m with an engine of configuration cfg; opts.Loopback is
-// set so that the admin API answers the tests.
-func newNode(t *testing.T, m *model.Model, cfg serve.Config, opts server.Options) *node {
+// set so that the admin API answers the tests. A wrap, when given, stands
+// in front of the server.
+func newNode(t *testing.T, m *model.Model, cfg serve.Config, opts server.Options, wrap func(http.Handler) http.Handler) *node {
 	t.Helper()
 	eng, err := serve.New(m, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	opts.ModelName, opts.Loopback, opts.Logger = "tiny", true, quiet
-	ts := httptest.NewServer(server.New(eng, m, opts))
+	var h http.Handler = server.New(eng, m, opts)
+	if wrap != nil {
+		h = wrap(h)
+	}
+	ts := httptest.NewServer(h)
 	t.Cleanup(func() {
 		// The engine first: it ends the streams that handlers wait on.
 		ts.CloseClientConnections()
@@ -78,6 +83,12 @@ type pdCluster struct {
 }
 
 func newCluster(t *testing.T, m *model.Model, cfg serve.Config) *pdCluster {
+	t.Helper()
+	return newClusterWrapped(t, m, cfg, nil)
+}
+
+// newClusterWrapped is newCluster with wrap in front of the prefill server.
+func newClusterWrapped(t *testing.T, m *model.Model, cfg serve.Config, wrap func(http.Handler) http.Handler) *pdCluster {
 	t.Helper()
 	c := &pdCluster{m: m}
 	// The registry's server starts first so that the prefill can report
@@ -99,8 +110,8 @@ func newCluster(t *testing.T, m *model.Model, cfg serve.Config) *pdCluster {
 
 	pc, dc := cfg, cfg
 	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
-	c.prefill = newNode(t, m, pc, server.Options{BootstrapURL: c.registry})
-	c.decode = newNode(t, m, dc, server.Options{})
+	c.prefill = newNode(t, m, pc, server.Options{BootstrapURL: c.registry}, wrap)
+	c.decode = newNode(t, m, dc, server.Options{}, nil)
 	r := bootstrap.NewRegistry(bootstrap.Options{TPSize: c.prefill.eng.Ranks()})
 	for _, info := range c.prefill.eng.RankInfos() {
 		if _, err := r.Register(info); err != nil {
@@ -319,7 +330,7 @@ func TestClusterMatchesColocated(t *testing.T) {
 	for _, tp := range []int{1, 2} {
 		t.Run(fmt.Sprintf("tp%d", tp), func(t *testing.T) {
 			cfg := serve.Config{TP: tp, PageSize: 4, KVTokens: 512, MaxRunning: 8, MaxBatchTokens: 64, PrefillChunk: 16}
-			col := newNode(t, m, cfg, server.Options{})
+			col := newNode(t, m, cfg, server.Options{}, nil)
 			c := newCluster(t, m, cfg)
 			got, want := make([]completion, len(ps)), make([]completion, len(ps))
 			var wg sync.WaitGroup
@@ -483,6 +494,29 @@ func TestClusterMassAbortDrill(t *testing.T) {
 	massAbortDrill(t, drillConfig(2), 83, 60)
 }
 
+// heldMarker marks a request the prefill server never gets: its half waits
+// at the door until the router cancels it.
+const heldMarker = `"max_tokens":77`
+
+// holdMarked keeps the requests that carry heldMarker from h.
+func holdMarked(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == "POST" && r.URL.Path == "/v1/completions" {
+			b, err := io.ReadAll(r.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			if bytes.Contains(b, []byte(heldMarker)) {
+				<-r.Context().Done()
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(b))
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 // With bootstrap-abort-crash on at the prefill, the drill wedges the
 // cluster: the prefill's control loop dies on the first ABORT, as the debug
 // API shows, and a new request fails by its PD timeouts instead of
@@ -493,7 +527,7 @@ func TestClusterBootstrapAbortCrashWedges(t *testing.T) {
 	cfg := serve.Config{PageSize: 4, KVTokens: 4096, MaxRunning: 4, MaxBatchTokens: 64, PrefillChunk: 16,
 		PD: serve.PDConfig{BootstrapTimeout: 2 * time.Second, TransferTimeout: 2 * time.Second, InflightTimeout: 2 * time.Second,
 			AbortAckTimeout: time.Second}}
-	c := newCluster(t, m, cfg)
+	c := newClusterWrapped(t, m, cfg, holdMarked)
 	resp, err := c.client.Post(c.prefill.ts.URL+"/admin/v1/faults/"+serve.FaultBootstrapAbortCrash+"/on", "application/json", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -506,6 +540,27 @@ func TestClusterBootstrapAbortCrashWedges(t *testing.T) {
 	// Long prompts keep sessions waiting for their KV when they go, so
 	// that the decode sends ABORT to the prefill.
 	c.drill(t, 97, 20, 100, 200, 8, true)
+
+	// Whether or not a drill session went while waiting for its KV, one
+	// more surely does: its prefill half never reaches the prefill
+	// server, so the decode waits in its transfer queue until the client
+	// goes, and then sends ABORT.
+	ctx, cancel := context.WithCancel(t.Context())
+	held := make(chan struct{})
+	go func() {
+		defer close(held)
+		p := testmodel.Prompts(99, 1, 10, 20, m.Config.VocabSize)[0]
+		complete(ctx, c.client, c.router.URL, body(p, 77, true, nil))
+	}()
+	poll(t, "the held session in the decode's transfer queue", 10*time.Second, func() bool {
+		var n int
+		for _, rk := range pdState(t, c.client, c.decode).Ranks {
+			n += rk.Counts[debug.PDQueueTransfer]
+		}
+		return n > 0
+	})
+	cancel()
+	<-held
 
 	var dead debug.PDSocket
 	poll(t, "the prefill's control loop dead", 10*time.Second, func() bool {
@@ -523,7 +578,7 @@ func TestClusterBootstrapAbortCrashWedges(t *testing.T) {
 
 	// A new request does not complete: it fails by the PD timeouts.
 	p := testmodel.Prompts(101, 1, 10, 20, m.Config.VocabSize)[0]
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	ctx, cancel = context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	start := time.Now()
 	r, err := complete(ctx, c.client, c.router.URL, body(p, 4, false, map[string]any{"ignore_eos": true}))
