@@ -772,7 +772,7 @@ func (l *rankLoop) pdFail(q *pdReq) error {
 	m := l.pd.mb.take(q.room)
 	why := q.why
 	if why == "" {
-		why = "another rank failed the room"
+		why = l.peerWhy(m)
 	}
 	if l.r == 0 && why != "aborted" {
 		l.e.pd.fails.Add(1)
@@ -823,6 +823,28 @@ func (l *rankLoop) pdFail(q *pdReq) error {
 		l.pdForget(q)
 	}
 	return nil
+}
+
+// peerWhy names why a room failed when another rank judged it Failed and
+// this one did not (its peer rank heard the other side first). It shapes
+// only the text of the failure (rank 0's stream finish, the reason sent to
+// the peer), never a move, which the MIN reduction agreed already: this
+// rank's own mail may hold the same word from the other side by now, and
+// if not, the text still names the side whose word failed the room, where
+// it said only "another rank failed the room" before.
+func (l *rankLoop) peerWhy(m mail) string {
+	prefill := l.e.cfg.Role == pdproto.RolePrefill
+	switch {
+	case prefill && m.abort != nil:
+		return "aborted by the decode: " + m.abort.Reason
+	case m.status != nil && m.status.State == pdproto.Failed && prefill:
+		return "the decode failed: " + m.status.Error
+	case m.status != nil && m.status.State == pdproto.Failed:
+		return "the prefill failed: " + m.status.Error
+	case prefill:
+		return "another rank failed the room: the decode aborted or failed it"
+	}
+	return "another rank failed the room: its prefill peer failed or went away"
 }
 
 // pdAbort handles an abort (client, operator, timeout) of a PD request that
