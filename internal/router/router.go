@@ -25,7 +25,6 @@ package router
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -39,6 +38,7 @@ import (
 
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/internal/httpx"
 )
 
 // Options configure a Router. Zero values take the defaults noted per field.
@@ -74,8 +74,7 @@ type Router struct {
 	opts    Options
 	log     *slog.Logger
 	client  *http.Client
-	mux     *http.ServeMux
-	methods map[string]string // path → allowed method
+	mux     *httpx.Mux
 	metrics *metrics
 	created int64
 
@@ -124,7 +123,7 @@ func New(opts Options) (*Router, error) {
 	}
 	rt := &Router{
 		opts: opts, log: opts.Logger, client: opts.Client,
-		mux: http.NewServeMux(), methods: map[string]string{},
+		mux:     httpx.NewMux(opts.Logger),
 		metrics: newMetrics(), created: time.Now().Unix(),
 		rooms: rooms{live: map[uint64]struct{}{}},
 		reqs:  requests{byID: map[string]*tracked{}},
@@ -164,7 +163,6 @@ func New(opts Options) (*Router, error) {
 	rt.handle("GET", "/metrics", rt.metrics.handler().ServeHTTP)
 	rt.handle("GET", "/debug/v1/cluster", rt.cluster)
 	rt.handle("GET", pdproto.InfoPath, rt.info)
-	rt.mux.HandleFunc("/", rt.notFound)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	rt.stop = cancel
@@ -214,85 +212,12 @@ func (rt *Router) Close() error {
 	return nil
 }
 
-func (rt *Router) handle(method, path string, h http.HandlerFunc) {
-	rt.methods[path] = method
-	rt.mux.HandleFunc(method+" "+path, h)
-}
+func (rt *Router) handle(method, path string, h http.HandlerFunc) { rt.mux.Handle(method, path, h) }
 
 // ServeHTTP serves r, turning a handler panic into a logged 500.
-func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	rw := &recorder{ResponseWriter: w}
-	start := time.Now()
-	defer func() {
-		v := recover()
-		if v == nil {
-			rt.log.Debug("request", "method", r.Method, "path", r.URL.Path, "status", rw.status, "duration", time.Since(start))
-			return
-		}
-		if v == http.ErrAbortHandler {
-			panic(v)
-		}
-		rt.log.Error("handler panic", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(v))
-		if !rw.wrote {
-			openai.ServerError("internal error").WriteJSON(rw)
-		}
-	}()
-	rt.mux.ServeHTTP(rw, r)
-}
+func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.mux.ServeHTTP(w, r) }
 
-// recorder notes whether a response has begun.
-type recorder struct {
-	http.ResponseWriter
-	wrote  bool
-	status int
-}
-
-func (w *recorder) WriteHeader(code int) {
-	if !w.wrote {
-		w.wrote, w.status = true, code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *recorder) Write(b []byte) (int, error) {
-	if !w.wrote {
-		w.wrote, w.status = true, http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *recorder) Flush() {
-	if !w.wrote {
-		w.wrote, w.status = true, http.StatusOK
-	}
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
-}
-
-func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-func (rt *Router) notFound(w http.ResponseWriter, r *http.Request) {
-	if m, ok := rt.methods[r.URL.Path]; ok {
-		w.Header().Set("Allow", m)
-		(&openai.Error{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest,
-			Message: fmt.Sprintf("method %s not allowed on %s; use %s", r.Method, r.URL.Path, m)}).WriteJSON(w)
-		return
-	}
-	(&openai.Error{Status: http.StatusNotFound, Type: openai.TypeInvalidRequest,
-		Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)}).WriteJSON(w)
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		openai.ServerError(err.Error()).WriteJSON(w)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
-}
+func writeJSON(w http.ResponseWriter, status int, v any) { httpx.WriteJSON(w, status, v) }
 
 func (rt *Router) info(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, pdproto.ServerInfo{Role: pdproto.RoleRouter})

@@ -738,7 +738,7 @@ func TestRoutesAndPanics(t *testing.T) {
 		t.Errorf("info %q", body)
 	}
 	// A panicking handler answers 500, not a dropped connection.
-	c.rt.mux.HandleFunc("GET /boom", func(http.ResponseWriter, *http.Request) { panic("boom") })
+	c.rt.mux.Handle("GET", "/boom", func(http.ResponseWriter, *http.Request) { panic("boom") })
 	resp, err = http.Get(c.srv.URL + "/boom")
 	if err != nil {
 		t.Fatal(err)

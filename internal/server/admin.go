@@ -13,6 +13,7 @@ import (
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/httpx"
 )
 
 // adminResult carries, through a call's context, what an admin handler did,
@@ -46,13 +47,13 @@ func (s *Server) adminHandler() http.Handler {
 	post("/admin/v1/rooms/{room}/abort", s.adminAbortRoom)
 	post("/admin/v1/faults/{name}/on", s.adminFault(true))
 	post("/admin/v1/faults/{name}/off", s.adminFault(false))
-	mux.HandleFunc("/", s.notFound)
+	mux.HandleFunc("/", s.mux.NotFound)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rw := &recorder{ResponseWriter: w}
+		rw := &httpx.Recorder{ResponseWriter: w}
 		var result string
 		defer func() {
 			s.log.Info("admin call", "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path,
-				"status", rw.status, "result", result)
+				"status", rw.Status, "result", result)
 		}()
 		if oerr := s.authorize(r); oerr != nil {
 			result = oerr.Message

@@ -20,6 +20,7 @@ import (
 	"github.com/pdkit/pdkit/engine/sample"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/engine/tokenizer"
+	"github.com/pdkit/pdkit/internal/httpx"
 	"github.com/pdkit/pdkit/internal/metrics"
 )
 
@@ -67,9 +68,8 @@ type Server struct {
 	opts    Options
 	limits  openai.Limits
 	log     *slog.Logger
-	mux     *http.ServeMux
+	mux     *httpx.Mux
 	created int64
-	methods map[string]string // path → allowed method
 }
 
 // New returns a server over eng, which must serve m.
@@ -109,9 +109,8 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 			MaxTokens:    m.Config.ContextLen,
 			Models:       []string{opts.ModelName},
 		},
-		mux:     http.NewServeMux(),
+		mux:     httpx.NewMux(opts.Logger),
 		created: time.Now().Unix(),
-		methods: map[string]string{},
 	}
 	s.handle("POST", "/v1/completions", s.completions)
 	s.handle("POST", "/v1/chat/completions", s.chat)
@@ -128,93 +127,20 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 	s.handle("GET", "/debug/v1/collectives", s.collectives)
 	s.handle("GET", "/debug/v1/requests", s.requests)
 	s.handle("GET", "/debug/v1/pd", s.pd)
-	s.mux.Handle("/admin/v1/", s.adminHandler())
-	s.mux.HandleFunc("/", s.notFound)
+	s.mux.HandlePrefix("/admin/v1/", s.adminHandler())
 	opts.Logger.Debug("chat template", "name", s.tmpl.Name(), "from_gguf", m.ChatTemplate() != "")
 	return s
 }
 
-func (s *Server) handle(method, path string, h http.HandlerFunc) {
-	s.methods[path] = method
-	s.mux.HandleFunc(method+" "+path, h)
-}
+func (s *Server) handle(method, path string, h http.HandlerFunc) { s.mux.Handle(method, path, h) }
 
 // ModelName is the name the server answers to.
 func (s *Server) ModelName() string { return s.opts.ModelName }
 
 // ServeHTTP serves r, turning a handler panic into a logged 500.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	rw := &recorder{ResponseWriter: w}
-	start := time.Now()
-	defer func() {
-		v := recover()
-		if v == nil {
-			s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "status", rw.status, "duration", time.Since(start))
-			return
-		}
-		if v == http.ErrAbortHandler {
-			panic(v)
-		}
-		s.log.Error("handler panic", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(v))
-		if !rw.wrote {
-			openai.ServerError("internal error").WriteJSON(rw)
-		}
-	}()
-	s.mux.ServeHTTP(rw, r)
-}
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
-// recorder notes whether a response has begun.
-type recorder struct {
-	http.ResponseWriter
-	wrote  bool
-	status int
-}
-
-func (w *recorder) WriteHeader(code int) {
-	if !w.wrote {
-		w.wrote, w.status = true, code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *recorder) Write(b []byte) (int, error) {
-	if !w.wrote {
-		w.wrote, w.status = true, http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *recorder) Flush() {
-	if !w.wrote {
-		w.wrote, w.status = true, http.StatusOK
-	}
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
-}
-func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
-	if m, ok := s.methods[r.URL.Path]; ok {
-		w.Header().Set("Allow", m)
-		(&openai.Error{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest,
-			Message: fmt.Sprintf("method %s not allowed on %s; use %s", r.Method, r.URL.Path, m)}).WriteJSON(w)
-		return
-	}
-	(&openai.Error{Status: http.StatusNotFound, Type: openai.TypeInvalidRequest,
-		Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)}).WriteJSON(w)
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		openai.ServerError(err.Error()).WriteJSON(w)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
-}
+func writeJSON(w http.ResponseWriter, status int, v any) { httpx.WriteJSON(w, status, v) }
 
 // job is one generation as the handlers see it.
 type job struct {

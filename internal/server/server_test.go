@@ -491,7 +491,7 @@ func TestBadInput(t *testing.T) {
 
 func TestPanicRecovered(t *testing.T) {
 	e := newEnv(t)
-	e.srv.mux.HandleFunc("GET /test/panic", func(http.ResponseWriter, *http.Request) { panic("boom") })
+	e.srv.mux.Handle("GET", "/test/panic", func(http.ResponseWriter, *http.Request) { panic("boom") })
 	resp, err := e.ts.Client().Get(e.ts.URL + "/test/panic")
 	if err != nil {
 		t.Fatal(err)
