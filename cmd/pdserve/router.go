@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -74,22 +72,5 @@ func routerRun(cmd *cobra.Command, o routerOptions) error {
 	srv := &http.Server{Handler: rt, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	fmt.Fprintf(stderr, "routing on http://%s (prefill %v, decode %v)\n", ln.Addr(), o.prefill, o.decode)
 
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	select {
-	case err := <-done:
-		return err
-	case <-cmd.Context().Done():
-	}
-	log.Info("shutting down", "timeout", o.shutdown)
-	ctx, cancel := context.WithTimeout(context.Background(), o.shutdown)
-	defer cancel()
-	if err := srv.Shutdown(ctx); err != nil {
-		log.Warn("requests still in flight; closing them", "err", err)
-		srv.Close()
-	}
-	if serr := <-done; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
-		return serr
-	}
-	return nil
+	return serveUntilDone(cmd.Context(), srv, ln, log, o.shutdown)
 }

@@ -185,27 +185,37 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	srv := &http.Server{Handler: counted, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	fmt.Fprintf(stderr, "serving %s (%s) on http://%s\n", h.ModelName(), cfg.Role, ln.Addr())
 
+	serr := serveUntilDone(cmd.Context(), srv, ln, log, o.shutdown)
+	cerr := eng.Close() // finishes the streams of any handler still running
+	inflight.Wait()
+	if serr != nil {
+		return serr
+	}
+	return cerr
+}
+
+// serveUntilDone serves ln until ctx ends, then shuts srv down, giving
+// requests in flight up to timeout before cutting them. It returns the
+// server's failure, if it failed before ctx ended.
+func serveUntilDone(ctx context.Context, srv *http.Server, ln net.Listener, log *slog.Logger, timeout time.Duration) error {
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
 	select {
 	case err := <-done:
 		return err
-	case <-cmd.Context().Done():
+	case <-ctx.Done():
 	}
-	log.Info("shutting down", "timeout", o.shutdown)
-	ctx, cancel := context.WithTimeout(context.Background(), o.shutdown)
+	log.Info("shutting down", "timeout", timeout)
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	if err := srv.Shutdown(ctx); err != nil {
+	if err := srv.Shutdown(sctx); err != nil {
 		log.Warn("requests still in flight; closing them", "err", err)
 		srv.Close()
 	}
-	serr := <-done
-	cerr := eng.Close() // finishes the streams of any handler still running
-	inflight.Wait()
-	if serr != nil && !errors.Is(serr, http.ErrServerClosed) {
-		return serr
+	if err := <-done; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
 	}
-	return cerr
+	return nil
 }
 
 // serveRegistry registers a prefill engine's ranks in a bootstrap registry
