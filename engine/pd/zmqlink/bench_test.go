@@ -2,19 +2,25 @@ package zmqlink
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
 )
 
 // The throughput benchmarks move b.N messages one way over loopback TCP and
 // report MB/s. BenchmarkRawTCP is the yardstick that BenchmarkZMQ's figures
-// are compared with (run both in the same `go test -bench` run):
+// are compared with (run both in the same `go test -bench` run), and
+// BenchmarkPebbe is the data path this package had before its cgo shim
+// (pebbe/zmq4: a copy per send, an allocation and a copy per receive):
 //
-//	go test -run '^$' -bench 'ZMQ|RawTCP' ./engine/pd/zmqlink/
+//	go test -run '^$' -bench 'ZMQ|RawTCP|Pebbe' ./engine/pd/zmqlink/
 
 type zmqCase struct {
 	name   string
@@ -36,6 +42,8 @@ var zmqCases = []zmqCase{
 	{name: "1MiB/4conns", size: mib, frames: 1, conns: 4},
 	{name: "256KiB/default", size: mib / 4, frames: 1, conns: 1},
 	{name: "4MiB/default", size: 4 * mib, frames: 1, conns: 1},
+	{name: "128KiB/4x32KiB-frames", size: mib / 8, frames: 4, conns: 1}, // a tiny model's KV_CHUNK
+	{name: "128KiB/4x32KiB-buf4MiB", size: mib / 8, frames: 4, conns: 1, opts: SocketOptions{SndBuf: 4 * mib, RcvBuf: 4 * mib}},
 	{name: "1KiB/default", size: 1 << 10, frames: 1, conns: 1},
 	{name: "1KiB/hwm8", size: 1 << 10, frames: 1, conns: 1, opts: SocketOptions{HWM: 8}},
 	{name: "4MiB/buf4MiB", size: 4 * mib, frames: 1, conns: 1, opts: SocketOptions{SndBuf: 4 * mib, RcvBuf: 4 * mib}},
@@ -113,17 +121,81 @@ func benchZMQ(b *testing.B, c zmqCase) {
 	b.StopTimer()
 }
 
-// BenchmarkRawTCP writes 1 MiB buffers over a loopback net.Conn. "reuse"
-// reads into one buffer, as a hand-written Go transport would; "alloc"
-// allocates each message, as pebbe/zmq4's receive does.
+// BenchmarkRawTCP writes 1 MiB and 4 MiB buffers over a loopback
+// net.Conn. "reuse" reads into one buffer, as a hand-written Go transport
+// would; "alloc" allocates each message, as pebbe/zmq4's receive does.
 func BenchmarkRawTCP(b *testing.B) {
-	for _, alloc := range []bool{false, true} {
-		name := "1MiB/reuse"
-		if alloc {
-			name = "1MiB/alloc"
+	for _, size := range []int{mib, 4 * mib} {
+		for _, alloc := range []bool{false, true} {
+			name := fmt.Sprintf("%dMiB/reuse", size/mib)
+			if alloc {
+				name = fmt.Sprintf("%dMiB/alloc", size/mib)
+			}
+			b.Run(name, func(b *testing.B) { benchRawTCP(b, size, alloc) })
 		}
-		b.Run(name, func(b *testing.B) { benchRawTCP(b, mib, alloc) })
 	}
+}
+
+// BenchmarkPebbe moves 1 MiB and 4 MiB messages from a pebbe/zmq4 PUSH
+// socket to a PULL socket (SendBytes, RecvBytes), the package's data path
+// before the shim.
+func BenchmarkPebbe(b *testing.B) {
+	for _, size := range []int{mib, 4 * mib} {
+		b.Run(fmt.Sprintf("%dMiB", size/mib), func(b *testing.B) { benchPebbe(b, size) })
+	}
+}
+
+func benchPebbe(b *testing.B, size int) {
+	ctx, err := zmq.NewContext()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ctx.Term()
+	pull, err := ctx.NewSocket(zmq.PULL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pull.Close()
+	pull.SetLinger(0)
+	pull.SetRcvtimeo(30 * time.Second) // never hang the benchmark
+	if err := pull.Bind("tcp://127.0.0.1:*"); err != nil {
+		b.Fatal(err)
+	}
+	ep, _ := pull.GetLastEndpoint()
+	done := make(chan error, 1)
+	payload := make([]byte, size)
+	b.SetBytes(int64(size))
+	b.ResetTimer()
+	go func() { // the PUSH socket's only goroutine
+		push, err := ctx.NewSocket(zmq.PUSH)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer push.Close()
+		push.SetLinger(30 * time.Second) // deliver everything before closing
+		push.SetSndhwm(defaultOutboxHWM)
+		if err := push.Connect(ep); err != nil {
+			done <- err
+			return
+		}
+		for range b.N {
+			if _, err := push.SendBytes(payload, 0); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	for range b.N {
+		if _, err := pull.RecvBytes(0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
 }
 
 func benchRawTCP(b *testing.B, size int, alloc bool) {

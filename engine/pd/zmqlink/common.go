@@ -6,8 +6,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	zmq "github.com/pebbe/zmq4"
 )
 
 // ErrClosed is returned by operations on a closed Inbox or Outbox.
@@ -32,26 +30,21 @@ func bindAddress(endpoint string) string {
 }
 
 func isErrno(err error, e syscall.Errno) bool {
-	return err != nil && zmq.AsErrno(err) == zmq.Errno(e)
+	var z zErr
+	return errors.As(err, &z) && syscall.Errno(z) == e
 }
 
 func isAgain(err error) bool { return isErrno(err, syscall.EAGAIN) }
 
-func isTerm(err error) bool { return err != nil && zmq.AsErrno(err) == zmq.ETERM }
+func isTerm(err error) bool { return isErrno(err, syscall.Errno(errTerm)) }
 
 func isIntr(err error) bool { return isErrno(err, syscall.EINTR) }
 
 // newContext makes a ZeroMQ context with n I/O threads (0: libzmq's default).
-func newContext(ioThreads int) (*zmq.Context, error) {
-	ctx, err := zmq.NewContext()
+func newContext(ioThreads int) (zctx, error) {
+	ctx, err := newZctx(ioThreads)
 	if err != nil {
-		return nil, fmt.Errorf("zmqlink: new context: %w", err)
-	}
-	if ioThreads > 0 {
-		if err := ctx.SetIoThreads(ioThreads); err != nil {
-			ctx.Term()
-			return nil, fmt.Errorf("zmqlink: io threads: %w", err)
-		}
+		return zctx{}, fmt.Errorf("zmqlink: new context: %w", err)
 	}
 	return ctx, nil
 }
@@ -69,25 +62,25 @@ type SocketOptions struct {
 	IOThreads int
 }
 
-func (o SocketOptions) apply(s *zmq.Socket, hwmSend bool) error {
+func (o SocketOptions) apply(s zsock, hwmSend bool) error {
 	if o.HWM > 0 {
 		var err error
 		if hwmSend {
-			err = s.SetSndhwm(o.HWM)
+			err = s.setInt(optSndHWM, o.HWM)
 		} else {
-			err = s.SetRcvhwm(o.HWM)
+			err = s.setInt(optRcvHWM, o.HWM)
 		}
 		if err != nil {
 			return fmt.Errorf("zmqlink: hwm: %w", err)
 		}
 	}
 	if o.SndBuf > 0 {
-		if err := s.SetSndbuf(o.SndBuf); err != nil {
+		if err := s.setInt(optSndBuf, o.SndBuf); err != nil {
 			return fmt.Errorf("zmqlink: sndbuf: %w", err)
 		}
 	}
 	if o.RcvBuf > 0 {
-		if err := s.SetRcvbuf(o.RcvBuf); err != nil {
+		if err := s.setInt(optRcvBuf, o.RcvBuf); err != nil {
 			return fmt.Errorf("zmqlink: rcvbuf: %w", err)
 		}
 	}

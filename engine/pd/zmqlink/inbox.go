@@ -6,16 +6,21 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	zmq "github.com/pebbe/zmq4"
 )
 
 // Handler handles one multipart message. It runs on the Inbox's receive
 // goroutine, so messages are handled one at a time in arrival order, and
 // while it runs nothing else is read from the socket (ZeroMQ buffers up to
 // the receive high-water mark, then the senders' backlogs grow): a handler
-// must return quickly, handing long work to another goroutine. It may keep
-// the frames; they are not reused.
+// must return quickly, handing long work to another goroutine.
+//
+// The frames are lent, not given: their bytes are libzmq's receive buffers
+// (no copy is made on receive) and are released when the handler returns.
+// A handler that keeps any frame's bytes past its return (in a struct, a
+// channel, another goroutine) must copy them first, for example with
+// bytes.Clone or CloneFrames; the outer [][]byte slice itself is the
+// handler's to keep. Reading a kept, uncopied frame afterwards reads freed
+// memory.
 //
 // A non-nil error counts the message as dropped (HandlerErrors); a panic is
 // recovered and counted (HandlerPanics). Neither stops the loop. Wrapping a
@@ -171,39 +176,39 @@ func (in *Inbox) run(endpoint string, ready chan<- error) {
 		ready <- err
 		return
 	}
-	defer ctx.Term()
+	defer ctx.term()
 	sock, err := in.bind(ctx, endpoint)
 	if err != nil {
 		in.setExit(err.Error())
 		ready <- err
 		return
 	}
-	defer sock.Close() // runs before ctx.Term
+	defer sock.close() // runs before ctx.term
 	ready <- nil
 
 	reason := in.loop(sock)
 	in.setExit(reason)
 }
 
-func (in *Inbox) bind(ctx *zmq.Context, endpoint string) (*zmq.Socket, error) {
-	sock, err := ctx.NewSocket(zmq.PULL)
+func (in *Inbox) bind(ctx zctx, endpoint string) (zsock, error) {
+	sock, err := ctx.socket(zmqPULL)
 	if err != nil {
-		return nil, fmt.Errorf("zmqlink: new socket: %w", err)
+		return zsock{}, fmt.Errorf("zmqlink: new socket: %w", err)
 	}
-	fail := func(err error) (*zmq.Socket, error) {
-		sock.Close()
-		return nil, err
+	fail := func(err error) (zsock, error) {
+		sock.close()
+		return zsock{}, err
 	}
-	if err := sock.SetLinger(0); err != nil {
+	if err := sock.setLinger(0); err != nil {
 		return fail(fmt.Errorf("zmqlink: linger: %w", err))
 	}
 	if err := in.opts.apply(sock, false); err != nil {
 		return fail(err)
 	}
-	if err := sock.Bind(bindAddress(endpoint)); err != nil {
+	if err := sock.bind(bindAddress(endpoint)); err != nil {
 		return fail(fmt.Errorf("zmqlink: bind %s: %w", endpoint, err))
 	}
-	ep, err := sock.GetLastEndpoint()
+	ep, err := sock.lastEndpoint()
 	if err != nil {
 		return fail(fmt.Errorf("zmqlink: last endpoint: %w", err))
 	}
@@ -213,16 +218,17 @@ func (in *Inbox) bind(ctx *zmq.Context, endpoint string) (*zmq.Socket, error) {
 
 // loop polls and receives until Close; it returns the exit reason. Errors
 // on one message never end it; only a terminated context does.
-func (in *Inbox) loop(sock *zmq.Socket) string {
-	poller := zmq.NewPoller()
-	poller.Add(sock, zmq.POLLIN)
+func (in *Inbox) loop(sock zsock) string {
+	items := []pollItem{newPollItem(sock, zmqPOLLIN)}
+	var rb recvBuf
+	defer rb.free()
 	for {
 		select {
 		case <-in.closing:
 			return "closed"
 		default:
 		}
-		polled, err := poller.Poll(in.opts.PollInterval)
+		polled, err := poll(items, in.opts.PollInterval)
 		if err != nil {
 			if isIntr(err) {
 				continue
@@ -234,11 +240,11 @@ func (in *Inbox) loop(sock *zmq.Socket) string {
 			in.noteError(err)
 			continue
 		}
-		if len(polled) == 0 {
+		if polled == 0 {
 			continue
 		}
 		for range in.opts.MaxBatch {
-			frames, err := sock.RecvMessageBytes(zmq.DONTWAIT)
+			frames, err := sock.recv(&rb)
 			if err != nil {
 				if isAgain(err) || isIntr(err) {
 					break
@@ -250,7 +256,9 @@ func (in *Inbox) loop(sock *zmq.Socket) string {
 				in.noteError(err)
 				break
 			}
-			if err := in.deliver(frames); errors.Is(err, ErrExitLoop) {
+			err = in.deliver(frames)
+			rb.release() // the handler has returned: the frames die
+			if errors.Is(err, ErrExitLoop) {
 				return err.Error()
 			}
 		}
@@ -291,4 +299,20 @@ func (in *Inbox) call(frames [][]byte) (err error) {
 		return err
 	}
 	return nil
+}
+
+// CloneFrames returns a deep copy of frames, for a Handler that keeps a
+// message past its return.
+func CloneFrames(frames [][]byte) [][]byte {
+	n := 0
+	for _, f := range frames {
+		n += len(f)
+	}
+	buf := make([]byte, 0, n)
+	out := make([][]byte, len(frames))
+	for i, f := range frames {
+		buf = append(buf, f...)
+		out[i] = buf[len(buf)-len(f) : len(buf) : len(buf)]
+	}
+	return out
 }

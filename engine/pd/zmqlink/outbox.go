@@ -7,8 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	zmq "github.com/pebbe/zmq4"
 )
 
 // OutboxOptions configure an Outbox. The zero value is usable.
@@ -60,6 +58,7 @@ type outItem struct {
 	frames   [][]byte
 	at       time.Time
 	credit   chan struct{} // the peer's semaphore; released when the item is done
+	pin      *pinned       // the frames, pinned from the first send attempt
 }
 
 type forgetReq struct {
@@ -68,7 +67,7 @@ type forgetReq struct {
 }
 
 type peer struct {
-	sock    *zmq.Socket
+	sock    zsock
 	backlog []outItem
 }
 
@@ -80,6 +79,7 @@ type Outbox struct {
 	queue   chan outItem
 	forget  chan forgetReq
 	credits sync.Map // endpoint -> chan struct{} of capacity MaxPending
+	freed   *freeBox // messages libzmq has released, to unpin
 	closing chan struct{}
 	done    chan struct{}
 
@@ -133,6 +133,7 @@ func NewOutbox(opts *OutboxOptions) (*Outbox, error) {
 	o.forget = make(chan forgetReq)
 	o.closing = make(chan struct{})
 	o.done = make(chan struct{})
+	o.freed = newFreeBox()
 	o.alive.Store(true)
 	go o.run(ctx)
 	return o, nil
@@ -142,7 +143,9 @@ func NewOutbox(opts *OutboxOptions) (*Outbox, error) {
 // "tcp://127.0.0.1:5555"; the first message connects). It returns when the
 // message is queued, ErrQueueFull (wrapping ctx's error) when the queue
 // stays full until ctx ends, or ErrClosed. The Outbox owns frames from
-// then on: the caller must not modify them. A nil error means queued, not
+// then on: the caller must not modify them (large frames go to the socket
+// without a copy, so libzmq may read them until it has written them out,
+// after Stats counts them as sent). A nil error means queued, not
 // delivered.
 func (o *Outbox) Send(ctx context.Context, endpoint string, frames [][]byte) error {
 	if len(frames) == 0 {
@@ -194,8 +197,15 @@ func (o *Outbox) credit(endpoint string) chan struct{} {
 	return c.(chan struct{})
 }
 
-// done releases the item's slot in its peer's semaphore: it was sent or dropped.
-func (it *outItem) done() { <-it.credit }
+// done releases the item's slot in its peer's semaphore, and its pinned
+// frames once libzmq no longer references them: it was sent or dropped.
+func (it *outItem) done() {
+	if it.pin != nil {
+		it.pin.release()
+		it.pin = nil
+	}
+	<-it.credit
+}
 
 // Forget closes the socket to endpoint, dropping (and counting) what is
 // still held for it, so that the next Send connects afresh, for a peer
@@ -262,12 +272,13 @@ func (o *Outbox) noteError(err error) {
 // sender is the state of the sender goroutine; only it touches sockets.
 type sender struct {
 	o      *Outbox
-	ctx    *zmq.Context
+	ctx    zctx
+	sc     scratch
 	peers  map[string]*peer
 	nBlock int // peers with a non-empty backlog
 }
 
-func (o *Outbox) run(ctx *zmq.Context) {
+func (o *Outbox) run(ctx zctx) {
 	defer close(o.done)
 	s := &sender{o: o, ctx: ctx, peers: map[string]*peer{}}
 	defer func() {
@@ -281,6 +292,8 @@ func (o *Outbox) run(ctx *zmq.Context) {
 				s.handle(it)
 			case req := <-o.forget:
 				s.forget(req)
+			case <-o.freed.notify:
+				o.freed.drain()
 			case <-o.closing:
 				return
 			}
@@ -291,6 +304,8 @@ func (o *Outbox) run(ctx *zmq.Context) {
 		select {
 		case req := <-o.forget:
 			s.forget(req)
+		case <-o.freed.notify:
+			o.freed.drain()
 		case <-o.closing:
 			return
 		default:
@@ -312,21 +327,21 @@ func (s *sender) peer(endpoint string) (*peer, error) {
 	if p := s.peers[endpoint]; p != nil {
 		return p, nil
 	}
-	sock, err := s.ctx.NewSocket(zmq.PUSH)
+	sock, err := s.ctx.socket(zmqPUSH)
 	if err != nil {
 		return nil, fmt.Errorf("zmqlink: new socket: %w", err)
 	}
 	fail := func(err error) (*peer, error) {
-		sock.Close()
+		sock.close()
 		return nil, err
 	}
-	if err := sock.SetLinger(s.o.opts.Linger); err != nil {
+	if err := sock.setLinger(s.o.opts.Linger); err != nil {
 		return fail(fmt.Errorf("zmqlink: linger: %w", err))
 	}
 	if err := s.o.opts.apply(sock, true); err != nil {
 		return fail(err)
 	}
-	if err := sock.Connect(endpoint); err != nil {
+	if err := sock.connect(endpoint); err != nil {
 		return fail(fmt.Errorf("zmqlink: connect %s: %w", endpoint, err))
 	}
 	p := &peer{sock: sock}
@@ -347,7 +362,7 @@ func (s *sender) handle(it outItem) {
 		s.hold(p, it)
 		return
 	}
-	if !s.trySend(p, it) {
+	if !s.trySend(p, &it) {
 		s.hold(p, it)
 	}
 }
@@ -370,9 +385,9 @@ func (s *sender) hold(p *peer, it outItem) {
 // high-water mark (try again later); any other outcome is final.
 // ZeroMQ multipart messages are atomic: once the first frame is accepted
 // the rest are, so EAGAIN can only come before anything was sent.
-func (s *sender) trySend(p *peer, it outItem) bool {
+func (s *sender) trySend(p *peer, it *outItem) bool {
 	for {
-		_, err := p.sock.SendMessageDontwait(it.frames)
+		err := p.sock.send(&s.sc, &it.pin, s.o.freed, it.frames)
 		switch {
 		case err == nil:
 			n := 0
@@ -399,13 +414,13 @@ func (s *sender) trySend(p *peer, it outItem) bool {
 // retry waits up to RetryInterval for backlogged peers to become writable,
 // flushes what it can, and expires messages held longer than SendTimeout.
 func (s *sender) retry() {
-	poller := zmq.NewPoller()
+	items := make([]pollItem, 0, s.nBlock)
 	for _, p := range s.peers {
 		if len(p.backlog) > 0 {
-			poller.Add(p.sock, zmq.POLLOUT)
+			items = append(items, newPollItem(p.sock, zmqPOLLOUT))
 		}
 	}
-	if _, err := poller.Poll(s.o.opts.RetryInterval); err != nil && !isIntr(err) {
+	if _, err := poll(items, s.o.opts.RetryInterval); err != nil && !isIntr(err) {
 		s.o.noteError(err)
 	}
 	now := time.Now()
@@ -414,7 +429,7 @@ func (s *sender) retry() {
 			continue
 		}
 		i := 0
-		for i < len(p.backlog) && s.trySend(p, p.backlog[i]) {
+		for i < len(p.backlog) && s.trySend(p, &p.backlog[i]) {
 			i++
 		}
 		for i < len(p.backlog) && now.Sub(p.backlog[i].at) > s.o.opts.SendTimeout {
@@ -446,7 +461,7 @@ func (s *sender) closePeer(endpoint string, p *peer) {
 		p.backlog[i].done()
 	}
 	s.trim(p, len(p.backlog))
-	if err := p.sock.Close(); err != nil {
+	if err := p.sock.close(); err != nil {
 		s.o.noteError(err)
 	}
 	delete(s.peers, endpoint)
@@ -476,7 +491,11 @@ func (s *sender) shutdown() {
 		}
 		break
 	}
-	if err := s.ctx.Term(); err != nil {
+	if err := s.ctx.term(); err != nil {
 		s.o.noteError(err)
 	}
+	// The context is gone, and with it every message libzmq held: all
+	// free callbacks have run, so nothing stays pinned.
+	s.o.freed.drain()
+	s.sc.free()
 }

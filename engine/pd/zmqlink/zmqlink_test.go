@@ -45,7 +45,7 @@ func checkGoroutines(t *testing.T) {
 	})
 }
 
-// collector is a Handler that keeps every message.
+// collector is a Handler that keeps (a copy of) every message.
 type collector struct {
 	mu   sync.Mutex
 	msgs [][][]byte
@@ -53,7 +53,7 @@ type collector struct {
 
 func (c *collector) handle(frames [][]byte) error {
 	c.mu.Lock()
-	c.msgs = append(c.msgs, frames)
+	c.msgs = append(c.msgs, CloneFrames(frames))
 	c.mu.Unlock()
 	return nil
 }
@@ -386,5 +386,136 @@ func TestHandlerEndsLoop(t *testing.T) {
 	st := in.Stats()
 	if c.len() != 1 || st.Alive || !strings.Contains(st.ExitReason, "unknown message") {
 		t.Fatalf("handled %d, stats %+v", c.len(), st)
+	}
+}
+
+// bigMsg is message i with frames below and above zeroCopyMin, two of
+// them slices of one array.
+func bigMsg(i int) [][]byte {
+	arr := make([]byte, 3*zeroCopyMin+1000)
+	for j := range arr {
+		arr[j] = byte(i*7 + j*13)
+	}
+	big := make([]byte, 1<<20+17)
+	for j := range big {
+		big[j] = byte(i + j)
+	}
+	var seq [4]byte
+	binary.BigEndian.PutUint32(seq[:], uint32(i))
+	return [][]byte{seq[:], arr[:zeroCopyMin], {}, arr[zeroCopyMin : 2*zeroCopyMin-1], big, arr[len(arr)-1000:]}
+}
+
+func TestLargeFramesZeroCopy(t *testing.T) {
+	checkGoroutines(t)
+	const n = 100
+	var mu sync.Mutex
+	var bad []string
+	got := 0
+	h := func(frames [][]byte) error {
+		i := int(binary.BigEndian.Uint32(frames[0]))
+		want := bigMsg(i)
+		mu.Lock()
+		defer mu.Unlock()
+		if i != got {
+			bad = append(bad, fmt.Sprintf("message %d arrived as %d", i, got))
+		}
+		got++
+		if len(frames) != len(want) {
+			bad = append(bad, fmt.Sprintf("message %d: %d frames, want %d", i, len(frames), len(want)))
+			return nil
+		}
+		for j := range want {
+			if string(frames[j]) != string(want[j]) {
+				bad = append(bad, fmt.Sprintf("message %d frame %d differs", i, j))
+			}
+		}
+		return nil
+	}
+	in, out := newPair(t, h)
+	for i := range n {
+		if err := out.Send(context.Background(), in.Endpoint(), bigMsg(i)); err != nil {
+			t.Fatal(err)
+		}
+		if i%50 == 0 {
+			runtime.GC() // pinned frames must survive collections
+		}
+	}
+	waitFor(t, 20*time.Second, "all messages", func() bool { mu.Lock(); defer mu.Unlock(); return got == n })
+	mu.Lock()
+	if len(bad) > 0 {
+		t.Fatalf("%d errors, first: %s", len(bad), bad[0])
+	}
+	mu.Unlock()
+	// Everything was written out: libzmq released every frame without a
+	// close.
+	waitFor(t, 5*time.Second, "frames unpinned", func() bool { return livePins.Load() == 0 })
+	if st := out.Stats(); st.Sent != n || st.Dropped != 0 || st.SendErrors != 0 {
+		t.Fatalf("outbox stats %+v", st)
+	}
+}
+
+// TestCloseReleasesPinnedFrames closes an Outbox holding large messages
+// for a peer that never answers: Close returns promptly and every pinned
+// frame is released.
+func TestCloseReleasesPinnedFrames(t *testing.T) {
+	checkGoroutines(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never reads
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan struct{})
+	go func() {
+		defer close(accepted)
+		var conns []net.Conn
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				for _, c := range conns {
+					c.Close()
+				}
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	out, err := NewOutbox(&OutboxOptions{Linger: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := "tcp://" + l.Addr().String()
+	for i := range 100 {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		err := out.Send(ctx, ep, bigMsg(i))
+		cancel()
+		if err != nil && !errors.Is(err, ErrQueueFull) {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Close took %v", d)
+	}
+	if n := livePins.Load(); n != 0 {
+		t.Fatalf("%d messages still pinned after Close", n)
+	}
+	l.Close()
+	<-accepted
+}
+
+func TestCloneFrames(t *testing.T) {
+	in := [][]byte{[]byte("ab"), {}, nil, []byte("cde")}
+	out := CloneFrames(in)
+	in[0][0], in[3][0] = 'x', 'x'
+	if len(out) != 4 || string(out[0]) != "ab" || len(out[1]) != 0 || len(out[2]) != 0 || string(out[3]) != "cde" {
+		t.Fatalf("%q", out)
+	}
+	out[0] = append(out[0], 'z') // capped: must not overwrite out[1..]
+	if string(out[3]) != "cde" {
+		t.Fatalf("%q", out)
 	}
 }

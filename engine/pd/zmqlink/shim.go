@@ -1,0 +1,489 @@
+package zmqlink
+
+// A small cgo shim over libzmq's C API. pebbe/zmq4 keeps its context and
+// socket handles private, copies every frame into a zmq_msg on send and
+// allocates a Go slice per frame on receive; that capped KV transfer at a
+// third to a half of raw TCP (see doc.go). The shim owns contexts and
+// sockets itself, so it can send large frames without a copy
+// (zmq_msg_init_data over pinned Go memory, released by libzmq's free
+// callback) and lend received frames to the handler straight from the
+// zmq_msg buffers.
+
+/*
+#cgo pkg-config: libzmq
+#include <zmq.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+// zl_ref counts the zmq_msgs that reference one outgoing message's pinned
+// Go memory, plus one reference held by Go. Whoever drops the last one
+// tells Go (zlFreed) that it may unpin.
+typedef struct { long refs; uintptr_t h; } zl_ref;
+
+extern void zlFreed(uintptr_t h);
+
+static void zl_free(void *data, void *hint) {
+	zl_ref *r = (zl_ref *)hint;
+	(void)data;
+	if (__atomic_sub_fetch(&r->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+		uintptr_t h = r->h;
+		free(r);
+		zlFreed(h); // on a libzmq I/O thread: Go only queues h
+	}
+}
+
+static zl_ref *zl_ref_new(uintptr_t h) {
+	zl_ref *r = (zl_ref *)malloc(sizeof(zl_ref));
+	if (r) { r->refs = 1; r->h = h; }
+	return r;
+}
+
+// zl_ref_release drops Go's reference; 1 means it was the last (r is freed
+// and Go must unpin itself).
+static int zl_ref_release(zl_ref *r) {
+	if (__atomic_sub_fetch(&r->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+		free(r);
+		return 1;
+	}
+	return 0;
+}
+
+// zl_send sends n frames as one multipart message without waiting. Frames
+// of at least zc_min bytes (when r is not NULL) are sent without a copy:
+// libzmq references ptrs[i] until zl_free. It returns 0, or the errno;
+// EAGAIN can only come before the first frame was accepted.
+static int zl_send(void *s, void **ptrs, size_t *lens, int n, size_t zc_min, zl_ref *r) {
+	for (int i = 0; i < n; i++) {
+		zmq_msg_t m;
+		int rc;
+		if (r != NULL && lens[i] >= zc_min && lens[i] > 0) {
+			__atomic_add_fetch(&r->refs, 1, __ATOMIC_ACQ_REL);
+			rc = zmq_msg_init_data(&m, ptrs[i], lens[i], zl_free, r);
+			if (rc != 0) {
+				int e = errno;
+				__atomic_sub_fetch(&r->refs, 1, __ATOMIC_ACQ_REL);
+				return e;
+			}
+		} else {
+			rc = zmq_msg_init_size(&m, lens[i]);
+			if (rc != 0) return errno;
+			if (lens[i] > 0) memcpy(zmq_msg_data(&m), ptrs[i], lens[i]);
+		}
+		int flags = ZMQ_DONTWAIT | (i < n - 1 ? ZMQ_SNDMORE : 0);
+		for (;;) {
+			rc = zmq_msg_send(&m, s, flags);
+			if (rc >= 0) break;
+			int e = errno;
+			if (e == EINTR) continue;
+			zmq_msg_close(&m); // runs zl_free for a zero-copy frame
+			return e;
+		}
+	}
+	return 0;
+}
+
+// zl_recv receives the parts of one multipart message into msgs[*n..cap).
+// It returns 0 when the message is complete, 1 when msgs is full and more
+// parts follow, or the errno (EAGAIN with *n == 0: nothing to read).
+static int zl_recv(void *s, zmq_msg_t *msgs, int cap, int *n) {
+	while (*n < cap) {
+		zmq_msg_t *m = &msgs[*n];
+		zmq_msg_init(m);
+		int rc;
+		do {
+			rc = zmq_msg_recv(m, s, ZMQ_DONTWAIT);
+		} while (rc < 0 && errno == EINTR);
+		if (rc < 0) {
+			int e = errno;
+			zmq_msg_close(m);
+			return e;
+		}
+		(*n)++;
+		if (!zmq_msg_more(m)) return 0;
+	}
+	return 1;
+}
+
+static void zl_close_msgs(zmq_msg_t *msgs, int n) {
+	for (int i = 0; i < n; i++) zmq_msg_close(&msgs[i]);
+}
+
+static void zl_msgs_info(zmq_msg_t *msgs, int n, void **ptrs, size_t *lens) {
+	for (int i = 0; i < n; i++) {
+		ptrs[i] = zmq_msg_data(&msgs[i]);
+		lens[i] = zmq_msg_size(&msgs[i]);
+	}
+}
+
+static int zl_setint(void *s, int opt, int v) {
+	return zmq_setsockopt(s, opt, &v, sizeof v) == 0 ? 0 : errno;
+}
+
+static int zl_last_endpoint(void *s, char *buf, size_t cap) {
+	size_t n = cap;
+	return zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, buf, &n) == 0 ? 0 : errno;
+}
+
+static int zl_ctx_term(void *c) {
+	int rc;
+	do {
+		rc = zmq_ctx_term(c);
+	} while (rc != 0 && errno == EINTR);
+	return rc == 0 ? 0 : errno;
+}
+
+static int zl_poll(zmq_pollitem_t *items, int n, long timeout_ms) {
+	int rc = zmq_poll(items, n, timeout_ms);
+	return rc >= 0 ? rc : -errno;
+}
+
+static int zl_close(void *s) { return zmq_close(s) == 0 ? 0 : errno; }
+static int zl_bind(void *s, const char *ep) { return zmq_bind(s, ep) == 0 ? 0 : errno; }
+static int zl_connect(void *s, const char *ep) { return zmq_connect(s, ep) == 0 ? 0 : errno; }
+static int zl_ctx_set(void *c, int opt, int v) { return zmq_ctx_set(c, opt, v) == 0 ? 0 : errno; }
+*/
+import "C"
+
+import (
+	"runtime"
+	"runtime/cgo"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+)
+
+// zErr is a libzmq error number.
+type zErr syscall.Errno
+
+const errTerm = zErr(C.ETERM)
+
+func (e zErr) Error() string { return C.GoString(C.zmq_strerror(C.int(e))) }
+
+func zerr(rc C.int) error {
+	if rc == 0 {
+		return nil
+	}
+	return zErr(rc)
+}
+
+type zctx struct{ p unsafe.Pointer }
+
+type zsock struct{ p unsafe.Pointer }
+
+func newZctx(ioThreads int) (zctx, error) {
+	p, err := C.zmq_ctx_new()
+	if p == nil {
+		if en, ok := err.(syscall.Errno); ok {
+			return zctx{}, zErr(en)
+		}
+		return zctx{}, zErr(syscall.ENOMEM)
+	}
+	c := zctx{p}
+	if ioThreads > 0 {
+		if err := zerr(C.zl_ctx_set(p, C.ZMQ_IO_THREADS, C.int(ioThreads))); err != nil {
+			c.term()
+			return zctx{}, err
+		}
+	}
+	return c, nil
+}
+
+// term terminates the context; every socket must be closed first. After
+// it returns libzmq holds no message any more (all free callbacks ran).
+func (c zctx) term() error { return zerr(C.zl_ctx_term(c.p)) }
+
+func (c zctx) socket(typ C.int) (zsock, error) {
+	p, err := C.zmq_socket(c.p, typ)
+	if p == nil {
+		if en, ok := err.(syscall.Errno); ok {
+			return zsock{}, zErr(en)
+		}
+		return zsock{}, zErr(syscall.EINVAL)
+	}
+	return zsock{p}, nil
+}
+
+func (s zsock) close() error { return zerr(C.zl_close(s.p)) }
+
+func (s zsock) setInt(opt C.int, v int) error { return zerr(C.zl_setint(s.p, opt, C.int(v))) }
+
+func (s zsock) setLinger(d time.Duration) error {
+	return s.setInt(C.ZMQ_LINGER, int(d/time.Millisecond))
+}
+
+func (s zsock) bind(ep string) error {
+	cs := C.CString(ep)
+	defer C.free(unsafe.Pointer(cs))
+	return zerr(C.zl_bind(s.p, cs))
+}
+
+func (s zsock) connect(ep string) error {
+	cs := C.CString(ep)
+	defer C.free(unsafe.Pointer(cs))
+	return zerr(C.zl_connect(s.p, cs))
+}
+
+func (s zsock) lastEndpoint() (string, error) {
+	const n = 1024
+	buf := (*C.char)(C.malloc(n))
+	defer C.free(unsafe.Pointer(buf))
+	if err := zerr(C.zl_last_endpoint(s.p, buf, n)); err != nil {
+		return "", err
+	}
+	return C.GoString(buf), nil
+}
+
+// poll waits up to d for the events of items; it returns how many sockets
+// are ready.
+func poll(items []pollItem, d time.Duration) (int, error) {
+	if len(items) == 0 {
+		time.Sleep(d)
+		return 0, nil
+	}
+	rc := C.zl_poll(&items[0], C.int(len(items)), C.long(d/time.Millisecond))
+	if rc < 0 {
+		return 0, zErr(-rc)
+	}
+	return int(rc), nil
+}
+
+func newPollItem(s zsock, events C.short) pollItem {
+	return pollItem{socket: s.p, events: events}
+}
+
+// zeroCopyMin is the smallest frame sent without a copy. Smaller frames
+// are copied into the zmq_msg (cheaper than pinning them and taking the
+// free callback).
+const zeroCopyMin = 32 << 10
+
+// pinned is one outgoing message's pinned frames while libzmq may still
+// reference them.
+type pinned struct {
+	pin runtime.Pinner
+	ref *C.zl_ref // nil when no frame went without a copy
+	h   cgo.Handle
+	box *freeBox
+}
+
+// freeBox collects the messages whose last libzmq reference was dropped on
+// an I/O thread, for the owner goroutine to unpin.
+type freeBox struct {
+	mu     sync.Mutex
+	freed  []*pinned
+	notify chan struct{} // capacity 1
+}
+
+func newFreeBox() *freeBox { return &freeBox{notify: make(chan struct{}, 1)} }
+
+func (b *freeBox) put(p *pinned) {
+	b.mu.Lock()
+	b.freed = append(b.freed, p)
+	b.mu.Unlock()
+	select {
+	case b.notify <- struct{}{}:
+	default:
+	}
+}
+
+// drain unpins every message libzmq has released; owner goroutine only.
+func (b *freeBox) drain() int {
+	b.mu.Lock()
+	f := b.freed
+	b.freed = nil
+	b.mu.Unlock()
+	for _, p := range f {
+		p.unpin()
+	}
+	return len(f)
+}
+
+//export zlFreed
+func zlFreed(h C.uintptr_t) {
+	p := cgo.Handle(h).Value().(*pinned)
+	p.box.put(p)
+}
+
+// livePins counts the outgoing messages whose frames are pinned (for
+// tests: it must come back to zero).
+var livePins atomic.Int64
+
+func (p *pinned) unpin() {
+	livePins.Add(-1)
+	p.pin.Unpin()
+	if p.h != 0 {
+		p.h.Delete()
+		p.h = 0
+	}
+}
+
+// release drops Go's reference once the message is sent or dropped: it
+// unpins now when libzmq holds no frame, or later through the free box.
+func (p *pinned) release() {
+	if p.ref == nil {
+		p.unpin()
+		return
+	}
+	if C.zl_ref_release(p.ref) == 1 {
+		p.ref = nil
+		p.unpin()
+	}
+	// else: zlFreed queues p when libzmq drops its last frame.
+}
+
+// scratch is the sender's C memory for frame pointers and lengths.
+type scratch struct {
+	ptrs *unsafe.Pointer
+	lens *C.size_t
+	cap  int
+}
+
+func (sc *scratch) grow(n int) {
+	if n <= sc.cap {
+		return
+	}
+	sc.free()
+	c := max(n, 64)
+	sc.ptrs = (*unsafe.Pointer)(C.malloc(C.size_t(c) * C.size_t(unsafe.Sizeof(unsafe.Pointer(nil)))))
+	sc.lens = (*C.size_t)(C.malloc(C.size_t(c) * C.size_t(unsafe.Sizeof(C.size_t(0)))))
+	sc.cap = c
+}
+
+func (sc *scratch) free() {
+	if sc.cap > 0 {
+		C.free(unsafe.Pointer(sc.ptrs))
+		C.free(unsafe.Pointer(sc.lens))
+		sc.cap = 0
+	}
+}
+
+// send sends frames as one multipart message without waiting, pinning
+// them (p, made on the first attempt) for as long as libzmq references
+// them. EAGAIN means nothing was sent: try again later.
+func (s zsock) send(sc *scratch, p **pinned, box *freeBox, frames [][]byte) error {
+	if *p == nil {
+		q := &pinned{box: box}
+		livePins.Add(1)
+		zc := false
+		for _, f := range frames {
+			if len(f) > 0 {
+				q.pin.Pin(&f[0])
+				if len(f) >= zeroCopyMin {
+					zc = true
+				}
+			}
+		}
+		if zc {
+			q.h = cgo.NewHandle(q)
+			q.ref = C.zl_ref_new(C.uintptr_t(q.h))
+			if q.ref == nil {
+				q.unpin()
+				return zErr(syscall.ENOMEM)
+			}
+		}
+		*p = q
+	}
+	sc.grow(len(frames))
+	ptrs := unsafe.Slice(sc.ptrs, sc.cap)
+	lens := unsafe.Slice(sc.lens, sc.cap)
+	for i, f := range frames {
+		if len(f) > 0 {
+			ptrs[i] = unsafe.Pointer(&f[0]) // pinned
+		} else {
+			ptrs[i] = nil
+		}
+		lens[i] = C.size_t(len(f))
+	}
+	err := zerr(C.zl_send(s.p, sc.ptrs, sc.lens, C.int(len(frames)), zeroCopyMin, (*p).ref))
+	clear(ptrs[:len(frames)])
+	return err
+}
+
+// recvBuf holds the zmq_msgs of the message being received, in C memory.
+type recvBuf struct {
+	msgs *C.zmq_msg_t
+	cap  int
+	n    int
+	info scratch // the parts' data pointers and sizes
+}
+
+func (rb *recvBuf) grow() {
+	c := max(2*rb.cap, 16)
+	m := (*C.zmq_msg_t)(C.realloc(unsafe.Pointer(rb.msgs), C.size_t(c)*C.size_t(unsafe.Sizeof(C.zmq_msg_t{}))))
+	if m == nil {
+		panic("zmqlink: out of C memory")
+	}
+	rb.msgs, rb.cap = m, c
+}
+
+// recv receives one multipart message without waiting; EAGAIN means none
+// is there. The frames it returns lend the zmq_msg buffers: valid until
+// release.
+func (s zsock) recv(rb *recvBuf) ([][]byte, error) {
+	rb.n = 0
+	if rb.cap == 0 {
+		rb.grow()
+	}
+	for {
+		var n C.int = C.int(rb.n)
+		rc := C.zl_recv(s.p, rb.msgs, C.int(rb.cap), &n)
+		rb.n = int(n)
+		if rc == 0 {
+			break
+		}
+		if rc == 1 {
+			rb.grow()
+			continue
+		}
+		rb.release()
+		return nil, zErr(rc)
+	}
+	rb.info.grow(rb.n)
+	C.zl_msgs_info(rb.msgs, C.int(rb.n), rb.info.ptrs, rb.info.lens)
+	ptrs := unsafe.Slice(rb.info.ptrs, rb.n)
+	lens := unsafe.Slice(rb.info.lens, rb.n)
+	frames := make([][]byte, rb.n)
+	for i := range frames {
+		if sz := int(lens[i]); sz > 0 {
+			frames[i] = unsafe.Slice((*byte)(ptrs[i]), sz)
+		} else {
+			frames[i] = []byte{}
+		}
+	}
+	return frames, nil
+}
+
+// release closes the received zmq_msgs; the frames lent by recv die.
+func (rb *recvBuf) release() {
+	if rb.n > 0 {
+		C.zl_close_msgs(rb.msgs, C.int(rb.n))
+		rb.n = 0
+	}
+}
+
+func (rb *recvBuf) free() {
+	rb.release()
+	if rb.cap > 0 {
+		C.free(unsafe.Pointer(rb.msgs))
+		rb.msgs, rb.cap = nil, 0
+	}
+	rb.info.free()
+}
+
+// Socket options and types, for the files that do not import "C".
+const (
+	optSndHWM  = C.ZMQ_SNDHWM
+	optRcvHWM  = C.ZMQ_RCVHWM
+	optSndBuf  = C.ZMQ_SNDBUF
+	optRcvBuf  = C.ZMQ_RCVBUF
+	zmqPUSH    = C.ZMQ_PUSH
+	zmqPULL    = C.ZMQ_PULL
+	zmqPOLLIN  = C.ZMQ_POLLIN
+	zmqPOLLOUT = C.ZMQ_POLLOUT
+)
+
+// pollItem is a zmq_pollitem_t, for the files that do not import "C".
+type pollItem = C.zmq_pollitem_t
