@@ -222,6 +222,18 @@ func (mb *mailbox) handle(frames [][]byte) error {
 			mb.bad.Add(1)
 			return nil
 		}
+		// zmqlink lends the frames only until handle returns, and the
+		// chunk's payload points into them: keep a copy, in one buffer.
+		buf := make([]byte, 0, m.PayloadBytes())
+		for i := range m.Layers {
+			l := &m.Layers[i]
+			for _, p := range [...]*[]byte{&l.K, &l.V, &l.IndexK, &l.IndexKScales} {
+				if n := len(*p); n > 0 {
+					buf = append(buf, *p...)
+					*p = buf[len(buf)-n : len(buf) : len(buf)]
+				}
+			}
+		}
 		x.chunks = append(x.chunks, m)
 	case *pdproto.Status:
 		x.status = m
