@@ -386,11 +386,14 @@ func (l *rankLoop) publishPD() {
 }
 
 // newRankPD binds the rank's socket: control on a prefill rank, KV on a
-// decode rank.
+// decode rank. The KV path (a prefill rank's Outbox, a decode rank's
+// Inbox) uses zmqlink's zero-copy backend; the control path (a prefill
+// rank's Inbox, a decode rank's Outbox) uses pebbe/zmq4.
 func newRankPD(cfg *Config, boot uint64, wake func(), fault func(string) bool) (*rankPD, error) {
 	pd := &rankPD{mb: &mailbox{rooms: map[uint64]*mail{}, known: map[uint64]bool{}, prefill: cfg.Role == pdproto.RolePrefill,
 		wake: wake, fault: fault, peers: map[string]*peerState{}}, reqs: map[uint64]*pdReq{}, boot: boot, cfg: &cfg.PD}
-	out, err := zmqlink.NewOutbox(nil)
+	kvOut := pd.mb.prefill // the prefill rank sends KV; the decode rank receives it
+	out, err := zmqlink.NewOutbox(&zmqlink.OutboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: kvOut}})
 	if err != nil {
 		return nil, err
 	}
@@ -399,7 +402,7 @@ func newRankPD(cfg *Config, boot uint64, wake func(), fault func(string) bool) (
 	pd.mb.mu.Lock()
 	pd.mb.self = &pdproto.Heartbeat{Boot: boot}
 	pd.mb.mu.Unlock()
-	in, err := zmqlink.Listen("tcp://"+cfg.PD.Host+":0", pd.mb.handle, nil)
+	in, err := zmqlink.Listen("tcp://"+cfg.PD.Host+":0", pd.mb.handle, &zmqlink.InboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: !kvOut}})
 	if err != nil {
 		out.Close()
 		return nil, err

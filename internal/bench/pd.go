@@ -619,5 +619,5 @@ func (r *PDReport) Print(w io.Writer) {
 		verdict = "misses"
 	}
 	fmt.Fprintf(w, "ratio ZeroMQ / raw TCP: %.2f (goal ≥ %.1f: %s)\n", t.Ratio(), PDRatioGoal, verdict)
-	fmt.Fprintln(w, "what limits it (engine/pd/zmqlink/doc.go): pebbe/zmq4 copies every frame into a zmq_msg on send and allocates a fresh zeroed slice per frame on receive, which also drives the GC; raw-TCP speed needs zero-copy sends and receives into reused buffers through a cgo shim over libzmq")
+	fmt.Fprintln(w, "transport (engine/pd/zmqlink/doc.go): the KV path (a prefill rank's Outbox, a decode rank's Inbox) uses zmqlink's zero-copy cgo shim over libzmq; control messages use pebbe/zmq4, whose copies on send and receive would hold KV to about half of raw TCP")
 }

@@ -64,7 +64,7 @@ func TestRunPDTiny(t *testing.T) {
 	}
 	var out bytes.Buffer
 	rep.Print(&out)
-	for _, s := range []string{"PD/colocated", "ZeroMQ KV_CHUNK", "raw TCP", "goal ≥ 0.8", "pebbe/zmq4"} {
+	for _, s := range []string{"PD/colocated", "ZeroMQ KV_CHUNK", "raw TCP", "goal ≥ 0.8", "KV path", "zero-copy cgo shim", "control messages use pebbe/zmq4"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("report lacks %q", s)
 		}

@@ -9,18 +9,16 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
-
-	zmq "github.com/pebbe/zmq4"
 )
 
 // The throughput benchmarks move b.N messages one way over loopback TCP and
-// report MB/s. BenchmarkRawTCP is the yardstick that BenchmarkZMQ's figures
-// are compared with (run both in the same `go test -bench` run), and
-// BenchmarkPebbe is the data path this package had before its cgo shim
-// (pebbe/zmq4: a copy per send, an allocation and a copy per receive):
+// report MB/s. BenchmarkZMQ runs every case over both backends
+// (BenchmarkZMQ/pebbe/...: pebbe/zmq4, a copy per send, an allocation and
+// a copy per receive; BenchmarkZMQ/shim/...: the zero-copy shim), and
+// BenchmarkRawTCP is the yardstick they are compared with (run them in the
+// same `go test -bench` run):
 //
-//	go test -run '^$' -bench 'ZMQ|RawTCP|Pebbe' ./engine/pd/zmqlink/
+//	go test -run '^$' -bench 'ZMQ|RawTCP' ./engine/pd/zmqlink/
 
 type zmqCase struct {
 	name   string
@@ -50,8 +48,11 @@ var zmqCases = []zmqCase{
 }
 
 func BenchmarkZMQ(b *testing.B) {
-	for _, c := range zmqCases {
-		b.Run(c.name, func(b *testing.B) { benchZMQ(b, c) })
+	for _, be := range backends {
+		for _, c := range zmqCases {
+			c.opts.ZeroCopy = be.zc
+			b.Run(be.name+"/"+c.name, func(b *testing.B) { benchZMQ(b, c) })
+		}
 	}
 }
 
@@ -134,68 +135,6 @@ func BenchmarkRawTCP(b *testing.B) {
 			b.Run(name, func(b *testing.B) { benchRawTCP(b, size, alloc) })
 		}
 	}
-}
-
-// BenchmarkPebbe moves 1 MiB and 4 MiB messages from a pebbe/zmq4 PUSH
-// socket to a PULL socket (SendBytes, RecvBytes), the package's data path
-// before the shim.
-func BenchmarkPebbe(b *testing.B) {
-	for _, size := range []int{mib, 4 * mib} {
-		b.Run(fmt.Sprintf("%dMiB", size/mib), func(b *testing.B) { benchPebbe(b, size) })
-	}
-}
-
-func benchPebbe(b *testing.B, size int) {
-	ctx, err := zmq.NewContext()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ctx.Term()
-	pull, err := ctx.NewSocket(zmq.PULL)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer pull.Close()
-	pull.SetLinger(0)
-	pull.SetRcvtimeo(30 * time.Second) // never hang the benchmark
-	if err := pull.Bind("tcp://127.0.0.1:*"); err != nil {
-		b.Fatal(err)
-	}
-	ep, _ := pull.GetLastEndpoint()
-	done := make(chan error, 1)
-	payload := make([]byte, size)
-	b.SetBytes(int64(size))
-	b.ResetTimer()
-	go func() { // the PUSH socket's only goroutine
-		push, err := ctx.NewSocket(zmq.PUSH)
-		if err != nil {
-			done <- err
-			return
-		}
-		defer push.Close()
-		push.SetLinger(30 * time.Second) // deliver everything before closing
-		push.SetSndhwm(defaultOutboxHWM)
-		if err := push.Connect(ep); err != nil {
-			done <- err
-			return
-		}
-		for range b.N {
-			if _, err := push.SendBytes(payload, 0); err != nil {
-				done <- err
-				return
-			}
-		}
-		done <- nil
-	}()
-	for range b.N {
-		if _, err := pull.RecvBytes(0); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if err := <-done; err != nil {
-		b.Fatal(err)
-	}
-	b.StopTimer()
 }
 
 func benchRawTCP(b *testing.B, size int, alloc bool) {

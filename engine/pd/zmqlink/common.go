@@ -6,6 +6,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	zmq "github.com/pebbe/zmq4"
 )
 
 // ErrClosed is returned by operations on a closed Inbox or Outbox.
@@ -29,9 +31,18 @@ func bindAddress(endpoint string) string {
 	return endpoint
 }
 
+// isErrno reports whether err is errno e, from either backend.
 func isErrno(err error, e syscall.Errno) bool {
 	var z zErr
-	return errors.As(err, &z) && syscall.Errno(z) == e
+	if errors.As(err, &z) {
+		return syscall.Errno(z) == e
+	}
+	var pz zmq.Errno
+	if errors.As(err, &pz) {
+		return syscall.Errno(pz) == e
+	}
+	var se syscall.Errno
+	return errors.As(err, &se) && se == e
 }
 
 func isAgain(err error) bool { return isErrno(err, syscall.EAGAIN) }
@@ -40,11 +51,12 @@ func isTerm(err error) bool { return isErrno(err, syscall.Errno(errTerm)) }
 
 func isIntr(err error) bool { return isErrno(err, syscall.EINTR) }
 
-// newContext makes a ZeroMQ context with n I/O threads (0: libzmq's default).
-func newContext(ioThreads int) (zctx, error) {
-	ctx, err := newZctx(ioThreads)
+// newContext makes a ZeroMQ context of the backend o selects, with
+// o.IOThreads I/O threads (0: libzmq's default).
+func newContext(o SocketOptions, box *freeBox) (zContext, error) {
+	ctx, err := newBackendContext(o, box)
 	if err != nil {
-		return zctx{}, fmt.Errorf("zmqlink: new context: %w", err)
+		return nil, fmt.Errorf("zmqlink: new context: %w", err)
 	}
 	return ctx, nil
 }
@@ -60,27 +72,37 @@ type SocketOptions struct {
 	SndBuf, RcvBuf int
 	// IOThreads is the number of libzmq I/O threads of the context.
 	IOThreads int
+	// ZeroCopy selects the backend. False (the default) uses pebbe/zmq4,
+	// which copies every frame on send and on receive: right for control
+	// messages. True uses the package's cgo shim over libzmq, which sends
+	// frames of 32 KiB or more without a copy (they stay pinned until
+	// libzmq has written them out) and lends received frames straight from
+	// libzmq's buffers: for the KV data path. Both backends speak the same
+	// ZMTP, so either end may use either, and both keep one contract: a
+	// Handler's frames are valid only until it returns, and an Outbox owns
+	// the frames given to Send.
+	ZeroCopy bool
 }
 
-func (o SocketOptions) apply(s zsock, hwmSend bool) error {
+func (o SocketOptions) apply(s zSocket, hwmSend bool) error {
 	if o.HWM > 0 {
 		var err error
 		if hwmSend {
-			err = s.setInt(optSndHWM, o.HWM)
+			err = s.setOpt(optSndHWM, o.HWM)
 		} else {
-			err = s.setInt(optRcvHWM, o.HWM)
+			err = s.setOpt(optRcvHWM, o.HWM)
 		}
 		if err != nil {
 			return fmt.Errorf("zmqlink: hwm: %w", err)
 		}
 	}
 	if o.SndBuf > 0 {
-		if err := s.setInt(optSndBuf, o.SndBuf); err != nil {
+		if err := s.setOpt(optSndBuf, o.SndBuf); err != nil {
 			return fmt.Errorf("zmqlink: sndbuf: %w", err)
 		}
 	}
 	if o.RcvBuf > 0 {
-		if err := s.setInt(optRcvBuf, o.RcvBuf); err != nil {
+		if err := s.setOpt(optRcvBuf, o.RcvBuf); err != nil {
 			return fmt.Errorf("zmqlink: rcvbuf: %w", err)
 		}
 	}

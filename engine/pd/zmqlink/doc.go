@@ -3,11 +3,30 @@
 // ([][]byte) and knows nothing of their meaning (the message codec lives
 // elsewhere and is layered on top).
 //
-// It talks to libzmq through a small cgo shim (shim.go) rather than
-// pebbe/zmq4, the project's named ZeroMQ binding, because pebbe/zmq4 keeps
-// its context and socket handles private and copies on both ends (see
-// Throughput); pebbe/zmq4 remains the reference the benchmarks compare
-// with. ZeroMQ sockets are not safe for concurrent use: a socket must be
+// It has two backends behind one small internal interface (backend.go),
+// chosen per Inbox and per Outbox by SocketOptions.ZeroCopy:
+//
+//   - pebbe/zmq4 (pebbe.go), the project's named ZeroMQ binding and the
+//     default: for control traffic (TRANSFER_INFO, ABORT, heartbeat
+//     probes), where messages are small and a copy costs nothing.
+//   - A small cgo shim over libzmq (shim.go), ZeroCopy: for the KV data
+//     path, where pebbe/zmq4's copies on both ends cap throughput at about
+//     half of raw TCP (see Throughput). It sends frames of 32 KiB or more
+//     without a copy and lends received frames straight from libzmq's
+//     buffers.
+//
+// In engine/serve a decode rank's Inbox (its KV socket) and a prefill
+// rank's Outbox (which sends the KV chunks, and the small STATUS,
+// ABORT_ACK and heartbeat replies, copied as any frame under 32 KiB is)
+// use the shim; a prefill rank's Inbox (its control socket) and a decode
+// rank's Outbox use pebbe/zmq4.
+// Both backends speak the same ZMTP through the same libzmq, so a PUSH
+// socket of one talks to a PULL socket of the other, and both keep one
+// contract, so callers never depend on the backend: received frames are
+// valid only until the handler returns, and frames given to Send belong
+// to the Outbox.
+//
+// ZeroMQ sockets are not safe for concurrent use: a socket must be
 // used by one goroutine only, and closing it from another goroutine can
 // hang. So every socket here is created, used and closed by exactly one
 // owner goroutine, and the exported methods talk to that goroutine
@@ -16,8 +35,9 @@
 //   - An Inbox binds a PULL socket. Its receive goroutine polls the socket
 //     with a timeout (so it notices Close) and calls the Handler for each
 //     multipart message, on that goroutine, in arrival order. The frames
-//     are lent: they are libzmq's receive buffers, valid until the handler
-//     returns; a handler copies what it keeps (CloneFrames, bytes.Clone).
+//     are lent, valid until the handler returns (with ZeroCopy they are
+//     libzmq's receive buffers); a handler copies what it keeps
+//     (CloneFrames, bytes.Clone).
 //     A handler that returns an error, or panics, has its message counted
 //     and dropped; the loop goes on. The loop never exits for a bad
 //     message.
@@ -26,26 +46,28 @@
 //     the queue stays full past its context; the sender connects lazily,
 //     never blocks on a slow or dead peer (it sends without waiting and
 //     keeps a short per-peer backlog that expires), and Close never hangs
-//     because sockets linger only briefly. Frames of 32 KiB or more are
-//     handed to libzmq without a copy: they stay pinned (runtime.Pinner)
-//     until libzmq's free callback, which runs on a libzmq I/O thread and
-//     only queues the message for the sender goroutine to unpin; closing
-//     a socket or the Outbox frees (and unpins) whatever libzmq still held.
+//     because sockets linger only briefly. With ZeroCopy, frames of 32 KiB
+//     or more are handed to libzmq without a copy: they stay pinned
+//     (runtime.Pinner) until libzmq's free callback, which runs on a
+//     libzmq I/O thread and only queues the message for the sender
+//     goroutine to unpin; closing a socket or the Outbox frees (and
+//     unpins) whatever libzmq still held.
 //
 // Each Inbox and Outbox has its own ZeroMQ context (its own I/O thread), so
 // Close can terminate it and leave nothing running.
 //
 // # Throughput
 //
-// bench_test.go compares Outbox→Inbox (BenchmarkZMQ) with raw Go TCP on
-// loopback into a reused buffer (BenchmarkRawTCP) and with the old
-// pebbe/zmq4 data path (BenchmarkPebbe) in the same run; `pdserve bench pd`
-// does the same with real KV_CHUNK messages. Before the shim, pebbe/zmq4
-// copied every frame into a zmq_msg on send and allocated and copied a Go
-// slice per frame on receive (which also drove the garbage collector): on
+// bench_test.go compares Outbox→Inbox over each backend
+// (BenchmarkZMQ/pebbe/..., BenchmarkZMQ/shim/...) with raw Go TCP on
+// loopback into a reused buffer (BenchmarkRawTCP) in the same run;
+// `pdserve bench pd` does the same with real KV_CHUNK messages. pebbe/zmq4
+// copies every frame into a zmq_msg on send and allocates and copies a Go
+// slice per frame on receive (which also drives the garbage collector): on
 // a busy 2-core machine 1 MiB messages moved at 0.9–1.1 GB/s and 4 MiB at
 // 1.4 GB/s, 0.28–0.54 of raw TCP; 4 MiB socket buffers, more frames or
-// more sockets did not help. The shim removes both copies: large frames
+// more sockets did not help. That is fine for control messages, not for
+// KV. The shim removes both copies: large frames
 // are sent with zmq_msg_init_data over the pinned Go memory, and received
 // frames are slices over the zmq_msg buffers (libzmq reads a large frame
 // straight into its own buffer), lent to the handler.
@@ -55,9 +77,9 @@
 // 2.7 GB/s (0.90; pebbe/zmq4 1.1 GB/s, 0.39), 4 MiB messages 2.8 GB/s
 // (1.07; pebbe/zmq4 1.2 GB/s, 0.48). `pdserve bench pd` on the small model
 // (3.4 MiB KV_CHUNK messages, K and V frames of 6 layers): 2.9 GB/s,
-// ratio 1.07 (0.50 before). Smaller messages gain less: the tiny model's
+// ratio 1.07 (0.50 with pebbe/zmq4). Smaller messages gain less: the tiny model's
 // 128 KiB KV_CHUNKs (four 32 KiB payload frames) reach 1.2 GB/s, ratio
-// 0.55 (0.33 before), and 128 KiB in four frames in BenchmarkZMQ 1.6 GB/s
+// 0.55 (0.33 with pebbe/zmq4), and 128 KiB in four frames in BenchmarkZMQ 1.6 GB/s
 // (0.56); what is left there is per-message and per-frame work (libzmq's
 // I/O threads, the channel hops), not copies, and was not pursued. A
 // decode engine's mailbox (engine/serve) copies the KV payload it keeps,

@@ -14,13 +14,16 @@ import (
 // the receive high-water mark, then the senders' backlogs grow): a handler
 // must return quickly, handing long work to another goroutine.
 //
-// The frames are lent, not given: their bytes are libzmq's receive buffers
-// (no copy is made on receive) and are released when the handler returns.
-// A handler that keeps any frame's bytes past its return (in a struct, a
+// The frames are lent, not given, whichever the backend: they are valid
+// only until the handler returns. With SocketOptions.ZeroCopy their bytes
+// are libzmq's receive buffers (no copy is made on receive), released when
+// the handler returns; pebbe/zmq4 happens to hand over fresh copies, but a
+// handler must not rely on it, so that it works on either backend. A
+// handler that keeps any frame's bytes past its return (in a struct, a
 // channel, another goroutine) must copy them first, for example with
 // bytes.Clone or CloneFrames; the outer [][]byte slice itself is the
-// handler's to keep. Reading a kept, uncopied frame afterwards reads freed
-// memory.
+// handler's to keep. Reading a kept, uncopied zero-copy frame afterwards
+// reads freed memory.
 //
 // A non-nil error counts the message as dropped (HandlerErrors); a panic is
 // recovered and counted (HandlerPanics). Neither stops the loop. Wrapping a
@@ -170,7 +173,7 @@ func (in *Inbox) noteError(err error) {
 // run is the owner goroutine: every call on the socket happens here.
 func (in *Inbox) run(endpoint string, ready chan<- error) {
 	defer close(in.done)
-	ctx, err := newContext(in.opts.IOThreads)
+	ctx, err := newContext(in.opts.SocketOptions, nil)
 	if err != nil {
 		in.setExit(err.Error())
 		ready <- err
@@ -186,18 +189,18 @@ func (in *Inbox) run(endpoint string, ready chan<- error) {
 	defer sock.close() // runs before ctx.term
 	ready <- nil
 
-	reason := in.loop(sock)
+	reason := in.loop(ctx, sock)
 	in.setExit(reason)
 }
 
-func (in *Inbox) bind(ctx zctx, endpoint string) (zsock, error) {
-	sock, err := ctx.socket(zmqPULL)
+func (in *Inbox) bind(ctx zContext, endpoint string) (zSocket, error) {
+	sock, err := ctx.socket(kindPULL)
 	if err != nil {
-		return zsock{}, fmt.Errorf("zmqlink: new socket: %w", err)
+		return nil, fmt.Errorf("zmqlink: new socket: %w", err)
 	}
-	fail := func(err error) (zsock, error) {
+	fail := func(err error) (zSocket, error) {
 		sock.close()
-		return zsock{}, err
+		return nil, err
 	}
 	if err := sock.setLinger(0); err != nil {
 		return fail(fmt.Errorf("zmqlink: linger: %w", err))
@@ -218,17 +221,15 @@ func (in *Inbox) bind(ctx zctx, endpoint string) (zsock, error) {
 
 // loop polls and receives until Close; it returns the exit reason. Errors
 // on one message never end it; only a terminated context does.
-func (in *Inbox) loop(sock zsock) string {
-	items := []pollItem{newPollItem(sock, zmqPOLLIN)}
-	var rb recvBuf
-	defer rb.free()
+func (in *Inbox) loop(ctx zContext, sock zSocket) string {
+	socks := []zSocket{sock}
 	for {
 		select {
 		case <-in.closing:
 			return "closed"
 		default:
 		}
-		polled, err := poll(items, in.opts.PollInterval)
+		polled, err := ctx.poll(socks, false, in.opts.PollInterval)
 		if err != nil {
 			if isIntr(err) {
 				continue
@@ -244,7 +245,7 @@ func (in *Inbox) loop(sock zsock) string {
 			continue
 		}
 		for range in.opts.MaxBatch {
-			frames, err := sock.recv(&rb)
+			frames, err := sock.recv()
 			if err != nil {
 				if isAgain(err) || isIntr(err) {
 					break
@@ -257,7 +258,7 @@ func (in *Inbox) loop(sock zsock) string {
 				break
 			}
 			err = in.deliver(frames)
-			rb.release() // the handler has returned: the frames die
+			sock.release() // the handler has returned: the frames die
 			if errors.Is(err, ErrExitLoop) {
 				return err.Error()
 			}

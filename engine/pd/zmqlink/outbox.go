@@ -67,7 +67,7 @@ type forgetReq struct {
 }
 
 type peer struct {
-	sock    zsock
+	sock    zSocket
 	backlog []outItem
 }
 
@@ -125,7 +125,8 @@ func NewOutbox(opts *OutboxOptions) (*Outbox, error) {
 	if d.CloseTimeout <= 0 {
 		d.CloseTimeout = 5 * time.Second
 	}
-	ctx, err := newContext(d.IOThreads)
+	o.freed = newFreeBox()
+	ctx, err := newContext(d.SocketOptions, o.freed)
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +134,6 @@ func NewOutbox(opts *OutboxOptions) (*Outbox, error) {
 	o.forget = make(chan forgetReq)
 	o.closing = make(chan struct{})
 	o.done = make(chan struct{})
-	o.freed = newFreeBox()
 	o.alive.Store(true)
 	go o.run(ctx)
 	return o, nil
@@ -143,10 +143,10 @@ func NewOutbox(opts *OutboxOptions) (*Outbox, error) {
 // "tcp://127.0.0.1:5555"; the first message connects). It returns when the
 // message is queued, ErrQueueFull (wrapping ctx's error) when the queue
 // stays full until ctx ends, or ErrClosed. The Outbox owns frames from
-// then on: the caller must not modify them (large frames go to the socket
-// without a copy, so libzmq may read them until it has written them out,
-// after Stats counts them as sent). A nil error means queued, not
-// delivered.
+// then on: the caller must not modify them (with SocketOptions.ZeroCopy,
+// frames of 32 KiB or more go to the socket without a copy, so libzmq may
+// read them until it has written them out, after Stats counts them as
+// sent). A nil error means queued, not delivered.
 func (o *Outbox) Send(ctx context.Context, endpoint string, frames [][]byte) error {
 	if len(frames) == 0 {
 		return errors.New("zmqlink: empty message")
@@ -272,13 +272,12 @@ func (o *Outbox) noteError(err error) {
 // sender is the state of the sender goroutine; only it touches sockets.
 type sender struct {
 	o      *Outbox
-	ctx    zctx
-	sc     scratch
+	ctx    zContext
 	peers  map[string]*peer
 	nBlock int // peers with a non-empty backlog
 }
 
-func (o *Outbox) run(ctx zctx) {
+func (o *Outbox) run(ctx zContext) {
 	defer close(o.done)
 	s := &sender{o: o, ctx: ctx, peers: map[string]*peer{}}
 	defer func() {
@@ -327,7 +326,7 @@ func (s *sender) peer(endpoint string) (*peer, error) {
 	if p := s.peers[endpoint]; p != nil {
 		return p, nil
 	}
-	sock, err := s.ctx.socket(zmqPUSH)
+	sock, err := s.ctx.socket(kindPUSH)
 	if err != nil {
 		return nil, fmt.Errorf("zmqlink: new socket: %w", err)
 	}
@@ -387,7 +386,7 @@ func (s *sender) hold(p *peer, it outItem) {
 // the rest are, so EAGAIN can only come before anything was sent.
 func (s *sender) trySend(p *peer, it *outItem) bool {
 	for {
-		err := p.sock.send(&s.sc, &it.pin, s.o.freed, it.frames)
+		err := p.sock.send(it.frames, &it.pin)
 		switch {
 		case err == nil:
 			n := 0
@@ -414,13 +413,13 @@ func (s *sender) trySend(p *peer, it *outItem) bool {
 // retry waits up to RetryInterval for backlogged peers to become writable,
 // flushes what it can, and expires messages held longer than SendTimeout.
 func (s *sender) retry() {
-	items := make([]pollItem, 0, s.nBlock)
+	socks := make([]zSocket, 0, s.nBlock)
 	for _, p := range s.peers {
 		if len(p.backlog) > 0 {
-			items = append(items, newPollItem(p.sock, zmqPOLLOUT))
+			socks = append(socks, p.sock)
 		}
 	}
-	if _, err := poll(items, s.o.opts.RetryInterval); err != nil && !isIntr(err) {
+	if _, err := s.ctx.poll(socks, true, s.o.opts.RetryInterval); err != nil && !isIntr(err) {
 		s.o.noteError(err)
 	}
 	now := time.Now()
@@ -495,7 +494,7 @@ func (s *sender) shutdown() {
 		s.o.noteError(err)
 	}
 	// The context is gone, and with it every message libzmq held: all
-	// free callbacks have run, so nothing stays pinned.
+	// free callbacks have run, so nothing stays pinned (the shim's term
+	// unpinned them).
 	s.o.freed.drain()
-	s.sc.free()
 }

@@ -1,13 +1,14 @@
 package zmqlink
 
-// A small cgo shim over libzmq's C API. pebbe/zmq4 keeps its context and
-// socket handles private, copies every frame into a zmq_msg on send and
-// allocates a Go slice per frame on receive; that capped KV transfer at a
-// third to a half of raw TCP (see doc.go). The shim owns contexts and
-// sockets itself, so it can send large frames without a copy
-// (zmq_msg_init_data over pinned Go memory, released by libzmq's free
-// callback) and lend received frames to the handler straight from the
-// zmq_msg buffers.
+// The zero-copy backend (SocketOptions.ZeroCopy): a small cgo shim over
+// libzmq's C API, for the KV data path. pebbe/zmq4 (pebbe.go, the default
+// backend) keeps its context and socket handles private, copies every
+// frame into a zmq_msg on send and allocates a Go slice per frame on
+// receive; that caps KV transfer at a third to a half of raw TCP (see
+// doc.go). The shim owns contexts and sockets itself, so it can send large
+// frames without a copy (zmq_msg_init_data over pinned Go memory, released
+// by libzmq's free callback) and lend received frames to the handler
+// straight from the zmq_msg buffers.
 
 /*
 #cgo pkg-config: libzmq
@@ -170,64 +171,130 @@ func zerr(rc C.int) error {
 	return zErr(rc)
 }
 
-type zctx struct{ p unsafe.Pointer }
+// shimContext is a libzmq context of the shim backend, with the owner
+// goroutine's send scratch and the box that collects released messages.
+type shimContext struct {
+	p   unsafe.Pointer
+	box *freeBox
+	sc  scratch
+}
 
-type zsock struct{ p unsafe.Pointer }
+// shimSocket is a socket of the shim backend, with its receive buffer.
+type shimSocket struct {
+	p  unsafe.Pointer
+	c  *shimContext
+	rb recvBuf
+}
 
-func newZctx(ioThreads int) (zctx, error) {
+func newShimContext(ioThreads int, box *freeBox) (*shimContext, error) {
 	p, err := C.zmq_ctx_new()
 	if p == nil {
 		if en, ok := err.(syscall.Errno); ok {
-			return zctx{}, zErr(en)
+			return nil, zErr(en)
 		}
-		return zctx{}, zErr(syscall.ENOMEM)
+		return nil, zErr(syscall.ENOMEM)
 	}
-	c := zctx{p}
+	if box == nil {
+		box = newFreeBox()
+	}
+	c := &shimContext{p: p, box: box}
 	if ioThreads > 0 {
 		if err := zerr(C.zl_ctx_set(p, C.ZMQ_IO_THREADS, C.int(ioThreads))); err != nil {
 			c.term()
-			return zctx{}, err
+			return nil, err
 		}
 	}
 	return c, nil
 }
 
 // term terminates the context; every socket must be closed first. After
-// it returns libzmq holds no message any more (all free callbacks ran).
-func (c zctx) term() error { return zerr(C.zl_ctx_term(c.p)) }
+// it returns libzmq holds no message any more (all free callbacks ran), so
+// it unpins them all.
+func (c *shimContext) term() error {
+	err := zerr(C.zl_ctx_term(c.p))
+	c.box.drain()
+	c.sc.free()
+	return err
+}
 
-func (c zctx) socket(typ C.int) (zsock, error) {
+func (c *shimContext) socket(k sockKind) (zSocket, error) {
+	typ := C.int(C.ZMQ_PUSH)
+	if k == kindPULL {
+		typ = C.ZMQ_PULL
+	}
 	p, err := C.zmq_socket(c.p, typ)
 	if p == nil {
 		if en, ok := err.(syscall.Errno); ok {
-			return zsock{}, zErr(en)
+			return nil, zErr(en)
 		}
-		return zsock{}, zErr(syscall.EINVAL)
+		return nil, zErr(syscall.EINVAL)
 	}
-	return zsock{p}, nil
+	return &shimSocket{p: p, c: c}, nil
 }
 
-func (s zsock) close() error { return zerr(C.zl_close(s.p)) }
+// poll waits up to d for the events of socks; it returns how many sockets
+// are ready.
+func (c *shimContext) poll(socks []zSocket, out bool, d time.Duration) (int, error) {
+	if len(socks) == 0 {
+		time.Sleep(d)
+		return 0, nil
+	}
+	ev := C.short(C.ZMQ_POLLIN)
+	if out {
+		ev = C.ZMQ_POLLOUT
+	}
+	items := (*C.zmq_pollitem_t)(C.calloc(C.size_t(len(socks)), C.size_t(unsafe.Sizeof(C.zmq_pollitem_t{}))))
+	defer C.free(unsafe.Pointer(items))
+	is := unsafe.Slice(items, len(socks))
+	for i, s := range socks {
+		is[i].socket = s.(*shimSocket).p
+		is[i].events = ev
+	}
+	rc := C.zl_poll(items, C.int(len(socks)), C.long(d/time.Millisecond))
+	if rc < 0 {
+		return 0, zErr(-rc)
+	}
+	return int(rc), nil
+}
 
-func (s zsock) setInt(opt C.int, v int) error { return zerr(C.zl_setint(s.p, opt, C.int(v))) }
+func (s *shimSocket) close() error {
+	s.rb.free()
+	return zerr(C.zl_close(s.p))
+}
 
-func (s zsock) setLinger(d time.Duration) error {
+func (s *shimSocket) setInt(opt C.int, v int) error { return zerr(C.zl_setint(s.p, opt, C.int(v))) }
+
+func (s *shimSocket) setOpt(o sockOpt, v int) error {
+	switch o {
+	case optSndHWM:
+		return s.setInt(C.ZMQ_SNDHWM, v)
+	case optRcvHWM:
+		return s.setInt(C.ZMQ_RCVHWM, v)
+	case optSndBuf:
+		return s.setInt(C.ZMQ_SNDBUF, v)
+	case optRcvBuf:
+		return s.setInt(C.ZMQ_RCVBUF, v)
+	}
+	return zErr(syscall.EINVAL)
+}
+
+func (s *shimSocket) setLinger(d time.Duration) error {
 	return s.setInt(C.ZMQ_LINGER, int(d/time.Millisecond))
 }
 
-func (s zsock) bind(ep string) error {
+func (s *shimSocket) bind(ep string) error {
 	cs := C.CString(ep)
 	defer C.free(unsafe.Pointer(cs))
 	return zerr(C.zl_bind(s.p, cs))
 }
 
-func (s zsock) connect(ep string) error {
+func (s *shimSocket) connect(ep string) error {
 	cs := C.CString(ep)
 	defer C.free(unsafe.Pointer(cs))
 	return zerr(C.zl_connect(s.p, cs))
 }
 
-func (s zsock) lastEndpoint() (string, error) {
+func (s *shimSocket) lastEndpoint() (string, error) {
 	const n = 1024
 	buf := (*C.char)(C.malloc(n))
 	defer C.free(unsafe.Pointer(buf))
@@ -235,24 +302,6 @@ func (s zsock) lastEndpoint() (string, error) {
 		return "", err
 	}
 	return C.GoString(buf), nil
-}
-
-// poll waits up to d for the events of items; it returns how many sockets
-// are ready.
-func poll(items []pollItem, d time.Duration) (int, error) {
-	if len(items) == 0 {
-		time.Sleep(d)
-		return 0, nil
-	}
-	rc := C.zl_poll(&items[0], C.int(len(items)), C.long(d/time.Millisecond))
-	if rc < 0 {
-		return 0, zErr(-rc)
-	}
-	return int(rc), nil
-}
-
-func newPollItem(s zsock, events C.short) pollItem {
-	return pollItem{socket: s.p, events: events}
 }
 
 // zeroCopyMin is the smallest frame sent without a copy. Smaller frames
@@ -363,9 +412,10 @@ func (sc *scratch) free() {
 // send sends frames as one multipart message without waiting, pinning
 // them (p, made on the first attempt) for as long as libzmq references
 // them. EAGAIN means nothing was sent: try again later.
-func (s zsock) send(sc *scratch, p **pinned, box *freeBox, frames [][]byte) error {
+func (s *shimSocket) send(frames [][]byte, p **pinned) error {
+	sc := &s.c.sc
 	if *p == nil {
-		q := &pinned{box: box}
+		q := &pinned{box: s.c.box}
 		livePins.Add(1)
 		zc := false
 		for _, f := range frames {
@@ -422,7 +472,8 @@ func (rb *recvBuf) grow() {
 // recv receives one multipart message without waiting; EAGAIN means none
 // is there. The frames it returns lend the zmq_msg buffers: valid until
 // release.
-func (s zsock) recv(rb *recvBuf) ([][]byte, error) {
+func (s *shimSocket) recv() ([][]byte, error) {
+	rb := &s.rb
 	rb.n = 0
 	if rb.cap == 0 {
 		rb.grow()
@@ -457,6 +508,8 @@ func (s zsock) recv(rb *recvBuf) ([][]byte, error) {
 }
 
 // release closes the received zmq_msgs; the frames lent by recv die.
+func (s *shimSocket) release() { s.rb.release() }
+
 func (rb *recvBuf) release() {
 	if rb.n > 0 {
 		C.zl_close_msgs(rb.msgs, C.int(rb.n))
@@ -472,18 +525,3 @@ func (rb *recvBuf) free() {
 	}
 	rb.info.free()
 }
-
-// Socket options and types, for the files that do not import "C".
-const (
-	optSndHWM  = C.ZMQ_SNDHWM
-	optRcvHWM  = C.ZMQ_RCVHWM
-	optSndBuf  = C.ZMQ_SNDBUF
-	optRcvBuf  = C.ZMQ_RCVBUF
-	zmqPUSH    = C.ZMQ_PUSH
-	zmqPULL    = C.ZMQ_PULL
-	zmqPOLLIN  = C.ZMQ_POLLIN
-	zmqPOLLOUT = C.ZMQ_POLLOUT
-)
-
-// pollItem is a zmq_pollitem_t, for the files that do not import "C".
-type pollItem = C.zmq_pollitem_t

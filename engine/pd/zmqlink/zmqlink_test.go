@@ -45,6 +45,27 @@ func checkGoroutines(t *testing.T) {
 	})
 }
 
+// backends are the two socket backends the tests run over.
+var backends = []struct {
+	name string
+	zc   bool // SocketOptions.ZeroCopy
+}{{"pebbe", false}, {"shim", true}}
+
+// eachBackend runs test once per backend, as subtests.
+func eachBackend(t *testing.T, test func(t *testing.T, zc bool)) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) { test(t, b.zc) })
+	}
+}
+
+func inOpts(zc bool) *InboxOptions {
+	return &InboxOptions{SocketOptions: SocketOptions{ZeroCopy: zc}}
+}
+
+func outOpts(zc bool) *OutboxOptions {
+	return &OutboxOptions{SocketOptions: SocketOptions{ZeroCopy: zc}}
+}
+
 // collector is a Handler that keeps (a copy of) every message.
 type collector struct {
 	mu   sync.Mutex
@@ -70,13 +91,13 @@ func (c *collector) snapshot() [][][]byte {
 	return append([][][]byte(nil), c.msgs...)
 }
 
-func newPair(t *testing.T, h Handler) (*Inbox, *Outbox) {
+func newPair(t *testing.T, h Handler, zc bool) (*Inbox, *Outbox) {
 	t.Helper()
-	in, err := Listen("tcp://127.0.0.1:0", h, nil)
+	in, err := Listen("tcp://127.0.0.1:0", h, inOpts(zc))
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := NewOutbox(nil)
+	out, err := NewOutbox(outOpts(zc))
 	if err != nil {
 		in.Close()
 		t.Fatal(err)
@@ -102,10 +123,12 @@ func msg(i int) [][]byte {
 	return [][]byte{[]byte("PDK1"), seq[:], {}, body}
 }
 
-func TestRoundTripInOrder(t *testing.T) {
+func TestRoundTripInOrder(t *testing.T) { eachBackend(t, testRoundTripInOrder) }
+
+func testRoundTripInOrder(t *testing.T, zc bool) {
 	checkGoroutines(t)
 	var c collector
-	in, out := newPair(t, c.handle)
+	in, out := newPair(t, c.handle, zc)
 	if in.Endpoint() == "tcp://127.0.0.1:0" || in.Endpoint() == "" {
 		t.Fatalf("endpoint %q: want the real port", in.Endpoint())
 	}
@@ -144,6 +167,10 @@ func TestRoundTripInOrder(t *testing.T) {
 }
 
 func TestHandlerPanicAndErrorRecovered(t *testing.T) {
+	eachBackend(t, testHandlerPanicAndErrorRecovered)
+}
+
+func testHandlerPanicAndErrorRecovered(t *testing.T, zc bool) {
 	checkGoroutines(t)
 	var c collector
 	h := func(frames [][]byte) error {
@@ -155,7 +182,7 @@ func TestHandlerPanicAndErrorRecovered(t *testing.T) {
 		}
 		return c.handle(frames)
 	}
-	in, out := newPair(t, h)
+	in, out := newPair(t, h, zc)
 	ctx := context.Background()
 	for _, s := range []string{"a", "panic", "b", "error", "c"} {
 		if err := out.Send(ctx, in.Endpoint(), [][]byte{[]byte(s)}); err != nil {
@@ -192,9 +219,11 @@ func deadEndpoint(t *testing.T) string {
 	return "tcp://" + addr
 }
 
-func TestCloseWithPeerGone(t *testing.T) {
+func TestCloseWithPeerGone(t *testing.T) { eachBackend(t, testCloseWithPeerGone) }
+
+func testCloseWithPeerGone(t *testing.T, zc bool) {
 	checkGoroutines(t)
-	out, err := NewOutbox(&OutboxOptions{SocketOptions: SocketOptions{HWM: 4}, MaxPending: 8})
+	out, err := NewOutbox(&OutboxOptions{SocketOptions: SocketOptions{HWM: 4, ZeroCopy: zc}, MaxPending: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +249,7 @@ func TestCloseWithPeerGone(t *testing.T) {
 		t.Fatalf("accepted %d, refused %d; want at least 8 accepted and some refused", accepted, refused)
 	}
 	// Sends are refused by a full queue, never block forever.
-	small, err := NewOutbox(&OutboxOptions{QueueSize: 1, SocketOptions: SocketOptions{HWM: 1}, MaxPending: 1})
+	small, err := NewOutbox(&OutboxOptions{QueueSize: 1, SocketOptions: SocketOptions{HWM: 1, ZeroCopy: zc}, MaxPending: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,10 +287,12 @@ func TestCloseWithPeerGone(t *testing.T) {
 	}
 }
 
-func TestConcurrentSenders(t *testing.T) {
+func TestConcurrentSenders(t *testing.T) { eachBackend(t, testConcurrentSenders) }
+
+func testConcurrentSenders(t *testing.T, zc bool) {
 	checkGoroutines(t)
 	var c collector
-	in, out := newPair(t, c.handle)
+	in, out := newPair(t, c.handle, zc)
 	const senders, each = 4, 50
 	var wg sync.WaitGroup
 	for s := range senders {
@@ -290,14 +321,18 @@ func TestConcurrentSenders(t *testing.T) {
 }
 
 func TestForgetReconnectsRestartedPeer(t *testing.T) {
+	eachBackend(t, testForgetReconnectsRestartedPeer)
+}
+
+func testForgetReconnectsRestartedPeer(t *testing.T, zc bool) {
 	checkGoroutines(t)
 	var c1 collector
-	in1, err := Listen("tcp://127.0.0.1:0", c1.handle, nil)
+	in1, err := Listen("tcp://127.0.0.1:0", c1.handle, inOpts(zc))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ep := in1.Endpoint()
-	out, err := NewOutbox(nil)
+	out, err := NewOutbox(outOpts(zc))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +351,7 @@ func TestForgetReconnectsRestartedPeer(t *testing.T) {
 		t.Fatalf("after close: alive %v, reason %q", in1.Alive(), in1.ExitReason())
 	}
 	var c2 collector
-	in2, err := Listen(ep, c2.handle, nil) // the restarted peer, same endpoint
+	in2, err := Listen(ep, c2.handle, inOpts(zc)) // the restarted peer, same endpoint
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,20 +368,22 @@ func TestForgetReconnectsRestartedPeer(t *testing.T) {
 	waitFor(t, 10*time.Second, "message to the restarted peer", func() bool { return c2.len() == 1 })
 }
 
-func TestListenErrors(t *testing.T) {
+func TestListenErrors(t *testing.T) { eachBackend(t, testListenErrors) }
+
+func testListenErrors(t *testing.T, zc bool) {
 	checkGoroutines(t)
-	in, err := Listen("tcp://127.0.0.1:0", func([][]byte) error { return nil }, nil)
+	in, err := Listen("tcp://127.0.0.1:0", func([][]byte) error { return nil }, inOpts(zc))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer in.Close()
-	if _, err := Listen(in.Endpoint(), func([][]byte) error { return nil }, nil); err == nil {
+	if _, err := Listen(in.Endpoint(), func([][]byte) error { return nil }, inOpts(zc)); err == nil {
 		t.Fatal("second bind on the same port succeeded")
 	}
-	if _, err := Listen("bogus://x", func([][]byte) error { return nil }, nil); err == nil {
+	if _, err := Listen("bogus://x", func([][]byte) error { return nil }, inOpts(zc)); err == nil {
 		t.Fatal("bad endpoint accepted")
 	}
-	if _, err := Listen("tcp://127.0.0.1:0", nil, nil); err == nil {
+	if _, err := Listen("tcp://127.0.0.1:0", nil, inOpts(zc)); err == nil {
 		t.Fatal("nil handler accepted")
 	}
 }
@@ -366,7 +403,9 @@ func TestBindAddress(t *testing.T) {
 // A handler that returns ErrExitLoop ends the receive loop: what comes
 // after is never handled, the inbox reports itself dead with the reason,
 // and Close still returns.
-func TestHandlerEndsLoop(t *testing.T) {
+func TestHandlerEndsLoop(t *testing.T) { eachBackend(t, testHandlerEndsLoop) }
+
+func testHandlerEndsLoop(t *testing.T, zc bool) {
 	checkGoroutines(t)
 	var c collector
 	h := func(frames [][]byte) error {
@@ -375,7 +414,7 @@ func TestHandlerEndsLoop(t *testing.T) {
 		}
 		return c.handle(frames)
 	}
-	in, out := newPair(t, h)
+	in, out := newPair(t, h, zc)
 	ctx := context.Background()
 	for _, s := range []string{"a", "exit", "b"} {
 		if err := out.Send(ctx, in.Endpoint(), [][]byte{[]byte(s)}); err != nil {
@@ -405,7 +444,9 @@ func bigMsg(i int) [][]byte {
 	return [][]byte{seq[:], arr[:zeroCopyMin], {}, arr[zeroCopyMin : 2*zeroCopyMin-1], big, arr[len(arr)-1000:]}
 }
 
-func TestLargeFramesZeroCopy(t *testing.T) {
+func TestLargeFramesZeroCopy(t *testing.T) { eachBackend(t, testLargeFramesZeroCopy) }
+
+func testLargeFramesZeroCopy(t *testing.T, zc bool) {
 	checkGoroutines(t)
 	const n = 100
 	var mu sync.Mutex
@@ -431,7 +472,7 @@ func TestLargeFramesZeroCopy(t *testing.T) {
 		}
 		return nil
 	}
-	in, out := newPair(t, h)
+	in, out := newPair(t, h, zc)
 	for i := range n {
 		if err := out.Send(context.Background(), in.Endpoint(), bigMsg(i)); err != nil {
 			t.Fatal(err)
@@ -457,7 +498,9 @@ func TestLargeFramesZeroCopy(t *testing.T) {
 // TestCloseReleasesPinnedFrames closes an Outbox holding large messages
 // for a peer that never answers: Close returns promptly and every pinned
 // frame is released.
-func TestCloseReleasesPinnedFrames(t *testing.T) {
+func TestCloseReleasesPinnedFrames(t *testing.T) { eachBackend(t, testCloseReleasesPinnedFrames) }
+
+func testCloseReleasesPinnedFrames(t *testing.T, zc bool) {
 	checkGoroutines(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never reads
 	if err != nil {
@@ -479,7 +522,7 @@ func TestCloseReleasesPinnedFrames(t *testing.T) {
 			conns = append(conns, c)
 		}
 	}()
-	out, err := NewOutbox(&OutboxOptions{Linger: 50 * time.Millisecond})
+	out, err := NewOutbox(&OutboxOptions{SocketOptions: SocketOptions{ZeroCopy: zc}, Linger: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -517,5 +560,65 @@ func TestCloneFrames(t *testing.T) {
 	out[0] = append(out[0], 'z') // capped: must not overwrite out[1..]
 	if string(out[3]) != "cde" {
 		t.Fatalf("%q", out)
+	}
+}
+
+// A pebbe/zmq4 Outbox talks to a shim Inbox and a shim Outbox to a
+// pebbe/zmq4 Inbox: both backends speak the same ZMTP. Small and large
+// (zero-copy) frames, empty frames, order and stats all survive.
+func TestBackendsInteroperate(t *testing.T) {
+	for _, dir := range []struct {
+		name        string
+		outZC, inZC bool
+	}{{"pebbe-to-shim", false, true}, {"shim-to-pebbe", true, false}} {
+		t.Run(dir.name, func(t *testing.T) {
+			checkGoroutines(t)
+			var c collector
+			in, err := Listen("tcp://127.0.0.1:0", c.handle, inOpts(dir.inZC))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer in.Close()
+			out, err := NewOutbox(outOpts(dir.outZC))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer out.Close()
+			const n = 40
+			var want [][][]byte
+			for i := range n {
+				m := msg(i)
+				if i%2 == 1 {
+					m = bigMsg(i)
+				}
+				want = append(want, CloneFrames(m))
+				if err := out.Send(context.Background(), in.Endpoint(), m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			waitFor(t, 20*time.Second, "all messages", func() bool { return c.len() == n })
+			for i, got := range c.snapshot() {
+				if len(got) != len(want[i]) {
+					t.Fatalf("message %d: %d frames, want %d", i, len(got), len(want[i]))
+				}
+				for j := range got {
+					if string(got[j]) != string(want[i][j]) {
+						t.Fatalf("message %d frame %d differs", i, j)
+					}
+				}
+			}
+			if st := out.Stats(); st.Sent != n || st.Dropped != 0 || st.SendErrors != 0 {
+				t.Fatalf("outbox stats %+v", st)
+			}
+			if st := in.Stats(); st.Messages != n || st.HandlerErrors != 0 || st.RecvErrors != 0 {
+				t.Fatalf("inbox stats %+v", st)
+			}
+			if err := out.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if n := livePins.Load(); n != 0 {
+				t.Fatalf("%d messages still pinned after Close", n)
+			}
+		})
 	}
 }
