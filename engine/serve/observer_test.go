@@ -46,6 +46,13 @@ func TestObserverSeesPublishedSteps(t *testing.T) {
 		t.Fatal(err)
 	}
 	toks, _ := collect(t, s, 20*time.Second)
+	// The finish reaches the stream inside the last step, before the loop
+	// reports that step.
+	poll(t, "the last step reported", 10*time.Second, func() bool {
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		return len(obs.steps) >= 4
+	})
 	obs.mu.Lock()
 	defer obs.mu.Unlock()
 	if obs.tokens != len(toks) || obs.ends != 1 || len(obs.steps) != 4 {

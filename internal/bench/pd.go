@@ -460,12 +460,12 @@ func measureTransport(ctx context.Context, msg *pdproto.KVChunk, d time.Duration
 		last.Store(time.Now().UnixNano())
 		got.Add(1)
 		return nil
-	}, nil)
+	}, &zmqlink.InboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: true}}) // the KV path, as a decode rank
 	if err != nil {
 		return t, err
 	}
 	defer in.Close()
-	out, err := zmqlink.NewOutbox(nil)
+	out, err := zmqlink.NewOutbox(&zmqlink.OutboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: true}}) // as a prefill rank
 	if err != nil {
 		return t, err
 	}
