@@ -35,36 +35,14 @@ func newPDPair(t *testing.T, cfg Config) *pdPair {
 	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
 	p := newEngine(t, m, pc)
 	d := newEngine(t, m, dc)
-	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: cfg.TP})
-	for _, info := range p.RankInfos() {
-		if _, err := reg.Register(info); err != nil {
-			t.Fatal(err)
-		}
-	}
-	mux := http.NewServeMux()
-	mux.Handle(pdproto.BootstrapPrefix, reg)
-	ts := httptest.NewServer(mux)
-	t.Cleanup(ts.Close)
-	return &pdPair{prefill: p, decode: d, url: ts.URL}
+	return &pdPair{prefill: p, decode: d, url: serveRegistry(t, p, p.Ranks())}
 }
-
-var nextRoom uint64 = 1000
 
 // run sends one request to both sides under a fresh room, as a router does,
 // and returns the decode's tokens and finish and the prefill's finish.
 func (pp *pdPair) run(t *testing.T, ctx context.Context, q Request, room uint64) ([]int32, Finish, Finish) {
 	t.Helper()
-	pq, dq := q, q
-	pq.PD = &PDRequest{Room: room}
-	dq.PD = &PDRequest{Room: room, BootstrapURL: pp.url}
-	ps, err := pp.prefill.Submit(ctx, pq)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ds, err := pp.decode.Submit(ctx, dq)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ps, ds := pp.submit(t, ctx, q, room)
 	toks, dfin := collect(t, ds, 30*time.Second)
 	_, pfin := collect(t, ps, 30*time.Second)
 	return toks, dfin, pfin
@@ -130,6 +108,13 @@ type session struct {
 func (pp *pdPair) open(t *testing.T, q Request, room uint64) *session {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
+	ps, ds := pp.submit(t, ctx, q, room)
+	return &session{cancel: cancel, p: ps, d: ds}
+}
+
+// submit sends q to both sides under room, as a router does.
+func (pp *pdPair) submit(t *testing.T, ctx context.Context, q Request, room uint64) (prefill, decode *Stream) {
+	t.Helper()
 	pq, dq := q, q
 	pq.PD = &PDRequest{Room: room}
 	dq.PD = &PDRequest{Room: room, BootstrapURL: pp.url}
@@ -141,7 +126,7 @@ func (pp *pdPair) open(t *testing.T, q Request, room uint64) *session {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &session{cancel: cancel, p: ps, d: ds}
+	return ps, ds
 }
 
 // inQueue reports whether request id is in queue on rank 0 of e.
@@ -398,17 +383,8 @@ func TestPDHandshakeRefusesMismatch(t *testing.T) {
 	dc := Config{PageSize: 8, KVTokens: 256, MaxRunning: 2, Role: pdproto.RoleDecode}
 	p := newEngine(t, m, pc)
 	d := newEngine(t, m, dc)
-	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: 1})
-	for _, info := range p.RankInfos() {
-		if _, err := reg.Register(info); err != nil {
-			t.Fatal(err)
-		}
-	}
-	mux := http.NewServeMux()
-	mux.Handle(pdproto.BootstrapPrefix, reg)
-	ts := httptest.NewServer(mux)
-	t.Cleanup(ts.Close)
-	s, err := d.Submit(context.Background(), Request{Prompt: []int32{5, 6, 7}, MaxTokens: 2, PD: &PDRequest{Room: 3, BootstrapURL: ts.URL}})
+	url := serveRegistry(t, p, 1)
+	s, err := d.Submit(context.Background(), Request{Prompt: []int32{5, 6, 7}, MaxTokens: 2, PD: &PDRequest{Room: 3, BootstrapURL: url}})
 	if err != nil {
 		t.Fatal(err)
 	}
