@@ -1,9 +1,61 @@
-// Package diag holds the rules behind "pdctl diagnose". Each rule looks at
-// snapshots taken from a live cluster through package api (queue dumps, step
-// records, flight recorders, metrics) and, when it recognises a known fault
-// such as the mass-abort wedge, an overlap-schedule desync or the HiCache
-// index-K race, reports it by name with its evidence and the remedy.
+// Package diag holds the rules behind "pdctl diagnose". pdctl samples every
+// server of a cluster (through the router's /debug/v1/cluster or the
+// servers named on its command line) several times over a window; each
+// Sample holds, per server, whether it answered and its decoded debug API
+// answers (package api/debug: steps, collectives, requests, pd). The rules
+// judge the resulting Window and report Findings: the rule's name, a
+// severity, the server and rank, a one-line summary, the evidence (key/value
+// lines with the numbers that prove it) and the remedy an operator should
+// apply. Run runs every rule and sorts the findings by severity, then
+// server, then rank; no finding means healthy.
 //
-// The code arrives with the pdctl milestone; for now the package holds only
-// this description.
+// The package reads only api/ and the standard library (internal/lint
+// enforces it), so pdctl stays free of the engine and of cgo.
+//
+// # Rules
+//
+// A Rule is shaped like a go/analysis analyzer: a kebab-case Name, a Doc
+// sentence saying what it detects and why it matters, the most urgent
+// Severity it reports (critical, warning, info) and a Check over a Window.
+// Rules must not fire on a healthy cluster: ranks may be caught one step
+// apart mid-iteration, idle ranks above 0 wait in the step-input broadcast
+// for up to a loop heartbeat, and queues drain between samples, so rules
+// about progress compare the first and the last sample and name a fault
+// only when nothing moved in between. Parameters (the PD timeouts, a grace
+// for timeouts judged once per iteration, the collective-wait threshold)
+// come in a Config; DefaultConfig matches pdserve's defaults.
+//
+// The rules, in the order Rules returns them:
+//
+//   - control-loop-dead (critical): a PD rank's socket receive loop is not
+//     alive; gives its exit reason and names the bootstrap-abort-crash
+//     fault when the reason does (incident 1, the mass-abort wedge).
+//   - pd-queue-stuck (critical for bootstrap and transfer, warning for
+//     inflight and prealloc): a PD queue non-empty in the first and the last
+//     sample with no room leaving it between any two samples.
+//   - pd-entry-overdue (warning): PD entries older than their state's
+//     timeout plus the grace (bootstrap and prealloc: bootstrap timeout,
+//     transfer, inflight).
+//   - kv-leak (critical): a rank holds KV pages (used less prefix-cached)
+//     while its server has no live request in any scheduler or PD queue, in
+//     both the first and the last sample; (warning) pages kept for aborted
+//     rooms past the abort-ack timeout plus the grace.
+//   - peer-unreachable (critical): a server that did not answer in the last
+//     sample, or a decode rank whose PD entries say their prefill peer went
+//     silent past the heartbeat timeout.
+//   - rank-divergence (critical): ranks of one server more than one step
+//     apart, or at the same step with different collective sequence numbers
+//     while neither is in a collective; or a rank waiting in a collective
+//     longer than the threshold while a peer is in no collective or in
+//     another seq, naming both ranks and seqs (incident 2, the
+//     overlap-schedule desync).
+//
+// # Adding a rule
+//
+// Write one file named after the rule (kebab-case name, underscores in the
+// file name) with a constructor returning the Rule, add it to RulesWith and
+// to the list above, and add testdata/<name>/ with at least a healthy*.json
+// fixture (which no rule may fire on) and one sick fixture: each fixture is
+// a Window as JSON. Run "go test ./diag -update" to write the .golden
+// findings beside them, and read them before committing.
 package diag

@@ -1,0 +1,302 @@
+package diag
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/pdkit/pdkit/api/debug"
+)
+
+// Severity says how urgently a finding needs an operator.
+type Severity int
+
+// The severities, from the least to the most urgent.
+const (
+	Info Severity = iota + 1
+	Warning
+	Critical
+)
+
+func (s Severity) String() string {
+	switch s {
+	case Info:
+		return "info"
+	case Warning:
+		return "warning"
+	case Critical:
+		return "critical"
+	}
+	return fmt.Sprintf("severity(%d)", int(s))
+}
+
+// MarshalText writes the severity's name.
+func (s Severity) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText reads a severity's name.
+func (s *Severity) UnmarshalText(b []byte) error {
+	for _, v := range []Severity{Info, Warning, Critical} {
+		if v.String() == string(b) {
+			*s = v
+			return nil
+		}
+	}
+	return fmt.Errorf("diag: unknown severity %q", b)
+}
+
+// Server is one server of the cluster as pdctl found it.
+type Server struct {
+	URL    string `json:"url"`
+	Role   string `json:"role"` // prefill, decode or colocated
+	TPSize int    `json:"tp_size"`
+}
+
+// ServerSample is what pdctl read from one server at one instant: its debug
+// API answers, each nil when the server did not give it (a colocated server
+// has no PD answer; an unreachable one has none).
+type ServerSample struct {
+	Server
+	Reachable bool `json:"reachable"`
+	// Error says why the server could not be read; empty when reachable.
+	Error       string                     `json:"error,omitempty"`
+	Steps       *debug.StepsResponse       `json:"steps,omitempty"`
+	Collectives *debug.CollectivesResponse `json:"collectives,omitempty"`
+	Requests    *debug.RequestsResponse    `json:"requests,omitempty"`
+	PD          *debug.PDResponse          `json:"pd,omitempty"`
+	// TookMS is the time the answers took, all together.
+	TookMS float64 `json:"took_ms"`
+}
+
+// Sample is the cluster at one instant: every server, in a stable order.
+type Sample struct {
+	Taken   time.Time      `json:"taken"`
+	Servers []ServerSample `json:"servers"`
+}
+
+// Server returns the sample of the server at url, or nil.
+func (s Sample) Server(url string) *ServerSample {
+	for i := range s.Servers {
+		if s.Servers[i].URL == url {
+			return &s.Servers[i]
+		}
+	}
+	return nil
+}
+
+// Window is the series of samples taken over the diagnose window, oldest
+// first. Rules judge at least the first and the last; a window of one
+// sample cannot show progress, so rules about progress stay silent on it.
+type Window struct {
+	Samples []Sample `json:"samples"`
+}
+
+// First returns the oldest sample; the zero Sample when there is none.
+func (w Window) First() Sample {
+	if len(w.Samples) == 0 {
+		return Sample{}
+	}
+	return w.Samples[0]
+}
+
+// Last returns the newest sample; the zero Sample when there is none.
+func (w Window) Last() Sample {
+	if len(w.Samples) == 0 {
+		return Sample{}
+	}
+	return w.Samples[len(w.Samples)-1]
+}
+
+// Span is the time between the first and the last sample.
+func (w Window) Span() time.Duration { return w.Last().Taken.Sub(w.First().Taken) }
+
+// Evidence is one key/value line of a finding: a number that proves it.
+type Evidence struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+}
+
+// Finding is one thing a rule found wrong.
+type Finding struct {
+	Rule     string     `json:"rule"`
+	Severity Severity   `json:"severity"`
+	Server   string     `json:"server"`
+	Rank     int        `json:"rank"` // -1: the whole server
+	Summary  string     `json:"summary"`
+	Evidence []Evidence `json:"evidence"`
+	Remedy   string     `json:"remedy"`
+}
+
+// String writes the finding as a block of text: a heading line, the
+// evidence indented, then the remedy.
+func (f Finding) String() string {
+	var b strings.Builder
+	where := f.Server
+	if f.Rank >= 0 {
+		where += fmt.Sprintf(" rank %d", f.Rank)
+	}
+	fmt.Fprintf(&b, "%s %s %s: %s\n", f.Severity, f.Rule, where, f.Summary)
+	for _, e := range f.Evidence {
+		fmt.Fprintf(&b, "  %s: %s\n", e.Key, e.Value)
+	}
+	fmt.Fprintf(&b, "  remedy: %s\n", f.Remedy)
+	return b.String()
+}
+
+// Rule is one check, shaped like a go/analysis analyzer.
+type Rule struct {
+	Name string // kebab-case, unique
+	Doc  string // one sentence: what it detects and why it matters
+	// Severity is the most urgent severity the rule reports.
+	Severity Severity
+	Check    func(Window) []Finding
+}
+
+// Timeouts are the PD timeouts of the servers, as pdserve's PD config sets
+// them; an entry older than its state's timeout should have failed.
+type Timeouts struct {
+	Bootstrap time.Duration // prefill bootstrap queue, decode prealloc queue
+	Transfer  time.Duration // decode transfer queue
+	Inflight  time.Duration // prefill inflight queue
+	AbortAck  time.Duration // decode aborting queue
+}
+
+// DefaultTimeouts are the server defaults.
+func DefaultTimeouts() Timeouts {
+	return Timeouts{Bootstrap: 10 * time.Second, Transfer: 30 * time.Second, Inflight: 10 * time.Second, AbortAck: 5 * time.Second}
+}
+
+// Config holds the parameters of the rules.
+type Config struct {
+	Timeouts Timeouts
+	// Grace is added to every timeout: a rank fails an overdue entry on its
+	// next iteration, so an entry may be seen a little past its timeout.
+	Grace time.Duration
+	// CollectiveWait is how long a rank may wait in a collective while a
+	// peer is elsewhere before it counts as a desync. Idle ranks wait in
+	// the step-input broadcast for up to one loop heartbeat (50ms by
+	// default), far below it.
+	CollectiveWait time.Duration
+}
+
+// DefaultConfig returns the parameters that match pdserve's defaults.
+func DefaultConfig() Config {
+	return Config{Timeouts: DefaultTimeouts(), Grace: time.Second, CollectiveWait: 2 * time.Second}
+}
+
+// Rules returns the rules with the default parameters, in a stable order.
+func Rules() []Rule { return RulesWith(DefaultConfig()) }
+
+// RulesWith returns the rules with the parameters of c, in a stable order.
+func RulesWith(c Config) []Rule {
+	return []Rule{
+		controlLoopDead(),
+		pdQueueStuck(),
+		pdEntryOverdue(c),
+		kvLeak(c),
+		peerUnreachable(),
+		rankDivergence(c),
+	}
+}
+
+// Run runs the default rules over w and returns the findings, sorted.
+func Run(w Window) []Finding { return RunRules(Rules(), w) }
+
+// RunRules runs rules over w and returns their findings sorted by severity
+// (most urgent first), then server, then rank; findings that tie keep the
+// order of the rules and of each rule's output.
+func RunRules(rules []Rule, w Window) []Finding {
+	var out []Finding
+	for _, r := range rules {
+		out = append(out, r.Check(w)...)
+	}
+	Sort(out)
+	return out
+}
+
+// Sort sorts findings as RunRules returns them.
+func Sort(fs []Finding) {
+	slices.SortStableFunc(fs, func(a, b Finding) int {
+		return cmp.Or(cmp.Compare(b.Severity, a.Severity), cmp.Compare(a.Server, b.Server), cmp.Compare(a.Rank, b.Rank))
+	})
+}
+
+// Helpers shared by the rules.
+
+func ev(key string, format string, args ...any) Evidence {
+	return Evidence{Key: key, Value: fmt.Sprintf(format, args...)}
+}
+
+// ms formats a duration given in milliseconds.
+func ms(v float64) string {
+	return time.Duration(v * float64(time.Millisecond)).Round(time.Millisecond).String()
+}
+
+// list joins the first max values with ", " and says how many more there
+// are.
+func list[T any](vs []T, max int) string { return listSep(vs, max, ", ") }
+
+// listSep is list with another separator.
+func listSep[T any](vs []T, max int, sep string) string {
+	var parts []string
+	for i, v := range vs {
+		if i == max {
+			parts = append(parts, fmt.Sprintf("… %d more", len(vs)-max))
+			break
+		}
+		parts = append(parts, fmt.Sprint(v))
+	}
+	return strings.Join(parts, sep)
+}
+
+// counts formats a queue-count map in the order of names, skipping zeros.
+func counts(m map[string]int, names []string) string {
+	var parts []string
+	for _, n := range names {
+		if m[n] != 0 {
+			parts = append(parts, fmt.Sprintf("%s=%d", n, m[n]))
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, " ")
+}
+
+// pdRank returns the rank of a PD answer, or nil.
+func pdRank(p *debug.PDResponse, rank int) *debug.PDRank {
+	if p == nil {
+		return nil
+	}
+	for i := range p.Ranks {
+		if p.Ranks[i].Rank == rank {
+			return &p.Ranks[i]
+		}
+	}
+	return nil
+}
+
+// entries returns the entries of one queue of a rank.
+func entries(r *debug.PDRank, queue string) []debug.PDEntry {
+	if r == nil {
+		return nil
+	}
+	var out []debug.PDEntry
+	for _, e := range r.Entries {
+		if e.Queue == queue {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// summarise returns the rooms of es in order and the oldest age.
+func summarise(es []debug.PDEntry) (rooms []uint64, oldestMS float64) {
+	for _, e := range es {
+		rooms = append(rooms, e.Room)
+		oldestMS = max(oldestMS, e.InQueueMS)
+	}
+	slices.Sort(rooms)
+	return rooms, oldestMS
+}

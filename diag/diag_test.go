@@ -1,0 +1,249 @@
+package diag
+
+import (
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden findings in testdata")
+
+// readWindow reads a fixture: a Window as JSON.
+func readWindow(t *testing.T, path string) Window {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec.DisallowUnknownFields()
+	var w Window
+	if err := dec.Decode(&w); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return w
+}
+
+// render writes findings as their golden text.
+func render(fs []Finding) string {
+	if len(fs) == 0 {
+		return "healthy\n"
+	}
+	var b strings.Builder
+	for i, f := range fs {
+		if i > 0 {
+			b.WriteString("\n")
+		}
+		b.WriteString(f.String())
+	}
+	return b.String()
+}
+
+func ruleByName(t *testing.T, name string) Rule {
+	t.Helper()
+	for _, r := range Rules() {
+		if r.Name == name {
+			return r
+		}
+	}
+	t.Fatalf("no rule %q", name)
+	return Rule{}
+}
+
+// TestRulesGolden runs every rule on the fixtures of testdata/<rule>/ and
+// compares its findings with the .golden file beside each fixture; -update
+// rewrites them. A fixture named healthy*.json must give no finding, from
+// its rule or any other.
+func TestRulesGolden(t *testing.T) {
+	for _, rule := range Rules() {
+		t.Run(rule.Name, func(t *testing.T) {
+			fixtures, err := filepath.Glob(filepath.Join("testdata", rule.Name, "*.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.ContainsFunc(fixtures, isHealthy) || len(fixtures) < 2 {
+				t.Fatalf("testdata/%s needs a healthy fixture and a sick one, has %v", rule.Name, fixtures)
+			}
+			for _, fx := range fixtures {
+				name := strings.TrimSuffix(filepath.Base(fx), ".json")
+				t.Run(name, func(t *testing.T) {
+					w := readWindow(t, fx)
+					got := rule.Check(w)
+					Sort(got)
+					for _, f := range got {
+						if f.Rule != rule.Name || f.Severity == 0 || f.Severity > rule.Severity || f.Summary == "" || f.Remedy == "" || len(f.Evidence) == 0 {
+							t.Errorf("malformed finding %+v", f)
+						}
+					}
+					if isHealthy(fx) {
+						if all := Run(w); len(all) != 0 {
+							t.Errorf("healthy fixture gives findings:\n%s", render(all))
+						}
+					} else if len(got) == 0 {
+						t.Errorf("sick fixture gives no finding")
+					}
+					golden := strings.TrimSuffix(fx, ".json") + ".golden"
+					text := render(got)
+					if *update {
+						if err := os.WriteFile(golden, []byte(text), 0o644); err != nil {
+							t.Fatal(err)
+						}
+						return
+					}
+					want, err := os.ReadFile(golden)
+					if err != nil {
+						t.Fatalf("%v (run go test ./diag -update)", err)
+					}
+					if text != string(want) {
+						t.Errorf("%s: findings differ\n--- got\n%s--- want\n%s", golden, text, want)
+					}
+				})
+			}
+		})
+	}
+}
+
+func isHealthy(path string) bool { return strings.HasPrefix(filepath.Base(path), "healthy") }
+
+var kebab = regexp.MustCompile(`^[a-z0-9]+(-[a-z0-9]+)*$`)
+
+// TestRulesRegistry checks the registry: unique kebab-case names, a doc
+// sentence, a severity, a check, and one file per rule.
+func TestRulesRegistry(t *testing.T) {
+	seen := map[string]bool{}
+	for _, r := range Rules() {
+		if !kebab.MatchString(r.Name) || seen[r.Name] {
+			t.Errorf("rule name %q: not kebab-case or not unique", r.Name)
+		}
+		seen[r.Name] = true
+		if !strings.HasSuffix(r.Doc, ".") || r.Severity < Info || r.Severity > Critical || r.Check == nil {
+			t.Errorf("rule %s: incomplete %+v", r.Name, r)
+		}
+		file := strings.ReplaceAll(r.Name, "-", "_") + ".go"
+		if _, err := os.Stat(file); err != nil {
+			t.Errorf("rule %s: no file %s", r.Name, file)
+		}
+		if !strings.Contains(docText(t), r.Name) {
+			t.Errorf("rule %s is not listed in doc.go", r.Name)
+		}
+	}
+	a, b := Rules(), Rules()
+	for i := range a {
+		if a[i].Name != b[i].Name {
+			t.Fatal("Rules() order is not stable")
+		}
+	}
+}
+
+func docText(t *testing.T) string {
+	data, err := os.ReadFile("doc.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+// TestRunSorts checks that Run orders findings by severity, server, rank.
+func TestRunSorts(t *testing.T) {
+	mk := func(name string, sev Severity, server string, rank int) Rule {
+		return Rule{Name: name, Severity: sev, Check: func(Window) []Finding {
+			return []Finding{{Rule: name, Severity: sev, Server: server, Rank: rank}}
+		}}
+	}
+	got := RunRules([]Rule{
+		mk("a", Info, "http://a", 0), mk("b", Warning, "http://b", 1), mk("c", Critical, "http://b", 0),
+		mk("d", Critical, "http://a", 1), mk("e", Critical, "http://a", -1), mk("f", Warning, "http://a", 2),
+	}, Window{})
+	var order []string
+	for _, f := range got {
+		order = append(order, f.Rule)
+	}
+	if want := "e d c f b a"; strings.Join(order, " ") != want {
+		t.Errorf("order %q, want %q", strings.Join(order, " "), want)
+	}
+}
+
+// TestEmptyWindow: no samples, one sample or unreachable-free empty
+// clusters give no finding and no panic.
+func TestEmptyWindow(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, w := range []Window{{}, {Samples: []Sample{{Taken: now}}}, {Samples: []Sample{{Taken: now, Servers: []ServerSample{{Server: Server{URL: "http://x"}, Reachable: true}}}}}} {
+		if fs := Run(w); len(fs) != 0 {
+			t.Errorf("findings on %+v:\n%s", w, render(fs))
+		}
+	}
+}
+
+// TestSeverityJSON: severities travel as their names.
+func TestSeverityJSON(t *testing.T) {
+	f := Finding{Rule: "x", Severity: Warning, Rank: -1}
+	data, err := json.Marshal(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), `"severity":"warning"`) {
+		t.Errorf("got %s", data)
+	}
+	var back Finding
+	if err := json.Unmarshal(data, &back); err != nil || back.Severity != Warning {
+		t.Errorf("round trip: %+v, %v", back, err)
+	}
+}
+
+// TestMassAbortWedge: on the wedge of incident 1 the whole rule set names
+// the dead bootstrap loop on the right prefill rank, the fault, and the
+// stuck decode transfer queue, most urgent first.
+func TestMassAbortWedge(t *testing.T) {
+	fs := Run(readWindow(t, filepath.Join("testdata", "pd-queue-stuck", "mass_abort_wedge.json")))
+	var dead, stuck bool
+	for _, f := range fs {
+		switch {
+		case f.Rule == "control-loop-dead" && f.Server == "http://prefill-0:30000" && f.Rank == 1:
+			dead = strings.Contains(f.Remedy, "bootstrap-abort-crash")
+		case f.Rule == "pd-queue-stuck" && f.Server == "http://decode-0:30100" && f.Severity == Critical &&
+			slices.Contains(f.Evidence, Evidence{Key: "queue", Value: "transfer"}):
+			stuck = true
+		}
+	}
+	if !dead || !stuck || fs[0].Severity != Critical {
+		t.Errorf("dead loop named %v, stuck transfer named %v in:\n%s", dead, stuck, render(fs))
+	}
+}
+
+// TestConfig: the timeouts are parameters; longer ones silence the
+// findings they no longer justify.
+func TestConfig(t *testing.T) {
+	w := readWindow(t, filepath.Join("testdata", "pd-entry-overdue", "overdue.json"))
+	c := DefaultConfig()
+	c.Timeouts.Transfer = time.Minute
+	c.Timeouts.Bootstrap = time.Minute
+	c.Timeouts.Inflight = time.Minute
+	if fs := RunRules(RulesWith(c), w); len(fs) != 0 {
+		t.Errorf("findings with one-minute timeouts:\n%s", render(fs))
+	}
+	if fs := Run(w); len(fs) == 0 {
+		t.Error("no finding with the default timeouts")
+	}
+}
+
+// TestGoldenHaveFixtures: no golden file outlives its fixture.
+func TestGoldenHaveFixtures(t *testing.T) {
+	goldens, _ := filepath.Glob(filepath.Join("testdata", "*", "*.golden"))
+	for _, g := range goldens {
+		if _, err := os.Stat(strings.TrimSuffix(g, ".golden") + ".json"); err != nil {
+			t.Errorf("%s has no fixture", g)
+		}
+	}
+	dirs, _ := filepath.Glob(filepath.Join("testdata", "*"))
+	for _, d := range dirs {
+		if !slices.ContainsFunc(Rules(), func(r Rule) bool { return r.Name == filepath.Base(d) }) {
+			t.Errorf("%s names no rule", d)
+		}
+	}
+}

@@ -1,0 +1,73 @@
+package diag
+
+import (
+	"fmt"
+	"time"
+)
+
+func pdEntryOverdue(c Config) Rule {
+	return Rule{
+		Name:     "pd-entry-overdue",
+		Doc:      "PD entries are older than their state's timeout (plus a grace), so the rank that should have failed them is not judging its timeouts and their pages and peers stay held.",
+		Severity: Warning,
+		Check:    func(w Window) []Finding { return checkPDEntryOverdue(c, w) },
+	}
+}
+
+// overdueQueues maps a PD queue to its timeout; the aborting queue is
+// judged by kv-leak, the active one by the scheduler.
+func overdueQueues(t Timeouts) []struct {
+	name    string
+	timeout time.Duration
+	setting string
+} {
+	return []struct {
+		name    string
+		timeout time.Duration
+		setting string
+	}{
+		{"bootstrap", t.Bootstrap, "bootstrap"},
+		{"inflight", t.Inflight, "inflight"},
+		{"prealloc", t.Bootstrap, "bootstrap"},
+		{"transfer", t.Transfer, "transfer"},
+	}
+}
+
+func checkPDEntryOverdue(c Config, w Window) []Finding {
+	var out []Finding
+	for _, s := range w.Last().Servers {
+		if !s.Reachable || s.PD == nil {
+			continue
+		}
+		for _, r := range s.PD.Ranks {
+			for _, q := range overdueQueues(c.Timeouts) {
+				limit := q.timeout + c.Grace
+				var late []uint64
+				var oldest float64
+				es := entries(&r, q.name)
+				for _, e := range es {
+					if time.Duration(e.InQueueMS*float64(time.Millisecond)) > limit {
+						late = append(late, e.Room)
+						oldest = max(oldest, e.InQueueMS)
+					}
+				}
+				if len(late) == 0 {
+					continue
+				}
+				out = append(out, Finding{
+					Rule: "pd-entry-overdue", Severity: Warning, Server: s.URL, Rank: r.Rank,
+					Summary: fmt.Sprintf("%d of %d rooms in the %s queue of %s rank %d are past the %s timeout %v", len(late), len(es), q.name, s.PD.Role, r.Rank, q.setting, q.timeout),
+					Evidence: []Evidence{
+						ev("queue", "%s", q.name),
+						ev("overdue", "%d of %d", len(late), len(es)),
+						ev("oldest", "%s", ms(oldest)),
+						ev("timeout", "%v (+%v grace)", q.timeout, c.Grace),
+						ev("rooms", "%s", list(late, 10)),
+					},
+					Remedy: fmt.Sprintf("the rank is not failing timed-out rooms: check that its loop iterates (rank-divergence, pdctl status) and its control loop is alive; abort the rooms (pdctl abort --prefill/--rooms-from-queue) or restart %s.", s.URL),
+				})
+			}
+		}
+	}
+	return out
+}
