@@ -54,8 +54,9 @@
 //
 // Write one file named after the rule (kebab-case name, underscores in the
 // file name) with a constructor returning the Rule, add it to RulesWith and
-// to the list above, and add testdata/<name>/ with at least a healthy*.json
-// fixture (which no rule may fire on) and one sick fixture: each fixture is
-// a Window as JSON. Run "go test ./diag -update" to write the .golden
+// to the list above, and add testdata/<name>/ with at least one sick
+// fixture (each fixture is a Window as JSON); the shared healthy fixtures in
+// testdata/healthy/, which no rule may fire on, check it against a healthy
+// cluster. Run "go test ./diag -update" to write the .golden
 // findings beside them, and read them before committing.
 package diag
