@@ -20,13 +20,20 @@ import (
 var version = "dev"
 
 // exitCode is pdctl's exit status. Scripts may depend on these values.
+//
+// A command that ran but found a problem it shows in its output (status,
+// fault and queues with an unreachable server: a row says so and the other
+// servers are still shown) exits with exitFindings, like diagnose with
+// findings. It is the same value as exitError: either way the cluster did
+// not answer as a healthy one does.
 type exitCode int
 
 const (
-	exitOK     exitCode = 0   // the command did what it was asked
-	exitError  exitCode = 1   // the command failed
-	exitUsage  exitCode = 2   // unknown command, bad flag or bad arguments
-	exitCancel exitCode = 130 // interrupted (SIGINT or SIGTERM)
+	exitOK       exitCode = 0   // the command did what it was asked
+	exitError    exitCode = 1   // the command failed
+	exitFindings exitCode = 1   // the command ran and reports a problem in its output
+	exitUsage    exitCode = 2   // unknown command, bad flag or bad arguments
+	exitCancel   exitCode = 130 // interrupted (SIGINT or SIGTERM)
 )
 
 func main() {
@@ -36,6 +43,8 @@ func main() {
 		Out:    os.Stdout,
 		ErrOut: os.Stderr,
 		Build:  buildInfo{Version: version, GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH},
+		OutTTY: isTerminal(os.Stdout),
+		Getenv: os.Getenv,
 	}
 	code := run(ctx, f, os.Args[1:])
 	stop()
@@ -53,6 +62,7 @@ func run(ctx context.Context, f *factory, args []string) exitCode {
 
 func exitCodeFor(err error, stderr io.Writer) exitCode {
 	var usage *usageError
+	var unreachable *unreachableError
 	switch {
 	case err == nil:
 		return exitOK
@@ -61,8 +71,18 @@ func exitCodeFor(err error, stderr io.Writer) exitCode {
 	case errors.As(err, &usage):
 		fmt.Fprintf(stderr, "pdctl: %v\nRun '%s --help' for usage.\n", usage.err, usage.cmd)
 		return exitUsage
+	case errors.As(err, &unreachable):
+		fmt.Fprintf(stderr, "pdctl: %v\n", err)
+		return exitFindings
 	default:
 		fmt.Fprintf(stderr, "pdctl: %v\n", err)
 		return exitError
 	}
+}
+
+// isTerminal says whether f is a character device (a terminal), without
+// cgo or another module.
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }

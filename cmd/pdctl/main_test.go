@@ -67,9 +67,9 @@ func TestRun(t *testing.T) {
 		},
 		{
 			name:   "unknown command",
-			args:   []string{"queues"},
+			args:   []string{"bundle"},
 			code:   exitUsage,
-			stderr: "pdctl: unknown command \"queues\" for \"pdctl\"\nRun 'pdctl --help' for usage.\n",
+			stderr: "pdctl: unknown command \"bundle\" for \"pdctl\"\nRun 'pdctl --help' for usage.\n",
 		},
 	}
 	for _, tt := range tests {

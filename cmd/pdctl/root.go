@@ -1,8 +1,10 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -15,6 +17,48 @@ type factory struct {
 	Out    io.Writer // data: what scripts read
 	ErrOut io.Writer // errors and progress
 	Build  buildInfo
+	// OutTTY says Out is a terminal: human tables get a header and
+	// aligned columns; piped, rows are tab-separated.
+	OutTTY bool
+	// Getenv reads the environment (PDCTL_ROUTER, PDCTL_TOKEN); nil: none.
+	Getenv func(string) string
+	// maskVolatile replaces the cells that change from run to run (ages,
+	// step numbers) with "*", for tests of exact output.
+	maskVolatile bool
+	// attach holds the global flags, shared by every command.
+	attach attachOptions
+}
+
+func (f *factory) getenv(key string) string {
+	if f.Getenv == nil {
+		return ""
+	}
+	return f.Getenv(key)
+}
+
+// writeJSON writes v as indented JSON: the --json output of every command.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// pluralf returns "n thing" or "n things".
+func pluralf(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.Itoa(n) + " " + many
+}
+
+// noArgs refuses positional arguments.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return newUsageError(cmd, "%s takes no arguments, got %q", cmd.Name(), args)
+	}
+	return nil
 }
 
 // buildInfo describes the running binary.
@@ -43,13 +87,18 @@ func newUsageError(cmd *cobra.Command, format string, a ...any) error {
 }
 
 const rootLong = `pdctl is the operator's tool for a running pdkit cluster. It attaches to the
-router, prefill and decode servers through their admin API and the documented
-ZeroMQ messages: cluster status, per-queue request dumps, synthetic ABORTs,
-HiCache on/off, an A/B of the index-K precision (indexk ab), a terminal view of
-ranks, steps and queues (top), and diagnose, which names a known fault from
-live snapshots and shows the evidence.
+router, prefill and decode servers through their debug and admin APIs: it
+discovers every server behind --router (or talks to each --server directly)
+and works while the cluster is wedged, since it reads only the servers'
+lock-free snapshots.
 
-Those commands arrive with the serving milestones; this build has version only.`
+This build has status, fault list|on|off and queues dump. Synthetic ABORTs,
+the mass-abort drill, diagnose and bundle arrive with the serving milestones.
+
+Data goes to stdout: an aligned table on a terminal, tab-separated rows when
+piped, JSON with --json. Progress and errors go to stderr. Exit status: 0 ok,
+1 failed or found a problem it reports (an unreachable server), 2 usage,
+130 interrupted.`
 
 func newCmdRoot(f *factory) *cobra.Command {
 	root := &cobra.Command{
@@ -86,6 +135,10 @@ func newCmdRoot(f *factory) *cobra.Command {
 		return &usageError{cmd: cmd.CommandPath(), err: err}
 	})
 
+	addAttachFlags(root, f, &f.attach)
 	root.AddCommand(newCmdVersion(f, nil))
+	root.AddCommand(newCmdStatus(f, nil))
+	root.AddCommand(newCmdFault(f))
+	root.AddCommand(newCmdQueues(f))
 	return root
 }

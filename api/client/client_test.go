@@ -1,0 +1,97 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pdkit/pdkit/api/debug"
+)
+
+// fake answers like a server: the paths the tests use, the admin calls
+// only with the bearer token "s3cret".
+func fake(t *testing.T) *httptest.Server {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /debug/v1/cluster", func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"healthy_prefill":1,"healthy_decode":0,"servers":[` +
+			`{"role":"prefill","url":"http://p:1","healthy":true,"tp_size":2,"model":"tiny","last_check":null},` +
+			`{"role":"decode","url":"http://d:1","healthy":false,"reason":"2 checks failed","tp_size":1,"model":"tiny","last_check":null}]}`))
+	})
+	mux.HandleFunc("GET /debug/v1/pd", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("queue") != "transfer" {
+			t.Errorf("pd query %q", r.URL.RawQuery)
+		}
+		w.WriteHeader(http.StatusNotFound)
+		w.Write([]byte(`{"error":{"message":"not a PD server","type":"invalid_request_error","param":null,"code":null}}`))
+	})
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		w.Write([]byte(`{"status":"unhealthy","reason":"engine failed: boom"}`))
+	})
+	mux.HandleFunc("GET /debug/v1/steps", func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(200 * time.Millisecond) // longer than the client's timeout in the test
+	})
+	mux.HandleFunc("POST /admin/v1/rooms/{room}/abort", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer s3cret" {
+			w.WriteHeader(http.StatusUnauthorized)
+			w.Write([]byte(`{"error":{"message":"admin API: wrong bearer token"}}`))
+			return
+		}
+		w.Write([]byte(`{"aborted":` + r.PathValue("room") + `0}`))
+	})
+	ts := httptest.NewServer(mux)
+	t.Cleanup(ts.Close)
+	return ts
+}
+
+func TestClient(t *testing.T) {
+	ts := fake(t)
+	ctx := context.Background()
+	servers, err := Discover(ctx, ts.URL, "", nil)
+	if err != nil || len(servers) != 2 || servers[0].URL != "http://p:1" || servers[0].TPSize != 2 ||
+		servers[1].Healthy || servers[1].Reason != "2 checks failed" {
+		t.Fatalf("Discover: %+v %v", servers, err)
+	}
+
+	c := New(ts.URL+"/", "s3cret", nil)
+	if a, err := c.AbortRoom(ctx, 7); err != nil || a != (debug.AbortResponse{Aborted: 70}) {
+		t.Errorf("AbortRoom with the token: %+v %v", a, err)
+	}
+	_, err = New(ts.URL, "", nil).AbortRoom(ctx, 7)
+	if StatusOf(err) != 401 || err.Error() != ts.URL+"/admin/v1/rooms/7/abort: 401 admin API: wrong bearer token" {
+		t.Errorf("AbortRoom without the token: %v", err)
+	}
+	if _, err := c.PD(ctx, "transfer"); StatusOf(err) != 404 || !strings.HasSuffix(err.Error(), ": 404 not a PD server") {
+		t.Errorf("PD on a colocated server: %v", err)
+	}
+	var ae *APIError
+	if err := c.Health(ctx); !errors.As(err, &ae) || ae.Status != 503 || ae.Message != "engine failed: boom" {
+		t.Errorf("Health: %v", err)
+	}
+	c.Timeout = 20 * time.Millisecond
+	if _, err := c.Steps(ctx); !errors.Is(err, context.DeadlineExceeded) || StatusOf(err) != 0 {
+		t.Errorf("Steps past the timeout: %v", err)
+	}
+}
+
+// TestEachUnreachable: an unreachable server is one result's error; the
+// others answer.
+func TestEachUnreachable(t *testing.T) {
+	ts := fake(t)
+	clients := []*Client{New("http://127.0.0.1:1", "", nil), New(ts.URL, "", nil)}
+	res := Each(context.Background(), clients, func(ctx context.Context, c *Client) (debug.ClusterResponse, error) {
+		return c.Cluster(ctx)
+	})
+	if len(res) != 2 || res[0].URL != "http://127.0.0.1:1" || !errors.Is(res[0].Err, syscall.ECONNREFUSED) {
+		t.Errorf("unreachable: %+v", res[0])
+	}
+	if res[1].Err != nil || len(res[1].Value.Servers) != 2 {
+		t.Errorf("reachable: %+v", res[1])
+	}
+}

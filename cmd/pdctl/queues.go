@@ -1,0 +1,291 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pdkit/pdkit/api/client"
+	"github.com/pdkit/pdkit/api/debug"
+	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/spf13/cobra"
+)
+
+func newCmdQueues(f *factory) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "queues <command>",
+		Short: "Show the PD queues of the prefill and decode servers",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return newUsageError(cmd, "queues needs a command: dump")
+			}
+			return newUsageError(cmd, "unknown command %q for %q", args[0], cmd.CommandPath())
+		},
+		RunE: func(cmd *cobra.Command, args []string) error { return nil },
+	}
+	cmd.AddCommand(newCmdQueuesDump(f, nil))
+	return cmd
+}
+
+type queuesDumpOptions struct {
+	f        *factory
+	Attach   *attachOptions
+	Rank     int    // -1: every rank
+	Queue    string // "": every queue
+	Watch    bool
+	JSON     bool
+	Interval time.Duration // between two frames of --watch
+}
+
+func newCmdQueuesDump(f *factory, runF func(context.Context, *queuesDumpOptions) error) *cobra.Command {
+	opts := &queuesDumpOptions{f: f, Attach: &f.attach, Interval: time.Second}
+	cmd := &cobra.Command{
+		Use:   "dump",
+		Short: "Dump every PD queue entry of every rank, and the rooms joined across prefill and decode",
+		Long: `Dump every PD queue entry of every rank of the prefill and decode servers
+(from GET /debug/v1/pd): server, role, rank, request id, bootstrap room, queue,
+age in the queue, peer endpoint, KV bytes moved and whether the decode sent
+ABORT. Then the rooms joined: one line per room with its prefill-side and its
+decode-side state (server, ranks, queue, age), so that a decode waiting for KV
+that the prefill forgot shows as a room with no prefill side.
+
+Colocated servers have no PD queues and are left out. --watch redraws every
+second until interrupted (human output only).`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if opts.Queue != "" && !slices.Contains(debug.PDQueues, opts.Queue) {
+				return newUsageError(cmd, "unknown queue %q (known: %s)", opts.Queue, strings.Join(debug.PDQueues, ", "))
+			}
+			if opts.Watch && opts.JSON {
+				return newUsageError(cmd, "--watch and --json cannot be used together")
+			}
+			if runF != nil {
+				return runF(cmd.Context(), opts)
+			}
+			return queuesDumpRun(cmd.Context(), opts)
+		},
+	}
+	cmd.Flags().IntVar(&opts.Rank, "rank", -1, "only this rank's entries")
+	cmd.Flags().StringVar(&opts.Queue, "queue", "", "only this queue's entries: "+strings.Join(debug.PDQueues, ", "))
+	cmd.Flags().BoolVar(&opts.Watch, "watch", false, "redraw every second until interrupted")
+	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print a JSON object")
+	return cmd
+}
+
+// queueEntry is one PD queue entry of the output.
+type queueEntry struct {
+	Server string `json:"server"`
+	Role   string `json:"role"`
+	Rank   int    `json:"rank"`
+	debug.PDEntry
+}
+
+// roomSide is one side's state of a room: a server and queue, with the
+// ranks that hold the room there.
+type roomSide struct {
+	Server    string  `json:"server"`
+	Ranks     []int   `json:"ranks"`
+	Queue     string  `json:"queue"`
+	InQueueMS float64 `json:"in_queue_ms"` // the longest of the ranks
+}
+
+// roomView is one room joined across the prefill and decode sides; a side
+// that does not hold the room is empty.
+type roomView struct {
+	Room    uint64     `json:"room"`
+	Prefill []roomSide `json:"prefill"`
+	Decode  []roomSide `json:"decode"`
+}
+
+type queuesOutput struct {
+	Entries []queueEntry `json:"entries"`
+	Rooms   []roomView   `json:"rooms"`
+	// Errors names the servers that could not be read, by URL.
+	Errors map[string]string `json:"errors,omitempty"`
+}
+
+// readQueues reads every PD server's queues and joins them by room.
+func readQueues(ctx context.Context, opts *queuesDumpOptions, targets []*target) queuesOutput {
+	out := queuesOutput{Entries: []queueEntry{}, Rooms: []roomView{}}
+	per := make([][]queueEntry, len(targets))
+	errs := make([]string, len(targets))
+	var wg sync.WaitGroup
+	for i, t := range targets {
+		if t.Err != nil {
+			errs[i] = t.Err.Error()
+			continue
+		}
+		if t.Role != "" && !isPD(t.Role) {
+			continue
+		}
+		wg.Go(func() {
+			pd, err := t.c.PD(ctx, opts.Queue)
+			if err != nil {
+				if client.StatusOf(err) != http.StatusNotFound || t.Role != "" {
+					errs[i] = err.Error()
+				}
+				return
+			}
+			for _, rk := range pd.Ranks {
+				if opts.Rank >= 0 && rk.Rank != opts.Rank {
+					continue
+				}
+				for _, e := range rk.Entries {
+					per[i] = append(per[i], queueEntry{Server: t.URL, Role: pd.Role, Rank: rk.Rank, PDEntry: e})
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i, t := range targets {
+		out.Entries = append(out.Entries, per[i]...)
+		if errs[i] != "" {
+			if out.Errors == nil {
+				out.Errors = map[string]string{}
+			}
+			out.Errors[t.URL] = errs[i]
+		}
+	}
+	rooms := map[uint64]*roomView{}
+	for _, e := range out.Entries {
+		rv := rooms[e.Room]
+		if rv == nil {
+			rv = &roomView{Room: e.Room, Prefill: []roomSide{}, Decode: []roomSide{}}
+			rooms[e.Room] = rv
+		}
+		sides := &rv.Decode
+		if e.Role == pdproto.RolePrefill {
+			sides = &rv.Prefill
+		}
+		i := slices.IndexFunc(*sides, func(s roomSide) bool { return s.Server == e.Server && s.Queue == e.Queue })
+		if i < 0 {
+			*sides = append(*sides, roomSide{Server: e.Server, Queue: e.Queue})
+			i = len(*sides) - 1
+		}
+		s := &(*sides)[i]
+		s.Ranks = append(s.Ranks, e.Rank)
+		s.InQueueMS = max(s.InQueueMS, e.InQueueMS)
+	}
+	for _, rv := range rooms {
+		out.Rooms = append(out.Rooms, *rv)
+	}
+	slices.SortFunc(out.Rooms, func(a, b roomView) int {
+		switch {
+		case a.Room < b.Room:
+			return -1
+		case a.Room > b.Room:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+func queuesTables(out queuesOutput) []*table {
+	entries := newTable([]string{"SERVER", "ROLE", "RANK", "ID", "ROOM", "QUEUE", "AGE", "PEER", "BYTES", "ABORT SENT", "ERROR"}, "AGE")
+	for _, e := range out.Entries {
+		entries.add(e.Server, e.Role, itoa(e.Rank), fmt.Sprint(e.ID), fmt.Sprint(e.Room), e.Queue, fmtMS(e.InQueueMS),
+			e.Peer, itoa(e.Bytes), yesNo(e.AbortSent), e.Error)
+	}
+	for url, err := range sortedMap(out.Errors) {
+		entries.add(url, "", "", "", "", "", "", "", "", "", "unreachable: "+err)
+	}
+	rooms := newTable([]string{"ROOM", "PREFILL SERVER", "P RANKS", "P QUEUE", "P AGE", "DECODE SERVER", "D RANKS", "D QUEUE", "D AGE"}, "P AGE", "D AGE")
+	for _, rv := range out.Rooms {
+		row := []string{fmt.Sprint(rv.Room)}
+		row = append(row, sideCells(rv.Prefill)...)
+		row = append(row, sideCells(rv.Decode)...)
+		rooms.add(row...)
+	}
+	return []*table{entries, rooms}
+}
+
+// sideCells renders one side of a room: server, ranks, queue, age; several
+// groups (ranks in different queues) are joined by ";".
+func sideCells(sides []roomSide) []string {
+	var srv, ranks, queue, age []string
+	for _, s := range sides {
+		srv = append(srv, s.Server)
+		var rs []string
+		for _, r := range s.Ranks {
+			rs = append(rs, itoa(r))
+		}
+		ranks = append(ranks, strings.Join(rs, ","))
+		queue = append(queue, s.Queue)
+		age = append(age, fmtMS(s.InQueueMS))
+	}
+	j := func(x []string) string { return strings.Join(x, ";") }
+	return []string{j(srv), j(ranks), j(queue), j(age)}
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+// sortedMap iterates m by key.
+func sortedMap(m map[string]string) func(func(string, string) bool) {
+	return func(yield func(string, string) bool) {
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			if !yield(k, m[k]) {
+				return
+			}
+		}
+	}
+}
+
+func queuesDumpRun(ctx context.Context, opts *queuesDumpOptions) error {
+	f := opts.f
+	targets, err := opts.Attach.targets(ctx, f)
+	if err != nil {
+		return err
+	}
+	if !opts.Watch {
+		out := readQueues(ctx, opts, targets)
+		if opts.JSON {
+			err = writeJSON(f.Out, out)
+		} else {
+			err = printTables(f, queuesTables(out)...)
+		}
+		if err != nil {
+			return err
+		}
+		if len(out.Errors) > 0 {
+			return &unreachableError{n: len(out.Errors), of: len(targets)}
+		}
+		return nil
+	}
+	tick := time.NewTicker(opts.Interval)
+	defer tick.Stop()
+	for frame := 0; ; frame++ {
+		out := readQueues(ctx, opts, targets)
+		if ctx.Err() != nil {
+			return nil // interrupted: the watch is over
+		}
+		if f.OutTTY {
+			io.WriteString(f.Out, "\x1b[H\x1b[2J") // home, clear
+		} else if frame > 0 {
+			io.WriteString(f.Out, "\n")
+		}
+		if err := printTables(f, queuesTables(out)...); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}

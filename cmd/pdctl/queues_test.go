@@ -1,0 +1,229 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pdkit/pdkit/api/debug"
+)
+
+// oneSided leaves c with two rooms stuck on one side each: room 7 sent to
+// the prefill only (it waits in its bootstrap queue for the decode's
+// transfer info) and room 9 sent to the decode only (it waits in its
+// transfer queue for KV that no prefill will send): the second is what
+// "decode waits for KV that prefill forgot" looks like.
+func (c *cluster) oneSided(t *testing.T) {
+	t.Helper()
+	body := map[string]any{"prompt": "once upon a time", "max_tokens": 4, "temperature": 0, "ignore_eos": true}
+	p := map[string]any{"bootstrap_room": 7}
+	d := map[string]any{"bootstrap_room": 9, "bootstrap_url": c.registry}
+	for k, v := range body {
+		p[k], d[k] = v, v
+	}
+	send(t, c.prefill.ts.URL, p)
+	send(t, c.decode.ts.URL, d)
+	poll(t, "room 7 in the prefill's bootstrap queue, room 9 in the decode's transfer queue", 10*time.Second, func() bool {
+		return pdCounts(t, c.prefill, debug.PDQueueBootstrap) == 2 && pdCounts(t, c.decode, debug.PDQueueTransfer) == 2
+	})
+}
+
+func TestQueuesDump(t *testing.T) {
+	c := newCluster(t)
+	c.oneSided(t)
+	tests := []struct {
+		name   string
+		args   []string
+		code   exitCode
+		stdout string
+		stderr string
+	}{
+		{
+			name: "every queue",
+			args: []string{"queues", "dump"},
+			stdout: "PREFILL\tprefill\t0\t1\t7\tbootstrap\t*\t-\t0\tno\t-\n" +
+				"PREFILL\tprefill\t1\t1\t7\tbootstrap\t*\t-\t0\tno\t-\n" +
+				"DECODE\tdecode\t0\t1\t9\ttransfer\t*\tPREFILL-RANK0\t0\tno\t-\n" +
+				"DECODE\tdecode\t1\t1\t9\ttransfer\t*\tPREFILL-RANK1\t0\tno\t-\n" +
+				"\n" +
+				"7\tPREFILL\t0,1\tbootstrap\t*\t-\t-\t-\t-\n" +
+				"9\t-\t-\t-\t-\tDECODE\t0,1\ttransfer\t*\n",
+		},
+		{
+			name: "one rank, one queue",
+			args: []string{"queues", "dump", "--rank", "1", "--queue", "transfer"},
+			stdout: "DECODE\tdecode\t1\t1\t9\ttransfer\t*\tPREFILL-RANK1\t0\tno\t-\n" +
+				"\n" +
+				"9\t-\t-\t-\t-\tDECODE\t1\ttransfer\t*\n",
+		},
+		{
+			name: "one server, with an unreachable one",
+			args: []string{"--server", c.prefill.ts.URL, "--server", "http://127.0.0.1:1", "queues", "dump"},
+			code: exitFindings,
+			stdout: "PREFILL\tprefill\t0\t1\t7\tbootstrap\t*\t-\t0\tno\t-\n" +
+				"PREFILL\tprefill\t1\t1\t7\tbootstrap\t*\t-\t0\tno\t-\n" +
+				"http://127.0.0.1:1\t-\t-\t-\t-\t-\t-\t-\t-\t-\tunreachable: GET http://127.0.0.1:1/pd/v1/info: dial tcp 127.0.0.1:1: connect: connection refused\n" +
+				"\n" +
+				"7\tPREFILL\t0,1\tbootstrap\t*\t-\t-\t-\t-\n",
+			stderr: "pdctl: 1 server of 2 unreachable\n",
+		},
+		{
+			name: "json",
+			args: []string{"queues", "dump", "--json", "--rank", "0"},
+			stdout: `{
+  "entries": [
+    {
+      "server": "PREFILL",
+      "role": "prefill",
+      "rank": 0,
+      "id": 1,
+      "room": 7,
+      "queue": "bootstrap",
+      "in_queue_ms": 0,
+      "tokens": 9,
+      "chunks": 0,
+      "bytes": 0,
+      "abort_sent": false
+    },
+    {
+      "server": "DECODE",
+      "role": "decode",
+      "rank": 0,
+      "id": 1,
+      "room": 9,
+      "queue": "transfer",
+      "in_queue_ms": 0,
+      "peer": "PREFILL-RANK0",
+      "tokens": 9,
+      "chunks": 0,
+      "bytes": 0,
+      "abort_sent": false
+    }
+  ],
+  "rooms": [
+    {
+      "room": 7,
+      "prefill": [
+        {
+          "server": "PREFILL",
+          "ranks": [
+            0
+          ],
+          "queue": "bootstrap",
+          "in_queue_ms": 0
+        }
+      ],
+      "decode": []
+    },
+    {
+      "room": 9,
+      "prefill": [],
+      "decode": [
+        {
+          "server": "DECODE",
+          "ranks": [
+            0
+          ],
+          "queue": "transfer",
+          "in_queue_ms": 0
+        }
+      ]
+    }
+  ]
+}
+`,
+		},
+		{
+			name:   "unknown queue",
+			args:   []string{"queues", "dump", "--queue", "waiting"},
+			code:   exitUsage,
+			stderr: "pdctl: unknown queue \"waiting\" (known: bootstrap, active, inflight, prealloc, transfer, aborting)\nRun 'pdctl queues dump --help' for usage.\n",
+		},
+		{
+			name:   "watch is human only",
+			args:   []string{"queues", "dump", "--watch", "--json"},
+			code:   exitUsage,
+			stderr: "pdctl: --watch and --json cannot be used together\nRun 'pdctl queues dump --help' for usage.\n",
+		},
+		{
+			name:   "no verb",
+			args:   []string{"queues"},
+			code:   exitUsage,
+			stderr: "pdctl: queues needs a command: dump\nRun 'pdctl queues --help' for usage.\n",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, stdout, stderr := c.pdctl(t, false, tt.args...)
+			stdout = maskJSON(stdout, "in_queue_ms")
+			if code != tt.code {
+				t.Errorf("exit code = %d, want %d", code, tt.code)
+			}
+			if stdout != tt.stdout {
+				t.Errorf("stdout:\n%s\nwant:\n%s", stdout, tt.stdout)
+			}
+			if stderr != tt.stderr {
+				t.Errorf("stderr:\n%s\nwant:\n%s", stderr, tt.stderr)
+			}
+		})
+	}
+}
+
+// frames is a writer that cancels a watch once it has seen n frames.
+type frames struct {
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	n      int
+	cancel context.CancelFunc
+}
+
+func (w *frames) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if strings.Count(w.buf.String(), "\x1b[H\x1b[2J") > w.n {
+		w.cancel()
+	}
+	return len(p), nil
+}
+
+// TestQueuesWatch redraws until the context ends, then exits 0.
+func TestQueuesWatch(t *testing.T) {
+	c := newCluster(t)
+	c.oneSided(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	w := &frames{n: 2, cancel: cancel}
+	f := &factory{Out: w, ErrOut: &bytes.Buffer{}, OutTTY: true, maskVolatile: true}
+	f.attach.Router = c.router
+	var opts *queuesDumpOptions
+	cmd := newCmdQueuesDump(f, func(_ context.Context, o *queuesDumpOptions) error { opts = o; return nil })
+	cmd.SetArgs([]string{"--watch", "--queue", "transfer"})
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	if !opts.Watch || opts.Queue != "transfer" || opts.Rank != -1 || opts.Interval != time.Second {
+		t.Fatalf("options %+v", *opts)
+	}
+	opts.Interval = 10 * time.Millisecond
+	if err := queuesDumpRun(ctx, opts); err != nil {
+		t.Fatal(err)
+	}
+	// The names of the servers are shorter than their URLs: the columns
+	// are compared with their padding folded to two spaces.
+	got := regexp.MustCompile(` {2,}`).ReplaceAllString(c.names(w.buf.String()), "  ")
+	frame := "\x1b[H\x1b[2J" +
+		"SERVER  ROLE  RANK  ID  ROOM  QUEUE  AGE  PEER  BYTES  ABORT SENT  ERROR\n" +
+		"DECODE  decode  0  1  9  transfer  *  PREFILL-RANK0  0  no  -\n" +
+		"DECODE  decode  1  1  9  transfer  *  PREFILL-RANK1  0  no  -\n" +
+		"\n" +
+		"ROOM  PREFILL SERVER  P RANKS  P QUEUE  P AGE  DECODE SERVER  D RANKS  D QUEUE  D AGE\n" +
+		"9  -  -  -  -  DECODE  0,1  transfer  *\n"
+	if want := strings.Repeat(frame, 3); got != want {
+		t.Errorf("got:\n%q\nwant:\n%q", got, want)
+	}
+}

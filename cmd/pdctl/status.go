@@ -1,0 +1,231 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pdkit/pdkit/api/debug"
+	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/spf13/cobra"
+)
+
+type statusOptions struct {
+	f      *factory
+	Attach *attachOptions
+	JSON   bool
+	Now    func() time.Time
+}
+
+// newCmdStatus builds "pdctl status". Tests pass runF to capture the parsed
+// options instead of running the command.
+func newCmdStatus(f *factory, runF func(context.Context, *statusOptions) error) *cobra.Command {
+	opts := &statusOptions{f: f, Attach: &f.attach, Now: time.Now}
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show every server and rank: role, health, loop liveness, queue depths, KV pages",
+		Long: `Show the servers behind the router (or the --server ones) with their role,
+health, TP size and model, then one line per rank: its last step (number,
+phase, age: the time since it ended), its PD queue depths on a prefill or
+decode server, and its KV pages (used/cached/total). The request queues
+(waiting, prefilling, running, aborting, pending) are the server's.
+
+A server that cannot be reached is a row saying so, the others are still
+shown, and the exit status is 1.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if runF != nil {
+				return runF(cmd.Context(), opts)
+			}
+			return statusRun(cmd.Context(), opts)
+		},
+	}
+	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print a JSON object")
+	return cmd
+}
+
+// serverStatus is one server in the output of status (JSON as shown).
+type serverStatus struct {
+	URL     string `json:"url"`
+	Role    string `json:"role"`
+	TPSize  int    `json:"tp_size"`
+	Model   string `json:"model"`
+	Healthy bool   `json:"healthy"`
+	Reason  string `json:"reason,omitempty"`
+	// Error says why the server could not be read; its other fields are
+	// what discovery knew.
+	Error string `json:"error,omitempty"`
+	// Requests counts the request queues, with "pending".
+	Requests map[string]int `json:"requests,omitempty"`
+	Ranks    []rankStatus   `json:"ranks,omitempty"`
+}
+
+// rankStatus is one rank of a server.
+type rankStatus struct {
+	Rank  int    `json:"rank"`
+	Step  uint64 `json:"step"`
+	Phase string `json:"phase"`
+	// StepAgeMS is the time since the rank's last step ended.
+	StepAgeMS float64        `json:"step_age_ms"`
+	PD        map[string]int `json:"pd,omitempty"`
+	KV        debug.KVPages  `json:"kv"`
+}
+
+type statusOutput struct {
+	Router  string         `json:"router,omitempty"` // empty with --server
+	Servers []serverStatus `json:"servers"`
+}
+
+// pdQueuesOf lists the PD queues of role, in order.
+func pdQueuesOf(role string) []string {
+	switch role {
+	case pdproto.RolePrefill:
+		return []string{debug.PDQueueBootstrap, debug.PDQueueActive, debug.PDQueueInflight}
+	case pdproto.RoleDecode:
+		return []string{debug.PDQueuePrealloc, debug.PDQueueTransfer, debug.PDQueueAborting}
+	}
+	return nil
+}
+
+// readStatus reads one server's steps, requests and (PD roles) PD state.
+func readStatus(ctx context.Context, t *target, now func() time.Time) serverStatus {
+	s := serverStatus{URL: t.URL, Role: t.Role, TPSize: t.TPSize, Model: t.Model, Healthy: t.Healthy, Reason: t.Reason}
+	if t.Err != nil {
+		s.Error, s.Healthy = t.Err.Error(), false
+		return s
+	}
+	var (
+		wg    sync.WaitGroup
+		steps debug.StepsResponse
+		reqs  debug.RequestsResponse
+		pd    debug.PDResponse
+		errs  [3]error
+	)
+	wg.Go(func() { steps, errs[0] = t.c.Steps(ctx) })
+	wg.Go(func() { reqs, errs[1] = t.c.Requests(ctx, "") })
+	if isPD(t.Role) {
+		wg.Go(func() { pd, errs[2] = t.c.PD(ctx, "") })
+	}
+	wg.Wait()
+	if err := errors.Join(errs[:]...); err != nil {
+		s.Error, s.Healthy = strings.ReplaceAll(err.Error(), "\n", "; "), false
+		return s
+	}
+	at := now()
+	s.Requests = map[string]int{"pending": reqs.Pending}
+	for _, q := range debug.Queues {
+		s.Requests[q] = reqs.Counts[q]
+	}
+	for _, st := range steps.Ranks {
+		r := rankStatus{Rank: st.Rank, Step: st.Step, Phase: st.Phase, KV: debug.KVPages{Rank: st.Rank}}
+		if !st.End.IsZero() {
+			r.StepAgeMS = float64(at.Sub(st.End).Microseconds()) / 1000
+		}
+		for _, kv := range reqs.KV {
+			if kv.Rank == st.Rank {
+				r.KV = kv
+			}
+		}
+		for _, pr := range pd.Ranks {
+			if pr.Rank == st.Rank {
+				r.PD = map[string]int{}
+				for _, q := range pdQueuesOf(t.Role) {
+					r.PD[q] = pr.Counts[q]
+				}
+			}
+		}
+		s.Ranks = append(s.Ranks, r)
+	}
+	slices.SortFunc(s.Ranks, func(a, b rankStatus) int { return a.Rank - b.Rank })
+	return s
+}
+
+func statusRun(ctx context.Context, opts *statusOptions) error {
+	f := opts.f
+	targets, err := opts.Attach.targets(ctx, f)
+	if err != nil {
+		return err
+	}
+	out := statusOutput{Servers: make([]serverStatus, len(targets))}
+	if len(opts.Attach.Servers) == 0 {
+		out.Router = opts.Attach.Router
+	}
+	var wg sync.WaitGroup
+	for i, t := range targets {
+		wg.Go(func() { out.Servers[i] = readStatus(ctx, t, opts.Now) })
+	}
+	wg.Wait()
+	unreachable := 0
+	for _, s := range out.Servers {
+		if s.Error != "" {
+			unreachable++
+		}
+	}
+	if opts.JSON {
+		err = writeJSON(f.Out, out)
+	} else {
+		err = printTables(f, statusTables(out)...)
+	}
+	if err != nil {
+		return err
+	}
+	if unreachable > 0 {
+		return &unreachableError{n: unreachable, of: len(targets)}
+	}
+	return nil
+}
+
+func statusTables(out statusOutput) []*table {
+	servers := newTable([]string{"SERVER", "ROLE", "TP", "MODEL", "HEALTH", "WAITING", "PREFILLING", "RUNNING", "ABORTING", "PENDING"})
+	ranks := newTable([]string{"SERVER", "RANK", "STEP", "PHASE", "AGE", "PD QUEUES", "KV USED/CACHED/TOTAL"}, "STEP", "AGE")
+	for _, s := range out.Servers {
+		health := "healthy"
+		switch {
+		case s.Error != "":
+			health = "unreachable: " + s.Error
+		case !s.Healthy && s.Reason != "":
+			health = "unhealthy: " + s.Reason
+		case !s.Healthy:
+			health = "unhealthy"
+		}
+		row := []string{s.URL, s.Role, tpCell(s.TPSize), s.Model, health}
+		if s.Requests != nil {
+			for _, q := range append(slices.Clone(debug.Queues), "pending") {
+				row = append(row, itoa(s.Requests[q]))
+			}
+		}
+		servers.add(row...)
+		for _, r := range s.Ranks {
+			var pd []string
+			for _, q := range pdQueuesOf(s.Role) {
+				if r.PD != nil {
+					pd = append(pd, fmt.Sprintf("%s=%d", q, r.PD[q]))
+				}
+			}
+			ranks.add(s.URL, itoa(r.Rank), fmt.Sprint(r.Step), r.Phase, fmtMS(r.StepAgeMS), strings.Join(pd, " "),
+				fmt.Sprintf("%d/%d/%d", r.KV.Used, r.KV.Cached, r.KV.Total))
+		}
+	}
+	return []*table{servers, ranks}
+}
+
+func tpCell(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return itoa(n)
+}
+
+// fmtMS formats a duration in milliseconds for a table: milliseconds
+// below a second, then tenths of seconds.
+func fmtMS(ms float64) string {
+	d := time.Duration(ms * float64(time.Millisecond))
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(100 * time.Millisecond).String()
+}

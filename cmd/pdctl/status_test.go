@@ -1,0 +1,167 @@
+package main
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/pdkit/pdkit/api/debug"
+)
+
+func TestStatus(t *testing.T) {
+	c := newCluster(t)
+	tests := []struct {
+		name   string
+		args   []string
+		code   exitCode
+		stdout string
+		stderr string
+	}{
+		{
+			name: "discovered through the router",
+			args: []string{"status"},
+			stdout: "PREFILL\tprefill\t2\ttiny\thealthy\t0\t0\t0\t0\t0\n" +
+				"DECODE\tdecode\t2\ttiny\thealthy\t0\t0\t0\t0\t0\n" +
+				"\n" +
+				"PREFILL\t0\t*\tidle\t*\tbootstrap=0 active=0 inflight=0\t0/0/32\n" +
+				"PREFILL\t1\t*\tidle\t*\tbootstrap=0 active=0 inflight=0\t0/0/32\n" +
+				"DECODE\t0\t*\tidle\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\n" +
+				"DECODE\t1\t*\tidle\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\n",
+		},
+		{
+			name: "an unreachable server among the others",
+			args: []string{"--server", c.decode.ts.URL, "--server", "http://127.0.0.1:1", "status"},
+			code: exitFindings,
+			stdout: "DECODE\tdecode\t2\ttiny\thealthy\t0\t0\t0\t0\t0\n" +
+				"http://127.0.0.1:1\t-\t-\t-\tunreachable: GET http://127.0.0.1:1/pd/v1/info: dial tcp 127.0.0.1:1: connect: connection refused\t-\t-\t-\t-\t-\n" +
+				"\n" +
+				"DECODE\t0\t*\tidle\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\n" +
+				"DECODE\t1\t*\tidle\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\n",
+			stderr: "pdctl: 1 server of 2 unreachable\n",
+		},
+		{
+			name:   "an unreachable router",
+			args:   []string{"--router", "http://127.0.0.1:1", "status"},
+			code:   exitError,
+			stderr: "pdctl: discovering the cluster behind http://127.0.0.1:1: GET http://127.0.0.1:1/debug/v1/cluster: dial tcp 127.0.0.1:1: connect: connection refused\n",
+		},
+		{
+			name:   "arguments",
+			args:   []string{"status", "now"},
+			code:   exitUsage,
+			stderr: "pdctl: status takes no arguments, got [\"now\"]\nRun 'pdctl status --help' for usage.\n",
+		},
+		{
+			name: "json",
+			args: []string{"--server", c.prefill.ts.URL, "status", "--json"},
+			stdout: `{
+  "servers": [
+    {
+      "url": "PREFILL",
+      "role": "prefill",
+      "tp_size": 2,
+      "model": "tiny",
+      "healthy": true,
+      "requests": {
+        "aborting": 0,
+        "pending": 0,
+        "prefilling": 0,
+        "running": 0,
+        "waiting": 0
+      },
+      "ranks": [
+        {
+          "rank": 0,
+          "step": 0,
+          "phase": "idle",
+          "step_age_ms": 0,
+          "pd": {
+            "active": 0,
+            "bootstrap": 0,
+            "inflight": 0
+          },
+          "kv": {
+            "rank": 0,
+            "used": 0,
+            "cached": 0,
+            "total": 32
+          }
+        },
+        {
+          "rank": 1,
+          "step": 0,
+          "phase": "idle",
+          "step_age_ms": 0,
+          "pd": {
+            "active": 0,
+            "bootstrap": 0,
+            "inflight": 0
+          },
+          "kv": {
+            "rank": 1,
+            "used": 0,
+            "cached": 0,
+            "total": 32
+          }
+        }
+      ]
+    }
+  ]
+}
+`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, stdout, stderr := c.pdctl(t, false, tt.args...)
+			stdout = maskJSON(stdout, "step", "step_age_ms")
+			if code != tt.code {
+				t.Errorf("exit code = %d, want %d", code, tt.code)
+			}
+			if stdout != tt.stdout {
+				t.Errorf("stdout:\n%s\nwant:\n%s", stdout, tt.stdout)
+			}
+			if stderr != tt.stderr {
+				t.Errorf("stderr:\n%s\nwant:\n%s", stderr, tt.stderr)
+			}
+		})
+	}
+}
+
+// TestStatusTerminal checks the aligned tables of a terminal, on fixed
+// data (live servers' URLs and ages would move the columns).
+func TestStatusTerminal(t *testing.T) {
+	out := statusOutput{Servers: []serverStatus{
+		{URL: "http://p:1", Role: "prefill", TPSize: 2, Model: "tiny", Healthy: true,
+			Requests: map[string]int{"waiting": 3, "running": 1},
+			Ranks: []rankStatus{
+				{Rank: 0, Step: 812, Phase: "decode", StepAgeMS: 4.2, PD: map[string]int{"bootstrap": 2}, KV: kvPages(0, 10, 4, 32)},
+				{Rank: 1, Step: 812, Phase: "decode", StepAgeMS: 1520, PD: map[string]int{"active": 1}, KV: kvPages(1, 10, 4, 32)},
+			}},
+		{URL: "http://decode-1:8001", Role: "decode", TPSize: 1, Model: "tiny", Reason: "engine loop has not iterated for 6s (limit 5s)",
+			Requests: map[string]int{"pending": 7},
+			Ranks:    []rankStatus{{Rank: 0, Step: 90, Phase: "idle", StepAgeMS: 6000, PD: map[string]int{"transfer": 5}, KV: kvPages(0, 20, 0, 32)}}},
+		{URL: "http://decode-2:8001", Role: "decode", Error: "connection refused"},
+	}}
+	var buf bytes.Buffer
+	f := &factory{Out: &buf, OutTTY: true}
+	if err := printTables(f, statusTables(out)...); err != nil {
+		t.Fatal(err)
+	}
+	want := `SERVER                ROLE     TP  MODEL  HEALTH                                                     WAITING  PREFILLING  RUNNING  ABORTING  PENDING
+http://p:1            prefill  2   tiny   healthy                                                    3        0           1        0         0
+http://decode-1:8001  decode   1   tiny   unhealthy: engine loop has not iterated for 6s (limit 5s)  0        0           0        0         7
+http://decode-2:8001  decode   -   -      unreachable: connection refused                            -        -           -        -         -
+
+SERVER                RANK  STEP  PHASE   AGE   PD QUEUES                         KV USED/CACHED/TOTAL
+http://p:1            0     812   decode  4ms   bootstrap=2 active=0 inflight=0   10/4/32
+http://p:1            1     812   decode  1.5s  bootstrap=0 active=1 inflight=0   10/4/32
+http://decode-1:8001  0     90    idle    6s    prealloc=0 transfer=5 aborting=0  20/0/32
+`
+	if got := buf.String(); got != want {
+		t.Errorf("got:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func kvPages(rank, used, cached, total int) debug.KVPages {
+	return debug.KVPages{Rank: rank, Used: used, Cached: cached, Total: total}
+}
