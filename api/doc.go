@@ -14,4 +14,10 @@
 //     prefill and decode ranks (encode, strict decode, KVPoll rules) and the
 //     bootstrap registry's JSON types with the handshake's compatibility
 //     check. docs/protocol.md describes both field by field.
+//   - client: the Go client of a server's or router's debug and admin APIs
+//     (/debug/v1/..., /pd/v1/info, /health, /admin/v1/...) and cluster
+//     discovery through a router; pdctl's only way to the servers.
+//   - zmtp: a minimal pure-Go ZeroMQ peer (ZMTP 3.0, NULL mechanism, PUSH
+//     and PULL over TCP), with which pdctl sends PD frames such as a
+//     synthetic ABORT and receives the ABORT_ACK without cgo.
 package api

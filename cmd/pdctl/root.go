@@ -140,5 +140,6 @@ func newCmdRoot(f *factory) *cobra.Command {
 	root.AddCommand(newCmdStatus(f, nil))
 	root.AddCommand(newCmdFault(f))
 	root.AddCommand(newCmdQueues(f))
+	root.AddCommand(newCmdAbort(f, nil))
 	return root
 }
