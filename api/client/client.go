@@ -223,18 +223,32 @@ func (c *Client) Faults(ctx context.Context) (debug.FaultsResponse, error) {
 // Stacks is GET /debug/v1/stacks (pprof debug=1 text), only rank's
 // goroutines when rank >= 0.
 func (c *Client) Stacks(ctx context.Context, rank int) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout())
-	defer cancel()
 	path := "/debug/v1/stacks"
 	if rank >= 0 {
 		path += "?rank=" + strconv.Itoa(rank)
 	}
+	return c.getText(ctx, path)
+}
+
+// Metrics is GET /metrics: the Prometheus text exposition.
+func (c *Client) Metrics(ctx context.Context) (string, error) {
+	return c.getText(ctx, "/metrics")
+}
+
+// getText returns the body of a 2xx answer to GET path as text.
+func (c *Client) getText(ctx context.Context, path string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout())
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.BaseURL+path, nil)
 	if err != nil {
 		return "", err
 	}
 	resp, err := c.httpClient().Do(req)
 	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
 		return "", fmt.Errorf("GET %s: %w", c.BaseURL+path, err)
 	}
 	defer resp.Body.Close()

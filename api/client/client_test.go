@@ -95,3 +95,29 @@ func TestEachUnreachable(t *testing.T) {
 		t.Errorf("reachable: %+v", res[1])
 	}
 }
+
+// TestText: the text answers (metrics, stacks) come back as they are; an
+// error status is an *APIError, an unreachable server a transport error.
+func TestText(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("# TYPE pdkit_up gauge\npdkit_up 1\n"))
+	})
+	mux.HandleFunc("GET /debug/v1/stacks", func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusBadRequest)
+		w.Write([]byte(`{"error":{"message":"rank \"x\" is not a number"}}`))
+	})
+	ts := httptest.NewServer(mux)
+	defer ts.Close()
+	ctx := context.Background()
+	if m, err := New(ts.URL, "", nil).Metrics(ctx); err != nil || m != "# TYPE pdkit_up gauge\npdkit_up 1\n" {
+		t.Errorf("Metrics: %q %v", m, err)
+	}
+	if _, err := New(ts.URL, "", nil).Stacks(ctx, 3); StatusOf(err) != 400 || !strings.HasSuffix(err.Error(), "/debug/v1/stacks?rank=3: 400 rank \"x\" is not a number") {
+		t.Errorf("Stacks: %v", err)
+	}
+	_, err := New("http://127.0.0.1:1", "", nil).Metrics(ctx)
+	if !errors.Is(err, syscall.ECONNREFUSED) || err.Error() != "GET http://127.0.0.1:1/metrics: dial tcp 127.0.0.1:1: connect: connection refused" {
+		t.Errorf("Metrics unreachable: %v", err)
+	}
+}

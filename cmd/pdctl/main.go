@@ -33,6 +33,7 @@ const (
 	exitError    exitCode = 1   // the command failed
 	exitFindings exitCode = 1   // the command ran and reports a problem in its output
 	exitUsage    exitCode = 2   // unknown command, bad flag or bad arguments
+	exitNoRun    exitCode = 2   // diagnose or bundle could not run: nothing answered
 	exitCancel   exitCode = 130 // interrupted (SIGINT or SIGTERM)
 )
 
@@ -63,6 +64,8 @@ func run(ctx context.Context, f *factory, args []string) exitCode {
 func exitCodeFor(err error, stderr io.Writer) exitCode {
 	var usage *usageError
 	var unreachable *unreachableError
+	var findings *findingsError
+	var noRun *cannotRunError
 	switch {
 	case err == nil:
 		return exitOK
@@ -71,6 +74,12 @@ func exitCodeFor(err error, stderr io.Writer) exitCode {
 	case errors.As(err, &usage):
 		fmt.Fprintf(stderr, "pdctl: %v\nRun '%s --help' for usage.\n", usage.err, usage.cmd)
 		return exitUsage
+	case errors.As(err, &noRun):
+		fmt.Fprintf(stderr, "pdctl: cannot run: %v\n", err)
+		return exitNoRun
+	case errors.As(err, &findings):
+		fmt.Fprintf(stderr, "pdctl: %v\n", err)
+		return exitFindings
 	case errors.As(err, &unreachable):
 		fmt.Fprintf(stderr, "pdctl: %v\n", err)
 		return exitFindings

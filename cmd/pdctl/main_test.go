@@ -67,9 +67,9 @@ func TestRun(t *testing.T) {
 		},
 		{
 			name:   "unknown command",
-			args:   []string{"bundle"},
+			args:   []string{"upgrade"},
 			code:   exitUsage,
-			stderr: "pdctl: unknown command \"bundle\" for \"pdctl\"\nRun 'pdctl --help' for usage.\n",
+			stderr: "pdctl: unknown command \"upgrade\" for \"pdctl\"\nRun 'pdctl --help' for usage.\n",
 		},
 	}
 	for _, tt := range tests {

@@ -141,5 +141,6 @@ func newCmdRoot(f *factory) *cobra.Command {
 	root.AddCommand(newCmdFault(f))
 	root.AddCommand(newCmdQueues(f))
 	root.AddCommand(newCmdAbort(f, nil))
+	root.AddCommand(newCmdDiagnose(f, nil), newCmdBundle(f, nil))
 	return root
 }

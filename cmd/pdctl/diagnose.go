@@ -1,0 +1,276 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pdkit/pdkit/api/client"
+	"github.com/pdkit/pdkit/api/debug"
+	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/diag"
+	"github.com/spf13/cobra"
+)
+
+type diagnoseOptions struct {
+	f        *factory
+	Attach   *attachOptions
+	Window   time.Duration
+	Interval time.Duration
+	JSON     bool
+	Config   diag.Config
+}
+
+func newCmdDiagnose(f *factory, runF func(context.Context, *diagnoseOptions) error) *cobra.Command {
+	opts := &diagnoseOptions{f: f, Attach: &f.attach, Config: diag.DefaultConfig()}
+	cmd := &cobra.Command{
+		Use:   "diagnose",
+		Short: "Sample the cluster over a window and report what is wrong, with evidence and remedy",
+		Long: `Sample every server behind the router (or the --server ones) every --interval
+over --window: each server's steps, collectives, requests and (prefill and
+decode) PD queues, from the debug API. Then run the rules of package diag
+over the samples: a dead PD control loop, a PD queue stuck, entries past
+their state's timeout, KV pages leaked, a peer unreachable, ranks diverging.
+
+Each finding is printed with its severity, rule, server, rank, summary,
+evidence and remedy: a block per finding on a terminal, one tab-separated
+line per finding when piped (severity, rule, server, rank, summary,
+evidence, remedy), the findings array with --json. "healthy" when there are
+none. The --*-timeout flags are the servers' PD timeouts (pdserve's
+defaults unless set).
+
+Exit status: 0 healthy, 1 findings, 2 could not run (bad flags, or no
+server answered at all).`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if opts.Window <= 0 || opts.Interval <= 0 {
+				return newUsageError(cmd, "--window and --interval must be positive")
+			}
+			if opts.Interval > opts.Window {
+				return newUsageError(cmd, "--interval %v is longer than --window %v", opts.Interval, opts.Window)
+			}
+			if runF != nil {
+				return runF(cmd.Context(), opts)
+			}
+			return diagnoseRun(cmd.Context(), opts)
+		},
+	}
+	fl := cmd.Flags()
+	fl.DurationVar(&opts.Window, "window", 5*time.Second, "how long to sample the cluster")
+	fl.DurationVar(&opts.Interval, "interval", time.Second, "time between two samples")
+	fl.BoolVar(&opts.JSON, "json", false, "print the findings as a JSON array")
+	t := &opts.Config.Timeouts
+	fl.DurationVar(&t.Bootstrap, "bootstrap-timeout", t.Bootstrap, "the servers' PD bootstrap timeout (prefill bootstrap, decode prealloc)")
+	fl.DurationVar(&t.Transfer, "transfer-timeout", t.Transfer, "the servers' PD transfer timeout (decode transfer)")
+	fl.DurationVar(&t.Inflight, "inflight-timeout", t.Inflight, "the servers' PD inflight timeout (prefill inflight)")
+	fl.DurationVar(&t.AbortAck, "abort-ack-timeout", t.AbortAck, "the servers' PD abort-ack timeout (decode aborting)")
+	return cmd
+}
+
+// findingsError reports, after the output, that diagnose found problems.
+type findingsError struct{ findings []diag.Finding }
+
+func (e *findingsError) Error() string {
+	n := map[diag.Severity]int{}
+	for _, f := range e.findings {
+		n[f.Severity]++
+	}
+	var parts []string
+	for _, s := range []diag.Severity{diag.Critical, diag.Warning, diag.Info} {
+		if n[s] > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n[s], s))
+		}
+	}
+	return "diagnose: " + pluralf(len(e.findings), "finding", "findings") + " (" + strings.Join(parts, ", ") + ")"
+}
+
+// cannotRunError reports that a command could not look at the cluster at
+// all: the router and every server were unreachable.
+type cannotRunError struct{ err error }
+
+func (e *cannotRunError) Error() string { return e.err.Error() }
+func (e *cannotRunError) Unwrap() error { return e.err }
+
+// attachAll resolves the targets; a router that cannot be reached means the
+// command cannot run.
+func attachAll(ctx context.Context, f *factory, o *attachOptions) ([]*target, error) {
+	targets, err := o.targets(ctx, f)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, &cannotRunError{err: err}
+	}
+	return targets, nil
+}
+
+func diagnoseRun(ctx context.Context, opts *diagnoseOptions) error {
+	f := opts.f
+	targets, err := attachAll(ctx, f, opts.Attach)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(f.ErrOut, "sampling %s every %v for %v…\n", pluralf(len(targets), "server", "servers"), opts.Interval, opts.Window)
+	findings, w, err := diagnose(ctx, targets, opts.Window, opts.Interval, opts.Config)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(f.ErrOut, "%s over %v\n", pluralf(len(w.Samples), "sample", "samples"), w.Span().Round(time.Millisecond))
+	if opts.JSON {
+		err = writeJSON(f.Out, findings)
+	} else {
+		err = printFindings(f.Out, findings, f.OutTTY)
+	}
+	if err != nil {
+		return err
+	}
+	if len(findings) > 0 {
+		return &findingsError{findings: findings}
+	}
+	return nil
+}
+
+// diagnose samples targets over window and runs the rules of cfg. It is an
+// error (cannot run) when no server answered in any sample.
+func diagnose(ctx context.Context, targets []*target, window, interval time.Duration, cfg diag.Config) ([]diag.Finding, diag.Window, error) {
+	w, err := sampleWindow(ctx, targets, window, interval)
+	if err != nil {
+		return nil, w, err
+	}
+	reachable := false
+	for _, s := range w.Samples {
+		for _, ss := range s.Servers {
+			reachable = reachable || ss.Reachable
+		}
+	}
+	if !reachable {
+		msg := "no server answered"
+		if len(w.Samples) > 0 && len(w.Samples[0].Servers) > 0 {
+			msg += ": " + w.Samples[0].Servers[0].Error
+		}
+		return nil, w, &cannotRunError{err: fmt.Errorf("%s", msg)}
+	}
+	findings := diag.RunRules(diag.RulesWith(cfg), w)
+	if findings == nil {
+		findings = []diag.Finding{}
+	}
+	return findings, w, nil
+}
+
+// sampleWindow samples every target at once, every interval, until window
+// has passed: window/interval+1 samples, the first at once.
+func sampleWindow(ctx context.Context, targets []*target, window, interval time.Duration) (diag.Window, error) {
+	var w diag.Window
+	// A server that does not answer within the bound is unreachable in
+	// that sample; the next sample is then late, not lost.
+	bound := max(interval, 2*time.Second)
+	start := time.Now()
+	for i := 1; ; i++ {
+		w.Samples = append(w.Samples, sampleOnce(ctx, targets, bound))
+		if err := ctx.Err(); err != nil {
+			return w, err
+		}
+		if time.Duration(i)*interval > window {
+			return w, nil
+		}
+		select {
+		case <-ctx.Done():
+			return w, ctx.Err()
+		case <-time.After(time.Until(start.Add(time.Duration(i) * interval))):
+		}
+	}
+}
+
+// sampleOnce reads every target at once.
+func sampleOnce(ctx context.Context, targets []*target, bound time.Duration) diag.Sample {
+	s := diag.Sample{Taken: time.Now(), Servers: make([]diag.ServerSample, len(targets))}
+	var wg sync.WaitGroup
+	for i, t := range targets {
+		wg.Go(func() { s.Servers[i] = sampleServer(ctx, t, bound) })
+	}
+	wg.Wait()
+	return s
+}
+
+// sampleServer reads one server's info, steps, collectives, requests and
+// PD state. A server that fails any of them is unreachable in the sample,
+// with the first error; a colocated server has no PD state.
+func sampleServer(ctx context.Context, t *target, bound time.Duration) diag.ServerSample {
+	ctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	s := diag.ServerSample{Server: diag.Server{URL: t.URL, Role: t.Role, TPSize: t.TPSize}}
+	var (
+		wg    sync.WaitGroup
+		info  pdproto.ServerInfo
+		steps debug.StepsResponse
+		colls debug.CollectivesResponse
+		reqs  debug.RequestsResponse
+		pd    debug.PDResponse
+		errs  [5]error
+	)
+	start := time.Now()
+	wg.Go(func() { info, errs[0] = t.c.Info(ctx) })
+	wg.Go(func() { steps, errs[1] = t.c.Steps(ctx) })
+	wg.Go(func() { colls, errs[2] = t.c.Collectives(ctx) })
+	wg.Go(func() { reqs, errs[3] = t.c.Requests(ctx, "") })
+	wg.Go(func() { pd, errs[4] = t.c.PD(ctx, "") })
+	wg.Wait()
+	s.TookMS = float64(time.Since(start).Microseconds()) / 1000
+	if errs[0] == nil {
+		s.Role, s.TPSize = info.Role, info.TPSize
+	}
+	hasPD := true
+	if errs[4] != nil && client.StatusOf(errs[4]) == 404 && !isPD(s.Role) {
+		errs[4], hasPD = nil, false
+	}
+	for _, err := range errs {
+		if err != nil {
+			s.Error = strings.ReplaceAll(err.Error(), "\n", "; ")
+			return s
+		}
+	}
+	s.Reachable = true
+	s.Steps, s.Collectives, s.Requests = &steps, &colls, &reqs
+	if hasPD {
+		s.PD = &pd
+	}
+	return s
+}
+
+// printFindings writes the findings for a terminal (a block each, a blank
+// line between two) or a pipe (one tab-separated line each), "healthy"
+// when there are none.
+func printFindings(w io.Writer, findings []diag.Finding, tty bool) error {
+	if len(findings) == 0 {
+		_, err := io.WriteString(w, "healthy\n")
+		return err
+	}
+	var b strings.Builder
+	for i, fd := range findings {
+		if tty {
+			if i > 0 {
+				b.WriteString("\n")
+			}
+			b.WriteString(fd.String())
+			continue
+		}
+		rank := "-"
+		if fd.Rank >= 0 {
+			rank = itoa(fd.Rank)
+		}
+		var ev []string
+		for _, e := range fd.Evidence {
+			ev = append(ev, e.Key+"="+e.Value)
+		}
+		cells := []string{fd.Severity.String(), fd.Rule, fd.Server, rank, fd.Summary, strings.Join(ev, "; "), fd.Remedy}
+		for j := range cells {
+			cells[j] = cell(cells[j])
+		}
+		b.WriteString(strings.Join(cells, "\t") + "\n")
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}

@@ -1,0 +1,269 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pdkit/pdkit/api/client"
+	"github.com/pdkit/pdkit/api/debug"
+	"github.com/pdkit/pdkit/diag"
+)
+
+// load keeps n streaming sessions going through base, each sending one
+// short completion after another, until stop; stop returns the number of
+// completions served whole.
+func load(t *testing.T, base string, n int) (served func() int64, stop func()) {
+	t.Helper()
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n, Proxy: nil}}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var done atomic.Int64
+	for i := range n {
+		wg.Go(func() {
+			b, _ := json.Marshal(map[string]any{"prompt": fmt.Sprintf("session %d: once upon a time", i),
+				"max_tokens": 6, "temperature": 0, "ignore_eos": true, "stream": true})
+			for ctx.Err() == nil {
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", bytes.NewReader(b))
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := hc.Do(req)
+				if err != nil {
+					continue
+				}
+				body, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err == nil && resp.StatusCode == http.StatusOK && bytes.Contains(body, []byte("[DONE]")) {
+					done.Add(1)
+				}
+			}
+		})
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			wg.Wait()
+			hc.CloseIdleConnections()
+		})
+	}
+	t.Cleanup(stop)
+	return done.Load, stop
+}
+
+// newClusterKV is newCluster with kvTokens KV tokens per rank. The 128 of
+// testConfig do not hold 60 sessions at once: the prefill's rooms waiting
+// for the decode and the decode's waiting for KV hold every page, and the
+// cluster waits for its PD timeouts.
+func newClusterKV(t *testing.T, kvTokens int) *cluster {
+	t.Helper()
+	saved := testConfig
+	defer func() { testConfig = saved }()
+	testConfig.KVTokens = kvTokens
+	return newCluster(t)
+}
+
+// TestDiagnoseHealthyUnderLoad: a healthy cluster serving 60 streaming
+// sessions at once is diagnosed healthy, run after run.
+func TestDiagnoseHealthyUnderLoad(t *testing.T) {
+	c := newClusterKV(t, 4096)
+	served, stop := load(t, c.router, 60)
+	poll(t, "the load served 60 completions", 20*time.Second, func() bool { return served() >= 60 })
+	for run := range 3 {
+		before := served()
+		code, stdout, stderr := c.pdctl(t, false, "diagnose", "--window", "2s", "--interval", "500ms")
+		if code != exitOK || stdout != "healthy\n" {
+			t.Fatalf("run %d: exit %d\nstdout:\n%s\nstderr:\n%s", run, code, stdout, stderr)
+		}
+		if want := "sampling 2 servers every 500ms for 2s…\n5 samples over "; !strings.HasPrefix(stderr, want) {
+			t.Errorf("run %d: stderr %q, want it to start with %q", run, stderr, want)
+		}
+		if served() == before {
+			t.Errorf("run %d: no completion served while diagnose ran", run)
+		}
+	}
+	stop()
+	t.Logf("%d completions served", served())
+}
+
+// TestDiagnoseUsage: bad flags and a cluster that does not answer at all
+// cannot run (exit 2).
+func TestDiagnoseUsage(t *testing.T) {
+	tests := []struct {
+		args   []string
+		stderr string
+	}{
+		{[]string{"diagnose", "--interval", "0s"}, "pdctl: --window and --interval must be positive\nRun 'pdctl diagnose --help' for usage.\n"},
+		{[]string{"diagnose", "--window", "1s", "--interval", "2s"}, "pdctl: --interval 2s is longer than --window 1s\nRun 'pdctl diagnose --help' for usage.\n"},
+		{[]string{"--server", "http://127.0.0.1:1", "diagnose", "--window", "20ms", "--interval", "10ms"},
+			"sampling 1 server every 10ms for 20ms…\npdctl: cannot run: no server answered: GET http://127.0.0.1:1/pd/v1/info: dial tcp 127.0.0.1:1: connect: connection refused\n"},
+		{[]string{"--router", "http://127.0.0.1:1", "diagnose"},
+			"pdctl: cannot run: discovering the cluster behind http://127.0.0.1:1: GET http://127.0.0.1:1/debug/v1/cluster: dial tcp 127.0.0.1:1: connect: connection refused\n"},
+	}
+	for _, tt := range tests {
+		code, stdout, stderr := runArgs(t, tt.args...)
+		if code != exitNoRun || stdout != "" || stderr != tt.stderr {
+			t.Errorf("%q: exit %d\nstdout: %q\nstderr: %q\nwant:   %q", tt.args, code, stdout, stderr, tt.stderr)
+		}
+	}
+}
+
+// TestDiagnoseBootstrapAbortCrash: with bootstrap-abort-crash on at the
+// prefill, the mass-abort drill kills the prefill's control loop; with new
+// requests still arriving, diagnose names the dead loop on the dead
+// ranks, the decode's stuck transfer queue and the remedy, and exits 1.
+// The servers' PD timeouts (a minute) outlast the window, so the stuck
+// rooms stay put while they are sampled.
+func TestDiagnoseBootstrapAbortCrash(t *testing.T) {
+	c := newClusterKV(t, 4096)
+	ctx := t.Context()
+	if _, err := client.New(c.prefill.ts.URL, "", nil).SetFault(ctx, "bootstrap-abort-crash", true); err != nil {
+		t.Fatal(err)
+	}
+
+	// The drill: 20 streaming sessions through the router, all cancelled
+	// at once.
+	var cancels []func()
+	for i := range 20 {
+		cancels = append(cancels, send(t, c.router, map[string]any{
+			"prompt": fmt.Sprintf("drill %d: a long story about the sea and the ships and the sailors", i), "max_tokens": 200,
+			"temperature": 0, "ignore_eos": true, "stream": true}))
+	}
+	poll(t, "the drill's sessions at the decode", 10*time.Second, func() bool {
+		return pdTotal(t, c.decode) > 0
+	})
+	var wg sync.WaitGroup
+	for _, cancel := range cancels {
+		wg.Go(cancel)
+	}
+	wg.Wait()
+
+	// Whether or not a drill session went while its decode half waited
+	// for KV, this one surely does: sent to the decode alone, it waits in
+	// its transfer queue for KV no prefill will send, and its client goes.
+	held := send(t, c.decode.ts.URL, map[string]any{"prompt": "once upon a time", "max_tokens": 4, "temperature": 0,
+		"ignore_eos": true, "bootstrap_room": 4242, "bootstrap_url": c.registry})
+	poll(t, "the held session in the decode's transfer queue", 10*time.Second, func() bool {
+		return pdCounts(t, c.decode, debug.PDQueueTransfer) > 0
+	})
+	held()
+	var dead []int
+	// Both decode ranks held the room, and each sends ABORT to its prefill
+	// peer: every prefill rank's loop dies.
+	poll(t, "the prefill's control loops dead", 10*time.Second, func() bool {
+		dead = deadRanks(t, c)
+		return len(dead) == c.prefill.eng.Ranks()
+	})
+
+	// New requests still arrive; they wait in the decode's transfer queue.
+	for i := range 4 {
+		send(t, c.router, map[string]any{"prompt": fmt.Sprintf("new %d: once upon a time", i), "max_tokens": 4,
+			"temperature": 0, "ignore_eos": true, "stream": true})
+	}
+	poll(t, "new requests in the decode's transfer queue", 10*time.Second, func() bool {
+		return pdCounts(t, c.decode, debug.PDQueueTransfer) > 0
+	})
+
+	start := time.Now()
+	code, stdout, stderr := c.pdctl(t, false, "diagnose", "--window", "2s", "--interval", "500ms", "--json")
+	took := time.Since(start)
+	if code != exitFindings {
+		t.Fatalf("exit %d, want %d\nstdout:\n%s\nstderr:\n%s", code, exitFindings, stdout, stderr)
+	}
+	if took > 10*time.Second {
+		t.Errorf("diagnose took %v", took)
+	}
+	var findings []diag.Finding
+	if err := json.Unmarshal([]byte(stdout), &findings); err != nil {
+		t.Fatalf("the JSON output: %v\n%s", err, stdout)
+	}
+	// The loops stay dead: the ranks read now are those diagnose saw.
+	dead = deadRanks(t, c)
+	var loops []int
+	stuck := false
+	for _, f := range findings {
+		switch {
+		case f.Rule == "control-loop-dead":
+			if f.Server != "PREFILL" || f.Severity != diag.Critical {
+				t.Errorf("control-loop-dead on %s rank %d (%v)", f.Server, f.Rank, f.Severity)
+			}
+			loops = append(loops, f.Rank)
+			if !strings.Contains(f.Remedy, "restart the prefill server PREFILL") {
+				t.Errorf("control-loop-dead remedy: %q", f.Remedy)
+			}
+		case f.Server == "DECODE" && f.Rule == "pd-queue-stuck" && slices.Contains(f.Evidence, diag.Evidence{Key: "queue", Value: "transfer"}),
+			f.Server == "DECODE" && f.Rule == "pd-entry-overdue":
+			stuck = true
+			if !strings.Contains(f.Remedy, "abort") {
+				t.Errorf("%s remedy: %q", f.Rule, f.Remedy)
+			}
+		}
+	}
+	slices.Sort(loops)
+	if !slices.Equal(loops, dead) {
+		t.Errorf("control-loop-dead on prefill ranks %v, the dead ones are %v\n%s", loops, dead, stdout)
+	}
+	if !stuck {
+		t.Errorf("no stuck decode transfer queue in the findings:\n%s", stdout)
+	}
+	if !strings.HasPrefix(stderr, "sampling 2 servers every 500ms for 2s…\n") || !strings.Contains(stderr, "pdctl: diagnose: ") {
+		t.Errorf("stderr: %q", stderr)
+	}
+	t.Logf("diagnose took %v: %d findings", took.Round(time.Millisecond), len(findings))
+
+	// The same, piped: a tab-separated line per finding, with the remedy.
+	code, stdout, _ = c.pdctl(t, false, "diagnose", "--window", "500ms", "--interval", "250ms")
+	if code != exitFindings {
+		t.Fatalf("piped: exit %d", code)
+	}
+	for _, line := range strings.Split(strings.TrimSuffix(stdout, "\n"), "\n") {
+		cells := strings.Split(line, "\t")
+		if len(cells) != 7 {
+			t.Errorf("piped line of %d cells: %q", len(cells), line)
+		}
+	}
+	if want := "critical\tcontrol-loop-dead\tPREFILL\t" + fmt.Sprint(dead[0]) + "\t"; !strings.Contains(stdout, want) {
+		t.Errorf("piped output lacks %q:\n%s", want, stdout)
+	}
+
+	// On a terminal: a block per finding, the remedy last.
+	code, stdout, _ = c.pdctl(t, true, "diagnose", "--window", "500ms", "--interval", "250ms")
+	want := "critical control-loop-dead PREFILL rank " + fmt.Sprint(dead[0]) + ": the prefill control loop of rank " + fmt.Sprint(dead[0]) + " is dead: "
+	if code != exitFindings || !strings.Contains("\n"+stdout, "\n"+want) || !strings.Contains(stdout, "\n  exit_reason: ") ||
+		!strings.Contains(stdout, "\n  remedy: restart the prefill server PREFILL") || !strings.Contains(stdout, "\n\ncritical ") {
+		t.Errorf("terminal: exit %d, want a block starting %q:\n%s", code, want, stdout)
+	}
+}
+
+// pdTotal sums every queue of every rank of n.
+func pdTotal(t *testing.T, n *node) int {
+	total := 0
+	for _, q := range debug.PDQueues {
+		total += pdCounts(t, n, q)
+	}
+	return total
+}
+
+// deadRanks lists the prefill ranks whose control loop is dead.
+func deadRanks(t *testing.T, c *cluster) []int {
+	r, err := client.New(c.prefill.ts.URL, "", nil).PD(t.Context(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dead []int
+	for _, rk := range r.Ranks {
+		if !rk.Socket.Alive {
+			dead = append(dead, rk.Rank)
+		}
+	}
+	slices.Sort(dead)
+	return dead
+}
