@@ -437,6 +437,10 @@ func insertBySeq(q []*request, r *request) []*request {
 	return q
 }
 
+// Admitted is the number of admitted requests (prefilling, running, and
+// aborting in the step in flight): those MaxRunning bounds.
+func (s *Scheduler) Admitted() int { return len(s.prefilling) + len(s.running) + len(s.aborting) }
+
 // InFlight reports whether a step is in flight (planned, StepDone not yet
 // received).
 func (s *Scheduler) InFlight() bool { return s.step != nil }

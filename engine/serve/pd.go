@@ -673,7 +673,10 @@ func (l *rankLoop) transition(q *pdReq, st pdproto.KVPoll, free, rows int) (int,
 			return free, rows, nil
 		}
 		need := l.e.cfg.pagesFor(len(q.add.prompt))
-		if need > free || rows < 1 {
+		// The scheduler may have to start a sequence for each of its
+		// free slots (a retracted request is recomputed from 0), so
+		// those rows stay out of reach of the transfers.
+		if need > free || rows-1 < l.e.cfg.MaxRunning-l.sched.Admitted() {
 			return free, rows, nil // waits for room
 		}
 		if err := l.reserve(q); err != nil {
