@@ -92,8 +92,9 @@ discovers every server behind --router (or talks to each --server directly)
 and works while the cluster is wedged, since it reads only the servers'
 lock-free snapshots.
 
-This build has status, fault list|on|off and queues dump. Synthetic ABORTs,
-the mass-abort drill, diagnose and bundle arrive with the serving milestones.
+Commands: status, queues dump, fault list|on|off, abort (synthetic ABORT
+frames to a prefill rank, or the mass-abort drill), diagnose (rules over a
+sampled window) and bundle (everything an engineer needs, in one file).
 
 Data goes to stdout: an aligned table on a terminal, tab-separated rows when
 piped, JSON with --json. Progress and errors go to stderr. Exit status: 0 ok,
