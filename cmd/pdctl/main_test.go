@@ -96,7 +96,7 @@ func TestRunHelp(t *testing.T) {
 		if code != exitOK || stderr != "" {
 			t.Errorf("pdctl %q: exit code %d, stderr %q; want 0 and nothing", args, code, stderr)
 		}
-		for _, want := range []string{"operator's tool", "diagnose", "serving milestones", "version"} {
+		for _, want := range []string{"operator's tool", "diagnose", "mass-abort drill", "version"} {
 			if !strings.Contains(stdout, want) {
 				t.Errorf("pdctl %q: help lacks %q:\n%s", args, want, stdout)
 			}
