@@ -1,11 +1,12 @@
 package main
 
-// The commands' tests run against a live cluster on real sockets: a
-// prefill and a decode server (real engines on the tiny built-in model,
-// their ranks on real ZeroMQ sockets), the prefill's bootstrap registry and
-// the router in front, each on its own httptest server. Only these test
-// files import the engine: the lint's import walk leaves _test.go files
-// out, so the pdctl binary still reaches nothing but api/.
+// The commands' tests run against a live cluster on real sockets, built
+// by internal/clustertest: a prefill and a decode server (real engines on
+// the tiny built-in model, their ranks on real ZeroMQ sockets), the
+// prefill's bootstrap registry and the router in front, each on its own
+// httptest server. Only these test files import the engine: the lint's
+// import walk leaves _test.go files out, so the pdctl binary still reaches
+// nothing but api/.
 
 import (
 	"bytes"
@@ -13,21 +14,18 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/pdkit/pdkit/api/client"
-	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
-	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/clustertest"
 	"github.com/pdkit/pdkit/internal/router"
 	"github.com/pdkit/pdkit/internal/server"
 	"github.com/pdkit/pdkit/internal/testmodel"
@@ -35,8 +33,6 @@ import (
 )
 
 func TestMain(m *testing.M) { testmodel.Main(m) }
-
-var quiet = slog.New(slog.DiscardHandler)
 
 // node is one engine served over HTTP.
 type node struct {
@@ -46,19 +42,10 @@ type node struct {
 
 func newNode(t *testing.T, m *model.Model, cfg serve.Config, opts server.Options) *node {
 	t.Helper()
-	eng, err := serve.New(m, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.ModelName, opts.Loopback, opts.Logger = "tiny", true, quiet
-	ts := httptest.NewServer(server.New(eng, m, opts))
-	t.Cleanup(func() {
-		ts.CloseClientConnections()
-		eng.Close()
-		ts.Close()
-	})
-	return &node{eng: eng, ts: ts}
+	return nodeOf(clustertest.NewNode(t, m, cfg, opts, nil))
 }
+
+func nodeOf(n *clustertest.Node) *node { return &node{eng: n.Eng, ts: n.TS} }
 
 // cluster is a prefill, a decode, the prefill's registry and a router.
 type cluster struct {
@@ -77,65 +64,13 @@ var testConfig = serve.Config{TP: 2, PageSize: 4, KVTokens: 128, MaxRunning: 4,
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
-	c := &cluster{m: m}
-	var reg http.Handler
-	var regMu sync.Mutex
-	regTS := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		regMu.Lock()
-		h := reg
-		regMu.Unlock()
-		if h == nil {
-			http.Error(w, "registry not up yet", http.StatusServiceUnavailable)
-			return
-		}
-		h.ServeHTTP(w, r)
-	}))
-	t.Cleanup(regTS.Close)
-	c.registry = regTS.URL
-	pc, dc := testConfig, testConfig
-	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
-	c.prefill = newNode(t, m, pc, server.Options{BootstrapURL: c.registry})
-	c.decode = newNode(t, m, dc, server.Options{})
-	r := bootstrap.NewRegistry(bootstrap.Options{TPSize: c.prefill.eng.Ranks()})
-	for _, info := range c.prefill.eng.RankInfos() {
-		if _, err := r.Register(info); err != nil {
-			t.Fatal(err)
-		}
-	}
-	regMu.Lock()
-	reg = r
-	regMu.Unlock()
-	rt, err := router.New(router.Options{Prefill: []string{c.prefill.ts.URL}, Decode: []string{c.decode.ts.URL},
-		HealthInterval: 20 * time.Millisecond, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rts := httptest.NewServer(rt)
-	t.Cleanup(func() {
-		rts.CloseClientConnections()
-		rts.Close()
-		rt.Close()
-	})
-	c.router = rts.URL
-	rc := client.New(c.router, "", nil)
-	poll(t, "every server healthy at the router", 10*time.Second, func() bool {
-		cr, err := rc.Cluster(t.Context())
-		return err == nil && cr.HealthyPrefill == 1 && cr.HealthyDecode == 1
-	})
-	return c
+	cc := clustertest.New(t, clustertest.Options{Model: m, Config: testConfig,
+		Router: router.Options{HealthInterval: 20 * time.Millisecond}, HealthyWithin: 10 * time.Second})
+	return &cluster{m: m, prefill: nodeOf(cc.Prefill), decode: nodeOf(cc.Decode), registry: cc.Registry, router: cc.Router.URL}
 }
 
 // poll waits until cond holds, failing the test after within.
-func poll(t *testing.T, what string, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+var poll = clustertest.Poll
 
 // pdctl runs pdctl against c with args; tty says whether stdout is a
 // terminal. Volatile cells are masked and the servers' URLs replaced by

@@ -3,8 +3,9 @@ package router_test
 // End-to-end tests of a whole PD cluster over real HTTP: a prefill and a
 // decode server (real engines on the tiny built-in model, their ranks on
 // real ZeroMQ sockets), the prefill's bootstrap registry, and the real
-// router in front, each on its own httptest server. The 500-session
-// variant of the mass-abort drill is in cluster_stress_test.go.
+// router in front, each on its own httptest server (internal/clustertest
+// builds them). The 500-session variant of the mass-abort drill is in
+// cluster_stress_test.go.
 
 import (
 	"bufio"
@@ -13,7 +14,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -24,11 +24,10 @@ import (
 
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/openai"
-	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
-	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/clustertest"
 	"github.com/pdkit/pdkit/internal/router"
 	"github.com/pdkit/pdkit/internal/server"
 	"github.com/pdkit/pdkit/internal/testmodel"
@@ -37,47 +36,15 @@ import (
 
 func TestMain(m *testing.M) { testmodel.Main(m) }
 
-var quiet = slog.New(slog.DiscardHandler)
-
 func tinyModel(t *testing.T) *model.Model {
 	return testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
 }
 
-// node is one engine served over HTTP.
-type node struct {
-	eng *serve.Engine
-	ts  *httptest.Server
-}
-
-// newNode serves m with an engine of configuration cfg; opts.Loopback is
-// set so that the admin API answers the tests. A wrap, when given, stands
-// in front of the server.
-func newNode(t *testing.T, m *model.Model, cfg serve.Config, opts server.Options, wrap func(http.Handler) http.Handler) *node {
-	t.Helper()
-	eng, err := serve.New(m, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.ModelName, opts.Loopback, opts.Logger = "tiny", true, quiet
-	var h http.Handler = server.New(eng, m, opts)
-	if wrap != nil {
-		h = wrap(h)
-	}
-	ts := httptest.NewServer(h)
-	t.Cleanup(func() {
-		// The engine first: it ends the streams that handlers wait on.
-		ts.CloseClientConnections()
-		eng.Close()
-		ts.Close()
-	})
-	return &node{eng: eng, ts: ts}
-}
-
-// pdCluster is a prefill, a decode and a router in front of them.
+// pdCluster is a prefill, a decode and a router in front of them, with a
+// client for the tests.
 type pdCluster struct {
 	m               *model.Model
-	prefill, decode *node
-	registry        string
+	prefill, decode *clustertest.Node
 	router          *httptest.Server
 	client          *http.Client
 }
@@ -90,75 +57,17 @@ func newCluster(t *testing.T, m *model.Model, cfg serve.Config) *pdCluster {
 // newClusterWrapped is newCluster with wrap in front of the prefill server.
 func newClusterWrapped(t *testing.T, m *model.Model, cfg serve.Config, wrap func(http.Handler) http.Handler) *pdCluster {
 	t.Helper()
-	c := &pdCluster{m: m}
-	// The registry's server starts first so that the prefill can report
-	// its URL; the ranks register once the prefill engine exists.
-	var reg *bootstrap.Registry
-	var regMu sync.Mutex
-	regTS := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		regMu.Lock()
-		h := reg
-		regMu.Unlock()
-		if h == nil {
-			http.Error(w, "registry not up yet", http.StatusServiceUnavailable)
-			return
-		}
-		h.ServeHTTP(w, r)
-	}))
-	t.Cleanup(regTS.Close)
-	c.registry = regTS.URL
-
-	pc, dc := cfg, cfg
-	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
-	c.prefill = newNode(t, m, pc, server.Options{BootstrapURL: c.registry}, wrap)
-	c.decode = newNode(t, m, dc, server.Options{}, nil)
-	r := bootstrap.NewRegistry(bootstrap.Options{TPSize: c.prefill.eng.Ranks()})
-	for _, info := range c.prefill.eng.RankInfos() {
-		if _, err := r.Register(info); err != nil {
-			t.Fatal(err)
-		}
-	}
-	regMu.Lock()
-	reg = r
-	regMu.Unlock()
-
-	rt, err := router.New(router.Options{Prefill: []string{c.prefill.ts.URL}, Decode: []string{c.decode.ts.URL},
-		HealthInterval: 50 * time.Millisecond, PrefillGrace: 5 * time.Second, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.router = httptest.NewServer(rt)
+	cc := clustertest.New(t, clustertest.Options{Model: m, Config: cfg, WrapPrefill: wrap,
+		Router:        router.Options{HealthInterval: 50 * time.Millisecond, PrefillGrace: 5 * time.Second},
+		HealthyWithin: 20 * time.Second})
 	tr := &http.Transport{MaxIdleConns: 1024, MaxIdleConnsPerHost: 1024}
-	c.client = &http.Client{Transport: tr, Timeout: 60 * time.Second}
-	t.Cleanup(func() {
-		tr.CloseIdleConnections()
-		c.router.CloseClientConnections()
-		c.router.Close()
-		rt.Close()
-	})
-	poll(t, "router healthy", 20*time.Second, func() bool {
-		resp, err := c.client.Get(c.router.URL + "/health")
-		if err != nil {
-			return false
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
-	return c
+	t.Cleanup(tr.CloseIdleConnections)
+	return &pdCluster{m: m, prefill: cc.Prefill, decode: cc.Decode, router: cc.Router,
+		client: &http.Client{Transport: tr, Timeout: 60 * time.Second}}
 }
 
 // poll waits until cond holds, failing the test after within.
-func poll(t *testing.T, what string, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+var poll = clustertest.Poll
 
 // completion is a completion's outcome as a client sees it.
 type completion struct {
@@ -268,9 +177,9 @@ func readSSE(r io.Reader, c *completion, stopAfter int) error {
 }
 
 // pdState reads GET /debug/v1/pd of n.
-func pdState(t *testing.T, client *http.Client, n *node) debug.PDResponse {
+func pdState(t *testing.T, client *http.Client, n *clustertest.Node) debug.PDResponse {
 	t.Helper()
-	resp, err := client.Get(n.ts.URL + debug.PDPath)
+	resp, err := client.Get(n.TS.URL + debug.PDPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +193,7 @@ func pdState(t *testing.T, client *http.Client, n *node) debug.PDResponse {
 
 // quietState says what still holds a PD queue entry or a KV page on n, or
 // "" when nothing does.
-func quietState(t *testing.T, client *http.Client, n *node) string {
+func quietState(t *testing.T, client *http.Client, n *clustertest.Node) string {
 	var held []string
 	for _, rk := range pdState(t, client, n).Ranks {
 		for q, v := range rk.Counts {
@@ -296,8 +205,8 @@ func quietState(t *testing.T, client *http.Client, n *node) string {
 			held = append(held, fmt.Sprintf("rank %d: %d entries", rk.Rank, len(rk.Entries)))
 		}
 	}
-	for r := range n.eng.Ranks() {
-		if used, cached, _ := n.eng.KVPages(r); used-cached != 0 {
+	for r := range n.Eng.Ranks() {
+		if used, cached, _ := n.Eng.KVPages(r); used-cached != 0 {
 			held = append(held, fmt.Sprintf("rank %d: %d pages used, %d cached", r, used, cached))
 		}
 	}
@@ -330,7 +239,7 @@ func TestClusterMatchesColocated(t *testing.T) {
 	for _, tp := range []int{1, 2} {
 		t.Run(fmt.Sprintf("tp%d", tp), func(t *testing.T) {
 			cfg := serve.Config{TP: tp, PageSize: 4, KVTokens: 512, MaxRunning: 8, MaxBatchTokens: 64, PrefillChunk: 16}
-			col := newNode(t, m, cfg, server.Options{}, nil)
+			col := clustertest.NewNode(t, m, cfg, server.Options{}, nil)
 			c := newCluster(t, m, cfg)
 			got, want := make([]completion, len(ps)), make([]completion, len(ps))
 			var wg sync.WaitGroup
@@ -338,7 +247,7 @@ func TestClusterMatchesColocated(t *testing.T) {
 				wg.Go(func() {
 					req := body(p, maxTok, i%2 == 1, nil)
 					var err error
-					if want[i], err = complete(t.Context(), c.client, col.ts.URL, req); err != nil {
+					if want[i], err = complete(t.Context(), c.client, col.TS.URL, req); err != nil {
 						t.Errorf("prompt %d, colocated: %v", i, err)
 					}
 					if got[i], err = complete(t.Context(), c.client, c.router.URL, req); err != nil {
@@ -467,18 +376,18 @@ func massAbortDrill(t *testing.T, cfg serve.Config, seed uint64, n int) {
 	start := time.Now()
 	answered := c.drill(t, seed, n, 8, 60, 24, false)
 	t.Logf("%d sessions dropped in %v, %d after some output", n, time.Since(start).Round(time.Millisecond), answered)
-	for _, nd := range []*node{c.prefill, c.decode} {
-		if err := nd.eng.Snapshot().Err; err != "" {
-			t.Fatalf("%s engine failed: %s", nd.eng.Config().Role, err)
+	for _, nd := range []*clustertest.Node{c.prefill, c.decode} {
+		if err := nd.Eng.Snapshot().Err; err != "" {
+			t.Fatalf("%s engine failed: %s", nd.Eng.Config().Role, err)
 		}
 	}
 	drainStart := time.Now()
 	c.drained(t, 2*time.Second)
 	t.Logf("drained %v after the last client went", time.Since(drainStart).Round(time.Millisecond))
-	for _, nd := range []*node{c.prefill, c.decode} {
+	for _, nd := range []*clustertest.Node{c.prefill, c.decode} {
 		for _, rk := range pdState(t, c.client, nd).Ranks {
 			if !rk.Socket.Alive {
-				t.Errorf("%s rank %d socket dead: %s", nd.eng.Config().Role, rk.Rank, rk.Socket.ExitReason)
+				t.Errorf("%s rank %d socket dead: %s", nd.Eng.Config().Role, rk.Rank, rk.Socket.ExitReason)
 			}
 		}
 	}
@@ -528,7 +437,7 @@ func TestClusterBootstrapAbortCrashWedges(t *testing.T) {
 		PD: serve.PDConfig{BootstrapTimeout: 2 * time.Second, TransferTimeout: 2 * time.Second, InflightTimeout: 2 * time.Second,
 			AbortAckTimeout: time.Second}}
 	c := newClusterWrapped(t, m, cfg, holdMarked)
-	resp, err := c.client.Post(c.prefill.ts.URL+"/admin/v1/faults/"+serve.FaultBootstrapAbortCrash+"/on", "application/json", nil)
+	resp, err := c.client.Post(c.prefill.TS.URL+"/admin/v1/faults/"+serve.FaultBootstrapAbortCrash+"/on", "application/json", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,180 @@
+// Package clustertest builds a live PD cluster inside a test process, on
+// real sockets: a prefill and a decode server (real engines, their ranks
+// on real ZeroMQ sockets), the prefill's bootstrap registry and the router
+// in front, each on its own httptest server. It exists because tests of
+// several packages (the router's, pdctl's) need such a cluster and would
+// otherwise each build their own.
+//
+// It imports internal/server, so the tests of internal/server itself
+// cannot use it.
+package clustertest
+
+import (
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/model"
+	"github.com/pdkit/pdkit/engine/pd/bootstrap"
+	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/router"
+	"github.com/pdkit/pdkit/internal/server"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// Node is one engine served over HTTP.
+type Node struct {
+	Eng *serve.Engine
+	TS  *httptest.Server
+}
+
+// NewNode serves m with an engine of configuration cfg under the model
+// name "tiny". opts.Loopback is set so that the admin API answers the
+// tests, and opts.Logger discards unless set. A wrap, when given, stands
+// in front of the server. The test's cleanup closes it all.
+func NewNode(t testing.TB, m *model.Model, cfg serve.Config, opts server.Options, wrap func(http.Handler) http.Handler) *Node {
+	t.Helper()
+	eng, err := serve.New(m, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.ModelName, opts.Loopback = "tiny", true
+	if opts.Logger == nil {
+		opts.Logger = quiet
+	}
+	var h http.Handler = server.New(eng, m, opts)
+	if wrap != nil {
+		h = wrap(h)
+	}
+	ts := httptest.NewServer(h)
+	t.Cleanup(func() {
+		// The engine first: it ends the streams that handlers wait on.
+		ts.CloseClientConnections()
+		eng.Close()
+		ts.Close()
+	})
+	return &Node{Eng: eng, TS: ts}
+}
+
+// Options says what New builds.
+type Options struct {
+	Model *model.Model
+	// Config is both servers' configuration; New sets each one's Role.
+	Config serve.Config
+	// WrapPrefill, when set, stands in front of the prefill server.
+	WrapPrefill func(http.Handler) http.Handler
+	// Router configures the router; New fills in Prefill, Decode and
+	// Logger (discarding) where they are empty.
+	Router router.Options
+	// HealthyWithin is how long New waits for the router to see both
+	// servers healthy before it fails the test; 20s when zero.
+	HealthyWithin time.Duration
+}
+
+// Cluster is a prefill, a decode, the prefill's registry and a router in
+// front of them.
+type Cluster struct {
+	Prefill, Decode *Node
+	Registry        string // the bootstrap registry's URL
+	Router          *httptest.Server
+	RouterHandler   *router.Router
+}
+
+// New starts a cluster and returns once the router's GET /health answers
+// 200 with every prefill and decode server of its options healthy. The test's cleanup
+// closes it all.
+func New(t testing.TB, o Options) *Cluster {
+	t.Helper()
+	c := &Cluster{}
+	// The registry's server starts first so that the prefill can report
+	// its URL; the ranks register once the prefill engine exists. Until
+	// then the registry answers 503.
+	var reg *bootstrap.Registry
+	var regMu sync.Mutex
+	regTS := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		regMu.Lock()
+		h := reg
+		regMu.Unlock()
+		if h == nil {
+			http.Error(w, "registry not up yet", http.StatusServiceUnavailable)
+			return
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(regTS.Close)
+	c.Registry = regTS.URL
+
+	pc, dc := o.Config, o.Config
+	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
+	c.Prefill = NewNode(t, o.Model, pc, server.Options{BootstrapURL: c.Registry}, o.WrapPrefill)
+	c.Decode = NewNode(t, o.Model, dc, server.Options{}, nil)
+	r := bootstrap.NewRegistry(bootstrap.Options{TPSize: c.Prefill.Eng.Ranks()})
+	for _, info := range c.Prefill.Eng.RankInfos() {
+		if _, err := r.Register(info); err != nil {
+			t.Fatal(err)
+		}
+	}
+	regMu.Lock()
+	reg = r
+	regMu.Unlock()
+
+	ro := o.Router
+	if len(ro.Prefill) == 0 {
+		ro.Prefill = []string{c.Prefill.TS.URL}
+	}
+	if len(ro.Decode) == 0 {
+		ro.Decode = []string{c.Decode.TS.URL}
+	}
+	if ro.Logger == nil {
+		ro.Logger = quiet
+	}
+	rt, err := router.New(ro)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.RouterHandler = rt
+	c.Router = httptest.NewServer(rt)
+	t.Cleanup(func() {
+		c.Router.CloseClientConnections()
+		c.Router.Close()
+		rt.Close()
+	})
+
+	within := o.HealthyWithin
+	if within <= 0 {
+		within = 20 * time.Second
+	}
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Transport: tr, Timeout: within}
+	Poll(t, "every server healthy at the router", within, func() bool {
+		resp, err := hc.Get(c.Router.URL + "/health")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var h router.HealthResponse
+		err = json.NewDecoder(resp.Body).Decode(&h)
+		return err == nil && resp.StatusCode == http.StatusOK && h.HealthyPrefill == len(ro.Prefill) && h.HealthyDecode == len(ro.Decode)
+	})
+	return c
+}
+
+// Poll waits until cond holds, trying every 5ms, and fails the test after
+// within.
+func Poll(t testing.TB, what string, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, within)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
