@@ -88,5 +88,12 @@ type PDEntry struct {
 	Chunks    int     `json:"chunks"`         // KV chunks sent (prefill) or applied (decode)
 	Bytes     int     `json:"bytes"`          // KV payload bytes moved
 	AbortSent bool    `json:"abort_sent"`     // decode: ABORT sent to the prefill rank
-	Error     string  `json:"error,omitempty"`
+	Acked     bool    `json:"abort_acked"`    // decode: the prefill rank acknowledged the ABORT
+	// Poll is the rank's own KVPoll judgement of the request in its last
+	// iteration (Bootstrapping, WaitingForInput, Transferring, Success,
+	// Failed); Agreed is the MIN over the server's ranks, the state every
+	// rank acted on. A rank whose Poll is above Agreed waits for another.
+	Poll   string `json:"poll"`
+	Agreed string `json:"agreed"`
+	Error  string `json:"error,omitempty"`
 }

@@ -26,6 +26,16 @@ func (s KVPoll) String() string {
 	return fmt.Sprintf("KVPoll(%d)", uint8(s))
 }
 
+// ParseKVPoll is the state named name (as String writes it).
+func ParseKVPoll(name string) (KVPoll, bool) {
+	for i, n := range kvPollNames {
+		if n == name {
+			return KVPoll(i), true
+		}
+	}
+	return 0, false
+}
+
 // Valid reports whether s is one of the five states.
 func (s KVPoll) Valid() bool { return s <= Success }
 

@@ -90,3 +90,16 @@ func TestTerminal(t *testing.T) {
 		}
 	}
 }
+
+func TestParseKVPoll(t *testing.T) {
+	for s := Failed; s <= Success; s++ {
+		if got, ok := ParseKVPoll(s.String()); !ok || got != s {
+			t.Errorf("ParseKVPoll(%q) = %v, %v", s.String(), got, ok)
+		}
+	}
+	for _, name := range []string{"", "failed", "KVPoll(5)", "Done"} {
+		if _, ok := ParseKVPoll(name); ok {
+			t.Errorf("ParseKVPoll(%q) accepted", name)
+		}
+	}
+}

@@ -39,6 +39,7 @@ type abortOptions struct {
 	MaxTokens    int
 	Check        int // new requests sent after the drain
 
+	JSON    bool
 	roomSet bool
 }
 
@@ -87,7 +88,9 @@ completions, waits --after (default: until every session received its first
 byte, at most 2s), cancels them all at once, then polls every PD server's
 /debug/v1/pd and reports how long each queue took to drain, and whether new
 requests are served afterwards. Exit 0 when every queue drained and every new
-request was served, 1 otherwise.`,
+request was served, 1 otherwise.
+
+--json prints either report as one JSON object (the exit code is the same).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts.roomSet = cmd.Flags().Changed("room")
@@ -115,6 +118,7 @@ request was served, 1 otherwise.`,
 	fl.DurationVar(&opts.DrainTimeout, "drain-timeout", 10*time.Second, "drill: how long the queues may take to drain")
 	fl.IntVar(&opts.MaxTokens, "max-tokens", 1000, "drill: max_tokens of each session")
 	fl.IntVar(&opts.Check, "check", 3, "drill: new requests sent after the drain")
+	fl.BoolVar(&opts.JSON, "json", false, "print a JSON object")
 	return cmd
 }
 
@@ -146,14 +150,25 @@ func (o *abortOptions) validate(cmd *cobra.Command) error {
 	return nil
 }
 
-// abortTarget is one ABORT: a room on one prefill rank.
+// abortTarget is one ABORT: a room on one prefill rank, and what came of
+// it.
 type abortTarget struct {
-	Room     uint64
-	Rank     int
-	Endpoint string
-	Result   string // acked, no ack, send failed: ...
-	InFlight bool
-	Waited   time.Duration
+	Room     uint64 `json:"room"`
+	Rank     int    `json:"rank"`
+	Endpoint string `json:"endpoint"`
+	Result   string `json:"result"` // acked, no ack, send failed: ...
+	// InFlight and AckMS are the ack's: whether a write for the room was
+	// in flight, and when the ack came after the first ABORT went.
+	InFlight bool    `json:"in_flight"`
+	AckMS    float64 `json:"ack_ms"`
+	// ControlLoop is the rank's control loop after the wait: alive, or
+	// dead with its exit reason.
+	ControlLoop string `json:"control_loop"`
+}
+
+// abortOutput is the JSON report of synthetic ABORTs.
+type abortOutput struct {
+	Aborts []*abortTarget `json:"aborts"`
 }
 
 type ackKey struct {
@@ -193,6 +208,9 @@ func syntheticAbortRun(ctx context.Context, opts *abortOptions) error {
 	}
 	if len(targets) == 0 {
 		fmt.Fprintf(f.ErrOut, "no rooms in queue %s on %s\n", opts.RoomsFromQueue, opts.Prefill)
+		if opts.JSON {
+			return writeJSON(f.Out, abortOutput{Aborts: []*abortTarget{}})
+		}
 		return nil
 	}
 
@@ -232,7 +250,7 @@ func syntheticAbortRun(ctx context.Context, opts *abortOptions) error {
 		}
 		k := ackKey{ack.Room, int(ack.Rank)}
 		if t := pending[k]; t != nil {
-			t.Result, t.InFlight, t.Waited = "acked", ack.InFlight, time.Since(start)
+			t.Result, t.InFlight, t.AckMS = "acked", ack.InFlight, millis(time.Since(start))
 			delete(pending, k)
 		}
 	}
@@ -258,22 +276,27 @@ func syntheticAbortRun(ctx context.Context, opts *abortOptions) error {
 	failed := 0
 	var dead []string
 	for _, t := range targets {
+		t.ControlLoop = loops[t.Rank]
 		inFlight, waited := "-", "-"
 		if t.Result == "acked" {
-			inFlight, waited = yesNo(t.InFlight), fmtDuration(t.Waited)
+			inFlight, waited = yesNo(t.InFlight), fmtMilli(t.AckMS)
 		} else {
 			failed++
 		}
-		loop := loops[t.Rank]
-		tab.add(fmt.Sprint(t.Room), itoa(t.Rank), t.Endpoint, t.Result, inFlight, waited, loop)
-		if strings.HasPrefix(loop, "dead") && t.Result != "acked" {
+		tab.add(fmt.Sprint(t.Room), itoa(t.Rank), t.Endpoint, t.Result, inFlight, waited, t.ControlLoop)
+		if strings.HasPrefix(t.ControlLoop, "dead") && t.Result != "acked" {
 			d := "rank " + itoa(t.Rank)
 			if !slices.Contains(dead, d) {
 				dead = append(dead, d)
 			}
 		}
 	}
-	if err := tab.print(f); err != nil {
+	if opts.JSON {
+		err = writeJSON(f.Out, abortOutput{Aborts: targets})
+	} else {
+		err = tab.print(f)
+	}
+	if err != nil {
 		return err
 	}
 	if failed == 0 {
@@ -311,15 +334,52 @@ func sendAborts(ctx context.Context, ackEndpoint, endpoint string, targets []*ab
 }
 
 // fmtDuration renders d in milliseconds with one decimal.
-func fmtDuration(d time.Duration) string {
-	return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
-}
+func fmtDuration(d time.Duration) string { return fmtMilli(millis(d)) }
+
+// fmtMilli renders a count of milliseconds with one decimal.
+func fmtMilli(ms float64) string { return fmt.Sprintf("%.1fms", ms) }
+
+// millis is d in milliseconds, the unit of every duration in the JSON.
+func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // drillQueue is one queue of one server during the drill.
 type drillQueue struct {
 	server, role, queue string
 	peak                int
 	zeroSince           time.Time // start of the current empty streak; zero while not empty
+}
+
+// drillOutput is the drill's report.
+type drillOutput struct {
+	Sessions         int     `json:"sessions"`
+	Streaming        int     `json:"streaming"` // had their first byte when cancelled
+	Finished         int     `json:"finished"`  // ended before the cancel
+	Refused          int     `json:"refused"`
+	Refusal          string  `json:"refusal,omitempty"` // the last refusal's error
+	CancelledAfterMS float64 `json:"cancelled_after_ms"`
+	// DrainTimeoutMS bounds the wait for the queues to drain.
+	DrainTimeoutMS float64            `json:"drain_timeout_ms"`
+	Queues         []drillQueueOutput `json:"queues"`
+	Unreachable    map[string]string  `json:"unreachable,omitempty"`
+	Check          drillCheckOutput   `json:"check"`
+}
+
+// drillQueueOutput is one queue's drain: Drained, and DrainedInMS after the
+// cancel (the start of the queue's last empty streak).
+type drillQueueOutput struct {
+	Server      string  `json:"server"`
+	Role        string  `json:"role"`
+	Queue       string  `json:"queue"`
+	Peak        int     `json:"peak"`
+	Drained     bool    `json:"drained"`
+	DrainedInMS float64 `json:"drained_in_ms"`
+}
+
+// drillCheckOutput is the new requests sent after the drain.
+type drillCheckOutput struct {
+	Sent   int    `json:"sent"`
+	Served int    `json:"served"`
+	Error  string `json:"error,omitempty"` // the last failure's
 }
 
 func drillRun(ctx context.Context, opts *abortOptions) error {
@@ -413,6 +473,8 @@ func drillRun(ctx context.Context, opts *abortOptions) error {
 	cancelAt := time.Now()
 	cancelSessions()
 	wg.Wait()
+	rep := drillOutput{Sessions: opts.Sessions, Streaming: firstBytes, Finished: finished, Refused: refused, Refusal: refusal,
+		CancelledAfterMS: millis(cancelAt.Sub(opened)), DrainTimeoutMS: millis(opts.DrainTimeout), Queues: []drillQueueOutput{}}
 	fmt.Fprintf(f.ErrOut, "opened %s through %s; %d streaming, %d finished, %d refused; cancelled after %s\n",
 		pluralf(opts.Sessions, "session", "sessions"), router, firstBytes, finished, refused, fmtDuration(cancelAt.Sub(opened)))
 	if refused > 0 {
@@ -430,7 +492,6 @@ func drillRun(ctx context.Context, opts *abortOptions) error {
 	var order []string
 	unreachable := map[string]string{}
 	deadline := cancelAt.Add(opts.DrainTimeout)
-	drained := false
 	for {
 		now := time.Now()
 		res := client.Each(ctx, pdc, func(ctx context.Context, c *client.Client) (debug.PDResponse, error) { return c.PD(ctx, "") })
@@ -473,7 +534,6 @@ func drillRun(ctx context.Context, opts *abortOptions) error {
 			}
 		}
 		if allZero && now.Sub(stableSince) >= drainStable {
-			drained = true
 			break
 		}
 		if now.After(deadline) || ctx.Err() != nil {
@@ -487,29 +547,30 @@ func drillRun(ctx context.Context, opts *abortOptions) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	tab := newTable([]string{"SERVER", "ROLE", "QUEUE", "PEAK", "RESULT", "DRAINED IN"}, "PEAK", "DRAINED IN")
 	notDrained := 0
 	for _, key := range order {
 		dq := queues[key]
-		result, in := "drained", ""
-		if dq.zeroSince.IsZero() {
-			result = "not drained within " + opts.DrainTimeout.String()
-			notDrained++
+		q := drillQueueOutput{Server: dq.server, Role: dq.role, Queue: dq.queue, Peak: dq.peak, Drained: !dq.zeroSince.IsZero()}
+		if q.Drained {
+			q.DrainedInMS = millis(max(0, dq.zeroSince.Sub(cancelAt)))
 		} else {
-			in = fmtDuration(max(0, dq.zeroSince.Sub(cancelAt)))
+			notDrained++
 		}
-		tab.add(dq.server, dq.role, dq.queue, itoa(dq.peak), result, in)
+		rep.Queues = append(rep.Queues, q)
 	}
-	for url, err := range sortedMap(unreachable) {
-		tab.add(url, "", "", "", "unreachable: "+err, "")
+	if len(unreachable) > 0 {
+		rep.Unreachable = unreachable
 	}
-	_ = drained
 
 	// New requests after the drain.
 	served, lastErr := drillCheck(ctx, hc, router, opts.Check)
-	check := newTable([]string{"NEW REQUESTS", "SERVED", "ERROR"})
-	check.add(itoa(opts.Check), itoa(served), lastErr)
-	if err := printTables(f, tab, check); err != nil {
+	rep.Check = drillCheckOutput{Sent: opts.Check, Served: served, Error: lastErr}
+	if opts.JSON {
+		err = writeJSON(f.Out, rep)
+	} else {
+		err = printTables(f, drillTables(rep)...)
+	}
+	if err != nil {
 		return err
 	}
 	var problems []string
@@ -526,6 +587,25 @@ func drillRun(ctx context.Context, opts *abortOptions) error {
 		return errors.New("the drill failed: " + strings.Join(problems, ", "))
 	}
 	return nil
+}
+
+// drillTables is the drill's human report: the queues' drain, then the
+// new requests.
+func drillTables(rep drillOutput) []*table {
+	tab := newTable([]string{"SERVER", "ROLE", "QUEUE", "PEAK", "RESULT", "DRAINED IN"}, "PEAK", "DRAINED IN")
+	for _, q := range rep.Queues {
+		result, in := "drained", fmtMilli(q.DrainedInMS)
+		if !q.Drained {
+			result, in = "not drained within "+fmtMS(rep.DrainTimeoutMS), ""
+		}
+		tab.add(q.Server, q.Role, q.Queue, itoa(q.Peak), result, in)
+	}
+	for url, err := range sortedMap(rep.Unreachable) {
+		tab.add(url, "", "", "", "unreachable: "+err, "")
+	}
+	check := newTable([]string{"NEW REQUESTS", "SERVED", "ERROR"})
+	check.add(itoa(rep.Check.Sent), itoa(rep.Check.Served), rep.Check.Error)
+	return []*table{tab, check}
 }
 
 // drillCheck sends n small completions through the router at once and

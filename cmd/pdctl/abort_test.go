@@ -75,25 +75,57 @@ func TestAbortSynthetic(t *testing.T) {
 		return pdCounts(t, c.prefill, debug.PDQueueBootstrap) == 0
 	})
 
-	// Every room of a queue on one rank. (Not on both: the first rank
-	// to handle its ABORT fails the room on both ranks by the MIN, and a
-	// rank does not acknowledge an ABORT for a room it already finished,
-	// so the second ack is a race.)
+	// Every room of a queue on every rank. The first rank to handle its
+	// ABORT fails the room on both ranks (they agree by MIN); the other
+	// rank acknowledges its ABORT all the same, for a room it no longer
+	// has.
 	done = c.prefillOnly(t, 8)
 	done9 := c.prefillOnly(t, 9)
 	poll(t, "rooms 8 and 9 in the prefill's bootstrap queue", 10*time.Second, func() bool {
 		return pdCounts(t, c.prefill, debug.PDQueueBootstrap) == 4
 	})
-	code, out, errOut := c.pdctl(t, false, "abort", "--prefill", c.prefill.ts.URL, "--rank", "1", "--rooms-from-queue", "bootstrap")
+	code, out, errOut := c.pdctl(t, false, "abort", "--prefill", c.prefill.ts.URL, "--rooms-from-queue", "bootstrap")
 	lines := strings.Split(out, "\n")
 	slices.Sort(lines)
-	if want := "\n8\t1\tPREFILL-RANK1\tacked\tno\t*\talive\n9\t1\tPREFILL-RANK1\tacked\tno\t*\talive"; code != exitOK || strings.Join(lines, "\n") != want || errOut != "" {
+	if want := "\n8\t0\tPREFILL-RANK0\tacked\tno\t*\talive\n8\t1\tPREFILL-RANK1\tacked\tno\t*\talive\n" +
+		"9\t0\tPREFILL-RANK0\tacked\tno\t*\talive\n9\t1\tPREFILL-RANK1\tacked\tno\t*\talive"; code != exitOK || strings.Join(lines, "\n") != want || errOut != "" {
 		t.Fatalf("--rooms-from-queue: exit %d\n%s\nwant (sorted)\n%s\nstderr: %s", code, out, want, errOut)
 	}
 	waitEnded(t, "room 8", done)
 	waitEnded(t, "room 9", done9)
 	checkRun(t, c, exitOK, "", "no rooms in queue active on PREFILL\n",
 		"abort", "--prefill", c.prefill.ts.URL, "--rooms-from-queue", "active")
+
+	// A room no rank has: every rank acknowledges at once (it writes
+	// nothing for a room it does not have). As JSON.
+	code, out, errOut = c.pdctl(t, false, "abort", "--prefill", c.prefill.ts.URL, "--room", "12345", "--json")
+	out = maskJSON(out, "ack_ms")
+	want := `{
+  "aborts": [
+    {
+      "room": 12345,
+      "rank": 0,
+      "endpoint": "PREFILL-RANK0",
+      "result": "acked",
+      "in_flight": false,
+      "ack_ms": 0,
+      "control_loop": "alive"
+    },
+    {
+      "room": 12345,
+      "rank": 1,
+      "endpoint": "PREFILL-RANK1",
+      "result": "acked",
+      "in_flight": false,
+      "ack_ms": 0,
+      "control_loop": "alive"
+    }
+  ]
+}
+`
+	if code != exitOK || out != want || errOut != "" {
+		t.Fatalf("--json: exit %d\n%s\nwant\n%s\nstderr: %s", code, out, want, errOut)
+	}
 
 	// Usage errors.
 	for _, args := range [][]string{
@@ -142,5 +174,26 @@ func TestAbortDrill(t *testing.T) {
 	}
 	if !regexp.MustCompile(`^opened 20 sessions through ROUTER; \d+ streaming, \d+ finished, 0 refused; cancelled after [0-9.]+ms\n$`).MatchString(errOut) {
 		t.Fatalf("stderr:\n%s", errOut)
+	}
+
+	// The same report as JSON.
+	code, out, errOut = c.pdctl(t, false, "abort", "--sessions", "5", "--max-tokens", "100", "--drain-timeout", "5s", "--json")
+	var rep drillOutput
+	if err := json.Unmarshal([]byte(out), &rep); code != exitOK || err != nil {
+		t.Fatalf("--json: exit %d, %v\nstdout:\n%s\nstderr:\n%s", code, err, out, errOut)
+	}
+	if rep.Sessions != 5 || rep.Streaming+rep.Finished+rep.Refused == 0 || rep.Refused != 0 || rep.DrainTimeoutMS != 5000 ||
+		rep.Check != (drillCheckOutput{Sent: 3, Served: 3}) || len(rep.Unreachable) != 0 {
+		t.Errorf("report: %+v", rep)
+	}
+	var queues []string
+	for _, q := range rep.Queues {
+		queues = append(queues, q.Server+" "+q.Queue)
+		if !q.Drained || q.DrainedInMS < 0 || q.DrainedInMS > 5000 {
+			t.Errorf("queue %s %s: %+v", q.Server, q.Queue, q)
+		}
+	}
+	if want := []string{"PREFILL bootstrap", "PREFILL active", "PREFILL inflight", "DECODE prealloc", "DECODE transfer", "DECODE aborting"}; !slices.Equal(queues, want) {
+		t.Errorf("queues %q, want %q", queues, want)
 	}
 }

@@ -49,10 +49,13 @@ func newCmdQueuesDump(f *factory, runF func(context.Context, *queuesDumpOptions)
 		Short: "Dump every PD queue entry of every rank, and the rooms joined across prefill and decode",
 		Long: `Dump every PD queue entry of every rank of the prefill and decode servers
 (from GET /debug/v1/pd): server, role, rank, request id, bootstrap room, queue,
-age in the queue, peer endpoint, KV bytes moved and whether the decode sent
-ABORT. Then the rooms joined: one line per room with its prefill-side and its
-decode-side state (server, ranks, queue, age), so that a decode waiting for KV
-that the prefill forgot shows as a room with no prefill side.
+the rank's own KVPoll state and the state its server's ranks agreed on, age in
+the queue, peer endpoint, KV bytes moved, and the decode's ABORT (no, sent, or
+acked by the prefill rank). A rank whose POLL is above AGREED is waiting for
+another rank. Then the rooms joined: one line per room with its prefill-side
+and its decode-side state (server, ranks, queue, agreed state, age), so that a
+decode waiting for KV that the prefill forgot shows as a room with no prefill
+side.
 
 Colocated servers have no PD queues and are left out. --watch redraws every
 second until interrupted (human output only).`,
@@ -88,9 +91,12 @@ type queueEntry struct {
 // roomSide is one side's state of a room: a server and queue, with the
 // ranks that hold the room there.
 type roomSide struct {
-	Server    string  `json:"server"`
-	Ranks     []int   `json:"ranks"`
-	Queue     string  `json:"queue"`
+	Server string `json:"server"`
+	Ranks  []int  `json:"ranks"`
+	Queue  string `json:"queue"`
+	// Agreed is the KVPoll state the server's ranks agreed on (the lowest
+	// one read when the ranks were read between two iterations).
+	Agreed    string  `json:"agreed"`
 	InQueueMS float64 `json:"in_queue_ms"` // the longest of the ranks
 }
 
@@ -164,11 +170,14 @@ func readQueues(ctx context.Context, opts *queuesDumpOptions, targets []*target)
 		}
 		i := slices.IndexFunc(*sides, func(s roomSide) bool { return s.Server == e.Server && s.Queue == e.Queue })
 		if i < 0 {
-			*sides = append(*sides, roomSide{Server: e.Server, Queue: e.Queue})
+			*sides = append(*sides, roomSide{Server: e.Server, Queue: e.Queue, Agreed: e.Agreed})
 			i = len(*sides) - 1
 		}
 		s := &(*sides)[i]
 		s.Ranks = append(s.Ranks, e.Rank)
+		if pollRank(e.Agreed) < pollRank(s.Agreed) {
+			s.Agreed = e.Agreed
+		}
 		s.InQueueMS = max(s.InQueueMS, e.InQueueMS)
 	}
 	for _, rv := range rooms {
@@ -187,15 +196,15 @@ func readQueues(ctx context.Context, opts *queuesDumpOptions, targets []*target)
 }
 
 func queuesTables(out queuesOutput) []*table {
-	entries := newTable([]string{"SERVER", "ROLE", "RANK", "ID", "ROOM", "QUEUE", "AGE", "PEER", "BYTES", "ABORT SENT", "ERROR"}, "AGE")
+	entries := newTable([]string{"SERVER", "ROLE", "RANK", "ID", "ROOM", "QUEUE", "POLL", "AGREED", "AGE", "PEER", "BYTES", "ABORT", "ERROR"}, "AGE")
 	for _, e := range out.Entries {
-		entries.add(e.Server, e.Role, itoa(e.Rank), fmt.Sprint(e.ID), fmt.Sprint(e.Room), e.Queue, fmtMS(e.InQueueMS),
-			e.Peer, itoa(e.Bytes), yesNo(e.AbortSent), e.Error)
+		entries.add(e.Server, e.Role, itoa(e.Rank), fmt.Sprint(e.ID), fmt.Sprint(e.Room), e.Queue, e.Poll, e.Agreed,
+			fmtMS(e.InQueueMS), e.Peer, itoa(e.Bytes), abortCell(e.PDEntry), e.Error)
 	}
 	for url, err := range sortedMap(out.Errors) {
-		entries.add(url, "", "", "", "", "", "", "", "", "", "unreachable: "+err)
+		entries.add(url, "", "", "", "", "", "", "", "", "", "", "", "unreachable: "+err)
 	}
-	rooms := newTable([]string{"ROOM", "PREFILL SERVER", "P RANKS", "P QUEUE", "P AGE", "DECODE SERVER", "D RANKS", "D QUEUE", "D AGE"}, "P AGE", "D AGE")
+	rooms := newTable([]string{"ROOM", "PREFILL SERVER", "P RANKS", "P QUEUE", "P POLL", "P AGE", "DECODE SERVER", "D RANKS", "D QUEUE", "D POLL", "D AGE"}, "P AGE", "D AGE")
 	for _, rv := range out.Rooms {
 		row := []string{fmt.Sprint(rv.Room)}
 		row = append(row, sideCells(rv.Prefill)...)
@@ -205,10 +214,33 @@ func queuesTables(out queuesOutput) []*table {
 	return []*table{entries, rooms}
 }
 
-// sideCells renders one side of a room: server, ranks, queue, age; several
-// groups (ranks in different queues) are joined by ";".
+// abortCell is a decode entry's ABORT: no, sent, or acked by its prefill
+// rank.
+func abortCell(e debug.PDEntry) string {
+	switch {
+	case e.Acked:
+		return "acked"
+	case e.AbortSent:
+		return "sent"
+	}
+	return "no"
+}
+
+// pollRank orders KVPoll state names as the states are ordered (Failed
+// lowest); an unknown name ranks above every state, so that any known
+// state replaces it.
+func pollRank(name string) int {
+	if s, ok := pdproto.ParseKVPoll(name); ok {
+		return int(s)
+	}
+	return int(pdproto.Success) + 1
+}
+
+// sideCells renders one side of a room: server, ranks, queue, agreed
+// KVPoll, age; several groups (ranks in different queues) are joined by
+// ";".
 func sideCells(sides []roomSide) []string {
-	var srv, ranks, queue, age []string
+	var srv, ranks, queue, poll, age []string
 	for _, s := range sides {
 		srv = append(srv, s.Server)
 		var rs []string
@@ -217,10 +249,11 @@ func sideCells(sides []roomSide) []string {
 		}
 		ranks = append(ranks, strings.Join(rs, ","))
 		queue = append(queue, s.Queue)
+		poll = append(poll, s.Agreed)
 		age = append(age, fmtMS(s.InQueueMS))
 	}
 	j := func(x []string) string { return strings.Join(x, ";") }
-	return []string{j(srv), j(ranks), j(queue), j(age)}
+	return []string{j(srv), j(ranks), j(queue), j(poll), j(age)}
 }
 
 func yesNo(b bool) string {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/debug"
 )
 
@@ -45,30 +46,30 @@ func TestQueuesDump(t *testing.T) {
 		{
 			name: "every queue",
 			args: []string{"queues", "dump"},
-			stdout: "PREFILL\tprefill\t0\t1\t7\tbootstrap\t*\t-\t0\tno\t-\n" +
-				"PREFILL\tprefill\t1\t1\t7\tbootstrap\t*\t-\t0\tno\t-\n" +
-				"DECODE\tdecode\t0\t1\t9\ttransfer\t*\tPREFILL-RANK0\t0\tno\t-\n" +
-				"DECODE\tdecode\t1\t1\t9\ttransfer\t*\tPREFILL-RANK1\t0\tno\t-\n" +
+			stdout: "PREFILL\tprefill\t0\t1\t7\tbootstrap\tBootstrapping\tBootstrapping\t*\t-\t0\tno\t-\n" +
+				"PREFILL\tprefill\t1\t1\t7\tbootstrap\tBootstrapping\tBootstrapping\t*\t-\t0\tno\t-\n" +
+				"DECODE\tdecode\t0\t1\t9\ttransfer\tWaitingForInput\tWaitingForInput\t*\tPREFILL-RANK0\t0\tno\t-\n" +
+				"DECODE\tdecode\t1\t1\t9\ttransfer\tWaitingForInput\tWaitingForInput\t*\tPREFILL-RANK1\t0\tno\t-\n" +
 				"\n" +
-				"7\tPREFILL\t0,1\tbootstrap\t*\t-\t-\t-\t-\n" +
-				"9\t-\t-\t-\t-\tDECODE\t0,1\ttransfer\t*\n",
+				"7\tPREFILL\t0,1\tbootstrap\tBootstrapping\t*\t-\t-\t-\t-\t-\n" +
+				"9\t-\t-\t-\t-\t-\tDECODE\t0,1\ttransfer\tWaitingForInput\t*\n",
 		},
 		{
 			name: "one rank, one queue",
 			args: []string{"queues", "dump", "--rank", "1", "--queue", "transfer"},
-			stdout: "DECODE\tdecode\t1\t1\t9\ttransfer\t*\tPREFILL-RANK1\t0\tno\t-\n" +
+			stdout: "DECODE\tdecode\t1\t1\t9\ttransfer\tWaitingForInput\tWaitingForInput\t*\tPREFILL-RANK1\t0\tno\t-\n" +
 				"\n" +
-				"9\t-\t-\t-\t-\tDECODE\t1\ttransfer\t*\n",
+				"9\t-\t-\t-\t-\t-\tDECODE\t1\ttransfer\tWaitingForInput\t*\n",
 		},
 		{
 			name: "one server, with an unreachable one",
 			args: []string{"--server", c.prefill.ts.URL, "--server", "http://127.0.0.1:1", "queues", "dump"},
 			code: exitFindings,
-			stdout: "PREFILL\tprefill\t0\t1\t7\tbootstrap\t*\t-\t0\tno\t-\n" +
-				"PREFILL\tprefill\t1\t1\t7\tbootstrap\t*\t-\t0\tno\t-\n" +
-				"http://127.0.0.1:1\t-\t-\t-\t-\t-\t-\t-\t-\t-\tunreachable: GET http://127.0.0.1:1/pd/v1/info: dial tcp 127.0.0.1:1: connect: connection refused\n" +
+			stdout: "PREFILL\tprefill\t0\t1\t7\tbootstrap\tBootstrapping\tBootstrapping\t*\t-\t0\tno\t-\n" +
+				"PREFILL\tprefill\t1\t1\t7\tbootstrap\tBootstrapping\tBootstrapping\t*\t-\t0\tno\t-\n" +
+				"http://127.0.0.1:1\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\tunreachable: GET http://127.0.0.1:1/pd/v1/info: dial tcp 127.0.0.1:1: connect: connection refused\n" +
 				"\n" +
-				"7\tPREFILL\t0,1\tbootstrap\t*\t-\t-\t-\t-\n",
+				"7\tPREFILL\t0,1\tbootstrap\tBootstrapping\t*\t-\t-\t-\t-\t-\n",
 			stderr: "pdctl: 1 server of 2 unreachable\n",
 		},
 		{
@@ -87,7 +88,10 @@ func TestQueuesDump(t *testing.T) {
       "tokens": 9,
       "chunks": 0,
       "bytes": 0,
-      "abort_sent": false
+      "abort_sent": false,
+      "abort_acked": false,
+      "poll": "Bootstrapping",
+      "agreed": "Bootstrapping"
     },
     {
       "server": "DECODE",
@@ -101,7 +105,10 @@ func TestQueuesDump(t *testing.T) {
       "tokens": 9,
       "chunks": 0,
       "bytes": 0,
-      "abort_sent": false
+      "abort_sent": false,
+      "abort_acked": false,
+      "poll": "WaitingForInput",
+      "agreed": "WaitingForInput"
     }
   ],
   "rooms": [
@@ -114,6 +121,7 @@ func TestQueuesDump(t *testing.T) {
             0
           ],
           "queue": "bootstrap",
+          "agreed": "Bootstrapping",
           "in_queue_ms": 0
         }
       ],
@@ -129,6 +137,7 @@ func TestQueuesDump(t *testing.T) {
             0
           ],
           "queue": "transfer",
+          "agreed": "WaitingForInput",
           "in_queue_ms": 0
         }
       ]
@@ -217,13 +226,44 @@ func TestQueuesWatch(t *testing.T) {
 	// are compared with their padding folded to two spaces.
 	got := regexp.MustCompile(` {2,}`).ReplaceAllString(c.names(w.buf.String()), "  ")
 	frame := "\x1b[H\x1b[2J" +
-		"SERVER  ROLE  RANK  ID  ROOM  QUEUE  AGE  PEER  BYTES  ABORT SENT  ERROR\n" +
-		"DECODE  decode  0  1  9  transfer  *  PREFILL-RANK0  0  no  -\n" +
-		"DECODE  decode  1  1  9  transfer  *  PREFILL-RANK1  0  no  -\n" +
+		"SERVER  ROLE  RANK  ID  ROOM  QUEUE  POLL  AGREED  AGE  PEER  BYTES  ABORT  ERROR\n" +
+		"DECODE  decode  0  1  9  transfer  WaitingForInput  WaitingForInput  *  PREFILL-RANK0  0  no  -\n" +
+		"DECODE  decode  1  1  9  transfer  WaitingForInput  WaitingForInput  *  PREFILL-RANK1  0  no  -\n" +
 		"\n" +
-		"ROOM  PREFILL SERVER  P RANKS  P QUEUE  P AGE  DECODE SERVER  D RANKS  D QUEUE  D AGE\n" +
-		"9  -  -  -  -  DECODE  0,1  transfer  *\n"
+		"ROOM  PREFILL SERVER  P RANKS  P QUEUE  P POLL  P AGE  DECODE SERVER  D RANKS  D QUEUE  D POLL  D AGE\n" +
+		"9  -  -  -  -  -  DECODE  0,1  transfer  WaitingForInput  *\n"
 	if want := strings.Repeat(frame, 3); got != want {
 		t.Errorf("got:\n%q\nwant:\n%q", got, want)
+	}
+}
+
+// TestQueuesDumpAbortUnacked: with bootstrap-abort-crash on at the prefill,
+// an aborted decode room shows its ABORT sent and never acknowledged, its
+// transfer Failed, while the prefill's control loops are dead: the wedge
+// as an operator sees it. The abort-ack deadline is long enough for the
+// room to stay put while it is read.
+func TestQueuesDumpAbortUnacked(t *testing.T) {
+	saved := testConfig
+	testConfig.PD.AbortAckTimeout = time.Minute
+	c := newCluster(t)
+	testConfig = saved
+	ctx := t.Context()
+	if _, err := client.New(c.prefill.ts.URL, "", nil).SetFault(ctx, "bootstrap-abort-crash", true); err != nil {
+		t.Fatal(err)
+	}
+	c.oneSided(t)
+	if _, err := client.New(c.decode.ts.URL, "", nil).AbortRoom(ctx, 9); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "room 9 in the decode's aborting queue", 10*time.Second, func() bool {
+		return pdCounts(t, c.decode, debug.PDQueueAborting) == 2
+	})
+	code, stdout, stderr := c.pdctl(t, false, "queues", "dump", "--queue", "aborting")
+	want := "DECODE\tdecode\t0\t1\t9\taborting\tFailed\tFailed\t*\tPREFILL-RANK0\t0\tsent\taborted\n" +
+		"DECODE\tdecode\t1\t1\t9\taborting\tFailed\tFailed\t*\tPREFILL-RANK1\t0\tsent\taborted\n" +
+		"\n" +
+		"9\t-\t-\t-\t-\t-\tDECODE\t0,1\taborting\tFailed\t*\n"
+	if code != exitOK || stdout != want || stderr != "" {
+		t.Errorf("exit %d\nstdout:\n%s\nwant:\n%s\nstderr:\n%s", code, stdout, want, stderr)
 	}
 }

@@ -116,7 +116,7 @@ func (e *Engine) idle() {
 // takeInbox empties the inbox into a step input and registers the new
 // requests' fronts.
 func (e *Engine) takeInbox() stepInput {
-	in := stepInput{now: time.Since(e.epoch)}
+	in := stepInput{now: e.clock()}
 	select {
 	case <-e.stop:
 		in.stop = true
@@ -443,7 +443,7 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 	var data []byte
 	if l.r == 0 {
 		e := l.e
-		out.now = time.Since(e.epoch)
+		out.now = e.clock()
 		out.cuts = e.takeAborts()
 		cut := make(map[uint64]bool, len(out.cuts))
 		for _, id := range out.cuts {

@@ -135,7 +135,11 @@ type pdReq struct {
 	bytes  int    // KV payload bytes moved
 	why    string // why it failed
 	abort  bool   // decode: ABORT sent
+	acked  bool   // decode: the prefill rank acknowledged the ABORT
 	peer   string // the peer rank's endpoint
+	// poll is this rank's own judgement of the request in the last
+	// iteration, agreed the MIN over the ranks that every rank acted on.
+	poll, agreed pdproto.KVPoll
 }
 
 // mailbox is what a rank's socket received, per room, for its loop. The
@@ -147,6 +151,7 @@ type mailbox struct {
 	late    atomic.Uint64   // messages for rooms nobody has, dropped
 	bad     atomic.Uint64   // messages that made no sense here, dropped
 	prefill bool
+	rank    uint32                 // the rank's TP rank, in the acks it sends
 	wake    func()                 // tells the loops that mail arrived
 	fault   func(name string) bool // whether a fault switch is on
 	reply   func(endpoint string, m pdproto.Message)
@@ -215,6 +220,13 @@ func (mb *mailbox) handle(frames [][]byte) error {
 			// The reference system's bootstrap thread knew no ABORT
 			// and died on it; so does this loop with the fault on.
 			return fmt.Errorf("control loop: unknown message type %s (fault %s): %w", m.Type(), FaultBootstrapAbortCrash, zmqlink.ErrExitLoop)
+		}
+		if !mb.known[room] {
+			// The loop does not have the room: it has not arrived yet,
+			// or it ended. Nothing is written for a room the loop does
+			// not have, so the ack goes now; the ABORT stays filed, and
+			// a request for the room that arrives later fails on it.
+			mb.reply(m.Endpoint, &pdproto.AbortAck{Room: room, Rank: mb.rank})
 		}
 		x.abort = m
 	case *pdproto.KVChunk:
@@ -368,7 +380,12 @@ type PDEntry struct {
 	Chunks    int           // KV chunks sent (prefill) or applied (decode)
 	Bytes     int           // KV payload bytes moved
 	AbortSent bool          // decode: ABORT sent to the prefill rank
-	Error     string        // why it is failing, if it is
+	Acked     bool          // decode: the prefill rank acknowledged it
+	// Poll is the rank's own KVPoll judgement in its last iteration and
+	// Agreed the MIN over the ranks that every rank acted on: a rank whose
+	// Poll stays above Agreed waits for another rank.
+	Poll, Agreed pdproto.KVPoll
+	Error        string // why it is failing, if it is
 }
 
 // publishPD stores the rank's PD queues for readers.
@@ -380,7 +397,7 @@ func (l *rankLoop) publishPD() {
 	for _, id := range slices.Sorted(maps.Keys(l.pd.reqs)) {
 		q := l.pd.reqs[id]
 		out = append(out, PDEntry{ID: q.id, Room: q.room, Queue: q.phase.String(), InQueue: l.now - q.since, Peer: q.peer,
-			Tokens: len(q.add.prompt), Chunks: q.chunks, Bytes: q.bytes, AbortSent: q.abort, Error: q.why})
+			Tokens: len(q.add.prompt), Chunks: q.chunks, Bytes: q.bytes, AbortSent: q.abort, Acked: q.acked, Poll: q.poll, Agreed: q.agreed, Error: q.why})
 	}
 	l.pd.snap.Store(&out)
 }
@@ -389,9 +406,9 @@ func (l *rankLoop) publishPD() {
 // decode rank. The KV path (a prefill rank's Outbox, a decode rank's
 // Inbox) uses zmqlink's zero-copy backend; the control path (a prefill
 // rank's Inbox, a decode rank's Outbox) uses pebbe/zmq4.
-func newRankPD(cfg *Config, boot uint64, wake func(), fault func(string) bool) (*rankPD, error) {
+func newRankPD(cfg *Config, rank int, boot uint64, wake func(), fault func(string) bool) (*rankPD, error) {
 	pd := &rankPD{mb: &mailbox{rooms: map[uint64]*mail{}, known: map[uint64]bool{}, prefill: cfg.Role == pdproto.RolePrefill,
-		wake: wake, fault: fault, peers: map[string]*peerState{}}, reqs: map[uint64]*pdReq{}, boot: boot, cfg: &cfg.PD}
+		rank: uint32(rank), wake: wake, fault: fault, peers: map[string]*peerState{}}, reqs: map[uint64]*pdReq{}, boot: boot, cfg: &cfg.PD}
 	kvOut := pd.mb.prefill // the prefill rank sends KV; the decode rank receives it
 	out, err := zmqlink.NewOutbox(&zmqlink.OutboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: kvOut}})
 	if err != nil {
@@ -465,7 +482,7 @@ func (l *rankLoop) send(endpoint string, m pdproto.Message) error { return l.pd.
 
 // pdAdmit takes in a new PD request on this rank.
 func (l *rankLoop) pdAdmit(a addMsg) {
-	q := &pdReq{id: a.id, room: a.room, url: a.url, add: a, since: l.now}
+	q := &pdReq{id: a.id, room: a.room, url: a.url, add: a, since: l.now, poll: pdproto.Bootstrapping, agreed: pdproto.Bootstrapping}
 	if l.e.cfg.Role == pdproto.RolePrefill {
 		q.phase = phaseBootstrap
 	} else {
@@ -495,14 +512,24 @@ func (l *rankLoop) pdStep(free, rows int) (int, error) {
 	ids := slices.Sorted(maps.Keys(l.pd.reqs))
 	states := make([]int64, len(ids))
 	for i, id := range ids {
-		states[i] = int64(l.judge(l.pd.reqs[id]))
+		q := l.pd.reqs[id]
+		st := l.judge(q)
+		if q.phase != phaseAborting { // there the vote is on the ack; the transfer stays Failed
+			q.poll = st
+		}
+		states[i] = int64(st)
 	}
 	if err := l.comm().AllReduceMinInt(ctx, states); err != nil {
 		return free, fmt.Errorf("serve: rank %d: pd poll: %w", l.r, err)
 	}
 	for i, id := range ids {
 		var err error
-		free, rows, err = l.transition(l.pd.reqs[id], pdproto.KVPoll(states[i]), free, rows)
+		q := l.pd.reqs[id]
+		st := pdproto.KVPoll(states[i])
+		if q.phase != phaseAborting {
+			q.agreed = st
+		}
+		free, rows, err = l.transition(q, st, free, rows)
 		if err != nil {
 			return free, err
 		}
@@ -534,9 +561,12 @@ func (l *rankLoop) judge(q *pdReq) pdproto.KVPoll {
 		}
 		return pdproto.Bootstrapping
 	case phaseActive:
-		if m.abort != nil {
+		switch {
+		case m.abort != nil:
 			q.why = "aborted by the decode: " + m.abort.Reason
 			return pdproto.Failed
+		case q.chunks == 0:
+			return pdproto.WaitingForInput // the forward has not sent a chunk yet
 		}
 		return pdproto.Transferring
 	case phaseInflight:
@@ -598,12 +628,15 @@ func (l *rankLoop) judge(q *pdReq) pdproto.KVPoll {
 		case age > c.TransferTimeout:
 			q.why = fmt.Sprintf("KV not received within %v", c.TransferTimeout)
 			return pdproto.Failed
+		case q.chunks == 0:
+			return pdproto.WaitingForInput // no chunk has landed yet
 		}
 		return pdproto.Transferring
 	case phaseAborting:
 		// A lost peer acknowledges nothing; and were it only slow, its
 		// late chunks could not land: the loop applies chunks only to
 		// rooms in transfer, and mail for rooms it dropped is counted late.
+		q.acked = m.acked
 		if m.acked || (m.status != nil && m.status.State == pdproto.Failed) || age > c.AbortAckTimeout || l.peerLost(q) != "" {
 			return pdproto.Success
 		}
@@ -832,6 +865,7 @@ func (l *rankLoop) pdFail(q *pdReq) error {
 			l.send(q.peer, &pdproto.Abort{Room: q.room, Endpoint: l.pd.inbox.Endpoint(), Rank: uint32(l.r), Reason: why})
 			q.abort = true
 		}
+		q.poll, q.agreed = pdproto.Failed, pdproto.Failed // the transfer failed; the votes now are on the ack
 		l.pdMove(q, phaseAborting)
 	default: // prealloc: no pages yet
 		if q.peer != "" {

@@ -78,8 +78,8 @@ func serveRegistry(t *testing.T, e *Engine, tpSize int) string {
 }
 
 // abortCfg is the cells' base configuration: TP 2, small pages and
-// chunks, short abort-ack deadline (an ABORT for a room the prefill never
-// saw is never acknowledged).
+// chunks, short abort-ack deadline (a prefill rank that died acknowledges
+// nothing).
 func abortCfg() Config {
 	return Config{TP: 2, PageSize: 4, KVTokens: 1024, MaxRunning: 4, MaxBatchTokens: 16, PrefillChunk: 4,
 		PD: PDConfig{AbortAckTimeout: 300 * time.Millisecond}}
@@ -478,10 +478,11 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 			expectEnd(t, "prefill", p.s, finishIs(ReasonAbort))
 			expectEnd(t, "decode", d.s, byPrefill)
 		}},
-		{side: "prefill", state: "active", cause: "timeout", pc: func(c *Config) { c.PrefillTimeout, c.PrefillChunk = ms300, 1 }, run: func(t *testing.T, pp *pdPair) {
-			// 500 tokens one a step: 500 steps, several times longer
-			// than the prefill timeout.
+		{side: "prefill", state: "active", cause: "timeout", pc: func(c *Config) { c.PrefillTimeout, c.PrefillChunk = time.Minute, 1 }, run: func(t *testing.T, pp *pdPair) {
+			// 500 tokens one a step: the prefill is still running when
+			// its clock jumps past the timeout.
 			p, d := activeSession(t, pp, longest)
+			pp.prefill.skew.Add(int64(time.Hour))
 			expectEnd(t, "prefill", p.s, finishIs(ReasonTimeout))
 			expectEnd(t, "decode", d.s, byPrefill)
 		}},
@@ -510,12 +511,12 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 			pp.prefill.Abort(p.s.ID)
 			f.abort(room) // the router's abort, fanned out to the decode
 			expectEnd(t, "prefill", p.s, finishIs(ReasonAbort))
-			// Every rank answers: ABORT_ACK, or STATUS Failed from a rank
-			// that failed the room (agreed with a rank that had its ABORT
-			// already) before its own ABORT came; the decode takes either
-			// as the end of the prefill's writes.
-			poll(t, "every prefill rank answered the ABORT", abortFinishWithin, func() bool {
-				return f.count(f.acks, room)+f.count(f.fails, room) == pp.prefill.Ranks()
+			// Every rank acknowledges its ABORT: at once if it had the
+			// room then, or, when another rank's ABORT failed the room
+			// on every rank first (this rank then sent STATUS Failed),
+			// as an ABORT for a room it no longer has.
+			poll(t, "every prefill rank acknowledged the ABORT", abortFinishWithin, func() bool {
+				return f.count(f.acks, room) == pp.prefill.Ranks()
 			})
 		}},
 		{side: "prefill", state: "inflight", cause: "timeout", pc: func(c *Config) { c.PD.InflightTimeout = ms300 }, run: func(t *testing.T, pp *pdPair) {
@@ -605,10 +606,11 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 			expectEnd(t, "decode", d.s, finishIs(ReasonAbort))
 			expectEnd(t, "prefill", p.s, finishIs(ReasonLength))
 		}},
-		{side: "decode", state: "running", cause: "timeout", dc: func(c *Config) { c.RequestTimeout = ms300 }, run: func(t *testing.T, pp *pdPair) {
-			// 500 tokens to decode one a step: several times longer than
-			// the timeout.
+		{side: "decode", state: "running", cause: "timeout", dc: func(c *Config) { c.RequestTimeout = time.Minute }, run: func(t *testing.T, pp *pdPair) {
+			// 500 tokens to decode one a step: the decode is still
+			// running when its clock jumps past the timeout.
 			p, d := running(t, pp, 500)
+			pp.decode.skew.Add(int64(time.Hour))
 			expectEnd(t, "decode", d.s, finishIs(ReasonTimeout))
 			expectEnd(t, "prefill", p.s, finishIs(ReasonLength))
 		}},
@@ -646,4 +648,41 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 			pp.followUp(t)
 		})
 	}
+}
+
+// TestPDAbortAckUnknownRoom: a prefill rank acknowledges an ABORT for a
+// room it does not have, whether the room has not arrived yet or has ended,
+// since it writes nothing for such a room; a request for the room that
+// arrives after its ABORT fails on it.
+func TestPDAbortAckUnknownRoom(t *testing.T) {
+	pp := newPDPairCfg(t, abortCfg(), abortCfg())
+	m := pp.prefill.m
+	f := newFakeDecode(t, pp)
+	ranks := pp.prefill.Ranks()
+	q := Request{Prompt: testmodel.Prompts(5, 1, 10, 10, m.Config.VocabSize)[0], MaxTokens: 2, IgnoreEOS: true}
+
+	// Not arrived yet.
+	early := newAbortRoom()
+	f.abort(early)
+	poll(t, "the ABORTs for a room not arrived acknowledged", abortFinishWithin, func() bool { return f.count(f.acks, early) == ranks })
+	p := pp.prefillHalf(t, q, early)
+	expectEnd(t, "prefill after its ABORT", p.s, finishHas("error: pd: aborted by the decode: the client went"))
+
+	// Ended: the scripted decode took the KV and said Success.
+	done := newAbortRoom()
+	p = f.inflight(q, done)
+	f.status(done, pdproto.Success, "")
+	expectEnd(t, "prefill", p.s, finishIs(ReasonLength))
+	poll(t, "the room gone from every rank", abortFinishWithin, func() bool {
+		for _, es := range pp.prefill.PDQueueEntries() {
+			if len(es) != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	f.abort(done)
+	poll(t, "the ABORTs for an ended room acknowledged", abortFinishWithin, func() bool { return f.count(f.acks, done) == ranks })
+	pp.settle(t, 5*time.Second)
+	pp.followUp(t)
 }

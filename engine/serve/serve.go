@@ -203,6 +203,12 @@ type Health struct {
 	Err           string
 }
 
+// clock is the engine's time: rank 0 reads it and broadcasts it, and
+// every deadline (scheduler and PD timeouts) is judged on it.
+func (e *Engine) clock() time.Duration {
+	return time.Since(e.epoch) + time.Duration(e.skew.Load())
+}
+
 // Engine is the serving engine. Its methods are safe for concurrent use.
 type Engine struct {
 	m      *model.Model
@@ -211,6 +217,9 @@ type Engine struct {
 	epoch  time.Time
 	vocab  int
 	loops  []*rankLoop
+	// skew is added to the engine's clock: the tests move it forward to
+	// reach a timeout without waiting for it.
+	skew atomic.Int64
 
 	nextID atomic.Uint64
 
@@ -308,7 +317,7 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 			if e.pd == nil {
 				e.pd = newPDEngine()
 			}
-			if l.pd, err = newRankPD(&e.cfg, e.pd.boot, e.poke, e.faults.enabled); err != nil {
+			if l.pd, err = newRankPD(&e.cfg, r, e.pd.boot, e.poke, e.faults.enabled); err != nil {
 				e.closePD()
 				shards.Close()
 				return nil, fmt.Errorf("serve: rank %d: %w", r, err)

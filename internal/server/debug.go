@@ -200,7 +200,8 @@ func (s *Server) pd(w http.ResponseWriter, r *http.Request) {
 				continue
 			}
 			rr.Entries = append(rr.Entries, debug.PDEntry{ID: e.ID, Room: e.Room, Queue: e.Queue, InQueueMS: ms(e.InQueue), Peer: e.Peer,
-				Tokens: e.Tokens, Chunks: e.Chunks, Bytes: e.Bytes, AbortSent: e.AbortSent, Error: e.Error})
+				Tokens: e.Tokens, Chunks: e.Chunks, Bytes: e.Bytes, AbortSent: e.AbortSent, Acked: e.Acked,
+				Poll: e.Poll.String(), Agreed: e.Agreed.String(), Error: e.Error})
 		}
 	}
 	writeJSON(w, http.StatusOK, resp)
