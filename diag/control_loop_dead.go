@@ -57,6 +57,9 @@ func checkControlLoopDead(w Window) []Finding {
 			if r.Socket.LastError != "" {
 				evidence = append(evidence, ev("last_error", "%s", r.Socket.LastError))
 			}
+			if waiting := peerRooms(w.Last(), r.Socket.Endpoint); len(waiting) > 0 {
+				evidence = append(evidence, ev("peer_rooms", "%s", listSep(waiting, 10, "; ")))
+			}
 			remedy := fmt.Sprintf("restart the %s server %s; its rooms cannot progress until then. ", s.PD.Role, s.URL)
 			if strings.Contains(reason, faultBootstrapAbortCrash) {
 				remedy += fmt.Sprintf("The exit reason names the fault %s: switch it off (pdctl fault off %s --server %s) before the restart.", faultBootstrapAbortCrash, faultBootstrapAbortCrash, s.URL)
@@ -70,6 +73,46 @@ func checkControlLoopDead(w Window) []Finding {
 				Remedy:   remedy,
 			})
 		}
+	}
+	return out
+}
+
+// peerRooms lists the rooms that other servers' ranks hold with endpoint
+// as their peer (a decode waiting for KV from a dead prefill loop, or for
+// the ack of its ABORT), grouped as "queue on server rank N: rooms", the
+// decode's ABORT named when it sent one.
+func peerRooms(s Sample, endpoint string) []string {
+	if endpoint == "" {
+		return nil
+	}
+	var groups []string
+	rooms := map[string][]uint64{}
+	for _, o := range s.Servers {
+		if !o.Reachable || o.PD == nil {
+			continue
+		}
+		for _, r := range o.PD.Ranks {
+			for _, e := range r.Entries {
+				if e.Peer != endpoint {
+					continue
+				}
+				g := fmt.Sprintf("%s on %s rank %d", e.Queue, o.URL, r.Rank)
+				switch {
+				case e.Acked:
+					g += " (ABORT acked)"
+				case e.AbortSent:
+					g += " (ABORT not acked)"
+				}
+				if rooms[g] == nil {
+					groups = append(groups, g)
+				}
+				rooms[g] = append(rooms[g], e.Room)
+			}
+		}
+	}
+	out := make([]string, len(groups))
+	for i, g := range groups {
+		out[i] = g + ": " + list(rooms[g], 10)
 	}
 	return out
 }

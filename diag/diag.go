@@ -188,15 +188,17 @@ func DefaultConfig() Config {
 // Rules returns the rules with the default parameters, in a stable order.
 func Rules() []Rule { return RulesWith(DefaultConfig()) }
 
-// RulesWith returns the rules with the parameters of c, in a stable order.
+// RulesWith returns the rules with the parameters of c, in a stable order:
+// causes before the symptoms they explain (a dead control loop or a lost
+// peer before the queues they leave stuck).
 func RulesWith(c Config) []Rule {
 	return []Rule{
 		controlLoopDead(),
+		peerUnreachable(),
+		rankDivergence(c),
 		pdQueueStuck(),
 		pdEntryOverdue(c),
 		kvLeak(c),
-		peerUnreachable(),
-		rankDivergence(c),
 	}
 }
 
@@ -204,21 +206,40 @@ func RulesWith(c Config) []Rule {
 func Run(w Window) []Finding { return RunRules(Rules(), w) }
 
 // RunRules runs rules over w and returns their findings sorted by severity
-// (most urgent first), then server, then rank; findings that tie keep the
-// order of the rules and of each rule's output.
+// (most urgent first), then by the order of rules (causes first), then
+// server, then rank; findings that tie keep the order of each rule's
+// output.
 func RunRules(rules []Rule, w Window) []Finding {
 	var out []Finding
-	for _, r := range rules {
+	names := make([]string, len(rules))
+	for i, r := range rules {
+		names[i] = r.Name
 		out = append(out, r.Check(w)...)
 	}
-	Sort(out)
+	sortBy(out, names)
 	return out
 }
 
-// Sort sorts findings as RunRules returns them.
+// Sort sorts findings as Run returns them.
 func Sort(fs []Finding) {
+	var names []string
+	for _, r := range Rules() {
+		names = append(names, r.Name)
+	}
+	sortBy(fs, names)
+}
+
+// sortBy sorts fs by severity, the position of their rule in rules (rules
+// not there last), server and rank.
+func sortBy(fs []Finding, rules []string) {
+	pos := func(f Finding) int {
+		if i := slices.Index(rules, f.Rule); i >= 0 {
+			return i
+		}
+		return len(rules)
+	}
 	slices.SortStableFunc(fs, func(a, b Finding) int {
-		return cmp.Or(cmp.Compare(b.Severity, a.Severity), cmp.Compare(a.Server, b.Server), cmp.Compare(a.Rank, b.Rank))
+		return cmp.Or(cmp.Compare(b.Severity, a.Severity), cmp.Compare(pos(a), pos(b)), cmp.Compare(a.Server, b.Server), cmp.Compare(a.Rank, b.Rank))
 	})
 }
 
@@ -236,6 +257,14 @@ func ms(v float64) string {
 // list joins the first max values with ", " and says how many more there
 // are.
 func list[T any](vs []T, max int) string { return listSep(vs, max, ", ") }
+
+// nRooms is "1 room" or "n rooms".
+func nRooms(n int) string {
+	if n == 1 {
+		return "1 room"
+	}
+	return fmt.Sprintf("%d rooms", n)
+}
 
 // listSep is list with another separator.
 func listSep[T any](vs []T, max int, sep string) string {

@@ -157,7 +157,8 @@ func docText(t *testing.T) string {
 	return string(data)
 }
 
-// TestRunSorts checks that Run orders findings by severity, server, rank.
+// TestRunSorts checks that Run orders findings by severity, rule, server,
+// rank.
 func TestRunSorts(t *testing.T) {
 	mk := func(name string, sev Severity, server string, rank int) Rule {
 		return Rule{Name: name, Severity: sev, Check: func(Window) []Finding {
@@ -167,12 +168,15 @@ func TestRunSorts(t *testing.T) {
 	got := RunRules([]Rule{
 		mk("a", Info, "http://a", 0), mk("b", Warning, "http://b", 1), mk("c", Critical, "http://b", 0),
 		mk("d", Critical, "http://a", 1), mk("e", Critical, "http://a", -1), mk("f", Warning, "http://a", 2),
+		mk("c", Critical, "http://a", 3),
 	}, Window{})
 	var order []string
 	for _, f := range got {
 		order = append(order, f.Rule)
 	}
-	if want := "e d c f b a"; strings.Join(order, " ") != want {
+	// Critical: c's two (rule c comes first, its http://a finding before
+	// its http://b one), then d, then e; warning: b, then f; info: a.
+	if want := "c c d e b f a"; strings.Join(order, " ") != want {
 		t.Errorf("order %q, want %q", strings.Join(order, " "), want)
 	}
 }

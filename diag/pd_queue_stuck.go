@@ -57,7 +57,7 @@ func checkPDQueueStuck(w Window) []Finding {
 				rooms, oldest := summarise(now)
 				out = append(out, Finding{
 					Rule: "pd-queue-stuck", Severity: q.severity, Server: last.URL, Rank: r.Rank,
-					Summary: fmt.Sprintf("the %s queue of %s rank %d holds %d rooms and none left it in %v", q.name, last.PD.Role, r.Rank, len(now), w.Span().Round(1e6)),
+					Summary: fmt.Sprintf("the %s queue of %s rank %d holds %s and none left it in %v", q.name, last.PD.Role, r.Rank, nRooms(len(now)), w.Span().Round(1e6)),
 					Evidence: []Evidence{
 						ev("queue", "%s", q.name),
 						ev("count", "%d (first sample %d)", len(now), len(entries(pdRank(f.PD, r.Rank), q.name))),

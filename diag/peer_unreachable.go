@@ -66,7 +66,7 @@ func checkPeerUnreachable(w Window) []Finding {
 			slices.Sort(peers)
 			out = append(out, Finding{
 				Rule: "peer-unreachable", Severity: Critical, Server: s.URL, Rank: r.Rank,
-				Summary: fmt.Sprintf("decode rank %d lost the heartbeats of prefill %s (%d rooms failed)", r.Rank, listSep(peers, 3, ", "), len(rooms)),
+				Summary: fmt.Sprintf("decode rank %d lost the heartbeats of prefill %s (%s failed)", r.Rank, listSep(peers, 3, ", "), nRooms(len(rooms))),
 				Evidence: []Evidence{
 					ev("peers", "%s", list(peers, 10)),
 					ev("rooms", "%s", list(rooms, 10)),

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -266,4 +267,55 @@ func deadRanks(t *testing.T, c *cluster) []int {
 	}
 	slices.Sort(dead)
 	return dead
+}
+
+// TestDiagnoseWedgedOutput: the exact findings of a wedged cluster, piped
+// and on a terminal: the dead loops first, each naming the decode rooms
+// that wait on it, then the stuck transfer queues. Values that change from
+// run to run (times, ages, the window's span, message counts) are masked.
+func TestDiagnoseWedgedOutput(t *testing.T) {
+	c := newWedged(t)
+	const (
+		crash   = "CRASH"
+		remedyP = "REMEDYP"
+		remedyD = "REMEDYD"
+	)
+	loop := func(r string) string {
+		return "critical\tcontrol-loop-dead\tPREFILL\t" + r + "\tthe prefill control loop of rank " + r + " is dead: " + crash +
+			"\trole=prefill; endpoint=PREFILL-RANK" + r + "; alive=false; exit_reason=" + crash + "; last_message=*; messages=*; " +
+			"handler_errors=1; handler_panics=0; recv_errors=0; queues=none; last_error=" + crash +
+			"; peer_rooms=aborting on DECODE rank " + r + " (ABORT not acked): 9; transfer on DECODE rank " + r + ": 10\t" + remedyP + "\n"
+	}
+	stuck := func(r string) string {
+		return "critical\tpd-queue-stuck\tDECODE\t" + r + "\tthe transfer queue of decode rank " + r + " holds 1 room and none left it in *" +
+			"\tqueue=transfer; count=1 (first sample 1); oldest=*; rooms=10; window=*\t" + remedyD + "\n"
+	}
+	piped := loop("0") + loop("1") + stuck("0") + stuck("1")
+	loopBlock := func(r string) string {
+		return "critical control-loop-dead PREFILL rank " + r + ": the prefill control loop of rank " + r + " is dead: " + crash + "\n" +
+			"  role: prefill\n  endpoint: PREFILL-RANK" + r + "\n  alive: false\n  exit_reason: " + crash + "\n  last_message: *\n" +
+			"  messages: *\n  handler_errors: 1\n  handler_panics: 0\n  recv_errors: 0\n  queues: none\n  last_error: " + crash + "\n" +
+			"  peer_rooms: aborting on DECODE rank " + r + " (ABORT not acked): 9; transfer on DECODE rank " + r + ": 10\n" +
+			"  remedy: " + remedyP + "\n"
+	}
+	stuckBlock := func(r string) string {
+		return "critical pd-queue-stuck DECODE rank " + r + ": the transfer queue of decode rank " + r + " holds 1 room and none left it in *\n" +
+			"  queue: transfer\n  count: 1 (first sample 1)\n  oldest: *\n  rooms: 10\n  window: *\n  remedy: " + remedyD + "\n"
+	}
+	tty := loopBlock("0") + "\n" + loopBlock("1") + "\n" + stuckBlock("0") + "\n" + stuckBlock("1")
+	wantErr := "sampling 2 servers every 200ms for 600ms…\n* samples over *\npdctl: diagnose: 4 findings (4 critical)\n"
+	mask := strings.NewReplacer(crash, "control loop: unknown message type ABORT (fault bootstrap-abort-crash): zmqlink: handler ended the receive loop", remedyP, "restart the prefill server PREFILL; its rooms cannot progress until then. The exit reason names the fault bootstrap-abort-crash: switch it off (pdctl fault off bootstrap-abort-crash --server PREFILL) before the restart.", remedyD, "the decode waits for KV that the prefill does not send (the mass-abort wedge): check the prefill peer's control loop (control-loop-dead) and the prefill's bootstrap queue, abort the stuck rooms (pdctl abort --rooms-from-queue), then restart the prefill server.")
+	volatile := regexp.MustCompile(`((?:last_message|messages|oldest|window)(?:=|: ))[^;\t\n]*|(left it in )[0-9.]+m?s`)
+	for _, tc := range []struct {
+		tty  bool
+		want string
+	}{{false, piped}, {true, tty}} {
+		code, stdout, stderr := c.pdctl(t, tc.tty, "diagnose", "--window", "600ms", "--interval", "200ms")
+		stdout = volatile.ReplaceAllString(stdout, "$1$2*")
+		stderr = regexp.MustCompile(`(?m)^[0-9]+ samples over [0-9.]+m?s$`).ReplaceAllString(stderr, "* samples over *")
+		want := mask.Replace(tc.want)
+		if code != exitFindings || stdout != want || stderr != wantErr {
+			t.Errorf("tty %v: exit %d\nstdout:\n%s\nwant:\n%s\nstderr:\n%s", tc.tty, code, stdout, want, stderr)
+		}
+	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/debug"
+	"github.com/pdkit/pdkit/engine/serve"
 )
 
 // oneSided leaves c with two rooms stuck on one side each: room 7 sent to
@@ -237,32 +238,59 @@ func TestQueuesWatch(t *testing.T) {
 	}
 }
 
-// TestQueuesDumpAbortUnacked: with bootstrap-abort-crash on at the prefill,
-// an aborted decode room shows its ABORT sent and never acknowledged, its
-// transfer Failed, while the prefill's control loops are dead: the wedge
-// as an operator sees it. The abort-ack deadline is long enough for the
-// room to stay put while it is read.
-func TestQueuesDumpAbortUnacked(t *testing.T) {
+// newWedged returns a cluster wedged as bootstrap-abort-crash wedges one,
+// with PD timeouts (heartbeat and abort-ack included) long enough that
+// nothing moves while the tests read it: the fault is on at the prefill;
+// room 9, sent to the decode alone, was aborted there, so each decode rank
+// sent ABORT to its prefill peer, which killed every prefill control loop,
+// and the room waits in the decode's aborting queue for acks that will not
+// come; room 10, sent to the decode alone afterwards, waits in its transfer
+// queue for KV.
+func newWedged(t *testing.T) *cluster {
+	t.Helper()
 	saved := testConfig
-	testConfig.PD.AbortAckTimeout = time.Minute
+	testConfig.PD = serve.PDConfig{BootstrapTimeout: time.Minute, TransferTimeout: time.Minute, AbortAckTimeout: time.Minute,
+		HeartbeatTimeout: time.Minute}
 	c := newCluster(t)
 	testConfig = saved
 	ctx := t.Context()
 	if _, err := client.New(c.prefill.ts.URL, "", nil).SetFault(ctx, "bootstrap-abort-crash", true); err != nil {
 		t.Fatal(err)
 	}
-	c.oneSided(t)
+	decodeOnly := func(room int) {
+		send(t, c.decode.ts.URL, map[string]any{"prompt": "once upon a time", "max_tokens": 4, "temperature": 0,
+			"ignore_eos": true, "bootstrap_room": room, "bootstrap_url": c.registry})
+	}
+	decodeOnly(9)
+	poll(t, "room 9 in the decode's transfer queue", 10*time.Second, func() bool {
+		return pdCounts(t, c.decode, debug.PDQueueTransfer) == 2
+	})
 	if _, err := client.New(c.decode.ts.URL, "", nil).AbortRoom(ctx, 9); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "room 9 in the decode's aborting queue", 10*time.Second, func() bool {
-		return pdCounts(t, c.decode, debug.PDQueueAborting) == 2
+	poll(t, "every prefill control loop dead", 10*time.Second, func() bool {
+		return len(deadRanks(t, c)) == c.prefill.eng.Ranks()
 	})
-	code, stdout, stderr := c.pdctl(t, false, "queues", "dump", "--queue", "aborting")
+	decodeOnly(10)
+	poll(t, "room 10 in the decode's transfer queue", 10*time.Second, func() bool {
+		return pdCounts(t, c.decode, debug.PDQueueTransfer) == 2 && pdCounts(t, c.decode, debug.PDQueueAborting) == 2
+	})
+	return c
+}
+
+// TestQueuesDumpWedged: an aborted decode room shows its ABORT sent and
+// never acknowledged, its transfer Failed, beside a room waiting for KV:
+// the wedge as an operator sees it.
+func TestQueuesDumpWedged(t *testing.T) {
+	c := newWedged(t)
+	code, stdout, stderr := c.pdctl(t, false, "queues", "dump")
 	want := "DECODE\tdecode\t0\t1\t9\taborting\tFailed\tFailed\t*\tPREFILL-RANK0\t0\tsent\taborted\n" +
+		"DECODE\tdecode\t0\t2\t10\ttransfer\tWaitingForInput\tWaitingForInput\t*\tPREFILL-RANK0\t0\tno\t-\n" +
 		"DECODE\tdecode\t1\t1\t9\taborting\tFailed\tFailed\t*\tPREFILL-RANK1\t0\tsent\taborted\n" +
+		"DECODE\tdecode\t1\t2\t10\ttransfer\tWaitingForInput\tWaitingForInput\t*\tPREFILL-RANK1\t0\tno\t-\n" +
 		"\n" +
-		"9\t-\t-\t-\t-\t-\tDECODE\t0,1\taborting\tFailed\t*\n"
+		"9\t-\t-\t-\t-\t-\tDECODE\t0,1\taborting\tFailed\t*\n" +
+		"10\t-\t-\t-\t-\t-\tDECODE\t0,1\ttransfer\tWaitingForInput\t*\n"
 	if code != exitOK || stdout != want || stderr != "" {
 		t.Errorf("exit %d\nstdout:\n%s\nwant:\n%s\nstderr:\n%s", code, stdout, want, stderr)
 	}
