@@ -83,6 +83,7 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 		f.DurationVar(&o.cfg.PD.AbortAckTimeout, "abort-ack-timeout", 5*time.Second, "longest an aborted room's pages stay reserved waiting for the prefill's ABORT_ACK")
 		f.DurationVar(&o.cfg.PD.HeartbeatInterval, "heartbeat-interval", 500*time.Millisecond, "how often each rank probes the prefill ranks it waits on")
 		f.DurationVar(&o.cfg.PD.HeartbeatTimeout, "heartbeat-timeout", 3*time.Second, "how long a prefill rank may leave probes unanswered before its rooms fail")
+		f.IntVar(&o.cfg.PD.ReservedDecodeTokens, "reserved-decode-tokens", 512, "output tokens of room kept per request held before pages go to a new transfer (negative: none)")
 	}
 	o.engine.register(f)
 	f.StringVar(&o.host, "host", "127.0.0.1", "address to listen on")

@@ -2,6 +2,7 @@ package sched
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -282,19 +283,27 @@ func (s *Scheduler) Schedule(now time.Duration, freePages int) (Plan, error) {
 		free += s.retractNewest(&p)
 	}
 
-	// 3. Admit from the waiting queue.
+	// 3. Admit from the waiting queue, in order. A request that does not
+	// fit stops the others, except those already holding their pages (a
+	// decode's transferred requests): they need a page or so more, and
+	// running them is the only way their pages come back, so they pass a
+	// blocked head; without that, a retracted head waiting for pages that
+	// parked transferred requests hold would wait for ever.
 	if len(p.Retract) == 0 {
-		for len(s.waiting) > 0 && budget > 0 && len(s.prefilling)+len(s.running)+len(s.aborting) < s.cfg.MaxRunning {
-			r := s.waiting[0]
-			if s.own(r, r.target())-r.pages > free {
-				break
+		blocked := false
+		for i := 0; i < len(s.waiting) && budget > 0 && len(s.prefilling)+len(s.running)+len(s.aborting) < s.cfg.MaxRunning; {
+			r := s.waiting[i]
+			if (blocked && r.pages == 0) || s.own(r, r.target())-r.pages > free {
+				blocked = true
+				i++
+				continue
 			}
 			fresh := r.pages == 0 // no sequence yet: a transferred request has one
 			if fresh {
 				r.fed = r.cached
 			}
 			n := min(s.cfg.PrefillChunk, r.target()-r.fed, budget)
-			s.waiting = s.waiting[1:]
+			s.waiting = slices.Delete(s.waiting, i, i+1)
 			s.nextSeq++
 			r.seq, r.state, r.since, r.admitted = s.nextSeq, Prefilling, s.now, s.now
 			s.prefilling = append(s.prefilling, r)
@@ -439,6 +448,25 @@ func insertBySeq(q []*request, r *request) []*request {
 
 // Admitted is the number of admitted requests (prefilling, running, and
 // aborting in the step in flight): those MaxRunning bounds.
+// Reserve is the number of pages the requests in the scheduler may still
+// need for their next growth tokens each: a request that holds its KV grows
+// by up to growth more tokens (fewer when its max tokens end sooner); a
+// waiting request without pages (retracted, or new) needs its whole
+// prefill too. Aborting requests need nothing. A decode keeps this many
+// pages out of the reach of new transfers.
+func (s *Scheduler) Reserve(growth int) int {
+	need := 0
+	for _, r := range s.reqs {
+		if r.state == Aborting {
+			continue
+		}
+		peak := r.promptLen + r.maxTokens - 1 // the last sampled token is never fed back
+		want := min(peak, max(r.fed+r.pending, r.target())+growth)
+		need += max(0, s.own(r, want)-r.pages)
+	}
+	return need
+}
+
 func (s *Scheduler) Admitted() int { return len(s.prefilling) + len(s.running) + len(s.aborting) }
 
 // InFlight reports whether a step is in flight (planned, StepDone not yet

@@ -202,6 +202,9 @@ func (h *harness) run(t *testing.T, line string) string {
 	case "snapshot":
 		writeSnapshot(&b, h.s.Snapshot())
 		return b.String()
+	case "reserve":
+		fmt.Fprintf(&b, "reserve=%d\n", h.s.Reserve(a.int(t, "growth", 0)))
+		return b.String()
 	default:
 		t.Fatalf("unknown command %q", line)
 	}

@@ -67,6 +67,15 @@ type PDConfig struct {
 	// probe may go unanswered before the rooms on that peer fail (default
 	// 3s).
 	HeartbeatInterval, HeartbeatTimeout time.Duration
+	// ReservedDecodeTokens is the decode's room for growth: it reserves
+	// pages for a transfer only while the pages left cover, for every
+	// request it holds (running, parked, retracted, in transfer), the next
+	// this many tokens of its output (fewer when its max_tokens ends
+	// sooner), and a retracted request's whole recompute. Without it,
+	// transfers take the pages running requests grow into, those are
+	// retracted, and a retracted request can wait for ever behind the
+	// parked transfers. Default 512; negative: no reserve.
+	ReservedDecodeTokens int
 }
 
 func (c *PDConfig) setDefaults() {
@@ -82,6 +91,9 @@ func (c *PDConfig) setDefaults() {
 		if *d.v == 0 {
 			*d.v = d.def
 		}
+	}
+	if c.ReservedDecodeTokens == 0 {
+		c.ReservedDecodeTokens = 512
 	}
 }
 
@@ -367,6 +379,9 @@ type rankPD struct {
 	boot   uint64                    // this server's boot number, in heartbeats
 	cfg    *PDConfig
 	bytes  atomic.Uint64 // KV payload bytes this rank sent or applied
+	// reserve is the decode's room for growth in the iteration's pdStep:
+	// pages kept from the transfers, given back to the scheduler after.
+	reserve int
 }
 
 // PDEntry is one PD request on one rank as the rank last published it.
@@ -522,6 +537,11 @@ func (l *rankLoop) pdStep(free, rows int) (int, error) {
 	if err := l.comm().AllReduceMinInt(ctx, states); err != nil {
 		return free, fmt.Errorf("serve: rank %d: pd poll: %w", l.r, err)
 	}
+	// The decode's room for growth is out of the transfers' reach while
+	// they reserve; the scheduler and the transfer queue are the same on
+	// every rank, so is the reserve.
+	l.pd.reserve = l.growthReserve()
+	free -= l.pd.reserve
 	for i, id := range ids {
 		var err error
 		q := l.pd.reqs[id]
@@ -531,10 +551,35 @@ func (l *rankLoop) pdStep(free, rows int) (int, error) {
 		}
 		free, rows, err = l.transition(q, st, free, rows)
 		if err != nil {
-			return free, err
+			return free + l.pd.reserve, err
 		}
 	}
-	return free, nil
+	return free + l.pd.reserve, nil
+}
+
+// growthReserve is the decode's room for growth (PDConfig.
+// ReservedDecodeTokens): what the scheduler's requests may still need, and
+// the first growth of the requests in transfer. Zero on a prefill.
+func (l *rankLoop) growthReserve() int {
+	g := l.e.cfg.PD.ReservedDecodeTokens
+	if l.pd.mb.prefill || g < 0 {
+		return 0
+	}
+	n := l.sched.Reserve(g)
+	for _, q := range l.pd.reqs {
+		if q.phase == phaseTransfer {
+			n += l.transferGrowth(q)
+		}
+	}
+	return n
+}
+
+// transferGrowth is the pages a request in transfer may need beyond its
+// prompt's, for its first ReservedDecodeTokens of output.
+func (l *rankLoop) transferGrowth(q *pdReq) int {
+	n := len(q.add.prompt)
+	peak := n + q.add.maxTokens - 1
+	return l.e.cfg.pagesFor(min(peak, n+l.e.cfg.PD.ReservedDecodeTokens)) - l.e.cfg.pagesFor(n)
 }
 
 // judge is this rank's KVPoll of q, from its own mail and the agreed clock.
@@ -706,16 +751,24 @@ func (l *rankLoop) transition(q *pdReq, st pdproto.KVPoll, free, rows int) (int,
 			return free, rows, nil
 		}
 		need := l.e.cfg.pagesFor(len(q.add.prompt))
+		grow := 0
+		if l.e.cfg.PD.ReservedDecodeTokens > 0 {
+			grow = l.transferGrowth(q)
+		}
 		// The scheduler may have to start a sequence for each of its
 		// free slots (a retracted request is recomputed from 0), so
-		// those rows stay out of reach of the transfers.
-		if need > free || rows-1 < l.e.cfg.MaxRunning-l.sched.Admitted() {
+		// those rows stay out of reach of the transfers; and free is
+		// what is left after the room for growth (pdStep), which this
+		// request's own growth joins once it is reserved. With nothing
+		// else held the reserve is zero, so one request always goes.
+		if need+grow > free && (l.pd.reserve > 0 || need > free) || rows-1 < l.e.cfg.MaxRunning-l.sched.Admitted() {
 			return free, rows, nil // waits for room
 		}
 		if err := l.reserve(q); err != nil {
 			return free, rows, err
 		}
-		free, rows = free-need, rows-1
+		free, rows = free-need-grow, rows-1
+		l.pd.reserve += grow
 		info := &pdproto.TransferInfo{Room: q.room, Endpoint: l.pd.inbox.Endpoint(), Rank: uint32(l.r),
 			Tokens: uint32(len(q.slots)), IndexKDType: l.e.indexKName(), RequestID: strconv.FormatUint(q.id, 10)}
 		pageSize := int32(l.e.cfg.PageSize)

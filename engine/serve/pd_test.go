@@ -394,3 +394,51 @@ func TestPDHandshakeRefusesMismatch(t *testing.T) {
 	}
 	checkPools(t, d)
 }
+
+// TestPDSmallDecodePool: sixty concurrent requests through a decode whose
+// pool holds a few of them at once all complete. With the decode's room
+// for growth off, transfers take the pages the running requests grow into,
+// those are retracted, and a retracted request that does not fit any more
+// must be passed by the parked transferred requests that hold the pages
+// (it waited behind them for ever before); with the room for growth on
+// (the default) a transfer never takes a running request's growth, so
+// nothing is retracted at all.
+func TestPDSmallDecodePool(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		reserve int
+	}{{"no reserve", -1}, {"reserve", 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := Config{TP: 2, PageSize: 4, KVTokens: 128, MaxRunning: 4,
+				PD: PDConfig{BootstrapTimeout: time.Minute, TransferTimeout: time.Minute, ReservedDecodeTokens: tc.reserve}}
+			pp := newPDPair(t, cfg)
+			vocab := pp.prefill.m.Config.VocabSize
+			prompts := testmodel.Prompts(31, 60, 12, 20, vocab)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			var short []string
+			for i, p := range prompts {
+				wg.Go(func() {
+					toks, dfin, pfin := pp.run(t, ctx, Request{Prompt: p, MaxTokens: 40, IgnoreEOS: true}, uint64(70000+i))
+					if len(toks) != 40 || dfin.Reason != ReasonLength || pfin.Reason != ReasonLength {
+						mu.Lock()
+						short = append(short, fmt.Sprintf("request %d: %d tokens, decode %q, prefill %q", i, len(toks), dfin.Reason, pfin.Reason))
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			for _, s := range short {
+				t.Error(s)
+			}
+			retracted := pp.decode.Snapshot().Totals.Retractions
+			t.Logf("decode retractions: %d", retracted)
+			if tc.reserve == 0 && retracted != 0 {
+				t.Errorf("the decode retracted %d requests with its room for growth on", retracted)
+			}
+			pp.drained(t, 10*time.Second)
+		})
+	}
+}
