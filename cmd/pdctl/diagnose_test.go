@@ -60,10 +60,7 @@ func load(t *testing.T, base string, n int) (served func() int64, stop func()) {
 	return done.Load, stop
 }
 
-// newClusterKV is newCluster with kvTokens KV tokens per rank. The 128 of
-// testConfig do not hold 60 sessions at once: the prefill's rooms waiting
-// for the decode and the decode's waiting for KV hold every page, and the
-// cluster waits for its PD timeouts.
+// newClusterKV is newCluster with kvTokens KV tokens per rank.
 func newClusterKV(t *testing.T, kvTokens int) *cluster {
 	t.Helper()
 	saved := testConfig
@@ -73,9 +70,11 @@ func newClusterKV(t *testing.T, kvTokens int) *cluster {
 }
 
 // TestDiagnoseHealthyUnderLoad: a healthy cluster serving 60 streaming
-// sessions at once is diagnosed healthy, run after run.
+// sessions at once is diagnosed healthy, run after run. Its decode pool
+// (128 tokens a rank) holds a few requests at a time, so the PD queues are
+// long but moving: no queue is stuck.
 func TestDiagnoseHealthyUnderLoad(t *testing.T) {
-	c := newClusterKV(t, 4096)
+	c := newCluster(t)
 	served, stop := load(t, c.router, 60)
 	poll(t, "the load served 60 completions", 20*time.Second, func() bool { return served() >= 60 })
 	for run := range 3 {
