@@ -2,7 +2,6 @@ package diag
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/pdkit/pdkit/api/debug"
 )
@@ -61,8 +60,8 @@ func checkControlLoopDead(w Window) []Finding {
 				evidence = append(evidence, ev("peer_rooms", "%s", listSep(waiting, 10, "; ")))
 			}
 			remedy := fmt.Sprintf("restart the %s server %s; its rooms cannot progress until then. ", s.PD.Role, s.URL)
-			if strings.Contains(reason, faultBootstrapAbortCrash) {
-				remedy += fmt.Sprintf("The exit reason names the fault %s: switch it off (pdctl fault off %s --server %s) before the restart.", faultBootstrapAbortCrash, faultBootstrapAbortCrash, s.URL)
+			if f := faultNamed(reason); f != "" {
+				remedy += fmt.Sprintf("The exit reason names the fault %s: switch it off (pdctl fault off %s --server %s) before the restart.", f, f, s.URL)
 			} else {
 				remedy += fmt.Sprintf("Check the fault switches (pdctl fault list --server %s), notably %s, which kills the prefill bootstrap loop on ABORT.", s.URL, faultBootstrapAbortCrash)
 			}

@@ -65,6 +65,7 @@ type ServerSample struct {
 	Collectives *debug.CollectivesResponse `json:"collectives,omitempty"`
 	Requests    *debug.RequestsResponse    `json:"requests,omitempty"`
 	PD          *debug.PDResponse          `json:"pd,omitempty"`
+	Faults      *debug.FaultsResponse      `json:"faults,omitempty"`
 	// TookMS is the time the answers took, all together.
 	TookMS float64 `json:"took_ms"`
 }
@@ -193,6 +194,7 @@ func Rules() []Rule { return RulesWith(DefaultConfig()) }
 // peer before the queues they leave stuck).
 func RulesWith(c Config) []Rule {
 	return []Rule{
+		faultSwitchOn(),
 		controlLoopDead(),
 		peerUnreachable(),
 		rankDivergence(c),

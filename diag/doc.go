@@ -2,12 +2,12 @@
 // server of a cluster (through the router's /debug/v1/cluster or the
 // servers named on its command line) several times over a window; each
 // Sample holds, per server, whether it answered and its decoded debug API
-// answers (package api/debug: steps, collectives, requests, pd). The rules
+// answers (package api/debug: steps, collectives, requests, pd, faults). The rules
 // judge the resulting Window and report Findings: the rule's name, a
 // severity, the server and rank, a one-line summary, the evidence (key/value
 // lines with the numbers that prove it) and the remedy an operator should
-// apply. Run runs every rule and sorts the findings by severity, then
-// server, then rank; no finding means healthy.
+// apply. Run runs every rule and sorts the findings by severity, then rule
+// (in the order below), then server, then rank; no finding means healthy.
 //
 // The package reads only api/ and the standard library (internal/lint
 // enforces it), so pdctl stays free of the engine and of cgo.
@@ -25,11 +25,23 @@
 // for timeouts judged once per iteration, the collective-wait threshold)
 // come in a Config; DefaultConfig matches pdserve's defaults.
 //
-// The rules, in the order Rules returns them:
+// The rules, in the order Rules returns them (causes before symptoms):
 //
+//   - fault-switch-on (warning): a server runs with fault switches on,
+//     named with what each does, and how to switch them off.
 //   - control-loop-dead (critical): a PD rank's socket receive loop is not
-//     alive; gives its exit reason and names the bootstrap-abort-crash
-//     fault when the reason does (incident 1, the mass-abort wedge).
+//     alive; gives its exit reason, the fault switch the reason names (the
+//     bootstrap-abort-crash of incident 1, the mass-abort wedge), and the
+//     rooms of other servers that wait on the rank.
+//   - peer-unreachable (critical): a server that did not answer in the last
+//     sample, or a decode rank whose PD entries say their prefill peer went
+//     silent past the heartbeat timeout.
+//   - rank-divergence (critical): ranks of one server more than one step
+//     apart, or at the same step with different collective sequence numbers
+//     while neither is in a collective; or a rank waiting in a collective
+//     longer than the threshold while a peer is in no collective or in
+//     another seq, naming both ranks and seqs (incident 2, the
+//     overlap-schedule desync).
 //   - pd-queue-stuck (critical for bootstrap and transfer, warning for
 //     inflight and prealloc): a PD queue non-empty in the first and the last
 //     sample with no room leaving it between any two samples.
@@ -40,15 +52,6 @@
 //     while its server has no live request in any scheduler or PD queue, in
 //     both the first and the last sample; (warning) pages kept for aborted
 //     rooms past the abort-ack timeout plus the grace.
-//   - peer-unreachable (critical): a server that did not answer in the last
-//     sample, or a decode rank whose PD entries say their prefill peer went
-//     silent past the heartbeat timeout.
-//   - rank-divergence (critical): ranks of one server more than one step
-//     apart, or at the same step with different collective sequence numbers
-//     while neither is in a collective; or a rank waiting in a collective
-//     longer than the threshold while a peer is in no collective or in
-//     another seq, naming both ranks and seqs (incident 2, the
-//     overlap-schedule desync).
 //
 // # Adding a rule
 //

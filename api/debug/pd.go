@@ -60,6 +60,7 @@ type PDSocket struct {
 	LastError   string     `json:"last_error,omitempty"`
 	Late        uint64     `json:"late"`      // for rooms the rank does not have, dropped
 	Misplaced   uint64     `json:"misplaced"` // of a type the role never receives, dropped
+	Faulted     uint64     `json:"faulted"`   // dropped by a drop-* fault switch
 	Outbox      PDOutbox   `json:"outbox"`
 }
 

@@ -67,6 +67,7 @@ server answered at all).`,
 	fl.DurationVar(&t.Transfer, "transfer-timeout", t.Transfer, "the servers' PD transfer timeout (decode transfer)")
 	fl.DurationVar(&t.Inflight, "inflight-timeout", t.Inflight, "the servers' PD inflight timeout (prefill inflight)")
 	fl.DurationVar(&t.AbortAck, "abort-ack-timeout", t.AbortAck, "the servers' PD abort-ack timeout (decode aborting)")
+	fl.DurationVar(&opts.Config.CollectiveWait, "collective-wait", opts.Config.CollectiveWait, "longest a rank may wait in a collective while a peer is elsewhere before rank-divergence names it")
 	return cmd
 }
 
@@ -195,8 +196,8 @@ func sampleOnce(ctx context.Context, targets []*target, bound time.Duration) dia
 	return s
 }
 
-// sampleServer reads one server's info, steps, collectives, requests and
-// PD state. A server that fails any of them is unreachable in the sample,
+// sampleServer reads one server's info, steps, collectives, requests, PD
+// state and fault switches. A server that fails any of them is unreachable in the sample,
 // with the first error; a colocated server has no PD state.
 func sampleServer(ctx context.Context, t *target, bound time.Duration) diag.ServerSample {
 	ctx, cancel := context.WithTimeout(ctx, bound)
@@ -209,7 +210,8 @@ func sampleServer(ctx context.Context, t *target, bound time.Duration) diag.Serv
 		colls debug.CollectivesResponse
 		reqs  debug.RequestsResponse
 		pd    debug.PDResponse
-		errs  [5]error
+		flts  debug.FaultsResponse
+		errs  [6]error
 	)
 	start := time.Now()
 	wg.Go(func() { info, errs[0] = t.c.Info(ctx) })
@@ -217,6 +219,7 @@ func sampleServer(ctx context.Context, t *target, bound time.Duration) diag.Serv
 	wg.Go(func() { colls, errs[2] = t.c.Collectives(ctx) })
 	wg.Go(func() { reqs, errs[3] = t.c.Requests(ctx, "") })
 	wg.Go(func() { pd, errs[4] = t.c.PD(ctx, "") })
+	wg.Go(func() { flts, errs[5] = t.c.Faults(ctx) })
 	wg.Wait()
 	s.TookMS = float64(time.Since(start).Microseconds()) / 1000
 	if errs[0] == nil {
@@ -233,7 +236,7 @@ func sampleServer(ctx context.Context, t *target, bound time.Duration) diag.Serv
 		}
 	}
 	s.Reachable = true
-	s.Steps, s.Collectives, s.Requests = &steps, &colls, &reqs
+	s.Steps, s.Collectives, s.Requests, s.Faults = &steps, &colls, &reqs, &flts
 	if hasPD {
 		s.PD = &pd
 	}

@@ -270,7 +270,8 @@ func deadRanks(t *testing.T, c *cluster) []int {
 
 // TestDiagnoseWedgedOutput: the exact findings of a wedged cluster, piped
 // and on a terminal: the dead loops first, each naming the decode rooms
-// that wait on it, then the stuck transfer queues. Values that change from
+// that wait on it, then the stuck transfer queues, then the fault switch
+// that explains them. Values that change from
 // run to run (times, ages, the window's span, message counts) are masked.
 func TestDiagnoseWedgedOutput(t *testing.T) {
 	c := newWedged(t)
@@ -289,7 +290,10 @@ func TestDiagnoseWedgedOutput(t *testing.T) {
 		return "critical\tpd-queue-stuck\tDECODE\t" + r + "\tthe transfer queue of decode rank " + r + " holds 1 room and none left it in *" +
 			"\tqueue=transfer; count=1 (first sample 1); oldest=*; rooms=10; window=*\t" + remedyD + "\n"
 	}
-	piped := loop("0") + loop("1") + stuck("0") + stuck("1")
+	const faultOff = "unless a drill needs it, switch it off (pdctl fault off bootstrap-abort-crash --server PREFILL); a server started with --fault keeps it across restarts until the flag is removed."
+	switchOn := "warning\tfault-switch-on\tPREFILL\t-\tthe prefill server runs with the fault switch on: bootstrap-abort-crash" +
+		"\tbootstrap-abort-crash=the prefill control loop treats ABORT as an unknown message and exits (the mass-abort wedge)\t" + faultOff + "\n"
+	piped := loop("0") + loop("1") + stuck("0") + stuck("1") + switchOn
 	loopBlock := func(r string) string {
 		return "critical control-loop-dead PREFILL rank " + r + ": the prefill control loop of rank " + r + " is dead: " + crash + "\n" +
 			"  role: prefill\n  endpoint: PREFILL-RANK" + r + "\n  alive: false\n  exit_reason: " + crash + "\n  last_message: *\n" +
@@ -301,8 +305,11 @@ func TestDiagnoseWedgedOutput(t *testing.T) {
 		return "critical pd-queue-stuck DECODE rank " + r + ": the transfer queue of decode rank " + r + " holds 1 room and none left it in *\n" +
 			"  queue: transfer\n  count: 1 (first sample 1)\n  oldest: *\n  rooms: 10\n  window: *\n  remedy: " + remedyD + "\n"
 	}
-	tty := loopBlock("0") + "\n" + loopBlock("1") + "\n" + stuckBlock("0") + "\n" + stuckBlock("1")
-	wantErr := "sampling 2 servers every 200ms for 600ms…\n* samples over *\npdctl: diagnose: 4 findings (4 critical)\n"
+	tty := loopBlock("0") + "\n" + loopBlock("1") + "\n" + stuckBlock("0") + "\n" + stuckBlock("1") + "\n" +
+		"warning fault-switch-on PREFILL: the prefill server runs with the fault switch on: bootstrap-abort-crash\n" +
+		"  bootstrap-abort-crash: the prefill control loop treats ABORT as an unknown message and exits (the mass-abort wedge)\n" +
+		"  remedy: " + faultOff + "\n"
+	wantErr := "sampling 2 servers every 200ms for 600ms…\n* samples over *\npdctl: diagnose: 5 findings (4 critical, 1 warning)\n"
 	mask := strings.NewReplacer(crash, "control loop: unknown message type ABORT (fault bootstrap-abort-crash): zmqlink: handler ended the receive loop", remedyP, "restart the prefill server PREFILL; its rooms cannot progress until then. The exit reason names the fault bootstrap-abort-crash: switch it off (pdctl fault off bootstrap-abort-crash --server PREFILL) before the restart.", remedyD, "the decode waits for KV that the prefill does not send (the mass-abort wedge): check the prefill peer's control loop (control-loop-dead) and the prefill's bootstrap queue, abort the stuck rooms (pdctl abort --rooms-from-queue), then restart the prefill server.")
 	volatile := regexp.MustCompile(`((?:last_message|messages|oldest|window)(?:=|: ))[^;\t\n]*|(left it in )[0-9.]+m?s`)
 	for _, tc := range []struct {
@@ -316,5 +323,77 @@ func TestDiagnoseWedgedOutput(t *testing.T) {
 		if code != exitFindings || stdout != want || stderr != wantErr {
 			t.Errorf("tty %v: exit %d\nstdout:\n%s\nwant:\n%s\nstderr:\n%s", tc.tty, code, stdout, want, stderr)
 		}
+	}
+}
+
+// diagnoseJSON runs diagnose --json on c with extra flags and returns the
+// exit code and the findings by rule, server and rank ("rule SERVER rank").
+func diagnoseJSON(t *testing.T, c *cluster, extra ...string) (exitCode, []diag.Finding, []string) {
+	t.Helper()
+	args := append([]string{"diagnose", "--window", "600ms", "--interval", "200ms", "--json"}, extra...)
+	code, stdout, stderr := c.pdctl(t, false, args...)
+	var findings []diag.Finding
+	if err := json.Unmarshal([]byte(stdout), &findings); err != nil {
+		t.Fatalf("exit %d: the JSON output: %v\n%s\nstderr:\n%s", code, err, stdout, stderr)
+	}
+	var keys []string
+	for _, f := range findings {
+		keys = append(keys, fmt.Sprintf("%s %s %d", f.Rule, f.Server, f.Rank))
+	}
+	return code, findings, keys
+}
+
+// TestDiagnoseStalledRank: with stall-last-rank on at the decode, its rank
+// 0 waits in a collective that rank 1 never enters; diagnose names the
+// divergence on rank 0 (rank 1 in no collective) and the switch.
+func TestDiagnoseStalledRank(t *testing.T) {
+	c := newCluster(t)
+	if _, err := client.New(c.decode.ts.URL, "", nil).SetFault(t.Context(), "stall-last-rank", true); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "decode rank 0 waiting in a collective", 10*time.Second, func() bool {
+		col, err := client.New(c.decode.ts.URL, "", nil).Collectives(t.Context())
+		return err == nil && len(col.Ranks) == 2 && col.Ranks[0].Waiting != nil && col.Ranks[0].Waiting.DurationMS > 200
+	})
+	code, findings, keys := diagnoseJSON(t, c, "--collective-wait", "100ms")
+	want := []string{"rank-divergence DECODE 0", "fault-switch-on DECODE -1"}
+	if code != exitFindings || !slices.Equal(keys, want) {
+		t.Fatalf("exit %d, findings %q, want %q", code, keys, want)
+	}
+	if s := findings[0].Summary; !strings.Contains(s, "while rank 1 is not in a collective") {
+		t.Errorf("rank-divergence summary %q", s)
+	}
+	if r := findings[0].Remedy; !strings.Contains(r, "stall-last-rank") {
+		t.Errorf("rank-divergence remedy %q", r)
+	}
+}
+
+// TestDiagnoseDecodeLoopDead: with pd-loop-exit on at the decode, the first
+// KV chunk ends each decode rank's KV loop; diagnose names both dead loops,
+// the switch the exit reason names, and the switch itself.
+func TestDiagnoseDecodeLoopDead(t *testing.T) {
+	c := newCluster(t)
+	if _, err := client.New(c.decode.ts.URL, "", nil).SetFault(t.Context(), "pd-loop-exit", true); err != nil {
+		t.Fatal(err)
+	}
+	send(t, c.router, map[string]any{"prompt": "once upon a time", "max_tokens": 4, "temperature": 0, "ignore_eos": true})
+	poll(t, "the decode's KV loops dead", 10*time.Second, func() bool {
+		pd, err := client.New(c.decode.ts.URL, "", nil).PD(t.Context(), "")
+		return err == nil && len(pd.Ranks) == 2 && !pd.Ranks[0].Socket.Alive && !pd.Ranks[1].Socket.Alive
+	})
+	code, findings, keys := diagnoseJSON(t, c)
+	var dead []string
+	for i, k := range keys {
+		if strings.HasPrefix(k, "control-loop-dead ") {
+			dead = append(dead, k)
+			if f := findings[i]; !strings.Contains(f.Summary, "the decode KV loop of rank") ||
+				!strings.Contains(f.Remedy, "switch it off (pdctl fault off pd-loop-exit --server DECODE)") {
+				t.Errorf("finding %s: %q / %q", k, f.Summary, f.Remedy)
+			}
+		}
+	}
+	if want := []string{"control-loop-dead DECODE 0", "control-loop-dead DECODE 1"}; code != exitFindings || !slices.Equal(dead, want) ||
+		!slices.Contains(keys, "fault-switch-on DECODE -1") {
+		t.Fatalf("exit %d, findings %q", code, keys)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -17,8 +18,10 @@ func newCmdFault(f *factory) *cobra.Command {
 		Use:   "fault <command>",
 		Short: "List and switch the servers' named fault paths",
 		Long: `A fault is a real code path, off by default, that reproduces a production
-failure (see GET /debug/v1/faults). "fault list" shows every fault of every
-server; "fault on NAME" and "fault off NAME" switch one live through the admin
+failure, or a generic chaos switch (drop or delay one message type, stall a
+rank, end a receive loop); see GET /debug/v1/faults. "fault list" shows every
+fault of every server (only those named, or only those on with --on);
+"fault on NAME" and "fault off NAME" switch one live through the admin
 API (with --token when the servers require one). A fault that does not apply
 to a server's role is reported for that server and leaves it alone.`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -38,24 +41,32 @@ to a server's role is reported for that server and leaves it alone.`,
 type faultListOptions struct {
 	f      *factory
 	Attach *attachOptions
+	Names  []string // only these faults; empty: every fault
+	OnOnly bool
 	JSON   bool
 }
 
 func newCmdFaultList(f *factory, runF func(context.Context, *faultListOptions) error) *cobra.Command {
 	opts := &faultListOptions{f: f, Attach: &f.attach}
 	cmd := &cobra.Command{
-		Use:   "list",
+		Use:   "list [NAME...]",
 		Short: "List every server's fault switches and their state",
-		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			opts.Names = args
 			if runF != nil {
 				return runF(cmd.Context(), opts)
 			}
 			return faultListRun(cmd.Context(), opts)
 		},
 	}
+	cmd.Flags().BoolVar(&opts.OnOnly, "on", false, "only the switches that are on")
 	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print a JSON object")
 	return cmd
+}
+
+// keep reports whether fault fl is in the listing of opts.
+func (o *faultListOptions) keep(fl debug.Fault) bool {
+	return (len(o.Names) == 0 || slices.Contains(o.Names, fl.Name)) && (!o.OnOnly || fl.On)
 }
 
 // serverFaults is one server in the output of fault list.
@@ -84,12 +95,27 @@ func faultListRun(ctx context.Context, opts *faultListOptions) error {
 			} else if r, err := t.c.Faults(ctx); err != nil {
 				s.Error = err.Error()
 			} else {
-				s.Faults = r.Faults
+				s.Faults = []debug.Fault{}
+				for _, fl := range r.Faults {
+					if opts.keep(fl) {
+						s.Faults = append(s.Faults, fl)
+					}
+				}
 			}
 			out.Servers[i] = s
 		})
 	}
 	wg.Wait()
+	answered := slices.ContainsFunc(out.Servers, func(s serverFaults) bool { return s.Error == "" })
+	for _, name := range opts.Names {
+		known := false
+		for _, s := range out.Servers {
+			known = known || slices.ContainsFunc(s.Faults, func(fl debug.Fault) bool { return fl.Name == name })
+		}
+		if answered && !known && !opts.OnOnly {
+			return fmt.Errorf("no server has a fault named %q", name)
+		}
+	}
 	unreachable := 0
 	tab := newTable([]string{"SERVER", "ROLE", "FAULT", "STATE", "ROLES", "DOC"})
 	for _, s := range out.Servers {

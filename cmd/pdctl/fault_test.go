@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/pdkit/pdkit/engine/model"
@@ -18,6 +20,24 @@ const faultDoc = "the prefill control loop treats ABORT as an unknown message an
 // steps run in order on one cluster.
 func TestFault(t *testing.T) {
 	c := newCluster(t)
+	// Every switch the engine has, as fault list shows it on each server.
+	var all string
+	var names []string
+	for _, n := range []*node{c.prefill, c.decode} {
+		role := n.eng.Config().Role
+		for _, fl := range n.eng.Faults() {
+			state := "off"
+			if !slices.Contains(fl.Roles, role) {
+				state = "n/a"
+			}
+			server := map[*node]string{c.prefill: "PREFILL", c.decode: "DECODE"}[n]
+			all += server + "\t" + role + "\t" + fl.Name + "\t" + state + "\t" + strings.Join(fl.Roles, ",") + "\t" + fl.Doc + "\n"
+			if n == c.prefill {
+				names = append(names, fl.Name)
+			}
+		}
+	}
+	unknown := "skipped: serve: unknown fault \"disk-full\" (known: [" + strings.Join(names, " ") + "])"
 	steps := []struct {
 		name   string
 		args   []string
@@ -26,10 +46,19 @@ func TestFault(t *testing.T) {
 		stderr string
 	}{
 		{
-			name: "list, all off",
-			args: []string{"fault", "list"},
+			name:   "list, all off",
+			args:   []string{"fault", "list"},
+			stdout: all,
+		},
+		{
+			name: "list one",
+			args: []string{"fault", "list", "bootstrap-abort-crash"},
 			stdout: "PREFILL\tprefill\tbootstrap-abort-crash\toff\tprefill\t" + faultDoc + "\n" +
 				"DECODE\tdecode\tbootstrap-abort-crash\tn/a\tprefill\t" + faultDoc + "\n",
+		},
+		{
+			name: "list those on: none",
+			args: []string{"fault", "list", "--on"},
 		},
 		{
 			name: "on: the decode is skipped",
@@ -38,8 +67,13 @@ func TestFault(t *testing.T) {
 				"DECODE\tdecode\tbootstrap-abort-crash\tskipped: serve: fault \"bootstrap-abort-crash\" applies to [prefill] servers, this one is decode\n",
 		},
 		{
+			name:   "list those on",
+			args:   []string{"fault", "list", "--on"},
+			stdout: "PREFILL\tprefill\tbootstrap-abort-crash\ton\tprefill\t" + faultDoc + "\n",
+		},
+		{
 			name: "list json, on",
-			args: []string{"--server", c.prefill.ts.URL, "fault", "list", "--json"},
+			args: []string{"--server", c.prefill.ts.URL, "fault", "list", "--json", "bootstrap-abort-crash"},
 			stdout: `{
   "servers": [
     {
@@ -67,7 +101,7 @@ func TestFault(t *testing.T) {
 		},
 		{
 			name: "list with an unreachable server",
-			args: []string{"--server", c.prefill.ts.URL, "--server", "http://127.0.0.1:1", "fault", "list"},
+			args: []string{"--server", c.prefill.ts.URL, "--server", "http://127.0.0.1:1", "fault", "list", "bootstrap-abort-crash"},
 			code: exitFindings,
 			stdout: "PREFILL\tprefill\tbootstrap-abort-crash\toff\tprefill\t" + faultDoc + "\n" +
 				"http://127.0.0.1:1\t-\t-\tunreachable: GET http://127.0.0.1:1/pd/v1/info: dial tcp 127.0.0.1:1: connect: connection refused\t-\t-\n",
@@ -77,9 +111,15 @@ func TestFault(t *testing.T) {
 			name: "an unknown fault",
 			args: []string{"fault", "on", "disk-full"},
 			code: exitError,
-			stdout: "PREFILL\tprefill\tdisk-full\tskipped: serve: unknown fault \"disk-full\" (known: [bootstrap-abort-crash])\n" +
-				"DECODE\tdecode\tdisk-full\tskipped: serve: unknown fault \"disk-full\" (known: [bootstrap-abort-crash])\n",
+			stdout: "PREFILL\tprefill\tdisk-full\t" + unknown + "\n" +
+				"DECODE\tdecode\tdisk-full\t" + unknown + "\n",
 			stderr: "pdctl: fault \"disk-full\" applies to none of the servers\n",
+		},
+		{
+			name:   "list an unknown fault",
+			args:   []string{"fault", "list", "disk-full"},
+			code:   exitError,
+			stderr: "pdctl: no server has a fault named \"disk-full\"\n",
 		},
 		{
 			name:   "no name",

@@ -3,14 +3,18 @@ package serve
 import (
 	"fmt"
 	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
 )
 
 // Fault switches: real code paths, off by default, that reproduce the
-// failures this toolkit is built to diagnose. Each is on or off for the
-// whole engine, from Config.Faults at start and Engine.SetFault live.
+// failures this toolkit is built to diagnose, and generic chaos switches
+// beside them. Each is on or off for the whole engine, from Config.Faults
+// at start and Engine.SetFault live.
 const (
 	// FaultBootstrapAbortCrash makes a prefill rank's control loop treat
 	// ABORT as an unknown message and exit, as the reference system's
@@ -18,7 +22,30 @@ const (
 	// so new requests wait in the bootstrap queue on the prefill and in the
 	// transfer queue on the decode until their timeouts.
 	FaultBootstrapAbortCrash = "bootstrap-abort-crash"
+
+	// FaultStallLastRank holds the highest TP rank at the top of its next
+	// iteration until the switch goes off: its peers wait in their next
+	// collective for it (the watchdog reports the stall, the flight
+	// recorders show the ranks apart), and the server stops progressing
+	// while every rank is alive.
+	FaultStallLastRank = "stall-last-rank"
+
+	// FaultPDLoopExit ends a PD rank's receive loop (control on a prefill,
+	// KV on a decode) at its next message, whatever the message.
+	FaultPDLoopExit = "pd-loop-exit"
 )
+
+// faultDelay is how long a delay-* switch holds each message of its type in
+// the receive loop before filing it, as a slow link would.
+const faultDelay = 250 * time.Millisecond
+
+// FaultDrop and FaultDelay name the switches that drop, or delay by
+// faultDelay, every received message of type t: "drop-kv-chunk",
+// "delay-heartbeat" and so on. A dropped message is counted (reason fault).
+func FaultDrop(t pdproto.Type) string  { return "drop-" + typeSlug(t) }
+func FaultDelay(t pdproto.Type) string { return "delay-" + typeSlug(t) }
+
+func typeSlug(t pdproto.Type) string { return strings.ToLower(strings.ReplaceAll(string(t), "_", "-")) }
 
 // FaultInfo describes one fault switch.
 type FaultInfo struct {
@@ -28,15 +55,48 @@ type FaultInfo struct {
 	On    bool
 }
 
-var faultSpecs = []FaultInfo{
-	{Name: FaultBootstrapAbortCrash, Roles: []string{pdproto.RolePrefill},
-		Doc: "the prefill control loop treats ABORT as an unknown message and exits (the mass-abort wedge)"},
+// receivers are the roles that receive each message type.
+var receivers = map[pdproto.Type][]string{
+	pdproto.TypeTransferInfo: {pdproto.RolePrefill},
+	pdproto.TypeKVChunk:      {pdproto.RoleDecode},
+	pdproto.TypeStatus:       {pdproto.RolePrefill, pdproto.RoleDecode},
+	pdproto.TypeAbort:        {pdproto.RolePrefill},
+	pdproto.TypeAbortAck:     {pdproto.RoleDecode},
+	pdproto.TypeHeartbeat:    {pdproto.RolePrefill, pdproto.RoleDecode},
 }
 
-// faultSet holds the switches' states.
+var faultSpecs = func() []FaultInfo {
+	all := []string{pdproto.RoleColocated, pdproto.RolePrefill, pdproto.RoleDecode}
+	pd := []string{pdproto.RolePrefill, pdproto.RoleDecode}
+	specs := []FaultInfo{
+		{Name: FaultBootstrapAbortCrash, Roles: []string{pdproto.RolePrefill},
+			Doc: "the prefill control loop treats ABORT as an unknown message and exits (the mass-abort wedge)"},
+		{Name: FaultStallLastRank, Roles: all,
+			Doc: "the highest TP rank stops before its next collective until switched off; its peers wait in the collective"},
+		{Name: FaultPDLoopExit, Roles: pd,
+			Doc: "each rank's PD receive loop (prefill control, decode KV) exits at its next message"},
+	}
+	for _, t := range pdproto.Types {
+		specs = append(specs, FaultInfo{Name: FaultDrop(t), Roles: receivers[t],
+			Doc: fmt.Sprintf("every %s received is dropped (counted, reason fault)", t)})
+	}
+	for _, t := range pdproto.Types {
+		specs = append(specs, FaultInfo{Name: FaultDelay(t), Roles: receivers[t],
+			Doc: fmt.Sprintf("every %s received waits %v in the receive loop before it is filed", t, faultDelay)})
+	}
+	return specs
+}()
+
+// faultSet holds the switches' states; changed is closed and replaced at
+// every change, to wake the loops that wait for a switch to go off.
 type faultSet struct {
-	on [1]atomic.Bool // indexed like faultSpecs
+	on      [maxFaults]atomic.Bool // indexed like faultSpecs
+	mu      sync.Mutex
+	changed chan struct{}
 }
+
+// maxFaults bounds the number of switches (checked by TestFaultList).
+const maxFaults = 32
 
 func faultIndex(name string) int {
 	return slices.IndexFunc(faultSpecs, func(f FaultInfo) bool { return f.Name == name })
@@ -45,6 +105,44 @@ func faultIndex(name string) int {
 func (f *faultSet) enabled(name string) bool {
 	i := faultIndex(name)
 	return i >= 0 && f.on[i].Load()
+}
+
+func (f *faultSet) set(i int, on bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.on[i].Store(on)
+	if f.changed != nil {
+		close(f.changed)
+	}
+	f.changed = make(chan struct{})
+}
+
+// change returns a channel closed at the next change of any switch.
+func (f *faultSet) change() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.changed == nil {
+		f.changed = make(chan struct{})
+	}
+	return f.changed
+}
+
+// waitOff blocks while fault name is on, until stop closes; it reports
+// whether it waited.
+func (f *faultSet) waitOff(name string, stop <-chan struct{}) bool {
+	waited := false
+	for {
+		ch := f.change()
+		if !f.enabled(name) {
+			return waited
+		}
+		waited = true
+		select {
+		case <-ch:
+		case <-stop:
+			return waited
+		}
+	}
 }
 
 // checkFault says whether name is a fault that applies to role.
@@ -78,7 +176,8 @@ func (e *Engine) SetFault(name string, on bool) error {
 	if err := checkFault(name, e.cfg.Role); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	e.faults.on[faultIndex(name)].Store(on)
+	e.faults.set(faultIndex(name), on)
+	e.poke() // a loop waiting for work sees the change at once
 	return nil
 }
 

@@ -83,6 +83,11 @@ func (l *rankLoop) run() error {
 func (l *rankLoop) receive(ran bool) (stepInput, error) {
 	var in stepInput
 	var data []byte
+	if l.r == len(l.e.loops)-1 {
+		// The fault switch stall-last-rank: a branch on local state
+		// before a collective, which the loop otherwise never takes.
+		l.e.faults.waitOff(FaultStallLastRank, l.e.stop)
+	}
 	if l.r == 0 {
 		if !ran {
 			l.e.idle()

@@ -161,6 +161,7 @@ type mailbox struct {
 	rooms   map[uint64]*mail
 	known   map[uint64]bool // rooms the loop has (decode: others are late)
 	late    atomic.Uint64   // messages for rooms nobody has, dropped
+	faulted atomic.Uint64   // messages a drop-* fault switch dropped
 	bad     atomic.Uint64   // messages that made no sense here, dropped
 	prefill bool
 	rank    uint32                 // the rank's TP rank, in the acks it sends
@@ -196,6 +197,15 @@ func (mb *mailbox) handle(frames [][]byte) error {
 	m, err := pdproto.Decode(frames)
 	if err != nil {
 		return err
+	}
+	switch {
+	case mb.fault(FaultPDLoopExit):
+		return fmt.Errorf("receive loop: fault %s at a %s: %w", FaultPDLoopExit, m.Type(), zmqlink.ErrExitLoop)
+	case mb.fault(FaultDrop(m.Type())):
+		mb.faulted.Add(1)
+		return nil
+	case mb.fault(FaultDelay(m.Type())):
+		time.Sleep(faultDelay) // the receive loop is the slow link
 	}
 	mb.mu.Lock()
 	defer mb.mu.Unlock()

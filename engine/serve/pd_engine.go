@@ -172,14 +172,14 @@ func (e *Engine) PDFailures() uint64 {
 }
 
 // PDLinks reports every rank's socket: receive loop liveness and counts,
-// and the messages dropped as late or out of place.
+// and the messages dropped as late, out of place or by a fault switch.
 func (e *Engine) PDLinks() []PDLink {
 	if e.pd == nil {
 		return nil
 	}
 	out := make([]PDLink, len(e.loops))
 	for r, l := range e.loops {
-		out[r] = PDLink{Rank: r, Inbox: l.pd.inbox.Stats(), Outbox: l.pd.outbox.Stats(), Late: l.pd.mb.late.Load(), Misplaced: l.pd.mb.bad.Load(),
+		out[r] = PDLink{Rank: r, Inbox: l.pd.inbox.Stats(), Outbox: l.pd.outbox.Stats(), Late: l.pd.mb.late.Load(), Misplaced: l.pd.mb.bad.Load(), Faulted: l.pd.mb.faulted.Load(),
 			KVBytes: l.pd.bytes.Load()}
 	}
 	return out
@@ -216,6 +216,7 @@ type PDLink struct {
 	Outbox    zmqlink.OutboxStats
 	Late      uint64 // messages for rooms the rank does not have
 	Misplaced uint64 // messages of a type the rank's role never receives
+	Faulted   uint64 // messages a drop-* fault switch dropped
 	KVBytes   uint64 // KV payload bytes the rank sent (prefill) or applied (decode)
 }
 

@@ -300,7 +300,7 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 		front: make(map[uint64]*request),
 	}
 	for _, name := range cfg.Faults {
-		e.faults.on[faultIndex(name)].Store(true) // checked by Validate
+		e.faults.set(faultIndex(name), true) // checked by Validate
 	}
 	for r := range cfg.TP {
 		sc, err := sched.New(sched.Config{

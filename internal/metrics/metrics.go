@@ -33,7 +33,8 @@
 //	pdkit_pd_messages_received_total{rank}        messages the rank's socket received
 //	pdkit_pd_dropped_messages_total{rank,reason}  dropped: malformed (the handler refused it),
 //	                                              handler_panic (recovered), late (unknown room),
-//	                                              misplaced (a type the role never receives)
+//	                                              misplaced (a type the role never receives),
+//	                                              fault (a drop-* fault switch)
 //	pdkit_pd_messages_sent_total{rank}            messages handed to ZeroMQ
 //	pdkit_pd_send_errors_total{rank}              connect or send failures
 //	pdkit_pd_receive_loop_up{rank}                1 while the rank's receive loop runs, else 0
