@@ -3,12 +3,15 @@ package router
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/pdkit/pdkit/api/debug"
@@ -82,33 +85,70 @@ func (rt *Router) check(parent context.Context, u *upstream) {
 	if parent.Err() != nil {
 		return // the router is closing: not the server's fault
 	}
+	rt.setHealth(u, func() {
+		u.lastCheck = time.Now()
+		switch {
+		case err == nil:
+			u.healthy, u.reason, u.fails, u.info = true, "", 0, info
+		case mismatch:
+			u.fails++
+			u.healthy, u.reason, u.info = false, err.Error(), info
+		default:
+			rt.failed(u, err.Error())
+		}
+	})
+	if err != nil {
+		rt.log.Debug("health check failed", "role", u.role, "url", u.url, "err", err)
+	}
+}
+
+// failed counts one failure of u, a failed check or a refused or dropped
+// connection, and marks u down once FailThreshold came in a row (at once
+// if it is down already). u.mu is held.
+func (rt *Router) failed(u *upstream, reason string) {
+	u.fails++
+	if u.fails >= rt.opts.FailThreshold || !u.healthy {
+		u.healthy, u.reason = false, reason
+	}
+}
+
+// setHealth runs update on u under its lock and logs and exports a change
+// of its health.
+func (rt *Router) setHealth(u *upstream, update func()) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	was := u.healthy
-	u.lastCheck = time.Now()
-	switch {
-	case err == nil:
-		u.healthy, u.reason, u.fails, u.info = true, "", 0, info
-	case mismatch:
-		u.fails++
-		u.healthy, u.reason, u.info = false, err.Error(), info
-	default:
-		u.fails++
-		if u.fails >= rt.opts.FailThreshold || !u.healthy {
-			u.healthy, u.reason = false, err.Error()
-		}
+	update()
+	if u.healthy == was {
+		return
 	}
-	if u.healthy != was {
-		if u.healthy {
-			rt.log.Info("server up", "role", u.role, "url", u.url, "model", u.info.Model, "tp_size", u.info.TPSize)
-			rt.metrics.healthy.WithLabelValues(u.role, u.url).Set(1)
-		} else {
-			rt.log.Warn("server down", "role", u.role, "url", u.url, "reason", u.reason, "failed_checks", u.fails)
-			rt.metrics.healthy.WithLabelValues(u.role, u.url).Set(0)
-		}
-	} else if err != nil {
-		rt.log.Debug("health check failed", "role", u.role, "url", u.url, "err", err, "failed_checks", u.fails)
+	if u.healthy {
+		rt.log.Info("server up", "role", u.role, "url", u.url, "model", u.info.Model, "tp_size", u.info.TPSize)
+		rt.metrics.healthy.WithLabelValues(u.role, u.url).Set(1)
+	} else {
+		rt.log.Warn("server down", "role", u.role, "url", u.url, "reason", u.reason, "failed_checks", u.fails)
+		rt.metrics.healthy.WithLabelValues(u.role, u.url).Set(0)
 	}
+}
+
+// transportFailed takes a proxied call's error as evidence about u: a
+// connection that could not be made, or was reset or closed by u, counts
+// like a failed health check, so a server that died leaves the rotation
+// after FailThreshold such calls instead of waiting for the checks (which
+// bring it back once it answers). Cancellations (the client went, an
+// abort) and errors of the router's own making say nothing about u.
+func (rt *Router) transportFailed(ctx context.Context, u *upstream, err error) {
+	if err == nil || ctx.Err() != nil || !connectionError(err) {
+		return
+	}
+	rt.setHealth(u, func() { rt.failed(u, "request failed: "+err.Error()) })
+}
+
+// connectionError reports whether err is a failure of the connection to
+// the server: a refused or failed dial, a reset, an unexpected close.
+func connectionError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED)
 }
 
 // probe asks u for /health and its info. mismatch reports a server that

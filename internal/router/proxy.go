@@ -270,18 +270,21 @@ func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
 	go func() {
 		resp, err := rt.post(ctx, p.url+r.URL.Path, pbody, r)
 		if err != nil {
+			rt.transportFailed(ctx, p, err)
 			releasePrefill()
 			pch <- upResult{err: err}
 			return
 		}
 		body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		resp.Body.Close()
+		rt.transportFailed(ctx, p, err)
 		releasePrefill()
 		pch <- upResult{status: resp.StatusCode, body: body, err: err}
 	}()
 	dch := make(chan upResult, 1)
 	go func() {
 		resp, err := rt.post(ctx, d.url+r.URL.Path, dbody, r)
+		rt.transportFailed(ctx, d, err)
 		dch <- upResult{resp: resp, err: err}
 	}()
 
@@ -437,6 +440,7 @@ func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
 					rt.metrics.requests.WithLabelValues(outcome).Inc()
 					return
 				}
+				rt.transportFailed(ctx, d, c.err) // reading the decode's body failed
 				if wrote {
 					rt.cutShort(ctx, r, log, d, c.err)
 					return

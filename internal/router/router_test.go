@@ -149,8 +149,8 @@ type cluster struct {
 }
 
 // start runs a router over the stubs and waits until every stub that
-// reports healthy is up.
-func start(t *testing.T, prefill, decode []*stub) *cluster {
+// reports healthy is up; tweaks change the options first.
+func start(t *testing.T, prefill, decode []*stub, tweaks ...func(*Options)) *cluster {
 	t.Helper()
 	var opts Options
 	for _, s := range prefill {
@@ -161,6 +161,9 @@ func start(t *testing.T, prefill, decode []*stub) *cluster {
 	}
 	opts.HealthInterval = 10 * time.Millisecond
 	opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, tw := range tweaks {
+		tw(&opts)
+	}
 	rt, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -465,7 +468,9 @@ func blocking(s *stub) {
 func TestClientDisconnectCancelsBoth(t *testing.T) {
 	p := newStub(t, pdproto.RolePrefill, blocking)
 	d := newStub(t, pdproto.RoleDecode, blocking)
-	c := start(t, []*stub{p}, []*stub{d})
+	// No health check after the first: the cancelled calls must not
+	// count as the servers' failures.
+	c := start(t, []*stub{p}, []*stub{d}, func(o *Options) { o.HealthInterval = time.Hour })
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	resp := c.post(t, ctx, "/v1/completions", `{"prompt":"x","stream":true}`)
@@ -477,9 +482,14 @@ func TestClientDisconnectCancelsBoth(t *testing.T) {
 	resp.Body.Close()
 	p.waitCancel(t, "client disconnect")
 	d.waitCancel(t, "client disconnect")
-	c.waitFor(t, "no request in flight", func(cr debug.ClusterResponse) bool {
+	cr := c.waitFor(t, "no request in flight", func(cr debug.ClusterResponse) bool {
 		return cr.LiveRooms == 0 && cr.Servers[0].InFlight == 0 && cr.Servers[1].InFlight == 0
 	})
+	for _, s := range cr.Servers {
+		if !s.Healthy || s.ConsecutiveFailures != 0 {
+			t.Errorf("after a client disconnect: %+v", s)
+		}
+	}
 }
 
 func TestAbortRequest(t *testing.T) {
@@ -759,5 +769,36 @@ func TestNewRefusesBadServers(t *testing.T) {
 			rt.Close()
 			t.Errorf("New(%+v) accepted", o)
 		}
+	}
+}
+
+// TestTransportErrorsMarkDown: a prefill server that dies between two
+// health checks leaves the rotation after FailThreshold requests fail to
+// connect to it (the checks, an hour apart here, play no part); the
+// requests after that all go to the live one.
+func TestTransportErrorsMarkDown(t *testing.T) {
+	live := newStub(t, pdproto.RolePrefill, nil)
+	dead := newStub(t, pdproto.RolePrefill, nil)
+	d := newStub(t, pdproto.RoleDecode, nil)
+	c := start(t, []*stub{live, dead}, []*stub{d}, func(o *Options) { o.HealthInterval = time.Hour })
+	c.waitFor(t, "both prefill servers up", func(cr debug.ClusterResponse) bool { return cr.HealthyPrefill == 2 })
+	dead.srv.Close()
+
+	// A request routed to the dead server fails (502), unless the stub
+	// decode, which needs no KV, answered first.
+	for range 10 {
+		resp := c.post(t, context.Background(), "/v1/completions", `{"prompt":"x"}`)
+		if body := readAll(t, resp); resp.StatusCode != http.StatusOK &&
+			(resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, dead.url())) {
+			t.Fatalf("status %d: %s", resp.StatusCode, body)
+		}
+		c.settle(t, 0)
+	}
+	s := server(c.clusterState(t), dead.url())
+	if s.RequestsServed != 2 || s.Healthy || !strings.HasPrefix(s.Reason, "request failed: ") || s.ConsecutiveFailures != 2 {
+		t.Fatalf("the dead server is listed as %+v", s)
+	}
+	if failed := int(s.RequestsServed); live.count() != 10-failed {
+		t.Errorf("the live prefill served %d of %d", live.count(), 10-failed)
 	}
 }
