@@ -1,8 +1,12 @@
 // Package tui is the Bubble Tea application behind "pdctl top": a live view
-// of a cluster's ranks, their steps and phases, the PD queues and any
-// divergence between the ranks of a tensor-parallel group. Like the rest of
-// pdctl's operator side it reads the cluster only through package api.
+// of a cluster's ranks, their steps and phases, the collective each waits
+// in, the PD queues, and any divergence between the ranks of a
+// tensor-parallel group, with the findings of the diag rules over the last
+// few seconds of samples beneath.
 //
-// The code arrives with the pdctl milestone; for now the package holds only
-// this description.
+// The package does not read the cluster itself: the caller's Fetch takes
+// one diag.Sample (the same reading "pdctl diagnose" and "pdctl bundle"
+// take), and Frame renders a window of them, styled for a terminal or
+// plain. Like the rest of pdctl's operator side it reaches the cluster
+// only through package api (internal/lint enforces it).
 package tui

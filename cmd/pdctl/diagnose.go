@@ -72,7 +72,10 @@ server answered at all).`,
 }
 
 // findingsError reports, after the output, that diagnose found problems.
-type findingsError struct{ findings []diag.Finding }
+type findingsError struct {
+	command  string // the command that found them: diagnose, top
+	findings []diag.Finding
+}
 
 func (e *findingsError) Error() string {
 	n := map[diag.Severity]int{}
@@ -85,7 +88,7 @@ func (e *findingsError) Error() string {
 			parts = append(parts, fmt.Sprintf("%d %s", n[s], s))
 		}
 	}
-	return "diagnose: " + pluralf(len(e.findings), "finding", "findings") + " (" + strings.Join(parts, ", ") + ")"
+	return e.command + ": " + pluralf(len(e.findings), "finding", "findings") + " (" + strings.Join(parts, ", ") + ")"
 }
 
 // cannotRunError reports that a command could not look at the cluster at
@@ -129,7 +132,7 @@ func diagnoseRun(ctx context.Context, opts *diagnoseOptions) error {
 		return err
 	}
 	if len(findings) > 0 {
-		return &findingsError{findings: findings}
+		return &findingsError{command: "diagnose", findings: findings}
 	}
 	return nil
 }

@@ -142,6 +142,6 @@ func newCmdRoot(f *factory) *cobra.Command {
 	root.AddCommand(newCmdFault(f))
 	root.AddCommand(newCmdQueues(f))
 	root.AddCommand(newCmdAbort(f, nil))
-	root.AddCommand(newCmdDiagnose(f, nil), newCmdBundle(f, nil))
+	root.AddCommand(newCmdDiagnose(f, nil), newCmdBundle(f, nil), newCmdTop(f, nil))
 	return root
 }

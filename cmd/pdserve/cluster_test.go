@@ -24,6 +24,7 @@ import (
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
+	"github.com/pdkit/pdkit/internal/syncbuf"
 	"github.com/pdkit/pdkit/internal/testmodel"
 	"github.com/pdkit/pdkit/kernels"
 )
@@ -84,7 +85,7 @@ func TestClusterLaunch(t *testing.T) {
 	t.Setenv("GORACE", "atexit_sleep_ms=0")
 	t.Setenv("PD_THREADS", "1") // reaches the servers: generate's numerics, and fewer threads
 
-	stdout, errb := &lockedBuf{}, &lockedBuf{}
+	stdout, errb := &syncbuf.Buffer{}, &syncbuf.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cmd := newRootCmd()

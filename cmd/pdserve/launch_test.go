@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -14,10 +13,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pdkit/pdkit/internal/syncbuf"
 )
 
 func TestLaunchUsageErrors(t *testing.T) {
@@ -99,27 +99,10 @@ func TestLaunchFakeServer(t *testing.T) {
 	os.Exit(0)
 }
 
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // startFakeLaunch runs `pdserve launch args...` in process with fake
 // servers; it returns the output buffers, a cancel (the signal) and the
 // exit code's channel.
-func startFakeLaunch(t *testing.T, args ...string) (dir string, stdout, stderr *lockedBuf, cancel func(), code chan int) {
+func startFakeLaunch(t *testing.T, args ...string) (dir string, stdout, stderr *syncbuf.Buffer, cancel func(), code chan int) {
 	t.Helper()
 	dir = t.TempDir()
 	self, err := os.Executable()
@@ -141,7 +124,7 @@ func startFakeLaunch(t *testing.T, args ...string) (dir string, stdout, stderr *
 	t.Setenv(fakeEnv, dir)
 	t.Setenv("GORACE", "atexit_sleep_ms=0") // a -race child exits at once
 
-	stdout, stderr = &lockedBuf{}, &lockedBuf{}
+	stdout, stderr = &syncbuf.Buffer{}, &syncbuf.Buffer{}
 	ctx, cancel := context.WithCancel(t.Context())
 	cmd := newRootCmd()
 	cmd.SetArgs(append([]string{"launch", "--model", model, "--port", "0", "--stop-timeout", "5s", "--ready-timeout", "20s"}, args...))

@@ -17,34 +17,17 @@ import (
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
+	"github.com/pdkit/pdkit/internal/syncbuf"
 	"github.com/pdkit/pdkit/internal/testmodel"
 	"github.com/pdkit/pdkit/kernels"
 )
 
 func TestMain(m *testing.M) { testmodel.Main(m) }
 
-// syncBuffer is a bytes.Buffer safe for one writer and one reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // serving is a pdserve serve running in process.
 type serving struct {
 	url    string
-	errb   *syncBuffer
+	errb   *syncbuf.Buffer
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -54,8 +37,8 @@ type serving struct {
 // test ends, if it still runs.
 func startServe(t *testing.T, args ...string) *serving {
 	t.Helper()
-	s := &serving{errb: &syncBuffer{}, done: make(chan error, 1)}
-	var out syncBuffer
+	s := &serving{errb: &syncbuf.Buffer{}, done: make(chan error, 1)}
+	var out syncbuf.Buffer
 	cmd := newRootCmd()
 	cmd.SetArgs(append([]string{"serve", "--port", "0"}, args...))
 	cmd.SetOut(&out)
@@ -249,9 +232,9 @@ func TestServeUsageErrors(t *testing.T) {
 // server beyond loopback refuses admin calls and says so at start-up.
 func TestServeAdminToken(t *testing.T) {
 	path := testmodel.Path(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
-	start := func(args ...string) (url string, errb *syncBuffer, stop func()) {
+	start := func(args ...string) (url string, errb *syncbuf.Buffer, stop func()) {
 		t.Helper()
-		errb = &syncBuffer{}
+		errb = &syncbuf.Buffer{}
 		cmd := newRootCmd()
 		cmd.SetArgs(append([]string{"serve", "--model", path, "--port", "0", "--threads", "1", "--shutdown-timeout", "1ms"}, args...))
 		cmd.SetOut(io.Discard)

@@ -1,7 +1,6 @@
 package launch
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,10 +12,11 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pdkit/pdkit/internal/syncbuf"
 )
 
 // The test binary is also the children: with childEnv set it runs the
@@ -88,26 +88,8 @@ func runChild(mode string) int {
 	return 0
 }
 
-// syncBuf is an output the test reads while the cluster writes it.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // waitMatch polls out until re matches, and returns the submatches.
-func waitMatch(t *testing.T, out *syncBuf, re string) []string {
+func waitMatch(t *testing.T, out *syncbuf.Buffer, re string) []string {
 	t.Helper()
 	r := regexp.MustCompile(re)
 	deadline := time.Now().Add(5 * time.Second)
@@ -141,7 +123,7 @@ func testSpec(t *testing.T, name, mode string, env ...string) Spec {
 // raceEnv keeps a child built with -race from sleeping a second on exit.
 const raceEnv = "GORACE=atexit_sleep_ms=0"
 
-func testOptions(out *syncBuf) Options {
+func testOptions(out *syncbuf.Buffer) Options {
 	return Options{Output: out, ReadyTimeout: 10 * time.Second, Grace: 5 * time.Second, PollInterval: 10 * time.Millisecond}
 }
 
@@ -168,7 +150,7 @@ func mustGone(t *testing.T, what string, pid int) {
 }
 
 func TestAllReadyThenCancelStopsAndReapsEveryone(t *testing.T) {
-	out := &syncBuf{}
+	out := &syncbuf.Buffer{}
 	specs := []Spec{
 		testSpec(t, "a", "serve", grandchildEnv+"=sleep"),
 		testSpec(t, "bb", "serve"),
@@ -212,7 +194,7 @@ func TestAllReadyThenCancelStopsAndReapsEveryone(t *testing.T) {
 }
 
 func TestChildExitingBeforeReadyIsNamedWithItsOutput(t *testing.T) {
-	out := &syncBuf{}
+	out := &syncbuf.Buffer{}
 	_, err := Start(t.Context(), []Spec{testSpec(t, "good", "serve"), testSpec(t, "bad", "exit")}, testOptions(out))
 	ce, ok := errors.AsType[*ChildError](err)
 	if !ok {
@@ -239,7 +221,7 @@ func TestChildExitingBeforeReadyIsNamedWithItsOutput(t *testing.T) {
 }
 
 func TestChildDyingWhileRunningStopsTheOthers(t *testing.T) {
-	out := &syncBuf{}
+	out := &syncbuf.Buffer{}
 	a, b := testSpec(t, "a", "serve"), testSpec(t, "b", "serve")
 	c, err := Start(t.Context(), []Spec{a, b}, testOptions(out))
 	if err != nil {
@@ -273,7 +255,7 @@ func TestChildDyingWhileRunningStopsTheOthers(t *testing.T) {
 }
 
 func TestChildIgnoringSIGTERMIsKilledAfterTheGrace(t *testing.T) {
-	out := &syncBuf{}
+	out := &syncbuf.Buffer{}
 	opts := testOptions(out)
 	opts.Grace = 300 * time.Millisecond
 	specs := []Spec{
@@ -308,7 +290,7 @@ func TestChildIgnoringSIGTERMIsKilledAfterTheGrace(t *testing.T) {
 }
 
 func TestGrandchildOutlivingItsParentIsKilled(t *testing.T) {
-	out := &syncBuf{}
+	out := &syncbuf.Buffer{}
 	opts := testOptions(out)
 	opts.Grace = 200 * time.Millisecond
 	// The grandchild ignores SIGTERM (it inherits the setting); the child does not.
@@ -332,7 +314,7 @@ func TestGrandchildOutlivingItsParentIsKilled(t *testing.T) {
 }
 
 func TestLaunchRetriesOnceWhenAPortIsTaken(t *testing.T) {
-	out := &syncBuf{}
+	out := &syncbuf.Buffer{}
 	calls := 0
 	c, err := Launch(t.Context(), func() ([]Spec, error) {
 		calls++
@@ -364,7 +346,7 @@ func TestLaunchRetriesOnceWhenAPortIsTaken(t *testing.T) {
 }
 
 func TestNotReadyInTime(t *testing.T) {
-	out := &syncBuf{}
+	out := &syncbuf.Buffer{}
 	opts := testOptions(out)
 	opts.ReadyTimeout = 200 * time.Millisecond
 	s := testSpec(t, "slow", "sleep") // never listens
@@ -382,7 +364,7 @@ func TestStartRefusesBadSpecs(t *testing.T) {
 	if _, err := Start(t.Context(), []Spec{{Name: "x"}}, Options{}); err == nil {
 		t.Error("a spec without a path accepted")
 	}
-	_, err := Start(t.Context(), []Spec{{Name: "x", Path: "/nonexistent/program"}}, Options{Output: &syncBuf{}})
+	_, err := Start(t.Context(), []Spec{{Name: "x", Path: "/nonexistent/program"}}, Options{Output: &syncbuf.Buffer{}})
 	if err == nil || !strings.Contains(err.Error(), "start x") {
 		t.Errorf("err = %v", err)
 	}

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/pdkit/pdkit/diag"
+	"github.com/pdkit/pdkit/tui"
+	"github.com/spf13/cobra"
+)
+
+type topOptions struct {
+	f        *factory
+	Attach   *attachOptions
+	Interval time.Duration
+	Window   time.Duration
+	Once     bool
+	JSON     bool
+	Config   diag.Config
+}
+
+func newCmdTop(f *factory, runF func(context.Context, *topOptions) error) *cobra.Command {
+	opts := &topOptions{f: f, Attach: &f.attach, Config: diag.DefaultConfig()}
+	cmd := &cobra.Command{
+		Use:   "top",
+		Short: "Watch every rank live: steps, phases, collectives, PD queues and the diag findings",
+		Long: `A live view of the cluster (Bubble Tea): the servers with their request
+queues and the fault switches that are on; one line per rank with its step,
+Δ (its step less the highest of its server: -1 is a rank caught
+mid-iteration, lower is divergence, marked), its phase, the age of its last
+step, its collective sequence number, the collective it waits in (marked
+past --collective-wait), its PD queues and KV pages; then the findings of
+the diag rules over the samples of the last --window.
+
+Keys: q quits, p pauses, r samples at once.
+
+When stdout is not a terminal, or with --once, it samples once and prints
+the servers, the ranks and the findings as tables (tab-separated when
+piped; --json prints the sample and the findings).`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if opts.Interval <= 0 || opts.Window <= 0 {
+				return newUsageError(cmd, "--interval and --window must be positive")
+			}
+			if opts.JSON && !opts.Once && opts.f.OutTTY {
+				return newUsageError(cmd, "--json needs --once (or stdout not a terminal)")
+			}
+			if runF != nil {
+				return runF(cmd.Context(), opts)
+			}
+			return topRun(cmd.Context(), opts)
+		},
+	}
+	fl := cmd.Flags()
+	fl.DurationVar(&opts.Interval, "interval", time.Second, "time between two samples")
+	fl.DurationVar(&opts.Window, "window", 5*time.Second, "how far back the samples the rules judge go")
+	fl.BoolVar(&opts.Once, "once", false, "sample once, print the tables and exit")
+	fl.BoolVar(&opts.JSON, "json", false, "with --once: print the sample and the findings as JSON")
+	fl.DurationVar(&opts.Config.CollectiveWait, "collective-wait", opts.Config.CollectiveWait, "a rank waiting in a collective longer than this is marked")
+	return cmd
+}
+
+// topOutput is the JSON of a one-shot top.
+type topOutput struct {
+	Sample   diag.Sample    `json:"sample"`
+	Findings []diag.Finding `json:"findings"`
+}
+
+func topRun(ctx context.Context, opts *topOptions) error {
+	f := opts.f
+	targets, err := attachAll(ctx, f, opts.Attach)
+	if err != nil {
+		return err
+	}
+	source := opts.Attach.Router
+	if len(opts.Attach.Servers) > 0 {
+		source = pluralf(len(targets), "server", "servers")
+	}
+	bound := max(opts.Interval, 2*time.Second)
+	fetch := func(ctx context.Context) (diag.Sample, error) {
+		s := sampleOnce(ctx, targets, bound)
+		return s, ctx.Err()
+	}
+	if opts.Once || !f.OutTTY {
+		return topOnce(ctx, opts, fetch)
+	}
+	return tui.Run(ctx, f.In, f.Out, tui.Options{Fetch: fetch, Interval: opts.Interval, Window: opts.Window,
+		Source: source, Config: opts.Config})
+}
+
+// topOnce prints one sample's tables and findings.
+func topOnce(ctx context.Context, opts *topOptions, fetch func(context.Context) (diag.Sample, error)) error {
+	f := opts.f
+	s, err := fetch(ctx)
+	if err != nil {
+		return err
+	}
+	findings := diag.RunRules(diag.RulesWith(opts.Config), diag.Window{Samples: []diag.Sample{s}})
+	if findings == nil {
+		findings = []diag.Finding{}
+	}
+	if opts.JSON {
+		err = writeJSON(f.Out, topOutput{Sample: s, Findings: findings})
+	} else {
+		servers, ranks := tui.Rows(s, opts.Config, s.Taken)
+		tabs := []*table{fromRows(servers), fromRows(ranks, "STEP", "Δ", "AGE", "SEQ", "COLLECTIVE")}
+		ft := newTable([]string{"SEVERITY", "RULE", "SERVER", "RANK", "SUMMARY"})
+		for _, fd := range findings {
+			rank := ""
+			if fd.Rank >= 0 {
+				rank = itoa(fd.Rank)
+			}
+			ft.add(fd.Severity.String(), fd.Rule, fd.Server, rank, fd.Summary)
+		}
+		err = printTables(f, append(tabs, ft)...)
+	}
+	if err != nil {
+		return err
+	}
+	unreachable := 0
+	for _, sv := range s.Servers {
+		if !sv.Reachable {
+			unreachable++
+		}
+	}
+	switch {
+	case unreachable > 0:
+		return &unreachableError{n: unreachable, of: len(s.Servers)}
+	case len(findings) > 0:
+		return &findingsError{command: "top", findings: findings}
+	}
+	return nil
+}
+
+// fromRows makes a table of rows whose first row is the header; volatile
+// names the columns that change from run to run.
+func fromRows(rows [][]string, volatile ...string) *table {
+	if len(rows) == 0 {
+		panic("fromRows: no header") // tui.Rows always gives one
+	}
+	t := newTable(rows[0], volatile...)
+	for _, r := range rows[1:] {
+		t.add(r...)
+	}
+	return t
+}

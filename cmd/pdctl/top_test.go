@@ -1,0 +1,89 @@
+package main
+
+import (
+	"encoding/json"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pdkit/pdkit/api/client"
+)
+
+// TestTopOnce: piped (or with --once) top prints one sample as tables:
+// the servers, the ranks, the findings; --json gives the sample and the
+// findings.
+func TestTopOnce(t *testing.T) {
+	c := newCluster(t)
+	ranks := "PREFILL\t0\t*\t*\tidle\t*\t*\t-\tbootstrap=0 active=0 inflight=0\t0/0/32\n" +
+		"PREFILL\t1\t*\t*\tidle\t*\t*\t*\tbootstrap=0 active=0 inflight=0\t0/0/32\n" +
+		"DECODE\t0\t*\t*\tidle\t*\t*\t-\tprealloc=0 transfer=0 aborting=0\t0/0/32\n" +
+		"DECODE\t1\t*\t*\tidle\t*\t*\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\n"
+	servers := "PREFILL\tprefill\t2\tup\t0\t0\t0\t0\t-\n" +
+		"DECODE\tdecode\t2\tup\t0\t0\t0\t0\t-\n"
+	checkRun(t, c, exitOK, servers+"\n"+ranks+"\n", "", "top")
+
+	// A fault switch shows, and the rule that names it.
+	if _, err := client.New(c.decode.ts.URL, "", nil).SetFault(t.Context(), "drop-heartbeat", true); err != nil {
+		t.Fatal(err)
+	}
+	checkRun(t, c, exitFindings,
+		"PREFILL\tprefill\t2\tup\t0\t0\t0\t0\t-\n"+
+			"DECODE\tdecode\t2\tup\t0\t0\t0\t0\tfaults on: drop-heartbeat\n\n"+ranks+"\n"+
+			"warning\tfault-switch-on\tDECODE\t-\tthe decode server runs with the fault switch on: drop-heartbeat\n",
+		"pdctl: top: 1 finding (1 warning)\n", "top", "--once")
+
+	code, stdout, stderr := c.pdctl(t, false, "top", "--json")
+	var out topOutput
+	if err := json.Unmarshal([]byte(stdout), &out); err != nil || code != exitFindings {
+		t.Fatalf("--json: exit %d, %v\n%s\n%s", code, err, stdout, stderr)
+	}
+	if len(out.Sample.Servers) != 2 || !out.Sample.Servers[1].Reachable || out.Sample.Servers[1].Steps == nil ||
+		len(out.Findings) != 1 || out.Findings[0].Rule != "fault-switch-on" {
+		t.Errorf("--json: %+v", out)
+	}
+
+	// On a terminal with --once: aligned, headers.
+	code, stdout, _ = c.pdctl(t, true, "top", "--once")
+	got := regexp.MustCompile(` {2,}`).ReplaceAllString(stdout, "  ")
+	if code != exitFindings || !strings.HasPrefix(got, "SERVER  ROLE  TP  STATE  WAIT  PREFILL  RUN  ABORT  DETAIL\n") ||
+		!strings.Contains(got, "\nSERVER  RANK  STEP  Δ  PHASE  AGE  SEQ  COLLECTIVE  PD QUEUES  KV USED/CACHED/TOTAL\n") ||
+		!strings.Contains(got, "\nSEVERITY  RULE  SERVER  RANK  SUMMARY\nwarning  fault-switch-on  DECODE  -  ") {
+		t.Errorf("terminal: exit %d\n%s", code, stdout)
+	}
+
+	for _, args := range [][]string{{"top", "--interval", "0s"}, {"top", "--window", "-1s"}} {
+		if code, _, _ := c.pdctl(t, false, args...); code != exitUsage {
+			t.Errorf("%q: exit %d, want %d", args, code, exitUsage)
+		}
+	}
+	if code, _, stderr := c.pdctl(t, true, "top", "--json"); code != exitUsage || !strings.Contains(stderr, "--json needs --once") {
+		t.Errorf("--json on a terminal without --once: exit %d, %q", code, stderr)
+	}
+}
+
+// TestTopStalledRank: with stall-last-rank on at the decode, top marks the
+// divergence: rank 0 waits in a collective, the rank-divergence rule names
+// it.
+func TestTopStalledRank(t *testing.T) {
+	c := newCluster(t)
+	dc := client.New(c.decode.ts.URL, "", nil)
+	if _, err := dc.SetFault(t.Context(), "stall-last-rank", true); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "decode rank 0 waiting in a collective", 10*time.Second, func() bool {
+		col, err := dc.Collectives(t.Context())
+		return err == nil && len(col.Ranks) == 2 && col.Ranks[0].Waiting != nil && col.Ranks[0].Waiting.DurationMS > 200
+	})
+	code, stdout, _ := c.pdctl(t, false, "top", "--collective-wait", "100ms")
+	var rules []string
+	for _, line := range strings.Split(strings.TrimSpace(stdout), "\n") {
+		if cells := strings.Split(line, "\t"); len(cells) == 5 {
+			rules = append(rules, cells[0]+" "+cells[1]+" "+cells[2]+" "+cells[3])
+		}
+	}
+	if want := []string{"critical rank-divergence DECODE 0", "warning fault-switch-on DECODE -"}; code != exitFindings || !slices.Equal(rules, want) {
+		t.Errorf("exit %d, findings %q, want %q\n%s", code, rules, want, stdout)
+	}
+}

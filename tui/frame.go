@@ -1,0 +1,326 @@
+package tui
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"charm.land/lipgloss/v2"
+
+	"github.com/pdkit/pdkit/api/debug"
+	"github.com/pdkit/pdkit/diag"
+)
+
+// FrameOptions says what a frame shows and how.
+type FrameOptions struct {
+	Source   string        // what is watched: the router's URL, or "N servers"
+	Interval time.Duration // between two samples, shown in the header
+	Paused   bool
+	Err      error // the last sampling error, if any
+	// Styled colours the frame (a terminal); plain frames are for pipes
+	// and tests.
+	Styled bool
+	// Width cuts every line to that many cells; 0 leaves them whole.
+	Width  int
+	Config diag.Config
+	Now    time.Time
+}
+
+// The styles of a styled frame.
+var (
+	styleTitle    = lipgloss.NewStyle().Bold(true)
+	styleHeader   = lipgloss.NewStyle().Bold(true).Underline(true)
+	styleCritical = lipgloss.NewStyle().Foreground(lipgloss.Color("9")).Bold(true)
+	styleWarning  = lipgloss.NewStyle().Foreground(lipgloss.Color("11"))
+	styleDim      = lipgloss.NewStyle().Faint(true)
+)
+
+// cell is one table cell and how it is marked: a critical cell is red, a
+// warning one yellow.
+type cell struct {
+	text string
+	mark diag.Severity // 0: none
+}
+
+func plain(s string) cell { return cell{text: s} }
+
+// Frame renders the cluster as the last of window shows it: the servers,
+// one line per rank with its step against its group's (Δ), its phase, the
+// age of its last step and the collective it waits in, then the findings
+// of the diag rules over the whole window. window holds the samples of the
+// last few seconds, oldest first.
+func Frame(window []diag.Sample, o FrameOptions) string {
+	var b strings.Builder
+	title := "pdctl top"
+	if o.Source != "" {
+		title += " · " + o.Source
+	}
+	if len(window) > 0 {
+		last := window[len(window)-1]
+		title += fmt.Sprintf(" · sampled %s", last.Taken.Format("15:04:05"))
+		if o.Interval > 0 {
+			title += fmt.Sprintf(" every %v", o.Interval)
+		}
+	}
+	if o.Paused {
+		title += " · PAUSED"
+	}
+	b.WriteString(o.style(styleTitle, title) + "\n")
+	if o.Err != nil {
+		b.WriteString(o.style(styleCritical, "sampling failed: "+o.Err.Error()) + "\n")
+	}
+	if len(window) == 0 {
+		b.WriteString("waiting for the first sample…\n")
+		return o.cut(b.String())
+	}
+	last := window[len(window)-1]
+	b.WriteString("\n")
+	b.WriteString(o.table(serverRows(last)))
+	b.WriteString("\n")
+	b.WriteString(o.table(rankRows(last, o.Config, o.Now)))
+	b.WriteString("\n")
+	findings := diag.RunRules(diag.RulesWith(o.Config), diag.Window{Samples: window})
+	span := window[len(window)-1].Taken.Sub(window[0].Taken).Round(100 * time.Millisecond)
+	b.WriteString(o.style(styleHeader, fmt.Sprintf("FINDINGS (diag rules over %d samples, %v)", len(window), span)) + "\n")
+	if len(findings) == 0 {
+		b.WriteString("healthy\n")
+	}
+	for _, f := range findings {
+		line := fmt.Sprintf("%s %s %s", f.Severity, f.Rule, f.Server)
+		if f.Rank >= 0 {
+			line += fmt.Sprintf(" rank %d", f.Rank)
+		}
+		b.WriteString(o.mark(f.Severity, line+": "+f.Summary) + "\n")
+	}
+	return o.cut(b.String())
+}
+
+// Rows returns the servers' and the ranks' tables of s as Frame shows
+// them, each with its header row first, for output that is not a terminal.
+func Rows(s diag.Sample, cfg diag.Config, now time.Time) (servers, ranks [][]string) {
+	return texts(serverRows(s)), texts(rankRows(s, cfg, now))
+}
+
+func texts(rows [][]cell) [][]string {
+	out := make([][]string, len(rows))
+	for i, r := range rows {
+		out[i] = make([]string, len(r))
+		for j, c := range r {
+			out[i][j] = c.text
+		}
+	}
+	return out
+}
+
+// serverRows is the servers' table: role, TP size, reachability, the
+// request queues, and a detail: the fault switches that are on, or why the
+// server could not be read.
+func serverRows(s diag.Sample) [][]cell {
+	rows := [][]cell{{plain("SERVER"), plain("ROLE"), plain("TP"), plain("STATE"), plain("WAIT"), plain("PREFILL"), plain("RUN"), plain("ABORT"), plain("DETAIL")}}
+	for _, sv := range s.Servers {
+		row := []cell{plain(sv.URL), plain(sv.Role), plain(fmt.Sprint(sv.TPSize))}
+		if !sv.Reachable {
+			rows = append(rows, append(row, cell{text: "unreachable", mark: diag.Critical}, plain("-"), plain("-"), plain("-"), plain("-"),
+				cell{text: sv.Error, mark: diag.Critical}))
+			continue
+		}
+		row = append(row, plain("up"))
+		for _, q := range []string{debug.QueueWaiting, debug.QueuePrefilling, debug.QueueRunning, debug.QueueAborting} {
+			n := 0
+			if sv.Requests != nil {
+				n = sv.Requests.Counts[q]
+			}
+			row = append(row, plain(fmt.Sprint(n)))
+		}
+		var on []string
+		if sv.Faults != nil {
+			for _, f := range sv.Faults.Faults {
+				if f.On {
+					on = append(on, f.Name)
+				}
+			}
+		}
+		faults := cell{text: "-"}
+		if len(on) > 0 {
+			faults = cell{text: "faults on: " + strings.Join(on, ","), mark: diag.Warning}
+		}
+		rows = append(rows, append(row, faults))
+	}
+	return rows
+}
+
+// rankRows is the ranks' table. Δ is the rank's step less the highest step
+// of its server (-1 is a rank caught mid-iteration; lower is divergence);
+// COLLECTIVE is the call the rank waits in, marked once it waits longer
+// than the rules' threshold.
+func rankRows(s diag.Sample, cfg diag.Config, now time.Time) [][]cell {
+	rows := [][]cell{{plain("SERVER"), plain("RANK"), plain("STEP"), plain("Δ"), plain("PHASE"), plain("AGE"), plain("SEQ"),
+		plain("COLLECTIVE"), plain("PD QUEUES"), plain("KV USED/CACHED/TOTAL")}}
+	for _, sv := range s.Servers {
+		if !sv.Reachable || sv.Steps == nil {
+			continue
+		}
+		var top uint64
+		for _, r := range sv.Steps.Ranks {
+			top = max(top, r.Step)
+		}
+		ranks := slices.Clone(sv.Steps.Ranks)
+		slices.SortFunc(ranks, func(a, b debug.Step) int { return a.Rank - b.Rank })
+		for _, r := range ranks {
+			delta := -int64(top - r.Step)
+			dc := plain(fmt.Sprint(delta))
+			if delta < -1 {
+				dc.mark = diag.Critical
+			}
+			age := "-"
+			if !r.End.IsZero() {
+				age = fmtAge(now.Sub(r.End))
+			}
+			rows = append(rows, []cell{plain(sv.URL), plain(fmt.Sprint(r.Rank)), plain(fmt.Sprint(r.Step)), dc, plain(r.Phase),
+				plain(age), plain(fmt.Sprint(r.CollectiveSeq)), collectiveCell(sv.Collectives, r.Rank, cfg),
+				plain(pdCell(sv, r.Rank)), plain(kvCell(sv, r.Rank))})
+		}
+	}
+	return rows
+}
+
+// collectiveCell names the call rank waits in and for how long.
+func collectiveCell(c *debug.CollectivesResponse, rank int, cfg diag.Config) cell {
+	if c == nil {
+		return plain("?")
+	}
+	for _, r := range c.Ranks {
+		if r.Rank != rank || r.Waiting == nil {
+			continue
+		}
+		w := r.Waiting
+		out := cell{text: fmt.Sprintf("%s #%d %s", w.Op, w.Seq, fmtAge(time.Duration(w.DurationMS*float64(time.Millisecond))))}
+		if time.Duration(w.DurationMS*float64(time.Millisecond)) > cfg.CollectiveWait {
+			out.mark = diag.Critical
+		}
+		return out
+	}
+	return plain("-")
+}
+
+func pdCell(sv diag.ServerSample, rank int) string {
+	if sv.PD == nil {
+		return "-"
+	}
+	for _, r := range sv.PD.Ranks {
+		if r.Rank != rank {
+			continue
+		}
+		var parts []string
+		for _, q := range debug.PDQueues {
+			// The role's queues; on a server of another role, those
+			// that hold something.
+			if n := r.Counts[q]; roleHas(sv.Role, q) || (n > 0 && !roleHas(sv.Role, debug.PDQueueBootstrap) && !roleHas(sv.Role, debug.PDQueuePrealloc)) {
+				parts = append(parts, fmt.Sprintf("%s=%d", q, n))
+			}
+		}
+		if !r.Socket.Alive {
+			parts = append(parts, "loop dead")
+		}
+		return strings.Join(parts, " ")
+	}
+	return "-"
+}
+
+// roleHas reports whether queue is one of role's PD queues.
+func roleHas(role, queue string) bool {
+	switch role {
+	case "prefill":
+		return queue == debug.PDQueueBootstrap || queue == debug.PDQueueActive || queue == debug.PDQueueInflight
+	case "decode":
+		return queue == debug.PDQueuePrealloc || queue == debug.PDQueueTransfer || queue == debug.PDQueueAborting
+	}
+	return false
+}
+
+func kvCell(sv diag.ServerSample, rank int) string {
+	if sv.Requests == nil {
+		return "-"
+	}
+	for _, kv := range sv.Requests.KV {
+		if kv.Rank == rank {
+			return fmt.Sprintf("%d/%d/%d", kv.Used, kv.Cached, kv.Total)
+		}
+	}
+	return "-"
+}
+
+// fmtAge renders a duration in milliseconds below a second, then in tenths
+// of seconds.
+func fmtAge(d time.Duration) string {
+	if d < 0 {
+		d = 0
+	}
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(100 * time.Millisecond).String()
+}
+
+// table aligns rows in columns two spaces apart, the first row a header.
+func (o FrameOptions) table(rows [][]cell) string {
+	widths := map[int]int{}
+	for _, r := range rows {
+		for i, c := range r {
+			widths[i] = max(widths[i], lipgloss.Width(c.text))
+		}
+	}
+	var b strings.Builder
+	for n, r := range rows {
+		var line strings.Builder
+		for i, c := range r {
+			text := c.text
+			if i < len(r)-1 {
+				text += strings.Repeat(" ", widths[i]-lipgloss.Width(c.text)+2)
+			}
+			switch {
+			case n == 0:
+				text = o.style(styleHeader, c.text) + strings.Repeat(" ", len(text)-len(c.text))
+			case c.mark != 0:
+				text = o.mark(c.mark, c.text) + strings.Repeat(" ", len(text)-len(c.text))
+			}
+			line.WriteString(text)
+		}
+		b.WriteString(strings.TrimRight(line.String(), " ") + "\n")
+	}
+	return b.String()
+}
+
+func (o FrameOptions) style(s lipgloss.Style, text string) string {
+	if !o.Styled {
+		return text
+	}
+	return s.Render(text)
+}
+
+func (o FrameOptions) mark(sev diag.Severity, text string) string {
+	switch sev {
+	case diag.Critical:
+		return o.style(styleCritical, text)
+	case diag.Warning:
+		return o.style(styleWarning, text)
+	case diag.Info:
+		return o.style(styleDim, text)
+	}
+	return text
+}
+
+// cut shortens every line of s to o.Width cells.
+func (o FrameOptions) cut(s string) string {
+	if o.Width <= 0 {
+		return s
+	}
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		if lipgloss.Width(l) > o.Width {
+			lines[i] = truncate(l, o.Width)
+		}
+	}
+	return strings.Join(lines, "\n")
+}

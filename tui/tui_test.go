@@ -1,0 +1,205 @@
+package tui
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	tea "charm.land/bubbletea/v2"
+
+	"github.com/pdkit/pdkit/diag"
+	"github.com/pdkit/pdkit/internal/syncbuf"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden frames in testdata")
+
+// window reads a diag fixture: a window of samples from a sick or healthy
+// cluster.
+func window(t *testing.T, name string) []diag.Sample {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "diag", "testdata", name+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w diag.Window
+	if err := json.Unmarshal(data, &w); err != nil {
+		t.Fatal(err)
+	}
+	return w.Samples
+}
+
+// TestFrameGolden renders the diag fixtures as plain frames, at the time of
+// their last sample, against testdata/<name>.golden (go test ./tui -update
+// rewrites them).
+func TestFrameGolden(t *testing.T) {
+	for _, name := range []string{"healthy/busy", "rank-divergence/collective_desync", "control-loop-dead/bootstrap_abort_crash", "peer-unreachable/server_down"} {
+		t.Run(name, func(t *testing.T) {
+			w := window(t, name)
+			got := Frame(w, FrameOptions{Source: "http://router:8000", Interval: time.Second, Config: diag.DefaultConfig(), Now: w[len(w)-1].Taken})
+			golden := filepath.Join("testdata", strings.ReplaceAll(name, "/", "_")+".golden")
+			if *update {
+				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (go test ./tui -update)", err)
+			}
+			if got != string(want) {
+				t.Errorf("frame differs\n--- got\n%s--- want\n%s", got, want)
+			}
+		})
+	}
+}
+
+// TestFrameStyled: a styled frame marks a diverged rank's cells and the
+// findings with ANSI styles, a plain one has none; Width cuts every line.
+func TestFrameStyled(t *testing.T) {
+	w := window(t, "rank-divergence/step_spread")
+	o := FrameOptions{Config: diag.DefaultConfig(), Now: w[len(w)-1].Taken}
+	if p := Frame(w, o); strings.Contains(p, "\x1b[") {
+		t.Errorf("plain frame has escape sequences:\n%q", p)
+	}
+	o.Styled = true
+	s := Frame(w, o)
+	if !strings.Contains(s, "\x1b[") || !strings.Contains(s, "-10") {
+		t.Errorf("styled frame:\n%q", s)
+	}
+	o.Styled, o.Width = false, 30
+	for _, l := range strings.Split(Frame(w, o), "\n") {
+		if n := len([]rune(l)); n > 30 {
+			t.Errorf("line of %d cells with width 30: %q", n, l)
+		}
+	}
+}
+
+// run drives m with msgs the way the program would: each command's
+// message (a batch's first) is fed back until none is left.
+func keyPress(s string) tea.KeyPressMsg {
+	switch s {
+	case "space":
+		return tea.KeyPressMsg{Code: tea.KeySpace, Text: " "}
+	case "esc":
+		return tea.KeyPressMsg{Code: tea.KeyEscape}
+	}
+	return tea.KeyPressMsg{Code: rune(s[0]), Text: s}
+}
+
+// TestModel: the first command samples; a sample is kept and schedules the
+// next tick; a tick samples unless paused; r samples at once (once: not
+// while a sample is in flight); q quits; a failed sample is shown and the
+// samples kept; samples older than the window go.
+func TestModel(t *testing.T) {
+	start := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	calls := 0
+	var fail error
+	fetch := func(context.Context) (diag.Sample, error) {
+		calls++
+		return diag.Sample{Taken: start.Add(time.Duration(calls) * time.Second)}, fail
+	}
+	m := New(t.Context(), Options{Fetch: fetch, Interval: time.Second, Window: 3 * time.Second, Source: "src",
+		Now: func() time.Time { return start }})
+	cmd := m.Init()
+	if cmd == nil {
+		t.Fatal("Init: no command")
+	}
+	if m.Update(keyPress("r")); m.fetching != true || calls != 0 {
+		t.Fatal("r while a sample is in flight started another")
+	}
+	msg := cmd()
+	if _, next := m.Update(msg); next == nil || len(m.Samples()) != 1 {
+		t.Fatalf("after a sample: %d kept, next %v", len(m.Samples()), next)
+	}
+	// Ticks sample; the window keeps the last 3s.
+	for range 5 {
+		_, c := m.Update(tickMsg{})
+		m.Update(c())
+	}
+	if got := len(m.Samples()); got != 4 || !m.Samples()[0].Taken.Equal(start.Add(3*time.Second)) {
+		t.Errorf("kept %d samples, the first at %v", got, m.Samples()[0].Taken)
+	}
+	// Paused: a tick does nothing; resuming samples.
+	m.Update(keyPress("p"))
+	if _, c := m.Update(tickMsg{}); c != nil {
+		t.Error("a tick sampled while paused")
+	}
+	if !strings.Contains(m.View().Content, "PAUSED") {
+		t.Error("the view does not say PAUSED")
+	}
+	_, c := m.Update(keyPress("space"))
+	if c == nil {
+		t.Fatal("resuming did not sample")
+	}
+	// A failed sample: shown, the samples kept.
+	fail = errors.New("router down")
+	m.Update(c())
+	if v := m.View().Content; !strings.Contains(v, "sampling failed: router down") || len(m.Samples()) != 4 {
+		t.Errorf("after a failed sample (%d kept):\n%s", len(m.Samples()), v)
+	}
+	if !m.View().AltScreen {
+		t.Error("the view is not in the alternate screen")
+	}
+	for _, k := range []string{"q", "esc"} {
+		_, c = m.Update(keyPress(k))
+		if c == nil {
+			t.Fatalf("%s: no command", k)
+		}
+		if _, ok := c().(tea.QuitMsg); !ok {
+			t.Errorf("%s does not quit", k)
+		}
+	}
+}
+
+// TestRun runs the real program on a pipe: it draws the fixture's frame,
+// quits on q; and it ends with the context.
+func TestRun(t *testing.T) {
+	w := window(t, "rank-divergence/peer_not_in_collective")
+	fetch := func(context.Context) (diag.Sample, error) { return w[len(w)-1], nil }
+	opts := Options{Fetch: fetch, Interval: 10 * time.Millisecond, Source: "test", Config: diag.DefaultConfig(), Width: 200, Height: 50}
+
+	in, keys := io.Pipe()
+	defer keys.Close()
+	var out syncbuf.Buffer
+	done := make(chan error, 1)
+	go func() { done <- Run(t.Context(), in, &out, opts) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(out.String(), "rank-divergence") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no frame with the finding within 10s:\n%q", out.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := keys.Write([]byte("q")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("q did not end the program")
+	}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	in2, keys2 := io.Pipe()
+	defer keys2.Close()
+	go func() { done <- Run(ctx, in2, &syncbuf.Buffer{}, opts) }()
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Run after cancel: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the context's end did not end the program")
+	}
+}
