@@ -12,6 +12,9 @@ ARGS ?=
 # Stamped into the binaries' version variable.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS ?= -X main.version=$(VERSION)
+# go-nvml's header declares functions deprecated by NVML 13; its cgo
+# prologue would warn for each one on every fresh build.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 .DEFAULT_GOAL := help
 .PHONY: help deps build run test bench check cuda-check clean

@@ -220,6 +220,12 @@ func (c *Client) Faults(ctx context.Context) (debug.FaultsResponse, error) {
 	return v, c.GetJSON(ctx, "/debug/v1/faults", &v)
 }
 
+// GPU is GET /debug/v1/gpu.
+func (c *Client) GPU(ctx context.Context) (debug.GPUResponse, error) {
+	var v debug.GPUResponse
+	return v, c.GetJSON(ctx, debug.GPUPath, &v)
+}
+
 // Stacks is GET /debug/v1/stacks (pprof debug=1 text), only rank's
 // goroutines when rank >= 0.
 func (c *Client) Stacks(ctx context.Context, rank int) (string, error) {

@@ -38,7 +38,7 @@ func newCmdBundle(f *factory, runF func(context.Context, *bundleOptions) error) 
 fact. Per server, in a directory named by its role and host:port: info.json,
 health.json, state.json (GET /debug/v1/state), config.json (the effective
 config, from the state), steps.json, collectives.json (the flight
-recorders), requests.json, pd.json (prefill and decode), faults.json,
+recorders), requests.json, pd.json (prefill and decode), faults.json, gpu.json,
 stacks.txt (every goroutine) and stacks-rank-N.txt per rank, metrics.txt.
 At the top: cluster.json (the router's server list), diagnose.txt and
 diagnose.json (pdctl diagnose over --window), and MANIFEST, which lists every
@@ -207,6 +207,7 @@ func collectServer(ctx context.Context, b *bundle, t *target) bool {
 	getJSON("collectives.json", "/debug/v1/collectives")
 	getJSON("requests.json", "/debug/v1/requests")
 	getJSON("faults.json", "/debug/v1/faults")
+	getJSON("gpu.json", "/debug/v1/gpu")
 	if isPD(t.Role) {
 		getJSON("pd.json", "/debug/v1/pd")
 	}

@@ -76,7 +76,7 @@ func TestBundle(t *testing.T) {
 	for _, s := range []struct{ role, url string }{{"prefill", c.prefill.ts.URL}, {"decode", c.decode.ts.URL}} {
 		d := s.role + "-" + hostOf(t, s.url) + "/"
 		for _, n := range []string{"info.json", "health.json", "state.json", "config.json", "steps.json", "collectives.json",
-			"requests.json", "pd.json", "faults.json", "stacks.txt", "stacks-rank-0.txt", "stacks-rank-1.txt", "metrics.txt"} {
+			"requests.json", "pd.json", "faults.json", "gpu.json", "stacks.txt", "stacks-rank-0.txt", "stacks-rank-1.txt", "metrics.txt"} {
 			want = append(want, d+n)
 		}
 		if !strings.Contains(files[d+"metrics.txt"], "pdkit_") {

@@ -29,7 +29,8 @@ func newCmdStatus(f *factory, runF func(context.Context, *statusOptions) error) 
 		Use:   "status",
 		Short: "Show every server and rank: role, health, loop liveness, queue depths, KV pages",
 		Long: `Show the servers behind the router (or the --server ones) with their role,
-health, TP size and model, then one line per rank: its last step (number,
+health, TP size, model, request queues and GPUs (none, or count, model,
+mean utilization and memory used), then one line per rank: its last step (number,
 phase, age: the time since it ended), its PD queue depths on a prefill or
 decode server, and its KV pages (used/cached/total). The request queues
 (waiting, prefilling, running, aborting, pending) are the server's.
@@ -62,6 +63,8 @@ type serverStatus struct {
 	// Requests counts the request queues, with "pending".
 	Requests map[string]int `json:"requests,omitempty"`
 	Ranks    []rankStatus   `json:"ranks,omitempty"`
+	// GPU is what the server's NVML sees; null when it did not say.
+	GPU *debug.GPUResponse `json:"gpu,omitempty"`
 }
 
 // rankStatus is one rank of a server.
@@ -103,8 +106,11 @@ func readStatus(ctx context.Context, t *target, now func() time.Time) serverStat
 		steps debug.StepsResponse
 		reqs  debug.RequestsResponse
 		pd    debug.PDResponse
+		gpu   debug.GPUResponse
+		gerr  error
 		errs  [3]error
 	)
+	wg.Go(func() { gpu, gerr = t.c.GPU(ctx) }) // optional: a failure leaves the column blank
 	wg.Go(func() { steps, errs[0] = t.c.Steps(ctx) })
 	wg.Go(func() { reqs, errs[1] = t.c.Requests(ctx, "") })
 	if isPD(t.Role) {
@@ -116,6 +122,9 @@ func readStatus(ctx context.Context, t *target, now func() time.Time) serverStat
 		return s
 	}
 	at := now()
+	if gerr == nil {
+		s.GPU = &gpu
+	}
 	s.Requests = map[string]int{"pending": reqs.Pending}
 	for _, q := range debug.Queues {
 		s.Requests[q] = reqs.Counts[q]
@@ -180,7 +189,7 @@ func statusRun(ctx context.Context, opts *statusOptions) error {
 }
 
 func statusTables(out statusOutput) []*table {
-	servers := newTable([]string{"SERVER", "ROLE", "TP", "MODEL", "HEALTH", "WAITING", "PREFILLING", "RUNNING", "ABORTING", "PENDING"})
+	servers := newTable([]string{"SERVER", "ROLE", "TP", "MODEL", "HEALTH", "WAITING", "PREFILLING", "RUNNING", "ABORTING", "PENDING", "GPU"})
 	ranks := newTable([]string{"SERVER", "RANK", "STEP", "PHASE", "AGE", "PD QUEUES", "KV USED/CACHED/TOTAL"}, "STEP", "AGE")
 	for _, s := range out.Servers {
 		health := "healthy"
@@ -197,6 +206,7 @@ func statusTables(out statusOutput) []*table {
 			for _, q := range append(slices.Clone(debug.Queues), "pending") {
 				row = append(row, itoa(s.Requests[q]))
 			}
+			row = append(row, gpuCell(s.GPU))
 		}
 		servers.add(row...)
 		for _, r := range s.Ranks {
@@ -211,6 +221,30 @@ func statusTables(out statusOutput) []*table {
 		}
 	}
 	return []*table{servers, ranks}
+}
+
+// gpuCell sums up a server's GPUs: "none", or the count and model with
+// their mean utilization and the memory used of all.
+func gpuCell(g *debug.GPUResponse) string {
+	switch {
+	case g == nil:
+		return ""
+	case !g.Available || len(g.Devices) == 0:
+		return "none"
+	}
+	var used, total uint64
+	var busy, busyN uint32
+	for _, d := range g.Devices {
+		used, total = used+d.MemoryUsedBytes, total+d.MemoryTotalBytes
+		if d.UtilizationPercent != nil {
+			busy, busyN = busy+*d.UtilizationPercent, busyN+1
+		}
+	}
+	out := fmt.Sprintf("%d× %s", len(g.Devices), g.Devices[0].Name)
+	if busyN > 0 {
+		out += fmt.Sprintf(" %d%% busy", busy/busyN)
+	}
+	return out + fmt.Sprintf(" %.0f/%.0f GiB", float64(used)/(1<<30), float64(total)/(1<<30))
 }
 
 func tpCell(n int) string {

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/pdkit/pdkit/api/debug"
+	"github.com/pdkit/pdkit/internal/gpu"
+	"github.com/pdkit/pdkit/internal/gpu/gputest"
 )
 
 func TestStatus(t *testing.T) {
@@ -19,8 +21,8 @@ func TestStatus(t *testing.T) {
 		{
 			name: "discovered through the router",
 			args: []string{"status"},
-			stdout: "PREFILL\tprefill\t2\ttiny\thealthy\t0\t0\t0\t0\t0\n" +
-				"DECODE\tdecode\t2\ttiny\thealthy\t0\t0\t0\t0\t0\n" +
+			stdout: "PREFILL\tprefill\t2\ttiny\thealthy\t0\t0\t0\t0\t0\tnone\n" +
+				"DECODE\tdecode\t2\ttiny\thealthy\t0\t0\t0\t0\t0\tnone\n" +
 				"\n" +
 				"PREFILL\t0\t*\tidle\t*\tbootstrap=0 active=0 inflight=0\t0/0/32\n" +
 				"PREFILL\t1\t*\tidle\t*\tbootstrap=0 active=0 inflight=0\t0/0/32\n" +
@@ -31,8 +33,8 @@ func TestStatus(t *testing.T) {
 			name: "an unreachable server among the others",
 			args: []string{"--server", c.decode.ts.URL, "--server", "http://127.0.0.1:1", "status"},
 			code: exitFindings,
-			stdout: "DECODE\tdecode\t2\ttiny\thealthy\t0\t0\t0\t0\t0\n" +
-				"http://127.0.0.1:1\t-\t-\t-\tunreachable: GET http://127.0.0.1:1/pd/v1/info: dial tcp 127.0.0.1:1: connect: connection refused\t-\t-\t-\t-\t-\n" +
+			stdout: "DECODE\tdecode\t2\ttiny\thealthy\t0\t0\t0\t0\t0\tnone\n" +
+				"http://127.0.0.1:1\t-\t-\t-\tunreachable: GET http://127.0.0.1:1/pd/v1/info: dial tcp 127.0.0.1:1: connect: connection refused\t-\t-\t-\t-\t-\t-\n" +
 				"\n" +
 				"DECODE\t0\t*\tidle\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\n" +
 				"DECODE\t1\t*\tidle\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\n",
@@ -103,7 +105,12 @@ func TestStatus(t *testing.T) {
             "total": 32
           }
         }
-      ]
+      ],
+      "gpu": {
+        "available": false,
+        "reason": "no GPU: telemetry is not enabled on this server",
+        "devices": []
+      }
     }
   ]
 }
@@ -133,13 +140,16 @@ func TestStatusTerminal(t *testing.T) {
 	out := statusOutput{Servers: []serverStatus{
 		{URL: "http://p:1", Role: "prefill", TPSize: 2, Model: "tiny", Healthy: true,
 			Requests: map[string]int{"waiting": 3, "running": 1},
+			GPU: &debug.GPUResponse{Available: true, Devices: []debug.GPU{
+				{Name: "NVIDIA H200", MemoryUsedBytes: 40 << 30, MemoryTotalBytes: 141 << 30, UtilizationPercent: ptr(uint32(60))},
+				{Name: "NVIDIA H200", MemoryUsedBytes: 38 << 30, MemoryTotalBytes: 141 << 30, UtilizationPercent: ptr(uint32(50))}}},
 			Ranks: []rankStatus{
 				{Rank: 0, Step: 812, Phase: "decode", StepAgeMS: 4.2, PD: map[string]int{"bootstrap": 2}, KV: kvPages(0, 10, 4, 32)},
 				{Rank: 1, Step: 812, Phase: "decode", StepAgeMS: 1520, PD: map[string]int{"active": 1}, KV: kvPages(1, 10, 4, 32)},
 			}},
 		{URL: "http://decode-1:8001", Role: "decode", TPSize: 1, Model: "tiny", Reason: "engine loop has not iterated for 6s (limit 5s)",
-			Requests: map[string]int{"pending": 7},
-			Ranks:    []rankStatus{{Rank: 0, Step: 90, Phase: "idle", StepAgeMS: 6000, PD: map[string]int{"transfer": 5}, KV: kvPages(0, 20, 0, 32)}}},
+			Requests: map[string]int{"pending": 7}, GPU: &debug.GPUResponse{Reason: "no GPU"},
+			Ranks: []rankStatus{{Rank: 0, Step: 90, Phase: "idle", StepAgeMS: 6000, PD: map[string]int{"transfer": 5}, KV: kvPages(0, 20, 0, 32)}}},
 		{URL: "http://decode-2:8001", Role: "decode", Error: "connection refused"},
 	}}
 	var buf bytes.Buffer
@@ -147,10 +157,10 @@ func TestStatusTerminal(t *testing.T) {
 	if err := printTables(f, statusTables(out)...); err != nil {
 		t.Fatal(err)
 	}
-	want := `SERVER                ROLE     TP  MODEL  HEALTH                                                     WAITING  PREFILLING  RUNNING  ABORTING  PENDING
-http://p:1            prefill  2   tiny   healthy                                                    3        0           1        0         0
-http://decode-1:8001  decode   1   tiny   unhealthy: engine loop has not iterated for 6s (limit 5s)  0        0           0        0         7
-http://decode-2:8001  decode   -   -      unreachable: connection refused                            -        -           -        -         -
+	want := `SERVER                ROLE     TP  MODEL  HEALTH                                                     WAITING  PREFILLING  RUNNING  ABORTING  PENDING  GPU
+http://p:1            prefill  2   tiny   healthy                                                    3        0           1        0         0        2× NVIDIA H200 55% busy 78/282 GiB
+http://decode-1:8001  decode   1   tiny   unhealthy: engine loop has not iterated for 6s (limit 5s)  0        0           0        0         7        none
+http://decode-2:8001  decode   -   -      unreachable: connection refused                            -        -           -        -         -        -
 
 SERVER                RANK  STEP  PHASE   AGE   PD QUEUES                         KV USED/CACHED/TOTAL
 http://p:1            0     812   decode  4ms   bootstrap=2 active=0 inflight=0   10/4/32
@@ -165,3 +175,22 @@ http://decode-1:8001  0     90    idle    6s    prealloc=0 transfer=5 aborting=0
 func kvPages(rank, used, cached, total int) debug.KVPages {
 	return debug.KVPages{Rank: rank, Used: used, Cached: cached, Total: total}
 }
+
+// TestGPUCell sums up a simulated 8 × H200 server's GPUs, and none.
+func TestGPUCell(t *testing.T) {
+	tel := gputest.H200()
+	defer tel.Close()
+	r := tel.Read()
+	if got, want := gpuCell(&r), "8× NVIDIA H200 141GB HBM3e 35% busy 0/1128 GiB"; got != want {
+		t.Errorf("gpuCell = %q, want %q", got, want)
+	}
+	off := gpu.Off("no GPU").Read()
+	if got := gpuCell(&off); got != "none" {
+		t.Errorf("without a GPU: %q", got)
+	}
+	if got := gpuCell(nil); got != "" {
+		t.Errorf("not known: %q", got)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -19,6 +19,7 @@ import (
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/gpu"
 	"github.com/pdkit/pdkit/internal/metrics"
 	"github.com/pdkit/pdkit/internal/server"
 	"github.com/pdkit/pdkit/kernels"
@@ -173,8 +174,17 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 		bootstrapURL = url
 		fmt.Fprintf(stderr, "bootstrap registry on %s\n", url)
 	}
+	// GPU telemetry: the devices NVML sees, or why there are none (this
+	// build computes on the CPU either way).
+	tel := gpu.Open()
+	defer tel.Close()
+	if r := tel.Read(); r.Available {
+		log.Info("gpu telemetry", "devices", len(r.Devices), "driver", r.Driver)
+	} else {
+		log.Info("gpu telemetry", "state", r.Reason)
+	}
 	h := server.New(eng, m, server.Options{ModelName: o.modelName, ModelPath: path, StallAfter: o.stallAfter, MaxQueueAge: o.maxQueue, Logger: log, Metrics: met,
-		AdminToken: o.adminToken, Loopback: loopback, BootstrapURL: bootstrapURL})
+		AdminToken: o.adminToken, Loopback: loopback, BootstrapURL: bootstrapURL, GPU: tel})
 	// In-flight handlers are waited for before the model is closed: a
 	// handler cut off by the shutdown timeout may still be detokenizing.
 	var inflight sync.WaitGroup

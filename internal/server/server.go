@@ -14,12 +14,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/sample"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/engine/tokenizer"
+	"github.com/pdkit/pdkit/internal/gpu"
 	"github.com/pdkit/pdkit/internal/httpx"
 	"github.com/pdkit/pdkit/internal/metrics"
 )
@@ -57,6 +59,9 @@ type Options struct {
 	// BootstrapURL is a prefill server's bootstrap registry, which
 	// GET /pd/v1/info reports to routers.
 	BootstrapURL string
+	// GPU backs GET /debug/v1/gpu and the pdkit_gpu_* metrics (default:
+	// off, "no GPU" with the reason). The caller closes it.
+	GPU *gpu.Telemetry
 }
 
 // Server is the HTTP handler. It is safe for concurrent use.
@@ -96,6 +101,12 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 	if opts.Metrics == nil {
 		opts.Metrics = metrics.New(nil)
 	}
+	if opts.GPU == nil {
+		opts.GPU = gpu.Off("no GPU: telemetry is not enabled on this server")
+	}
+	if err := opts.Metrics.WatchGPU(opts.GPU); err != nil {
+		opts.Logger.Debug("metrics: GPU collector not registered", "err", err)
+	}
 	if err := opts.Metrics.Watch(eng); err != nil {
 		// Already watched (a second server on the same Metrics): the
 		// registered collector serves.
@@ -127,6 +138,7 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 	s.handle("GET", "/debug/v1/collectives", s.collectives)
 	s.handle("GET", "/debug/v1/requests", s.requests)
 	s.handle("GET", "/debug/v1/pd", s.pd)
+	s.handle("GET", debug.GPUPath, func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, s.opts.GPU.Read()) })
 	s.mux.HandlePrefix("/admin/v1/", s.adminHandler())
 	opts.Logger.Debug("chat template", "name", s.tmpl.Name(), "from_gguf", m.ChatTemplate() != "")
 	return s
