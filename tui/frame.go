@@ -213,10 +213,11 @@ func pdCell(sv diag.ServerSample, rank int) string {
 			continue
 		}
 		var parts []string
+		queues := debug.PDQueuesOf(sv.Role)
 		for _, q := range debug.PDQueues {
-			// The role's queues; on a server of another role, those
-			// that hold something.
-			if n := r.Counts[q]; roleHas(sv.Role, q) || (n > 0 && !roleHas(sv.Role, debug.PDQueueBootstrap) && !roleHas(sv.Role, debug.PDQueuePrealloc)) {
+			// The role's queues; for a role without its own, those that
+			// hold something.
+			if n := r.Counts[q]; slices.Contains(queues, q) || (queues == nil && n > 0) {
 				parts = append(parts, fmt.Sprintf("%s=%d", q, n))
 			}
 		}
@@ -226,17 +227,6 @@ func pdCell(sv diag.ServerSample, rank int) string {
 		return strings.Join(parts, " ")
 	}
 	return "-"
-}
-
-// roleHas reports whether queue is one of role's PD queues.
-func roleHas(role, queue string) bool {
-	switch role {
-	case "prefill":
-		return queue == debug.PDQueueBootstrap || queue == debug.PDQueueActive || queue == debug.PDQueueInflight
-	case "decode":
-		return queue == debug.PDQueuePrealloc || queue == debug.PDQueueTransfer || queue == debug.PDQueueAborting
-	}
-	return false
 }
 
 func kvCell(sv diag.ServerSample, rank int) string {

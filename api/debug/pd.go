@@ -1,6 +1,10 @@
 package debug
 
-import "time"
+import (
+	"time"
+
+	"github.com/pdkit/pdkit/api/pdproto"
+)
 
 // PDPath is a prefill or decode server's PD state (GET, JSON PDResponse);
 // a colocated server answers 404.
@@ -19,6 +23,18 @@ const (
 
 // PDQueues lists the PD queue names of both roles.
 var PDQueues = []string{PDQueueBootstrap, PDQueueActive, PDQueueInflight, PDQueuePrealloc, PDQueueTransfer, PDQueueAborting}
+
+// PDQueuesOf lists the PD queues of a server role, in the order a request
+// moves through them; nil for a role without PD queues (colocated).
+func PDQueuesOf(role string) []string {
+	switch role {
+	case pdproto.RolePrefill:
+		return PDQueues[:3:3]
+	case pdproto.RoleDecode:
+		return PDQueues[3:]
+	}
+	return nil
+}
 
 // PDResponse is the body of GET /debug/v1/pd.
 type PDResponse struct {

@@ -50,17 +50,8 @@ const firstByteWait = 2 * time.Second
 // drainStable is how long every queue must stay empty to count as drained.
 const drainStable = 100 * time.Millisecond
 
-var (
-	prefillQueues = []string{debug.PDQueueBootstrap, debug.PDQueueActive, debug.PDQueueInflight}
-	decodeQueues  = []string{debug.PDQueuePrealloc, debug.PDQueueTransfer, debug.PDQueueAborting}
-)
-
-func roleQueues(role string) []string {
-	if role == pdproto.RolePrefill {
-		return prefillQueues
-	}
-	return decodeQueues
-}
+// prefillQueues are the queues whose rooms --rooms-from-queue aborts.
+var prefillQueues = debug.PDQueuesOf(pdproto.RolePrefill)
 
 func newCmdAbort(f *factory, runF func(context.Context, *abortOptions) error) *cobra.Command {
 	opts := &abortOptions{f: f, Attach: &f.attach}
@@ -509,7 +500,7 @@ func drillRun(ctx context.Context, opts *abortOptions) error {
 					counts[q] += n
 				}
 			}
-			for _, q := range roleQueues(r.Value.Role) {
+			for _, q := range debug.PDQueuesOf(r.Value.Role) {
 				n := counts[q] // a queue left out is empty
 				key := r.URL + " " + q
 				dq := queues[key]

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/debug"
-	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/spf13/cobra"
 )
 
@@ -83,17 +82,6 @@ type statusOutput struct {
 	Servers []serverStatus `json:"servers"`
 }
 
-// pdQueuesOf lists the PD queues of role, in order.
-func pdQueuesOf(role string) []string {
-	switch role {
-	case pdproto.RolePrefill:
-		return []string{debug.PDQueueBootstrap, debug.PDQueueActive, debug.PDQueueInflight}
-	case pdproto.RoleDecode:
-		return []string{debug.PDQueuePrealloc, debug.PDQueueTransfer, debug.PDQueueAborting}
-	}
-	return nil
-}
-
 // readStatus reads one server's steps, requests and (PD roles) PD state.
 func readStatus(ctx context.Context, t *target, now func() time.Time) serverStatus {
 	s := serverStatus{URL: t.URL, Role: t.Role, TPSize: t.TPSize, Model: t.Model, Healthy: t.Healthy, Reason: t.Reason}
@@ -142,7 +130,7 @@ func readStatus(ctx context.Context, t *target, now func() time.Time) serverStat
 		for _, pr := range pd.Ranks {
 			if pr.Rank == st.Rank {
 				r.PD = map[string]int{}
-				for _, q := range pdQueuesOf(t.Role) {
+				for _, q := range debug.PDQueuesOf(t.Role) {
 					r.PD[q] = pr.Counts[q]
 				}
 			}
@@ -211,7 +199,7 @@ func statusTables(out statusOutput) []*table {
 		servers.add(row...)
 		for _, r := range s.Ranks {
 			var pd []string
-			for _, q := range pdQueuesOf(s.Role) {
+			for _, q := range debug.PDQueuesOf(s.Role) {
 				if r.PD != nil {
 					pd = append(pd, fmt.Sprintf("%s=%d", q, r.PD[q]))
 				}
