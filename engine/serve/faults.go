@@ -91,8 +91,36 @@ var faultSpecs = func() []FaultInfo {
 // every change, to wake the loops that wait for a switch to go off.
 type faultSet struct {
 	on      [maxFaults]atomic.Bool // indexed like faultSpecs
+	count   atomic.Int32           // switches on: the receive path's one load while none is
 	mu      sync.Mutex
 	changed chan struct{}
+}
+
+// The switches the receive path checks per message, by index.
+var (
+	idxPDLoopExit          = faultIndex(FaultPDLoopExit)
+	idxBootstrapAbortCrash = faultIndex(FaultBootstrapAbortCrash)
+	idxDrop, idxDelay      = typeIndex(FaultDrop), typeIndex(FaultDelay)
+)
+
+func typeIndex(name func(pdproto.Type) string) map[pdproto.Type]int {
+	m := map[pdproto.Type]int{}
+	for _, t := range pdproto.Types {
+		m[t] = faultIndex(name(t))
+	}
+	return m
+}
+
+// onAt reports whether switch i (an index of faultSpecs, -1 for none) is on.
+func (f *faultSet) onAt(i int) bool { return i >= 0 && f.on[i].Load() }
+
+// receiving is what the switches do to a received message of type t: end
+// the loop, drop it, or delay it.
+func (f *faultSet) receiving(t pdproto.Type) (exit, drop, delay bool) {
+	if f.count.Load() == 0 {
+		return false, false, false
+	}
+	return f.onAt(idxPDLoopExit), f.onAt(idxDrop[t]), f.onAt(idxDelay[t])
 }
 
 // maxFaults bounds the number of switches (checked by TestFaultList).
@@ -102,15 +130,18 @@ func faultIndex(name string) int {
 	return slices.IndexFunc(faultSpecs, func(f FaultInfo) bool { return f.Name == name })
 }
 
-func (f *faultSet) enabled(name string) bool {
-	i := faultIndex(name)
-	return i >= 0 && f.on[i].Load()
-}
+func (f *faultSet) enabled(name string) bool { return f.onAt(faultIndex(name)) }
 
 func (f *faultSet) set(i int, on bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.on[i].Store(on)
+	if f.on[i].Swap(on) != on {
+		if on {
+			f.count.Add(1)
+		} else {
+			f.count.Add(-1)
+		}
+	}
 	if f.changed != nil {
 		close(f.changed)
 	}
@@ -130,6 +161,9 @@ func (f *faultSet) change() <-chan struct{} {
 // waitOff blocks while fault name is on, until stop closes; it reports
 // whether it waited.
 func (f *faultSet) waitOff(name string, stop <-chan struct{}) bool {
+	if !f.enabled(name) {
+		return false // the loops' path: one atomic load
+	}
 	waited := false
 	for {
 		ch := f.change()

@@ -164,9 +164,9 @@ type mailbox struct {
 	faulted atomic.Uint64   // messages a drop-* fault switch dropped
 	bad     atomic.Uint64   // messages that made no sense here, dropped
 	prefill bool
-	rank    uint32                 // the rank's TP rank, in the acks it sends
-	wake    func()                 // tells the loops that mail arrived
-	fault   func(name string) bool // whether a fault switch is on
+	rank    uint32    // the rank's TP rank, in the acks it sends
+	wake    func()    // tells the loops that mail arrived
+	faults  *faultSet // the engine's fault switches
 	reply   func(endpoint string, m pdproto.Message)
 	self    *pdproto.Heartbeat // a prefill's reply template: Sender and Boot
 	peers   map[string]*peerState
@@ -198,13 +198,13 @@ func (mb *mailbox) handle(frames [][]byte) error {
 	if err != nil {
 		return err
 	}
-	switch {
-	case mb.fault(FaultPDLoopExit):
+	switch exit, drop, delay := mb.faults.receiving(m.Type()); {
+	case exit:
 		return fmt.Errorf("receive loop: fault %s at a %s: %w", FaultPDLoopExit, m.Type(), zmqlink.ErrExitLoop)
-	case mb.fault(FaultDrop(m.Type())):
+	case drop:
 		mb.faulted.Add(1)
 		return nil
-	case mb.fault(FaultDelay(m.Type())):
+	case delay:
 		time.Sleep(faultDelay) // the receive loop is the slow link
 	}
 	mb.mu.Lock()
@@ -238,7 +238,7 @@ func (mb *mailbox) handle(frames [][]byte) error {
 			mb.bad.Add(1)
 			return nil
 		}
-		if mb.fault(FaultBootstrapAbortCrash) {
+		if mb.faults.onAt(idxBootstrapAbortCrash) {
 			// The reference system's bootstrap thread knew no ABORT
 			// and died on it; so does this loop with the fault on.
 			return fmt.Errorf("control loop: unknown message type %s (fault %s): %w", m.Type(), FaultBootstrapAbortCrash, zmqlink.ErrExitLoop)
@@ -431,9 +431,9 @@ func (l *rankLoop) publishPD() {
 // decode rank. The KV path (a prefill rank's Outbox, a decode rank's
 // Inbox) uses zmqlink's zero-copy backend; the control path (a prefill
 // rank's Inbox, a decode rank's Outbox) uses pebbe/zmq4.
-func newRankPD(cfg *Config, rank int, boot uint64, wake func(), fault func(string) bool) (*rankPD, error) {
+func newRankPD(cfg *Config, rank int, boot uint64, wake func(), faults *faultSet) (*rankPD, error) {
 	pd := &rankPD{mb: &mailbox{rooms: map[uint64]*mail{}, known: map[uint64]bool{}, prefill: cfg.Role == pdproto.RolePrefill,
-		rank: uint32(rank), wake: wake, fault: fault, peers: map[string]*peerState{}}, reqs: map[uint64]*pdReq{}, boot: boot, cfg: &cfg.PD}
+		rank: uint32(rank), wake: wake, faults: faults, peers: map[string]*peerState{}}, reqs: map[uint64]*pdReq{}, boot: boot, cfg: &cfg.PD}
 	kvOut := pd.mb.prefill // the prefill rank sends KV; the decode rank receives it
 	out, err := zmqlink.NewOutbox(&zmqlink.OutboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: kvOut}})
 	if err != nil {

@@ -366,7 +366,7 @@ func FuzzMailbox(f *testing.F) {
 		frames := bytes.Split(b, []byte{0xff, 0xfe})
 		for _, prefill := range []bool{true, false} {
 			mb := &mailbox{rooms: map[uint64]*mail{}, known: map[uint64]bool{1: true}, prefill: prefill, wake: func() {},
-				fault: func(string) bool { return false }, reply: func(string, pdproto.Message) {},
+				faults: &faultSet{}, reply: func(string, pdproto.Message) {},
 				self: &pdproto.Heartbeat{Sender: "self"}, peers: map[string]*peerState{"x": {}}}
 			mb.handle(frames) // must not panic; errors are the transport's to count
 			mb.take(1)

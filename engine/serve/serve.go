@@ -317,7 +317,7 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 			if e.pd == nil {
 				e.pd = newPDEngine()
 			}
-			if l.pd, err = newRankPD(&e.cfg, r, e.pd.boot, e.poke, e.faults.enabled); err != nil {
+			if l.pd, err = newRankPD(&e.cfg, r, e.pd.boot, e.poke, &e.faults); err != nil {
 				e.closePD()
 				shards.Close()
 				return nil, fmt.Errorf("serve: rank %d: %w", r, err)
