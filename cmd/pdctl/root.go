@@ -22,6 +22,9 @@ type factory struct {
 	OutTTY bool
 	// Getenv reads the environment (PDCTL_ROUTER, PDCTL_TOKEN); nil: none.
 	Getenv func(string) string
+	// screen is the terminal's size when Out cannot tell it (a test's
+	// pipe standing in for a terminal); zero: Out is asked.
+	screen struct{ width, height int }
 	// maskVolatile replaces the cells that change from run to run (ages,
 	// step numbers) with "*", for tests of exact output.
 	maskVolatile bool

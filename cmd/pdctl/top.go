@@ -85,7 +85,7 @@ func topRun(ctx context.Context, opts *topOptions) error {
 		return topOnce(ctx, opts, fetch)
 	}
 	return tui.Run(ctx, f.In, f.Out, tui.Options{Fetch: fetch, Interval: opts.Interval, Window: opts.Window,
-		Source: source, Config: opts.Config})
+		Source: source, Config: opts.Config, Width: f.screen.width, Height: f.screen.height})
 }
 
 // topOnce prints one sample's tables and findings.

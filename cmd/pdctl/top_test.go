@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"io"
 	"regexp"
 	"slices"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/client"
+	"github.com/pdkit/pdkit/internal/syncbuf"
 )
 
 // TestTopOnce: piped (or with --once) top prints one sample as tables:
@@ -85,5 +87,39 @@ func TestTopStalledRank(t *testing.T) {
 	}
 	if want := []string{"critical rank-divergence DECODE 0", "warning fault-switch-on DECODE -"}; code != exitFindings || !slices.Equal(rules, want) {
 		t.Errorf("exit %d, findings %q, want %q\n%s", code, rules, want, stdout)
+	}
+}
+
+// TestTopLive runs the live view on a pipe standing in for a terminal: it
+// draws the cluster behind the router, and q ends it with exit 0.
+func TestTopLive(t *testing.T) {
+	c := newCluster(t)
+	in, keys := io.Pipe()
+	defer keys.Close()
+	var out syncbuf.Buffer
+	f := &factory{In: in, Out: &out, ErrOut: io.Discard, Build: testBuild, OutTTY: true,
+		Getenv: func(k string) string {
+			if k == "PDCTL_ROUTER" {
+				return c.router
+			}
+			return ""
+		}}
+	f.screen.width, f.screen.height = 250, 60
+	done := make(chan exitCode, 1)
+	go func() { done <- run(t.Context(), f, []string{"top", "--interval", "50ms"}) }()
+	poll(t, "a frame with both servers and a finding section", 10*time.Second, func() bool {
+		s := out.String()
+		return strings.Contains(s, c.prefill.ts.URL) && strings.Contains(s, c.decode.ts.URL) && strings.Contains(s, "FINDINGS")
+	})
+	if _, err := keys.Write([]byte("q")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Fatalf("exit %d", code)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("q did not end top")
 	}
 }
