@@ -48,7 +48,8 @@ func newCmdQueuesDump(f *factory, runF func(context.Context, *queuesDumpOptions)
 		Use:   "dump",
 		Short: "Dump every PD queue entry of every rank, and the rooms joined across prefill and decode",
 		Long: `Dump every PD queue entry of every rank of the prefill and decode servers
-(from GET /debug/v1/pd): server, role, rank, request id, bootstrap room, queue,
+(from GET /debug/v1/pd): server, role, rank, request id (the N of the server's
+response id cmpl-N or chatcmpl-N, as the router logs it), bootstrap room, queue,
 the rank's own KVPoll state and the state its server's ranks agreed on, age in
 the queue, peer endpoint, KV bytes moved, and the decode's ABORT (no, sent, or
 acked by the prefill rank). A rank whose POLL is above AGREED is waiting for
