@@ -144,6 +144,13 @@ func (rt *Router) transportFailed(ctx context.Context, u *upstream, err error) {
 	rt.setHealth(u, func() { rt.failed(u, "request failed: "+err.Error()) })
 }
 
+// refused reports whether err is a failure to connect: nothing of the
+// request reached the server.
+func refused(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
 // connectionError reports whether err is a failure of the connection to
 // the server: a refused or failed dial, a reset, an unexpected close.
 func connectionError(err error) bool {
@@ -215,8 +222,9 @@ func summary(body []byte) string {
 }
 
 // pick chooses the healthy server of list with the fewest requests in
-// flight, round-robin among equals, and counts one more request on it.
-func (rt *Router) pick(role string) *upstream {
+// flight, round-robin among equals, and counts one more request on it;
+// avoid (when not nil) is left out.
+func (rt *Router) pick(role string, avoid *upstream) *upstream {
 	list, i := rt.prefill, 0
 	if role == pdproto.RoleDecode {
 		list, i = rt.decode, 1
@@ -229,7 +237,7 @@ func (rt *Router) pick(role string) *upstream {
 	start := int(rt.rr[i] % uint64(n))
 	for k := range n {
 		u := list[(start+k)%n]
-		if ok, _ := u.state(); !ok {
+		if ok, _ := u.state(); !ok || u == avoid {
 			continue
 		}
 		if l := u.inFlight.Load(); best == nil || l < bestLoad {
@@ -244,6 +252,16 @@ func (rt *Router) pick(role string) *upstream {
 	best.served.Add(1)
 	rt.metrics.inFlight.WithLabelValues(best.role, best.url).Inc()
 	return best
+}
+
+// otherHealthy reports whether a prefill server other than u is healthy.
+func (rt *Router) otherHealthy(u *upstream) bool {
+	for _, o := range rt.prefill {
+		if ok, _ := o.state(); ok && o != u {
+			return true
+		}
+	}
+	return false
 }
 
 // release ends a request that pick counted on u.
@@ -313,7 +331,7 @@ func (rt *Router) cluster(w http.ResponseWriter, _ *http.Request) {
 
 // models answers GET /v1/models from a healthy decode server.
 func (rt *Router) models(w http.ResponseWriter, r *http.Request) {
-	u := rt.pick(pdproto.RoleDecode)
+	u := rt.pick(pdproto.RoleDecode, nil)
 	if u == nil {
 		noServer(pdproto.RoleDecode).WriteJSON(w)
 		return

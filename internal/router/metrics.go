@@ -26,6 +26,7 @@ type metrics struct {
 	inFlight       *prometheus.GaugeVec
 	healthy        *prometheus.GaugeVec
 	liveRooms      prometheus.Gauge
+	retries        prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -44,8 +45,10 @@ func newMetrics() *metrics {
 			Help: "1 when a server gets new requests, else 0."}, []string{"role", "server"}),
 		liveRooms: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "live_rooms",
 			Help: "Bootstrap rooms of the requests in flight."}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "retries_total",
+			Help: "Requests routed again because their prefill server refused the connection."}),
 	}
-	m.reg.MustRegister(m.requests, m.upstreamErrors, m.inFlight, m.healthy, m.liveRooms)
+	m.reg.MustRegister(m.requests, m.upstreamErrors, m.inFlight, m.healthy, m.liveRooms, m.retries)
 	return m
 }
 

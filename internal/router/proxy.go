@@ -213,6 +213,9 @@ func (rt *Router) post(ctx context.Context, url string, body []byte, src *http.R
 }
 
 // proxy serves a generation request through a prefill and a decode server.
+// A prefill server that cannot be connected to is left for another healthy
+// one, once, with a new room: nothing of the request reached it, and the
+// client has seen nothing yet.
 func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
 	fields, oerr := readObject(w, r, rt.opts.MaxBodyBytes)
 	if oerr != nil {
@@ -220,7 +223,19 @@ func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
 		oerr.WriteJSON(w)
 		return
 	}
-	p := rt.pick(pdproto.RolePrefill)
+	if dead := rt.route(w, r, fields, nil); dead != nil {
+		rt.log.Info("prefill refused the connection; routing again", "prefill", dead.url, "path", r.URL.Path)
+		rt.metrics.retries.Inc()
+		rt.route(w, r, fields, dead)
+	}
+}
+
+// route runs one attempt of proxy. Unless avoid is set already (a second
+// attempt), a prefill server that refuses the connection while another is
+// healthy ends the attempt without answering the client: route returns
+// that server for the next attempt to avoid.
+func (rt *Router) route(w http.ResponseWriter, r *http.Request, fields map[string]json.RawMessage, avoid *upstream) (retry *upstream) {
+	p := rt.pick(pdproto.RolePrefill, avoid)
 	if p == nil {
 		rt.metrics.requests.WithLabelValues(outcomeNoServer).Inc()
 		noServer(pdproto.RolePrefill).WriteJSON(w)
@@ -229,7 +244,7 @@ func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
 	// Each server is released as soon as its answer has ended.
 	releasePrefill := sync.OnceFunc(func() { rt.release(p) })
 	defer releasePrefill()
-	d := rt.pick(pdproto.RoleDecode)
+	d := rt.pick(pdproto.RoleDecode, nil)
 	if d == nil {
 		rt.metrics.requests.WithLabelValues(outcomeNoServer).Inc()
 		noServer(pdproto.RoleDecode).WriteJSON(w)
@@ -337,8 +352,15 @@ func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
 		case res := <-prefillCh:
 			prefillCh = nil
 			if res.failed() && ctx.Err() == nil {
+				if avoid == nil && refused(res.err) && rt.otherHealthy(p) {
+					cancel(errPrefill)
+					if dres := <-dch; dres.resp != nil {
+						dres.resp.Body.Close()
+					}
+					return p
+				}
 				failPrefill(res, false)
-				return
+				return nil
 			}
 		case dres = <-dch:
 			got = true

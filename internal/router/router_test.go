@@ -262,6 +262,15 @@ func (c *cluster) post(t *testing.T, ctx context.Context, path, body string) *ht
 	return resp
 }
 
+func (c *cluster) get(t *testing.T, path string) *http.Response {
+	t.Helper()
+	resp, err := http.Get(c.srv.URL + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
 func readAll(t *testing.T, resp *http.Response) string {
 	t.Helper()
 	defer resp.Body.Close()
@@ -774,31 +783,81 @@ func TestNewRefusesBadServers(t *testing.T) {
 
 // TestTransportErrorsMarkDown: a prefill server that dies between two
 // health checks leaves the rotation after FailThreshold requests fail to
-// connect to it (the checks, an hour apart here, play no part); the
-// requests after that all go to the live one.
+// connect to it (the checks, an hour apart here, play no part); each of
+// those is routed again to the live prefill, so every client is served.
 func TestTransportErrorsMarkDown(t *testing.T) {
-	live := newStub(t, pdproto.RolePrefill, nil)
+	// The decode stub answers a room only once the live prefill has had
+	// it, as a real decode waits for the KV: a room sent to the dead
+	// prefill is never answered before the refusal is seen.
+	var mu sync.Mutex
+	had := map[any]chan struct{}{}
+	room := func(body map[string]any) chan struct{} {
+		mu.Lock()
+		defer mu.Unlock()
+		ch := had[body["bootstrap_room"]]
+		if ch == nil {
+			ch = make(chan struct{})
+			had[body["bootstrap_room"]] = ch
+		}
+		return ch
+	}
+	live := newStub(t, pdproto.RolePrefill, func(s *stub) {
+		s.gen = func(w http.ResponseWriter, r *http.Request, body map[string]any) {
+			close(room(body))
+			w.Write([]byte(`{"id":"prefill","choices":[]}`))
+		}
+	})
 	dead := newStub(t, pdproto.RolePrefill, nil)
-	d := newStub(t, pdproto.RoleDecode, nil)
+	d := newStub(t, pdproto.RoleDecode, func(s *stub) {
+		s.gen = func(w http.ResponseWriter, r *http.Request, body map[string]any) {
+			select {
+			case <-room(body):
+				json.NewEncoder(w).Encode(map[string]any{"id": "cmpl-1", "object": "text_completion", "choices": []any{map[string]any{"text": "ab"}}})
+			case <-r.Context().Done():
+			}
+		}
+	})
 	c := start(t, []*stub{live, dead}, []*stub{d}, func(o *Options) { o.HealthInterval = time.Hour })
 	c.waitFor(t, "both prefill servers up", func(cr debug.ClusterResponse) bool { return cr.HealthyPrefill == 2 })
 	dead.srv.Close()
 
-	// A request routed to the dead server fails (502), unless the stub
-	// decode, which needs no KV, answered first.
 	for range 10 {
-		resp := c.post(t, context.Background(), "/v1/completions", `{"prompt":"x"}`)
-		if body := readAll(t, resp); resp.StatusCode != http.StatusOK &&
-			(resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, dead.url())) {
-			t.Fatalf("status %d: %s", resp.StatusCode, body)
-		}
-		c.settle(t, 0)
+		c.call(t, `{"prompt":"x"}`, 0)
 	}
 	s := server(c.clusterState(t), dead.url())
 	if s.RequestsServed != 2 || s.Healthy || !strings.HasPrefix(s.Reason, "request failed: ") || s.ConsecutiveFailures != 2 {
 		t.Fatalf("the dead server is listed as %+v", s)
 	}
-	if failed := int(s.RequestsServed); live.count() != 10-failed {
-		t.Errorf("the live prefill served %d of %d", live.count(), 10-failed)
+	if live.count() != 10 {
+		t.Errorf("the live prefill served %d of 10", live.count())
+	}
+	if m := readAll(t, c.get(t, "/metrics")); !strings.Contains(m, "pdkit_router_retries_total 2") {
+		t.Errorf("metrics:\n%s", m)
+	}
+}
+
+// TestRefusedWithoutAnother: with no other healthy prefill server, a
+// refused connection is the client's 502 (nothing to route again to).
+func TestRefusedWithoutAnother(t *testing.T) {
+	dead := newStub(t, pdproto.RolePrefill, nil)
+	d := newStub(t, pdproto.RoleDecode, nil)
+	c := start(t, []*stub{dead}, []*stub{d}, func(o *Options) { o.HealthInterval = time.Hour })
+	c.waitFor(t, "the prefill up", func(cr debug.ClusterResponse) bool { return cr.HealthyPrefill == 1 })
+	dead.srv.Close()
+	// The stub decode may answer before the prefill's refusal is seen;
+	// the first request that sees it gets 502 naming the server.
+	for i := 0; ; i++ {
+		resp := c.post(t, context.Background(), "/v1/completions", `{"prompt":"x"}`)
+		body := readAll(t, resp)
+		c.settle(t, 0)
+		if resp.StatusCode == http.StatusBadGateway && strings.Contains(body, dead.url()) {
+			break
+		}
+		if resp.StatusCode != http.StatusOK || i == 20 {
+			t.Fatalf("request %d: status %d: %s", i, resp.StatusCode, body)
+		}
+	}
+	if m := readAll(t, c.get(t, "/metrics")); !strings.Contains(m, "pdkit_router_retries_total 0") {
+		t.Errorf("a retry with no other prefill:\n%s", m)
 	}
 }
