@@ -179,11 +179,16 @@ type Config struct {
 	// the step-input broadcast for up to one loop heartbeat (50ms by
 	// default), far below it.
 	CollectiveWait time.Duration
+	// LoopStall is how long every rank of a server may go without
+	// finishing a step before engine-stalled names it. A loop iterates at
+	// least every heartbeat (50ms by default) even idle; a long forward
+	// step is well below it.
+	LoopStall time.Duration
 }
 
 // DefaultConfig returns the parameters that match pdserve's defaults.
 func DefaultConfig() Config {
-	return Config{Timeouts: DefaultTimeouts(), Grace: time.Second, CollectiveWait: 2 * time.Second}
+	return Config{Timeouts: DefaultTimeouts(), Grace: time.Second, CollectiveWait: 2 * time.Second, LoopStall: time.Second}
 }
 
 // Rules returns the rules with the default parameters, in a stable order.
@@ -197,6 +202,7 @@ func RulesWith(c Config) []Rule {
 		faultSwitchOn(),
 		controlLoopDead(),
 		peerUnreachable(),
+		engineStalled(c),
 		rankDivergence(c),
 		pdQueueStuck(),
 		pdEntryOverdue(c),

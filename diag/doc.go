@@ -36,6 +36,10 @@
 //   - peer-unreachable (critical): a server that did not answer in the last
 //     sample, or a decode rank whose PD entries say their prefill peer went
 //     silent past the heartbeat timeout.
+//   - engine-stalled (critical): no rank of a server finished a step
+//     between the first and the last sample, over a window of at least
+//     LoopStall (a loop iterates every heartbeat even idle): each rank's
+//     step, phase, the age of its last step and the collective it waits in.
 //   - rank-divergence (critical): ranks of one server more than one step
 //     apart, or at the same step with different collective sequence numbers
 //     while neither is in a collective; or a rank waiting in a collective
