@@ -840,23 +840,20 @@ func TestTransportErrorsMarkDown(t *testing.T) {
 // refused connection is the client's 502 (nothing to route again to).
 func TestRefusedWithoutAnother(t *testing.T) {
 	dead := newStub(t, pdproto.RolePrefill, nil)
-	d := newStub(t, pdproto.RoleDecode, nil)
+	// The decode waits for KV that will never come, as a real one does,
+	// until the router cancels it.
+	d := newStub(t, pdproto.RoleDecode, func(s *stub) {
+		s.gen = func(w http.ResponseWriter, r *http.Request, body map[string]any) { <-r.Context().Done() }
+	})
 	c := start(t, []*stub{dead}, []*stub{d}, func(o *Options) { o.HealthInterval = time.Hour })
 	c.waitFor(t, "the prefill up", func(cr debug.ClusterResponse) bool { return cr.HealthyPrefill == 1 })
 	dead.srv.Close()
-	// The stub decode may answer before the prefill's refusal is seen;
-	// the first request that sees it gets 502 naming the server.
-	for i := 0; ; i++ {
-		resp := c.post(t, context.Background(), "/v1/completions", `{"prompt":"x"}`)
-		body := readAll(t, resp)
-		c.settle(t, 0)
-		if resp.StatusCode == http.StatusBadGateway && strings.Contains(body, dead.url()) {
-			break
-		}
-		if resp.StatusCode != http.StatusOK || i == 20 {
-			t.Fatalf("request %d: status %d: %s", i, resp.StatusCode, body)
-		}
+	resp := c.post(t, context.Background(), "/v1/completions", `{"prompt":"x"}`)
+	if body := readAll(t, resp); resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, dead.url()) {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
 	}
+	d.waitCancel(t, "the prefill's refusal")
+	c.settle(t, 0)
 	if m := readAll(t, c.get(t, "/metrics")); !strings.Contains(m, "pdkit_router_retries_total 0") {
 		t.Errorf("a retry with no other prefill:\n%s", m)
 	}
