@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
@@ -14,6 +15,7 @@ import (
 
 func newBenchCmd() *cobra.Command {
 	cfg := bench.Config{Arch: model.ArchLlama, Types: []kernels.DType{kernels.F32, kernels.Q8_0}, Threads: []int{1, 2}}
+	var mf modelFlags
 	var types []string
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -36,9 +38,10 @@ func newBenchCmd() *cobra.Command {
 			if cfg.PromptLen < 1 || cfg.DecodeTokens < 1 || cfg.Batch < 1 || cfg.Repeats < 1 {
 				return usagef("--prompt, --decode, --batch and --repeats must be positive")
 			}
-			if _, err := builtin.Shape(cfg.Arch, cfg.Size); err != nil {
+			if _, err := mf.shape(); err != nil {
 				return usageError{err}
 			}
+			cfg.Arch, cfg.Size = mf.arch, mf.size
 			return runReport(cmd, func(home string) (printer, error) {
 				cfg.Home = home
 				return bench.Run(cmd.Context(), cfg, cmd.ErrOrStderr())
@@ -46,8 +49,7 @@ func newBenchCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.Arch, "arch", model.ArchLlama, "built-in architecture: llama or llama-dsa")
-	f.StringVar(&cfg.Size, "size", builtin.SizeSmall, "built-in size: tiny or small")
+	mf.register(f, false)
 	f.StringSliceVar(&types, "types", []string{"f32", "q8_0"}, "weight types")
 	f.IntSliceVar(&cfg.Threads, "threads", []int{1, 2}, "thread counts")
 	f.IntVar(&cfg.PromptLen, "prompt", 512, "prefill prompt length")
@@ -60,7 +62,7 @@ func newBenchCmd() *cobra.Command {
 
 func newBenchPDCmd() *cobra.Command {
 	cfg := bench.PDConfig{}
-	var typ string
+	var mf modelFlags
 	cmd := &cobra.Command{
 		Use:   "pd",
 		Short: "Measure PD disaggregation: TTFT of a prefill+decode pair against a colocated engine, and the KV transport against raw TCP",
@@ -72,11 +74,11 @@ the colocated ones. Then it sends real KV_CHUNK messages over the ZeroMQ link fo
 moves the same bytes over raw loopback TCP, and reports both rates and their ratio (goal ≥ 0.8).`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			dt, err := builtin.ParseType(typ)
+			dt, shape, err := mf.resolve()
 			if err != nil {
 				return usageError{err}
 			}
-			cfg.Type = dt
+			cfg.Arch, cfg.Size, cfg.Type = mf.arch, mf.size, dt
 			if cfg.TP < 1 || cfg.Requests < 1 || cfg.MaxTokens < 1 || cfg.TransportTime <= 0 {
 				return usagef("--tp, --requests, --max-tokens and --transport-time must be positive")
 			}
@@ -85,10 +87,6 @@ moves the same bytes over raw loopback TCP, and reports both rates and their rat
 			}
 			if len(cfg.Prompts) == 0 {
 				return usagef("--prompts needs at least one length")
-			}
-			shape, err := builtin.Shape(cfg.Arch, cfg.Size)
-			if err != nil {
-				return usageError{err}
 			}
 			if err := shape.CheckShards(cfg.TP); err != nil {
 				return usagef("--tp %d: %v", cfg.TP, err)
@@ -106,9 +104,7 @@ moves the same bytes over raw loopback TCP, and reports both rates and their rat
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.Arch, "arch", model.ArchLlama, "built-in architecture: llama or llama-dsa")
-	f.StringVar(&cfg.Size, "size", builtin.SizeSmall, "built-in size: tiny or small")
-	f.StringVar(&typ, "type", "f32", "weight type")
+	mf.register(f, true)
 	f.IntVar(&cfg.TP, "tp", 1, "tensor-parallel ranks of every engine")
 	f.IntSliceVar(&cfg.Prompts, "prompts", []int{128, 1024}, "prompt lengths in tokens")
 	f.IntVar(&cfg.Requests, "requests", 8, "requests per prompt length, one at a time")
@@ -120,7 +116,7 @@ moves the same bytes over raw loopback TCP, and reports both rates and their rat
 
 func newBenchServeCmd() *cobra.Command {
 	cfg := bench.ServingConfig{}
-	var typ string
+	var mf modelFlags
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Measure the serving path: streamed /v1/completions against an in-process server at several client concurrencies",
@@ -131,11 +127,11 @@ requests/s, output tokens/s, time to first token and inter-token latency percent
 level, and the aggregate output rate at concurrency 32 against concurrency 1.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			dt, err := builtin.ParseType(typ)
+			dt, shape, err := mf.resolve()
 			if err != nil {
 				return usageError{err}
 			}
-			cfg.Type = dt
+			cfg.Arch, cfg.Size, cfg.Type = mf.arch, mf.size, dt
 			if len(cfg.Concurrency) == 0 {
 				return usagef("--concurrency needs at least one level")
 			}
@@ -150,10 +146,6 @@ level, and the aggregate output rate at concurrency 32 against concurrency 1.`,
 			if cfg.PromptLen < 1 || cfg.MaxTokens < 1 || cfg.MaxRunning < 1 {
 				return usagef("--prompt, --max-tokens and --max-running must be positive")
 			}
-			shape, err := builtin.Shape(cfg.Arch, cfg.Size)
-			if err != nil {
-				return usageError{err}
-			}
 			if cfg.PromptLen+cfg.MaxTokens > shape.ContextLen {
 				return usagef("--prompt %d plus --max-tokens %d exceed the model's context length %d", cfg.PromptLen, cfg.MaxTokens, shape.ContextLen)
 			}
@@ -165,9 +157,7 @@ level, and the aggregate output rate at concurrency 32 against concurrency 1.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.Arch, "arch", model.ArchLlama, "built-in architecture: llama or llama-dsa")
-	f.StringVar(&cfg.Size, "size", builtin.SizeSmall, "built-in size: tiny or small")
-	f.StringVar(&typ, "type", "f32", "weight type")
+	mf.register(f, true)
 	f.IntSliceVar(&cfg.Concurrency, "concurrency", []int{1, 8, 32, 64}, "client concurrency levels")
 	f.IntVar(&cfg.PromptLen, "prompt", 128, "prompt length in tokens")
 	f.IntVar(&cfg.MaxTokens, "max-tokens", 64, "tokens generated per request")
@@ -193,4 +183,29 @@ func runReport(cmd *cobra.Command, run func(home string) (printer, error)) error
 	}
 	rep.Print(cmd.OutOrStdout())
 	return nil
+}
+
+// modelFlags choose the built-in model of a bench command.
+type modelFlags struct{ arch, size, typ string }
+
+// register adds --arch, --size and, with weightType, --type.
+func (m *modelFlags) register(f *pflag.FlagSet, weightType bool) {
+	f.StringVar(&m.arch, "arch", model.ArchLlama, "built-in architecture: llama or llama-dsa")
+	f.StringVar(&m.size, "size", builtin.SizeSmall, "built-in size: tiny or small")
+	if weightType {
+		f.StringVar(&m.typ, "type", "f32", "weight type")
+	}
+}
+
+// shape is the chosen model's configuration, or why there is none.
+func (m *modelFlags) shape() (model.Config, error) { return builtin.Shape(m.arch, m.size) }
+
+// resolve checks the flags: the weight type and the model's shape.
+func (m *modelFlags) resolve() (kernels.DType, model.Config, error) {
+	dt, err := builtin.ParseType(m.typ)
+	if err != nil {
+		return dt, model.Config{}, err
+	}
+	shape, err := m.shape()
+	return dt, shape, err
 }
