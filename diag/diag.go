@@ -66,6 +66,10 @@ type ServerSample struct {
 	Requests    *debug.RequestsResponse    `json:"requests,omitempty"`
 	PD          *debug.PDResponse          `json:"pd,omitempty"`
 	Faults      *debug.FaultsResponse      `json:"faults,omitempty"`
+	// Settings are what the server published at GET /debug/v1/settings:
+	// the rules judge its queues by its own timeouts and heartbeat. Nil
+	// from a server that publishes none.
+	Settings *debug.Settings `json:"settings,omitempty"`
 	// TookMS is the time the answers took, all together.
 	TookMS float64 `json:"took_ms"`
 }
@@ -154,8 +158,8 @@ type Rule struct {
 	Check    func(Window) []Finding
 }
 
-// Timeouts are the PD timeouts of the servers, as pdserve's PD config sets
-// them; an entry older than its state's timeout should have failed.
+// Timeouts are PD timeouts: an entry older than its state's timeout should
+// have failed. A zero field is unknown.
 type Timeouts struct {
 	Bootstrap time.Duration // prefill bootstrap queue, decode prealloc queue
 	Transfer  time.Duration // decode transfer queue
@@ -163,32 +167,73 @@ type Timeouts struct {
 	AbortAck  time.Duration // decode aborting queue
 }
 
-// DefaultTimeouts are the server defaults.
-func DefaultTimeouts() Timeouts {
-	return Timeouts{Bootstrap: 10 * time.Second, Transfer: 30 * time.Second, Inflight: 10 * time.Second, AbortAck: 5 * time.Second}
-}
-
-// Config holds the parameters of the rules.
+// Config holds the parameters of the rules. The servers' own settings
+// (their PD timeouts, their loop heartbeat) come from each ServerSample's
+// Settings, not from here.
 type Config struct {
-	Timeouts Timeouts
+	// Overrides replace, field by field, the PD timeouts every server
+	// publishes; a zero field keeps the server's.
+	Overrides Timeouts
 	// Grace is added to every timeout: a rank fails an overdue entry on its
 	// next iteration, so an entry may be seen a little past its timeout.
+	// LimitsOf raises it to twice a server's loop heartbeat when that is
+	// longer.
 	Grace time.Duration
 	// CollectiveWait is how long a rank may wait in a collective while a
 	// peer is elsewhere before it counts as a desync. Idle ranks wait in
-	// the step-input broadcast for up to one loop heartbeat (50ms by
-	// default), far below it.
+	// the step-input broadcast for up to one loop heartbeat, so LimitsOf
+	// raises it to twice a server's heartbeat when that is longer.
 	CollectiveWait time.Duration
 	// LoopStall is how long every rank of a server may go without
 	// finishing a step before engine-stalled names it. A loop iterates at
-	// least every heartbeat (50ms by default) even idle; a long forward
-	// step is well below it.
+	// least every heartbeat even idle, so LimitsOf raises it to twice a
+	// server's heartbeat when that is longer.
 	LoopStall time.Duration
 }
 
-// DefaultConfig returns the parameters that match pdserve's defaults.
+// DefaultConfig returns the default parameters: no override of the
+// servers' timeouts.
 func DefaultConfig() Config {
-	return Config{Timeouts: DefaultTimeouts(), Grace: time.Second, CollectiveWait: 2 * time.Second, LoopStall: time.Second}
+	return Config{Grace: time.Second, CollectiveWait: 2 * time.Second, LoopStall: time.Second}
+}
+
+// Limits are the parameters one server is judged by: c's, fitted to the
+// settings the server published.
+type Limits struct {
+	// Timeouts are the server's PD timeouts under c's overrides; a zero
+	// field is unknown (no settings published, no override) and the rules
+	// judge no queue by it.
+	Timeouts                         Timeouts
+	Grace, CollectiveWait, LoopStall time.Duration
+}
+
+// LimitsOf returns the limits server s is judged by: its published PD
+// timeouts, each replaced by c's override when set, and c's grace,
+// collective wait and loop stall, each raised to twice the server's loop
+// heartbeat when that is longer.
+func (c Config) LimitsOf(s *ServerSample) Limits {
+	l := Limits{Grace: c.Grace, CollectiveWait: c.CollectiveWait, LoopStall: c.LoopStall}
+	if s != nil && s.Settings != nil {
+		st := s.Settings
+		if pd := st.PD; pd != nil {
+			l.Timeouts = Timeouts{Bootstrap: debug.Duration(pd.BootstrapTimeoutMS), Transfer: debug.Duration(pd.TransferTimeoutMS),
+				Inflight: debug.Duration(pd.InflightTimeoutMS), AbortAck: debug.Duration(pd.AbortAckTimeoutMS)}
+		}
+		hb := 2 * debug.Duration(st.HeartbeatMS)
+		l.Grace, l.CollectiveWait, l.LoopStall = max(l.Grace, hb), max(l.CollectiveWait, hb), max(l.LoopStall, hb)
+	}
+	o := c.Overrides
+	for _, f := range []struct {
+		dst *time.Duration
+		v   time.Duration
+	}{
+		{&l.Timeouts.Bootstrap, o.Bootstrap}, {&l.Timeouts.Transfer, o.Transfer},
+		{&l.Timeouts.Inflight, o.Inflight}, {&l.Timeouts.AbortAck, o.AbortAck}} {
+		if f.v > 0 {
+			*f.dst = f.v
+		}
+	}
+	return l
 }
 
 // Rules returns the rules with the default parameters, in a stable order.

@@ -3,6 +3,7 @@ package diag
 import (
 	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pdkit/pdkit/api/debug"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden findings in testdata")
@@ -228,19 +231,19 @@ func TestMassAbortWedge(t *testing.T) {
 	}
 }
 
-// TestConfig: the timeouts are parameters; longer ones silence the
-// findings they no longer justify.
+// TestConfig: overriding the servers' timeouts with longer ones silences
+// the findings they no longer justify.
 func TestConfig(t *testing.T) {
 	w := readWindow(t, filepath.Join("testdata", "pd-entry-overdue", "overdue.json"))
 	c := DefaultConfig()
-	c.Timeouts.Transfer = time.Minute
-	c.Timeouts.Bootstrap = time.Minute
-	c.Timeouts.Inflight = time.Minute
+	c.Overrides.Transfer = time.Minute
+	c.Overrides.Bootstrap = time.Minute
+	c.Overrides.Inflight = time.Minute
 	if fs := RunRules(RulesWith(c), w); len(fs) != 0 {
 		t.Errorf("findings with one-minute timeouts:\n%s", render(fs))
 	}
 	if fs := Run(w); len(fs) == 0 {
-		t.Error("no finding with the default timeouts")
+		t.Error("no finding with the servers' own timeouts")
 	}
 }
 
@@ -257,5 +260,77 @@ func TestGoldenHaveFixtures(t *testing.T) {
 		if filepath.Base(d) != "healthy" && !slices.ContainsFunc(Rules(), func(r Rule) bool { return r.Name == filepath.Base(d) }) {
 			t.Errorf("%s names no rule", d)
 		}
+	}
+}
+
+// TestPublishedTimeouts: pd-entry-overdue judges each server by the PD
+// timeouts it publishes. In published_timeouts.json the prefill publishes
+// one-minute bootstrap and inflight timeouts (its 12.5s and 15s rooms are
+// not overdue, though they would be under pdserve's defaults) and the
+// decode a 20s transfer and 15s bootstrap timeout (both transfer rooms,
+// 29s and 31.5s, are overdue; its 11.9s prealloc room is not). Without
+// settings nothing is judged; an override replaces what a server
+// publishes.
+func TestPublishedTimeouts(t *testing.T) {
+	w := readWindow(t, filepath.Join("testdata", "pd-entry-overdue", "published_timeouts.json"))
+	rule := ruleByName(t, "pd-entry-overdue")
+	var got []string
+	for _, f := range rule.Check(w) {
+		got = append(got, fmt.Sprintf("%s %d %s", f.Server, f.Rank, f.Summary))
+	}
+	want := []string{
+		"http://decode-0:30100 0 2 of 2 rooms in the transfer queue of decode rank 0 are past the transfer timeout 20s",
+		"http://decode-0:30100 1 2 of 2 rooms in the transfer queue of decode rank 1 are past the transfer timeout 20s",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("findings with the published timeouts:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+
+	// The same queues under another server's settings give another verdict.
+	last := &w.Samples[len(w.Samples)-1]
+	if d := last.Server("http://decode-0:30100"); d != nil {
+		d.Settings.PD.TransferTimeoutMS = 30000
+	}
+	for _, f := range rule.Check(w) {
+		if strings.Contains(f.Summary, "transfer") && f.Evidence[1].Value != "1 of 2" {
+			t.Errorf("with a 30s transfer timeout: %s %+v", f.Summary, f.Evidence)
+		}
+	}
+
+	// An override wins over what the server publishes.
+	c := DefaultConfig()
+	c.Overrides.Bootstrap = 10 * time.Second
+	if fs := pdEntryOverdue(c).Check(w); !slices.ContainsFunc(fs, func(f Finding) bool {
+		return f.Server == "http://prefill-0:30000" && strings.Contains(f.Summary, "past the bootstrap timeout 10s")
+	}) {
+		t.Errorf("a 10s bootstrap override does not flag the prefill's 12.5s room:\n%s", render(fs))
+	}
+
+	// A server that publishes no settings is not judged by guessed timeouts.
+	for i := range last.Servers {
+		last.Servers[i].Settings = nil
+	}
+	if fs := rule.Check(w); len(fs) != 0 {
+		t.Errorf("findings without settings:\n%s", render(fs))
+	}
+}
+
+// TestLimitsOf: a server's heartbeat raises the collective wait, the loop
+// stall and the grace it is judged by; the overrides replace its timeouts
+// field by field.
+func TestLimitsOf(t *testing.T) {
+	c := DefaultConfig()
+	c.Overrides.AbortAck = time.Second
+	s := &ServerSample{Settings: &debug.Settings{HeartbeatMS: 1500, PD: &debug.PDSettings{BootstrapTimeoutMS: 4000, TransferTimeoutMS: 8000,
+		InflightTimeoutMS: 6000, AbortAckTimeoutMS: 2000}}}
+	got := c.LimitsOf(s)
+	want := Limits{Timeouts: Timeouts{Bootstrap: 4 * time.Second, Transfer: 8 * time.Second, Inflight: 6 * time.Second, AbortAck: time.Second},
+		Grace: 3 * time.Second, CollectiveWait: 3 * time.Second, LoopStall: 3 * time.Second}
+	if got != want {
+		t.Errorf("limits %+v, want %+v", got, want)
+	}
+	if got := c.LimitsOf(&ServerSample{}); got != (Limits{Timeouts: Timeouts{AbortAck: time.Second}, Grace: c.Grace,
+		CollectiveWait: c.CollectiveWait, LoopStall: c.LoopStall}) {
+		t.Errorf("limits without settings %+v", got)
 	}
 }

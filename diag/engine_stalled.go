@@ -15,7 +15,7 @@ func engineStalled(c Config) Rule {
 }
 
 func checkEngineStalled(c Config, w Window) []Finding {
-	if len(w.Samples) < 2 || w.Span() < c.LoopStall {
+	if len(w.Samples) < 2 {
 		return nil
 	}
 	var out []Finding
@@ -23,6 +23,10 @@ func checkEngineStalled(c Config, w Window) []Finding {
 	for _, last := range w.Last().Servers {
 		f := first.Server(last.URL)
 		if !last.Reachable || last.Steps == nil || f == nil || !f.Reachable || f.Steps == nil || len(last.Steps.Ranks) == 0 {
+			continue
+		}
+		stall := c.LimitsOf(&last).LoopStall
+		if w.Span() < stall {
 			continue
 		}
 		moved := false
@@ -46,7 +50,7 @@ func checkEngineStalled(c Config, w Window) []Finding {
 		out = append(out, Finding{
 			Rule: "engine-stalled", Severity: Critical, Server: last.URL, Rank: -1,
 			Summary:  fmt.Sprintf("no rank of the %s server finished a step in %v", last.Role, w.Span().Round(time.Millisecond)),
-			Evidence: []Evidence{ev("window", "%v over %d samples (threshold %v)", w.Span().Round(time.Millisecond), len(w.Samples), c.LoopStall), ev("ranks", "%s", listSep(ranks, 8, "; "))},
+			Evidence: []Evidence{ev("window", "%v over %d samples (threshold %v)", w.Span().Round(time.Millisecond), len(w.Samples), stall), ev("ranks", "%s", listSep(ranks, 8, "; "))},
 			Remedy:   fmt.Sprintf("the engine loop is stuck: read the ranks' stacks (pdctl bundle, or GET %s/debug/v1/stacks?rank=N) and the collectives (rank-divergence); a fault switch such as stall-last-rank holds a rank on purpose (fault-switch-on); restart the server if it does not move.", last.URL),
 		})
 	}

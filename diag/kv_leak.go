@@ -94,7 +94,11 @@ func checkKVLeak(c Config, w Window) []Finding {
 		if last.PD == nil {
 			continue
 		}
-		limit := c.Timeouts.AbortAck + c.Grace
+		l := c.LimitsOf(last)
+		if l.Timeouts.AbortAck <= 0 {
+			continue // unknown: the server published no settings
+		}
+		limit := l.Timeouts.AbortAck + l.Grace
 		for _, r := range last.PD.Ranks {
 			var late []uint64
 			var oldest float64
@@ -115,7 +119,7 @@ func checkKVLeak(c Config, w Window) []Finding {
 				ev("queue", "aborting"),
 				ev("overdue", "%d", len(late)),
 				ev("oldest", "%s", ms(oldest)),
-				ev("abort_ack_timeout", "%v (+%v grace)", c.Timeouts.AbortAck, c.Grace),
+				ev("abort_ack_timeout", "%v (+%v grace)", l.Timeouts.AbortAck, l.Grace),
 				ev("abort_not_sent", "%d", unsent),
 				ev("rooms", "%s", list(late, 10)),
 			}

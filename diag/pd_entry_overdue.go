@@ -39,9 +39,13 @@ func checkPDEntryOverdue(c Config, w Window) []Finding {
 		if !s.Reachable || s.PD == nil {
 			continue
 		}
+		l := c.LimitsOf(&s)
 		for _, r := range s.PD.Ranks {
-			for _, q := range overdueQueues(c.Timeouts) {
-				limit := q.timeout + c.Grace
+			for _, q := range overdueQueues(l.Timeouts) {
+				if q.timeout <= 0 {
+					continue // unknown: the server published no settings
+				}
+				limit := q.timeout + l.Grace
 				var late []uint64
 				var oldest float64
 				es := entries(&r, q.name)
@@ -61,7 +65,7 @@ func checkPDEntryOverdue(c Config, w Window) []Finding {
 						ev("queue", "%s", q.name),
 						ev("overdue", "%d of %d", len(late), len(es)),
 						ev("oldest", "%s", ms(oldest)),
-						ev("timeout", "%v (+%v grace)", q.timeout, c.Grace),
+						ev("timeout", "%v (+%v grace)", q.timeout, l.Grace),
 						ev("rooms", "%s", list(late, 10)),
 					},
 					Remedy: fmt.Sprintf("the rank is not failing timed-out rooms: check that its loop iterates (rank-divergence, pdctl status) and its control loop is alive; abort the rooms (pdctl abort --prefill/--rooms-from-queue) or restart %s.", s.URL),

@@ -40,7 +40,7 @@ func checkRankDivergence(c Config, w Window) []Finding {
 		if !s.Reachable || s.Collectives == nil {
 			continue
 		}
-		out = append(out, collectiveWaits(c, s)...)
+		out = append(out, collectiveWaits(c.LimitsOf(&s).CollectiveWait, s)...)
 	}
 	return out
 }
@@ -117,12 +117,14 @@ func inCollective(c *debug.CollectivesResponse, rank int) bool {
 	return c == nil || r == nil || r.Waiting != nil
 }
 
-func collectiveWaits(c Config, s ServerSample) []Finding {
+// collectiveWaits names the ranks of s that wait in a collective longer
+// than wait while a peer is elsewhere.
+func collectiveWaits(wait time.Duration, s ServerSample) []Finding {
 	var out []Finding
 	col := s.Collectives
 	for _, r := range col.Ranks {
 		wt := r.Waiting
-		if wt == nil || time.Duration(wt.DurationMS*float64(time.Millisecond)) <= c.CollectiveWait {
+		if wt == nil || time.Duration(wt.DurationMS*float64(time.Millisecond)) <= wait {
 			continue
 		}
 		var elsewhere []Evidence
@@ -144,7 +146,7 @@ func collectiveWaits(c Config, s ServerSample) []Finding {
 			continue
 		}
 		evidence := []Evidence{
-			ev(fmt.Sprintf("rank %d", r.Rank), "waits in %s seq %d for %s (threshold %v)%s", wt.Op, wt.Seq, ms(wt.DurationMS), c.CollectiveWait, stepOf(s.Steps, r.Rank)),
+			ev(fmt.Sprintf("rank %d", r.Rank), "waits in %s seq %d for %s (threshold %v)%s", wt.Op, wt.Seq, ms(wt.DurationMS), wait, stepOf(s.Steps, r.Rank)),
 		}
 		evidence = append(evidence, elsewhere...)
 		if col.Broken {

@@ -1,95 +1,20 @@
 package sched
 
 import (
-	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pdkit/pdkit/internal/tracetest"
 )
 
-var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testdata/*.txt traces")
-
-// A trace file is a list of cases. Each case is optional comment lines
-// ("#") and blank lines, one command line, a "----" line and the expected
-// output up to the next blank line (or the end of the file).
-type traceCase struct {
-	pre  []string // comments and blank lines before the command
-	cmd  string
-	line int
-	want string
-}
-
-func parseTrace(t *testing.T, path string) (cases []traceCase, tail []string) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	var pre []string
-	for i := 0; i < len(lines); i++ {
-		l := lines[i]
-		if strings.TrimSpace(l) == "" || strings.HasPrefix(l, "#") {
-			pre = append(pre, l)
-			continue
-		}
-		c := traceCase{pre: pre, cmd: l, line: i + 1}
-		pre = nil
-		if i+1 >= len(lines) || lines[i+1] != "----" {
-			t.Fatalf("%s:%d: command without a ---- line", path, i+1)
-		}
-		i += 2
-		var out []string
-		for ; i < len(lines) && lines[i] != ""; i++ {
-			out = append(out, lines[i])
-		}
-		if len(out) > 0 {
-			c.want = strings.Join(out, "\n") + "\n"
-		}
-		cases = append(cases, c)
-		if i < len(lines) {
-			pre = append(pre, "") // the blank line that ended the output
-		}
-	}
-	return cases, pre
-}
-
 func TestTraces(t *testing.T) {
-	files, err := filepath.Glob("testdata/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no traces: %v", err)
-	}
-	for _, path := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(path), ".txt"), func(t *testing.T) {
-			cases, tail := parseTrace(t, path)
-			h := &harness{}
-			var b strings.Builder
-			for _, c := range cases {
-				got := h.run(t, c.cmd)
-				if *rewrite {
-					for _, l := range c.pre {
-						b.WriteString(l + "\n")
-					}
-					b.WriteString(c.cmd + "\n----\n" + got)
-					continue
-				}
-				if got != c.want {
-					t.Fatalf("%s:%d: %s\ngot:\n%swant:\n%s", path, c.line, c.cmd, got, c.want)
-				}
-			}
-			if *rewrite {
-				for _, l := range tail {
-					b.WriteString(l + "\n")
-				}
-				if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-		})
-	}
+	tracetest.Run(t, "testdata/*.txt", func(t *testing.T) func(string) string {
+		h := &harness{}
+		return func(cmd string) string { return h.run(t, cmd) }
+	})
 }
 
 // harness runs trace commands against one scheduler and prints results.

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
@@ -280,7 +281,7 @@ func TestChatTemplateFromGGUF(t *testing.T) {
 		t.Errorf("tool role: %d %s", code, b)
 	}
 
-	var st StateResponse
+	var st debug.StateResponse
 	code, b = get(t, e, "/debug/v1/state")
 	if code != 200 || json.Unmarshal(b, &st) != nil || st.ChatTemplate != ChatML {
 		t.Errorf("state: %d %.300s", code, b)

@@ -82,18 +82,30 @@
 // GET /health answers 200 with the engine's Health as JSON while the loop
 // has iterated within Options.StallAfter, has not failed and (when
 // Options.MaxQueueAge is set) no request has waited longer than that for
-// admission; else 503 with the reason. GET /debug/v1/state is the engine's last published Snapshot
-// and step record. GET /debug/v1/stacks is the goroutine profile in pprof's
-// debug=1 text; with ?rank=N only the goroutine groups whose pprof labels
-// carry rank=N are kept.
+// admission; else 503 with the reason. GET /debug/v1/stacks is the
+// goroutine profile in pprof's debug=1 text; with ?rank=N only the
+// goroutine groups whose pprof labels carry rank=N are kept.
 //
 // The other debug calls answer JSON with snake_case fields; their types
-// are in api/debug, which pdctl reads. Like /health and the two above they
+// are in api/debug, which pdctl reads. Like /health and stacks they
 // read only the engine's lock-free accessors (atomics the loops publish,
 // the pools' counters, the rank group's flight recorders), never a lock a
 // loop holds, so they answer while a loop is stuck. Times are RFC 3339 with
 // nanoseconds, durations float milliseconds (fields ending in _ms).
 //
+//	GET /debug/v1/settings     the effective settings (debug.Settings): the
+//	                           engine's config after its defaults (role, TP
+//	                           size, page size, max running, prefix cache,
+//	                           index-K precision, loop heartbeat, collective
+//	                           watchdog, scheduler timeouts, and on a PD server
+//	                           its PD timeouts, heartbeat and reserved decode
+//	                           tokens), the fault switches on now and the
+//	                           server's /health thresholds. pdctl diagnose
+//	                           judges each server by the timeouts it publishes.
+//	GET /debug/v1/state        model, chat_template, settings, rank 0's
+//	                           last_step and the engine's last published
+//	                           snapshot (step, queue counts and requests,
+//	                           totals, error).
 //	GET /debug/v1/steps        every rank's last step record: rank, step, phase,
 //	                           batch_size, batch_tokens, retracted, finished,
 //	                           digest (16 hex digits), collective_seq, start,

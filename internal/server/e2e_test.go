@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
@@ -299,12 +300,9 @@ func TestTPEquality(t *testing.T) {
 					t.Error("no retraction: the small pool did not force the recompute path")
 				}
 				// The debug API reports the same counts.
-				var st struct {
-					Config   struct{ TP int }                               `json:"config"`
-					Snapshot *struct{ Totals struct{ Retractions uint64 } } `json:"snapshot"`
-				}
+				var st debug.StateResponse
 				if code, b := get(t, e, "/debug/v1/state"); code != 200 || json.Unmarshal(b, &st) != nil || st.Snapshot == nil ||
-					st.Snapshot.Totals.Retractions != tot.Retractions || st.Config.TP != tp {
+					st.Snapshot.Totals.Retractions != tot.Retractions || st.Settings.TPSize != tp {
 					t.Errorf("/debug/v1/state: %d %.300s", code, b)
 				}
 			})

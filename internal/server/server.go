@@ -130,7 +130,8 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 	s.handle("POST", "/abort_request", s.abort)
 	s.handle("GET", "/health", s.health)
 	s.handle("GET", "/metrics", opts.Metrics.Handler().ServeHTTP)
-	s.handle("GET", "/debug/v1/state", s.state)
+	s.handle("GET", debug.StatePath, s.state)
+	s.handle("GET", debug.SettingsPath, s.settings)
 	s.handle("GET", pdproto.InfoPath, s.pdInfo)
 	s.handle("GET", "/debug/v1/faults", s.faults)
 	s.handle("GET", "/debug/v1/stacks", s.stacks)
@@ -615,20 +616,6 @@ func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 		status = http.StatusServiceUnavailable
 	}
 	writeJSON(w, status, resp)
-}
-
-// StateResponse is the body of GET /debug/v1/state.
-type StateResponse struct {
-	Model        string                `json:"model"`
-	ChatTemplate string                `json:"chat_template"` // the chat template's family name
-	Config       serve.Config          `json:"config"`
-	LastStep     serve.StepRecord      `json:"last_step"`
-	Snapshot     *serve.EngineSnapshot `json:"snapshot"`
-}
-
-func (s *Server) state(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, StateResponse{Model: s.opts.ModelName, ChatTemplate: s.tmpl.Name(), Config: s.eng.Config(),
-		LastStep: s.eng.LastStep(), Snapshot: s.eng.Snapshot()})
 }
 
 func (s *Server) stacks(w http.ResponseWriter, r *http.Request) {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
@@ -527,9 +528,9 @@ func TestInfoEndpoints(t *testing.T) {
 	if code != 200 || json.Unmarshal(b, &h) != nil || h.Status != "ok" {
 		t.Errorf("health: %d %s", code, b)
 	}
-	var st StateResponse
+	var st debug.StateResponse
 	code, b = get(t, e, "/debug/v1/state")
-	if code != 200 || json.Unmarshal(b, &st) != nil || st.Snapshot == nil || st.Config.MaxRunning != 8 {
+	if code != 200 || json.Unmarshal(b, &st) != nil || st.Snapshot == nil || st.Settings.MaxRunning != 8 {
 		t.Errorf("state: %d %s", code, b)
 	}
 	code, b = get(t, e, "/debug/v1/stacks")

@@ -1,0 +1,136 @@
+package debug
+
+import "time"
+
+// SettingsPath is a server's effective settings (GET, JSON Settings).
+const SettingsPath = "/debug/v1/settings"
+
+// StatePath is a server's configuration, last step and engine snapshot in
+// one answer (GET, JSON StateResponse).
+const StatePath = "/debug/v1/state"
+
+// Settings is the body of GET /debug/v1/settings: what a server runs with,
+// after every default is applied, as the engine itself uses it (not as its
+// flags were typed), and the fault switches on at the moment of the answer.
+// It is the one place a tool reads a server's timeouts from: pdctl diagnose
+// judges each server's queues by the timeouts that server publishes here.
+type Settings struct {
+	Role string `json:"role"` // colocated, prefill or decode
+	// Name labels the engine's goroutines (pprof label server).
+	Name   string `json:"name"`
+	TPSize int    `json:"tp_size"`
+
+	// KV pool and batching, per rank.
+	PageSize       int  `json:"page_size"` // tokens per KV page
+	KVTokens       int  `json:"kv_tokens"` // KV capacity per rank in tokens
+	KVPages        int  `json:"kv_pages"`  // pages of each rank's pool
+	MaxRunning     int  `json:"max_running"`
+	MaxBatchTokens int  `json:"max_batch_tokens"` // tokens per step, prefill and decode together
+	PrefillChunk   int  `json:"prefill_chunk"`    // prompt tokens per request per step
+	PrefixCache    bool `json:"prefix_cache"`     // the radix prefix cache is on
+
+	// IndexK is the storage precision of the sparse indexer's keys (fp8 or
+	// bf16); it matters only when Indexer says the model has an indexer.
+	IndexK  string `json:"index_k"`
+	Indexer bool   `json:"indexer"`
+
+	// HeartbeatMS is the loop heartbeat: how long a loop waits for work
+	// before it iterates anyway, so an idle server still finishes a step
+	// that often and idle ranks wait in a collective up to that long.
+	HeartbeatMS float64 `json:"heartbeat_ms"`
+	// CollectiveWatchdogMS is the wait beyond which the rank group's
+	// watchdog reports a collective; 0: the watchdog is off.
+	CollectiveWatchdogMS float64 `json:"collective_watchdog_ms"`
+	// FlightRecorderLen is the collectives each rank's flight recorder keeps.
+	FlightRecorderLen int `json:"flight_recorder_len"`
+	// CloseTimeoutMS is how long a shutdown waits for the loops to stop.
+	CloseTimeoutMS float64 `json:"close_timeout_ms"`
+
+	// The scheduler's timeouts; 0: no limit.
+	WaitingTimeoutMS float64 `json:"waiting_timeout_ms"` // waiting for admission
+	PrefillTimeoutMS float64 `json:"prefill_timeout_ms"` // prefilling a prompt
+	RequestTimeoutMS float64 `json:"request_timeout_ms"` // a request in all
+
+	// The HTTP server's own: /health answers 503 once the loop has not
+	// iterated for StallAfterMS, or a request has waited MaxQueueAgeMS for
+	// admission (0: never). Zero when the engine answers without a server.
+	StallAfterMS  float64 `json:"stall_after_ms"`
+	MaxQueueAgeMS float64 `json:"max_queue_age_ms"`
+
+	// PD is the prefill and decode roles' configuration; null on a
+	// colocated server.
+	PD *PDSettings `json:"pd"`
+
+	// FaultsOn names the fault switches on now, in the order of GET
+	// /debug/v1/faults; empty when none is.
+	FaultsOn []string `json:"faults_on"`
+}
+
+// PDSettings are a PD server's timeouts and limits. Every PD queue entry
+// fails once it has been in its queue longer than its queue's timeout:
+// bootstrap and prealloc BootstrapTimeoutMS, transfer TransferTimeoutMS,
+// inflight InflightTimeoutMS; an aborting entry's pages are freed after
+// AbortAckTimeoutMS.
+type PDSettings struct {
+	// Host is the address the ranks' ZeroMQ sockets bind and advertise.
+	Host                string  `json:"host"`
+	BootstrapTimeoutMS  float64 `json:"bootstrap_timeout_ms"`
+	TransferTimeoutMS   float64 `json:"transfer_timeout_ms"`
+	InflightTimeoutMS   float64 `json:"inflight_timeout_ms"`
+	AbortAckTimeoutMS   float64 `json:"abort_ack_timeout_ms"`
+	SendTimeoutMS       float64 `json:"send_timeout_ms"`
+	HeartbeatIntervalMS float64 `json:"heartbeat_interval_ms"` // a decode rank's probes of its prefill peers
+	HeartbeatTimeoutMS  float64 `json:"heartbeat_timeout_ms"`  // unanswered that long, the peer's rooms fail
+	// ReservedDecodeTokens is the decode's room for growth: output tokens
+	// per request held that new transfers may not take; negative: none.
+	ReservedDecodeTokens int `json:"reserved_decode_tokens"`
+}
+
+// Duration converts a float milliseconds field to a time.Duration.
+func Duration(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }
+
+// StateResponse is the body of GET /debug/v1/state: the server's model,
+// settings, rank 0's last step and the engine's last published snapshot.
+type StateResponse struct {
+	Model string `json:"model"`
+	// ChatTemplate is the family name of the chat template the server
+	// renders chat requests with.
+	ChatTemplate string   `json:"chat_template"`
+	Settings     Settings `json:"settings"`
+	LastStep     Step     `json:"last_step"`
+	// Snapshot is null until the loop has published one.
+	Snapshot *EngineSnapshot `json:"snapshot"`
+}
+
+// EngineSnapshot is the engine's state as its loop last published it.
+type EngineSnapshot struct {
+	Taken time.Time `json:"taken"`
+	Step  Step      `json:"step"`
+	// Counts has every scheduler queue's length; Requests lists them with
+	// their ages as of the answer (as GET /debug/v1/requests does).
+	Counts       map[string]int `json:"counts"`
+	StepInFlight bool           `json:"step_in_flight"`
+	HeldPages    int            `json:"held_pages"`
+	TotalPages   int            `json:"total_pages"`
+	Requests     []RequestInfo  `json:"requests"`
+	Totals       Totals         `json:"totals"`
+	// Error is the failure that stopped the engine; empty while it runs.
+	Error string `json:"error,omitempty"`
+}
+
+// Totals count since the engine started.
+type Totals struct {
+	Steps        uint64 `json:"steps"`          // forward steps run
+	Tokens       uint64 `json:"tokens"`         // tokens run through the model
+	Sampled      uint64 `json:"sampled"`        // tokens sampled
+	Retractions  uint64 `json:"retractions"`    // requests retracted to free KV
+	Aborts       uint64 `json:"aborts"`         // requests finished by an abort
+	AbortsInStep uint64 `json:"aborts_in_step"` // of those, aborted while in the step in flight
+	Finished     uint64 `json:"finished"`       // requests finished, by any reason
+	// The prefix cache: prompt tokens of admitted requests, and of those
+	// the ones read from cached pages instead of computed.
+	PromptTokens    uint64 `json:"prompt_tokens"`
+	CachedTokens    uint64 `json:"cached_tokens"`
+	PrefixHits      uint64 `json:"prefix_hits"`      // requests that matched a cached page
+	PrefixEvictions uint64 `json:"prefix_evictions"` // cached pages evicted (rank 0)
+}

@@ -1,0 +1,517 @@
+package rooms
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pdkit/pdkit/api/pdproto"
+)
+
+// harness drives one TP group's machines, one per rank, with the trace
+// language:
+//
+//	config role=prefill|decode ranks=N [bootstrap= transfer= inflight= ack= heartbeat= reserve= page= indexk=]
+//	admit id= room= prompt= [max=] [url=] t=
+//	mail id= [rank=] info [endpoint=] [tokens=] [dtype=] [from=]
+//	mail id= [rank=] abort [endpoint=] [reason=]
+//	mail id= [rank=] chunk index= start= end= [first=]
+//	mail id= [rank=] status=Success|Failed [error=]
+//	mail id= [rank=] acked
+//	resolve id= [rank=] endpoint= | err=
+//	peer endpoint= [rank=] [silent=] [boot=]
+//	send-failed id= [rank=] what= err=
+//	write-failed id= [rank=] err=
+//	poll t=
+//	grant t= free= rows= [growth=] [slots=]
+//	abort id= t= [why=]
+//	sched-finished id= t= produced=true|false [why=]
+//	sent id= end= [first=]
+//	state
+//
+// A command without rank= goes to every rank. Each rank gets its own peer
+// endpoints: "tcp://x" becomes "tcp://x/rN" on rank N. After every command
+// the harness checks that the ranks agree on every room's phase and agreed
+// state; a disagreement is an error, as it would be a desync.
+type harness struct {
+	cfg Config
+	ms  []*Machine
+}
+
+type targs map[string]string
+
+func splitArgs(fields []string) (targs, []string) {
+	a := targs{}
+	var rest []string
+	for _, f := range fields {
+		if k, v, ok := strings.Cut(f, "="); ok {
+			a[k] = v
+		} else {
+			rest = append(rest, f)
+		}
+	}
+	return a, rest
+}
+
+func (a targs) int(k string, def int) (int, error) {
+	v, ok := a[k]
+	if !ok {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q: %v", k, v, err)
+	}
+	return n, nil
+}
+
+func (a targs) dur(k string, def time.Duration) (time.Duration, error) {
+	v, ok := a[k]
+	if !ok {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		if n, nerr := strconv.Atoi(v); nerr == nil {
+			return time.Duration(n) * time.Second, nil
+		}
+		return 0, fmt.Errorf("%s=%q: %v", k, v, err)
+	}
+	return d, nil
+}
+
+// ranks are the machines a command with args a goes to.
+func (h *harness) ranks(a targs) ([]int, error) {
+	if v, ok := a["rank"]; ok {
+		r, err := strconv.Atoi(v)
+		if err != nil || r < 0 || r >= len(h.ms) {
+			return nil, fmt.Errorf("rank=%q: want 0 to %d", v, len(h.ms)-1)
+		}
+		return []int{r}, nil
+	}
+	out := make([]int, len(h.ms))
+	for i := range out {
+		out[i] = i
+	}
+	return out, nil
+}
+
+func onRank(endpoint string, r int) string { return fmt.Sprintf("%s/r%d", endpoint, r) }
+
+// run executes one command line and returns its output.
+func (h *harness) run(line string) (string, error) {
+	fields := strings.Fields(line)
+	if len(fields) == 0 {
+		return "", errors.New("empty command")
+	}
+	cmd := fields[0]
+	a, rest := splitArgs(fields[1:])
+	if cmd != "config" && h.ms == nil {
+		return "", errors.New("config first")
+	}
+	var out strings.Builder
+	var err error
+	switch cmd {
+	case "config":
+		err = h.config(a)
+		if err == nil {
+			out.WriteString("ok\n")
+		}
+	case "admit":
+		err = h.admit(a)
+	case "mail":
+		err = h.mail(a, rest, &out)
+	case "resolve":
+		err = h.resolve(a)
+	case "peer":
+		err = h.peer(a)
+	case "send-failed", "write-failed":
+		err = h.failed(cmd, a)
+	case "poll":
+		err = h.poll(a, &out)
+	case "grant":
+		err = h.grant(a, &out)
+	case "abort":
+		err = h.abort(a, &out)
+	case "sched-finished":
+		err = h.schedFinished(a, &out)
+	case "sent":
+		err = h.sent(a, &out)
+	case "state":
+	default:
+		err = fmt.Errorf("unknown command %q", cmd)
+	}
+	if err != nil {
+		return "", err
+	}
+	if err := h.agree(); err != nil {
+		return "", err
+	}
+	if cmd != "config" {
+		h.state(&out)
+	}
+	return out.String(), nil
+}
+
+func (h *harness) config(a targs) error {
+	c := Config{Role: Prefill, PageSize: 4, IndexKDType: "fp8", ReservedDecodeTokens: -1}
+	switch a["role"] {
+	case "prefill":
+	case "decode":
+		c.Role = Decode
+	default:
+		return fmt.Errorf("role=%q: want prefill or decode", a["role"])
+	}
+	var err error
+	n, err1 := a.int("ranks", 1)
+	c.PageSize, err = a.int("page", c.PageSize)
+	c.ReservedDecodeTokens, _ = a.int("reserve", c.ReservedDecodeTokens)
+	if v, ok := a["indexk"]; ok {
+		c.IndexKDType = v
+	}
+	var errs []error
+	for _, d := range []struct {
+		k   string
+		p   *time.Duration
+		def time.Duration
+	}{{"bootstrap", &c.BootstrapTimeout, 10 * time.Second}, {"transfer", &c.TransferTimeout, 30 * time.Second},
+		{"inflight", &c.InflightTimeout, 10 * time.Second}, {"ack", &c.AbortAckTimeout, 5 * time.Second},
+		{"heartbeat", &c.HeartbeatTimeout, 3 * time.Second}} {
+		var derr error
+		*d.p, derr = a.dur(d.k, d.def)
+		errs = append(errs, derr)
+	}
+	if err := errors.Join(append(errs, err, err1)...); err != nil {
+		return err
+	}
+	if n < 1 || n > 8 {
+		return fmt.Errorf("ranks=%d: want 1 to 8", n)
+	}
+	h.cfg, h.ms = c, nil
+	for r := range n {
+		c.Rank = r
+		m, err := New(c)
+		if err != nil {
+			return err
+		}
+		h.ms = append(h.ms, m)
+	}
+	return nil
+}
+
+func (h *harness) admit(a targs) error {
+	id, err1 := a.int("id", 0)
+	rm, err2 := a.int("room", id)
+	prompt, err3 := a.int("prompt", 8)
+	mx, err4 := a.int("max", 1)
+	t, err5 := a.dur("t", 0)
+	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
+		return err
+	}
+	for _, m := range h.ms {
+		if err := m.Admit(t, Request{ID: uint64(id), Room: uint64(rm), PromptLen: prompt, MaxTokens: mx, URL: a["url"]}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (h *harness) mail(a targs, rest []string, out *strings.Builder) error {
+	id, err := a.int("id", 0)
+	if err != nil {
+		return err
+	}
+	ranks, err := h.ranks(a)
+	if err != nil {
+		return err
+	}
+	kind := ""
+	if len(rest) > 0 {
+		kind = rest[0]
+	} else if _, ok := a["status"]; ok {
+		kind = "status"
+	}
+	for _, r := range ranks {
+		m := h.ms[r]
+		var mail Mail
+		switch kind {
+		case "info":
+			tokens, err := a.int("tokens", 0)
+			from, err2 := a.int("from", r)
+			if err := errors.Join(err, err2); err != nil {
+				return err
+			}
+			dtype := m.cfg.IndexKDType
+			if v, ok := a["dtype"]; ok {
+				dtype = v
+			}
+			mail.Info = &pdproto.TransferInfo{Room: uint64(id), Endpoint: onRank(or(a["endpoint"], "tcp://decode"), r), Rank: uint32(from), Tokens: uint32(tokens), IndexKDType: dtype}
+		case "abort":
+			mail.Abort = &pdproto.Abort{Room: uint64(id), Endpoint: onRank(or(a["endpoint"], "tcp://decode"), r), Rank: uint32(r), Reason: or(a["reason"], "client gone")}
+		case "chunk":
+			idx, e1 := a.int("index", 0)
+			start, e2 := a.int("start", 0)
+			end, e3 := a.int("end", 0)
+			if err := errors.Join(e1, e2, e3); err != nil {
+				return err
+			}
+			if start < 0 || end < 0 || idx < 0 {
+				return errors.New("chunk: negative field")
+			}
+			ch := &pdproto.KVChunk{Room: uint64(id), Chunk: uint32(idx), Start: uint32(start), End: uint32(end),
+				Layers: []pdproto.LayerKV{{K: make([]byte, 4*max(0, end-start))}}}
+			if v, ok := a["first"]; ok {
+				tok, err := strconv.Atoi(v)
+				if err != nil {
+					return fmt.Errorf("first=%q: %v", v, err)
+				}
+				ch.Final = &pdproto.ChunkFinal{FirstToken: int32(tok), PromptTokens: uint32(end)}
+			}
+			mail.Chunks = []*pdproto.KVChunk{ch}
+		case "status":
+			st, ok := pdproto.ParseKVPoll(a["status"])
+			if !ok {
+				return fmt.Errorf("status=%q: want a KVPoll name", a["status"])
+			}
+			mail.Status = &pdproto.Status{Room: uint64(id), Rank: uint32(r), State: st, Error: a["error"]}
+		case "acked":
+			mail.Acked = true
+		default:
+			return fmt.Errorf("mail: want info, abort, chunk, status= or acked")
+		}
+		h.print(out, r, m.File(uint64(id), mail))
+	}
+	return nil
+}
+
+func or(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+func (h *harness) resolve(a targs) error {
+	id, err := a.int("id", 0)
+	if err != nil {
+		return err
+	}
+	ranks, err := h.ranks(a)
+	if err != nil {
+		return err
+	}
+	for _, r := range ranks {
+		res := Resolution{Endpoint: onRank(or(a["endpoint"], "tcp://prefill"), r)}
+		if e, ok := a["err"]; ok {
+			res = Resolution{Err: errors.New(e)}
+		}
+		h.ms[r].Resolve(uint64(id), res)
+	}
+	return nil
+}
+
+func (h *harness) peer(a targs) error {
+	ranks, err := h.ranks(a)
+	if err != nil {
+		return err
+	}
+	silent, err1 := a.dur("silent", 0)
+	boot, err2 := a.int("boot", 0)
+	if err := errors.Join(err1, err2); err != nil {
+		return err
+	}
+	for _, r := range ranks {
+		h.ms[r].Peer(onRank(or(a["endpoint"], "tcp://prefill"), r), Liveness{Silent: silent, Boot: uint64(boot)})
+	}
+	return nil
+}
+
+func (h *harness) failed(cmd string, a targs) error {
+	id, err := a.int("id", 0)
+	if err != nil {
+		return err
+	}
+	ranks, err := h.ranks(a)
+	if err != nil {
+		return err
+	}
+	for _, r := range ranks {
+		if cmd == "send-failed" {
+			h.ms[r].SendFailed(uint64(id), or(a["what"], "a message"), errors.New(or(a["err"], "send timed out")))
+		} else {
+			h.ms[r].Failed(uint64(id), Reason{Kind: KindBadChunk, Text: or(a["err"], "write failed")})
+		}
+	}
+	return nil
+}
+
+func (h *harness) poll(a targs, out *strings.Builder) error {
+	t, err := a.dur("t", 0)
+	if err != nil {
+		return err
+	}
+	agreed, votes := Poll(h.ms, t)
+	for r, v := range votes {
+		fmt.Fprintf(out, "votes r%d: %s\n", r, formatVotes(v))
+	}
+	fmt.Fprintf(out, "agreed: %s\n", formatVotes(agreed))
+	for r, m := range h.ms {
+		acts, err := m.Apply(t, agreed)
+		if err != nil {
+			return err
+		}
+		h.print(out, r, acts)
+	}
+	return nil
+}
+
+// Poll runs one poll of a group of machines in one process: every rank's
+// votes and their MIN, as the loop's all-reduce computes it.
+func Poll(ms []*Machine, now time.Duration) (agreed []int64, votes [][]int64) {
+	for _, m := range ms {
+		v := m.Votes(now)
+		votes = append(votes, v)
+		if agreed == nil {
+			agreed = slices.Clone(v)
+			continue
+		}
+		for i := range agreed {
+			agreed[i] = min(agreed[i], v[i])
+		}
+	}
+	return agreed, votes
+}
+
+func formatVotes(v []int64) string {
+	parts := make([]string, len(v))
+	for i, x := range v {
+		st, r := Unvote(x)
+		parts[i] = fmt.Sprintf("%v@%d", st, r)
+	}
+	return "[" + strings.Join(parts, " ") + "]"
+}
+
+func (h *harness) grant(a targs, out *strings.Builder) error {
+	t, e1 := a.dur("t", 0)
+	free, e2 := a.int("free", 0)
+	rows, e3 := a.int("rows", 0)
+	growth, e4 := a.int("growth", 0)
+	slots, e5 := a.int("slots", 0)
+	if err := errors.Join(e1, e2, e3, e4, e5); err != nil {
+		return err
+	}
+	for r, m := range h.ms {
+		left, acts := m.Grant(t, Budget{FreePages: free, FreeRows: rows, SchedGrowth: growth, SchedSlots: slots})
+		if r == 0 {
+			fmt.Fprintf(out, "pages left for the scheduler: %d\n", left)
+		}
+		h.print(out, r, acts)
+	}
+	return nil
+}
+
+func (h *harness) abort(a targs, out *strings.Builder) error {
+	id, e1 := a.int("id", 0)
+	t, e2 := a.dur("t", 0)
+	if err := errors.Join(e1, e2); err != nil {
+		return err
+	}
+	for r, m := range h.ms {
+		acts, handled := m.Abort(t, uint64(id), or(a["why"], "abort"))
+		if !handled && r == 0 {
+			out.WriteString("not handled: the caller aborts it in the scheduler\n")
+		}
+		h.print(out, r, acts)
+	}
+	return nil
+}
+
+func (h *harness) schedFinished(a targs, out *strings.Builder) error {
+	id, e1 := a.int("id", 0)
+	t, e2 := a.dur("t", 0)
+	produced, e3 := strconv.ParseBool(or(a["produced"], "true"))
+	if err := errors.Join(e1, e2, e3); err != nil {
+		return err
+	}
+	for r, m := range h.ms {
+		acts, handled := m.SchedFinished(t, uint64(id), produced, or(a["why"], "abort"))
+		if !handled && r == 0 {
+			out.WriteString("not handled: the caller ends it by the scheduler's reason\n")
+		}
+		h.print(out, r, acts)
+	}
+	return nil
+}
+
+func (h *harness) sent(a targs, out *strings.Builder) error {
+	id, e1 := a.int("id", 0)
+	end, e2 := a.int("end", 0)
+	if err := errors.Join(e1, e2); err != nil {
+		return err
+	}
+	var final *pdproto.ChunkFinal
+	if v, ok := a["first"]; ok {
+		tok, err := strconv.Atoi(v)
+		if err != nil {
+			return fmt.Errorf("first=%q: %v", v, err)
+		}
+		final = &pdproto.ChunkFinal{FirstToken: int32(tok), PromptTokens: uint32(end)}
+	}
+	for r, m := range h.ms {
+		h.print(out, r, m.Sent(uint64(id), end, final))
+	}
+	return nil
+}
+
+func (h *harness) print(out *strings.Builder, r int, acts []Action) {
+	for _, act := range acts {
+		if len(h.ms) > 1 {
+			fmt.Fprintf(out, "r%d: ", r)
+		}
+		out.WriteString(Format(act) + "\n")
+	}
+}
+
+// agree checks that every rank holds the same rooms in the same phases
+// with the same agreed state.
+func (h *harness) agree() error {
+	key := func(m *Machine) string {
+		var b strings.Builder
+		for _, e := range m.Entries() {
+			fmt.Fprintf(&b, "%d:%v:%v ", e.ID, e.Phase, e.Agreed)
+		}
+		return b.String()
+	}
+	for r, m := range h.ms {
+		if err := m.Check(); err != nil {
+			return fmt.Errorf("invariant broken on rank %d: %w", r, err)
+		}
+		if k0, k := key(h.ms[0]), key(m); k != k0 {
+			return fmt.Errorf("invariant broken: ranks disagree: r0 %q, r%d %q", k0, r, k)
+		}
+	}
+	return nil
+}
+
+// state prints rank 0's rooms, and each rank's own failure reason where
+// they differ.
+func (h *harness) state(out *strings.Builder) {
+	for r, m := range h.ms {
+		if n := m.Stats().Misplaced; n > 0 {
+			fmt.Fprintf(out, "r%d misplaced: %d\n", r, n)
+		}
+	}
+	es := h.ms[0].Entries()
+	if len(es) == 0 {
+		out.WriteString("rooms: none\n")
+		return
+	}
+	parts := make([]string, len(es))
+	for i, e := range es {
+		parts[i] = fmt.Sprintf("%d:%v", e.ID, e.Phase)
+	}
+	out.WriteString("rooms: " + strings.Join(parts, " ") + "\n")
+}

@@ -1,0 +1,79 @@
+package serve
+
+import (
+	"time"
+
+	"github.com/pdkit/pdkit/api/debug"
+	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/dist"
+)
+
+// Settings returns the engine's effective settings, as GET
+// /debug/v1/settings publishes them: its Config after the defaults, the
+// fault switches on now, and whether the model has an indexer. It reads
+// only the immutable config and the switches' atomics, so it answers while
+// a loop is stuck. The server-level fields (StallAfterMS, MaxQueueAgeMS)
+// are the HTTP server's to fill.
+func (e *Engine) Settings() debug.Settings {
+	var on []string
+	for _, f := range e.Faults() {
+		if f.On {
+			on = append(on, f.Name)
+		}
+	}
+	return settingsOf(e.cfg, e.m != nil && e.m.Config.Indexer != nil, on)
+}
+
+// settingsOf publishes cfg (already defaulted). Every field of Config and
+// PDConfig is either published here or named in TestSettingsCoverConfig's
+// list of fields that are not settings (functions, the start-up faults).
+func settingsOf(cfg Config, indexer bool, faultsOn []string) debug.Settings {
+	s := debug.Settings{
+		Role: cfg.Role, Name: cfg.Name, TPSize: cfg.TP,
+		PageSize: cfg.PageSize, KVTokens: cfg.KVTokens, KVPages: cfg.Pages(), MaxRunning: cfg.MaxRunning,
+		MaxBatchTokens: cfg.MaxBatchTokens, PrefillChunk: cfg.PrefillChunk, PrefixCache: !cfg.DisablePrefixCache,
+		IndexK: cfg.IndexK.String(), Indexer: indexer,
+		HeartbeatMS:       msOf(cfg.Heartbeat),
+		FlightRecorderLen: cfg.FlightRecorderLen,
+		CloseTimeoutMS:    msOf(cfg.CloseTimeout),
+		WaitingTimeoutMS:  msOf(cfg.WaitingTimeout), PrefillTimeoutMS: msOf(cfg.PrefillTimeout), RequestTimeoutMS: msOf(cfg.RequestTimeout),
+		FaultsOn: faultsOn,
+	}
+	if s.FaultsOn == nil {
+		s.FaultsOn = []string{}
+	}
+	if s.FlightRecorderLen == 0 {
+		s.FlightRecorderLen = dist.DefaultFlightRecorderLen
+	}
+	if cfg.CollectiveWatchdog > 0 {
+		s.CollectiveWatchdogMS = msOf(cfg.CollectiveWatchdog)
+	}
+	if cfg.Role == pdproto.RolePrefill || cfg.Role == pdproto.RoleDecode {
+		p := cfg.PD
+		s.PD = &debug.PDSettings{
+			Host:                 p.Host,
+			BootstrapTimeoutMS:   msOf(p.BootstrapTimeout),
+			TransferTimeoutMS:    msOf(p.TransferTimeout),
+			InflightTimeoutMS:    msOf(p.InflightTimeout),
+			AbortAckTimeoutMS:    msOf(p.AbortAckTimeout),
+			SendTimeoutMS:        msOf(p.SendTimeout),
+			HeartbeatIntervalMS:  msOf(p.HeartbeatInterval),
+			HeartbeatTimeoutMS:   msOf(p.HeartbeatTimeout),
+			ReservedDecodeTokens: p.ReservedDecodeTokens,
+		}
+	}
+	return s
+}
+
+// msOf is d in float milliseconds, the debug API's unit.
+func msOf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// DefaultConfig is the Config New runs with when given a zero one (less
+// what depends on the model: the KV capacity, and the kernel backend the
+// caller must give): the one place the defaults of the engine and of the
+// PD roles are written. Flag defaults and tools read them here.
+func DefaultConfig() Config {
+	var c Config
+	c.setDefaults(nil)
+	return c
+}

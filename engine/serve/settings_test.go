@@ -1,0 +1,118 @@
+package serve
+
+import (
+	"encoding/json"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pdkit/pdkit/api/debug"
+	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/kernels"
+)
+
+// notSettings are the Config fields GET /debug/v1/settings does not
+// publish, and why.
+var notSettings = map[string]string{
+	"Backend":  "a function: the caller's kernels",
+	"Threads":  "kernel threads: the backend's concern, not the engine's",
+	"OnStall":  "a function: where the watchdog reports",
+	"Observer": "a function: the metrics",
+	"Faults":   "the switches on at start; Settings publishes those on now (FaultsOn)",
+	"PD":       "published field by field, as Settings.PD",
+}
+
+// published maps each Config and PDConfig field to the Settings JSON
+// field it is published as.
+var published = map[string]string{
+	"TP": "tp_size", "PageSize": "page_size", "KVTokens": "kv_tokens", "MaxRunning": "max_running",
+	"MaxBatchTokens": "max_batch_tokens", "PrefillChunk": "prefill_chunk", "IndexK": "index_k",
+	"DisablePrefixCache": "prefix_cache", "Name": "name", "Role": "role",
+	"FlightRecorderLen": "flight_recorder_len", "CollectiveWatchdog": "collective_watchdog_ms",
+	"CloseTimeout": "close_timeout_ms", "WaitingTimeout": "waiting_timeout_ms", "PrefillTimeout": "prefill_timeout_ms",
+	"RequestTimeout": "request_timeout_ms", "Heartbeat": "heartbeat_ms",
+
+	"PD.Host": "pd.host", "PD.BootstrapTimeout": "pd.bootstrap_timeout_ms", "PD.TransferTimeout": "pd.transfer_timeout_ms",
+	"PD.InflightTimeout": "pd.inflight_timeout_ms", "PD.AbortAckTimeout": "pd.abort_ack_timeout_ms",
+	"PD.SendTimeout": "pd.send_timeout_ms", "PD.HeartbeatInterval": "pd.heartbeat_interval_ms",
+	"PD.HeartbeatTimeout": "pd.heartbeat_timeout_ms", "PD.ReservedDecodeTokens": "pd.reserved_decode_tokens",
+}
+
+// TestSettingsCoverConfig: every field of Config and PDConfig is published
+// in Settings, or listed in notSettings with the reason; so a setting added
+// to the engine is published, or the addition says why not.
+func TestSettingsCoverConfig(t *testing.T) {
+	var fields []string
+	for f := range reflect.TypeFor[Config]().Fields() {
+		fields = append(fields, f.Name)
+	}
+	for f := range reflect.TypeFor[PDConfig]().Fields() {
+		fields = append(fields, "PD."+f.Name)
+	}
+	for _, f := range fields {
+		_, pub := published[f]
+		_, not := notSettings[f]
+		if pub == not {
+			t.Errorf("Config field %s: publish it in settingsOf (settings.go) and list it in published, or list it in notSettings with the reason", f)
+		}
+	}
+	for f := range published {
+		if !slices.Contains(fields, f) {
+			t.Errorf("published lists %s, which Config does not have", f)
+		}
+	}
+
+	// Every published JSON field exists in Settings.
+	b, err := json.Marshal(settingsOf(DefaultConfig(), false, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var top map[string]json.RawMessage
+	json.Unmarshal(b, &top)
+	s := settingsOf(Config{Role: pdproto.RolePrefill}, false, nil)
+	b, _ = json.Marshal(s.PD)
+	var pd map[string]json.RawMessage
+	json.Unmarshal(b, &pd)
+	for f, key := range published {
+		m, k := top, key
+		if rest, ok := strings.CutPrefix(key, "pd."); ok {
+			m, k = pd, rest
+		}
+		if _, ok := m[k]; !ok {
+			t.Errorf("%s is published as %s, which Settings does not have", f, key)
+		}
+	}
+}
+
+// TestSettingsOf: non-default values are published as the engine runs
+// with them, the defaults filled in, durations in milliseconds; a
+// colocated engine has no PD settings.
+func TestSettingsOf(t *testing.T) {
+	cfg := Config{
+		TP: 2, PageSize: 4, KVTokens: 128, MaxRunning: 4, MaxBatchTokens: 64, PrefillChunk: 32, IndexK: kernels.IndexBF16,
+		DisablePrefixCache: true, Name: "p0", Role: pdproto.RoleDecode, CollectiveWatchdog: -1,
+		WaitingTimeout: 3 * time.Second, Heartbeat: 20 * time.Millisecond,
+		PD: PDConfig{TransferTimeout: 7 * time.Second, AbortAckTimeout: 1500 * time.Millisecond, HeartbeatTimeout: 4 * time.Second,
+			ReservedDecodeTokens: -1},
+	}
+	cfg.setDefaults(nil)
+	got := settingsOf(cfg, true, []string{FaultStallLastRank})
+	want := debug.Settings{
+		Role: "decode", Name: "p0", TPSize: 2, PageSize: 4, KVTokens: 128, KVPages: 32, MaxRunning: 4, MaxBatchTokens: 64,
+		PrefillChunk: 32, PrefixCache: false, IndexK: "bf16", Indexer: true, HeartbeatMS: 20, CollectiveWatchdogMS: 0,
+		FlightRecorderLen: 256, CloseTimeoutMS: 5000, WaitingTimeoutMS: 3000,
+		PD: &debug.PDSettings{Host: "127.0.0.1", BootstrapTimeoutMS: 10000, TransferTimeoutMS: 7000, InflightTimeoutMS: 10000,
+			AbortAckTimeoutMS: 1500, SendTimeoutMS: 2000, HeartbeatIntervalMS: 500, HeartbeatTimeoutMS: 4000, ReservedDecodeTokens: -1},
+		FaultsOn: []string{FaultStallLastRank},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("settings\n%+v\n%+v\nwant\n%+v\n%+v", got, *got.PD, want, *want.PD)
+	}
+
+	col := settingsOf(DefaultConfig(), false, nil)
+	if col.PD != nil || col.Role != pdproto.RoleColocated || col.CollectiveWatchdogMS != 5000 || col.FaultsOn == nil || !col.PrefixCache {
+		t.Errorf("colocated defaults: %+v", col)
+	}
+}
