@@ -33,7 +33,7 @@ type room struct {
 	owner  bool   // this rank's vote decided the failure
 	sent   int    // prefill: prompt tokens whose chunks were handed out
 	chunks int    // chunks handed out (prefill) or landed (decode)
-	held   bool // decode: a sequence is reserved for the room
+	held   bool   // decode: a sequence is reserved for the room
 
 	local    Reason // this rank's own failure, its vote from now on
 	peer     string // the peer rank's endpoint
