@@ -181,11 +181,19 @@ func (c *Client) Health(ctx context.Context) error {
 	return c.GetJSON(ctx, "/health", nil)
 }
 
-// State is GET /debug/v1/state, whose shape is the engine's and not part
-// of the api types: it is returned as raw JSON.
-func (c *Client) State(ctx context.Context) (json.RawMessage, error) {
-	var v json.RawMessage
-	return v, c.GetJSON(ctx, "/debug/v1/state", &v)
+// State is GET /debug/v1/state: the model, the settings, rank 0's last
+// step and the engine's last snapshot.
+func (c *Client) State(ctx context.Context) (debug.StateResponse, error) {
+	var v debug.StateResponse
+	return v, c.GetJSON(ctx, debug.StatePath, &v)
+}
+
+// Settings is GET /debug/v1/settings: the server's effective settings (its
+// timeouts, heartbeat, fault switches on, TP size, ...). A server too old
+// to publish them answers an *APIError with status 404.
+func (c *Client) Settings(ctx context.Context) (debug.Settings, error) {
+	var v debug.Settings
+	return v, c.GetJSON(ctx, debug.SettingsPath, &v)
 }
 
 // Steps is GET /debug/v1/steps.

@@ -30,6 +30,10 @@ func fake(t *testing.T) *httptest.Server {
 		w.WriteHeader(http.StatusNotFound)
 		w.Write([]byte(`{"error":{"message":"not a PD server","type":"invalid_request_error","param":null,"code":null}}`))
 	})
+	mux.HandleFunc("GET /debug/v1/settings", func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"role":"decode","tp_size":2,"heartbeat_ms":50,"pd":{"transfer_timeout_ms":7000,"abort_ack_timeout_ms":1500},` +
+			`"faults_on":["drop-kv-chunk"]}`))
+	})
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		w.Write([]byte(`{"status":"unhealthy","reason":"engine failed: boom"}`))
@@ -69,6 +73,10 @@ func TestClient(t *testing.T) {
 	}
 	if _, err := c.PD(ctx, "transfer"); StatusOf(err) != 404 || !strings.HasSuffix(err.Error(), ": 404 not a PD server") {
 		t.Errorf("PD on a colocated server: %v", err)
+	}
+	if st, err := c.Settings(ctx); err != nil || st.Role != "decode" || st.PD == nil || debug.Duration(st.PD.TransferTimeoutMS) != 7*time.Second ||
+		debug.Duration(st.PD.AbortAckTimeoutMS) != 1500*time.Millisecond || len(st.FaultsOn) != 1 {
+		t.Errorf("Settings: %+v %v", st, err)
 	}
 	var ae *APIError
 	if err := c.Health(ctx); !errors.As(err, &ae) || ae.Status != 503 || ae.Message != "engine failed: boom" {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/client"
+	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/diag"
 	"github.com/spf13/cobra"
 )
@@ -36,9 +37,11 @@ func newCmdBundle(f *factory, runF func(context.Context, *bundleOptions) error) 
 		Short: "Collect every server's state, queues, flight recorders, stacks, metrics and a diagnosis into one file",
 		Long: `Collect into one gzipped tar file everything an engineer needs after the
 fact. Per server, in a directory named by its role and host:port: info.json,
-health.json, state.json (GET /debug/v1/state), config.json (the effective
-config, from the state), steps.json, collectives.json (the flight
-recorders), requests.json, pd.json (prefill and decode), faults.json, gpu.json,
+health.json, settings.json (the effective settings: timeouts, heartbeat,
+fault switches on, TP size, ...), state.json (settings, last step and engine
+snapshot), steps.json (each rank's control and forward seqs),
+collectives.json (the flight recorders of the control and the forward
+communicator), requests.json, pd.json (prefill and decode), faults.json, gpu.json,
 stacks.txt (every goroutine) and stacks-rank-N.txt per rank, metrics.txt.
 At the top: cluster.json (the router's server list), diagnose.txt and
 diagnose.json (pdctl diagnose over --window), and MANIFEST, which lists every
@@ -203,6 +206,8 @@ func collectServer(ctx context.Context, b *bundle, t *target) bool {
 		})
 	}
 	getJSON("info.json", "/pd/v1/info")
+	getJSON("settings.json", debug.SettingsPath)
+	getJSON("state.json", debug.StatePath)
 	getJSON("steps.json", "/debug/v1/steps")
 	getJSON("collectives.json", "/debug/v1/collectives")
 	getJSON("requests.json", "/debug/v1/requests")
@@ -224,23 +229,6 @@ func collectServer(ctx context.Context, b *bundle, t *target) bool {
 			h.Reason, err = ae.Message, nil
 		}
 		b.addJSON(dir+"health.json", h, err)
-	})
-	wg.Go(func() {
-		state, err := c.State(ctx)
-		ok(err)
-		b.addJSON(dir+"state.json", state, err)
-		if err != nil {
-			b.fail(dir+"config.json", errors.New("no state"))
-			return
-		}
-		var s struct {
-			Config json.RawMessage `json:"config"`
-		}
-		if err := json.Unmarshal(state, &s); err != nil || len(s.Config) == 0 {
-			b.fail(dir+"config.json", fmt.Errorf("no config in the state (%v)", err))
-			return
-		}
-		b.addJSON(dir+"config.json", s.Config, nil)
 	})
 	text := func(name string, get func() (string, error)) {
 		wg.Go(func() {

@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/pdkit/pdkit/api/debug"
 )
 
 // readBundle returns the files of the archive at path in order, and their
@@ -75,7 +77,7 @@ func TestBundle(t *testing.T) {
 	want := []string{"MANIFEST", "cluster.json", "diagnose.json", "diagnose.txt"}
 	for _, s := range []struct{ role, url string }{{"prefill", c.prefill.ts.URL}, {"decode", c.decode.ts.URL}} {
 		d := s.role + "-" + hostOf(t, s.url) + "/"
-		for _, n := range []string{"info.json", "health.json", "state.json", "config.json", "steps.json", "collectives.json",
+		for _, n := range []string{"info.json", "health.json", "settings.json", "state.json", "steps.json", "collectives.json",
 			"requests.json", "pd.json", "faults.json", "gpu.json", "stacks.txt", "stacks-rank-0.txt", "stacks-rank-1.txt", "metrics.txt"} {
 			want = append(want, d+n)
 		}
@@ -85,11 +87,14 @@ func TestBundle(t *testing.T) {
 		if !strings.Contains(files[d+"stacks.txt"], "goroutine profile:") {
 			t.Errorf("%sstacks.txt: %.200s", d, files[d+"stacks.txt"])
 		}
-		var cfg struct {
-			Role string `json:"role"`
+		var st debug.Settings
+		if err := json.Unmarshal([]byte(files[d+"settings.json"]), &st); err != nil || st.Role != s.role || st.PD == nil ||
+			debug.Duration(st.PD.TransferTimeoutMS) != testConfig.PD.TransferTimeout {
+			t.Errorf("%ssettings.json: %s, %v", d, files[d+"settings.json"], err)
 		}
-		if err := json.Unmarshal([]byte(files[d+"config.json"]), &cfg); err != nil || cfg.Role != s.role {
-			t.Errorf("%sconfig.json: role %q, %v", d, cfg.Role, err)
+		var state debug.StateResponse
+		if err := json.Unmarshal([]byte(files[d+"state.json"]), &state); err != nil || state.Settings.Role != s.role || state.Snapshot == nil {
+			t.Errorf("%sstate.json: %.300s, %v", d, files[d+"state.json"], err)
 		}
 		if files[d+"health.json"] != "{\n  \"healthy\": true\n}\n" {
 			t.Errorf("%shealth.json: %s", d, files[d+"health.json"])

@@ -39,8 +39,14 @@ Each finding is printed with its severity, rule, server, rank, summary,
 evidence and remedy: a block per finding on a terminal, one tab-separated
 line per finding when piped (severity, rule, server, rank, summary,
 evidence, remedy), the findings array with --json. "healthy" when there are
-none. The --*-timeout flags are the servers' PD timeouts (pdserve's
-defaults unless set).
+none.
+
+Each server is judged by the settings it publishes (GET /debug/v1/settings):
+its PD timeouts, and its loop heartbeat, which raises --collective-wait and
+the grace of the timeouts to twice the heartbeat on a server whose
+heartbeat is longer. --bootstrap-timeout, --transfer-timeout,
+--inflight-timeout and --abort-ack-timeout override what every server
+publishes.
 
 Exit status: 0 healthy, 1 findings, 2 could not run (bad flags, or no
 server answered at all).`,
@@ -62,12 +68,13 @@ server answered at all).`,
 	fl.DurationVar(&opts.Window, "window", 5*time.Second, "how long to sample the cluster")
 	fl.DurationVar(&opts.Interval, "interval", time.Second, "time between two samples")
 	fl.BoolVar(&opts.JSON, "json", false, "print the findings as a JSON array")
-	t := &opts.Config.Timeouts
-	fl.DurationVar(&t.Bootstrap, "bootstrap-timeout", t.Bootstrap, "the servers' PD bootstrap timeout (prefill bootstrap, decode prealloc)")
-	fl.DurationVar(&t.Transfer, "transfer-timeout", t.Transfer, "the servers' PD transfer timeout (decode transfer)")
-	fl.DurationVar(&t.Inflight, "inflight-timeout", t.Inflight, "the servers' PD inflight timeout (prefill inflight)")
-	fl.DurationVar(&t.AbortAck, "abort-ack-timeout", t.AbortAck, "the servers' PD abort-ack timeout (decode aborting)")
-	fl.DurationVar(&opts.Config.CollectiveWait, "collective-wait", opts.Config.CollectiveWait, "longest a rank may wait in a collective while a peer is elsewhere before rank-divergence names it")
+	o := &opts.Config.Overrides
+	const published = " instead of the one each server publishes (0: the server's)"
+	fl.DurationVar(&o.Bootstrap, "bootstrap-timeout", 0, "judge prefill bootstrap and decode prealloc entries by this PD bootstrap timeout"+published)
+	fl.DurationVar(&o.Transfer, "transfer-timeout", 0, "judge decode transfer entries by this PD transfer timeout"+published)
+	fl.DurationVar(&o.Inflight, "inflight-timeout", 0, "judge prefill inflight entries by this PD inflight timeout"+published)
+	fl.DurationVar(&o.AbortAck, "abort-ack-timeout", 0, "judge decode aborting entries by this PD abort-ack timeout"+published)
+	fl.DurationVar(&opts.Config.CollectiveWait, "collective-wait", opts.Config.CollectiveWait, "longest a rank may wait in a collective while a peer is elsewhere before rank-divergence names it (at least twice the server's loop heartbeat)")
 	return cmd
 }
 
@@ -200,8 +207,9 @@ func sampleOnce(ctx context.Context, targets []*target, bound time.Duration) dia
 }
 
 // sampleServer reads one server's info, steps, collectives, requests, PD
-// state and fault switches. A server that fails any of them is unreachable in the sample,
-// with the first error; a colocated server has no PD state.
+// state, fault switches and settings. A server that fails any of them is
+// unreachable in the sample, with the first error; a colocated server has
+// no PD state, and a server that publishes no settings (404) none.
 func sampleServer(ctx context.Context, t *target, bound time.Duration) diag.ServerSample {
 	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
@@ -214,7 +222,8 @@ func sampleServer(ctx context.Context, t *target, bound time.Duration) diag.Serv
 		reqs  debug.RequestsResponse
 		pd    debug.PDResponse
 		flts  debug.FaultsResponse
-		errs  [6]error
+		sets  debug.Settings
+		errs  [7]error
 	)
 	start := time.Now()
 	wg.Go(func() { info, errs[0] = t.c.Info(ctx) })
@@ -223,6 +232,7 @@ func sampleServer(ctx context.Context, t *target, bound time.Duration) diag.Serv
 	wg.Go(func() { reqs, errs[3] = t.c.Requests(ctx, "") })
 	wg.Go(func() { pd, errs[4] = t.c.PD(ctx, "") })
 	wg.Go(func() { flts, errs[5] = t.c.Faults(ctx) })
+	wg.Go(func() { sets, errs[6] = t.c.Settings(ctx) })
 	wg.Wait()
 	s.TookMS = float64(time.Since(start).Microseconds()) / 1000
 	if errs[0] == nil {
@@ -231,6 +241,10 @@ func sampleServer(ctx context.Context, t *target, bound time.Duration) diag.Serv
 	hasPD := true
 	if errs[4] != nil && client.StatusOf(errs[4]) == 404 && !isPD(s.Role) {
 		errs[4], hasPD = nil, false
+	}
+	hasSettings := true
+	if client.StatusOf(errs[6]) == 404 {
+		errs[6], hasSettings = nil, false
 	}
 	for _, err := range errs {
 		if err != nil {
@@ -242,6 +256,9 @@ func sampleServer(ctx context.Context, t *target, bound time.Duration) diag.Serv
 	s.Steps, s.Collectives, s.Requests, s.Faults = &steps, &colls, &reqs, &flts
 	if hasPD {
 		s.PD = &pd
+	}
+	if hasSettings {
+		s.Settings = &sets
 	}
 	return s
 }

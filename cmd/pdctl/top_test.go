@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/client"
+	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/internal/syncbuf"
 )
 
@@ -44,6 +45,13 @@ func TestTopOnce(t *testing.T) {
 	if len(out.Sample.Servers) != 2 || !out.Sample.Servers[1].Reachable || out.Sample.Servers[1].Steps == nil ||
 		len(out.Findings) != 1 || out.Findings[0].Rule != "fault-switch-on" {
 		t.Errorf("--json: %+v", out)
+	}
+	// Each server's sample carries the settings it publishes: the rules
+	// judge it by its own timeouts.
+	if st := out.Sample.Servers[1].Settings; st == nil || st.PD == nil || st.Role != "decode" ||
+		debug.Duration(st.PD.TransferTimeoutMS) != testConfig.PD.TransferTimeout ||
+		debug.Duration(st.PD.AbortAckTimeoutMS) != testConfig.PD.AbortAckTimeout || !slices.Equal(st.FaultsOn, []string{"drop-heartbeat"}) {
+		t.Errorf("--json: the decode's settings %+v", st)
 	}
 
 	// On a terminal with --once: aligned, headers.
