@@ -2,7 +2,8 @@
 // server of a cluster (through the router's /debug/v1/cluster or the
 // servers named on its command line) several times over a window; each
 // Sample holds, per server, whether it answered and its decoded debug API
-// answers (package api/debug: steps, collectives, requests, pd, faults). The rules
+// answers (package api/debug: steps, collectives, requests, pd, faults,
+// settings). The rules
 // judge the resulting Window and report Findings: the rule's name, a
 // severity, the server and rank, a one-line summary, the evidence (key/value
 // lines with the numbers that prove it) and the remedy an operator should
@@ -21,9 +22,16 @@
 // apart mid-iteration, idle ranks above 0 wait in the step-input broadcast
 // for up to a loop heartbeat, and queues drain between samples, so rules
 // about progress compare the first and the last sample and name a fault
-// only when nothing moved in between. Parameters (the PD timeouts, a grace
-// for timeouts judged once per iteration, the collective-wait threshold)
-// come in a Config; DefaultConfig matches pdserve's defaults.
+// only when nothing moved in between.
+//
+// Each server is judged by the settings it publishes (GET
+// /debug/v1/settings), which pdctl puts in its ServerSample: its PD
+// timeouts, and its loop heartbeat, which raises the grace, the
+// collective-wait threshold and the loop-stall window to twice the
+// heartbeat where that is longer (Config.LimitsOf). A Config holds the rest
+// (the grace for timeouts judged once per iteration, the collective-wait
+// threshold, the loop-stall window) and Overrides of the servers' timeouts;
+// a server that publishes no settings is judged by no timeout.
 //
 // The rules, in the order Rules returns them (causes before symptoms):
 //
@@ -50,8 +58,8 @@
 //     inflight and prealloc): a PD queue non-empty in the first and the last
 //     sample with no room leaving it between any two samples.
 //   - pd-entry-overdue (warning): PD entries older than their state's
-//     timeout plus the grace (bootstrap and prealloc: bootstrap timeout,
-//     transfer, inflight).
+//     timeout, as their server publishes it, plus the grace (bootstrap and
+//     prealloc: bootstrap timeout, transfer, inflight).
 //   - kv-leak (critical): a rank holds KV pages (used less prefix-cached)
 //     while its server has no live request in any scheduler or PD queue, in
 //     both the first and the last sample; (warning) pages kept for aborted
