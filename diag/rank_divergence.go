@@ -16,7 +16,7 @@ func rankDivergence(c Config) Rule {
 	}
 }
 
-const desyncRemedy = "the ranks took different branches before a collective (the overlap-schedule desync) or one rank is stuck outside the collectives: capture a bundle (pdctl bundle) with the flight recorders and stacks, switch off the faults overlap-local-decision and stall-last-rank if one is on (fault-switch-on), restart the server and run it with the lock-step (non-overlap) loop."
+const desyncRemedy = "the ranks took different branches before a collective, or one rank is stuck outside the collectives: capture a bundle (pdctl bundle) with the flight recorders and stacks; if the fault stall-last-rank is on (fault-switch-on), it holds the last rank on purpose: switch it off (pdctl fault off stall-last-rank); otherwise restart the server."
 
 func checkRankDivergence(c Config, w Window) []Finding {
 	var out []Finding

@@ -1,8 +1,11 @@
 // Package kernels is the narrow set of numeric operations the engine runs a
-// model with. Every backend (the plain-Go reference in kernels/ref, the fast
-// CPU path in kernels/cpu, CUDA behind the cuda build tag) implements Backend
-// and is checked against the reference by one conformance suite
-// (kernels/kerneltest).
+// model with. A backend implements Backend: the plain-Go reference in
+// kernels/ref and the fast CPU path in kernels/cpu, both checked against the
+// reference by one conformance suite (kernels/kerneltest, run by their
+// tests). kernels/cuda is only the seam of a CUDA backend: it has no kernels
+// yet, its New always reports kernels.ErrUnavailable, and the conformance
+// suite does not run it; a CUDA backend must pass kerneltest.Run on a GPU
+// machine before it is used.
 //
 // The interface is deliberately small: a wide tensor interface is expensive to
 // keep correct on several backends, and the model needs only these ops.

@@ -88,8 +88,8 @@ func TestRun(t *testing.T) {
 	}
 }
 
-// TestRunHelp checks that a bare pdctl explains itself and says which
-// commands are still to come, rather than pretending to have them.
+// TestRunHelp checks that a bare pdctl, --help and help explain pdctl and
+// name its commands.
 func TestRunHelp(t *testing.T) {
 	for _, args := range [][]string{nil, {"--help"}, {"help"}} {
 		code, stdout, stderr := runArgs(t, args...)

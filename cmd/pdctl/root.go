@@ -97,7 +97,8 @@ lock-free snapshots.
 
 Commands: status, queues dump, fault list|on|off, abort (synthetic ABORT
 frames to a prefill rank, or the mass-abort drill), diagnose (rules over a
-sampled window) and bundle (everything an engineer needs, in one file).
+sampled window), top (a live view of every rank), bundle (everything an
+engineer needs, in one file) and version.
 
 Data goes to stdout: an aligned table on a terminal, tab-separated rows when
 piped, JSON with --json. Progress and errors go to stderr. Exit status: 0 ok,

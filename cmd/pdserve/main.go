@@ -1,6 +1,7 @@
-// Command pdserve runs pdkit's engine: built-in models, single-process
-// generation and benchmarks today; the serving roles (router, prefill,
-// decode) arrive with the serving milestones.
+// Command pdserve runs pdkit's engine: its serving roles (a colocated
+// server, PD prefill and decode servers, the router, and launch, which
+// starts a whole PD cluster), built-in models, single-process generation,
+// benchmarks, and the effective settings of each command.
 package main
 
 import (
@@ -41,9 +42,13 @@ func newRootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "pdserve",
 		Short: "Run pdkit's prefill/decode serving engine",
-		Long: `pdserve runs pdkit's engine. Today it generates and inspects models, runs a
-single-process generation and the model benchmarks; the serving roles (serve,
-router, prefill, decode, launch) arrive with the serving milestones.`,
+		Long: `pdserve runs pdkit's engine: the serving roles (serve: prefill and decode in
+one process; prefill and decode: the two halves of a PD cluster, moving KV
+over ZeroMQ; router: the OpenAI-compatible front of a PD cluster; launch: a
+router, prefill and decode servers as supervised child processes), and the
+tools around them (model: generate and inspect models; generate: one
+generation without a server; bench: the model and serving benchmarks;
+config: the effective settings of a command and where each comes from).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Version:       version,

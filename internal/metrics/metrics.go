@@ -44,8 +44,11 @@
 // iteration), and a role exports only its own queues. A colocated engine
 // exports none of these.
 //
-// Not yet here: a KV transfer latency histogram (it needs an observer hook
-// in the engine for the end of a room's transfer).
+// On a decode engine the Metrics is also a serve.PDObserver: each rank
+// reports every request's KV transfer as it completes, which feeds
+//
+//	pdkit_kv_transfer_duration_seconds{rank}  from sending TRANSFER_INFO to the last KV chunk applied
+//	pdkit_kv_transfer_request_bytes{rank}     KV payload bytes of one request's transfer
 package metrics
 
 import (
