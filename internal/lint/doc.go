@@ -2,7 +2,10 @@
 // "go test ./..." enforces them: every Go file is gofmt-formatted, the
 // operator side (cmd/pdctl, tui, diag, api) stays free of the engine, the
 // kernels and cgo, only kernels/cuda imports gorgonia.org/cu, go.mod and
-// go.sum are tidy, and no file names the machine it was written on.
+// go.sum are tidy, no file names the machine it was written on, and no help
+// text of pdserve or pdctl and no diag rule's doc, summary or remedy names
+// a fault switch or a flag that does not exist (names_test.go: it reads the
+// engine's fault registry and the flags of the built binaries).
 //
 // The package has no non-test code.
 package lint

@@ -1,0 +1,5 @@
+//go:build race
+
+package lint
+
+func init() { buildFlags = append(buildFlags, "-race") }
