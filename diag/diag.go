@@ -179,10 +179,11 @@ type Config struct {
 	// LimitsOf raises it to twice a server's loop heartbeat when that is
 	// longer.
 	Grace time.Duration
-	// CollectiveWait is how long a rank may wait in a collective while a
-	// peer is elsewhere before it counts as a desync. Idle ranks wait in
-	// the step-input broadcast for up to one loop heartbeat, so LimitsOf
-	// raises it to twice a server's heartbeat when that is longer.
+	// CollectiveWait is how long a rank may wait in a collective (of
+	// either communicator) while a peer is elsewhere before it counts as a
+	// desync. Idle ranks wait in the control communicator's step-input
+	// broadcast for up to one loop heartbeat, so LimitsOf raises it to
+	// twice a server's heartbeat when that is longer.
 	CollectiveWait time.Duration
 	// LoopStall is how long every rank of a server may go without
 	// finishing a step before engine-stalled names it. A loop iterates at

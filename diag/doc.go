@@ -19,10 +19,10 @@
 // sentence saying what it detects and why it matters, the most urgent
 // Severity it reports (critical, warning, info) and a Check over a Window.
 // Rules must not fire on a healthy cluster: ranks may be caught one step
-// apart mid-iteration, idle ranks above 0 wait in the step-input broadcast
-// for up to a loop heartbeat, and queues drain between samples, so rules
-// about progress compare the first and the last sample and name a fault
-// only when nothing moved in between.
+// apart mid-iteration, idle ranks above 0 wait in the control
+// communicator's step-input broadcast for up to a loop heartbeat, and
+// queues drain between samples, so rules about progress compare the first
+// and the last sample and name a fault only when nothing moved in between.
 //
 // Each server is judged by the settings it publishes (GET
 // /debug/v1/settings), which pdctl puts in its ServerSample: its PD
@@ -47,13 +47,15 @@
 //   - engine-stalled (critical): no rank of a server finished a step
 //     between the first and the last sample, over a window of at least
 //     LoopStall (a loop iterates every heartbeat even idle): each rank's
-//     step, phase, the age of its last step and the collective it waits in.
+//     step, phase, the age of its last step and the collective it waits in,
+//     with its communicator.
 //   - rank-divergence (critical): ranks of one server more than one step
-//     apart, or at the same step with different collective sequence numbers
-//     while neither is in a collective; or a rank waiting in a collective
-//     longer than the threshold while a peer is in no collective or in
-//     another seq, naming both ranks and seqs (incident 2, the
-//     overlap-schedule desync).
+//     apart, or at the same step with different sequence numbers on the
+//     control or the forward communicator while neither is in a collective;
+//     or a rank waiting in a collective longer than the threshold while a
+//     peer is in no collective, in another seq of that communicator or in a
+//     call of the other one, naming both ranks and each call as
+//     "communicator seq N op" (incident 2, the overlap-schedule desync).
 //   - pd-queue-stuck (critical for bootstrap and transfer, warning for
 //     inflight and prealloc): a PD queue non-empty in the first and the last
 //     sample with no room leaving it between any two samples.
@@ -64,6 +66,12 @@
 //     while its server has no live request in any scheduler or PD queue, in
 //     both the first and the last sample; (warning) pages kept for aborted
 //     rooms past the abort-ack timeout plus the grace.
+//
+// A server's TP ranks talk over two communicators, each with its own
+// sequence numbers (api/debug's CommControl and CommForward): "control"
+// for the loop's agreements, "forward" for the model's collectives. A seq
+// names a call only together with its communicator; the rules never
+// compare seqs across communicators.
 //
 // # Adding a rule
 //

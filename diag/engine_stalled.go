@@ -35,8 +35,8 @@ func checkEngineStalled(c Config, w Window) []Finding {
 			before, ok := stepOfRank(f, r.Rank)
 			moved = moved || !ok || r.Step != before
 			where := "not in a collective"
-			if cr := collectiveRank(last.Collectives, r.Rank); cr != nil && cr.Waiting != nil {
-				where = fmt.Sprintf("waits in %s seq %d for %s", cr.Waiting.Op, cr.Waiting.Seq, ms(cr.Waiting.DurationMS))
+			if ws := waitsOf(last.Collectives, r.Rank); len(ws) > 0 {
+				where = waitsText(ws)
 			}
 			age := "never"
 			if !r.End.IsZero() {

@@ -2,6 +2,7 @@ package diag
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/pdkit/pdkit/api/debug"
@@ -10,7 +11,7 @@ import (
 func rankDivergence(c Config) Rule {
 	return Rule{
 		Name:     "rank-divergence",
-		Doc:      "The TP ranks of a server disagree on their step or collective sequence number, or one waits in a collective while a peer is elsewhere (the overlap-schedule desync), which hangs the server while /health stays green.",
+		Doc:      "The TP ranks of a server disagree on their step or on a communicator's sequence number (control or forward), or one waits in a collective while a peer is elsewhere: in no collective, in another call of that communicator or in a call of the other one (the overlap-schedule desync), which hangs the server while /health stays green.",
 		Severity: Critical,
 		Check:    func(w Window) []Finding { return checkRankDivergence(c, w) },
 	}
@@ -20,9 +21,9 @@ const desyncRemedy = "the ranks took different branches before a collective, or 
 
 func checkRankDivergence(c Config, w Window) []Finding {
 	var out []Finding
-	// Steps more than one apart, or equal steps with different collective
-	// sequence numbers while neither rank is in a collective: reported once
-	// per server, from the first sample that shows it.
+	// Steps more than one apart, or equal steps with different sequence
+	// numbers on a communicator while neither rank is in a collective:
+	// reported once per server, from the first sample that shows it.
 	seen := map[string]bool{}
 	for _, sample := range w.Samples {
 		for _, s := range sample.Servers {
@@ -71,17 +72,26 @@ func stepDivergence(s ServerSample, taken time.Time) (Finding, bool) {
 	}
 	for i, a := range rs {
 		for _, b := range rs[i+1:] {
-			if a.Step != b.Step || a.CollectiveSeq == b.CollectiveSeq || inCollective(s.Collectives, a.Rank) || inCollective(s.Collectives, b.Rank) {
+			if a.Step != b.Step || inCollective(s.Collectives, a.Rank) || inCollective(s.Collectives, b.Rank) {
+				continue
+			}
+			var differ []string
+			for _, comm := range debug.Comms {
+				if sa, sb := a.Seq(comm), b.Seq(comm); sa != sb {
+					differ = append(differ, fmt.Sprintf("%s seq %d and %d", comm, sa, sb))
+				}
+			}
+			if len(differ) == 0 {
 				continue
 			}
 			return Finding{
 				Rule: "rank-divergence", Severity: Critical, Server: s.URL, Rank: a.Rank,
-				Summary: fmt.Sprintf("ranks %d and %d both finished step %d but at collective seq %d and %d", a.Rank, b.Rank, a.Step, a.CollectiveSeq, b.CollectiveSeq),
+				Summary: fmt.Sprintf("ranks %d and %d both finished step %d but at %s", a.Rank, b.Rank, a.Step, strings.Join(differ, ", ")),
 				Evidence: []Evidence{
 					at,
 					ev("steps", "%s", stepList(rs)),
-					ev(fmt.Sprintf("rank %d", a.Rank), "step %d, collective_seq %d, digest %s, not in a collective", a.Step, a.CollectiveSeq, a.Digest),
-					ev(fmt.Sprintf("rank %d", b.Rank), "step %d, collective_seq %d, digest %s, not in a collective", b.Step, b.CollectiveSeq, b.Digest),
+					ev(fmt.Sprintf("rank %d", a.Rank), "step %d, control_seq %d, forward_seq %d, digest %s, not in a collective", a.Step, a.ControlSeq, a.ForwardSeq, a.Digest),
+					ev(fmt.Sprintf("rank %d", b.Rank), "step %d, control_seq %d, forward_seq %d, digest %s, not in a collective", b.Step, b.ControlSeq, b.ForwardSeq, b.Digest),
 				},
 				Remedy: desyncRemedy,
 			}, true
@@ -93,71 +103,134 @@ func stepDivergence(s ServerSample, taken time.Time) (Finding, bool) {
 func stepList(rs []debug.Step) string {
 	var parts []string
 	for _, r := range rs {
-		parts = append(parts, fmt.Sprintf("rank %d step %d seq %d", r.Rank, r.Step, r.CollectiveSeq))
+		parts = append(parts, fmt.Sprintf("rank %d step %d control seq %d forward seq %d", r.Rank, r.Step, r.ControlSeq, r.ForwardSeq))
 	}
 	return listSep(parts, len(parts), "; ")
 }
 
-func collectiveRank(c *debug.CollectivesResponse, rank int) *debug.CollectiveRank {
+// wait is a call a rank waits in, with its communicator.
+type wait struct {
+	comm string
+	call *debug.Collective
+}
+
+// String names the call with its communicator, whose seq it is: "control
+// seq 41 AllReduceMin".
+func (w wait) String() string { return fmt.Sprintf("%s seq %d %s", w.comm, w.call.Seq, w.call.Op) }
+
+// waited is how long the call has waited.
+func (w wait) waited() time.Duration {
+	return time.Duration(w.call.DurationMS * float64(time.Millisecond))
+}
+
+// waitsOf lists the calls rank waits in, at most one per communicator, in
+// the answer's order of the communicators.
+func waitsOf(c *debug.CollectivesResponse, rank int) []wait {
 	if c == nil {
 		return nil
 	}
-	for i := range c.Ranks {
-		if c.Ranks[i].Rank == rank {
-			return &c.Ranks[i]
+	var out []wait
+	for i := range c.Comms {
+		if r := c.Comms[i].Rank(rank); r != nil && r.Waiting != nil {
+			out = append(out, wait{comm: c.Comms[i].Name, call: r.Waiting})
 		}
 	}
-	return nil
+	return out
 }
 
 // inCollective reports whether the collectives answer shows rank waiting
-// in a call; without an answer a rank counts as in one (no judgement).
+// in a call of any communicator; without an answer, or one that lacks the
+// rank, a rank counts as in one (no judgement).
 func inCollective(c *debug.CollectivesResponse, rank int) bool {
-	r := collectiveRank(c, rank)
-	return c == nil || r == nil || r.Waiting != nil
+	if c == nil || len(c.Comms) == 0 {
+		return true
+	}
+	for i := range c.Comms {
+		if r := c.Comms[i].Rank(rank); r == nil || r.Waiting != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// waitsText says where a rank waits: "waits in control seq 41
+// AllReduceMin for 2.2s", joined by " and " when it waits on both
+// communicators.
+func waitsText(ws []wait) string {
+	var parts []string
+	for _, w := range ws {
+		parts = append(parts, fmt.Sprintf("waits in %v for %s", w, ms(w.call.DurationMS)))
+	}
+	return strings.Join(parts, " and ")
+}
+
+// lastSeqs says where a rank not in a collective stopped on each
+// communicator: "control: last entered seq 15000, last completed 15000;
+// forward: ...".
+func lastSeqs(c *debug.CollectivesResponse, rank int) string {
+	var parts []string
+	for i := range c.Comms {
+		if r := c.Comms[i].Rank(rank); r != nil {
+			parts = append(parts, fmt.Sprintf("%s: last entered seq %d, last completed %d", c.Comms[i].Name, r.LastEntered, r.LastCompleted))
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 // collectiveWaits names the ranks of s that wait in a collective longer
-// than wait while a peer is elsewhere.
-func collectiveWaits(wait time.Duration, s ServerSample) []Finding {
+// than limit while a peer is elsewhere: in no collective, in another call
+// of the communicator, or in a call of the other communicator.
+func collectiveWaits(limit time.Duration, s ServerSample) []Finding {
 	var out []Finding
 	col := s.Collectives
-	for _, r := range col.Ranks {
-		wt := r.Waiting
-		if wt == nil || time.Duration(wt.DurationMS*float64(time.Millisecond)) <= wait {
-			continue
-		}
-		var elsewhere []Evidence
-		var names []string
-		for _, p := range col.Ranks {
-			if p.Rank == r.Rank {
+	for ci := range col.Comms {
+		comm := &col.Comms[ci]
+		for _, r := range comm.Ranks {
+			if r.Waiting == nil {
 				continue
 			}
-			switch {
-			case p.Waiting == nil:
-				elsewhere = append(elsewhere, ev(fmt.Sprintf("rank %d", p.Rank), "not in a collective (last entered seq %d, last completed %d%s)", p.LastEntered, p.LastCompleted, stepOf(s.Steps, p.Rank)))
-				names = append(names, fmt.Sprintf("rank %d is not in a collective (last seq %d)", p.Rank, p.LastEntered))
-			case p.Waiting.Seq != wt.Seq:
-				elsewhere = append(elsewhere, ev(fmt.Sprintf("rank %d", p.Rank), "waits in %s seq %d for %s%s", p.Waiting.Op, p.Waiting.Seq, ms(p.Waiting.DurationMS), stepOf(s.Steps, p.Rank)))
-				names = append(names, fmt.Sprintf("rank %d waits in %s seq %d", p.Rank, p.Waiting.Op, p.Waiting.Seq))
+			wt := wait{comm: comm.Name, call: r.Waiting}
+			if wt.waited() <= limit {
+				continue
 			}
+			var elsewhere []Evidence
+			var names []string
+			for _, p := range comm.Ranks {
+				if p.Rank == r.Rank || p.Waiting != nil && p.Waiting.Seq == wt.call.Seq {
+					continue // the rank itself, or a peer that arrived
+				}
+				key := fmt.Sprintf("rank %d", p.Rank)
+				if pw := waitsOf(col, p.Rank); len(pw) > 0 {
+					elsewhere = append(elsewhere, ev(key, "%s%s", waitsText(pw), stepOf(s.Steps, p.Rank)))
+					var in []string
+					for _, w := range pw {
+						in = append(in, w.String())
+					}
+					names = append(names, fmt.Sprintf("rank %d waits in %s", p.Rank, strings.Join(in, " and ")))
+					continue
+				}
+				elsewhere = append(elsewhere, ev(key, "not in a collective (%s)%s", lastSeqs(col, p.Rank), stepOf(s.Steps, p.Rank)))
+				names = append(names, fmt.Sprintf("rank %d is not in a collective (last %s seq %d)", p.Rank, comm.Name, p.LastEntered))
+			}
+			if len(elsewhere) == 0 {
+				continue
+			}
+			evidence := []Evidence{
+				ev(fmt.Sprintf("rank %d", r.Rank), "waits in %v for %s (threshold %v)%s", wt, ms(wt.call.DurationMS), limit, stepOf(s.Steps, r.Rank)),
+			}
+			evidence = append(evidence, elsewhere...)
+			for _, g := range col.Comms {
+				if g.Broken {
+					evidence = append(evidence, ev(g.Name+" communicator", "broken: %s", g.BrokenReason))
+				}
+			}
+			out = append(out, Finding{
+				Rule: "rank-divergence", Severity: Critical, Server: s.URL, Rank: r.Rank,
+				Summary:  fmt.Sprintf("rank %d waits in %v for %s while %s", r.Rank, wt, ms(wt.call.DurationMS), listSep(names, 3, "; ")),
+				Evidence: evidence,
+				Remedy:   desyncRemedy,
+			})
 		}
-		if len(elsewhere) == 0 {
-			continue
-		}
-		evidence := []Evidence{
-			ev(fmt.Sprintf("rank %d", r.Rank), "waits in %s seq %d for %s (threshold %v)%s", wt.Op, wt.Seq, ms(wt.DurationMS), wait, stepOf(s.Steps, r.Rank)),
-		}
-		evidence = append(evidence, elsewhere...)
-		if col.Broken {
-			evidence = append(evidence, ev("group", "broken: %s", col.BrokenReason))
-		}
-		out = append(out, Finding{
-			Rule: "rank-divergence", Severity: Critical, Server: s.URL, Rank: r.Rank,
-			Summary:  fmt.Sprintf("rank %d waits in %s seq %d for %s while %s", r.Rank, wt.Op, wt.Seq, ms(wt.DurationMS), listSep(names, 3, "; ")),
-			Evidence: evidence,
-			Remedy:   desyncRemedy,
-		})
 	}
 	return out
 }

@@ -1,8 +1,9 @@
 // Package tui is the Bubble Tea application behind "pdctl top": a live view
-// of a cluster's ranks, their steps and phases, the collective each waits
-// in, the PD queues, and any divergence between the ranks of a
-// tensor-parallel group, with the findings of the diag rules over the last
-// few seconds of samples beneath.
+// of a cluster's ranks, their steps and phases, their sequence numbers on
+// the control and the forward communicator, the collective each waits in
+// (named with its communicator), the PD queues, and any divergence between
+// the ranks of a tensor-parallel group, with the findings of the diag
+// rules over the last few seconds of samples beneath.
 //
 // The package does not read the cluster itself: the caller's Fetch takes
 // one diag.Sample (the same reading "pdctl diagnose" and "pdctl bundle"

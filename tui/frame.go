@@ -47,7 +47,8 @@ func plain(s string) cell { return cell{text: s} }
 
 // Frame renders the cluster as the last of window shows it: the servers,
 // one line per rank with its step against its group's (Δ), its phase, the
-// age of its last step and the collective it waits in, then the findings
+// age of its last step, its seq on each communicator and the collective it
+// waits in, then the findings
 // of the diag rules over the whole window. window holds the samples of the
 // last few seconds, oldest first.
 func Frame(window []diag.Sample, o FrameOptions) string {
@@ -152,11 +153,14 @@ func serverRows(s diag.Sample) [][]cell {
 
 // rankRows is the ranks' table. Δ is the rank's step less the highest step
 // of its server (-1 is a rank caught mid-iteration; lower is divergence);
-// COLLECTIVE is the call the rank waits in, marked once it waits longer
-// than the rules' threshold.
+// CTRL SEQ and FWD SEQ are the seqs of its last calls on the control and
+// the forward communicator when its last step ended; COLLECTIVE is the
+// call the rank waits in, named with its communicator ("control seq 41
+// AllReduceMin 2.1s"), marked once it waits longer than the rules'
+// threshold.
 func rankRows(s diag.Sample, cfg diag.Config, now time.Time) [][]cell {
-	rows := [][]cell{{plain("SERVER"), plain("RANK"), plain("STEP"), plain("Δ"), plain("PHASE"), plain("AGE"), plain("SEQ"),
-		plain("COLLECTIVE"), plain("PD QUEUES"), plain("KV USED/CACHED/TOTAL")}}
+	rows := [][]cell{{plain("SERVER"), plain("RANK"), plain("STEP"), plain("Δ"), plain("PHASE"), plain("AGE"), plain("CTRL SEQ"),
+		plain("FWD SEQ"), plain("COLLECTIVE"), plain("PD QUEUES"), plain("KV USED/CACHED/TOTAL")}}
 	for _, sv := range s.Servers {
 		if !sv.Reachable || sv.Steps == nil {
 			continue
@@ -178,30 +182,39 @@ func rankRows(s diag.Sample, cfg diag.Config, now time.Time) [][]cell {
 				age = fmtAge(now.Sub(r.End))
 			}
 			rows = append(rows, []cell{plain(sv.URL), plain(fmt.Sprint(r.Rank)), plain(fmt.Sprint(r.Step)), dc, plain(r.Phase),
-				plain(age), plain(fmt.Sprint(r.CollectiveSeq)), collectiveCell(sv.Collectives, r.Rank, cfg),
+				plain(age), plain(fmt.Sprint(r.ControlSeq)), plain(fmt.Sprint(r.ForwardSeq)), collectiveCell(sv.Collectives, r.Rank, cfg),
 				plain(pdCell(sv, r.Rank)), plain(kvCell(sv, r.Rank))})
 		}
 	}
 	return rows
 }
 
-// collectiveCell names the call rank waits in and for how long.
+// collectiveCell names the call rank waits in on each communicator (one
+// at most each, both joined by ", ") and for how long.
 func collectiveCell(c *debug.CollectivesResponse, rank int, cfg diag.Config) cell {
 	if c == nil {
 		return plain("?")
 	}
-	for _, r := range c.Ranks {
-		if r.Rank != rank || r.Waiting == nil {
+	var out cell
+	for _, cm := range c.Comms {
+		r := cm.Rank(rank)
+		if r == nil || r.Waiting == nil {
 			continue
 		}
 		w := r.Waiting
-		out := cell{text: fmt.Sprintf("%s #%d %s", w.Op, w.Seq, fmtAge(time.Duration(w.DurationMS*float64(time.Millisecond))))}
-		if time.Duration(w.DurationMS*float64(time.Millisecond)) > cfg.CollectiveWait {
+		d := time.Duration(w.DurationMS * float64(time.Millisecond))
+		if out.text != "" {
+			out.text += ", "
+		}
+		out.text += fmt.Sprintf("%s seq %d %s %s", cm.Name, w.Seq, w.Op, fmtAge(d))
+		if d > cfg.CollectiveWait {
 			out.mark = diag.Critical
 		}
-		return out
 	}
-	return plain("-")
+	if out.text == "" {
+		return plain("-")
+	}
+	return out
 }
 
 func pdCell(sv diag.ServerSample, rank int) string {

@@ -39,7 +39,7 @@ func window(t *testing.T, name string) []diag.Sample {
 // their last sample, against testdata/<name>.golden (go test ./tui -update
 // rewrites them).
 func TestFrameGolden(t *testing.T) {
-	for _, name := range []string{"healthy/busy", "rank-divergence/collective_desync", "control-loop-dead/bootstrap_abort_crash", "peer-unreachable/server_down"} {
+	for _, name := range []string{"healthy/busy", "rank-divergence/collective_desync", "rank-divergence/control_vs_forward", "control-loop-dead/bootstrap_abort_crash", "peer-unreachable/server_down"} {
 		t.Run(name, func(t *testing.T) {
 			w := window(t, name)
 			got := Frame(w, FrameOptions{Source: "http://router:8000", Interval: time.Second, Config: diag.DefaultConfig(), Now: w[len(w)-1].Taken})

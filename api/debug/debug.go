@@ -24,12 +24,33 @@ const (
 // Queues lists the queue names in the order the requests are listed.
 var Queues = []string{QueueWaiting, QueuePrefilling, QueueRunning, QueueAborting}
 
+// The communicators of a server's TP group, as in Communicator.Name,
+// Stall.Comm and the comm label of pdkit_collective_wait_seconds_total.
+// Each has its own sequence numbers: a seq names a call only together with
+// its communicator.
+const (
+	// CommControl carries the loop's own agreements: the step-input and
+	// step-output broadcasts, the poll and free-page MINs, the prefix-match
+	// MIN and the plan-digest MAX. An idle loop still runs them every
+	// iteration.
+	CommControl = "control"
+	// CommForward carries the model's collectives inside a forward pass;
+	// an idle iteration runs none.
+	CommForward = "forward"
+)
+
+// Comms lists the communicator names in the order CollectivesResponse
+// lists them.
+var Comms = []string{CommControl, CommForward}
+
 // StepsResponse is the body of GET /debug/v1/steps: every rank's last step
-// record. Ranks in lock-step agree on step, digest and collective_seq after
-// each iteration, but a reader may catch them one step apart in the middle
-// of one: Spread says by how much they differ instead of judging.
+// record. Ranks in lock-step agree on step, digest, control_seq and
+// forward_seq after each iteration, but a reader may catch them one step
+// apart in the middle of one: Spread says by how much they differ instead
+// of judging.
 type StepsResponse struct {
-	// Agree: every rank has the same step, digest and collective_seq.
+	// Agree: every rank has the same step, digest, control_seq and
+	// forward_seq.
 	Agree bool `json:"agree"`
 	// Spread is the largest step less the smallest.
 	Spread uint64 `json:"spread"`
@@ -46,35 +67,89 @@ type Step struct {
 	Retracted   int    `json:"retracted"`
 	Finished    int    `json:"finished"`
 	// Digest is the plan's FNV-1a digest, 16 hex digits.
-	Digest        string    `json:"digest"`
-	CollectiveSeq uint64    `json:"collective_seq"`
-	Start         time.Time `json:"start"`
-	End           time.Time `json:"end"`
-	DurationMS    float64   `json:"duration_ms"`
+	Digest string `json:"digest"`
+	// ControlSeq and ForwardSeq are the seqs of the rank's last call on
+	// the control and the forward communicator when the iteration ended.
+	ControlSeq uint64    `json:"control_seq"`
+	ForwardSeq uint64    `json:"forward_seq"`
+	Start      time.Time `json:"start"`
+	End        time.Time `json:"end"`
+	DurationMS float64   `json:"duration_ms"`
 }
 
-// CollectivesResponse is the body of GET /debug/v1/collectives: the TP
-// group's flight recorders and the calls that have waited too long.
+// Seq is the step's seq on the communicator named comm; 0 for a name
+// that is neither.
+func (s Step) Seq(comm string) uint64 {
+	switch comm {
+	case CommControl:
+		return s.ControlSeq
+	case CommForward:
+		return s.ForwardSeq
+	}
+	return 0
+}
+
+// CollectivesResponse is the body of GET /debug/v1/collectives: each
+// communicator of the TP group with its flight recorders and the calls that
+// have waited too long.
 type CollectivesResponse struct {
-	Size   int  `json:"size"`
-	Closed bool `json:"closed"`
-	Broken bool `json:"broken"`
-	// BrokenReason says why the group broke; empty while healthy.
-	BrokenReason string `json:"broken_reason,omitempty"`
-	// StallThresholdMS is the wait beyond which a call is listed in Stalls.
-	StallThresholdMS float64          `json:"stall_threshold_ms"`
-	Stalls           []Stall          `json:"stalls"`
-	Ranks            []CollectiveRank `json:"ranks"`
+	// StallThresholdMS is the wait beyond which a call is listed in its
+	// communicator's Stalls.
+	StallThresholdMS float64 `json:"stall_threshold_ms"`
+	// Comms are the communicators, in the order of Comms: control, then
+	// forward.
+	Comms []Communicator `json:"comms"`
 }
 
-// CollectiveRank is one rank's collectives.
+// Comm is the communicator named name; nil when the answer has none.
+func (c *CollectivesResponse) Comm(name string) *Communicator {
+	if c == nil {
+		return nil
+	}
+	for i := range c.Comms {
+		if c.Comms[i].Name == name {
+			return &c.Comms[i]
+		}
+	}
+	return nil
+}
+
+// Communicator is one communicator of the TP group: its own sequence
+// numbers, flight recorders, wait totals and watchdog.
+type Communicator struct {
+	Name   string `json:"name"` // CommControl or CommForward
+	Size   int    `json:"size"`
+	Closed bool   `json:"closed"`
+	Broken bool   `json:"broken"`
+	// BrokenReason says why the communicator broke; empty while healthy.
+	BrokenReason string           `json:"broken_reason,omitempty"`
+	Stalls       []Stall          `json:"stalls"`
+	Ranks        []CollectiveRank `json:"ranks"`
+}
+
+// Rank is rank's state on the communicator; nil when it has none.
+func (c *Communicator) Rank(rank int) *CollectiveRank {
+	if c == nil {
+		return nil
+	}
+	for i := range c.Ranks {
+		if c.Ranks[i].Rank == rank {
+			return &c.Ranks[i]
+		}
+	}
+	return nil
+}
+
+// CollectiveRank is one rank's collectives on one communicator.
 type CollectiveRank struct {
 	Rank          int    `json:"rank"`
 	LastEntered   uint64 `json:"last_entered"`   // 0 before the first call
 	LastCompleted uint64 `json:"last_completed"` // the last seq that ended ok
-	// Waiting is the call the rank waits in; null when not in a collective.
+	// Waiting is the call the rank waits in on this communicator; null
+	// when not in one of its collectives.
 	Waiting *Collective `json:"waiting"`
-	// WaitSeconds is the time the rank has spent inside collectives.
+	// WaitSeconds is the time the rank has spent inside this
+	// communicator's collectives.
 	WaitSeconds float64 `json:"wait_seconds"`
 	// Records is the flight recorder, oldest first.
 	Records []Collective `json:"records"`
@@ -98,6 +173,7 @@ type Collective struct {
 
 // Stall is a collective call that has waited longer than the threshold.
 type Stall struct {
+	Comm     string    `json:"comm"` // the communicator of Seq
 	Seq      uint64    `json:"seq"`
 	Op       string    `json:"op"`
 	Since    time.Time `json:"since"` // when the first rank entered it
@@ -106,10 +182,11 @@ type Stall struct {
 	Missing  []Peer    `json:"missing"` // the other ranks and where they are
 }
 
-// Peer is where a rank that has not arrived at a stalled call is.
+// Peer is where a rank that has not arrived at a stalled call is, on the
+// stall's communicator.
 type Peer struct {
 	Rank         int    `json:"rank"`
-	InCollective bool   `json:"in_collective"` // waiting in another call (seq, op)
+	InCollective bool   `json:"in_collective"` // waiting in another call of the communicator (seq, op)
 	Seq          uint64 `json:"seq"`           // that call, or its last entered one; 0: none yet
 	Op           string `json:"op"`
 }

@@ -344,17 +344,19 @@ func diagnoseJSON(t *testing.T, c *cluster, extra ...string) (exitCode, []diag.F
 }
 
 // TestDiagnoseStalledRank: with stall-last-rank on at the decode, its rank
-// 0 waits in a collective that rank 1 never enters; diagnose names the
-// stalled engine, the divergence on rank 0 (rank 1 in no collective) and
-// the switch.
+// 0 waits in a control collective (the step input's broadcast) that rank 1
+// never enters; diagnose names the stalled engine, the divergence on rank
+// 0 (rank 1 in no collective, named with its last control seq) and the
+// switch.
 func TestDiagnoseStalledRank(t *testing.T) {
 	c := newCluster(t)
 	if _, err := client.New(c.decode.ts.URL, "", nil).SetFault(t.Context(), "stall-last-rank", true); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "decode rank 0 waiting in a collective", 10*time.Second, func() bool {
+	poll(t, "decode rank 0 waiting in a control collective", 10*time.Second, func() bool {
 		col, err := client.New(c.decode.ts.URL, "", nil).Collectives(t.Context())
-		return err == nil && len(col.Ranks) == 2 && col.Ranks[0].Waiting != nil && col.Ranks[0].Waiting.DurationMS > 200
+		w := col.Comm(debug.CommControl).Rank(0)
+		return err == nil && w != nil && w.Waiting != nil && w.Waiting.DurationMS > 200
 	})
 	code, findings, keys := diagnoseJSON(t, c, "--collective-wait", "100ms", "--window", "1200ms", "--interval", "300ms")
 	want := []string{"engine-stalled DECODE -1", "rank-divergence DECODE 0", "fault-switch-on DECODE -1"}
@@ -364,7 +366,7 @@ func TestDiagnoseStalledRank(t *testing.T) {
 	if s := findings[0].Summary; !strings.HasPrefix(s, "no rank of the decode server finished a step in ") {
 		t.Errorf("engine-stalled summary %q", s)
 	}
-	if s := findings[1].Summary; !strings.Contains(s, "while rank 1 is not in a collective") {
+	if s := findings[1].Summary; !strings.HasPrefix(s, "rank 0 waits in control seq ") || !strings.Contains(s, "while rank 1 is not in a collective (last control seq ") {
 		t.Errorf("rank-divergence summary %q", s)
 	}
 	if r := findings[1].Remedy; !strings.Contains(r, "stall-last-rank") {

@@ -28,9 +28,12 @@ func newCmdTop(f *factory, runF func(context.Context, *topOptions) error) *cobra
 queues and the fault switches that are on; one line per rank with its step,
 Δ (its step less the highest of its server: -1 is a rank caught
 mid-iteration, lower is divergence, marked), its phase, the age of its last
-step, its collective sequence number, the collective it waits in (marked
-past --collective-wait), its PD queues and KV pages; then the findings of
-the diag rules over the samples of the last --window.
+step, its sequence numbers on the two communicators of its TP group (CTRL
+SEQ: the loop's control agreements; FWD SEQ: the model's forward
+collectives), the collective it waits in with its communicator, as
+"control seq 41 AllReduceMin 2.1s" (marked past --collective-wait), its PD
+queues and KV pages; then the findings of the diag rules over the samples
+of the last --window.
 
 Keys: q quits, p pauses, r samples at once.
 
@@ -103,7 +106,7 @@ func topOnce(ctx context.Context, opts *topOptions, fetch func(context.Context) 
 		err = writeJSON(f.Out, topOutput{Sample: s, Findings: findings})
 	} else {
 		servers, ranks := tui.Rows(s, opts.Config, s.Taken)
-		tabs := []*table{fromRows(servers), fromRows(ranks, "STEP", "Δ", "AGE", "SEQ", "COLLECTIVE")}
+		tabs := []*table{fromRows(servers), fromRows(ranks, "STEP", "Δ", "AGE", "CTRL SEQ", "FWD SEQ", "COLLECTIVE")}
 		ft := newTable([]string{"SEVERITY", "RULE", "SERVER", "RANK", "SUMMARY"})
 		for _, fd := range findings {
 			rank := ""

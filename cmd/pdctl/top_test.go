@@ -19,10 +19,10 @@ import (
 // findings.
 func TestTopOnce(t *testing.T) {
 	c := newCluster(t)
-	ranks := "PREFILL\t0\t*\t*\tidle\t*\t*\t-\tbootstrap=0 active=0 inflight=0\t0/0/32\n" +
-		"PREFILL\t1\t*\t*\tidle\t*\t*\t*\tbootstrap=0 active=0 inflight=0\t0/0/32\n" +
-		"DECODE\t0\t*\t*\tidle\t*\t*\t-\tprealloc=0 transfer=0 aborting=0\t0/0/32\n" +
-		"DECODE\t1\t*\t*\tidle\t*\t*\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\n"
+	ranks := "PREFILL\t0\t*\t*\tidle\t*\t*\t*\t-\tbootstrap=0 active=0 inflight=0\t0/0/32\n" +
+		"PREFILL\t1\t*\t*\tidle\t*\t*\t*\t*\tbootstrap=0 active=0 inflight=0\t0/0/32\n" +
+		"DECODE\t0\t*\t*\tidle\t*\t*\t*\t-\tprealloc=0 transfer=0 aborting=0\t0/0/32\n" +
+		"DECODE\t1\t*\t*\tidle\t*\t*\t*\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\n"
 	servers := "PREFILL\tprefill\t2\tup\t0\t0\t0\t0\t-\n" +
 		"DECODE\tdecode\t2\tup\t0\t0\t0\t0\t-\n"
 	checkRun(t, c, exitOK, servers+"\n"+ranks+"\n", "", "top")
@@ -58,7 +58,7 @@ func TestTopOnce(t *testing.T) {
 	code, stdout, _ = c.pdctl(t, true, "top", "--once")
 	got := regexp.MustCompile(` {2,}`).ReplaceAllString(stdout, "  ")
 	if code != exitFindings || !strings.HasPrefix(got, "SERVER  ROLE  TP  STATE  WAIT  PREFILL  RUN  ABORT  DETAIL\n") ||
-		!strings.Contains(got, "\nSERVER  RANK  STEP  Δ  PHASE  AGE  SEQ  COLLECTIVE  PD QUEUES  KV USED/CACHED/TOTAL\n") ||
+		!strings.Contains(got, "\nSERVER  RANK  STEP  Δ  PHASE  AGE  CTRL SEQ  FWD SEQ  COLLECTIVE  PD QUEUES  KV USED/CACHED/TOTAL\n") ||
 		!strings.Contains(got, "\nSEVERITY  RULE  SERVER  RANK  SUMMARY\nwarning  fault-switch-on  DECODE  -  ") {
 		t.Errorf("terminal: exit %d\n%s", code, stdout)
 	}
@@ -82,9 +82,10 @@ func TestTopStalledRank(t *testing.T) {
 	if _, err := dc.SetFault(t.Context(), "stall-last-rank", true); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "decode rank 0 waiting in a collective", 10*time.Second, func() bool {
+	poll(t, "decode rank 0 waiting in a control collective", 10*time.Second, func() bool {
 		col, err := dc.Collectives(t.Context())
-		return err == nil && len(col.Ranks) == 2 && col.Ranks[0].Waiting != nil && col.Ranks[0].Waiting.DurationMS > 200
+		w := col.Comm(debug.CommControl).Rank(0)
+		return err == nil && w != nil && w.Waiting != nil && w.Waiting.DurationMS > 200
 	})
 	code, stdout, _ := c.pdctl(t, false, "top", "--collective-wait", "100ms")
 	var rules []string
@@ -95,6 +96,10 @@ func TestTopStalledRank(t *testing.T) {
 	}
 	if want := []string{"critical rank-divergence DECODE 0", "warning fault-switch-on DECODE -"}; code != exitFindings || !slices.Equal(rules, want) {
 		t.Errorf("exit %d, findings %q, want %q\n%s", code, rules, want, stdout)
+	}
+	// The finding names the call with its communicator.
+	if !regexp.MustCompile(`\trank 0 waits in control seq \d+ Broadcast for .* while rank 1 is not in a collective \(last control seq \d+\)\n`).MatchString(stdout) {
+		t.Errorf("no decode rank 0 waiting in a control Broadcast:\n%s", stdout)
 	}
 }
 

@@ -59,7 +59,7 @@ func TestObserverSeesPublishedSteps(t *testing.T) {
 		t.Fatalf("observer saw %d tokens, %d finishes, %d steps; want %d, 1, 4", obs.tokens, obs.ends, len(obs.steps), len(toks))
 	}
 	for i, rec := range obs.steps {
-		if rec.End.IsZero() || rec.End.Before(rec.Start) || rec.CollectiveSeq == 0 || rec.BatchSize != 1 {
+		if rec.End.IsZero() || rec.End.Before(rec.Start) || rec.ControlSeq == 0 || rec.ForwardSeq == 0 || rec.BatchSize != 1 {
 			t.Errorf("step %d: %+v", i, rec)
 		}
 	}

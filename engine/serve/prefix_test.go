@@ -89,7 +89,7 @@ func TestPrefixCacheOnOffEqual(t *testing.T) {
 }
 
 // After every iteration the ranks agree: same step, same plan digest, same
-// collective sequence number.
+// sequence number on each communicator.
 func TestRanksAgreeEachStep(t *testing.T) {
 	m := tinyModel(t)
 	e := newEngine(t, m, Config{TP: 2, PageSize: 4, KVTokens: 256, MaxRunning: 4, MaxBatchTokens: 24, PrefillChunk: 6})
@@ -114,19 +114,32 @@ func TestRanksAgreeEachStep(t *testing.T) {
 		recs = e.RankSteps()
 		return recs[0].Step == recs[1].Step
 	})
-	if recs[0].Digest != recs[1].Digest || recs[0].CollectiveSeq != recs[1].CollectiveSeq || recs[0].CollectiveSeq == 0 {
+	if recs[0].Digest != recs[1].Digest || recs[0].ControlSeq != recs[1].ControlSeq || recs[0].ForwardSeq != recs[1].ForwardSeq ||
+		recs[0].ControlSeq == 0 || recs[0].ForwardSeq == 0 {
 		t.Errorf("ranks disagree: %+v vs %+v", recs[0], recs[1])
 	}
-	snap := e.Collectives()
-	if snap.Broken != "" || len(snap.Ranks) != 2 {
-		t.Fatalf("group %+v", snap)
+	// Both communicators, control first, each with its own flight
+	// recorders and wait totals.
+	snaps := e.Collectives()
+	if len(snaps) != 2 || snaps[0].Name != CommControl || snaps[1].Name != CommForward {
+		t.Fatalf("communicators %+v", snaps)
 	}
-	for _, r := range snap.Ranks {
-		if len(r.Records) == 0 {
-			t.Errorf("rank %d: empty flight recorder", r.Rank)
+	for _, snap := range snaps {
+		if snap.Broken != "" || len(snap.Ranks) != 2 {
+			t.Fatalf("%s group %+v", snap.Name, snap)
+		}
+		for _, r := range snap.Ranks {
+			if len(r.Records) == 0 {
+				t.Errorf("%s rank %d: empty flight recorder", snap.Name, r.Rank)
+			}
+		}
+		for r := range 2 {
+			if e.CollectiveWait(snap.Name, r) <= 0 {
+				t.Errorf("%s rank %d: collective wait %v", snap.Name, r, e.CollectiveWait(snap.Name, r))
+			}
 		}
 	}
-	if e.CollectiveWait(0) <= 0 || e.CollectiveWait(1) <= 0 {
-		t.Errorf("collective wait %v %v", e.CollectiveWait(0), e.CollectiveWait(1))
+	if e.CollectiveWait("nonesuch", 0) != 0 {
+		t.Error("a communicator that does not exist has a wait")
 	}
 }

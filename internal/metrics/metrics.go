@@ -17,6 +17,17 @@
 //     and the time-to-first-token, inter-token and step-duration
 //     histograms. Its methods only update atomics; they never block.
 //
+// # Collectives
+//
+// The ranks of an engine talk over two communicators, each with its own
+// sequence numbers and watchdog: control (the loop's agreements: step
+// input and output, the poll, free-page and prefix MINs, the plan digest)
+// and forward (the model's collectives inside a forward pass). The engine
+// collector reads, lock-free:
+//
+//	pdkit_collective_wait_seconds_total{rank,comm}  time inside the communicator's collectives (comm: control or forward)
+//	pdkit_collective_stalls_total                   collectives either communicator's watchdog reported as stalled
+//
 // # PD roles
 //
 // On a prefill or decode engine (serve.Config.Role) the engine collector
@@ -212,12 +223,12 @@ func newEngineCollector(eng *serve.Engine) *engineCollector {
 		waiting:         d("num_waiting_reqs", "Requests waiting for admission, queued or not yet taken by the loop."),
 		pagesUsed:       d("kv_pages_used", "KV pages held by requests and not by the prefix cache, in the rank's pool.", "rank"),
 		pagesCached:     d("kv_pages_cached", "KV pages the rank's prefix cache holds (some may be shared with running requests).", "rank"),
-		collWait:        d("collective_wait_seconds_total", "Time the rank spent inside collectives (waiting for its peers and moving data).", "rank"),
+		collWait:        d("collective_wait_seconds_total", "Time the rank spent inside collectives of the communicator comm (control: the loop's agreements; forward: the model's), waiting for its peers and moving data.", "rank", "comm"),
 		promptTokens:    d("prefix_cache_prompt_tokens_total", "Prompt tokens of admitted requests."),
 		cachedTokens:    d("prefix_cache_hit_tokens_total", "Prompt tokens read from the prefix cache instead of computed."),
 		prefixHits:      d("prefix_cache_hits_total", "Requests whose prompt matched at least one cached page."),
 		evictions:       d("prefix_cache_evicted_pages_total", "Cached pages evicted to make room (rank 0)."),
-		stalls:          d("collective_stalls_total", "Collectives the rank group's watchdog reported as stalled."),
+		stalls:          d("collective_stalls_total", "Collectives the watchdogs of the rank group's communicators reported as stalled."),
 		loopAge:         d("loop_age_seconds", "Time since the least recent start of a loop iteration over the ranks."),
 		pagesTotal:      d("kv_pages_total", "KV pages of the rank's pool.", "rank"),
 		retractions:     d("retractions_total", "Requests retracted to free KV."),
@@ -254,7 +265,9 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.pagesUsed, used-cached, rank)
 		gauge(c.pagesCached, cached, rank)
 		gauge(c.pagesTotal, total, rank)
-		ch <- prometheus.MustNewConstMetric(c.collWait, prometheus.CounterValue, c.eng.CollectiveWait(r).Seconds(), rank)
+		for _, comm := range []string{serve.CommControl, serve.CommForward} {
+			ch <- prometheus.MustNewConstMetric(c.collWait, prometheus.CounterValue, c.eng.CollectiveWait(comm, r).Seconds(), rank, comm)
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.loopAge, prometheus.GaugeValue, h.LoopAge.Seconds())
 	counter(c.promptTokens, s.Totals.PromptTokens)

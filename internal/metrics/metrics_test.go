@@ -12,9 +12,19 @@ import (
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/testmodel"
 	"github.com/pdkit/pdkit/kernels"
+	"github.com/pdkit/pdkit/kernels/cpu"
 )
 
 func TestMain(m *testing.M) { testmodel.Main(m) }
+
+// withCPU gives cfg's ranks one-thread cpu kernels unless it names a
+// backend.
+func withCPU(cfg serve.Config) serve.Config {
+	if cfg.Backend == nil {
+		cfg.Backend = func(int) kernels.Backend { return cpu.New(1) }
+	}
+	return cfg
+}
 
 func TestReason(t *testing.T) {
 	for in, want := range map[string]string{
@@ -57,7 +67,7 @@ func values(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 func TestEngineAbortAndFinish(t *testing.T) {
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
 	met := New(nil)
-	eng, err := serve.New(m, serve.Config{PageSize: 4, MaxRunning: 4, Observer: met})
+	eng, err := serve.New(m, withCPU(serve.Config{PageSize: 4, MaxRunning: 4, Observer: met}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,5 +127,14 @@ func TestEngineAbortAndFinish(t *testing.T) {
 		if got, ok := v[k]; !ok || got != want {
 			t.Errorf("%s = %v (present %v), want %v", k, got, ok, want)
 		}
+	}
+	// The rank's time in collectives, one series per communicator.
+	for _, comm := range []string{serve.CommControl, serve.CommForward} {
+		if got, ok := v["pdkit_collective_wait_seconds_total/"+comm+"/0"]; !ok || got < 0 {
+			t.Errorf("collective wait on %s = %v (present %v)", comm, got, ok)
+		}
+	}
+	if got, ok := v["pdkit_collective_stalls_total"]; !ok || got != 0 {
+		t.Errorf("collective stalls = %v (present %v), want 0", got, ok)
 	}
 }

@@ -48,7 +48,7 @@ func TestPDEngines(t *testing.T) {
 	regs := map[string]*Metrics{}
 	for _, role := range []string{pdproto.RolePrefill, pdproto.RoleDecode} {
 		met := New(nil)
-		eng, err := serve.New(m, serve.Config{Role: role, TP: tp, PageSize: 4, KVTokens: 256, MaxRunning: 4, Observer: met})
+		eng, err := serve.New(m, withCPU(serve.Config{Role: role, TP: tp, PageSize: 4, KVTokens: 256, MaxRunning: 4, Observer: met}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -162,7 +162,7 @@ func TestPDEngines(t *testing.T) {
 // A colocated engine exports no PD family.
 func TestColocatedHasNoPD(t *testing.T) {
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
-	eng, err := serve.New(m, serve.Config{PageSize: 4})
+	eng, err := serve.New(m, withCPU(serve.Config{PageSize: 4}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ func (s *Server) steps(w http.ResponseWriter, _ *http.Request) {
 	for i, r := range recs {
 		resp.Ranks[i] = debugStep(r)
 		lo, hi = min(lo, r.Step), max(hi, r.Step)
-		if r.Step != recs[0].Step || r.Digest != recs[0].Digest || r.CollectiveSeq != recs[0].CollectiveSeq {
+		if r.Step != recs[0].Step || r.Digest != recs[0].Digest || r.ControlSeq != recs[0].ControlSeq || r.ForwardSeq != recs[0].ForwardSeq {
 			resp.Agree = false
 		}
 	}
@@ -42,7 +42,7 @@ func debugStep(r serve.StepRecord) debug.Step {
 	return debug.Step{
 		Rank: r.Rank, Step: r.Step, Phase: r.Phase, BatchSize: r.BatchSize, BatchTokens: r.BatchTokens,
 		Retracted: r.Retracted, Finished: r.Finished, Digest: fmt.Sprintf("%016x", r.Digest),
-		CollectiveSeq: r.CollectiveSeq, Start: r.Start, End: r.End, DurationMS: ms(r.End.Sub(r.Start)),
+		ControlSeq: r.ControlSeq, ForwardSeq: r.ForwardSeq, Start: r.Start, End: r.End, DurationMS: ms(r.End.Sub(r.Start)),
 	}
 }
 
@@ -57,34 +57,42 @@ func (s *Server) collectives(w http.ResponseWriter, r *http.Request) {
 		threshold = d
 	}
 	now := time.Now()
-	g := s.eng.Collectives()
-	resp := debug.CollectivesResponse{
-		Size: g.Size, Closed: g.Closed, Broken: g.Broken != "", BrokenReason: g.Broken,
-		StallThresholdMS: ms(threshold), Stalls: []debug.Stall{}, Ranks: make([]debug.CollectiveRank, len(g.Ranks)),
-	}
-	for i, rs := range g.Ranks {
-		cr := debug.CollectiveRank{
-			Rank: rs.Rank, LastEntered: rs.LastEntered, LastCompleted: rs.LastCompleted,
-			WaitSeconds: s.eng.CollectiveWait(rs.Rank).Seconds(), Records: make([]debug.Collective, len(rs.Records)),
-		}
-		if rs.Waiting != nil {
-			c := debugCollective(*rs.Waiting, now)
-			cr.Waiting = &c
-		}
-		for j, rec := range rs.Records {
-			cr.Records[j] = debugCollective(rec, now)
-		}
-		resp.Ranks[i] = cr
+	resp := debug.CollectivesResponse{StallThresholdMS: ms(threshold), Comms: []debug.Communicator{}}
+	for _, g := range s.eng.Collectives() {
+		resp.Comms = append(resp.Comms, s.debugComm(g, now))
 	}
 	for _, st := range s.eng.Stalls(now, threshold) {
-		ds := debug.Stall{Seq: st.Seq, Op: st.Op.String(), Since: st.Since, WaitedMS: ms(st.Waited),
+		ds := debug.Stall{Comm: st.Comm, Seq: st.Seq, Op: st.Op.String(), Since: st.Since, WaitedMS: ms(st.Waited),
 			Arrived: append([]int{}, st.Arrived...), Missing: make([]debug.Peer, len(st.Missing))}
 		for j, p := range st.Missing {
 			ds.Missing[j] = debug.Peer{Rank: p.Rank, InCollective: p.InCollective, Seq: p.Seq, Op: p.Op.String()}
 		}
-		resp.Stalls = append(resp.Stalls, ds)
+		if c := resp.Comm(st.Comm); c != nil {
+			c.Stalls = append(c.Stalls, ds)
+		}
 	}
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// debugComm is one communicator's state, its stalls left empty.
+func (s *Server) debugComm(g dist.Snapshot, now time.Time) debug.Communicator {
+	c := debug.Communicator{Name: g.Name, Size: g.Size, Closed: g.Closed, Broken: g.Broken != "", BrokenReason: g.Broken,
+		Stalls: []debug.Stall{}, Ranks: make([]debug.CollectiveRank, len(g.Ranks))}
+	for i, rs := range g.Ranks {
+		cr := debug.CollectiveRank{
+			Rank: rs.Rank, LastEntered: rs.LastEntered, LastCompleted: rs.LastCompleted,
+			WaitSeconds: s.eng.CollectiveWait(g.Name, rs.Rank).Seconds(), Records: make([]debug.Collective, len(rs.Records)),
+		}
+		if rs.Waiting != nil {
+			wc := debugCollective(*rs.Waiting, now)
+			cr.Waiting = &wc
+		}
+		for j, rec := range rs.Records {
+			cr.Records[j] = debugCollective(rec, now)
+		}
+		c.Ranks[i] = cr
+	}
+	return c
 }
 
 func debugCollective(r dist.Record, now time.Time) debug.Collective {

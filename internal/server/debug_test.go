@@ -20,6 +20,7 @@ import (
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/testmodel"
 	"github.com/pdkit/pdkit/kernels"
+	"github.com/pdkit/pdkit/kernels/cpu"
 )
 
 // newEnvWith is newEnv with the engine's configuration and the server's
@@ -27,7 +28,7 @@ import (
 func newEnvWith(t *testing.T, cfg serve.Config, opts Options) *env {
 	t.Helper()
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
-	eng, err := serve.New(m, cfg)
+	eng, err := serve.New(m, withCPU(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,6 +45,15 @@ func newEnvWith(t *testing.T, cfg serve.Config, opts Options) *env {
 		eng.Close()
 	})
 	return &env{m: m, eng: eng, srv: srv, ts: ts}
+}
+
+// withCPU gives cfg's ranks one-thread cpu kernels unless it names a
+// backend.
+func withCPU(cfg serve.Config) serve.Config {
+	if cfg.Backend == nil {
+		cfg.Backend = func(int) kernels.Backend { return cpu.New(1) }
+	}
+	return cfg
 }
 
 // getJSON GETs path, wants 200 and decodes the body into v.
@@ -103,14 +113,14 @@ func TestDebugStepsTP2(t *testing.T) {
 		t.Fatalf("steps: %+v", last)
 	}
 	for i, r := range last.Ranks {
-		if r.Rank != i || r.Step == 0 || r.Step != last.Ranks[0].Step || len(r.Digest) != 16 || r.CollectiveSeq == 0 ||
+		if r.Rank != i || r.Step == 0 || r.Step != last.Ranks[0].Step || len(r.Digest) != 16 || r.ControlSeq == 0 || r.ForwardSeq == 0 ||
 			r.End.Before(r.Start) || r.DurationMS < 0 || r.Phase == "" {
 			t.Errorf("rank %d: %+v", i, r)
 		}
 	}
 	// The field names are the documented snake_case ones.
 	_, b := get(t, e, "/debug/v1/steps")
-	for _, f := range []string{`"agree"`, `"spread"`, `"batch_size"`, `"batch_tokens"`, `"collective_seq"`, `"duration_ms"`} {
+	for _, f := range []string{`"agree"`, `"spread"`, `"batch_size"`, `"batch_tokens"`, `"control_seq"`, `"forward_seq"`, `"duration_ms"`} {
 		if !bytes.Contains(b, []byte(f)) {
 			t.Errorf("steps lacks %s: %s", f, b)
 		}
@@ -122,29 +132,39 @@ func TestDebugCollectivesIdle(t *testing.T) {
 	e.complete(t, map[string]any{"prompt": prompt, "max_tokens": 5, "ignore_eos": true})
 	waitIdle(t, e.eng)
 	// Idle, rank 0 waits for work outside any collective, while the other
-	// ranks wait for its next step input in a broadcast (a heartbeat at most).
+	// ranks wait for its next step input in a control broadcast (a
+	// heartbeat at most); no rank is in a forward collective.
 	var c debug.CollectivesResponse
 	eventually(t, "rank 0 out of collectives", func() bool {
 		getJSON(t, e, "/debug/v1/collectives", &c)
-		return c.Ranks[0].Waiting == nil
+		return len(c.Comms) == 2 && c.Comms[0].Rank(0).Waiting == nil && c.Comms[1].Rank(0).Waiting == nil
 	})
-	if w := c.Ranks[1].Waiting; w != nil && (w.Op != "Broadcast" || w.Seq != c.Ranks[1].LastEntered || !w.Waiting || w.End != nil) {
-		t.Errorf("rank 1 waits in %+v", w)
-	}
-	if c.Size != 2 || c.Closed || c.Broken || len(c.Stalls) != 0 || c.StallThresholdMS != 5000 || len(c.Ranks) != 2 {
+	if c.Comms[0].Name != debug.CommControl || c.Comms[1].Name != debug.CommForward || c.StallThresholdMS != 5000 {
 		t.Fatalf("collectives: %+v", c)
 	}
-	for i, r := range c.Ranks {
-		if r.Rank != i || len(r.Records) == 0 || r.LastEntered == 0 || r.LastCompleted == 0 || r.WaitSeconds < 0 {
-			t.Errorf("rank %d: %+v", i, r)
-			continue
+	ctrl, fwd := c.Comm(debug.CommControl), c.Comm(debug.CommForward)
+	if w := ctrl.Rank(1).Waiting; w != nil && (w.Op != "Broadcast" || w.Seq != ctrl.Rank(1).LastEntered || !w.Waiting || w.End != nil) {
+		t.Errorf("rank 1 waits in control %+v", w)
+	}
+	if w := fwd.Rank(1).Waiting; w != nil {
+		t.Errorf("idle rank 1 waits in forward %+v", w)
+	}
+	for _, cm := range c.Comms {
+		if cm.Size != 2 || cm.Closed || cm.Broken || cm.BrokenReason != "" || len(cm.Stalls) != 0 || len(cm.Ranks) != 2 {
+			t.Fatalf("%s: %+v", cm.Name, cm)
 		}
-		for j, rec := range r.Records {
-			if j > 0 && rec.Seq <= r.Records[j-1].Seq {
-				t.Errorf("rank %d: seq %d after %d", i, rec.Seq, r.Records[j-1].Seq)
+		for i, r := range cm.Ranks {
+			if r.Rank != i || len(r.Records) == 0 || r.LastEntered == 0 || r.LastCompleted == 0 || r.WaitSeconds < 0 {
+				t.Errorf("%s rank %d: %+v", cm.Name, i, r)
+				continue
 			}
-			if rec.Op == "" || rec.Elem == "" || rec.Start.IsZero() {
-				t.Errorf("rank %d record %d: %+v", i, j, rec)
+			for j, rec := range r.Records {
+				if j > 0 && rec.Seq <= r.Records[j-1].Seq {
+					t.Errorf("%s rank %d: seq %d after %d", cm.Name, i, rec.Seq, r.Records[j-1].Seq)
+				}
+				if rec.Op == "" || rec.Elem == "" || rec.Start.IsZero() {
+					t.Errorf("%s rank %d record %d: %+v", cm.Name, i, j, rec)
+				}
 			}
 		}
 	}
@@ -154,6 +174,68 @@ func TestDebugCollectivesIdle(t *testing.T) {
 	}
 	if code, b := get(t, e, "/debug/v1/collectives?stall=soon"); code != 400 || !bytes.Contains(b, []byte(`"param":"stall"`)) {
 		t.Errorf("bad stall: %d %s", code, b)
+	}
+}
+
+// TestDebugCollectivesPerComm: at TP 2 the steps and the collectives
+// report each communicator's own sequence: idle iterations advance the
+// control seq (the loop still agrees on its step input) and leave the
+// forward seq where the last forward pass left it.
+func TestDebugCollectivesPerComm(t *testing.T) {
+	e := newEnvWith(t, serve.Config{TP: 2, PageSize: 4, MaxRunning: 8, Heartbeat: 5 * time.Millisecond}, Options{})
+	e.complete(t, map[string]any{"prompt": prompt, "max_tokens": 5, "ignore_eos": true})
+	waitIdle(t, e.eng)
+
+	// agreed reads the steps until both ranks finished the same idle
+	// iteration.
+	agreed := func(what string, cond func(debug.Step) bool) debug.Step {
+		t.Helper()
+		var s debug.StepsResponse
+		eventually(t, what, func() bool {
+			getJSON(t, e, "/debug/v1/steps", &s)
+			return s.Agree && len(s.Ranks) == 2 && s.Ranks[0].Phase == "idle" && cond(s.Ranks[0])
+		})
+		return s.Ranks[0]
+	}
+	first := agreed("the ranks agreeing idle", func(debug.Step) bool { return true })
+	if first.ControlSeq == 0 || first.ForwardSeq == 0 {
+		t.Fatalf("after a request: %+v", first)
+	}
+	later := agreed("three more idle iterations", func(s debug.Step) bool { return s.Step >= first.Step+3 })
+	if later.ControlSeq <= first.ControlSeq || later.ForwardSeq != first.ForwardSeq {
+		t.Errorf("idle iterations %d to %d: control seq %d to %d, forward seq %d to %d; want control to advance and forward to stay",
+			first.Step, later.Step, first.ControlSeq, later.ControlSeq, first.ForwardSeq, later.ForwardSeq)
+	}
+	if later.Seq(debug.CommControl) != later.ControlSeq || later.Seq(debug.CommForward) != later.ForwardSeq || later.Seq("other") != 0 {
+		t.Errorf("Step.Seq: %+v", later)
+	}
+
+	// The collectives answer agrees: the forward communicator's last call
+	// is the step's forward seq, the control one has run past the control
+	// seq of the step read before.
+	var c debug.CollectivesResponse
+	getJSON(t, e, "/debug/v1/collectives", &c)
+	ctrl, fwd := c.Comm(debug.CommControl), c.Comm(debug.CommForward)
+	if ctrl == nil || fwd == nil || c.Comm("other") != nil {
+		t.Fatalf("communicators: %+v", c)
+	}
+	for r := range 2 {
+		cr, fr := ctrl.Rank(r), fwd.Rank(r)
+		if cr == nil || fr == nil {
+			t.Fatalf("rank %d missing: %+v", r, c)
+		}
+		if fr.LastEntered != later.ForwardSeq || fr.LastCompleted != later.ForwardSeq || fr.Waiting != nil {
+			t.Errorf("forward rank %d: last entered %d, completed %d, waiting %+v; want %d, none", r, fr.LastEntered, fr.LastCompleted, fr.Waiting, later.ForwardSeq)
+		}
+		if cr.LastCompleted < later.ControlSeq {
+			t.Errorf("control rank %d: last completed %d before the step's %d", r, cr.LastCompleted, later.ControlSeq)
+		}
+		if n := len(fr.Records); n == 0 || fr.Records[n-1].Seq != later.ForwardSeq {
+			t.Errorf("forward rank %d: flight recorder ends %+v, want seq %d", r, fr.Records, later.ForwardSeq)
+		}
+	}
+	if ctrl.Rank(2) != nil {
+		t.Error("a third rank")
 	}
 }
 
@@ -197,17 +279,24 @@ func TestDebugWhileLoopStuck(t *testing.T) {
 	}
 	e.ts.Client().Timeout = 5 * time.Second
 
+	// Rank 0 finished its step; rank 1 went on to the next one and waits
+	// for rank 0 in its first control call, the step input's broadcast.
 	var c debug.CollectivesResponse
-	eventually(t, "rank 1 stalled in a collective", func() bool {
+	var ctrl *debug.Communicator
+	eventually(t, "rank 1 stalled in a control collective", func() bool {
 		getJSON(t, e, "/debug/v1/collectives?stall=1ms", &c)
-		return c.Ranks[1].Waiting != nil && len(c.Stalls) > 0
+		ctrl = c.Comm(debug.CommControl)
+		return ctrl != nil && ctrl.Rank(1).Waiting != nil && len(ctrl.Stalls) > 0
 	})
-	st := c.Stalls[0]
-	if len(st.Arrived) != 1 || st.Arrived[0] != 1 || len(st.Missing) != 1 || st.Missing[0].Rank != 0 || st.Missing[0].InCollective {
+	st := ctrl.Stalls[0]
+	if st.Comm != debug.CommControl || len(st.Arrived) != 1 || st.Arrived[0] != 1 || len(st.Missing) != 1 || st.Missing[0].Rank != 0 || st.Missing[0].InCollective {
 		t.Errorf("stall: %+v", st)
 	}
-	if w := c.Ranks[1].Waiting; !w.Waiting || w.End != nil || w.Outcome != "" || w.Seq != st.Seq {
+	if w := ctrl.Rank(1).Waiting; !w.Waiting || w.End != nil || w.Outcome != "" || w.Seq != st.Seq {
 		t.Errorf("rank 1 waits in %+v", w)
+	}
+	if fwd := c.Comm(debug.CommForward); fwd == nil || len(fwd.Stalls) != 0 || fwd.Rank(0).Waiting != nil || fwd.Rank(1).Waiting != nil {
+		t.Errorf("forward while rank 1 waits in control: %+v", fwd)
 	}
 	var s debug.StepsResponse
 	getJSON(t, e, "/debug/v1/steps", &s)

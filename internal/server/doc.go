@@ -108,19 +108,27 @@
 //	                           totals, error).
 //	GET /debug/v1/steps        every rank's last step record: rank, step, phase,
 //	                           batch_size, batch_tokens, retracted, finished,
-//	                           digest (16 hex digits), collective_seq, start,
-//	                           end, duration_ms; "agree" when all ranks have
-//	                           the same step, digest and collective_seq, and
-//	                           "spread", the largest step less the smallest
-//	                           (ranks read mid-iteration may be one step apart).
-//	GET /debug/v1/collectives  size, closed, broken (broken_reason), and per
-//	                           rank: last_entered, last_completed, waiting (the
-//	                           call it waits in, or null), wait_seconds, and the
-//	                           flight recorder's records (seq, op, elem, bytes,
-//	                           start, end, waiting, outcome, duration_ms);
-//	                           "stalls": the calls waiting longer than ?stall=D
-//	                           (a Go duration; default Options.StallAfter) with
+//	                           digest (16 hex digits), control_seq and
+//	                           forward_seq (the last call on each communicator),
+//	                           start, end, duration_ms; "agree" when all ranks
+//	                           have the same step, digest, control_seq and
+//	                           forward_seq, and "spread", the largest step less
+//	                           the smallest (ranks read mid-iteration may be one
+//	                           step apart).
+//	GET /debug/v1/collectives  stall_threshold_ms and "comms", one entry per
+//	                           communicator of the TP group, control then
+//	                           forward: name, size, closed, broken
+//	                           (broken_reason), and per rank: last_entered,
+//	                           last_completed, waiting (the call it waits in on
+//	                           that communicator, or null), wait_seconds, and
+//	                           the flight recorder's records (seq, op, elem,
+//	                           bytes, start, end, waiting, outcome,
+//	                           duration_ms); "stalls": the communicator's calls
+//	                           waiting longer than ?stall=D (a Go duration;
+//	                           default Options.StallAfter), each with its comm,
 //	                           the ranks arrived and where the missing ones are.
+//	                           Seqs count per communicator: a seq names a call
+//	                           only with its communicator's name.
 //	GET /debug/v1/requests     the last snapshot's requests, queue by queue (or
 //	                           only ?queue=waiting|prefilling|running|aborting;
 //	                           another name is a 400): id, queue, age_ms,
@@ -149,9 +157,14 @@
 //	                           ?queue=NAME lists only that queue's entries (the
 //	                           counts stay whole); another name is a 400.
 //
-// An idle engine has rank 0 waiting for work outside any collective while
-// the other ranks wait in the broadcast of its next step input (for a
-// heartbeat at most): a rank > 0 "waiting" in a Broadcast is normal.
+// The ranks talk over two communicators: "control" carries the loop's own
+// agreements (the step input and output broadcasts, the poll, free-page
+// and prefix-match MINs, the plan digest's MAX) and "forward" the model's
+// collectives inside a forward pass. An idle iteration advances the control
+// seq and leaves the forward one alone. An idle engine has rank 0 waiting
+// for work outside any collective while the other ranks wait in the
+// control broadcast of its next step input (for a heartbeat at most): a
+// rank > 0 "waiting" in a control Broadcast is normal.
 //
 // # Admin
 //
@@ -180,8 +193,8 @@
 // gauges, transfer, failure and message counters and its receive loops'
 // liveness, per rank (see internal/metrics).
 //
-// Not yet here: prefix-cache and collective-wait metrics, Jinja chat
-// templates outside the families above (and a flag to choose one), tool
-// calls, several choices per request, admin calls beyond aborts (drain,
-// pause), and the ids of requests still pending in the debug API.
+// Not yet here: Jinja chat templates outside the families above (and a
+// flag to choose one), tool calls, several choices per request, admin
+// calls beyond aborts (drain, pause), and the ids of requests still
+// pending in the debug API.
 package server

@@ -59,7 +59,7 @@ func (x exposition) must(t *testing.T, name string) float64 {
 func TestMetrics(t *testing.T) {
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
 	met := metrics.New(nil)
-	eng, err := serve.New(m, serve.Config{PageSize: 4, MaxRunning: 8, TP: 2, Observer: met})
+	eng, err := serve.New(m, withCPU(serve.Config{PageSize: 4, MaxRunning: 8, TP: 2, Observer: met}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,6 +136,14 @@ func TestMetrics(t *testing.T) {
 		}
 		if v := x.must(t, `pdkit_kv_pages_total{rank="`+r+`"}`); v != float64(eng.Config().Pages()) {
 			t.Errorf("rank %s: kv_pages_total %v, want %d", r, v, eng.Config().Pages())
+		}
+	}
+	// Each rank's time in collectives, per communicator: both ran calls.
+	for _, r := range []string{"0", "1"} {
+		for _, comm := range []string{serve.CommControl, serve.CommForward} {
+			if v := x.must(t, `pdkit_collective_wait_seconds_total{comm="`+comm+`",rank="`+r+`"}`); v <= 0 {
+				t.Errorf("rank %s: %s collective wait %v", r, comm, v)
+			}
 		}
 	}
 	for _, g := range []string{"pdkit_num_running_reqs", "pdkit_num_waiting_reqs", "pdkit_retractions_total", "pdkit_aborts_total"} {

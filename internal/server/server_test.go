@@ -46,7 +46,7 @@ func newEnv(t *testing.T) *env {
 // server; both are closed with the test.
 func newEnvModel(t *testing.T, m *model.Model, cfg serve.Config) *env {
 	t.Helper()
-	eng, err := serve.New(m, cfg)
+	eng, err := serve.New(m, withCPU(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -576,7 +576,7 @@ func FuzzRequests(f *testing.F) {
 		}
 	}
 	m := testmodel.Open(f, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
-	eng, err := serve.New(m, serve.Config{PageSize: 4, MaxRunning: 4})
+	eng, err := serve.New(m, withCPU(serve.Config{PageSize: 4, MaxRunning: 4}))
 	if err != nil {
 		f.Fatal(err)
 	}
