@@ -60,6 +60,8 @@ func newDecodeCmd() *cobra.Command {
 func newEngineCmd(role, use, short string) *cobra.Command {
 	o := serveOptions{}
 	o.cfg.Role = role
+	// The engine's defaults, written once in package serve.
+	def := serve.DefaultConfig()
 	cmd := &cobra.Command{
 		Use:   use,
 		Short: short,
@@ -71,31 +73,31 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 	f := cmd.Flags()
 	if role != pdproto.RoleColocated {
 		f.StringSliceVar(&o.cfg.Faults, "fault", nil, "fault switch to turn on at start (repeatable; see GET /debug/v1/faults)")
-		f.StringVar(&o.cfg.PD.Host, "pd-host", "127.0.0.1", "address the ranks' ZeroMQ sockets bind and advertise")
-		f.DurationVar(&o.cfg.PD.BootstrapTimeout, "bootstrap-timeout", 10*time.Second, "longest a PD request may wait for its peer's handshake (and, on a decode server, for pages)")
-		f.DurationVar(&o.cfg.PD.SendTimeout, "send-timeout", 2*time.Second, "longest handing one PD message to the transport may take")
+		f.StringVar(&o.cfg.PD.Host, "pd-host", def.PD.Host, "address the ranks' ZeroMQ sockets bind and advertise")
+		f.DurationVar(&o.cfg.PD.BootstrapTimeout, "bootstrap-timeout", def.PD.BootstrapTimeout, "longest a PD request may wait for its peer's handshake (and, on a decode server, for pages)")
+		f.DurationVar(&o.cfg.PD.SendTimeout, "send-timeout", def.PD.SendTimeout, "longest handing one PD message to the transport may take")
 	}
 	switch role {
 	case pdproto.RolePrefill:
 		f.IntVar(&o.bootstrapPort, "bootstrap-port", 8998, "port of the bootstrap registry (0: pick a free one)")
-		f.DurationVar(&o.cfg.PD.InflightTimeout, "inflight-timeout", 10*time.Second, "longest a prefill waits for the decode to acknowledge the KV")
+		f.DurationVar(&o.cfg.PD.InflightTimeout, "inflight-timeout", def.PD.InflightTimeout, "longest a prefill waits for the decode to acknowledge the KV")
 	case pdproto.RoleDecode:
-		f.DurationVar(&o.cfg.PD.TransferTimeout, "transfer-timeout", 30*time.Second, "longest a decode waits for a prompt's KV")
-		f.DurationVar(&o.cfg.PD.AbortAckTimeout, "abort-ack-timeout", 5*time.Second, "longest an aborted room's pages stay reserved waiting for the prefill's ABORT_ACK")
-		f.DurationVar(&o.cfg.PD.HeartbeatInterval, "heartbeat-interval", 500*time.Millisecond, "how often each rank probes the prefill ranks it waits on")
-		f.DurationVar(&o.cfg.PD.HeartbeatTimeout, "heartbeat-timeout", 3*time.Second, "how long a prefill rank may leave probes unanswered before its rooms fail")
-		f.IntVar(&o.cfg.PD.ReservedDecodeTokens, "reserved-decode-tokens", 512, "output tokens of room kept per request held before pages go to a new transfer (negative: none)")
+		f.DurationVar(&o.cfg.PD.TransferTimeout, "transfer-timeout", def.PD.TransferTimeout, "longest a decode waits for a prompt's KV")
+		f.DurationVar(&o.cfg.PD.AbortAckTimeout, "abort-ack-timeout", def.PD.AbortAckTimeout, "longest an aborted room's pages stay reserved waiting for the prefill's ABORT_ACK")
+		f.DurationVar(&o.cfg.PD.HeartbeatInterval, "heartbeat-interval", def.PD.HeartbeatInterval, "how often each rank probes the prefill ranks it waits on")
+		f.DurationVar(&o.cfg.PD.HeartbeatTimeout, "heartbeat-timeout", def.PD.HeartbeatTimeout, "how long a prefill rank may leave probes unanswered before its rooms fail")
+		f.IntVar(&o.cfg.PD.ReservedDecodeTokens, "reserved-decode-tokens", def.PD.ReservedDecodeTokens, "output tokens of room kept per request held before pages go to a new transfer (negative: none)")
 	}
 	o.engine.register(f)
 	f.StringVar(&o.host, "host", "127.0.0.1", "address to listen on")
 	f.IntVar(&o.port, "port", 8000, "port to listen on (0: pick a free one)")
 	f.StringVar(&o.modelName, "model-name", "", "model name served by the API (default: the model's general.name, else the file name)")
-	f.IntVar(&o.cfg.TP, "tp", 1, "tensor-parallel ranks; must divide the model's head counts")
-	f.IntVar(&o.cfg.MaxRunning, "max-running", 8, "requests admitted at once")
-	f.IntVar(&o.cfg.PageSize, "page-size", 16, "KV page size in tokens")
+	f.IntVar(&o.cfg.TP, "tp", def.TP, "tensor-parallel ranks; must divide the model's head counts")
+	f.IntVar(&o.cfg.MaxRunning, "max-running", def.MaxRunning, "requests admitted at once")
+	f.IntVar(&o.cfg.PageSize, "page-size", def.PageSize, "KV page size in tokens")
 	f.IntVar(&o.cfg.KVTokens, "kv-tokens", 0, "KV capacity per rank in tokens (0: max-running × context length)")
-	f.IntVar(&o.cfg.MaxBatchTokens, "max-batch-tokens", 512, "tokens per step, prefill and decode together")
-	f.IntVar(&o.cfg.PrefillChunk, "prefill-chunk", 256, "prompt tokens per request per step")
+	f.IntVar(&o.cfg.MaxBatchTokens, "max-batch-tokens", def.MaxBatchTokens, "tokens per step, prefill and decode together")
+	f.IntVar(&o.cfg.PrefillChunk, "prefill-chunk", def.PrefillChunk, "prompt tokens per request per step")
 	f.BoolVar(&o.noPrefixCache, "no-prefix-cache", false, "turn the radix prefix cache off (every prompt computed from its first token)")
 	f.DurationVar(&o.cfg.WaitingTimeout, "waiting-timeout", 0, "longest a request may wait for admission (0: no limit)")
 	f.DurationVar(&o.cfg.PrefillTimeout, "prefill-timeout", 0, "longest a prompt may take to prefill (0: no limit)")
