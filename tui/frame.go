@@ -157,7 +157,8 @@ func serverRows(s diag.Sample) [][]cell {
 // the forward communicator when its last step ended; COLLECTIVE is the
 // call the rank waits in, named with its communicator ("control seq 41
 // AllReduceMin 2.1s"), marked once it waits longer than the rules'
-// threshold.
+// threshold for its server (diag.Config.LimitsOf: at least twice the
+// server's loop heartbeat).
 func rankRows(s diag.Sample, cfg diag.Config, now time.Time) [][]cell {
 	rows := [][]cell{{plain("SERVER"), plain("RANK"), plain("STEP"), plain("Δ"), plain("PHASE"), plain("AGE"), plain("CTRL SEQ"),
 		plain("FWD SEQ"), plain("COLLECTIVE"), plain("PD QUEUES"), plain("KV USED/CACHED/TOTAL")}}
@@ -182,7 +183,7 @@ func rankRows(s diag.Sample, cfg diag.Config, now time.Time) [][]cell {
 				age = fmtAge(now.Sub(r.End))
 			}
 			rows = append(rows, []cell{plain(sv.URL), plain(fmt.Sprint(r.Rank)), plain(fmt.Sprint(r.Step)), dc, plain(r.Phase),
-				plain(age), plain(fmt.Sprint(r.ControlSeq)), plain(fmt.Sprint(r.ForwardSeq)), collectiveCell(sv.Collectives, r.Rank, cfg),
+				plain(age), plain(fmt.Sprint(r.ControlSeq)), plain(fmt.Sprint(r.ForwardSeq)), collectiveCell(sv.Collectives, r.Rank, cfg.LimitsOf(&sv).CollectiveWait),
 				plain(pdCell(sv, r.Rank)), plain(kvCell(sv, r.Rank))})
 		}
 	}
@@ -190,8 +191,8 @@ func rankRows(s diag.Sample, cfg diag.Config, now time.Time) [][]cell {
 }
 
 // collectiveCell names the call rank waits in on each communicator (one
-// at most each, both joined by ", ") and for how long.
-func collectiveCell(c *debug.CollectivesResponse, rank int, cfg diag.Config) cell {
+// at most each, both joined by ", ") and for how long, marked past wait.
+func collectiveCell(c *debug.CollectivesResponse, rank int, wait time.Duration) cell {
 	if c == nil {
 		return plain("?")
 	}
@@ -207,7 +208,7 @@ func collectiveCell(c *debug.CollectivesResponse, rank int, cfg diag.Config) cel
 			out.text += ", "
 		}
 		out.text += fmt.Sprintf("%s seq %d %s %s", cm.Name, w.Seq, w.Op, fmtAge(d))
-		if d > cfg.CollectiveWait {
+		if d > wait {
 			out.mark = diag.Critical
 		}
 	}
