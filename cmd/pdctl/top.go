@@ -59,7 +59,7 @@ piped; --json prints the sample and the findings).`,
 	fl.DurationVar(&opts.Window, "window", 5*time.Second, "how far back the samples the rules judge go")
 	fl.BoolVar(&opts.Once, "once", false, "sample once, print the tables and exit")
 	fl.BoolVar(&opts.JSON, "json", false, "with --once: print the sample and the findings as JSON")
-	fl.DurationVar(&opts.Config.CollectiveWait, "collective-wait", opts.Config.CollectiveWait, "a rank waiting in a collective longer than this is marked")
+	fl.DurationVar(&opts.Config.CollectiveWait, "collective-wait", opts.Config.CollectiveWait, "a rank waiting in a collective longer than this is marked (at least twice its server's loop heartbeat, as rank-divergence judges it)")
 	return cmd
 }
 
