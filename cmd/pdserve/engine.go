@@ -49,17 +49,31 @@ func resolveModel(path string, stderr io.Writer) (string, error) {
 
 // newBackend builds the kernels; the returned func releases them.
 func newBackend(name string, threads int) (kernels.Backend, func(), error) {
+	perRank, err := rankBackends(name, threads)
+	if err != nil {
+		return nil, nil, err
+	}
+	b := perRank(0)
+	release := func() {}
+	if c, ok := b.(interface{ Close() }); ok {
+		release = c.Close
+	}
+	return b, release, nil
+}
+
+// rankBackends checks the backend flags and returns what gives each TP
+// rank of an engine its own kernels; the engine closes them.
+func rankBackends(name string, threads int) (func(rank int) kernels.Backend, error) {
 	if threads < 0 {
-		return nil, nil, usagef("--threads %d must be ≥ 0", threads)
+		return nil, usagef("--threads %d must be ≥ 0", threads)
 	}
 	switch name {
 	case "cpu":
-		b := cpu.New(threads)
-		return b, b.Close, nil
+		return func(int) kernels.Backend { return cpu.New(threads) }, nil
 	case "ref":
-		return ref.New(), func() {}, nil
+		return func(int) kernels.Backend { return ref.New() }, nil
 	}
-	return nil, nil, usagef("--backend %q: want cpu or ref", name)
+	return nil, usagef("--backend %q: want cpu or ref", name)
 }
 
 // open loads the model and kernels the flags name.

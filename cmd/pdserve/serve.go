@@ -114,11 +114,13 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	if o.port < 0 || o.port > 65535 || o.bootstrapPort < 0 || o.bootstrapPort > 65535 {
 		return usagef("--port %d, --bootstrap-port %d: want 0 to 65535", o.port, o.bootstrapPort)
 	}
-	if o.engine.backend != "cpu" {
-		return usagef("--backend %q: serve runs the cpu backend only", o.engine.backend)
+	threads := o.engine.threads
+	if threads == 0 {
+		threads = max(1, runtime.NumCPU()/max(1, o.cfg.TP))
 	}
-	if o.engine.threads < 0 {
-		return usagef("--threads %d must be ≥ 0", o.engine.threads)
+	backend, err := rankBackends(o.engine.backend, threads)
+	if err != nil {
+		return err
 	}
 	if o.stallAfter <= 0 || o.shutdown <= 0 || o.maxQueue < 0 {
 		return usagef("--stall-after and --shutdown-timeout must be positive, --max-queue-age not negative")
@@ -130,10 +132,7 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	cfg := o.cfg
 	cfg.IndexK = ik
 	cfg.DisablePrefixCache = o.noPrefixCache
-	cfg.Threads = o.engine.threads
-	if cfg.Threads == 0 {
-		cfg.Threads = max(1, runtime.NumCPU()/max(1, cfg.TP))
-	}
+	cfg.Backend = backend
 	path, err := resolveModel(o.engine.model, stderr)
 	if err != nil {
 		return err

@@ -217,7 +217,7 @@ func TestServeUsageErrors(t *testing.T) {
 	path := testmodel.Path(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
 	for _, args := range [][]string{
 		{"serve", "--model", path, "--port", "-1"},
-		{"serve", "--model", path, "--backend", "ref"},
+		{"serve", "--model", path, "--backend", "tpu"},
 		{"serve", "--model", path, "--tp", "3"},
 		{"serve", "--model", path, "--index-k", "fp4"},
 		{"serve", "extra"},

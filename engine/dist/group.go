@@ -48,6 +48,10 @@ const DefaultFlightRecorderLen = 256
 
 // Options configure a Group. The zero value is valid.
 type Options struct {
+	// Name says which communicator the group is (a server runs a "control"
+	// one for its loop's agreements and a "forward" one for the model's
+	// collectives); snapshots and stalls carry it.
+	Name string
 	// FlightRecorderLen is how many calls each rank's flight recorder keeps;
 	// 0 means DefaultFlightRecorderLen.
 	FlightRecorderLen int
@@ -73,6 +77,7 @@ type Options struct {
 // Group is one TP group of Size ranks. Each rank's goroutine uses its own
 // Comm, from Rank. Snapshot, Stuck and Close may be called from any goroutine.
 type Group struct {
+	name   string
 	size   int
 	clock  func() time.Time
 	inject func(rank int, seq uint64, op Op) error
@@ -140,7 +145,7 @@ func NewGroup(size int, opts Options) (*Group, error) {
 	if opts.Clock == nil {
 		opts.Clock = time.Now
 	}
-	g := &Group{size: size, clock: opts.Clock, inject: opts.Inject, stop: make(chan struct{})}
+	g := &Group{name: opts.Name, size: size, clock: opts.Clock, inject: opts.Inject, stop: make(chan struct{})}
 	g.comms = make([]*Comm, size)
 	for r := range g.comms {
 		g.comms[r] = &Comm{g: g, rank: r, ring: make([]atomic.Pointer[Record], opts.FlightRecorderLen)}
@@ -154,6 +159,9 @@ func NewGroup(size int, opts Options) (*Group, error) {
 
 // Size is the number of ranks.
 func (g *Group) Size() int { return g.size }
+
+// Name is the communicator's name from Options.Name.
+func (g *Group) Name() string { return g.name }
 
 // Rank returns rank r's communicator; the same one on every call. It panics
 // when r is out of range.

@@ -88,6 +88,7 @@ type RankState struct {
 
 // Snapshot is the whole group's state for a debug reader.
 type Snapshot struct {
+	Name   string // Options.Name
 	Size   int
 	Closed bool
 	Broken string // why the group broke; "" while healthy
@@ -98,7 +99,7 @@ type Snapshot struct {
 // holds, so it answers while ranks are wedged. Ranks keep running while it
 // reads: each rank's state is a near-simultaneous view, not one instant.
 func (g *Group) Snapshot() Snapshot {
-	s := Snapshot{Size: g.size, Closed: g.closedFlag.Load(), Ranks: make([]RankState, g.size)}
+	s := Snapshot{Name: g.name, Size: g.size, Closed: g.closedFlag.Load(), Ranks: make([]RankState, g.size)}
 	if p := g.brokenMsg.Load(); p != nil {
 		s.Broken = *p
 	}

@@ -10,6 +10,7 @@ import (
 
 // Stall is a collective that has waited longer than a threshold.
 type Stall struct {
+	Comm    string // the group's Options.Name
 	Seq     uint64
 	Op      Op
 	Since   time.Time     // when the first rank entered the seq
@@ -38,6 +39,9 @@ func (p Peer) String() string {
 
 func (s Stall) String() string {
 	var b strings.Builder
+	if s.Comm != "" {
+		fmt.Fprintf(&b, "%s ", s.Comm)
+	}
 	fmt.Fprintf(&b, "seq %d %v waiting %v: arrived %v; waiting for", s.Seq, s.Op, s.Waited, s.Arrived)
 	for i, p := range s.Missing {
 		if i > 0 {
@@ -75,7 +79,7 @@ func (g *Group) Stuck(now time.Time, threshold time.Duration) []Stall {
 		if slices.ContainsFunc(out, func(s Stall) bool { return s.Seq == w.Seq }) {
 			continue
 		}
-		s := Stall{Seq: w.Seq, Op: w.Op, Since: w.Start}
+		s := Stall{Comm: g.name, Seq: w.Seq, Op: w.Op, Since: w.Start}
 		for r := range g.size {
 			switch o := waiting[r]; {
 			case o != nil && o.Seq == w.Seq:

@@ -3,6 +3,7 @@ package serve
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
@@ -13,8 +14,12 @@ import (
 
 // Config sizes an Engine. Zero values take the defaults noted per field.
 type Config struct {
-	TP             int                 // tensor-parallel ranks (default 1); must divide the head counts
-	Threads        int                 // kernel threads per rank (default 1)
+	TP int // tensor-parallel ranks (default 1); must divide the head counts
+	// Backend gives each rank its kernels (required): the caller picks
+	// the backend (CPU with its threads, CUDA) and the engine owns what it
+	// returns, closing backends that have a Close method.
+	Backend func(rank int) kernels.Backend `json:"-"`
+
 	PageSize       int                 // tokens per KV page (default 16)
 	KVTokens       int                 // KV capacity per rank in tokens (default MaxRunning × context length)
 	MaxRunning     int                 // admitted requests at most (default 8)
@@ -64,6 +69,10 @@ type Config struct {
 	// anyway (expiring timeouts and proving it is alive); default 50ms.
 	Heartbeat time.Duration
 
+	// Logger receives the engine's warnings (a PD failure, once, by the
+	// rank that decided it; a stalled collective); default slog.Default().
+	Logger *slog.Logger `json:"-"`
+
 	// Observer, when set, is told of every emitted token, finished
 	// request and forward step. The loop calls it on its own goroutine
 	// with timestamps it took itself, so it must return at once and never
@@ -88,9 +97,6 @@ func (c *Config) setDefaults(m *model.Model) {
 	if c.TP == 0 {
 		c.TP = 1
 	}
-	if c.Threads == 0 {
-		c.Threads = 1
-	}
 	if c.PageSize == 0 {
 		c.PageSize = 16
 	}
@@ -111,6 +117,9 @@ func (c *Config) setDefaults(m *model.Model) {
 	}
 	if c.Name == "" {
 		c.Name = "pdserve"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
 	if c.Role == "" {
 		c.Role = pdproto.RoleColocated
@@ -157,8 +166,8 @@ func (c Config) Validate(m *model.Model) error {
 			bad("tp %d: %v", c.TP, err)
 		}
 	}
-	if c.Threads < 1 {
-		bad("threads per rank %d must be positive", c.Threads)
+	if c.Backend == nil {
+		bad("no kernel backend (Config.Backend)")
 	}
 	if c.PageSize < 1 {
 		bad("page size %d must be positive", c.PageSize)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/dist"
+	"github.com/pdkit/pdkit/engine/pd/rooms"
 	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/engine/sched"
 	"github.com/pdkit/pdkit/engine/tp"
@@ -56,7 +57,9 @@ type seqState struct {
 // the group broken for the shutdown).
 var ctx = context.Background()
 
-func (l *rankLoop) comm() *dist.Comm { return l.rk.Comm() }
+// comm is the rank's control communicator: every collective the loop runs
+// itself goes there; the forward pass's own run on the rank's forward one.
+func (l *rankLoop) comm() *dist.Comm { return l.e.control.Rank(l.r) }
 
 // run is the rank's loop. It returns nil when rank 0 broadcasts the stop.
 func (l *rankLoop) run() error {
@@ -177,40 +180,41 @@ func (e *Engine) takeAborts() []uint64 {
 }
 
 // iterate runs one iteration from its input; ran says a forward step ran.
+//
+// Every collective of an iteration is called from here, in this order.
+// All but the forward pass's own go on the control communicator, and
+// whether each runs, and its shape, depends on agreed values only (the
+// broadcast input, earlier reductions, the scheduler and the PD machine,
+// which every rank holds alike):
+//
+//	receive  BroadcastBytes   the step input (called by run, before iterate)
+//	poll     AllReduceMinInt  one vote per PD room, when there are rooms
+//	admit    AllReduceMinInt  the prefix-cache match of the requests joining the scheduler, when any
+//	room     AllReduceMinInt  free pages and free sequence rows, when there is work
+//	agree    AllReduceMaxInt  the plan's digest, when the scheduler has requests
+//	forward  (forward comm)   the model's own collectives, when the plan runs a batch
+//	results  BroadcastBytes   the sampled tokens and the aborts that came during the step
 func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	l.now, l.finished = in.now, 0
 	rec := StepRecord{Rank: l.r, Step: l.step + 1, Phase: "idle", Start: start}
-	var adds []addMsg
-	for _, a := range in.adds {
-		if a.pd && l.pd != nil {
-			l.pdAdmit(a)
-			continue
-		}
-		adds = append(adds, a)
+	adds, err := l.arrive(in)
+	if err != nil {
+		return false, err
+	}
+	if len(adds) == 0 && l.sched.Len() == 0 && l.pdRooms() == 0 {
+		l.publish(rec)
+		return false, nil
+	}
+	if err := l.poll(); err != nil {
+		return false, err
+	}
+	if l.pd != nil {
+		adds, l.pd.joins = append(adds, l.pd.joins...), nil
 	}
 	if err := l.admit(adds); err != nil {
 		return false, err
 	}
-	for _, id := range in.aborts {
-		if err := l.cut(id); err != nil {
-			return false, err
-		}
-	}
-	if err := l.finish(l.sched.Tick(l.now)); err != nil {
-		return false, err
-	}
-	if l.sched.Len() == 0 && (l.pd == nil || len(l.pd.reqs) == 0) {
-		l.publish(rec)
-		return false, nil
-	}
-
-	// Room: what every rank could allocate, evicting unused cached pages.
-	pool := l.rk.Pool()
-	reduced := []int64{int64(l.freePages()), int64(pool.Config().MaxSeqs - pool.Live())}
-	if err := l.comm().AllReduceMinInt(ctx, reduced); err != nil {
-		return false, fmt.Errorf("serve: rank %d: free pages: %w", l.r, err)
-	}
-	free, err := l.pdStep(int(reduced[0]), int(reduced[1]))
+	free, err := l.room()
 	if err != nil {
 		return false, err
 	}
@@ -270,6 +274,90 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	return true, nil
 }
 
+// arrive applies the step input without a collective: PD requests go to
+// the PD machine; a new request the same input aborts ends at once;
+// aborts and the scheduler's timeouts apply; then the rank files its PD
+// mail. It returns the other new requests, which the iteration's admit
+// adds to the scheduler.
+func (l *rankLoop) arrive(in stepInput) ([]addMsg, error) {
+	var adds []addMsg
+	for _, a := range in.adds {
+		switch {
+		case a.pd && l.pd != nil:
+			if err := l.pdAdmit(a); err != nil {
+				return nil, err
+			}
+		case slices.Contains(in.aborts, a.id):
+			l.end(a.id, ending{reason: sched.ReasonAbort})
+		default:
+			adds = append(adds, a)
+		}
+	}
+	for _, id := range in.aborts {
+		if err := l.cut(id); err != nil {
+			return nil, err
+		}
+	}
+	if err := l.finish(l.sched.Tick(l.now)); err != nil {
+		return nil, err
+	}
+	if l.pdRooms() > 0 {
+		if err := l.pdObserve(); err != nil {
+			return nil, err
+		}
+	}
+	return adds, nil
+}
+
+// pdRooms is the number of PD rooms the ranks hold (the same on every
+// rank).
+func (l *rankLoop) pdRooms() int {
+	if l.pd == nil {
+		return 0
+	}
+	return l.pd.machine.Len()
+}
+
+// poll is the PD rooms' vote: every rank votes a KVPoll per room from what
+// it alone knows, the ranks MIN-reduce the vector (its length, the number
+// of rooms, is agreed), and every rank applies the same agreed votes.
+func (l *rankLoop) poll() error {
+	n := l.pdRooms()
+	if n == 0 {
+		return nil
+	}
+	votes := l.pd.machine.Votes(l.now)
+	if err := l.comm().AllReduceMinInt(ctx, votes); err != nil {
+		return fmt.Errorf("serve: rank %d: pd poll: %w", l.r, err)
+	}
+	acts, err := l.pd.machine.Apply(l.now, votes)
+	if err != nil {
+		return fmt.Errorf("serve: rank %d: pd poll: %w", l.r, err)
+	}
+	return l.pdExec(acts)
+}
+
+// room MIN-reduces what every rank could allocate (free pages plus unused
+// cached pages) and its free sequence rows, gives the decode's PD rooms
+// their pages within that, and returns the pages left for the scheduler.
+func (l *rankLoop) room() (int, error) {
+	pool := l.rk.Pool()
+	reduced := []int64{int64(l.freePages()), int64(pool.Config().MaxSeqs - pool.Live())}
+	if err := l.comm().AllReduceMinInt(ctx, reduced); err != nil {
+		return 0, fmt.Errorf("serve: rank %d: free pages: %w", l.r, err)
+	}
+	free := int(reduced[0])
+	if l.pd == nil {
+		return free, nil
+	}
+	b := rooms.Budget{FreePages: free, FreeRows: int(reduced[1]), SchedSlots: l.e.cfg.MaxRunning - l.sched.Admitted()}
+	if g := l.e.cfg.PD.ReservedDecodeTokens; g >= 0 {
+		b.SchedGrowth = l.sched.Reserve(g)
+	}
+	free, acts := l.pd.machine.Grant(l.now, b)
+	return free, l.pdExec(acts)
+}
+
 // admit adds the new requests, each at the length of its cached prefix: the
 // ranks match their own caches and take the MIN, so all of them admit at
 // the same length.
@@ -306,11 +394,14 @@ func (l *rankLoop) admit(adds []addMsg) error {
 					return fmt.Errorf("serve: rank %d: %w", l.r, uerr)
 				}
 			}
-			if l.r == 0 {
-				r := l.e.front[a.id]
-				delete(l.e.front, a.id)
-				l.e.deliver(r, Finish{Reason: "error: " + err.Error(), PromptTokens: len(a.prompt)})
+			if a.pd {
+				// A prefill room the scheduler refuses fails like any
+				// other end of its scheduler life.
+				if _, err := l.pdSchedFinished(sched.Finish{ID: a.id, Reason: sched.ReasonError}); err != nil {
+					return err
+				}
 			}
+			l.end(a.id, ending{reason: sched.ReasonError, err: err.Error()})
 			continue
 		}
 		l.seqs[a.id] = s
@@ -331,7 +422,7 @@ func (l *rankLoop) admit(adds []addMsg) error {
 func (l *rankLoop) cut(id uint64) error {
 	s := l.seqs[id]
 	if s == nil {
-		_, err := l.pdAbort(id)
+		_, err := l.pdAbort(id, "aborted")
 		return err
 	}
 	if s.cut {
@@ -533,7 +624,9 @@ func (l *rankLoop) apply(plan sched.Plan, out stepOutput) error {
 	if j != len(out.toks) {
 		return fmt.Errorf("%w: rank %d: %d sampled tokens for %d items", errWire, l.r, len(out.toks), j)
 	}
-	l.sendChunks(plan.Run, toks) // before StepDone releases what finished
+	if err := l.sendChunks(plan.Run, toks); err != nil { // before StepDone releases what finished
+		return err
+	}
 	fs, err := l.sched.StepDone(l.now, outcomes)
 	if ferr := l.finish(fs); ferr != nil {
 		return ferr
@@ -545,7 +638,8 @@ func (l *rankLoop) apply(plan sched.Plan, out stepOutput) error {
 }
 
 // finish ends requests the scheduler finished: each exactly once, with its
-// sequence (if any) given to the prefix cache, and on rank 0 its stream.
+// sequence (if any) given to the prefix cache; a PD prefill request goes on
+// in the PD machine (it waits for the decode's word) or ends by it.
 func (l *rankLoop) finish(fs []sched.Finish) error {
 	for _, f := range fs {
 		s := l.seqs[f.ID]
@@ -560,13 +654,15 @@ func (l *rankLoop) finish(fs []sched.Finish) error {
 		case l.cache != nil:
 			err = l.cache.Unlock(s.matched) // finished while waiting
 		}
-		l.finished++
-		held := l.pdFinished(f)
-		if l.r == 0 && !held {
-			l.e.finishFront(f, err)
+		handled, perr := l.pdSchedFinished(f)
+		if !handled {
+			l.end(f.ID, endingOf(f, err))
 		}
 		if err != nil {
 			return fmt.Errorf("serve: rank %d: release %d: %w", l.r, f.ID, err)
+		}
+		if perr != nil {
+			return perr
 		}
 	}
 	return nil
@@ -587,39 +683,12 @@ func (l *rankLoop) release(id uint64, s *seqState) error {
 	return l.cache.Finish(seq, s.all[:seq.Len()], s.matched)
 }
 
-// finishFront ends a request's stream on rank 0.
-func (e *Engine) finishFront(f sched.Finish, releaseErr error) {
-	r := e.front[f.ID]
-	delete(e.front, f.ID)
-	if r == nil {
-		return
-	}
-	var reason string
-	switch f.Reason {
-	case sched.ReasonStop:
-		reason = ReasonStop
-	case sched.ReasonLength:
-		reason = ReasonLength
-	case sched.ReasonAbort:
-		reason = r.cut
-		e.totals.Aborts++
-	case sched.ReasonTimeout:
-		reason = ReasonTimeout
-	default:
-		reason = "error: " + f.Reason.String()
-	}
-	if releaseErr != nil {
-		reason = "error: " + releaseErr.Error()
-	}
-	e.totals.Finished++
-	e.deliver(r, Finish{Reason: reason, PromptTokens: len(r.req.Prompt), CompletionTokens: r.gen})
-}
-
 // publish ends an iteration: the rank's step record, and on rank 0 the
 // engine snapshot. It returns the record as published.
 func (l *rankLoop) publish(rec StepRecord) StepRecord {
 	l.step++
-	rec.Finished, rec.End, rec.CollectiveSeq = l.finished, time.Now(), l.comm().LastSeq()
+	rec.Finished, rec.End = l.finished, time.Now()
+	rec.ControlSeq, rec.ForwardSeq = l.comm().LastSeq(), l.rk.Comm().LastSeq()
 	l.last.Store(&rec)
 	l.publishPD()
 	if l.r == 0 {

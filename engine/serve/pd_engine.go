@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pdkit/pdkit/engine/pd/rooms"
+
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/pd/zmqlink"
@@ -20,15 +22,52 @@ type pdEngine struct {
 	started  time.Time
 	boot     uint64 // sent in heartbeats: a new number means a restarted server
 
-	mu      sync.Mutex
-	res     map[string]*resolution
-	ctx     context.Context
-	stop    context.CancelFunc
-	wg      sync.WaitGroup
-	phase   [len(phaseNames)]atomic.Int64
-	bytes   atomic.Uint64
-	fails   atomic.Uint64
-	failsIn [len(phaseNames)]atomic.Uint64 // by the queue the request failed in
+	mu       sync.Mutex
+	res      map[string]*resolution
+	ctx      context.Context
+	stop     context.CancelFunc
+	wg       sync.WaitGroup
+	bytes    atomic.Uint64
+	fails    atomic.Uint64
+	failsIn  [8]atomic.Uint64  // by the queue (rooms.Phase) the request failed in
+	failsFor [16]atomic.Uint64 // by the kind (rooms.Kind) of its reason
+}
+
+// The machine's names, indexed by its phases and failure kinds.
+var (
+	phaseNames = names(rooms.Phases)
+	kindNames  = append([]string{rooms.KindNone.String()}, names(rooms.Kinds)...)
+)
+
+func names[T fmt.Stringer](xs []T) []string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = x.String()
+	}
+	return out
+}
+
+// pdFailed counts a PD failure, once per request: by the rank whose vote
+// decided it.
+func (e *Engine) pdFailed(p rooms.Phase, k rooms.Kind) {
+	e.pd.fails.Add(1)
+	e.pd.failsIn[p].Add(1)
+	e.pd.failsFor[k].Add(1)
+}
+
+// PDFailuresByReason counts PD failures (not client aborts) by the kind of
+// their reason (timeout, peer-aborted, send, ...; see rooms.Kind).
+func (e *Engine) PDFailuresByReason() map[string]uint64 {
+	if e.pd == nil {
+		return nil
+	}
+	out := map[string]uint64{}
+	for i := range kindNames {
+		if n := e.pd.failsFor[i].Load(); n > 0 {
+			out[kindNames[i]] = n
+		}
+	}
+	return out
 }
 
 // PDObserver is implemented by a Config.Observer that also wants the PD
@@ -47,7 +86,7 @@ func (e *Engine) PDFailuresByQueue() map[string]uint64 {
 		return nil
 	}
 	out := map[string]uint64{}
-	for i := range e.pd.failsIn {
+	for i := range phaseNames {
 		if n := e.pd.failsIn[i].Load(); n > 0 {
 			out[phaseNames[i]] = n
 		}
@@ -148,8 +187,13 @@ func (e *Engine) PDQueues() map[string]int64 {
 		return nil
 	}
 	out := map[string]int64{}
-	for i := range e.pd.phase {
-		out[phaseNames[i]] = e.pd.phase[i].Load()
+	for _, name := range phaseNames {
+		out[name] = 0
+	}
+	if p := e.loops[0].pd.snap.Load(); p != nil {
+		for _, en := range *p {
+			out[en.Queue]++
+		}
 	}
 	return out
 }
@@ -220,8 +264,7 @@ type PDLink struct {
 	KVBytes   uint64 // KV payload bytes the rank sent (prefill) or applied (decode)
 }
 
-func (e *Engine) pdCount(p pdPhase, d int64) { e.pd.phase[p].Add(d) }
-func (e *Engine) pdBytes(n int)              { e.pd.bytes.Add(uint64(n)) }
+func (e *Engine) pdBytes(n int) { e.pd.bytes.Add(uint64(n)) }
 
 // emitFirst streams a decode request's first token, which came from the
 // prefill, on rank 0.

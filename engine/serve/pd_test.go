@@ -243,7 +243,7 @@ func TestPDPrefillDeathAndRestart(t *testing.T) {
 	cfg := Config{TP: 2, PageSize: 4, KVTokens: 512, MaxRunning: 4,
 		PD: PDConfig{HeartbeatInterval: 50 * time.Millisecond, HeartbeatTimeout: 500 * time.Millisecond}}
 	pc, dc := cfg, cfg
-	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
+	pc.Role, dc.Role, pc.Backend = pdproto.RolePrefill, pdproto.RoleDecode, cpuBackend
 	prefill, err := New(m, pc)
 	if err != nil {
 		t.Fatal(err)
@@ -365,9 +365,11 @@ func FuzzMailbox(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		frames := bytes.Split(b, []byte{0xff, 0xfe})
 		for _, prefill := range []bool{true, false} {
-			mb := &mailbox{rooms: map[uint64]*mail{}, known: map[uint64]bool{1: true}, prefill: prefill, wake: func() {},
-				faults: &faultSet{}, reply: func(string, pdproto.Message) {},
-				self: &pdproto.Heartbeat{Sender: "self"}, peers: map[string]*peerState{"x": {}}}
+			mb := newMailbox(prefill, 0, func() {}, &faultSet{})
+			mb.reply = func(string, pdproto.Message) {}
+			mb.self = pdproto.Heartbeat{Sender: "self"}
+			mb.peers["x"] = &peerState{}
+			mb.setKnown(1, true)
 			mb.handle(frames) // must not panic; errors are the transport's to count
 			mb.take(1)
 			mb.expire(time.Now())

@@ -85,8 +85,6 @@ import (
 	"github.com/pdkit/pdkit/engine/sample"
 	"github.com/pdkit/pdkit/engine/sched"
 	"github.com/pdkit/pdkit/engine/tp"
-	"github.com/pdkit/pdkit/kernels"
-	"github.com/pdkit/pdkit/kernels/cpu"
 )
 
 // ErrClosed is returned by Submit on a closed Engine.
@@ -148,7 +146,7 @@ func (s *Stream) Abort() {
 
 // StepRecord describes one loop iteration of one rank. It is immutable once
 // published. Step counts iterations, idle ones (no batch, Phase "idle")
-// included; ranks in lock-step have equal Step, Digest and CollectiveSeq
+// included; ranks in lock-step have equal Step, Digest, ControlSeq and ForwardSeq
 // after each iteration.
 type StepRecord struct {
 	Rank        int
@@ -159,10 +157,10 @@ type StepRecord struct {
 	Retracted   int    // requests retracted by the plan
 	Finished    int    // requests that finished in the iteration
 	Digest      uint64 // FNV-1a of (id, start, tokens) of every batch item, in order
-	// CollectiveSeq is the sequence number of the rank's last collective
-	// when the iteration ended.
-	CollectiveSeq uint64
-	Start, End    time.Time
+	// ControlSeq and ForwardSeq are the sequence numbers of the rank's
+	// last collective on each communicator when the iteration ended.
+	ControlSeq, ForwardSeq uint64
+	Start, End             time.Time
 }
 
 // EngineSnapshot is the engine's state as the loop last published it.
@@ -238,6 +236,10 @@ type Engine struct {
 	once     sync.Once
 	closeErr error
 
+	// control is the loops' communicator; the forward pass's is the
+	// shards' group.
+	control *dist.Group
+
 	snap   atomic.Pointer[EngineSnapshot]
 	stalls atomic.Uint64 // collectives the watchdog reported
 	pd     *pdEngine     // nil on a colocated server
@@ -266,36 +268,52 @@ type request struct {
 	lastTok time.Time // when the previous token was emitted
 }
 
-// New builds the ranks (cfg.TP of them, each with a cpu backend of
-// cfg.Threads threads), their schedulers and prefix caches, and starts one
-// loop goroutine per rank, which run until Close.
+// New builds the ranks (cfg.TP of them, each with the kernels of
+// cfg.Backend), their schedulers and prefix caches, and the two
+// communicators of the TP group, and starts one loop goroutine per rank,
+// which run until Close.
+//
+// The ranks talk over two communicators: "forward", the model's own
+// collectives inside a forward pass, and "control", the loop's agreements
+// (the step input, the poll and free-page reductions, the prefix match,
+// the plan digest and the step output). Each has its own sequence numbers,
+// flight recorder and watchdog, so an operator sees which of the two a
+// wedged rank waits in, and a loop that prepares the next step while the
+// forward runs never interleaves its calls with the model's.
 func New(m *model.Model, cfg Config) (*Engine, error) {
 	cfg.setDefaults(m)
 	if err := cfg.Validate(m); err != nil {
 		return nil, err
 	}
-	threads := cfg.Threads
 	e := &Engine{}
-	gopts := dist.Options{FlightRecorderLen: cfg.FlightRecorderLen}
-	if cfg.CollectiveWatchdog > 0 {
-		onStall := cfg.OnStall
-		if onStall == nil {
-			onStall = func(s dist.Stall) {
-				slog.Warn("collective stalled", "server", cfg.Name, "role", cfg.Role, "stall", s.String())
+	gopts := func(name string) dist.Options {
+		o := dist.Options{Name: name, FlightRecorderLen: cfg.FlightRecorderLen}
+		if cfg.CollectiveWatchdog > 0 {
+			onStall := cfg.OnStall
+			if onStall == nil {
+				onStall = func(s dist.Stall) {
+					slog.Warn("collective stalled", "server", cfg.Name, "role", cfg.Role, "stall", s.String())
+				}
+			}
+			o.Watchdog = cfg.CollectiveWatchdog
+			o.OnStall = func(s dist.Stall) {
+				e.stalls.Add(1)
+				onStall(s)
 			}
 		}
-		gopts.Watchdog = cfg.CollectiveWatchdog
-		gopts.OnStall = func(s dist.Stall) {
-			e.stalls.Add(1)
-			onStall(s)
-		}
+		return o
 	}
-	shards, err := tp.NewShards(m, func(int) kernels.Backend { return cpu.New(threads) }, cfg.TP, cfg.PageSize, cfg.KVTokens, cfg.maxSeqs(), cfg.IndexK, gopts)
+	shards, err := tp.NewShards(m, cfg.Backend, cfg.TP, cfg.PageSize, cfg.KVTokens, cfg.maxSeqs(), cfg.IndexK, gopts(CommForward))
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
+	control, err := dist.NewGroup(cfg.TP, gopts(CommControl))
+	if err != nil {
+		shards.Close()
+		return nil, fmt.Errorf("serve: %w", err)
+	}
 	*e = Engine{
-		m: m, cfg: cfg, shards: shards, epoch: time.Now(), vocab: m.Config.VocabSize,
+		m: m, cfg: cfg, shards: shards, control: control, epoch: time.Now(), vocab: m.Config.VocabSize,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		front: make(map[uint64]*request),
 	}
@@ -317,7 +335,7 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 			if e.pd == nil {
 				e.pd = newPDEngine()
 			}
-			if l.pd, err = newRankPD(&e.cfg, r, e.pd.boot, e.poke, &e.faults); err != nil {
+			if l.pd, err = newRankPD(e, r); err != nil {
 				e.closePD()
 				shards.Close()
 				return nil, fmt.Errorf("serve: rank %d: %w", r, err)
@@ -349,7 +367,7 @@ func (e *Engine) run(ctx context.Context) {
 			})
 			if errs[r] != nil {
 				// Wake the peers waiting for this rank in a collective.
-				e.shards.Group().Close()
+				e.closeGroups()
 			}
 		})
 	}
@@ -480,11 +498,11 @@ func (e *Engine) Close() error {
 		select {
 		case <-e.done:
 		case <-t.C:
-			e.shards.Group().Close()
+			e.closeGroups()
 			<-e.done
 		}
 		t.Stop()
-		e.closeErr = errors.Join(e.closePD(), e.shards.Close())
+		e.closeErr = errors.Join(e.closePD(), e.control.Close(), e.shards.Close())
 	})
 	return e.closeErr
 }
@@ -517,21 +535,59 @@ func (e *Engine) RankSteps() []StepRecord {
 	return out
 }
 
-// Collectives copies the rank group's state: every rank's flight recorder,
-// the call it waits in, whether the group broke. Lock-free.
-func (e *Engine) Collectives() dist.Snapshot { return e.shards.Group().Snapshot() }
+// The names of the two communicators of the TP group (see New).
+const (
+	CommControl = "control"
+	CommForward = "forward"
+)
 
-// Stalls lists the collectives that have waited longer than threshold, with
-// the ranks that have not arrived.
+// groups are the communicators, control first.
+func (e *Engine) groups() []*dist.Group { return []*dist.Group{e.control, e.shards.Group()} }
+
+// closeGroups wakes every rank waiting in a collective of either
+// communicator; both are idempotent to close.
+func (e *Engine) closeGroups() {
+	for _, g := range e.groups() {
+		g.Close()
+	}
+}
+
+// Collectives copies both communicators' state (control, then forward):
+// every rank's flight recorder, the call it waits in, whether the group
+// broke. Lock-free.
+func (e *Engine) Collectives() []dist.Snapshot {
+	gs := e.groups()
+	out := make([]dist.Snapshot, len(gs))
+	for i, g := range gs {
+		out[i] = g.Snapshot()
+	}
+	return out
+}
+
+// Stalls lists the collectives of either communicator that have waited
+// longer than threshold, with the ranks that have not arrived; each names
+// its communicator.
 func (e *Engine) Stalls(now time.Time, threshold time.Duration) []dist.Stall {
-	return e.shards.Group().Stuck(now, threshold)
+	var out []dist.Stall
+	for _, g := range e.groups() {
+		out = append(out, g.Stuck(now, threshold)...)
+	}
+	return out
 }
 
 // StallsReported counts the collectives the watchdog reported as stalled.
 func (e *Engine) StallsReported() uint64 { return e.stalls.Load() }
 
-// CollectiveWait is the time rank r has spent inside collectives.
-func (e *Engine) CollectiveWait(r int) time.Duration { return e.shards.Rank(r).Comm().WaitTotal() }
+// CollectiveWait is the time rank r has spent inside collectives of the
+// communicator named comm (CommControl or CommForward).
+func (e *Engine) CollectiveWait(comm string, r int) time.Duration {
+	for _, g := range e.groups() {
+		if g.Name() == comm {
+			return g.Rank(r).WaitTotal()
+		}
+	}
+	return 0
+}
 
 // Snapshot returns the state rank 0's loop last published.
 func (e *Engine) Snapshot() *EngineSnapshot { return e.snap.Load() }

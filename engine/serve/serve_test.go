@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -26,8 +27,14 @@ func tinyModel(t *testing.T) *model.Model {
 	return testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
 }
 
+// cpuBackend gives a test engine's ranks one-thread cpu kernels.
+func cpuBackend(int) kernels.Backend { return cpu.New(1) }
+
 func newEngine(t *testing.T, m *model.Model, cfg Config) *Engine {
 	t.Helper()
+	if cfg.Backend == nil {
+		cfg.Backend = cpuBackend
+	}
 	e, err := New(m, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -138,12 +145,15 @@ func TestValidate(t *testing.T) {
 		{TP: 3},
 		{MaxRunning: 8, MaxBatchTokens: 4},
 		{PrefillChunk: -1},
-		{Threads: -2},
 		{RequestTimeout: -time.Second},
 	} {
+		c.Backend = cpuBackend
 		if _, err := New(m, c); err == nil {
 			t.Errorf("%+v accepted", c)
 		}
+	}
+	if _, err := New(m, Config{}); err == nil || !strings.Contains(err.Error(), "backend") {
+		t.Errorf("no backend: %v", err)
 	}
 }
 
@@ -411,7 +421,7 @@ func TestReadersWhileRunning(t *testing.T) {
 func TestCloseLeavesNoGoroutines(t *testing.T) {
 	m := tinyModel(t)
 	before := runtime.NumGoroutine()
-	e, err := New(m, Config{TP: 2, PageSize: 4, KVTokens: 256, MaxRunning: 4, MaxBatchTokens: 16, PrefillChunk: 4})
+	e, err := New(m, Config{TP: 2, Backend: cpuBackend, PageSize: 4, KVTokens: 256, MaxRunning: 4, MaxBatchTokens: 16, PrefillChunk: 4})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,8 +17,8 @@ import (
 // publish, and why.
 var notSettings = map[string]string{
 	"Backend":  "a function: the caller's kernels",
-	"Threads":  "kernel threads: the backend's concern, not the engine's",
 	"OnStall":  "a function: where the watchdog reports",
+	"Logger":   "where the engine logs",
 	"Observer": "a function: the metrics",
 	"Faults":   "the switches on at start; Settings publishes those on now (FaultsOn)",
 	"PD":       "published field by field, as Settings.PD",

@@ -187,7 +187,7 @@ func RunPD(ctx context.Context, cfg PDConfig, progress io.Writer) (rep PDReport,
 	const maxRunning = 4
 	longest := slices.Max(cfg.Prompts)
 	perReq := (longest + cfg.MaxTokens + pageSize - 1) / pageSize * pageSize
-	ecfg := serve.Config{TP: cfg.TP, Threads: cfg.Threads, PageSize: pageSize, MaxRunning: maxRunning, KVTokens: maxRunning * perReq}
+	ecfg := serve.Config{TP: cfg.TP, Backend: cpuBackends(cfg.Threads), PageSize: pageSize, MaxRunning: maxRunning, KVTokens: maxRunning * perReq}
 
 	var engines []*serve.Engine
 	defer func() {

@@ -27,6 +27,7 @@ import (
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/server"
 	"github.com/pdkit/pdkit/kernels"
+	"github.com/pdkit/pdkit/kernels/cpu"
 )
 
 // ServingConfig chooses what the serving benchmark measures. Zero values
@@ -216,7 +217,7 @@ func RunServing(ctx context.Context, cfg ServingConfig, progress io.Writer) (rep
 	const pageSize = 16
 	perReq := (cfg.PromptLen + cfg.MaxTokens + pageSize - 1) / pageSize * pageSize
 	tally := &decodeTally{}
-	eng, err := serve.New(m, serve.Config{Threads: cfg.Threads, MaxRunning: cfg.MaxRunning, PageSize: pageSize, KVTokens: cfg.MaxRunning * perReq, Observer: tally})
+	eng, err := serve.New(m, serve.Config{Backend: cpuBackends(cfg.Threads), MaxRunning: cfg.MaxRunning, PageSize: pageSize, KVTokens: cfg.MaxRunning * perReq, Observer: tally})
 	if err != nil {
 		return rep, err
 	}
@@ -530,4 +531,9 @@ func (r *ServingReport) Print(w io.Writer) {
 	}
 	fmt.Fprintln(w, "decode tok/s: tokens of the engine's decode-only iterations over their wall time (scheduling, forward, sampling, streaming)")
 	fmt.Fprintln(w, "TTFT: request sent to first text chunk; ITL: between successive text chunks of a request; rates over each level's wall time")
+}
+
+// cpuBackends gives each rank of an engine a cpu backend of threads threads.
+func cpuBackends(threads int) func(int) kernels.Backend {
+	return func(int) kernels.Backend { return cpu.New(threads) }
 }

@@ -18,6 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdkit/pdkit/kernels"
+	"github.com/pdkit/pdkit/kernels/cpu"
+
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
@@ -40,6 +43,9 @@ type Node struct {
 // in front of the server. The test's cleanup closes it all.
 func NewNode(t testing.TB, m *model.Model, cfg serve.Config, opts server.Options, wrap func(http.Handler) http.Handler) *Node {
 	t.Helper()
+	if cfg.Backend == nil {
+		cfg.Backend = func(int) kernels.Backend { return cpu.New(1) }
+	}
 	eng, err := serve.New(m, cfg)
 	if err != nil {
 		t.Fatal(err)

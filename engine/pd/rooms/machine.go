@@ -171,11 +171,27 @@ func (m *Machine) Resolve(id uint64, r Resolution) {
 	q.peer = r.Endpoint
 }
 
+// Resolving lists the decode rooms whose registry lookup this rank has not
+// had yet, in id order.
+func (m *Machine) Resolving() []Request {
+	var out []Request
+	for _, id := range m.order {
+		if q := m.rooms[id]; q.phase == Prealloc && !q.resolved {
+			out = append(out, q.req)
+		}
+	}
+	return out
+}
+
 // Peer records what heartbeats tell of a prefill peer on this rank.
 func (m *Machine) Peer(endpoint string, l Liveness) { m.peers[endpoint] = l }
 
-// Peers lists the prefill peers this rank's decode rooms wait on, to probe.
+// Peers lists the prefill peers this rank's decode rooms wait on, to probe
+// (none on a prefill: the decode watches its prefill, not the other way).
 func (m *Machine) Peers() []string {
+	if m.cfg.Role != Decode {
+		return nil
+	}
 	var out []string
 	for _, id := range m.order {
 		if q := m.rooms[id]; q.peer != "" && q.phase != Prealloc && !slices.Contains(out, q.peer) {

@@ -1,0 +1,96 @@
+package serve
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/pd/rooms"
+)
+
+// PDConfig configures the PD roles. Zero values take the defaults noted.
+type PDConfig struct {
+	// Host is the address the ranks' ZeroMQ sockets bind (default
+	// 127.0.0.1).
+	Host string
+	// BootstrapTimeout bounds the bootstrap (prefill: waiting for the
+	// decode's TRANSFER_INFO; decode: resolving the prefill's registry and
+	// waiting for pages). Default 10s.
+	BootstrapTimeout time.Duration
+	// TransferTimeout bounds a decode request's wait for its KV once
+	// TRANSFER_INFO is sent, and a prefill request's time in its
+	// scheduler once TRANSFER_INFO arrived (the decode has given up by
+	// then). Default 30s.
+	TransferTimeout time.Duration
+	// InflightTimeout bounds a prefill request's wait for the decode's
+	// acknowledgement of the last chunk. Default 10s.
+	InflightTimeout time.Duration
+	// AbortAckTimeout is how long a decode keeps an aborted room's pages
+	// reserved waiting for ABORT_ACK from every prefill rank. Default 5s.
+	AbortAckTimeout time.Duration
+	// SendTimeout bounds handing one message to the transport. Default 2s.
+	SendTimeout time.Duration
+	// HeartbeatInterval is how often a decode rank probes each prefill
+	// rank it waits on (default 500ms); HeartbeatTimeout is how long a
+	// probe may go unanswered before the rooms on that peer fail (default
+	// 3s).
+	HeartbeatInterval, HeartbeatTimeout time.Duration
+	// ReservedDecodeTokens is the decode's room for growth: it reserves
+	// pages for a transfer only while the pages left cover, for every
+	// request it holds (running, parked, retracted, in transfer), the next
+	// this many tokens of its output (fewer when its max_tokens ends
+	// sooner), and a retracted request's whole recompute. Without it,
+	// transfers take the pages running requests grow into, those are
+	// retracted, and a retracted request can wait for ever behind the
+	// parked transfers. Default 512; negative: no reserve.
+	ReservedDecodeTokens int
+}
+
+func (c *PDConfig) setDefaults() {
+	if c.Host == "" {
+		c.Host = "127.0.0.1"
+	}
+	for _, d := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{{&c.BootstrapTimeout, 10 * time.Second}, {&c.TransferTimeout, 30 * time.Second},
+		{&c.InflightTimeout, 10 * time.Second}, {&c.AbortAckTimeout, 5 * time.Second}, {&c.SendTimeout, 2 * time.Second},
+		{&c.HeartbeatInterval, 500 * time.Millisecond}, {&c.HeartbeatTimeout, 3 * time.Second}} {
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	if c.ReservedDecodeTokens == 0 {
+		c.ReservedDecodeTokens = 512
+	}
+}
+
+func (c PDConfig) validate() error {
+	if c.BootstrapTimeout < 0 || c.TransferTimeout < 0 || c.InflightTimeout < 0 || c.AbortAckTimeout < 0 || c.SendTimeout < 0 {
+		return errors.New("PD timeouts must not be negative")
+	}
+	if c.HeartbeatInterval <= 0 || c.HeartbeatTimeout <= c.HeartbeatInterval {
+		return fmt.Errorf("PD heartbeat timeout %v must exceed its interval %v", c.HeartbeatTimeout, c.HeartbeatInterval)
+	}
+	return nil
+}
+
+// PDRequest is the PD part of a Request.
+type PDRequest struct {
+	Room uint64
+	// BootstrapURL is the prefill server's registry (decode role only).
+	BootstrapURL string
+}
+
+// machineConfig is the rank's PD queue machine configuration.
+func (e *Engine) machineConfig(rank int) rooms.Config {
+	c := &e.cfg.PD
+	role := rooms.Decode
+	if e.cfg.Role == pdproto.RolePrefill {
+		role = rooms.Prefill
+	}
+	return rooms.Config{Role: role, Rank: rank, PageSize: e.cfg.PageSize, IndexKDType: e.indexKName(),
+		BootstrapTimeout: c.BootstrapTimeout, TransferTimeout: c.TransferTimeout, InflightTimeout: c.InflightTimeout,
+		AbortAckTimeout: c.AbortAckTimeout, HeartbeatTimeout: c.HeartbeatTimeout, ReservedDecodeTokens: c.ReservedDecodeTokens}
+}
