@@ -48,6 +48,8 @@
 // the step in flight matching its requests). Builds with -race or
 // -tags invariants run it after every event and panic on a violation.
 //
-// Not yet here: PD queues (bootstrap, transfer and their polls) and prefix
-// caching, which will add events and queues of their own.
+// The PD queues (bootstrap, transfer and their polls) are a machine of their
+// own, engine/pd/rooms, built the same way; a PD request enters this
+// scheduler only once its KV is in (Request.Transferred) or, on a prefill,
+// once its decode is known.
 package sched

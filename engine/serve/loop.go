@@ -699,7 +699,8 @@ func (l *rankLoop) publish(rec StepRecord) StepRecord {
 
 // drop forgets every request after the loop stopped; with release set (the
 // loops stopped between steps) their sequences and locks are given back, so
-// the pool's accounting still balances.
+// the pool's accounting still balances. A release that fails is logged:
+// the engine is shutting down and has nobody else to tell.
 func (l *rankLoop) drop(release bool) {
 	release = release && !l.sched.InFlight()
 	ids := make([]uint64, 0, len(l.seqs))
@@ -714,15 +715,16 @@ func (l *rankLoop) drop(release bool) {
 			continue
 		}
 		fs, err := l.sched.Abort(id, l.now)
-		if err != nil {
-			continue
-		}
 		for _, f := range fs {
-			if f.Release {
-				l.release(f.ID, s)
-			} else if l.cache != nil {
-				l.cache.Unlock(s.matched)
+			switch {
+			case f.Release:
+				err = errors.Join(err, l.release(f.ID, s))
+			case l.cache != nil:
+				err = errors.Join(err, l.cache.Unlock(s.matched))
 			}
+		}
+		if err != nil {
+			l.e.cfg.Logger.Warn("serve: request not released at shutdown", "server", l.e.cfg.Name, "rank", l.r, "request", id, "err", err)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -17,6 +18,7 @@ import (
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/pd/zmqlink"
+	"github.com/pdkit/pdkit/internal/syncbuf"
 	"github.com/pdkit/pdkit/internal/testmodel"
 	"github.com/pdkit/pdkit/kernels"
 )
@@ -442,5 +444,44 @@ func TestPDSmallDecodePool(t *testing.T) {
 			}
 			pp.drained(t, 10*time.Second)
 		})
+	}
+}
+
+// A PD failure is logged once, by the rank whose vote decided it, with
+// the request, room, rank, peer and reason, and counted once by reason
+// and by queue: here a decode at TP 2 whose prefill never gets its half
+// of the request times out in its transfer queue.
+func TestPDFailureLoggedOnce(t *testing.T) {
+	var logs syncbuf.Buffer
+	dc := abortCfg()
+	dc.PD.TransferTimeout = 300 * time.Millisecond
+	dc.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	pp := newPDPairCfg(t, abortCfg(), dc)
+	room := newAbortRoom()
+	d := pp.decodeHalf(t, Request{Prompt: []int32{5, 6, 7, 8, 9}, MaxTokens: 3}, room)
+	_, fin := collect(t, d.s, abortFinishWithin)
+	if !strings.Contains(fin.Reason, "KV not received within 300ms") {
+		t.Fatalf("finish %q, want the transfer timeout", fin.Reason)
+	}
+	pp.drained(t, abortFinishWithin)
+	var lines []string
+	for l := range strings.SplitSeq(logs.String(), "\n") {
+		if strings.Contains(l, "pd: request failed") {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) != 1 {
+		t.Fatalf("%d failure log lines, want 1:\n%s", len(lines), logs.String())
+	}
+	for _, want := range []string{fmt.Sprintf("room=%d", room), "rank=0", "phase=transfer", "reason=timeout", "peer=tcp://"} {
+		if !strings.Contains(lines[0], want) {
+			t.Errorf("log line %q lacks %q", lines[0], want)
+		}
+	}
+	if got := pp.decode.PDFailuresByReason(); got["timeout"] != 1 || len(got) != 1 {
+		t.Errorf("failures by reason %v, want timeout 1", got)
+	}
+	if got := pp.decode.PDFailuresByQueue(); got["transfer"] != 1 || pp.decode.PDFailures() != 1 {
+		t.Errorf("failures by queue %v, total %d", got, pp.decode.PDFailures())
 	}
 }

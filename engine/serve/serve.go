@@ -6,22 +6,44 @@
 //
 // Each TP rank runs its own event loop goroutine (pprof labels server, role
 // and rank) with its own scheduler (engine/sched), its own KV pool, its own
-// radix prefix cache (engine/prefix) and its shard of the weights
-// (engine/tp). The loops move in lock-step through the rank group
-// (engine/dist); an iteration is:
+// radix prefix cache (engine/prefix), its shard of the weights (engine/tp)
+// and, on a prefill or decode server, its own PD queue machine
+// (engine/pd/rooms). The loops move in lock-step through two communicators
+// of the rank group (engine/dist): "control" for the loop's agreements and
+// "forward" for the model's collectives. An iteration is:
 //
 //  1. rank 0 takes the new requests and aborts from the inbox and broadcasts
 //     them with its clock (stepInput); every rank applies the bytes it
-//     received: adds (with the prefix-cache match MIN-reduced), aborts,
-//     timeouts;
-//  2. the ranks MIN-reduce their free pages (free plus evictable cached
-//     pages) and each schedules from that; a MAX-reduction of the plan's
-//     digest proves the plans agree (a divergence stops the engine);
-//  3. each rank releases the plan's finished and retracted sequences,
+//     received: PD requests go to the PD machine, aborts and timeouts apply,
+//     and each rank files the PD mail its own socket received;
+//  2. the ranks MIN-reduce one vote per PD room and every rank applies the
+//     agreed votes (see PD below);
+//  3. the requests joining the scheduler are added, with the prefix-cache
+//     match MIN-reduced;
+//  4. the ranks MIN-reduce their free pages (free plus evictable cached
+//     pages) and free sequence rows; a decode grants pages to its transfers
+//     within that and each rank schedules from the rest; a MAX-reduction of
+//     the plan's digest proves the plans agree (a divergence stops the
+//     engine);
+//  5. each rank releases the plan's finished and retracted sequences,
 //     evicts cached pages to make room, and runs its shard of the batch;
-//  4. rank 0 samples, streams the tokens and broadcasts them with the
+//  6. rank 0 samples, streams the tokens and broadcasts them with the
 //     aborts that arrived during the step (stepOutput); every rank applies
-//     them, finishes what stopped and publishes its step record.
+//     them, sends the step's KV (prefill), finishes what stopped and
+//     publishes its step record.
+//
+// rankLoop.iterate calls every one of these collectives, in this order.
+//
+// # PD
+//
+// On a prefill or decode server each rank's engine/pd/rooms machine holds
+// the PD life of every request (its package doc and testdata/ traces tell
+// it); this package is its executor: it files mail and peer liveness into
+// the machine, reduces the machine's votes across the ranks, and carries
+// out the actions it returns (reserve and release pages, write landed KV,
+// send messages, join the scheduler, end streams). A send that fails is
+// the rank's vote of Failed with the send error, so every rank fails the
+// room in the same iteration with the real cause.
 //
 // The rule, which every change to the loop must keep: every decision that
 // precedes a collective or changes queue or allocator state is taken from
@@ -41,7 +63,7 @@
 // # Reading the engine from outside
 //
 // After every iteration each rank publishes an immutable [StepRecord] (with
-// the sequence number of its last collective) and rank 0 an
+// the sequence numbers of its last collective on each communicator) and rank 0 an
 // [EngineSnapshot] (its scheduler's queues, copied by the loop itself),
 // through atomic pointers, plus heartbeat times. [Engine.LastStep],
 // [Engine.RankSteps], [Engine.Snapshot], [Engine.Health], [Engine.KVPages]
@@ -303,7 +325,8 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 		}
 		return o
 	}
-	shards, err := tp.NewShards(m, cfg.Backend, cfg.TP, cfg.PageSize, cfg.KVTokens, cfg.maxSeqs(), cfg.IndexK, gopts(CommForward))
+	shards, err := tp.NewShards(m, tp.Options{Ranks: cfg.TP, Backend: cfg.Backend, PageSize: cfg.PageSize,
+		KVTokens: cfg.KVTokens, MaxSeqs: cfg.maxSeqs(), IndexK: cfg.IndexK, Group: gopts(CommForward)})
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}

@@ -52,11 +52,22 @@ type Shards struct {
 	ranks []*Rank
 }
 
-// NewShards splits m over n ranks. newBackend(r) gives rank r its kernels;
-// the Shards own them and close those that have a Close method. Each rank
-// gets a pool of ⌈kvTokens/pageSize⌉ pages holding its share of every
-// token's KV. opts configures the group (flight recorder, watchdog).
-func NewShards(m *model.Model, newBackend func(rank int) kernels.Backend, n int, pageSize, kvTokens, maxSeqs int, indexK kernels.IndexKDType, opts dist.Options) (*Shards, error) {
+// Options shape a group of ranks.
+type Options struct {
+	Ranks int // n, the group's size
+	// Backend gives rank r its kernels; the Shards own them and close
+	// those that have a Close method.
+	Backend  func(rank int) kernels.Backend
+	PageSize int // tokens per KV page
+	KVTokens int // each rank's pool holds ⌈KVTokens/PageSize⌉ pages of its share of every token's KV
+	MaxSeqs  int // sequences each pool holds at once
+	IndexK   kernels.IndexKDType
+	Group    dist.Options // the group's flight recorder, watchdog and name
+}
+
+// NewShards splits m over o.Ranks ranks.
+func NewShards(m *model.Model, o Options) (*Shards, error) {
+	newBackend, n, pageSize, kvTokens, maxSeqs, indexK, opts := o.Backend, o.Ranks, o.PageSize, o.KVTokens, o.MaxSeqs, o.IndexK, o.Group
 	if err := m.Config.CheckShards(n); err != nil {
 		return nil, fmt.Errorf("tp: %w", err)
 	}
@@ -158,10 +169,11 @@ type rankResult struct {
 	err  error
 }
 
-// New shards m over n ranks (see NewShards) and starts a goroutine per rank
-// (pprof label rank=r).
-func New(m *model.Model, newBackend func(rank int) kernels.Backend, n int, pageSize, kvTokens, maxSeqs int, indexK kernels.IndexKDType) (*Engine, error) {
-	shards, err := NewShards(m, newBackend, n, pageSize, kvTokens, maxSeqs, indexK, dist.Options{})
+// New shards m over o.Ranks ranks (see NewShards) and starts a goroutine
+// per rank (pprof label rank=r).
+func New(m *model.Model, o Options) (*Engine, error) {
+	n := o.Ranks
+	shards, err := NewShards(m, o)
 	if err != nil {
 		return nil, err
 	}

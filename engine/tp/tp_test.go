@@ -40,7 +40,7 @@ func prompts(seed uint64, n, vocab int) [][]int32 {
 
 func newEngine(t *testing.T, m *model.Model, n int) *tp.Engine {
 	t.Helper()
-	e, err := tp.New(m, func(int) kernels.Backend { return cpu.New(1) }, n, pageSize, kvTokens, maxSeqs, kernels.IndexFP8)
+	e, err := tp.New(m, tp.Options{Ranks: n, Backend: func(int) kernels.Backend { return cpu.New(1) }, PageSize: pageSize, KVTokens: kvTokens, MaxSeqs: maxSeqs, IndexK: kernels.IndexFP8})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +229,7 @@ func TestRefusesIndivisibleShapes(t *testing.T) {
 		{0, "tp: tensor parallelism 0 must be at least 1"},
 	} {
 		made := 0
-		_, err := tp.New(m, func(int) kernels.Backend { made++; return cpu.New(1) }, c.n, pageSize, kvTokens, maxSeqs, kernels.IndexFP8)
+		_, err := tp.New(m, tp.Options{Ranks: c.n, Backend: func(int) kernels.Backend { made++; return cpu.New(1) }, PageSize: pageSize, KVTokens: kvTokens, MaxSeqs: maxSeqs, IndexK: kernels.IndexFP8})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("TP=%d: error %v, want %q", c.n, err, c.want)
 		}
@@ -280,7 +280,7 @@ func TestForwardErrors(t *testing.T) {
 func TestCloseLeavesNoGoroutines(t *testing.T) {
 	m := testmodel.Open(t, tiny(model.ArchLlamaDSA))
 	before := runtime.NumGoroutine()
-	e, err := tp.New(m, func(int) kernels.Backend { return cpu.New(2) }, 2, pageSize, kvTokens, maxSeqs, kernels.IndexBF16)
+	e, err := tp.New(m, tp.Options{Ranks: 2, Backend: func(int) kernels.Backend { return cpu.New(2) }, PageSize: pageSize, KVTokens: kvTokens, MaxSeqs: maxSeqs, IndexK: kernels.IndexBF16})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -419,14 +419,22 @@ func (h *harness) abort(a targs, out *strings.Builder) error {
 	if err := errors.Join(e1, e2); err != nil {
 		return err
 	}
+	h.each(out, "the caller aborts it in the scheduler", func(m *Machine) ([]Action, bool) {
+		return m.Abort(t, uint64(id), or(a["why"], "abort"))
+	})
+	return nil
+}
+
+// each runs an agreed event on every rank and prints its actions, and
+// once, when the machine left it to the caller, what the caller does.
+func (h *harness) each(out *strings.Builder, caller string, event func(*Machine) ([]Action, bool)) {
 	for r, m := range h.ms {
-		acts, handled := m.Abort(t, uint64(id), or(a["why"], "abort"))
+		acts, handled := event(m)
 		if !handled && r == 0 {
-			out.WriteString("not handled: the caller aborts it in the scheduler\n")
+			out.WriteString("not handled: " + caller + "\n")
 		}
 		h.print(out, r, acts)
 	}
-	return nil
 }
 
 func (h *harness) schedFinished(a targs, out *strings.Builder) error {
@@ -436,13 +444,9 @@ func (h *harness) schedFinished(a targs, out *strings.Builder) error {
 	if err := errors.Join(e1, e2, e3); err != nil {
 		return err
 	}
-	for r, m := range h.ms {
-		acts, handled := m.SchedFinished(t, uint64(id), produced, or(a["why"], "abort"))
-		if !handled && r == 0 {
-			out.WriteString("not handled: the caller ends it by the scheduler's reason\n")
-		}
-		h.print(out, r, acts)
-	}
+	h.each(out, "the caller ends it by the scheduler's reason", func(m *Machine) ([]Action, bool) {
+		return m.SchedFinished(t, uint64(id), produced, or(a["why"], "abort"))
+	})
 	return nil
 }
 

@@ -256,14 +256,8 @@ func (m *Machine) judge(now time.Duration, q *room) pdproto.KVPoll {
 	if q.failed || !q.local.IsZero() {
 		return pdproto.Failed
 	}
-	if q.abort != nil {
-		return fail(because(KindPeerAborted, "aborted by the decode: %s", q.abort.Reason))
-	}
-	if s := q.status; s != nil && s.State == pdproto.Failed {
-		if c.Role == Prefill {
-			return fail(because(KindPeerFailed, "the decode failed: %s", s.Error))
-		}
-		return fail(because(KindPeerFailed, "the prefill failed: %s", s.Error))
+	if r := m.peerWord(q); !r.IsZero() {
+		return fail(r)
 	}
 	switch q.phase {
 	case Bootstrap:
@@ -459,19 +453,28 @@ func (m *Machine) tellPrefillPeer(acts []Action, q *room, why string) []Action {
 	return acts
 }
 
+// peerWord is the failure the other side sent this rank for q, if any: an
+// ABORT (to a prefill) or STATUS Failed.
+func (m *Machine) peerWord(q *room) Reason {
+	switch s := q.status; {
+	case q.abort != nil:
+		return because(KindPeerAborted, "aborted by the decode: %s", q.abort.Reason)
+	case s != nil && s.State == pdproto.Failed && m.cfg.Role == Prefill:
+		return because(KindPeerFailed, "the decode failed: %s", s.Error)
+	case s != nil && s.State == pdproto.Failed:
+		return because(KindPeerFailed, "the prefill failed: %s", s.Error)
+	}
+	return Reason{}
+}
+
 // otherRank names why a room failed when another rank voted Failed and
 // this one did not: from this rank's mail when it holds the other side's
 // word by now, else by the side whose word it must have been.
 func (m *Machine) otherRank(q *room) Reason {
-	prefill := m.cfg.Role == Prefill
-	switch {
-	case prefill && q.abort != nil:
-		return because(KindPeerAborted, "aborted by the decode: %s", q.abort.Reason)
-	case q.status != nil && q.status.State == pdproto.Failed && prefill:
-		return because(KindPeerFailed, "the decode failed: %s", q.status.Error)
-	case q.status != nil && q.status.State == pdproto.Failed:
-		return because(KindPeerFailed, "the prefill failed: %s", q.status.Error)
-	case prefill:
+	if r := m.peerWord(q); !r.IsZero() {
+		return r
+	}
+	if m.cfg.Role == Prefill {
 		return because(KindOtherRank, "another rank failed the room: the decode aborted or failed it")
 	}
 	return because(KindOtherRank, "another rank failed the room: its prefill peer failed or went away")
