@@ -148,10 +148,10 @@ func (e *Engine) takeInbox() stepInput {
 		}
 		in.adds = append(in.adds, a)
 	}
-	for _, id := range aborts {
-		if r := e.front[id]; r != nil && r.cut == "" {
+	for _, a := range aborts {
+		if r := e.front[a.id]; r != nil && r.cut == "" {
 			r.cut = ReasonAbort
-			in.aborts = append(in.aborts, id)
+			in.aborts = append(in.aborts, a)
 		}
 	}
 	return in
@@ -160,19 +160,19 @@ func (e *Engine) takeInbox() stepInput {
 // takeAborts, on rank 0 during a step, takes the aborts of requests the
 // ranks know and leaves the others (for requests still in the inbox) for
 // the next step input.
-func (e *Engine) takeAborts() []uint64 {
+func (e *Engine) takeAborts() []abortMsg {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	var cuts []uint64
+	var cuts []abortMsg
 	keep := e.aborts[:0]
-	for _, id := range e.aborts {
-		r, known := e.front[id]
+	for _, a := range e.aborts {
+		r, known := e.front[a.id]
 		switch {
 		case !known:
-			keep = append(keep, id)
+			keep = append(keep, a)
 		case r.cut == "":
 			r.cut = ReasonAbort
-			cuts = append(cuts, id)
+			cuts = append(cuts, a)
 		}
 	}
 	e.aborts = keep
@@ -287,14 +287,14 @@ func (l *rankLoop) arrive(in stepInput) ([]addMsg, error) {
 			if err := l.pdAdmit(a); err != nil {
 				return nil, err
 			}
-		case slices.Contains(in.aborts, a.id):
+		case slices.ContainsFunc(in.aborts, func(x abortMsg) bool { return x.id == a.id }):
 			l.end(a.id, ending{reason: sched.ReasonAbort})
 		default:
 			adds = append(adds, a)
 		}
 	}
-	for _, id := range in.aborts {
-		if err := l.cut(id); err != nil {
+	for _, a := range in.aborts {
+		if err := l.cut(a.id, a.by.String()); err != nil {
 			return nil, err
 		}
 	}
@@ -418,11 +418,12 @@ func (l *rankLoop) admit(adds []addMsg) error {
 }
 
 // cut aborts a request the ranks know in whatever state it is; an unknown
-// (already finished) or already cut id changes nothing.
-func (l *rankLoop) cut(id uint64) error {
+// (already finished) or already cut id changes nothing. why, who asked,
+// goes with a PD request's abort to its peer.
+func (l *rankLoop) cut(id uint64, why string) error {
 	s := l.seqs[id]
 	if s == nil {
-		_, err := l.pdAbort(id, "aborted")
+		_, err := l.pdAbort(id, why)
 		return err
 	}
 	if s.cut {
@@ -542,8 +543,8 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 		out.now = e.clock()
 		out.cuts = e.takeAborts()
 		cut := make(map[uint64]bool, len(out.cuts))
-		for _, id := range out.cuts {
-			cut[id] = true
+		for _, a := range out.cuts {
+			cut[a.id] = true
 		}
 		logits := l.rk.Logits()
 		emitted := time.Now() // one timestamp for every token of the step
@@ -567,7 +568,7 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 			default:
 				// Never blocks: the request goes instead.
 				r.cut = ReasonSlowReader
-				out.cuts = append(out.cuts, it.ID)
+				out.cuts = append(out.cuts, abortMsg{id: it.ID, by: AbortBySlowReader})
 				continue
 			}
 			s := l.seqs[it.ID]
@@ -590,8 +591,8 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 // apply ends the step on this rank: the cuts, then the tokens.
 func (l *rankLoop) apply(plan sched.Plan, out stepOutput) error {
 	l.now = max(l.now, out.now)
-	for _, id := range out.cuts {
-		if err := l.cut(id); err != nil {
+	for _, a := range out.cuts {
+		if err := l.cut(a.id, a.by.String()); err != nil {
 			return err
 		}
 	}

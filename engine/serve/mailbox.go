@@ -241,15 +241,26 @@ func (mb *mailbox) take(room uint64) rooms.Mail {
 	return out
 }
 
-func (mb *mailbox) setKnown(room uint64, known bool) {
+// admit makes room one the loop has: its mail is kept for it.
+func (mb *mailbox) admit(room uint64) {
 	mb.mu.Lock()
 	defer mb.mu.Unlock()
-	if known {
-		mb.known[room] = true
-		return
+	mb.known[room] = true
+}
+
+// forget drops a room the loop no longer has, with its mail. An ABORT the
+// loop never took up (it came after the room's last filing) is answered
+// now, as for any room the loop does not have: the ack and where it goes
+// are returned for the loop to send.
+func (mb *mailbox) forget(room uint64) (to string, ack *pdproto.AbortAck) {
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	if x := mb.rooms[room]; x != nil && x.Abort != nil && mb.prefill {
+		to, ack = x.Abort.Endpoint, &pdproto.AbortAck{Room: room, Rank: mb.rank}
 	}
 	delete(mb.known, room)
 	delete(mb.rooms, room)
+	return to, ack
 }
 
 // expire forgets mail for rooms the loop never took up.

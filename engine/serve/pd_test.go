@@ -371,9 +371,10 @@ func FuzzMailbox(f *testing.F) {
 			mb.reply = func(string, pdproto.Message) {}
 			mb.self = pdproto.Heartbeat{Sender: "self"}
 			mb.peers["x"] = &peerState{}
-			mb.setKnown(1, true)
+			mb.admit(1)
 			mb.handle(frames) // must not panic; errors are the transport's to count
 			mb.take(1)
+			mb.forget(1)
 			mb.expire(time.Now())
 		}
 	})
@@ -483,5 +484,32 @@ func TestPDFailureLoggedOnce(t *testing.T) {
 	}
 	if got := pp.decode.PDFailuresByQueue(); got["transfer"] != 1 || pp.decode.PDFailures() != 1 {
 		t.Errorf("failures by queue %v, total %d", got, pp.decode.PDFailures())
+	}
+}
+
+// An ABORT that reaches a prefill rank after the loop last took the room's
+// mail, and before the room ends, is still acknowledged: the room's end
+// answers it, or the decode would hold its pages to the abort-ack deadline.
+func TestMailboxAcksAnAbortLeftAtForget(t *testing.T) {
+	mb := newMailbox(true, 1, func() {}, &faultSet{})
+	var sent []pdproto.Message
+	mb.reply = func(_ string, m pdproto.Message) { sent = append(sent, m) }
+	mb.admit(7)
+	frames, err := pdproto.Encode(&pdproto.Abort{Room: 7, Endpoint: "tcp://decode", Rank: 1, Reason: "client gone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mb.handle(frames); err != nil {
+		t.Fatal(err)
+	}
+	if len(sent) != 0 {
+		t.Fatalf("a known room's ABORT was answered by the receive goroutine: %v", sent)
+	}
+	to, ack := mb.forget(7)
+	if ack == nil || to != "tcp://decode" || ack.Room != 7 || ack.Rank != 1 {
+		t.Fatalf("forget answered %q %+v, want an ABORT_ACK of room 7 from rank 1 to tcp://decode", to, ack)
+	}
+	if to, ack := mb.forget(7); ack != nil {
+		t.Errorf("a second forget answered again: %q %+v", to, ack)
 	}
 }

@@ -126,7 +126,7 @@ func (l *rankLoop) pdAdmit(a addMsg) error {
 		return nil
 	}
 	l.pd.reqs[a.id] = &pdReq{add: a}
-	l.pd.mb.setKnown(a.room, true)
+	l.pd.mb.admit(a.room)
 	return nil
 }
 
@@ -232,7 +232,7 @@ func (l *rankLoop) pdExec(acts []rooms.Action) error {
 		case rooms.Admit:
 			pd.joins = append(pd.joins, pd.reqs[a.ID].add)
 		case rooms.Cut:
-			err = l.cut(a.ID)
+			err = l.cut(a.ID, a.Reason.Text)
 		case rooms.Arrived:
 			err = l.arrived(a)
 		case rooms.Release:
@@ -241,7 +241,9 @@ func (l *rankLoop) pdExec(acts []rooms.Action) error {
 			l.pdEnded(a)
 		case rooms.Forget:
 			delete(pd.reqs, a.ID)
-			pd.mb.setKnown(a.Room, false)
+			if to, ack := pd.mb.forget(a.Room); ack != nil {
+				l.sendChecked(a.ID, "abort ack", to, ack)
+			}
 		default:
 			err = fmt.Errorf("unknown PD action %T", act)
 		}

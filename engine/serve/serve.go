@@ -163,7 +163,7 @@ type Stream struct {
 // Abort ends the request in whatever state it is; it never blocks and may
 // be called any number of times, also after the request finished.
 func (s *Stream) Abort() {
-	s.once.Do(func() { s.e.abort(s.ID) })
+	s.once.Do(func() { s.e.abort(s.ID, AbortByClient) })
 }
 
 // StepRecord describes one loop iteration of one rank. It is immutable once
@@ -246,7 +246,7 @@ type Engine struct {
 	mu      sync.Mutex // guards the inbox; never held across work
 	closed  bool
 	pending []*request
-	aborts  []uint64
+	aborts  []abortMsg
 	wake    chan struct{} // capacity 1: the inbox changed
 
 	// The inbox as Health sees it without the lock.
@@ -488,15 +488,41 @@ func (e *Engine) Submit(ctx context.Context, q Request) (*Stream, error) {
 	return s, nil
 }
 
+// AbortBy says who asked for an abort. A PD request's abort carries it to
+// the peer, so both sides' logs name the cause.
+type AbortBy uint8
+
+const (
+	AbortByOperator   AbortBy = iota // an admin call (by request id or by room)
+	AbortByClient                    // the client went: its context ended (a router that cut its upstream request included)
+	AbortBySlowReader                // the stream's reader fell behind (see Stream)
+)
+
+func (b AbortBy) String() string {
+	switch b {
+	case AbortByClient:
+		return "aborted by the client"
+	case AbortBySlowReader:
+		return "aborted: the stream's reader fell behind"
+	}
+	return "aborted by an operator"
+}
+
+// abortMsg is one asked-for abort.
+type abortMsg struct {
+	id uint64
+	by AbortBy
+}
+
 // Abort aborts request id (a Stream's ID) in whatever state it is, for an
 // abort by id from an admin call. It never blocks; an unknown or finished
 // id is ignored.
-func (e *Engine) Abort(id uint64) { e.abort(id) }
+func (e *Engine) Abort(id uint64) { e.abort(id, AbortByOperator) }
 
-func (e *Engine) abort(id uint64) {
+func (e *Engine) abort(id uint64, by AbortBy) {
 	e.mu.Lock()
 	if !e.closed {
-		e.aborts = append(e.aborts, id)
+		e.aborts = append(e.aborts, abortMsg{id: id, by: by})
 	}
 	e.mu.Unlock()
 	e.poke()

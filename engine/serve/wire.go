@@ -17,7 +17,7 @@ type stepInput struct {
 	now    time.Duration // since the engine's epoch, rank 0's clock
 	stop   bool          // the engine is closing: every loop returns
 	adds   []addMsg
-	aborts []uint64 // applied after adds; unknown or finished ids are ignored
+	aborts []abortMsg // applied after adds; unknown or finished ids are ignored
 }
 
 // addMsg is a new request as the ranks need it (the sampler and the stream
@@ -36,7 +36,7 @@ type addMsg struct {
 // stepOutput closes a step that ran a forward pass.
 type stepOutput struct {
 	now  time.Duration
-	cuts []uint64 // requests aborted while the step ran, applied before the tokens
+	cuts []abortMsg // requests aborted while the step ran, applied before the tokens
 	// toks has one entry per Run item that wants logits and is not cut
 	// (before or by this message), in plan order.
 	toks []sampled
@@ -64,7 +64,7 @@ func (m *stepInput) encode(b []byte) []byte {
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(a.url)))
 		b = append(b, a.url...)
 	}
-	return appendIDs(b, m.aborts)
+	return appendAborts(b, m.aborts)
 }
 
 func (m *stepInput) decode(b []byte) error {
@@ -80,13 +80,13 @@ func (m *stepInput) decode(b []byte) error {
 		a.url = string(r.take(r.count(1)))
 		m.adds = append(m.adds, a)
 	}
-	m.aborts = r.ids()
+	m.aborts = r.aborts()
 	return r.done()
 }
 
 func (m *stepOutput) encode(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint64(b, uint64(m.now))
-	b = appendIDs(b, m.cuts)
+	b = appendAborts(b, m.cuts)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.toks)))
 	for _, s := range m.toks {
 		b = binary.LittleEndian.AppendUint32(b, uint32(s.tok))
@@ -98,7 +98,7 @@ func (m *stepOutput) encode(b []byte) []byte {
 func (m *stepOutput) decode(b []byte) error {
 	r := reader{b: b}
 	*m = stepOutput{now: time.Duration(r.u64())}
-	m.cuts = r.ids()
+	m.cuts = r.aborts()
 	n := r.count(5)
 	m.toks = make([]sampled, 0, n)
 	for range n {
@@ -122,10 +122,11 @@ func appendTokens(b []byte, ts []int32) []byte {
 	return b
 }
 
-func appendIDs(b []byte, ids []uint64) []byte {
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(ids)))
-	for _, id := range ids {
-		b = binary.LittleEndian.AppendUint64(b, id)
+func appendAborts(b []byte, as []abortMsg) []byte {
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(as)))
+	for _, a := range as {
+		b = binary.LittleEndian.AppendUint64(b, a.id)
+		b = append(b, byte(a.by))
 	}
 	return b
 }
@@ -194,13 +195,20 @@ func (r *reader) tokens() []int32 {
 	return out
 }
 
-func (r *reader) ids() []uint64 {
-	n := r.count(8)
-	out := make([]uint64, n)
+func (r *reader) aborts() []abortMsg {
+	n := r.count(9)
+	out := make([]abortMsg, n)
 	for i := range out {
-		out[i] = r.u64()
+		out[i] = abortMsg{id: r.u64(), by: AbortBy(r.byte())}
 	}
 	return out
+}
+
+func (r *reader) byte() byte {
+	if v := r.take(1); v != nil {
+		return v[0]
+	}
+	return 0
 }
 
 func (r *reader) done() error {

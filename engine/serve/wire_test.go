@@ -9,12 +9,12 @@ import (
 func TestWireRoundTrip(t *testing.T) {
 	in := stepInput{now: 12345, stop: true,
 		adds:   []addMsg{{id: 7, maxTokens: 9, ignoreEOS: true, prompt: []int32{1, 2, 3}, stop: []int32{4}}, {id: 8, maxTokens: 1, prompt: []int32{5}, stop: []int32{}, pd: true, room: 1 << 60, url: "http://127.0.0.1:8998"}},
-		aborts: []uint64{7, 99}}
+		aborts: []abortMsg{{id: 7, by: AbortByClient}, {id: 99}}}
 	var got stepInput
 	if err := got.decode(in.encode(nil)); err != nil || !reflect.DeepEqual(got, in) {
 		t.Errorf("input: %v\n got %+v\nwant %+v", err, got, in)
 	}
-	out := stepOutput{now: 5, cuts: []uint64{3}, toks: []sampled{{tok: 11, stop: false}, {tok: 2, stop: true}}}
+	out := stepOutput{now: 5, cuts: []abortMsg{{id: 3, by: AbortBySlowReader}}, toks: []sampled{{tok: 11, stop: false}, {tok: 2, stop: true}}}
 	var gotOut stepOutput
 	if err := gotOut.decode(out.encode(nil)); err != nil || !reflect.DeepEqual(gotOut, out) {
 		t.Errorf("output: %v\n got %+v\nwant %+v", err, gotOut, out)
@@ -33,7 +33,7 @@ func TestWireRoundTrip(t *testing.T) {
 
 func FuzzWireDecode(f *testing.F) {
 	f.Add(((&stepInput{adds: []addMsg{{id: 1, maxTokens: 2, prompt: []int32{3}}}}).encode(nil)))
-	f.Add((&stepOutput{cuts: []uint64{1}, toks: []sampled{{tok: 1}}}).encode(nil))
+	f.Add((&stepOutput{cuts: []abortMsg{{id: 1}}, toks: []sampled{{tok: 1}}}).encode(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var in stepInput
 		if in.decode(b) == nil {
