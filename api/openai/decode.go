@@ -90,6 +90,8 @@ func DecodeCompletion(r io.Reader, l Limits) (*CompletionRequest, *Error) {
 	if _, ok := f.get("logprobs"); ok {
 		f.fail(unsupportedf("logprobs", `"logprobs" is not supported`))
 	}
+	f.unsupportedCommon()
+	f.unsupportedCompletion()
 	if f.err != nil {
 		return nil, f.err
 	}
@@ -137,6 +139,8 @@ func DecodeChat(r io.Reader, l Limits) (*ChatCompletionRequest, *Error) {
 	if n := f.intp("top_logprobs"); n != nil && *n != 0 {
 		f.fail(unsupportedf("top_logprobs", `"top_logprobs" is not supported`))
 	}
+	f.unsupportedCommon()
+	f.unsupportedChat()
 	if f.err != nil {
 		return nil, f.err
 	}
@@ -301,11 +305,15 @@ func fillSampling(temp, topP **float64) {
 	}
 }
 
+// choicesErr refuses n or best_of other than 1, saying what is supported.
 func choicesErr(name string, n int) *Error {
 	if n < 1 {
 		return invalidf(name, `%q must be at least 1, got %d`, name, n)
 	}
-	return unsupportedf(name, `%q must be 1: several choices per request are not supported`, name)
+	if name == "n" {
+		return unsupportedf(name, `"n" must be 1: one choice per request is supported, got %d; send %d requests (with different seeds) for %d choices`, n, n, n)
+	}
+	return unsupportedf(name, `%q must be 1: one candidate per request is supported, got %d`, name, n)
 }
 
 // readObject reads the body, at most l.maxBody() bytes, and splits the
@@ -659,6 +667,9 @@ func parseMessages(raw json.RawMessage) ([]Message, *Error) {
 		if f.err != nil {
 			f.err.Param = name + "." + f.err.Param
 			f.err.Message = fmt.Sprintf("%q must be a string", f.err.Param)
+			return nil, f.err
+		}
+		if f.unsupportedMessage(i); f.err != nil {
 			return nil, f.err
 		}
 		c, ok := f.get("content")

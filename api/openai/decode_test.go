@@ -73,7 +73,7 @@ var commonErrs = []errCase{
 	{"include_usage type", `{"stream": true, "stream_options": {"include_usage": 1}}`, 400, "stream_options.include_usage", `"stream_options.include_usage" must be a boolean`},
 	{"ignore_eos type", `{"ignore_eos": 1}`, 400, "ignore_eos", `"ignore_eos" must be a boolean`},
 	{"user type", `{"user": 1}`, 400, "user", `"user" must be a string`},
-	{"n two", `{"n": 2}`, 400, "n", `"n" must be 1: several choices per request are not supported`},
+	{"n two", `{"n": 2}`, 400, "n", `"n" must be 1: one choice per request is supported, got 2; send 2 requests (with different seeds) for 2 choices`},
 	{"n zero", `{"n": 0}`, 400, "n", `"n" must be at least 1, got 0`},
 	{"unknown model", `{"model": "gpt-4"}`, 404, "model", `model "gpt-4" does not exist`},
 }
@@ -104,7 +104,7 @@ func TestDecodeCompletionErrors(t *testing.T) {
 		{"prompt negative token", `{"prompt": [1, -2]}`, 400, "prompt", `"prompt[1]" must be a token id (at least 0), got -2`},
 		{"prompt token fraction", `{"prompt": [1.5]}`, 400, "prompt", `"prompt[0]" must be a token id, got 1.5`},
 		{"prompt array of object", `{"prompt": [{}]}`, 400, "prompt", `"prompt" must be a string, an array of one string or an array of token ids`},
-		{"best_of", `{"prompt": "a", "best_of": 3}`, 400, "best_of", `"best_of" must be 1: several choices per request are not supported`},
+		{"best_of", `{"prompt": "a", "best_of": 3}`, 400, "best_of", `"best_of" must be 1: one candidate per request is supported, got 3`},
 		{"echo", `{"prompt": "a", "echo": true}`, 400, "echo", `"echo" is not supported`},
 		{"logprobs", `{"prompt": "a", "logprobs": 1}`, 400, "logprobs", `"logprobs" is not supported`},
 		{"logprobs zero", `{"prompt": "a", "logprobs": 0}`, 400, "logprobs", `"logprobs" is not supported`},

@@ -7,10 +7,16 @@
 // that pdkit has no use for, but every known field must have the right JSON
 // type and a value in range, and a failure names the field (its param) in an
 // *Error carrying the HTTP status to answer with. JSON null for an optional
-// field means the field is absent. Features pdkit does not implement (several
-// choices per request, echo, logprobs) are refused with 400 rather than
-// ignored, so that a client never receives an answer to a question it did not
-// ask.
+// field means the field is absent. Features pdkit does not implement are
+// refused with 400 rather than ignored, so that a client never receives an
+// answer to a question it did not ask: several choices per request (n and
+// best_of other than 1), echo, logprobs, and every OpenAI parameter whose
+// value would change the answer: tools and tool_choice, response_format,
+// penalties, logit_bias, suffix and the others listed in unsupported.go.
+// The error names the parameter (param) and has code
+// "unsupported_parameter"; a value that asks for nothing beyond what pdkit
+// does anyway ("tool_choice": "none", "response_format": {"type": "text"},
+// a penalty of 0, "tools": []) is accepted.
 //
 // After DecodeCompletion or DecodeChat succeeds, MaxTokens (for chat:
 // MaxCompletionTokens when max_tokens was absent), Temperature and TopP are
