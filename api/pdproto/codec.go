@@ -10,7 +10,7 @@ import (
 // Version is the protocol version carried in the guard frame. A change to
 // any message's layout bumps it; a receiver drops messages of any other
 // version (ErrVersion).
-const Version byte = 1
+const Version byte = 2
 
 // guardMagic starts frame 0; Version follows it.
 const guardMagic = "PDKIT"
@@ -106,6 +106,10 @@ func Encode(m Message) ([][]byte, error) {
 	case *Heartbeat:
 		if m != nil {
 			return encodeHeartbeat(m)
+		}
+	case *Queued:
+		if m != nil {
+			return encodeQueued(m)
 		}
 	}
 	return nil, fmt.Errorf("pdproto: cannot encode %T(nil)", m)
@@ -273,6 +277,18 @@ func encodeHeartbeat(m *Heartbeat) ([][]byte, error) {
 	return finish(TypeHeartbeat, buf, frames), nil
 }
 
+func encodeQueued(m *Queued) ([][]byte, error) {
+	if err := checkLen("endpoint", len(m.Endpoint)); err != nil {
+		return nil, err
+	}
+	buf, frames := start(TypeQueued, 8+4+len(m.Endpoint)+4+4, 0)
+	buf = appendU64(buf, m.Room)
+	buf = appendStr(buf, m.Endpoint)
+	buf = appendU32(buf, m.Rank)
+	buf = appendU32(buf, m.Position)
+	return finish(TypeQueued, buf, frames), nil
+}
+
 // Decode parses the frames of one multipart message. Byte payloads of a
 // KV_CHUNK alias frames (nothing is copied); strings and page ids are
 // copied. On failure it returns a *DecodeError and a nil Message.
@@ -310,6 +326,8 @@ func Decode(frames [][]byte) (Message, error) {
 		m = r.abortAck()
 	case TypeHeartbeat:
 		m = r.heartbeat()
+	case TypeQueued:
+		m = r.queued()
 	}
 	if r.err == nil && len(r.b) > 0 {
 		r.fail(frameHeader, "", fmt.Sprintf("%d trailing bytes", len(r.b)))
@@ -504,6 +522,15 @@ func (r *reader) abortAck() *AbortAck {
 	m.Room = r.u64("room")
 	m.Rank = r.u32("rank")
 	m.InFlight = r.flags("in_flight", 1) != 0
+	return m
+}
+
+func (r *reader) queued() *Queued {
+	m := &Queued{}
+	m.Room = r.u64("room")
+	m.Endpoint = r.str("endpoint")
+	m.Rank = r.u32("rank")
+	m.Position = r.u32("position")
 	return m
 }
 

@@ -45,6 +45,8 @@ func samples() []Message {
 		&AbortAck{Room: 6, Rank: 1, InFlight: true},
 		&Heartbeat{},
 		&Heartbeat{Sender: "tcp://10.0.0.2:5555", Boot: 0xdead_beef, Seq: 1 << 63, UnixNano: -5, Reply: true},
+		&Queued{},
+		&Queued{Room: 1 << 62, Endpoint: "tcp://10.0.0.2:5555", Rank: 3, Position: 0xffff_ffff},
 	}
 }
 
@@ -83,7 +85,7 @@ func TestRoundTrip(t *testing.T) {
 	for _, m := range samples() {
 		seen[m.Type()] = true
 		frames := mustEncode(t, m)
-		if string(frames[0]) != "PDKIT\x01" || string(frames[1]) != string(m.Type()) {
+		if string(frames[0]) != "PDKIT\x02" || string(frames[1]) != string(m.Type()) {
 			t.Fatalf("%T: frames 0 and 1 are %q %q", m, frames[0], frames[1])
 		}
 		got, err := Decode(cloneFrames(frames))
@@ -236,7 +238,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"foreign guard", [][]byte{[]byte("NixlMsgGuard"), []byte("ABORT")}, ErrVersion, "guard"},
 		{"sglang-style ABORT without guard", [][]byte{[]byte("ABORT"), []byte("123")}, ErrVersion, "guard"},
 		{"empty guard", [][]byte{{}}, ErrVersion, "guard"},
-		{"next version", with(status, 0, set(5, 2)), ErrVersion, "version"},
+		{"next version", with(status, 0, set(5, Version+1)), ErrVersion, "version"},
 		{"guard only", status[:1], ErrMalformed, ""},
 		{"unknown type", with(status, 1, func([]byte) []byte { return []byte("STATUS2") }), ErrUnknownType, "type"},
 		{"lowercase type", with(status, 1, func([]byte) []byte { return []byte("status") }), ErrUnknownType, "type"},
@@ -309,7 +311,7 @@ func TestRoomOf(t *testing.T) {
 }
 
 func TestGuard(t *testing.T) {
-	if g := Guard(); string(g) != "PDKIT\x01" {
+	if g := Guard(); string(g) != "PDKIT\x02" {
 		t.Fatalf("Guard() = %q", g)
 	}
 }

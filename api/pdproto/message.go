@@ -11,13 +11,14 @@ const (
 	TypeAbort        Type = "ABORT"         // decode → every prefill rank of the pair
 	TypeAbortAck     Type = "ABORT_ACK"     // prefill → decode rank
 	TypeHeartbeat    Type = "HEARTBEAT"     // decode → prefill and back
+	TypeQueued       Type = "QUEUED"        // decode → prefill rank: the room waits for the decode's memory
 )
 
 // Types lists every message type.
-var Types = []Type{TypeTransferInfo, TypeKVChunk, TypeStatus, TypeAbort, TypeAbortAck, TypeHeartbeat}
+var Types = []Type{TypeTransferInfo, TypeKVChunk, TypeStatus, TypeAbort, TypeAbortAck, TypeHeartbeat, TypeQueued}
 
-// Message is one of *TransferInfo, *KVChunk, *Status, *Abort, *AbortAck and
-// *Heartbeat; no other type implements it.
+// Message is one of *TransferInfo, *KVChunk, *Status, *Abort, *AbortAck,
+// *Heartbeat and *Queued; no other type implements it.
 type Message interface {
 	// Type is the message's type, the text of its frame 1.
 	Type() Type
@@ -124,6 +125,18 @@ type AbortAck struct {
 	InFlight bool
 }
 
+// Queued tells a prefill rank that the decode holds the room in its queue,
+// waiting for memory before it sends TRANSFER_INFO: the room is alive. A
+// decode rank sends one per waiting room every heartbeat interval; each
+// renews the room's lease on the prefill, whose bootstrap timeout then
+// catches a silent or dead decode, never a busy one.
+type Queued struct {
+	Room     uint64
+	Endpoint string // the decode rank's KV socket, where a STATUS Failed goes if the prefill ended the room
+	Rank     uint32 // the decode rank's TP rank
+	Position uint32 // the room's place among the decode's waiting rooms, from 0
+}
+
 // Heartbeat is a liveness probe and its answer: the decode sends one with
 // Reply false to each prefill rank it depends on, and the prefill answers
 // with Reply true, the same Seq and its own Sender, Boot and clock.
@@ -145,6 +158,7 @@ func (*Status) Type() Type       { return TypeStatus }
 func (*Abort) Type() Type        { return TypeAbort }
 func (*AbortAck) Type() Type     { return TypeAbortAck }
 func (*Heartbeat) Type() Type    { return TypeHeartbeat }
+func (*Queued) Type() Type       { return TypeQueued }
 
 func (*TransferInfo) isMessage() {}
 func (*KVChunk) isMessage()      {}
@@ -152,6 +166,7 @@ func (*Status) isMessage()       {}
 func (*Abort) isMessage()        {}
 func (*AbortAck) isMessage()     {}
 func (*Heartbeat) isMessage()    {}
+func (*Queued) isMessage()       {}
 
 // RoomOf returns the bootstrap room m is about, and false for a HEARTBEAT,
 // which is about none. A receiver uses it to drop late messages: those for
@@ -167,6 +182,8 @@ func RoomOf(m Message) (uint64, bool) {
 	case *Abort:
 		return m.Room, true
 	case *AbortAck:
+		return m.Room, true
+	case *Queued:
 		return m.Room, true
 	}
 	return 0, false

@@ -108,13 +108,13 @@ func TestPushSendsMultipart(t *testing.T) {
 		push, err = newPush(context.Background(), a)
 		if err == nil {
 			long := bytes.Repeat([]byte{'x'}, 300)
-			err = push.Send(context.Background(), [][]byte{[]byte("PDKIT\x01"), {}, long})
+			err = push.Send(context.Background(), [][]byte{[]byte("PDKIT\x02"), {}, long})
 		}
 		got <- err
 	}()
 	w := peer.write(append(greeting(true), ready(TypePULL)...))
 	peer.expectHandshake(false, TypePUSH)
-	if f, body := peer.frame(); f != flagMore || string(body) != "PDKIT\x01" {
+	if f, body := peer.frame(); f != flagMore || string(body) != "PDKIT\x02" {
 		t.Fatalf("frame 0: %#x %q", f, body)
 	}
 	if f, body := peer.frame(); f != flagMore || len(body) != 0 {

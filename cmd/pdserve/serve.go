@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -74,7 +73,7 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 	if role != pdproto.RoleColocated {
 		f.StringSliceVar(&o.cfg.Faults, "fault", nil, "fault switch to turn on at start (repeatable; see GET /debug/v1/faults)")
 		f.StringVar(&o.cfg.PD.Host, "pd-host", def.PD.Host, "address the ranks' ZeroMQ sockets bind and advertise")
-		f.DurationVar(&o.cfg.PD.BootstrapTimeout, "bootstrap-timeout", def.PD.BootstrapTimeout, "longest a PD request may wait for its peer's handshake (and, on a decode server, for pages)")
+		f.DurationVar(&o.cfg.PD.BootstrapTimeout, "bootstrap-timeout", def.PD.BootstrapTimeout, "longest a PD request may wait without a word from its peer (a prefill: TRANSFER_INFO or QUEUED from the decode; a decode: the prefill's registry); a room queued for memory waits on, within --request-timeout")
 		f.DurationVar(&o.cfg.PD.SendTimeout, "send-timeout", def.PD.SendTimeout, "longest handing one PD message to the transport may take")
 	}
 	switch role {
@@ -101,10 +100,10 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 	f.BoolVar(&o.noPrefixCache, "no-prefix-cache", false, "turn the radix prefix cache off (every prompt computed from its first token)")
 	f.DurationVar(&o.cfg.WaitingTimeout, "waiting-timeout", 0, "longest a request may wait for admission (0: no limit)")
 	f.DurationVar(&o.cfg.PrefillTimeout, "prefill-timeout", 0, "longest a prompt may take to prefill (0: no limit)")
-	f.DurationVar(&o.cfg.RequestTimeout, "request-timeout", 0, "longest a request may take in all (0: no limit)")
+	f.DurationVar(&o.cfg.RequestTimeout, "request-timeout", def.RequestTimeout, "longest a request may take in all, queued or not (negative: no limit)")
 	f.DurationVar(&o.stallAfter, "stall-after", 5*time.Second, "/health answers 503 when the engine loop has not iterated for this long, and the collective watchdog reports a collective that waits this long")
-	f.DurationVar(&o.maxQueue, "max-queue-age", 0, "/health answers 503 while a request has waited longer than this for admission (0: never)")
-	f.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a shutdown waits for requests in flight")
+	f.DurationVar(&o.maxQueue, "max-queue-age", 0, "/health reports the server busy (still 200: queued is not dead) while a request has waited longer than this for admission, and routers send it no new requests (0: never)")
+	f.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a shutdown lets requests in flight, streams included, finish; those still running then end with an error")
 	f.StringVar(&o.adminToken, "admin-token", "", "bearer token the /admin/v1/ API requires (empty: admin calls only when listening on loopback)")
 	return cmd
 }
@@ -157,7 +156,7 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	}
 	defer eng.Close()
 
-	ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(o.port)))
+	ln, err := listen(o.host, o.port, "--port")
 	if err != nil {
 		return err
 	}
@@ -197,37 +196,15 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	srv := &http.Server{Handler: counted, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	fmt.Fprintf(stderr, "serving %s (%s) on http://%s\n", h.ModelName(), cfg.Role, ln.Addr())
 
-	serr := serveUntilDone(cmd.Context(), srv, ln, log, o.shutdown)
+	// At the shutdown deadline the engine closes first: it ends every
+	// stream still running with an error event, so its client knows.
+	serr := serveUntilDone(cmd.Context(), srv, ln, log, o.shutdown, func() { eng.Close() })
 	cerr := eng.Close() // finishes the streams of any handler still running
 	inflight.Wait()
 	if serr != nil {
 		return serr
 	}
 	return cerr
-}
-
-// serveUntilDone serves ln until ctx ends, then shuts srv down, giving
-// requests in flight up to timeout before cutting them. It returns the
-// server's failure, if it failed before ctx ended.
-func serveUntilDone(ctx context.Context, srv *http.Server, ln net.Listener, log *slog.Logger, timeout time.Duration) error {
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-	}
-	log.Info("shutting down", "timeout", timeout)
-	sctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		log.Warn("requests still in flight; closing them", "err", err)
-		srv.Close()
-	}
-	if err := <-done; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
 }
 
 // serveRegistry registers a prefill engine's ranks in a bootstrap registry
@@ -239,7 +216,7 @@ func serveRegistry(eng *serve.Engine, o serveOptions, log *slog.Logger) (stop fu
 			return nil, "", berr
 		}
 	}
-	ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(o.bootstrapPort)))
+	ln, err := listen(o.host, o.bootstrapPort, "--bootstrap-port")
 	if err != nil {
 		return nil, "", fmt.Errorf("bootstrap registry: %w", err)
 	}

@@ -60,9 +60,12 @@ type Config struct {
 	// (default 5s).
 	CloseTimeout time.Duration
 
-	// Timeouts; zero disables one (see sched.Config).
+	// Timeouts of the scheduler (see sched.Config); zero disables one.
 	WaitingTimeout time.Duration
 	PrefillTimeout time.Duration
+	// RequestTimeout bounds a request's whole life, however long it queues:
+	// each of its PD queues and its time in the scheduler (default 10
+	// minutes; negative: no limit).
 	RequestTimeout time.Duration
 
 	// Heartbeat is how long the loop waits for work before it iterates
@@ -117,6 +120,9 @@ func (c *Config) setDefaults(m *model.Model) {
 	}
 	if c.Name == "" {
 		c.Name = "pdserve"
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = 10 * time.Minute
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -184,8 +190,8 @@ func (c Config) Validate(m *model.Model) error {
 	if c.PrefillChunk < 1 {
 		bad("prefill chunk %d must be positive", c.PrefillChunk)
 	}
-	if c.WaitingTimeout < 0 || c.PrefillTimeout < 0 || c.RequestTimeout < 0 {
-		bad("timeouts must not be negative")
+	if c.WaitingTimeout < 0 || c.PrefillTimeout < 0 {
+		bad("waiting and prefill timeouts must not be negative")
 	}
 	if c.Heartbeat <= 0 {
 		bad("heartbeat %v must be positive", c.Heartbeat)

@@ -63,6 +63,7 @@ var receivers = map[pdproto.Type][]string{
 	pdproto.TypeAbort:        {pdproto.RolePrefill},
 	pdproto.TypeAbortAck:     {pdproto.RoleDecode},
 	pdproto.TypeHeartbeat:    {pdproto.RolePrefill, pdproto.RoleDecode},
+	pdproto.TypeQueued:       {pdproto.RolePrefill},
 }
 
 var faultSpecs = func() []FaultInfo {

@@ -30,6 +30,11 @@ type mailbox struct {
 	reply   func(endpoint string, m pdproto.Message)
 	self    pdproto.Heartbeat // a prefill's reply template: Sender and Boot
 	peers   map[string]*peerState
+	// ended remembers why a prefill's recent rooms failed (a bounded
+	// FIFO): a decode that still asks about one (TRANSFER_INFO, QUEUED)
+	// hears STATUS Failed at once, instead of waiting out its timeout.
+	ended      map[uint64]string
+	endedOrder []uint64
 }
 
 // peerState is a decode rank's view of one prefill rank's liveness.
@@ -48,12 +53,12 @@ type mail struct {
 }
 
 // maxUnknownRooms bounds the rooms a prefill keeps mail for before their
-// request arrived.
+// request arrived, and the failed rooms it remembers.
 const maxUnknownRooms = 4096
 
 func newMailbox(prefill bool, rank int, wake func(), faults *faultSet) *mailbox {
 	return &mailbox{rooms: map[uint64]*mail{}, known: map[uint64]bool{}, prefill: prefill, rank: uint32(rank), wake: wake,
-		faults: faults, peers: map[string]*peerState{}}
+		faults: faults, peers: map[string]*peerState{}, ended: map[uint64]string{}}
 }
 
 // handle is the receive goroutine's handler: it files each message under
@@ -93,6 +98,9 @@ func (mb *mailbox) file(m pdproto.Message) (to string, answer pdproto.Message, e
 		return mb.heartbeat(hb)
 	}
 	room, _ := pdproto.RoomOf(m)
+	if why, ok := mb.ended[room]; ok && !mb.known[room] {
+		return mb.endedAnswer(room, why, m)
+	}
 	if !mb.known[room] && (!mb.prefill || len(mb.rooms) >= maxUnknownRooms) {
 		// A decode has every room it expects messages for; a prefill
 		// may hear from a decode before the router's request arrives,
@@ -131,17 +139,36 @@ func (mb *mailbox) file(m pdproto.Message) (to string, answer pdproto.Message, e
 		x.Status = m
 	case *pdproto.AbortAck:
 		x.Acked = true
+	case *pdproto.Queued:
+		x.Queued = m
 	}
 	mb.wake()
 	return to, answer, nil
 }
 
+// endedAnswer answers mail about a room this prefill failed and forgot:
+// TRANSFER_INFO and QUEUED get STATUS Failed with the reason, an ABORT its
+// ack; anything else is late.
+func (mb *mailbox) endedAnswer(room uint64, why string, m pdproto.Message) (string, pdproto.Message, error) {
+	failed := &pdproto.Status{Room: room, Rank: mb.rank, State: pdproto.Failed, Error: "the prefill ended the room: " + why}
+	switch m := m.(type) {
+	case *pdproto.TransferInfo:
+		return m.Endpoint, failed, nil
+	case *pdproto.Queued:
+		return m.Endpoint, failed, nil
+	case *pdproto.Abort:
+		return m.Endpoint, &pdproto.AbortAck{Room: room, Rank: mb.rank}, nil
+	}
+	mb.late.Add(1)
+	return "", nil, nil
+}
+
 // placed reports whether the rank's role ever receives a message of m's
-// type: a prefill takes TRANSFER_INFO, ABORT and STATUS; a decode KV_CHUNK,
-// STATUS and ABORT_ACK.
+// type: a prefill takes TRANSFER_INFO, QUEUED, ABORT and STATUS; a decode
+// KV_CHUNK, STATUS and ABORT_ACK.
 func (mb *mailbox) placed(m pdproto.Message) bool {
 	switch m.(type) {
-	case *pdproto.TransferInfo, *pdproto.Abort:
+	case *pdproto.TransferInfo, *pdproto.Abort, *pdproto.Queued:
 		return mb.prefill
 	case *pdproto.KVChunk, *pdproto.AbortAck:
 		return !mb.prefill
@@ -246,13 +273,16 @@ func (mb *mailbox) admit(room uint64) {
 	mb.mu.Lock()
 	defer mb.mu.Unlock()
 	mb.known[room] = true
+	delete(mb.ended, room) // a new request for the room; the FIFO entry expires on its own
 }
 
-// forget drops a room the loop no longer has, with its mail. An ABORT the
-// loop never took up (it came after the room's last filing) is answered
-// now, as for any room the loop does not have: the ack and where it goes
-// are returned for the loop to send.
-func (mb *mailbox) forget(room uint64) (to string, ack *pdproto.AbortAck) {
+// forget drops a room the loop no longer has, with its mail; on a prefill
+// a room that failed (why set) is remembered, so that a decode still
+// asking about it hears why. An ABORT the loop never took up (it came
+// after the room's last filing) is answered now, as for any room the loop
+// does not have: the ack and where it goes are returned for the loop to
+// send.
+func (mb *mailbox) forget(room uint64, why string) (to string, ack *pdproto.AbortAck) {
 	mb.mu.Lock()
 	defer mb.mu.Unlock()
 	if x := mb.rooms[room]; x != nil && x.Abort != nil && mb.prefill {
@@ -260,6 +290,16 @@ func (mb *mailbox) forget(room uint64) (to string, ack *pdproto.AbortAck) {
 	}
 	delete(mb.known, room)
 	delete(mb.rooms, room)
+	if mb.prefill && why != "" {
+		if _, ok := mb.ended[room]; !ok {
+			mb.endedOrder = append(mb.endedOrder, room)
+		}
+		mb.ended[room] = why
+		for len(mb.endedOrder) > maxUnknownRooms {
+			delete(mb.ended, mb.endedOrder[0])
+			mb.endedOrder = mb.endedOrder[1:]
+		}
+	}
 	return to, ack
 }
 

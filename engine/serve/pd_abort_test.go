@@ -438,7 +438,7 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 		}},
 		{side: "prefill", state: "bootstrap", cause: "timeout", pc: func(c *Config) { c.PD.BootstrapTimeout = ms300 }, run: func(t *testing.T, pp *pdPair) {
 			p := bootstrapping(t, pp)
-			expectEnd(t, "prefill", p.s, finishHas("no transfer info from the decode within 300ms"))
+			expectEnd(t, "prefill", p.s, finishHas("no word from the decode within 300ms"))
 		}},
 		{side: "prefill", state: "bootstrap", cause: "peer", dc: func(c *Config) { c.KVTokens = 64 }, run: func(t *testing.T, pp *pdPair) {
 			// The decode resolved the prefill but waits for pages (a

@@ -230,7 +230,7 @@ func TestPDBootstrapAbortCrashWedges(t *testing.T) {
 	}
 	// A new request hangs in the handshake and fails only by its timeout.
 	toks, dfin, pfin := pp.run(t, context.Background(), Request{Prompt: ps[1], MaxTokens: 4}, 2)
-	if len(toks) != 0 || !strings.Contains(pfin.Reason, "no transfer info") || !strings.HasPrefix(dfin.Reason, "error: pd:") {
+	if len(toks) != 0 || !strings.Contains(pfin.Reason, "no word from the decode") || !strings.HasPrefix(dfin.Reason, "error: pd:") {
 		t.Errorf("wedged cluster served: %d tokens, decode %q, prefill %q", len(toks), dfin.Reason, pfin.Reason)
 	}
 	t.Logf("decode %q; prefill %q", dfin.Reason, pfin.Reason)
@@ -374,7 +374,7 @@ func FuzzMailbox(f *testing.F) {
 			mb.admit(1)
 			mb.handle(frames) // must not panic; errors are the transport's to count
 			mb.take(1)
-			mb.forget(1)
+			mb.forget(1, "gone")
 			mb.expire(time.Now())
 		}
 	})
@@ -505,11 +505,97 @@ func TestMailboxAcksAnAbortLeftAtForget(t *testing.T) {
 	if len(sent) != 0 {
 		t.Fatalf("a known room's ABORT was answered by the receive goroutine: %v", sent)
 	}
-	to, ack := mb.forget(7)
+	to, ack := mb.forget(7, "")
 	if ack == nil || to != "tcp://decode" || ack.Room != 7 || ack.Rank != 1 {
 		t.Fatalf("forget answered %q %+v, want an ABORT_ACK of room 7 from rank 1 to tcp://decode", to, ack)
 	}
-	if to, ack := mb.forget(7); ack != nil {
+	if to, ack := mb.forget(7, ""); ack != nil {
 		t.Errorf("a second forget answered again: %q %+v", to, ack)
+	}
+}
+
+// Busy is not dead: requests that queue at a decode for memory far longer
+// than the bootstrap timeout all complete, because the decode tells the
+// prefill that each waiting room is queued (QUEUED), renewing its lease
+// there. With the prefill dropping every QUEUED (the drop-queued fault
+// switch stands in for a decode without the lease), the same load fails
+// rooms by the prefill's bootstrap timeout.
+func TestPDQueuedOutlivesBootstrapTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fault []string
+	}{{"lease", nil}, {"no lease", []string{FaultDrop(pdproto.TypeQueued)}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			pd := PDConfig{BootstrapTimeout: 150 * time.Millisecond, HeartbeatInterval: 20 * time.Millisecond, HeartbeatTimeout: 5 * time.Second}
+			pc := Config{TP: 2, PageSize: 4, KVTokens: 1024, MaxRunning: 4, PD: pd, Faults: tc.fault}
+			// The decode holds two requests at a time: the rest queue.
+			dc := Config{TP: 2, PageSize: 4, KVTokens: 320, MaxRunning: 2, PD: pd}
+			pp := newPDPairCfg(t, pc, dc)
+			prompts := testmodel.Prompts(33, 16, 8, 12, pp.prefill.m.Config.VocabSize)
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			var failed []string
+			for i, p := range prompts {
+				wg.Go(func() {
+					toks, dfin, pfin := pp.run(t, context.Background(), Request{Prompt: p, MaxTokens: 128, IgnoreEOS: true}, uint64(91000+i))
+					if len(toks) != 128 || dfin.Reason != ReasonLength || pfin.Reason != ReasonLength {
+						mu.Lock()
+						failed = append(failed, fmt.Sprintf("request %d: %d tokens, decode %q, prefill %q", i, len(toks), dfin.Reason, pfin.Reason))
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			if tc.fault == nil {
+				for _, f := range failed {
+					t.Error(f)
+				}
+			} else if len(failed) == 0 || !strings.Contains(strings.Join(failed, "\n"), "no word from the decode within 150ms") {
+				t.Errorf("without the lease every queued request completed: the load did not queue past the bootstrap timeout (%d failed)", len(failed))
+			}
+			t.Logf("%d of %d requests failed", len(failed), len(prompts))
+			pp.drained(t, 10*time.Second)
+		})
+	}
+}
+
+// A decode that asks about a room the prefill already failed and forgot
+// (TRANSFER_INFO or QUEUED of a room it kept waiting) hears STATUS Failed
+// with the reason at once, instead of waiting out its transfer timeout;
+// a room that ended well, or that never was, is not answered.
+func TestMailboxAnswersForAFailedRoom(t *testing.T) {
+	mb := newMailbox(true, 0, func() {}, &faultSet{})
+	type sent struct {
+		to string
+		m  pdproto.Message
+	}
+	var out []sent
+	mb.reply = func(to string, m pdproto.Message) { out = append(out, sent{to, m}) }
+	deliver := func(m pdproto.Message) {
+		t.Helper()
+		frames, err := pdproto.Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := mb.handle(frames); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mb.admit(5)
+	mb.forget(5, "no word from the decode within 10s")
+	mb.admit(6)
+	mb.forget(6, "")
+	deliver(&pdproto.Queued{Room: 5, Endpoint: "tcp://d0", Position: 3})
+	deliver(&pdproto.TransferInfo{Room: 5, Endpoint: "tcp://d0", Tokens: 4})
+	deliver(&pdproto.TransferInfo{Room: 6, Endpoint: "tcp://d0", Tokens: 4})
+	deliver(&pdproto.TransferInfo{Room: 7, Endpoint: "tcp://d0", Tokens: 4})
+	if len(out) != 2 {
+		t.Fatalf("%d answers, want 2 (QUEUED and TRANSFER_INFO of the failed room 5): %+v", len(out), out)
+	}
+	for _, s := range out {
+		st, ok := s.m.(*pdproto.Status)
+		if !ok || s.to != "tcp://d0" || st.Room != 5 || st.State != pdproto.Failed || !strings.Contains(st.Error, "no word from the decode") {
+			t.Errorf("answer %q %+v, want STATUS Failed of room 5 with the reason", s.to, s.m)
+		}
 	}
 }

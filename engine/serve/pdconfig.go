@@ -32,7 +32,8 @@ type PDConfig struct {
 	// SendTimeout bounds handing one message to the transport. Default 2s.
 	SendTimeout time.Duration
 	// HeartbeatInterval is how often a decode rank probes each prefill
-	// rank it waits on (default 500ms); HeartbeatTimeout is how long a
+	// rank it waits on, and tells it of each room it queues for memory
+	// (QUEUED; at least three times per bootstrap timeout) (default 500ms); HeartbeatTimeout is how long a
 	// probe may go unanswered before the rooms on that peer fail (default
 	// 3s).
 	HeartbeatInterval, HeartbeatTimeout time.Duration
@@ -92,5 +93,6 @@ func (e *Engine) machineConfig(rank int) rooms.Config {
 	}
 	return rooms.Config{Role: role, Rank: rank, PageSize: e.cfg.PageSize, IndexKDType: e.indexKName(),
 		BootstrapTimeout: c.BootstrapTimeout, TransferTimeout: c.TransferTimeout, InflightTimeout: c.InflightTimeout,
-		AbortAckTimeout: c.AbortAckTimeout, HeartbeatTimeout: c.HeartbeatTimeout, ReservedDecodeTokens: c.ReservedDecodeTokens}
+		AbortAckTimeout: c.AbortAckTimeout, HeartbeatTimeout: c.HeartbeatTimeout, ReservedDecodeTokens: c.ReservedDecodeTokens,
+		RequestTimeout: max(0, e.cfg.RequestTimeout), QueuedInterval: min(c.HeartbeatInterval, c.BootstrapTimeout/3)}
 }

@@ -64,6 +64,16 @@ type PDEntry struct {
 	// Poll stays above Agreed waits for another rank.
 	Poll, Agreed pdproto.KVPoll
 	Error        string // why it is failing, if it is
+	// DeadlineIn is how long the entry may stay in its queue from the
+	// rank's last iteration on: a fixed timeout, or the lease its peer's
+	// word renews (Leased); negative once past it. HasDeadline is false
+	// when nothing but the peer's liveness bounds it (no request timeout).
+	DeadlineIn  time.Duration
+	HasDeadline bool
+	Leased      bool
+	// Position is the room's place in the decode's queue of rooms waiting
+	// for memory (on a prefill: as the decode last said in QUEUED).
+	Position int
 }
 
 // newRankPD binds the rank's socket: control on a prefill rank, KV on a
@@ -177,7 +187,7 @@ func (l *rankLoop) fileMail(id uint64) error {
 	if m.Empty() {
 		return nil
 	}
-	return l.pdExec(l.pd.machine.File(id, m))
+	return l.pdExec(l.pd.machine.File(l.now, id, m))
 }
 
 // pdAbort aborts a PD request that is not in the scheduler (an agreed
@@ -219,6 +229,8 @@ func (l *rankLoop) pdExec(acts []rooms.Action) error {
 			l.sendChecked(a.ID, "transfer info", a.Peer, l.transferInfo(a))
 		case rooms.SendChunk:
 			l.sendChunk(a)
+		case rooms.SendQueued:
+			l.sendChecked(a.ID, "queued", a.Peer, &pdproto.Queued{Room: a.Room, Endpoint: pd.inbox.Endpoint(), Rank: uint32(l.r), Position: uint32(a.Position)})
 		case rooms.ApplyChunk:
 			if werr := l.applyChunk(a); werr != nil {
 				pd.machine.Failed(a.ID, rooms.Reason{Kind: rooms.KindBadChunk, Text: werr.Error()})
@@ -241,7 +253,7 @@ func (l *rankLoop) pdExec(acts []rooms.Action) error {
 			l.pdEnded(a)
 		case rooms.Forget:
 			delete(pd.reqs, a.ID)
-			if to, ack := pd.mb.forget(a.Room); ack != nil {
+			if to, ack := pd.mb.forget(a.Room, a.Why); ack != nil {
 				l.sendChecked(a.ID, "abort ack", to, ack)
 			}
 		default:
@@ -454,7 +466,10 @@ func (l *rankLoop) publishPD() {
 	for i, en := range es {
 		out[i] = PDEntry{ID: en.ID, Room: en.Room, Queue: en.Phase.String(), InQueue: l.now - en.Since, Peer: en.Peer,
 			Tokens: en.PromptLen, Chunks: en.Chunks, Bytes: en.Bytes, AbortSent: en.AbortSent, Acked: en.Acked,
-			Poll: en.Vote, Agreed: en.Agreed, Error: en.Reason.Text}
+			Poll: en.Vote, Agreed: en.Agreed, Error: en.Reason.Text, Leased: en.Leased, Position: en.Position}
+		if en.Deadline != rooms.NoDeadline {
+			out[i].DeadlineIn, out[i].HasDeadline = en.Deadline-l.now, true
+		}
 	}
 	l.pd.snap.Store(&out)
 }

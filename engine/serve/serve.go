@@ -347,7 +347,7 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 		sc, err := sched.New(sched.Config{
 			MaxRunning: cfg.MaxRunning, MaxBatchTokens: cfg.MaxBatchTokens, PrefillChunk: cfg.PrefillChunk,
 			PageSize: cfg.PageSize, TotalPages: cfg.Pages(),
-			WaitingTimeout: cfg.WaitingTimeout, PrefillTimeout: cfg.PrefillTimeout, RequestTimeout: cfg.RequestTimeout,
+			WaitingTimeout: cfg.WaitingTimeout, PrefillTimeout: cfg.PrefillTimeout, RequestTimeout: max(0, cfg.RequestTimeout),
 		})
 		if err != nil {
 			shards.Close()

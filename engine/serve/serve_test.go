@@ -145,7 +145,7 @@ func TestValidate(t *testing.T) {
 		{TP: 3},
 		{MaxRunning: 8, MaxBatchTokens: 4},
 		{PrefillChunk: -1},
-		{RequestTimeout: -time.Second},
+		{WaitingTimeout: -time.Second},
 	} {
 		c.Backend = cpuBackend
 		if _, err := New(m, c); err == nil {

@@ -102,7 +102,7 @@ func TestSettingsOf(t *testing.T) {
 	want := debug.Settings{
 		Role: "decode", Name: "p0", TPSize: 2, PageSize: 4, KVTokens: 128, KVPages: 32, MaxRunning: 4, MaxBatchTokens: 64,
 		PrefillChunk: 32, PrefixCache: false, IndexK: "bf16", Indexer: true, HeartbeatMS: 20, CollectiveWatchdogMS: 0,
-		FlightRecorderLen: 256, CloseTimeoutMS: 5000, WaitingTimeoutMS: 3000,
+		FlightRecorderLen: 256, CloseTimeoutMS: 5000, WaitingTimeoutMS: 3000, RequestTimeoutMS: 600000,
 		PD: &debug.PDSettings{Host: "127.0.0.1", BootstrapTimeoutMS: 10000, TransferTimeoutMS: 7000, InflightTimeoutMS: 10000,
 			AbortAckTimeoutMS: 1500, SendTimeoutMS: 2000, HeartbeatIntervalMS: 500, HeartbeatTimeoutMS: 4000, ReservedDecodeTokens: -1},
 		FaultsOn: []string{FaultStallLastRank},

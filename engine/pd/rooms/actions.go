@@ -26,6 +26,14 @@ type SendTransferInfo struct {
 	Tokens   int
 }
 
+// SendQueued: tell the prefill rank that the room waits in the decode's
+// queue, at Position (decode).
+type SendQueued struct {
+	ID, Room uint64
+	Peer     string
+	Position int
+}
+
 // SendChunk: copy the KV of the prompt tokens [Start, End) of ID's sequence
 // into chunk Index of Room and send it to Peer, the last one with Final.
 type SendChunk struct {
@@ -95,11 +103,17 @@ type End struct {
 }
 
 // Forget: the room left the machine; mail for it is late from now on.
-type Forget struct{ ID, Room uint64 }
+// Why, when it failed, is what a prefill answers a decode that asks about
+// the room later (TRANSFER_INFO or QUEUED of a decode that kept waiting).
+type Forget struct {
+	ID, Room uint64
+	Why      string
+}
 
 func (Reserve) action()          {}
 func (SendTransferInfo) action() {}
 func (SendChunk) action()        {}
+func (SendQueued) action()       {}
 func (ApplyChunk) action()       {}
 func (SendStatus) action()       {}
 func (SendAbort) action()        {}
@@ -118,6 +132,8 @@ func Format(a Action) string {
 		return fmt.Sprintf("reserve %d tokens=%d", a.ID, a.Tokens)
 	case SendTransferInfo:
 		return fmt.Sprintf("send-transfer-info %d room=%d to=%s tokens=%d", a.ID, a.Room, a.Peer, a.Tokens)
+	case SendQueued:
+		return fmt.Sprintf("send-queued %d room=%d to=%s position=%d", a.ID, a.Room, a.Peer, a.Position)
 	case SendChunk:
 		s := fmt.Sprintf("send-chunk %d room=%d to=%s index=%d [%d,%d)", a.ID, a.Room, a.Peer, a.Index, a.Start, a.End)
 		if a.Final != nil {

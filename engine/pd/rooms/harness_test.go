@@ -14,9 +14,10 @@ import (
 // harness drives one TP group's machines, one per rank, with the trace
 // language:
 //
-//	config role=prefill|decode ranks=N [bootstrap= transfer= inflight= ack= heartbeat= reserve= page= indexk=]
+//	config role=prefill|decode ranks=N [bootstrap= transfer= inflight= ack= heartbeat= request= queued= reserve= page= indexk=]
 //	admit id= room= prompt= [max=] [url=] t=
-//	mail id= [rank=] info [endpoint=] [tokens=] [dtype=] [from=]
+//	mail id= [rank=] [t=] info [endpoint=] [tokens=] [dtype=] [from=]
+//	mail id= [rank=] [t=] queued [position=]
 //	mail id= [rank=] abort [endpoint=] [reason=]
 //	mail id= [rank=] chunk index= start= end= [first=]
 //	mail id= [rank=] status=Success|Failed [error=]
@@ -179,7 +180,8 @@ func (h *harness) config(a targs) error {
 		def time.Duration
 	}{{"bootstrap", &c.BootstrapTimeout, 10 * time.Second}, {"transfer", &c.TransferTimeout, 30 * time.Second},
 		{"inflight", &c.InflightTimeout, 10 * time.Second}, {"ack", &c.AbortAckTimeout, 5 * time.Second},
-		{"heartbeat", &c.HeartbeatTimeout, 3 * time.Second}} {
+		{"heartbeat", &c.HeartbeatTimeout, 3 * time.Second}, {"request", &c.RequestTimeout, 0},
+		{"queued", &c.QueuedInterval, 500 * time.Millisecond}} {
 		var derr error
 		*d.p, derr = a.dur(d.k, d.def)
 		errs = append(errs, derr)
@@ -221,6 +223,10 @@ func (h *harness) admit(a targs) error {
 
 func (h *harness) mail(a targs, rest []string, out *strings.Builder) error {
 	id, err := a.int("id", 0)
+	if err != nil {
+		return err
+	}
+	t, err := a.dur("t", 0)
 	if err != nil {
 		return err
 	}
@@ -279,10 +285,16 @@ func (h *harness) mail(a targs, rest []string, out *strings.Builder) error {
 			mail.Status = &pdproto.Status{Room: uint64(id), Rank: uint32(r), State: st, Error: a["error"]}
 		case "acked":
 			mail.Acked = true
+		case "queued":
+			pos, err := a.int("position", 0)
+			if err != nil {
+				return err
+			}
+			mail.Queued = &pdproto.Queued{Room: uint64(id), Rank: uint32(r), Position: uint32(pos)}
 		default:
-			return fmt.Errorf("mail: want info, abort, chunk, status= or acked")
+			return fmt.Errorf("mail: want info, queued, abort, chunk, status= or acked")
 		}
-		h.print(out, r, m.File(uint64(id), mail))
+		h.print(out, r, m.File(t, uint64(id), mail))
 	}
 	return nil
 }

@@ -35,6 +35,12 @@ type room struct {
 	chunks int    // chunks handed out (prefill) or landed (decode)
 	held   bool   // decode: a sequence is reserved for the room
 
+	admitted time.Duration // when the request arrived: its request deadline counts from here
+	lastWord time.Duration // prefill: the decode's last word (admission, QUEUED, TRANSFER_INFO)
+	queuedAt time.Duration // decode: the last QUEUED sent, once queued
+	queued   bool          // decode: a QUEUED went out
+	position int           // the room's place in the decode's queue
+
 	local    Reason // this rank's own failure, its vote from now on
 	peer     string // the peer rank's endpoint
 	info     *pdproto.TransferInfo
@@ -89,7 +95,7 @@ func (m *Machine) Admit(now time.Duration, r Request) error {
 	if m.rooms[r.ID] != nil {
 		return fmt.Errorf("%w: request %d", ErrDuplicate, r.ID)
 	}
-	q := &room{req: r, phase: Bootstrap, since: now, agreed: pdproto.Bootstrapping, vote: pdproto.Bootstrapping}
+	q := &room{req: r, phase: Bootstrap, since: now, admitted: now, lastWord: now, agreed: pdproto.Bootstrapping, vote: pdproto.Bootstrapping}
 	if m.cfg.Role == Decode {
 		q.phase = Prealloc
 	}
@@ -100,10 +106,11 @@ func (m *Machine) Admit(now time.Duration, r Request) error {
 	return nil
 }
 
-// File records the mail this rank received for request id. A decode's
-// chunks for a room in transfer come back as ApplyChunk actions; mail that
-// makes no sense in the room's phase is counted and dropped.
-func (m *Machine) File(id uint64, mail Mail) []Action {
+// File records the mail this rank received for request id, filed at the
+// agreed time now. A decode's chunks for a room in transfer come back as
+// ApplyChunk actions; mail that makes no sense in the room's phase is
+// counted and dropped.
+func (m *Machine) File(now time.Duration, id uint64, mail Mail) []Action {
 	q := m.rooms[id]
 	if q == nil || mail.Empty() {
 		return nil
@@ -111,10 +118,18 @@ func (m *Machine) File(id uint64, mail Mail) []Action {
 	prefill := m.cfg.Role == Prefill
 	if mail.Info != nil {
 		if prefill && q.phase == Bootstrap && q.info == nil {
-			q.info = mail.Info
+			q.info, q.lastWord = mail.Info, max(q.lastWord, now)
 		} else {
 			m.stats.Misplaced++
 		}
+	}
+	switch {
+	case mail.Queued == nil:
+	case !prefill:
+		m.stats.Misplaced++
+	case q.phase == Bootstrap:
+		q.lastWord, q.position = max(q.lastWord, now), int(mail.Queued.Position)
+		// Later, a QUEUED sent before TRANSFER_INFO overtook it: nothing to do.
 	}
 	if mail.Abort != nil {
 		if prefill {
@@ -187,14 +202,15 @@ func (m *Machine) Resolving() []Request {
 func (m *Machine) Peer(endpoint string, l Liveness) { m.peers[endpoint] = l }
 
 // Peers lists the prefill peers this rank's decode rooms wait on, to probe
-// (none on a prefill: the decode watches its prefill, not the other way).
+// (none on a prefill: the decode watches its prefill, and tells it of the
+// rooms it queues).
 func (m *Machine) Peers() []string {
 	if m.cfg.Role != Decode {
 		return nil
 	}
 	var out []string
 	for _, id := range m.order {
-		if q := m.rooms[id]; q.peer != "" && q.phase != Prealloc && !slices.Contains(out, q.peer) {
+		if q := m.rooms[id]; q.peer != "" && !slices.Contains(out, q.peer) {
 			out = append(out, q.peer)
 		}
 	}
@@ -259,6 +275,9 @@ func (m *Machine) judge(now time.Duration, q *room) pdproto.KVPoll {
 	if r := m.peerWord(q); !r.IsZero() {
 		return fail(r)
 	}
+	if c.RequestTimeout > 0 && now-q.admitted > c.RequestTimeout {
+		return fail(because(KindTimeout, "request timeout %v passed in %v", c.RequestTimeout, q.phase))
+	}
 	switch q.phase {
 	case Bootstrap:
 		switch {
@@ -267,8 +286,8 @@ func (m *Machine) judge(now time.Duration, q *room) pdproto.KVPoll {
 				return fail(Reason{Kind: KindRefused, Text: err.Error()})
 			}
 			return pdproto.WaitingForInput
-		case age > c.BootstrapTimeout:
-			return fail(because(KindTimeout, "no transfer info from the decode within %v", c.BootstrapTimeout))
+		case now-q.lastWord > c.BootstrapTimeout:
+			return fail(because(KindTimeout, "no word from the decode within %v", c.BootstrapTimeout))
 		}
 		return pdproto.Bootstrapping
 	case Active:
@@ -289,14 +308,17 @@ func (m *Machine) judge(now time.Duration, q *room) pdproto.KVPoll {
 		return pdproto.Transferring
 	case Prealloc:
 		switch {
-		case age > c.BootstrapTimeout && !q.resolved:
+		case !q.resolved && age > c.BootstrapTimeout:
 			return fail(because(KindTimeout, "prefill registry %s not resolved within %v", q.req.URL, c.BootstrapTimeout))
-		case age > c.BootstrapTimeout:
-			return fail(because(KindTimeout, "no KV pages free for the prompt within %v", c.BootstrapTimeout))
-		case q.resolved:
-			return pdproto.WaitingForInput
+		case !q.resolved:
+			return pdproto.Bootstrapping
 		}
-		return pdproto.Bootstrapping
+		// Waiting for pages: alive while the prefill is (heartbeats),
+		// within the request timeout.
+		if r := m.lost(q); !r.IsZero() {
+			return fail(r)
+		}
+		return pdproto.WaitingForInput
 	case Transfer:
 		if r := m.lost(q); !r.IsZero() {
 			return fail(r)
@@ -393,7 +415,7 @@ func (m *Machine) Apply(now time.Duration, agreed []int64) ([]Action, error) {
 	if m.violation == nil {
 		for _, id := range m.order {
 			q := m.rooms[id]
-			if d := m.deadline(q); !q.failed && now > d {
+			if d, _ := m.deadline(q); !q.failed && now > d {
 				m.violate("request %d in %v past its deadline %v at %v", id, q.phase, d, now)
 			}
 		}
@@ -475,7 +497,7 @@ func (m *Machine) otherRank(q *room) Reason {
 		return r
 	}
 	if m.cfg.Role == Prefill {
-		return because(KindOtherRank, "another rank failed the room: the decode aborted or failed it")
+		return because(KindOtherRank, "another rank failed the room: its decode aborted, failed or went silent")
 	}
 	return because(KindOtherRank, "another rank failed the room: its prefill peer failed or went away")
 }
@@ -497,7 +519,7 @@ func (m *Machine) Grant(now time.Duration, b Budget) (int, []Action) {
 			}
 		}
 	}
-	free, rows, taken := b.FreePages-reserve, b.FreeRows, 0
+	free, rows, taken, position := b.FreePages-reserve, b.FreeRows, 0, 0
 	var acts []Action
 	for _, id := range m.order {
 		q := m.rooms[id]
@@ -512,6 +534,14 @@ func (m *Machine) Grant(now time.Duration, b Budget) (int, []Action) {
 		// always goes; the scheduler's free slots keep a row each (a
 		// retracted request restarts on a fresh one).
 		if need+grow > free && (reserve > 0 || need > free) || rows-1 < b.SchedSlots {
+			// It waits its turn: the prefill hears so, often enough to
+			// keep the room's lease there.
+			q.position = position
+			position++
+			if !q.queued || now-q.queuedAt >= m.cfg.QueuedInterval {
+				q.queued, q.queuedAt = true, now
+				acts = append(acts, SendQueued{ID: id, Room: q.req.Room, Peer: q.peer, Position: q.position})
+			}
 			continue
 		}
 		free, rows, taken = free-need-grow, rows-1, taken+need
@@ -616,30 +646,43 @@ func (m *Machine) forget(acts []Action, q *room) []Action {
 	if i, ok := slices.BinarySearch(m.order, q.req.ID); ok {
 		m.order = slices.Delete(m.order, i, i+1)
 	}
-	return append(acts, Forget{ID: q.req.ID, Room: q.req.Room})
+	why := q.reason.Text
+	if why == "" {
+		why = q.local.Text
+	}
+	return append(acts, Forget{ID: q.req.ID, Room: q.req.Room, Why: why})
 }
 
-// deadline is when q's phase times out, on the agreed clock.
-func (m *Machine) deadline(q *room) time.Duration {
+// deadline is when q's phase times out on this rank, on the agreed clock,
+// and whether that is the end of a lease the peer's word renews. A decode
+// room waiting for pages has no fixed deadline but the request timeout:
+// its lease is its prefill's liveness (heartbeats).
+func (m *Machine) deadline(q *room) (d time.Duration, leased bool) {
 	c := &m.cfg
+	d = NoDeadline
 	switch q.phase {
-	case Bootstrap, Prealloc:
-		return q.since + c.BootstrapTimeout
+	case Bootstrap:
+		leased = true
+		if q.info == nil {
+			d = q.lastWord + c.BootstrapTimeout
+		} // else this rank's peer has spoken; it waits for the others' leases
+	case Prealloc:
+		if !q.resolved {
+			d = q.since + c.BootstrapTimeout
+		} else {
+			leased = true
+		}
 	case Active, Transfer:
-		return q.since + c.TransferTimeout
+		d = q.since + c.TransferTimeout
 	case Inflight:
-		return q.since + c.InflightTimeout
+		d = q.since + c.InflightTimeout
+	case Aborting:
+		return q.since + c.AbortAckTimeout, false
 	}
-	return q.since + c.AbortAckTimeout
-}
-
-// Deadline reports when request id's room times out in its phase.
-func (m *Machine) Deadline(id uint64) (time.Duration, bool) {
-	q := m.rooms[id]
-	if q == nil {
-		return 0, false
+	if c.RequestTimeout > 0 {
+		d = min(d, q.admitted+c.RequestTimeout)
 	}
-	return m.deadline(q), true
+	return d, leased
 }
 
 // Entries returns every room, in id order.
@@ -648,7 +691,9 @@ func (m *Machine) Entries() []Entry {
 	for _, id := range m.order {
 		q := m.rooms[id]
 		e := Entry{ID: id, Room: q.req.Room, Phase: q.phase, Since: q.since, Peer: q.peer, PromptLen: q.req.PromptLen,
-			Chunks: q.chunks, Bytes: q.bytes, AbortSent: q.abortTx, Acked: q.acked, Vote: q.vote, Agreed: q.agreed, Reason: q.local}
+			Chunks: q.chunks, Bytes: q.bytes, AbortSent: q.abortTx, Acked: q.acked, Vote: q.vote, Agreed: q.agreed, Reason: q.local,
+			Position: q.position}
+		e.Deadline, e.Leased = m.deadline(q)
 		if q.failed {
 			e.Reason = q.reason
 		}

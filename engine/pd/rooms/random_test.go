@@ -47,7 +47,8 @@ func runRandom(seed uint64) (err error) {
 	cfg := Config{Role: Role(rng.IntN(2)), PageSize: 1 + rng.IntN(4), IndexKDType: "fp8",
 		BootstrapTimeout: time.Duration(2+rng.IntN(5)) * time.Second, TransferTimeout: time.Duration(2+rng.IntN(5)) * time.Second,
 		InflightTimeout: time.Duration(2+rng.IntN(5)) * time.Second, AbortAckTimeout: time.Duration(1+rng.IntN(3)) * time.Second,
-		HeartbeatTimeout: 3 * time.Second, ReservedDecodeTokens: rng.IntN(20) - 4}
+		HeartbeatTimeout: 3 * time.Second, ReservedDecodeTokens: rng.IntN(20) - 4,
+		RequestTimeout: time.Duration(5+rng.IntN(15)) * time.Second, QueuedInterval: 500 * time.Millisecond}
 	g := &group{rng: rng, admit: map[uint64]time.Duration{}, sched: map[uint64]bool{}, held: map[uint64]int{}}
 	for r := range 1 + rng.IntN(3) {
 		cfg.Rank = r
@@ -64,7 +65,9 @@ func runRandom(seed uint64) (err error) {
 			err = fmt.Errorf("%w\ntrace:\n%s", err, strings.Join(g.trace, "\n"))
 		}
 	}()
-	limit := cfg.BootstrapTimeout + cfg.TransferTimeout + max(cfg.InflightTimeout, cfg.AbortAckTimeout) + 2*time.Second
+	// Every phase ends by the request timeout but Aborting, which holds
+	// the pages at most the abort-ack timeout beyond it.
+	limit := cfg.RequestTimeout + cfg.AbortAckTimeout + 2*time.Second
 	next := uint64(1)
 	for range 20 + rng.IntN(60) {
 		if rng.IntN(4) == 0 {
@@ -99,7 +102,7 @@ func runRandom(seed uint64) (err error) {
 		}
 	}
 	// Quiet: only the clock moves; everything must end.
-	for range 40 {
+	for range 60 {
 		g.now += 500 * time.Millisecond
 		if err := g.iteration(); err != nil {
 			return err
@@ -131,7 +134,7 @@ func (g *group) event() error {
 	r := rng.IntN(len(g.ms))
 	m := g.ms[r]
 	id := e.ID
-	switch rng.IntN(12) {
+	switch rng.IntN(13) {
 	case 0:
 		g.log("abort %d", id)
 		for _, m := range g.ms {
@@ -165,6 +168,9 @@ func (g *group) event() error {
 	case 6:
 		g.log("r%d acked %d", r, id)
 		g.file(m, id, Mail{Acked: true})
+	case 12:
+		g.log("r%d queued %d", r, id)
+		g.file(m, id, Mail{Queued: &pdproto.Queued{Room: id}})
 	case 7:
 		g.log("r%d resolve %d", r, id)
 		if rng.IntN(5) == 0 {
@@ -211,7 +217,7 @@ func (g *group) progress(m *Machine, id uint64) {
 }
 
 func (g *group) file(m *Machine, id uint64, mail Mail) {
-	for _, a := range m.File(id, mail) {
+	for _, a := range m.File(g.now, id, mail) {
 		if ac, ok := a.(ApplyChunk); ok && g.rng.IntN(30) == 0 {
 			m.Failed(ac.ID, Reason{Kind: KindBadChunk, Text: "write failed"})
 		}

@@ -110,6 +110,12 @@ type Config struct {
 	InflightTimeout  time.Duration // Inflight
 	AbortAckTimeout  time.Duration // Aborting
 	HeartbeatTimeout time.Duration // a decode room's prefill peer may stay silent this long
+	// RequestTimeout bounds a room's whole PD life, whatever it waits
+	// for (zero: no bound beyond the phases' own deadlines and leases).
+	RequestTimeout time.Duration
+	// QueuedInterval is how often a decode tells the prefill of a room
+	// that waits for its memory (QUEUED), renewing the room's lease there.
+	QueuedInterval time.Duration
 
 	// ReservedDecodeTokens is the decode's room for growth: a transfer
 	// takes pages only while the pages left cover this many more output
@@ -127,6 +133,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("rooms: page size %d", c.PageSize)
 	case c.BootstrapTimeout <= 0 || c.TransferTimeout <= 0 || c.InflightTimeout <= 0 || c.AbortAckTimeout <= 0 || c.HeartbeatTimeout <= 0:
 		return errors.New("rooms: every timeout must be positive: each phase needs a deadline")
+	case c.RequestTimeout < 0:
+		return errors.New("rooms: the request timeout must not be negative")
+	case c.Role == Decode && (c.QueuedInterval <= 0 || c.QueuedInterval >= c.BootstrapTimeout):
+		return fmt.Errorf("rooms: QUEUED every %v must be positive and within the prefill's bootstrap timeout %v", c.QueuedInterval, c.BootstrapTimeout)
 	}
 	return nil
 }
@@ -144,6 +154,7 @@ type Request struct {
 // filed.
 type Mail struct {
 	Info   *pdproto.TransferInfo // prefill: the decode's handshake
+	Queued *pdproto.Queued       // prefill: the decode holds the room in its queue
 	Abort  *pdproto.Abort        // prefill: the decode gave up
 	Chunks []*pdproto.KVChunk    // decode: KV, in order
 	Status *pdproto.Status       // the peer's verdict
@@ -152,7 +163,7 @@ type Mail struct {
 
 // Empty reports whether m holds nothing.
 func (m Mail) Empty() bool {
-	return m.Info == nil && m.Abort == nil && len(m.Chunks) == 0 && m.Status == nil && !m.Acked
+	return m.Info == nil && m.Queued == nil && m.Abort == nil && len(m.Chunks) == 0 && m.Status == nil && !m.Acked
 }
 
 // Liveness is what this rank knows of a prefill peer from heartbeats.
@@ -205,7 +216,18 @@ type Entry struct {
 	Acked        bool
 	Vote, Agreed pdproto.KVPoll
 	Reason       Reason // the rank's own failure reason, or the agreed one's
+	// Deadline is when the room's phase times out on this rank, on the
+	// agreed clock: a fixed timeout, or the end of a lease its peer's word
+	// renews (Leased). NoDeadline when the only bound is a lease the peer's
+	// liveness renews without end (no request timeout).
+	Deadline time.Duration
+	Leased   bool
+	Position int // the room's place in the decode's queue (prefill: as the decode last said)
 }
+
+// NoDeadline is an Entry's Deadline when nothing bounds the phase but the
+// peer's liveness.
+const NoDeadline = time.Duration(1<<63 - 1)
 
 // Stats count what the machine dropped.
 type Stats struct {
