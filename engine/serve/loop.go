@@ -189,7 +189,7 @@ func (e *Engine) takeAborts() []abortMsg {
 //
 //	receive  BroadcastBytes   the step input (called by run, before iterate)
 //	poll     AllReduceMinInt  one vote per PD room, when there are rooms
-//	admit    AllReduceMinInt  the prefix-cache match of the requests joining the scheduler, when any
+//	admit    AllReduceMinInt  the prefix-cache match of the requests joining the scheduler, when any and the cache is on
 //	room     AllReduceMinInt  free pages and free sequence rows, when there is work
 //	agree    AllReduceMaxInt  the plan's digest, when the scheduler has requests
 //	forward  (forward comm)   the model's own collectives, when the plan runs a batch
@@ -502,6 +502,12 @@ func (l *rankLoop) prepare(plan sched.Plan, rec *StepRecord) ([]tp.Input, error)
 		n := l.cache.Evict(short)
 		if l.r == 0 {
 			l.e.totals.PrefixEvictions += uint64(n)
+		}
+	}
+	if l.r == 0 {
+		now := time.Now()
+		for _, it := range plan.Run {
+			l.e.observeServed(it.ID, now)
 		}
 	}
 	batch := make([]tp.Input, len(plan.Run))

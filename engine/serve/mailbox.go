@@ -35,6 +35,7 @@ type mailbox struct {
 	// hears STATUS Failed at once, instead of waiting out its timeout.
 	ended      map[uint64]string
 	endedOrder []uint64
+	early      int // rooms with mail the loop does not have yet
 }
 
 // peerState is a decode rank's view of one prefill rank's liveness.
@@ -101,7 +102,7 @@ func (mb *mailbox) file(m pdproto.Message) (to string, answer pdproto.Message, e
 	if why, ok := mb.ended[room]; ok && !mb.known[room] {
 		return mb.endedAnswer(room, why, m)
 	}
-	if !mb.known[room] && (!mb.prefill || len(mb.rooms) >= maxUnknownRooms) {
+	if !mb.known[room] && (!mb.prefill || (mb.rooms[room] == nil && mb.early >= maxUnknownRooms)) {
 		// A decode has every room it expects messages for; a prefill
 		// may hear from a decode before the router's request arrives,
 		// within a bound.
@@ -116,6 +117,9 @@ func (mb *mailbox) file(m pdproto.Message) (to string, answer pdproto.Message, e
 	if x == nil {
 		x = &mail{at: time.Now()}
 		mb.rooms[room] = x
+		if !mb.known[room] {
+			mb.early++
+		}
 	}
 	switch m := m.(type) {
 	case *pdproto.TransferInfo:
@@ -229,6 +233,11 @@ func (mb *mailbox) probe(peer string, boot uint64, every time.Duration) *pdproto
 	if now.Sub(p.probedAt) < every {
 		return nil
 	}
+	if now.Sub(p.probedAt) > 2*every {
+		// Nobody probed the peer for a while (no room waited on it): an
+		// old unanswered probe says nothing of it now.
+		p.unanswered = time.Time{}
+	}
 	p.probe++
 	p.probedAt = now
 	if p.unanswered.IsZero() {
@@ -273,6 +282,9 @@ func (mb *mailbox) admit(room uint64) {
 	mb.mu.Lock()
 	defer mb.mu.Unlock()
 	mb.known[room] = true
+	if mb.rooms[room] != nil {
+		mb.early--
+	}
 	delete(mb.ended, room) // a new request for the room; the FIFO entry expires on its own
 }
 
@@ -287,6 +299,9 @@ func (mb *mailbox) forget(room uint64, why string) (to string, ack *pdproto.Abor
 	defer mb.mu.Unlock()
 	if x := mb.rooms[room]; x != nil && x.Abort != nil && mb.prefill {
 		to, ack = x.Abort.Endpoint, &pdproto.AbortAck{Room: room, Rank: mb.rank}
+	}
+	if mb.rooms[room] != nil && !mb.known[room] {
+		mb.early--
 	}
 	delete(mb.known, room)
 	delete(mb.rooms, room)
@@ -310,6 +325,7 @@ func (mb *mailbox) expire(older time.Time) {
 	for room, x := range mb.rooms {
 		if !mb.known[room] && x.at.Before(older) {
 			delete(mb.rooms, room)
+			mb.early--
 			mb.late.Add(1)
 		}
 	}

@@ -119,3 +119,44 @@ func TestWatchdogNamesMissingRank(t *testing.T) {
 	}
 	t.Logf("report: %s", report)
 }
+
+// queueObserver records each request's queue wait.
+type queueObserver struct {
+	recordingObserver
+	waits map[uint64][]time.Duration
+}
+
+func (o *queueObserver) RequestServed(id uint64, waited time.Duration) {
+	o.mu.Lock()
+	o.waits[id] = append(o.waits[id], waited)
+	o.mu.Unlock()
+}
+
+// A QueueObserver hears each request's queue wait exactly once: with one
+// request admitted at a time, the second request waits its turn behind
+// the whole of the first, so its wait is longer than the first's.
+func TestQueueObserverReportsEachWaitOnce(t *testing.T) {
+	m := tinyModel(t)
+	obs := &queueObserver{waits: map[uint64][]time.Duration{}}
+	e := newEngine(t, m, Config{PageSize: 4, KVTokens: 256, MaxRunning: 1, Observer: obs})
+	var streams []*Stream
+	for range 2 {
+		s, err := e.Submit(context.Background(), Request{Prompt: []int32{5, 6, 7, 8, 9}, MaxTokens: 16, IgnoreEOS: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, s)
+	}
+	for _, s := range streams {
+		collect(t, s, 20*time.Second)
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	first, second := obs.waits[streams[0].ID], obs.waits[streams[1].ID]
+	if len(first) != 1 || len(second) != 1 {
+		t.Fatalf("waits reported %d and %d times, want once each", len(first), len(second))
+	}
+	if second[0] <= first[0] {
+		t.Errorf("the second request waited %v, the first %v: it should have waited for the first to finish", second[0], first[0])
+	}
+}

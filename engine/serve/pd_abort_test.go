@@ -530,7 +530,7 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 			room := newAbortRoom()
 			p := f.inflight(short, room)
 			f.status(room, pdproto.Failed, "decode out of memory")
-			expectEnd(t, "prefill", p.s, finishHas("error: pd: the decode failed: decode out of memory", "error: pd: another rank failed the room: the decode"))
+			expectEnd(t, "prefill", p.s, finishHas("error: pd: the decode failed: decode out of memory", "error: pd: another rank failed the room: its decode"))
 		}},
 
 		// Decode: prealloc.

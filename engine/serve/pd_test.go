@@ -3,6 +3,7 @@ package serve
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -598,4 +599,28 @@ func TestMailboxAnswersForAFailedRoom(t *testing.T) {
 			t.Errorf("answer %q %+v, want STATUS Failed of room 5 with the reason", s.to, s.m)
 		}
 	}
+}
+
+// A bootstrap room belongs to one live request per server: a second
+// request for a live room is refused at Submit (two would share one
+// mailbox, and one's KV could land in the other); once the first ends,
+// the room is free again.
+func TestSubmitRefusesALiveRoom(t *testing.T) {
+	m := tinyModel(t)
+	e := newEngine(t, m, Config{PageSize: 4, KVTokens: 256, MaxRunning: 2, Role: pdproto.RolePrefill, PD: PDConfig{BootstrapTimeout: 200 * time.Millisecond}})
+	q := Request{Prompt: []int32{5, 6, 7}, MaxTokens: 1, PD: &PDRequest{Room: 77}}
+	s, err := e.Submit(context.Background(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Submit(context.Background(), q); !errors.Is(err, ErrRoomInUse) {
+		t.Fatalf("second request for live room 77: %v, want ErrRoomInUse", err)
+	}
+	collect(t, s, 10*time.Second) // no decode: it ends by the bootstrap timeout
+	s, err = e.Submit(context.Background(), q)
+	if err != nil {
+		t.Fatalf("room 77 after its request ended: %v", err)
+	}
+	s.Abort()
+	collect(t, s, 10*time.Second)
 }

@@ -130,10 +130,9 @@ func (pd *rankPD) close() error {
 func (l *rankLoop) pdAdmit(a addMsg) error {
 	err := l.pd.machine.Admit(l.now, rooms.Request{ID: a.id, Room: a.room, PromptLen: len(a.prompt), MaxTokens: a.maxTokens, URL: a.url})
 	if err != nil {
-		// Submit checked the request; only a duplicate id is left, which
-		// every rank refuses alike.
-		l.end(a.id, ending{reason: sched.ReasonError, err: err.Error()})
-		return nil
+		// Submit checked the request (and refuses a room in use): an
+		// error here is a broken invariant, the same on every rank.
+		return fmt.Errorf("admit room %d: %w", a.room, err)
 	}
 	l.pd.reqs[a.id] = &pdReq{add: a}
 	l.pd.mb.admit(a.room)
@@ -214,6 +213,13 @@ func (l *rankLoop) pdSchedFinished(f sched.Finish) (bool, error) {
 	}
 	produced := f.Reason == sched.ReasonStop || f.Reason == sched.ReasonLength
 	acts, handled := l.pd.machine.SchedFinished(l.now, f.ID, produced, f.Reason.String())
+	if !handled && (f.Reason == sched.ReasonTimeout || f.Reason == sched.ReasonError) && l.r == 0 {
+		// The prefill's own scheduler ended it: a PD failure too, told
+		// to the decode by the STATUS among acts.
+		l.e.pdFailed(rooms.Active, rooms.KindScheduler)
+		l.e.cfg.Logger.Warn("pd: request failed", "server", l.e.cfg.Name, "role", l.e.cfg.Role, "request", f.ID,
+			"rank", l.r, "phase", rooms.Active.String(), "reason", rooms.KindScheduler.String(), "error", "prefill "+f.Reason.String())
+	}
 	return handled, l.pdExec(acts)
 }
 
@@ -225,6 +231,9 @@ func (l *rankLoop) pdExec(acts []rooms.Action) error {
 		switch a := act.(type) {
 		case rooms.Reserve:
 			err = l.reserve(a.ID, a.Tokens)
+			if l.r == 0 {
+				l.e.observeServed(a.ID, time.Now())
+			}
 		case rooms.SendTransferInfo:
 			l.sendChecked(a.ID, "transfer info", a.Peer, l.transferInfo(a))
 		case rooms.SendChunk:
@@ -233,7 +242,7 @@ func (l *rankLoop) pdExec(acts []rooms.Action) error {
 			l.sendChecked(a.ID, "queued", a.Peer, &pdproto.Queued{Room: a.Room, Endpoint: pd.inbox.Endpoint(), Rank: uint32(l.r), Position: uint32(a.Position)})
 		case rooms.ApplyChunk:
 			if werr := l.applyChunk(a); werr != nil {
-				pd.machine.Failed(a.ID, rooms.Reason{Kind: rooms.KindBadChunk, Text: werr.Error()})
+				pd.machine.Failed(a.ID, rooms.Reason{Kind: rooms.KindBadChunk, Text: werr.Error()}) // it can only be failing already otherwise
 			}
 		case rooms.SendStatus:
 			l.sendChecked(a.ID, "status", a.Peer, &pdproto.Status{Room: a.Room, Rank: uint32(l.r), State: a.State, Error: a.Error})
@@ -273,10 +282,11 @@ func (l *rankLoop) sendChecked(id uint64, what, to string, m pdproto.Message) {
 	if err == nil {
 		return
 	}
-	if l.pd.machine.Has(id) {
-		l.pd.machine.SendFailed(id, what, err)
+	if l.pd.machine.SendFailed(id, what, err) {
 		return
 	}
+	// The room is gone or failing already: nothing left to vote; the
+	// peer finds out by its own timeout or heartbeat.
 	l.e.cfg.Logger.Warn("pd: peer not told", "server", l.e.cfg.Name, "rank", l.r, "request", id, "to", to, "message", what, "err", err)
 }
 

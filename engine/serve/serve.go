@@ -112,6 +112,10 @@ import (
 // ErrClosed is returned by Submit on a closed Engine.
 var ErrClosed = errors.New("serve: engine closed")
 
+// ErrRoomInUse is returned by Submit for a PD request whose bootstrap room
+// belongs to another live request of this server.
+var ErrRoomInUse = errors.New("serve: bootstrap room in use")
+
 // Finish reasons besides "error: ..." texts.
 const (
 	ReasonStop    = "stop"
@@ -288,6 +292,7 @@ type request struct {
 	cut     string // why an abort was asked for
 	stop    func() bool
 	lastTok time.Time // when the previous token was emitted
+	served  bool      // its queue wait was reported (QueueObserver)
 }
 
 // New builds the ranks (cfg.TP of them, each with the kernels of
@@ -472,6 +477,14 @@ func (e *Engine) Submit(ctx context.Context, q Request) (*Stream, error) {
 		e.mu.Unlock()
 		return nil, ErrClosed
 	}
+	if q.PD != nil {
+		// A room belongs to one live request on each side: two would
+		// share one mailbox, and one's KV could land in the other.
+		if other, taken := e.rooms.LoadOrStore(q.PD.Room, r.id); taken {
+			e.mu.Unlock()
+			return nil, fmt.Errorf("%w: bootstrap room %d belongs to live request %d", ErrRoomInUse, q.PD.Room, other)
+		}
+	}
 	// Registered before the loop can see the request, so that the loop's
 	// call of stop at the finish always finds it set.
 	r.stop = context.AfterFunc(ctx, s.Abort)
@@ -480,9 +493,6 @@ func (e *Engine) Submit(ctx context.Context, q Request) (*Stream, error) {
 	}
 	e.pending = append(e.pending, r)
 	e.numPending.Store(int64(len(e.pending)))
-	if q.PD != nil {
-		e.rooms.Store(q.PD.Room, r.id)
-	}
 	e.mu.Unlock()
 	e.poke()
 	return s, nil
@@ -685,6 +695,29 @@ func (e *Engine) publish(rec StepRecord) {
 		s.Err = e.err.Error()
 	}
 	e.snap.Store(s)
+}
+
+// QueueObserver is implemented by a Config.Observer that also wants each
+// request's queue wait: from Submit until the server first gives it its
+// resources, so how long it waited its turn. On a colocated or prefill
+// server that is its first forward step (a prefill's includes the wait for
+// its decode's TRANSFER_INFO, which is the decode queueing it); on a
+// decode, the moment its pages are reserved for the transfer. Called once
+// per request, on rank 0's loop goroutine; it must not block.
+type QueueObserver interface {
+	RequestServed(id uint64, waited time.Duration)
+}
+
+// observeServed reports request id's queue wait, once.
+func (e *Engine) observeServed(id uint64, now time.Time) {
+	r := e.front[id]
+	if r == nil || r.served {
+		return
+	}
+	r.served = true
+	if o, ok := e.cfg.Observer.(QueueObserver); ok {
+		o.RequestServed(id, now.Sub(r.submit))
+	}
 }
 
 // observeToken tells the observer of r's latest token, emitted at t.

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -37,8 +38,10 @@ type Options struct {
 	// StallAfter is how long the engine loop may go without iterating
 	// before /health answers 503 (default 5s).
 	StallAfter time.Duration
-	// MaxQueueAge makes /health answer 503 while a request has waited
-	// for admission longer than this (0: queue age never does).
+	// MaxQueueAge makes /health report the server busy (status "busy",
+	// still 200: queued is not dead) while a request has waited for
+	// admission longer than this, so that routers send it no new work
+	// (0: queue age never does).
 	MaxQueueAge time.Duration
 	// MaxBodyBytes bounds request bodies (default 4 MiB).
 	MaxBodyBytes int64
@@ -114,7 +117,7 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 	}
 	s := &Server{
 		eng: eng, m: m, tok: m.Tokenizer, opts: opts, log: opts.Logger,
-		tmpl: DetectChatTemplate(m.ChatTemplate()),
+		tmpl: PickChatTemplate(m.ChatTemplate(), m.Tokenizer, opts.Logger),
 		limits: openai.Limits{
 			MaxBodyBytes: opts.MaxBodyBytes,
 			MaxTokens:    m.Config.ContextLen,
@@ -123,10 +126,10 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 		mux:     httpx.NewMux(opts.Logger),
 		created: time.Now().Unix(),
 	}
-	s.handle("POST", "/v1/completions", s.completions)
-	s.handle("POST", "/v1/chat/completions", s.chat)
+	s.handle("POST", "/v1/completions", arrival(s.completions))
+	s.handle("POST", "/v1/chat/completions", arrival(s.chat))
 	s.handle("GET", "/v1/models", s.models)
-	s.handle("POST", "/generate", s.generateNative)
+	s.handle("POST", "/generate", arrival(s.generateNative))
 	s.handle("POST", "/abort_request", s.abort)
 	s.handle("GET", "/health", s.health)
 	s.handle("GET", "/metrics", opts.Metrics.Handler().ServeHTTP)
@@ -146,6 +149,24 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 }
 
 func (s *Server) handle(method, path string, h http.HandlerFunc) { s.mux.Handle(method, path, h) }
+
+// arrivedKey is the context key of a generation request's arrival time.
+type arrivedKey struct{}
+
+// arrival notes when a generation request arrived, for its end-to-end
+// latency (observed once the engine has taken it: served).
+func arrival(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		h(w, r.WithContext(context.WithValue(r.Context(), arrivedKey{}, time.Now())))
+	}
+}
+
+// served records the end-to-end latency of a request the engine took.
+func (s *Server) served(r *http.Request) {
+	if t, ok := r.Context().Value(arrivedKey{}).(time.Time); ok {
+		s.opts.Metrics.RequestServed(s.opts.ModelName, time.Since(t))
+	}
+}
 
 // ModelName is the name the server answers to.
 func (s *Server) ModelName() string { return s.opts.ModelName }
@@ -201,6 +222,8 @@ func (s *Server) submit(r *http.Request, j *job) (*serve.Stream, *openai.Error) 
 		return st, nil
 	case errors.Is(err, serve.ErrClosed):
 		return nil, &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: err.Error()}
+	case errors.Is(err, serve.ErrRoomInUse):
+		return nil, &openai.Error{Status: http.StatusConflict, Type: openai.TypeInvalidRequest, Param: "bootstrap_room", Message: err.Error()}
 	case r.Context().Err() != nil:
 		return nil, &openai.Error{Status: 499, Type: openai.TypeInvalidRequest, Message: "client closed the request"}
 	}
@@ -212,6 +235,24 @@ type outcome struct {
 	finish string
 	usage  openai.Usage
 	err    string // an engine failure ("error: ..."), empty otherwise
+	reason string // the engine's finish reason
+}
+
+// cutError is the error event that ends a stream the engine cut (an
+// engine failure or shutdown, an abort, a timeout) before its [DONE], so
+// that the client knows it was cut; nil for a stream that ended by itself.
+func cutError(out outcome) *openai.Error {
+	switch {
+	case out.reason == serve.ReasonClosed:
+		return openai.ServerError("the server shut down before the request finished")
+	case out.err != "":
+		return openai.ServerError(out.err)
+	case out.reason == serve.ReasonTimeout:
+		return openai.ServerError("the request timed out in the server")
+	case out.finish == openai.FinishAbort:
+		return openai.ServerError("the request was aborted in the server")
+	}
+	return nil
 }
 
 // run reads st to its end, passing emit each piece of final text (see the
@@ -223,7 +264,7 @@ func (s *Server) run(st *serve.Stream, stops []string, emit func(string) error) 
 	for ev := range st.Events {
 		if f := ev.Finish; f != nil {
 			pending += dec.Flush()
-			out := outcome{usage: usage(f.PromptTokens, f.CompletionTokens)}
+			out := outcome{usage: usage(f.PromptTokens, f.CompletionTokens), reason: f.Reason}
 			if i := firstStop(pending, stops); i >= 0 {
 				pending, out.finish = pending[:i], openai.FinishStop
 			} else {
@@ -353,7 +394,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	p, err := EncodeChat(s.tok, s.tmpl, req.Messages)
 	if err != nil {
-		openai.InvalidRequest("messages", err.Error()).WriteJSON(w)
+		chatError(err).WriteJSON(w)
 		return
 	}
 	j.prompt = p
@@ -366,6 +407,7 @@ func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job) {
 		oerr.WriteJSON(w)
 		return
 	}
+	defer s.served(r)
 	defer st.Abort()
 	id := j.idPrefix + strconv.FormatUint(st.ID, 10)
 	created := time.Now().Unix()
@@ -437,8 +479,8 @@ func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job) {
 	if err != nil || r.Context().Err() != nil {
 		return
 	}
-	if out.err != "" {
-		openai.WriteEvent(w, openai.ServerError(out.err).Body())
+	if e := cutError(out); e != nil {
+		openai.WriteEvent(w, e.Body())
 	}
 	finish := out.finish
 	if openai.WriteEvent(w, chunk("", &finish, nil, first)) != nil {
@@ -459,10 +501,35 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 	}}})
 }
 
-// GenerateRequest is the body of the native POST /generate.
+// GenerateRequest is the body of the native POST /generate. A PD router
+// adds bootstrap_room (an unsigned 64-bit integer, as a JSON number or a
+// string of digits) and, for the decode side, bootstrap_url, as it does to
+// OpenAI requests.
 type GenerateRequest struct {
-	Text           string         `json:"text"`
-	SamplingParams SamplingParams `json:"sampling_params"`
+	Text           string          `json:"text"`
+	SamplingParams SamplingParams  `json:"sampling_params"`
+	BootstrapRoom  json.RawMessage `json:"bootstrap_room,omitempty"`
+	BootstrapURL   string          `json:"bootstrap_url,omitempty"`
+}
+
+// pd is the engine's form of the request's PD fields; nil without a room.
+func (g *GenerateRequest) pd() (*serve.PDRequest, *openai.Error) {
+	raw := bytes.TrimSpace(g.BootstrapRoom)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	if raw[0] == '"' {
+		var str string
+		if json.Unmarshal(raw, &str) != nil {
+			return nil, openai.InvalidRequest("bootstrap_room", `"bootstrap_room" must be an unsigned 64-bit integer`)
+		}
+		raw = []byte(str)
+	}
+	room, err := strconv.ParseUint(string(raw), 10, 64)
+	if err != nil {
+		return nil, openai.InvalidRequest("bootstrap_room", `"bootstrap_room" must be an unsigned 64-bit integer`)
+	}
+	return &serve.PDRequest{Room: room, BootstrapURL: g.BootstrapURL}, nil
 }
 
 // SamplingParams are /generate's sampling settings; absent ones take
@@ -514,11 +581,17 @@ func (s *Server) generateNative(w http.ResponseWriter, r *http.Request) {
 		openai.InvalidRequest("text", err.Error()).WriteJSON(w)
 		return
 	}
-	st, oerr := s.submit(r, &job{prompt: prompt, params: p})
+	pd, oerr := req.pd()
 	if oerr != nil {
 		oerr.WriteJSON(w)
 		return
 	}
+	st, oerr := s.submit(r, &job{prompt: prompt, params: p, pd: pd})
+	if oerr != nil {
+		oerr.WriteJSON(w)
+		return
+	}
+	defer s.served(r)
 	defer st.Abort()
 	var text strings.Builder
 	out, _ := s.run(st, p.Stop, func(t string) error { text.WriteString(t); return nil })
@@ -585,35 +658,59 @@ func (s *Server) abort(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"success": true, "rid": req.RID})
 }
 
-// HealthResponse is the body of GET /health.
+// HealthResponse is the body of GET /health. Status is "ok", "busy" (200:
+// a request has waited longer than Options.MaxQueueAge; the server works,
+// routers should send it no new work) or "unhealthy" (503: the engine
+// failed or its loop stalled). Queued is the work the server holds and has
+// not started: the scheduler's waiting and pending requests and, on a PD
+// server, the PD queue where requests wait their turn (bootstrap on a
+// prefill: waiting for the decode's transfer info; prealloc on a decode:
+// waiting for KV pages). PDQueues has every PD queue's length (rank 0's).
 type HealthResponse struct {
-	Status          string  `json:"status"` // ok or unhealthy
-	Reason          string  `json:"reason,omitempty"`
-	Step            uint64  `json:"step"`
-	LoopAgeMS       float64 `json:"loop_age_ms"`
-	Waiting         int     `json:"waiting"`
-	Running         int     `json:"running"`
-	Pending         int     `json:"pending"`
-	OldestWaitingMS float64 `json:"oldest_waiting_ms"`
+	Status          string           `json:"status"`
+	Reason          string           `json:"reason,omitempty"`
+	Step            uint64           `json:"step"`
+	LoopAgeMS       float64          `json:"loop_age_ms"`
+	Waiting         int              `json:"waiting"`
+	Running         int              `json:"running"`
+	Pending         int              `json:"pending"`
+	Queued          int              `json:"queued"`
+	PDQueues        map[string]int64 `json:"pd_queues,omitempty"`
+	OldestWaitingMS float64          `json:"oldest_waiting_ms"`
 }
+
+// Health statuses of GET /health.
+const (
+	HealthOK        = "ok"
+	HealthBusy      = "busy"
+	HealthUnhealthy = "unhealthy"
+)
+
+// pdWaitQueue is the PD queue of each role in which requests wait for
+// their turn rather than move.
+var pdWaitQueue = map[string]string{pdproto.RolePrefill: "bootstrap", pdproto.RoleDecode: "prealloc"}
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 	h := s.eng.Health(time.Now())
-	resp := HealthResponse{Status: "ok", Step: h.Step, LoopAgeMS: ms(h.LoopAge), Waiting: h.Waiting,
-		Running: h.Running, Pending: h.Pending, OldestWaitingMS: ms(h.OldestWaiting)}
-	switch {
-	case h.Err != "":
-		resp.Status, resp.Reason = "unhealthy", "engine failed: "+h.Err
-	case h.LoopAge > s.opts.StallAfter:
-		resp.Status, resp.Reason = "unhealthy", fmt.Sprintf("engine loop has not iterated for %v (limit %v)", h.LoopAge.Round(time.Millisecond), s.opts.StallAfter)
-	case s.opts.MaxQueueAge > 0 && h.OldestWaiting > s.opts.MaxQueueAge:
-		resp.Status, resp.Reason = "unhealthy", fmt.Sprintf("a request has waited %v for admission (limit %v)", h.OldestWaiting.Round(time.Millisecond), s.opts.MaxQueueAge)
+	resp := HealthResponse{Status: HealthOK, Step: h.Step, LoopAgeMS: ms(h.LoopAge), Waiting: h.Waiting,
+		Running: h.Running, Pending: h.Pending, Queued: h.Waiting + h.Pending, OldestWaitingMS: ms(h.OldestWaiting)}
+	if pq := s.eng.PDQueues(); pq != nil {
+		resp.PDQueues = pq
+		resp.Queued += int(pq[pdWaitQueue[s.eng.Config().Role]])
 	}
 	status := http.StatusOK
-	if resp.Reason != "" {
+	switch {
+	case h.Err != "":
+		resp.Status, resp.Reason = HealthUnhealthy, "engine failed: "+h.Err
 		status = http.StatusServiceUnavailable
+	case h.LoopAge > s.opts.StallAfter:
+		resp.Status, resp.Reason = HealthUnhealthy, fmt.Sprintf("engine loop has not iterated for %v (limit %v)", h.LoopAge.Round(time.Millisecond), s.opts.StallAfter)
+		status = http.StatusServiceUnavailable
+	case s.opts.MaxQueueAge > 0 && h.OldestWaiting > s.opts.MaxQueueAge:
+		// Busy is not dead: the loop iterates, requests wait their turn.
+		resp.Status, resp.Reason = HealthBusy, fmt.Sprintf("a request has waited %v for admission (limit %v)", h.OldestWaiting.Round(time.Millisecond), s.opts.MaxQueueAge)
 	}
 	writeJSON(w, status, resp)
 }

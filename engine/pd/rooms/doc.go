@@ -17,8 +17,28 @@
 // rank acknowledges that nothing more will be written, or a deadline).
 //
 //	prefill: Bootstrap ──info──▶ Active ──scheduler done──▶ Inflight ──Success──▶ end
+//	            │                  │                          │
+//	            └─Failed─▶ end     └─Failed─▶ cut; ends with  └─Failed─▶ end
+//	                                 the scheduler's finish
 //	decode:  Prealloc ──resolved, pages──▶ Transfer ──Success──▶ joins the scheduler
-//	                                          └──Failed──▶ Aborting ──acked/deadline──▶ released
+//	            │                             └──Failed──▶ Aborting ──acked/deadline/peer gone──▶ released
+//	            └─Failed─▶ end
+//
+// On every Failed edge the peer is told once, in the way its state
+// expects: a prefill answers an ABORT with ABORT_ACK, else sends STATUS
+// Failed to whoever sent TRANSFER_INFO; a decode sends ABORT (unless the
+// prefill's own STATUS Failed ended the room: nothing follows it).
+//
+// # Messages
+//
+//	decode rank                         prefill rank
+//	  Prealloc   ── QUEUED ───────────▶  Bootstrap   (each renews the room's lease)
+//	  Transfer   ── TRANSFER_INFO ────▶  Active      (once every rank has its own)
+//	  Transfer   ◀── KV_CHUNK … final ─  Active      (one per forward step)
+//	  joined     ── STATUS Success ───▶  Inflight    (ends the prefill's stream)
+//	  Aborting   ── ABORT ────────────▶  any         (the decode gave up)
+//	  Aborting   ◀── ABORT_ACK ────────  any         (nothing more is written)
+//	  any        ◀── STATUS Failed ────  any         (the prefill gave up)
 //
 // # One vote per room, agreed by MIN
 //
@@ -39,22 +59,46 @@
 //
 // # Deadlines
 //
-// Every phase has one, judged on the agreed clock: Bootstrap and Prealloc
-// the bootstrap timeout, Active and Transfer the transfer timeout, Inflight
-// the inflight timeout, Aborting the abort-ack timeout. A decode room's
-// prefill peer is also watched by heartbeat: silent past the heartbeat
-// timeout, or restarted (a new boot number), fails the room on that rank's
-// vote. So every room reaches its end by the sum of its phases' deadlines.
+// Every phase has one, judged on the agreed clock: a fixed timeout, or a
+// lease that only the peer's proven liveness renews, and the request
+// timeout bounds them all. Bootstrap: the bootstrap timeout from the
+// decode's last word (TRANSFER_INFO or QUEUED, which a decode sends for
+// every room it queues for memory). Prealloc: the bootstrap timeout to
+// resolve the registry, then the prefill's liveness (heartbeats) while it
+// waits for pages. Active and Transfer: the transfer timeout. Inflight:
+// the inflight timeout. Aborting: the abort-ack timeout. A decode room's
+// prefill peer is watched by heartbeat: silent past the heartbeat
+// timeout, or restarted (a new boot number), fails the room on that
+// rank's vote. Busy is not dead: a room queued for memory lives as long as
+// both sides do, within the request timeout.
 //
 // # Reasons
 //
 // A failure carries a [Reason]: a [Kind] that code may branch on and a text
 // for people. The text is never compared.
 //
+// # Actions
+//
+// Each event returns its actions in the order the loop carries them out.
+// The order is part of the protocol: a room's End (its stream's finish)
+// comes before the ABORT that follows it, so a client hears of a failure
+// as soon as the ranks agree on it; Arrived (commit the KV, join the
+// scheduler) comes before the STATUS Success that lets the prefill forget
+// the room; Release comes before Forget, and Forget last. The loop reports
+// back what only it can know: a send that failed ([Machine.SendFailed]) or
+// a chunk it could not write ([Machine.Failed]) becomes the rank's vote of
+// Failed in the next poll, with that error as the reason. An action the
+// loop cannot carry out at all (pages it cannot reserve after the ranks
+// agreed they were free) is a broken invariant that stops the engine.
+//
 // # Checks
 //
-// [Machine.Check] verifies the invariants (pages reserved and released at
-// most once each, never an agreed Success after an agreed Failed, every
-// room within its deadline after Apply). Builds with -race or -tags
-// invariants run it after every event and panic on a violation.
+// [Machine.Check] verifies the invariants (the vote order, phases of the
+// machine's role, a sequence held exactly in Transfer and Aborting, every
+// Reserve matched by one Release or one Arrived) and that no event broke
+// one on its way (an agreed Success after an agreed Failed; a room past
+// its deadline after Apply, failed rooms aside: a failed Active room waits
+// for the scheduler's finish of the step in flight, an Aborting one for
+// its ack deadline). Builds with -race or -tags invariants run it after
+// every event and panic on a violation.
 package rooms

@@ -397,7 +397,9 @@ func Poll(ms []*Machine, now time.Duration) (agreed []int64, votes [][]int64) {
 	return agreed, votes
 }
 
+// formatVotes shows the votes of a poll (its first third).
 func formatVotes(v []int64) string {
+	v = v[:len(v)/3]
 	parts := make([]string, len(v))
 	for i, x := range v {
 		st, r := Unvote(x)

@@ -21,8 +21,9 @@ func Vote(st pdproto.KVPoll, rank int) int64 { return int64(st)<<rankBits | int6
 func Unvote(v int64) (pdproto.KVPoll, int) { return pdproto.KVPoll(v >> rankBits), int(v & maxRank) }
 
 // room is one bootstrap room on this rank. The fields up to local move
-// only on agreed events and are the same on every rank; the rest is this
-// rank's own knowledge, which shapes only its vote and its messages.
+// only on agreed events and are the same on every rank (but a decode's
+// chunks, counted as they land on this rank); the rest is this rank's own
+// knowledge, which shapes only its vote and its messages.
 type room struct {
 	req    Request
 	phase  Phase
@@ -31,7 +32,7 @@ type room struct {
 	failed bool   // agreed Failed (prefill Active: waiting for the scheduler's finish)
 	reason Reason // the agreed failure, as this rank tells it
 	owner  bool   // this rank's vote decided the failure
-	sent   int    // prefill: prompt tokens whose chunks were handed out
+	sent   int    // prompt tokens whose chunks were handed out (prefill) or landed (decode)
 	chunks int    // chunks handed out (prefill) or landed (decode)
 	held   bool   // decode: a sequence is reserved for the room
 
@@ -155,12 +156,12 @@ func (m *Machine) File(now time.Duration, id uint64, mail Mail) []Action {
 			m.stats.Misplaced++
 		case q.phase != Transfer || !q.local.IsZero():
 			// Late chunks of a failed room: nothing is written.
-		case int(ch.Chunk) != q.chunks || ch.Start > ch.End || int(ch.End) > q.req.PromptLen:
-			q.local = because(KindBadChunk, "bad KV chunk %d [%d,%d) for %d prompt tokens (expected chunk %d)", ch.Chunk, ch.Start, ch.End, q.req.PromptLen, q.chunks)
+		case int(ch.Chunk) != q.chunks || int(ch.Start) != q.sent || ch.Start > ch.End || int(ch.End) > q.req.PromptLen:
+			q.local = because(KindBadChunk, "bad KV chunk %d [%d,%d) for %d prompt tokens (expected chunk %d from token %d)", ch.Chunk, ch.Start, ch.End, q.req.PromptLen, q.chunks, q.sent)
 		case ch.Final != nil && (int(ch.End) != q.req.PromptLen || int(ch.Final.PromptTokens) != q.req.PromptLen):
 			q.local = because(KindBadChunk, "last chunk ends at %d of %d prompt tokens", ch.End, q.req.PromptLen)
 		default:
-			q.chunks++
+			q.chunks, q.sent = q.chunks+1, int(ch.End)
 			q.bytes += ch.PayloadBytes()
 			if ch.Final != nil {
 				q.first = ch.Final
@@ -219,17 +220,23 @@ func (m *Machine) Peers() []string {
 
 // SendFailed records that a message for request id could not be handed to
 // the transport on this rank: the rank's vote of Failed in the next poll,
-// with the error as the reason, so every rank fails the room at once.
-func (m *Machine) SendFailed(id uint64, what string, err error) {
-	m.Failed(id, Reason{Kind: KindSend, Text: fmt.Sprintf("sending %s: %v", what, err)})
+// with the error as the reason, so every rank fails the room at once. It
+// reports false when that changes nothing (the room is gone or failing
+// already): the caller logs the error instead.
+func (m *Machine) SendFailed(id uint64, what string, err error) bool {
+	return m.Failed(id, Reason{Kind: KindSend, Text: fmt.Sprintf("sending %s: %v", what, err)})
 }
 
 // Failed records a failure this rank alone saw (a chunk it could not
-// write): its vote from now on.
-func (m *Machine) Failed(id uint64, r Reason) {
-	if q := m.rooms[id]; q != nil && q.local.IsZero() {
-		q.local = r
+// write): its vote from now on. It reports false when the room is gone or
+// failing already.
+func (m *Machine) Failed(id uint64, r Reason) bool {
+	q := m.rooms[id]
+	if q == nil || !q.local.IsZero() || q.failed || q.phase == Aborting {
+		return false
 	}
+	q.local = r
+	return true
 }
 
 // Moved adds KV payload bytes sent for request id (prefill).
@@ -239,15 +246,23 @@ func (m *Machine) Moved(id uint64, bytes int) {
 	}
 }
 
-// Votes returns this rank's vote for every room, in id order, judged at the
-// agreed time now.
+// Votes returns this rank's poll, to be MIN-reduced across the ranks: its
+// vote for every room in id order, then the first token its decode rank
+// received for each room, then that token negated (so the MIN gives the
+// smallest and the largest token: the ranks must agree on it before a
+// room joins the scheduler). Its length is three times the number of
+// rooms, which every rank agrees on.
 func (m *Machine) Votes(now time.Duration) []int64 {
-	out := make([]int64, len(m.order))
+	n := len(m.order)
+	out := make([]int64, 3*n)
 	for i, id := range m.order {
 		q := m.rooms[id]
 		st := m.judge(now, q)
 		q.vote = st
 		out[i] = Vote(st, m.cfg.Rank)
+		if q.first != nil {
+			out[n+i], out[2*n+i] = int64(q.first.FirstToken), -int64(q.first.FirstToken)
+		}
 	}
 	return out
 }
@@ -370,8 +385,9 @@ func (m *Machine) checkInfo(q *room) error {
 // Apply moves every room by its agreed vote (the MIN of every rank's), at
 // the agreed time now. Decode rooms ready for pages wait for Grant.
 func (m *Machine) Apply(now time.Duration, agreed []int64) ([]Action, error) {
-	if len(agreed) != len(m.order) {
-		return nil, fmt.Errorf("%w: %d votes for %d rooms", ErrVotes, len(agreed), len(m.order))
+	n := len(m.order)
+	if len(agreed) != 3*n {
+		return nil, fmt.Errorf("%w: a poll of %d values for %d rooms", ErrVotes, len(agreed), n)
 	}
 	var acts []Action
 	for i, id := range slices.Clone(m.order) {
@@ -379,6 +395,13 @@ func (m *Machine) Apply(now time.Duration, agreed []int64) ([]Action, error) {
 		st, owner := Unvote(agreed[i])
 		if !st.Valid() {
 			return acts, fmt.Errorf("%w: vote %d for request %d", ErrVotes, agreed[i], id)
+		}
+		if lo, hi := agreed[n+i], -agreed[2*n+i]; q.phase == Transfer && st == pdproto.Success && lo != hi {
+			// Every rank has its KV, but not the same first token: the
+			// ranks would go on from different tokens. The agreed values
+			// show it to every rank alike.
+			st, owner = pdproto.Failed, 0
+			q.local = because(KindBadChunk, "the ranks received different first tokens (%d to %d)", lo, hi)
 		}
 		if q.phase == Aborting {
 			if st == pdproto.Success {

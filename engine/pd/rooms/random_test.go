@@ -40,6 +40,11 @@ type group struct {
 	sched map[uint64]bool          // prefill rooms in the scheduler: cut?
 	held  map[uint64]int           // decode: reserved sequences per room, over the ranks
 	trace []string
+	// The ledger, per rank: how often each request's stream ended (End,
+	// Arrived, or a scheduler finish the machine left to the caller), and
+	// which requests joined the scheduler (their chunks may go out).
+	ends   []map[uint64]int
+	joined []map[uint64]bool
 }
 
 func runRandom(seed uint64) (err error) {
@@ -51,6 +56,8 @@ func runRandom(seed uint64) (err error) {
 		RequestTimeout: time.Duration(5+rng.IntN(15)) * time.Second, QueuedInterval: 500 * time.Millisecond}
 	g := &group{rng: rng, admit: map[uint64]time.Duration{}, sched: map[uint64]bool{}, held: map[uint64]int{}}
 	for r := range 1 + rng.IntN(3) {
+		g.ends = append(g.ends, map[uint64]int{})
+		g.joined = append(g.joined, map[uint64]bool{})
 		cfg.Rank = r
 		m, err := New(cfg)
 		if err != nil {
@@ -114,6 +121,13 @@ func runRandom(seed uint64) (err error) {
 	for id, n := range g.held {
 		if n != 0 {
 			return fmt.Errorf("request %d: %d sequences still held", id, n)
+		}
+	}
+	for r := range g.ms {
+		for id := range next - 1 {
+			if n := g.ends[r][id+1]; n != 1 {
+				return fmt.Errorf("rank %d: request %d ended %d times, want once", r, id+1, n)
+			}
 		}
 	}
 	return nil
@@ -198,17 +212,29 @@ func (g *group) progress(m *Machine, id uint64) {
 	}
 	switch q.phase {
 	case Bootstrap:
-		g.file(m, id, Mail{Info: &pdproto.TransferInfo{Room: id, Endpoint: "tcp://d", Rank: uint32(m.cfg.Rank), Tokens: uint32(q.req.PromptLen), IndexKDType: "fp8"}})
+		dtype := "fp8"
+		if g.rng.IntN(40) == 0 {
+			dtype = "bf16" // a decode of the other precision: refused
+		}
+		g.file(m, id, Mail{Info: &pdproto.TransferInfo{Room: id, Endpoint: "tcp://d", Rank: uint32(m.cfg.Rank), Tokens: uint32(q.req.PromptLen), IndexKDType: dtype}})
 	case Inflight:
 		g.file(m, id, Mail{Status: &pdproto.Status{Room: id, State: pdproto.Success}})
 	case Prealloc:
 		m.Resolve(id, Resolution{Endpoint: "tcp://p"})
 	case Transfer:
-		end := min(q.req.PromptLen, q.chunks*4+4)
-		start := min(q.chunks*4, end)
+		start := q.sent
+		if g.rng.IntN(40) == 0 {
+			start++ // a gap: refused
+		}
+		end := min(q.req.PromptLen, start+4)
+		start = min(start, end)
 		ch := &pdproto.KVChunk{Room: id, Chunk: uint32(q.chunks), Start: uint32(start), End: uint32(end)}
 		if end == q.req.PromptLen {
-			ch.Final = &pdproto.ChunkFinal{FirstToken: 1, PromptTokens: uint32(end)}
+			tok := int32(1)
+			if g.rng.IntN(40) == 0 {
+				tok = int32(2 + m.cfg.Rank) // ranks disagree: refused by the poll
+			}
+			ch.Final = &pdproto.ChunkFinal{FirstToken: tok, PromptTokens: uint32(end)}
 		}
 		g.file(m, id, Mail{Chunks: []*pdproto.KVChunk{ch}})
 	case Aborting:
@@ -274,8 +300,11 @@ func (g *group) iteration() error {
 		}
 		g.log("sched-finished %d produced=%v", id, produced)
 		delete(g.sched, id)
-		for _, m := range g.ms {
-			acts, _ := m.SchedFinished(g.now, id, produced, "abort")
+		for r, m := range g.ms {
+			acts, handled := m.SchedFinished(g.now, id, produced, "abort")
+			if !handled {
+				g.ends[r][id]++ // the caller ends it by the scheduler's reason
+			}
 			if err := g.exec(m, acts); err != nil {
 				return err
 			}
@@ -302,8 +331,12 @@ func (g *group) sortedSched() []uint64 {
 // exec acts as the serve loop does on the actions of rank m.
 func (g *group) exec(m *Machine, acts []Action) error {
 	for _, a := range acts {
+		r := m.cfg.Rank
 		switch a := a.(type) {
+		case End:
+			g.ends[r][a.ID]++
 		case Admit:
+			g.joined[r][a.ID] = true
 			if m.cfg.Rank == 0 {
 				g.sched[a.ID] = false
 			}
@@ -319,11 +352,15 @@ func (g *group) exec(m *Machine, acts []Action) error {
 			}
 		case Arrived:
 			g.held[a.ID]--
+			g.ends[r][a.ID]++
 		case Forget:
 			if m.cfg.Rank == 0 {
 				delete(g.admit, a.ID)
 			}
 		case SendChunk:
+			if !g.joined[r][a.ID] {
+				return fmt.Errorf("rank %d: a chunk of request %d before it joined the scheduler", r, a.ID)
+			}
 			if g.rng.IntN(25) == 0 {
 				m.SendFailed(a.ID, "KV", errors.New("timeout"))
 			}
