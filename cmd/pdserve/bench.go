@@ -56,7 +56,7 @@ func newBenchCmd() *cobra.Command {
 	f.IntVar(&cfg.DecodeTokens, "decode", 128, "tokens to decode per sequence")
 	f.IntVar(&cfg.Batch, "batch", 32, "sequences in the aggregate decode run")
 	f.IntVar(&cfg.Repeats, "repeats", 3, "runs per figure (the median is reported)")
-	cmd.AddCommand(newBenchServeCmd(), newBenchPDCmd())
+	cmd.AddCommand(newBenchServeCmd(), newBenchPDCmd(), newBenchLoadCmd())
 	return cmd
 }
 

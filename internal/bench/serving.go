@@ -403,6 +403,15 @@ func percentile(sorted []float64, p float64) float64 {
 	return sorted[min(max(k, 1), len(sorted))-1]
 }
 
+// statusError is a request answered with another status than 200.
+type statusError struct {
+	code         int
+	status, body string
+	retryAfter   string
+}
+
+func (e *statusError) Error() string { return fmt.Sprintf("status %s: %s", e.status, e.body) }
+
 // client issues the benchmark's requests.
 type client struct {
 	http      *http.Client
@@ -443,7 +452,7 @@ func (c *client) do(ctx context.Context, prompt []int) (result, error) {
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return s, fmt.Errorf("status %s: %s", resp.Status, strings.TrimSpace(string(b)))
+		return s, &statusError{code: resp.StatusCode, status: resp.Status, body: strings.TrimSpace(string(b)), retryAfter: resp.Header.Get("Retry-After")}
 	}
 	var prev time.Time
 	finish, usage, done := "", false, false
