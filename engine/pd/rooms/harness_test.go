@@ -222,15 +222,11 @@ func (h *harness) admit(a targs) error {
 }
 
 func (h *harness) mail(a targs, rest []string, out *strings.Builder) error {
-	id, err := a.int("id", 0)
+	id, ranks, err := h.idRanks(a)
 	if err != nil {
 		return err
 	}
 	t, err := a.dur("t", 0)
-	if err != nil {
-		return err
-	}
-	ranks, err := h.ranks(a)
 	if err != nil {
 		return err
 	}
@@ -254,9 +250,9 @@ func (h *harness) mail(a targs, rest []string, out *strings.Builder) error {
 			if v, ok := a["dtype"]; ok {
 				dtype = v
 			}
-			mail.Info = &pdproto.TransferInfo{Room: uint64(id), Endpoint: onRank(or(a["endpoint"], "tcp://decode"), r), Rank: uint32(from), Tokens: uint32(tokens), IndexKDType: dtype}
+			mail.Info = &pdproto.TransferInfo{Room: id, Endpoint: onRank(or(a["endpoint"], "tcp://decode"), r), Rank: uint32(from), Tokens: uint32(tokens), IndexKDType: dtype}
 		case "abort":
-			mail.Abort = &pdproto.Abort{Room: uint64(id), Endpoint: onRank(or(a["endpoint"], "tcp://decode"), r), Rank: uint32(r), Reason: or(a["reason"], "client gone")}
+			mail.Abort = &pdproto.Abort{Room: id, Endpoint: onRank(or(a["endpoint"], "tcp://decode"), r), Rank: uint32(r), Reason: or(a["reason"], "client gone")}
 		case "chunk":
 			idx, e1 := a.int("index", 0)
 			start, e2 := a.int("start", 0)
@@ -267,7 +263,7 @@ func (h *harness) mail(a targs, rest []string, out *strings.Builder) error {
 			if start < 0 || end < 0 || idx < 0 {
 				return errors.New("chunk: negative field")
 			}
-			ch := &pdproto.KVChunk{Room: uint64(id), Chunk: uint32(idx), Start: uint32(start), End: uint32(end),
+			ch := &pdproto.KVChunk{Room: id, Chunk: uint32(idx), Start: uint32(start), End: uint32(end),
 				Layers: []pdproto.LayerKV{{K: make([]byte, 4*max(0, end-start))}}}
 			if v, ok := a["first"]; ok {
 				tok, err := strconv.Atoi(v)
@@ -282,7 +278,7 @@ func (h *harness) mail(a targs, rest []string, out *strings.Builder) error {
 			if !ok {
 				return fmt.Errorf("status=%q: want a KVPoll name", a["status"])
 			}
-			mail.Status = &pdproto.Status{Room: uint64(id), Rank: uint32(r), State: st, Error: a["error"]}
+			mail.Status = &pdproto.Status{Room: id, Rank: uint32(r), State: st, Error: a["error"]}
 		case "acked":
 			mail.Acked = true
 		case "queued":
@@ -290,11 +286,11 @@ func (h *harness) mail(a targs, rest []string, out *strings.Builder) error {
 			if err != nil {
 				return err
 			}
-			mail.Queued = &pdproto.Queued{Room: uint64(id), Rank: uint32(r), Position: uint32(pos)}
+			mail.Queued = &pdproto.Queued{Room: id, Rank: uint32(r), Position: uint32(pos)}
 		default:
 			return fmt.Errorf("mail: want info, queued, abort, chunk, status= or acked")
 		}
-		h.print(out, r, m.File(t, uint64(id), mail))
+		h.print(out, r, m.File(t, id, mail))
 	}
 	return nil
 }
@@ -306,12 +302,18 @@ func or(v, def string) string {
 	return v
 }
 
-func (h *harness) resolve(a targs) error {
+// idRanks reads a command's id= and the ranks it goes to.
+func (h *harness) idRanks(a targs) (uint64, []int, error) {
 	id, err := a.int("id", 0)
 	if err != nil {
-		return err
+		return 0, nil, err
 	}
 	ranks, err := h.ranks(a)
+	return uint64(id), ranks, err
+}
+
+func (h *harness) resolve(a targs) error {
+	id, ranks, err := h.idRanks(a)
 	if err != nil {
 		return err
 	}
@@ -320,7 +322,7 @@ func (h *harness) resolve(a targs) error {
 		if e, ok := a["err"]; ok {
 			res = Resolution{Err: errors.New(e)}
 		}
-		h.ms[r].Resolve(uint64(id), res)
+		h.ms[r].Resolve(id, res)
 	}
 	return nil
 }
@@ -342,19 +344,15 @@ func (h *harness) peer(a targs) error {
 }
 
 func (h *harness) failed(cmd string, a targs) error {
-	id, err := a.int("id", 0)
-	if err != nil {
-		return err
-	}
-	ranks, err := h.ranks(a)
+	id, ranks, err := h.idRanks(a)
 	if err != nil {
 		return err
 	}
 	for _, r := range ranks {
 		if cmd == "send-failed" {
-			h.ms[r].SendFailed(uint64(id), or(a["what"], "a message"), errors.New(or(a["err"], "send timed out")))
+			h.ms[r].SendFailed(id, or(a["what"], "a message"), errors.New(or(a["err"], "send timed out")))
 		} else {
-			h.ms[r].Failed(uint64(id), Reason{Kind: KindBadChunk, Text: or(a["err"], "write failed")})
+			h.ms[r].Failed(id, Reason{Kind: KindBadChunk, Text: or(a["err"], "write failed")})
 		}
 	}
 	return nil
