@@ -9,12 +9,14 @@ import (
 	"github.com/pdkit/pdkit/engine/tokenizer"
 )
 
-// ChatTemplate turns the messages of a chat request into a prompt. The
-// templates of this package are picked by DetectChatTemplate; see the
-// package doc for the exact format of each.
+// ChatTemplate turns the messages of a chat request into a prompt: the
+// model's own Jinja template (NewJinjaChatTemplate), or one of this
+// package's families, picked by DetectChatTemplate when the model's cannot
+// be rendered; see the package doc for the exact format of each.
 type ChatTemplate interface {
-	// Name is the template's family: "default", "chatml", "llama3",
-	// "llama2", "mistral", "zephyr" or "gemma".
+	// Name is "jinja" for the model's own template, else the family:
+	// "default", "chatml", "llama3", "llama2", "mistral", "zephyr" or
+	// "gemma".
 	Name() string
 	// Render returns the prompt text, the generation prompt for the
 	// assistant included. It holds the BOS token's spelling only when the
@@ -35,8 +37,9 @@ const (
 )
 
 // DetectChatTemplate picks the template family of a GGUF chat template
-// (tokenizer.chat_template) from markers in its Jinja text; the Jinja is not
-// interpreted. Checked in this order:
+// (tokenizer.chat_template) from markers in its Jinja text, without
+// interpreting the Jinja: the fallback of PickChatTemplate for a template
+// that cannot be rendered. Checked in this order:
 //
 //	"<|start_header_id|>" and "<|eot_id|>"        → llama3
 //	"<|im_start|>" and "<|im_end|>"               → chatml
@@ -74,7 +77,7 @@ func DetectChatTemplate(jinja string) ChatTemplate {
 }
 
 // ChatTemplate is the template the server renders chat requests with,
-// picked by New from the model's tokenizer.chat_template.
+// picked by New from the model's tokenizer.chat_template (PickChatTemplate).
 func (s *Server) ChatTemplate() ChatTemplate { return s.tmpl }
 
 // DefaultChatTemplate is the template of models whose chat template is
@@ -95,11 +98,15 @@ func DefaultChatTemplate() ChatTemplate { return chatTemplates[ChatDefault] }
 // (Encode with addSpecial, so only when the vocabulary asks for it), never
 // both.
 //
-// A template that is not one of this package's is rendered and encoded with
+// The model's Jinja template keeps message content as text the same way;
+// see jinjaTemplate.encode. Any other template is rendered and encoded with
 // Encode(text, true).
 func EncodeChat(t tokenizer.Tokenizer, tmpl ChatTemplate, msgs []openai.Message) ([]int32, error) {
 	if tmpl == nil {
 		tmpl = DefaultChatTemplate()
+	}
+	if jt, ok := tmpl.(*jinjaTemplate); ok {
+		return jt.encode(t, msgs)
 	}
 	ct, ok := tmpl.(*chatTemplate)
 	if !ok {

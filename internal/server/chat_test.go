@@ -1,19 +1,14 @@
 package server
 
 import (
-	"encoding/json"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
-	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/engine/tokenizer"
-	"github.com/pdkit/pdkit/kernels"
 )
 
 func msg(role, content string) openai.Message {
@@ -228,62 +223,4 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
-}
-
-// TestChatTemplateFromGGUF serves a copy of the tiny model whose GGUF
-// carries a ChatML template and ChatML's control tokens.
-func TestChatTemplateFromGGUF(t *testing.T) {
-	spec := builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32}
-	w, err := builtin.Build(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, start, end := chatVocab(t)
-	w.Add("tokenizer.ggml.tokens", v.Tokens)
-	w.Add("tokenizer.ggml.token_type", v.Types)
-	w.Add(model.KeyChatTemplate, `{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}`)
-	path := filepath.Join(t.TempDir(), "chatml.gguf")
-	if err := w.WriteFile(path); err != nil {
-		t.Fatal(err)
-	}
-	m, err := model.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	if !strings.Contains(m.ChatTemplate(), "<|im_start|>") {
-		t.Fatalf("ChatTemplate() = %q", m.ChatTemplate())
-	}
-	e := newEnvModel(t, m, serve.Config{PageSize: 4, MaxRunning: 8})
-	srv := e.srv
-	if srv.ChatTemplate().Name() != ChatML {
-		t.Fatalf("template %s", srv.ChatTemplate().Name())
-	}
-
-	code, b := e.post(t, "/v1/chat/completions", map[string]any{"messages": conversation, "max_tokens": 4, "temperature": 0})
-	var r openai.ChatCompletionResponse
-	if code != 200 || json.Unmarshal(b, &r) != nil {
-		t.Fatalf("%d %s", code, b)
-	}
-	want, err := EncodeChat(m.Tokenizer, srv.ChatTemplate(), conversation)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if count(want, start) != 5 || count(want, end) != 4 {
-		t.Errorf("prompt %v lacks ChatML's control tokens", want)
-	}
-	if def, _ := ChatPrompt(m.Tokenizer, conversation); r.Usage.PromptTokens != len(want) || len(def) == len(want) {
-		t.Errorf("prompt tokens %d, want %d (default template: %d)", r.Usage.PromptTokens, len(want), len(def))
-	}
-
-	code, b = e.post(t, "/v1/chat/completions", map[string]any{"messages": []openai.Message{msg("tool", "x")}, "max_tokens": 4})
-	if code != 400 || !strings.Contains(string(b), `"param":"messages"`) {
-		t.Errorf("tool role: %d %s", code, b)
-	}
-
-	var st debug.StateResponse
-	code, b = get(t, e, "/debug/v1/state")
-	if code != 200 || json.Unmarshal(b, &st) != nil || st.ChatTemplate != ChatML {
-		t.Errorf("state: %d %.300s", code, b)
-	}
 }

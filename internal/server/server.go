@@ -394,7 +394,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	p, err := EncodeChat(s.tok, s.tmpl, req.Messages)
 	if err != nil {
-		chatError(err).WriteJSON(w)
+		chatError(s.log, err).WriteJSON(w)
 		return
 	}
 	j.prompt = p
