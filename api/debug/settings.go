@@ -93,8 +93,10 @@ func Duration(ms float64) time.Duration { return time.Duration(ms * float64(time
 // settings, rank 0's last step and the engine's last published snapshot.
 type StateResponse struct {
 	Model string `json:"model"`
-	// ChatTemplate is the family name of the chat template the server
-	// renders chat requests with.
+	// ChatTemplate is the chat template the server renders chat requests
+	// with: "jinja" for the model's own (its GGUF's
+	// tokenizer.chat_template), else the name of the family it fell back
+	// to ("chatml", "llama3", ..., "default").
 	ChatTemplate string   `json:"chat_template"`
 	Settings     Settings `json:"settings"`
 	LastStep     Step     `json:"last_step"`

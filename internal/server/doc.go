@@ -27,12 +27,31 @@
 // # Chat template
 //
 // The server picks the chat template once, at New, from the GGUF's
-// tokenizer.chat_template (model.Model.ChatTemplate). The Jinja is not
-// interpreted: DetectChatTemplate recognises the common families by their
-// markers, and anything else (or no template) gets the default template.
-// GET /debug/v1/state reports the family as "chat_template". The rendered
-// formats, for messages S (system), U1 (user), A1 (assistant), U2 (user),
-// each ending with the generation prompt for the assistant:
+// tokenizer.chat_template (model.Model.ChatTemplate; PickChatTemplate).
+// The template itself is rendered (engine/chattemplate, a Jinja engine; its
+// package doc says which and why) with the messages (role, content, and
+// name and tool_call_id when set), add_generation_prompt true, and
+// bos_token and eos_token spelled as the vocabulary spells its BOS and EOS,
+// as Hugging Face's apply_chat_template renders it. The prompt is the
+// rendered text tokenized with its control tokens recognised, the BOS put
+// first when the vocabulary asks for it (add_bos_token) and the template
+// did not write it, never twice; a control token's spelling inside a
+// message stays text (it is masked while the template renders), so a
+// message cannot inject control tokens. A conversation the template refuses
+// with raise_exception (roles that do not alternate, a system message the
+// model does not take) is a 400 with param "messages" and the template's
+// reason; a template that fails otherwise on a request is a 500, logged.
+//
+// At New the template is compiled and rendered with four test
+// conversations (chattemplate.Probes). A template that does not compile,
+// fails to render one of them for another reason than its raise_exception,
+// or refuses them all, is logged as a warning with the reason, and the
+// server falls back to the family DetectChatTemplate recognises by the
+// template's markers (anything else gets the default template); so does a
+// model without a template (the built-in model has none). GET
+// /debug/v1/state reports "jinja" or the family as "chat_template". The
+// families' formats, for messages S (system), U1 (user), A1 (assistant), U2
+// (user), each ending with the generation prompt for the assistant:
 //
 //	default  "<|system|>\nS\n<|user|>\nU1\n<|assistant|>\nA1\n<|user|>\nU2\n<|assistant|>\n"
 //	chatml   "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU1<|im_end|>\n"
@@ -56,7 +75,7 @@
 // " [/INST]" that closes the last user turn, so a conversation that ends
 // with an assistant message ends with its "</s>".
 //
-// BOS: llama3, llama2 (once per user turn), mistral and gemma write it
+// BOS (of the families): llama3, llama2 (once per user turn), mistral and gemma write it
 // themselves and are encoded without the tokenizer's own BOS; default,
 // chatml and zephyr write none and are encoded with it (Encode(text, true):
 // only when the vocabulary's add_bos_token asks for it). Either way the BOS
@@ -193,8 +212,7 @@
 // gauges, transfer, failure and message counters and its receive loops'
 // liveness, per rank (see internal/metrics).
 //
-// Not yet here: Jinja chat templates outside the families above (and a
-// flag to choose one), tool calls, several choices per request, admin
-// calls beyond aborts (drain, pause), and the ids of requests still
-// pending in the debug API.
+// Not yet here: a flag to choose the chat template, tool calls, several
+// choices per request, admin calls beyond aborts (drain, pause), and the
+// ids of requests still pending in the debug API.
 package server
