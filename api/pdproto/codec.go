@@ -9,8 +9,8 @@ import (
 
 // Version is the protocol version carried in the guard frame. A change to
 // any message's layout bumps it; a receiver drops messages of any other
-// version (ErrVersion).
-const Version byte = 2
+// version (ErrVersion). docs/protocol.md lists what each version changed.
+const Version byte = 3
 
 // guardMagic starts frame 0; Version follows it.
 const guardMagic = "PDKIT"
@@ -253,10 +253,10 @@ func encodeAbort(m *Abort) ([][]byte, error) {
 }
 
 func encodeAbortAck(m *AbortAck) ([][]byte, error) {
-	buf, frames := start(TypeAbortAck, 8+4+1, 0)
+	buf, frames := start(TypeAbortAck, 8+4+1+1, 0)
 	buf = appendU64(buf, m.Room)
 	buf = appendU32(buf, m.Rank)
-	buf = append(buf, boolByte(m.InFlight))
+	buf = append(buf, boolByte(m.InFlight), boolByte(m.Known))
 	return finish(TypeAbortAck, buf, frames), nil
 }
 
@@ -522,6 +522,7 @@ func (r *reader) abortAck() *AbortAck {
 	m.Room = r.u64("room")
 	m.Rank = r.u32("rank")
 	m.InFlight = r.flags("in_flight", 1) != 0
+	m.Known = r.flags("known", 1) != 0
 	return m
 }
 

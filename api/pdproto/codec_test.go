@@ -43,6 +43,8 @@ func samples() []Message {
 		&Abort{Room: 6, Endpoint: "tcp://10.0.0.2:5555", Rank: 1, Reason: "timeout in Transferring after 5s"},
 		&AbortAck{},
 		&AbortAck{Room: 6, Rank: 1, InFlight: true},
+		&AbortAck{Room: 1<<64 - 1, Rank: 2, Known: true},
+		&AbortAck{Room: 6, Rank: 1, InFlight: true, Known: true},
 		&Heartbeat{},
 		&Heartbeat{Sender: "tcp://10.0.0.2:5555", Boot: 0xdead_beef, Seq: 1 << 63, UnixNano: -5, Reply: true},
 		&Queued{},
@@ -85,7 +87,7 @@ func TestRoundTrip(t *testing.T) {
 	for _, m := range samples() {
 		seen[m.Type()] = true
 		frames := mustEncode(t, m)
-		if string(frames[0]) != "PDKIT\x02" || string(frames[1]) != string(m.Type()) {
+		if string(frames[0]) != "PDKIT\x03" || string(frames[1]) != string(m.Type()) {
 			t.Fatalf("%T: frames 0 and 1 are %q %q", m, frames[0], frames[1])
 		}
 		got, err := Decode(cloneFrames(frames))
@@ -244,6 +246,8 @@ func TestDecodeErrors(t *testing.T) {
 		{"lowercase type", with(status, 1, func([]byte) []byte { return []byte("status") }), ErrUnknownType, "type"},
 		{"state out of range", with(status, 2, set(12, 5)), ErrMalformed, "state"},
 		{"in_flight not a bool", with(ack, 2, set(12, 2)), ErrMalformed, "in_flight"},
+		{"known not a bool", with(ack, 2, set(13, 2)), ErrMalformed, "known"},
+		{"ABORT_ACK without known (version 2's layout)", with(ack, 2, func(b []byte) []byte { return b[:13] }), ErrMalformed, "known"},
 		{"unknown heartbeat flag", with(hb, 2, set(24, 2)), ErrMalformed, "flags"},
 		{"unknown chunk flag", with(chunk, 2, set(20, 0x80)), ErrMalformed, "flags"},
 		{"reversed range", with(chunk, 2, set(12, 9)), ErrMalformed, "end"},
@@ -310,8 +314,22 @@ func TestRoomOf(t *testing.T) {
 	}
 }
 
+// TestAbortAckLayout pins ABORT_ACK's header to docs/protocol.md: room u64
+// at 0, rank u32 at 8, in_flight bool at 12, known bool at 13, 14 bytes.
+func TestAbortAckLayout(t *testing.T) {
+	frames := mustEncode(t, &AbortAck{Room: 0x0102030405060708, Rank: 9, InFlight: false, Known: true})
+	want := []byte{8, 7, 6, 5, 4, 3, 2, 1, 9, 0, 0, 0, 0, 1}
+	if string(frames[frameHeader]) != string(want) {
+		t.Fatalf("ABORT_ACK header % x, want % x", frames[frameHeader], want)
+	}
+	m, err := Decode(frames)
+	if ack, ok := m.(*AbortAck); err != nil || !ok || !ack.Known || ack.InFlight || ack.Room != 0x0102030405060708 || ack.Rank != 9 {
+		t.Fatalf("decoded %+v, %v", m, err)
+	}
+}
+
 func TestGuard(t *testing.T) {
-	if g := Guard(); string(g) != "PDKIT\x02" {
+	if g := Guard(); string(g) != "PDKIT\x03" {
 		t.Fatalf("Guard() = %q", g)
 	}
 }

@@ -123,6 +123,10 @@ type AbortAck struct {
 	// InFlight reports whether a write for the room was in flight when the
 	// ABORT arrived (the ack then waited for it to drain).
 	InFlight bool
+	// Known reports whether the rank had the room when the ABORT came
+	// (and so failed it); false for a room it had not seen yet or had
+	// already ended, which it only remembers as aborted.
+	Known bool
 }
 
 // Queued tells a prefill rank that the decode holds the room in its queue,
