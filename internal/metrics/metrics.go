@@ -17,6 +17,27 @@
 //     and the time-to-first-token, inter-token and step-duration
 //     histograms. Its methods only update atomics; they never block.
 //
+// The HTTP server adds what only it sees: RequestServed feeds
+//
+//	pdkit_e2e_request_latency_seconds{model}  from a request's arrival to its answer's end
+//
+// Every registry also carries the Go runtime (go_*), process (process_*)
+// and build-information (go_build_info) collectors of client_golang.
+//
+// # KV pages
+//
+// Each rank's pool is split three ways, read lock-free at scrape time:
+//
+//	pdkit_kv_pages_used{rank}      pages held by sequences (requests) and not by the prefix cache
+//	pdkit_kv_pages_cached{rank}    pages the prefix cache holds, whether or not a request shares them
+//	pdkit_kv_pages_capacity{rank}  every page of the pool: used + cached + free
+//
+// "Used" is this one definition everywhere pdkit reports pages used; the
+// debug API's kv[].used counts the cached pages too (used + cached here).
+//
+// Names follow Prometheus conventions (promtool check metrics is clean):
+// counters end in _total, gauges never do, units are base units.
+//
 // # Collectives
 //
 // The ranks of an engine talk over two communicators, each with its own
@@ -69,6 +90,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/pdkit/pdkit/engine/serve"
@@ -89,6 +111,7 @@ type Metrics struct {
 	step         prometheus.Histogram
 	kvTransfer   *prometheus.HistogramVec
 	kvBytes      *prometheus.HistogramVec
+	e2e          *prometheus.HistogramVec
 }
 
 var (
@@ -99,8 +122,21 @@ var (
 // Latency buckets in seconds: 1ms to about 33s.
 var latencyBuckets = prometheus.ExponentialBuckets(0.001, 2, 16)
 
-// New registers the observer-fed metrics on reg (a fresh registry when
-// nil) and returns them. Attach an engine with Watch.
+// RequestBuckets are the buckets of end-to-end request latencies in
+// seconds: 10ms to about 41 minutes, since a long generation or a request
+// queued under load takes minutes, not milliseconds.
+var RequestBuckets = prometheus.ExponentialBuckets(0.01, 2, 18)
+
+// RegisterProcess registers client_golang's Go runtime, process and build
+// information collectors on reg: go_* (goroutines, memory, GC), process_*
+// (CPU, resident memory, open files) and go_build_info.
+func RegisterProcess(reg prometheus.Registerer) {
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		collectors.NewBuildInfoCollector())
+}
+
+// New registers the observer-fed metrics and the process collectors on reg
+// (a fresh registry when nil) and returns them. Attach an engine with Watch.
 func New(reg *prometheus.Registry) *Metrics {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
@@ -121,12 +157,12 @@ func New(reg *prometheus.Registry) *Metrics {
 		}, []string{"finish_reason"}),
 		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "time_to_first_token_seconds",
-			Help:    "Time from submission to a request's first generated token.",
+			Help:    "Time from submission to a request's first generated token (mirrors sglang:time_to_first_token_seconds).",
 			Buckets: latencyBuckets,
 		}),
 		itl: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "inter_token_latency_seconds",
-			Help:    "Time between consecutive generated tokens of a request.",
+			Help:    "Time between consecutive generated tokens of a request (mirrors sglang:inter_token_latency_seconds).",
 			Buckets: latencyBuckets,
 		}),
 		step: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -145,8 +181,20 @@ func New(reg *prometheus.Registry) *Metrics {
 		Help:    "Decode side: KV payload bytes of one request's transfer, per rank.",
 		Buckets: prometheus.ExponentialBuckets(1024, 4, 12),
 	}, []string{"rank"})
-	reg.MustRegister(m.promptTokens, m.genTokens, m.requests, m.ttft, m.itl, m.step, m.kvTransfer, m.kvBytes)
+	m.e2e = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "e2e_request_latency_seconds",
+		Help:    "Time from a generation request's arrival at the server to the end of its answer, for requests the engine took, by model served (mirrors sglang:e2e_request_latency_seconds).",
+		Buckets: RequestBuckets,
+	}, []string{"model"})
+	reg.MustRegister(m.promptTokens, m.genTokens, m.requests, m.ttft, m.itl, m.step, m.kvTransfer, m.kvBytes, m.e2e)
+	RegisterProcess(reg)
 	return m
+}
+
+// RequestServed records a generation request of model that took d from
+// its arrival at the server to the end of its answer.
+func (m *Metrics) RequestServed(model string, d time.Duration) {
+	m.e2e.WithLabelValues(model).Observe(d.Seconds())
 }
 
 // Registry is the registry the metrics live on.
@@ -201,9 +249,9 @@ func Reason(r string) string {
 type engineCollector struct {
 	eng                        *serve.Engine
 	running, waiting           *prometheus.Desc
-	pagesUsed, pagesTotal      *prometheus.Desc
+	pagesUsed, pagesCapacity   *prometheus.Desc
 	retractions, aborts, steps *prometheus.Desc
-	heldPages, schedTotalPages *prometheus.Desc
+	heldPages, schedPages      *prometheus.Desc
 	pagesCached, collWait      *prometheus.Desc
 	promptTokens, cachedTokens *prometheus.Desc
 	prefixHits, evictions      *prometheus.Desc
@@ -218,30 +266,30 @@ func newEngineCollector(eng *serve.Engine) *engineCollector {
 		return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, labels, nil)
 	}
 	return &engineCollector{
-		eng:             eng,
-		running:         d("num_running_reqs", "Admitted requests (prefilling and decoding)."),
-		waiting:         d("num_waiting_reqs", "Requests waiting for admission, queued or not yet taken by the loop."),
-		pagesUsed:       d("kv_pages_used", "KV pages held by requests and not by the prefix cache, in the rank's pool.", "rank"),
-		pagesCached:     d("kv_pages_cached", "KV pages the rank's prefix cache holds (some may be shared with running requests).", "rank"),
-		collWait:        d("collective_wait_seconds_total", "Time the rank spent inside collectives of the communicator comm (control: the loop's agreements; forward: the model's), waiting for its peers and moving data.", "rank", "comm"),
-		promptTokens:    d("prefix_cache_prompt_tokens_total", "Prompt tokens of admitted requests."),
-		cachedTokens:    d("prefix_cache_hit_tokens_total", "Prompt tokens read from the prefix cache instead of computed."),
-		prefixHits:      d("prefix_cache_hits_total", "Requests whose prompt matched at least one cached page."),
-		evictions:       d("prefix_cache_evicted_pages_total", "Cached pages evicted to make room (rank 0)."),
-		stalls:          d("collective_stalls_total", "Collectives the watchdogs of the rank group's communicators reported as stalled."),
-		loopAge:         d("loop_age_seconds", "Time since the least recent start of a loop iteration over the ranks."),
-		pagesTotal:      d("kv_pages_total", "KV pages of the rank's pool.", "rank"),
-		retractions:     d("retractions_total", "Requests retracted to free KV."),
-		aborts:          d("aborts_total", "Requests finished by an abort."),
-		steps:           d("steps_total", "Forward steps run."),
-		heldPages:       d("sched_kv_pages_held", "KV pages the scheduler holds for its requests (per rank)."),
-		schedTotalPages: d("sched_kv_pages_total", "KV pages the scheduler manages (per rank)."),
-		pd:              newPDDescs(eng.Config().Role),
+		eng:           eng,
+		running:       d("num_running_reqs", "Admitted requests (prefilling and decoding)."),
+		waiting:       d("num_waiting_reqs", "Requests waiting for admission, queued or not yet taken by the loop."),
+		pagesUsed:     d("kv_pages_used", "KV pages of the rank's pool held by sequences (requests) and not by the prefix cache; used + cached + free = capacity.", "rank"),
+		pagesCached:   d("kv_pages_cached", "KV pages the rank's prefix cache holds, whether or not a request shares them.", "rank"),
+		collWait:      d("collective_wait_seconds_total", "Time the rank spent inside collectives of the communicator comm (control: the loop's agreements; forward: the model's), waiting for its peers and moving data.", "rank", "comm"),
+		promptTokens:  d("prefix_cache_prompt_tokens_total", "Prompt tokens of admitted requests."),
+		cachedTokens:  d("prefix_cache_hit_tokens_total", "Prompt tokens read from the prefix cache instead of computed."),
+		prefixHits:    d("prefix_cache_hits_total", "Requests whose prompt matched at least one cached page."),
+		evictions:     d("prefix_cache_evicted_pages_total", "Cached pages evicted to make room (rank 0)."),
+		stalls:        d("collective_stalls_total", "Collectives the watchdogs of the rank group's communicators reported as stalled."),
+		loopAge:       d("loop_age_seconds", "Time since the least recent start of a loop iteration over the ranks."),
+		pagesCapacity: d("kv_pages_capacity", "KV pages of the rank's pool, used, cached or free.", "rank"),
+		retractions:   d("retractions_total", "Requests retracted to free KV."),
+		aborts:        d("aborts_total", "Requests finished by an abort."),
+		steps:         d("steps_total", "Forward steps run."),
+		heldPages:     d("sched_kv_pages_held", "KV pages the scheduler holds for its requests (per rank)."),
+		schedPages:    d("sched_kv_pages_capacity", "KV pages the scheduler manages (per rank)."),
+		pd:            newPDDescs(eng.Config().Role),
 	}
 }
 
 func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.running, c.waiting, c.pagesUsed, c.pagesTotal, c.retractions, c.aborts, c.steps, c.heldPages, c.schedTotalPages,
+	for _, d := range []*prometheus.Desc{c.running, c.waiting, c.pagesUsed, c.pagesCapacity, c.retractions, c.aborts, c.steps, c.heldPages, c.schedPages,
 		c.pagesCached, c.collWait, c.promptTokens, c.cachedTokens, c.prefixHits, c.evictions, c.loopAge, c.stalls} {
 		ch <- d
 	}
@@ -264,7 +312,7 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 		rank := strconv.Itoa(r)
 		gauge(c.pagesUsed, used-cached, rank)
 		gauge(c.pagesCached, cached, rank)
-		gauge(c.pagesTotal, total, rank)
+		gauge(c.pagesCapacity, total, rank)
 		for _, comm := range []string{serve.CommControl, serve.CommForward} {
 			ch <- prometheus.MustNewConstMetric(c.collWait, prometheus.CounterValue, c.eng.CollectiveWait(comm, r).Seconds(), rank, comm)
 		}
@@ -276,7 +324,7 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.evictions, s.Totals.PrefixEvictions)
 	counter(c.stalls, c.eng.StallsReported())
 	gauge(c.heldPages, s.Queue.HeldPages)
-	gauge(c.schedTotalPages, s.Queue.TotalPages)
+	gauge(c.schedPages, s.Queue.TotalPages)
 	counter(c.retractions, s.Totals.Retractions)
 	counter(c.aborts, s.Totals.Aborts)
 	counter(c.steps, s.Totals.Steps)

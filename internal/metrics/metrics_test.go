@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
@@ -64,6 +65,19 @@ func values(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	return out
 }
 
+// lint fails t on what promtool check metrics would report of m's
+// exposition (the same linter, client_golang's promlint).
+func lint(t *testing.T, m *Metrics) {
+	t.Helper()
+	problems, err := testutil.GatherAndLint(m.Registry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint: %s: %s", p.Metric, p.Text)
+	}
+}
+
 func TestEngineAbortAndFinish(t *testing.T) {
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
 	met := New(nil)
@@ -119,7 +133,7 @@ func TestEngineAbortAndFinish(t *testing.T) {
 		"pdkit_time_to_first_token_seconds_count": 2,
 		"pdkit_inter_token_latency_seconds_count": float64(gen - 2),
 		"pdkit_kv_pages_used/0":                   0,
-		"pdkit_kv_pages_total/0":                  float64(eng.Config().Pages()),
+		"pdkit_kv_pages_capacity/0":               float64(eng.Config().Pages()),
 		"pdkit_num_running_reqs":                  0,
 		"pdkit_num_waiting_reqs":                  0,
 		"pdkit_sched_kv_pages_held":               0,
@@ -137,4 +151,9 @@ func TestEngineAbortAndFinish(t *testing.T) {
 	if got, ok := v["pdkit_collective_stalls_total"]; !ok || got != 0 {
 		t.Errorf("collective stalls = %v (present %v), want 0", got, ok)
 	}
+	met.RequestServed("tiny", time.Second)
+	if got := values(t, met.Registry())["pdkit_e2e_request_latency_seconds/tiny_count"]; got != 1 {
+		t.Errorf("e2e latency count %v, want 1", got)
+	}
+	lint(t, met)
 }
