@@ -17,6 +17,13 @@ type ClusterResponse struct {
 	LiveRooms int `json:"live_rooms"`
 	// HealthIntervalMS is the time between two health checks of a server.
 	HealthIntervalMS float64 `json:"health_interval_ms"`
+	// MaxQueued is the router's admission bound: the queue depth (Queued)
+	// at which a server gets no new request and the router answers 429;
+	// 0 when there is none.
+	MaxQueued int `json:"max_queued"`
+	// Ready is false until the router's first round of health checks has
+	// ended; until then it answers 503 with Retry-After.
+	Ready bool `json:"ready"`
 	// Servers lists the prefill servers, then the decode servers, in the
 	// order the router was given them.
 	Servers []ClusterServer `json:"servers"`
@@ -46,4 +53,14 @@ type ClusterServer struct {
 	// RequestsServed those it has sent there since the router started.
 	InFlight       int64  `json:"in_flight"`
 	RequestsServed uint64 `json:"requests_served"`
+	// Queued is the server's queue depth as the router admits by it: the
+	// requests waiting in the server (scheduler and PD wait queue) at its
+	// last health check, plus the router's requests sent to it since, and
+	// at least the router's requests in flight on it that the server did
+	// not report running. Running is what the last check reported running.
+	Queued  int64 `json:"queued"`
+	Running int64 `json:"running"`
+	// Busy: the server's last health check said a request has waited past
+	// its --max-queue-age; it gets no new request until it says otherwise.
+	Busy bool `json:"busy"`
 }

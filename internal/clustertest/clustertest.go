@@ -25,6 +25,7 @@ import (
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/metrics"
 	"github.com/pdkit/pdkit/internal/router"
 	"github.com/pdkit/pdkit/internal/server"
 )
@@ -45,6 +46,14 @@ func NewNode(t testing.TB, m *model.Model, cfg serve.Config, opts server.Options
 	t.Helper()
 	if cfg.Backend == nil {
 		cfg.Backend = func(int) kernels.Backend { return cpu.New(1) }
+	}
+	// As pdserve does: one registry per server, fed by the engine as it
+	// runs (tokens, latencies, KV transfers) and read at scrape time.
+	if opts.Metrics == nil {
+		opts.Metrics = metrics.New(nil)
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = opts.Metrics
 	}
 	eng, err := serve.New(m, cfg)
 	if err != nil {

@@ -33,6 +33,12 @@ type upstream struct {
 	fails     int    // failed checks in a row
 	info      pdproto.ServerInfo
 	lastCheck time.Time
+	// The last good check's load: the requests queued and running in the
+	// server, the router's own in flight on it when the check was sent,
+	// and why the server said it is busy ("" when it did not).
+	queued, running int64
+	inFlightAtCheck int64
+	busy            string
 }
 
 // snapshot returns the state of u that routing needs.
@@ -48,6 +54,9 @@ func (rt *Router) healthLoop(ctx context.Context) {
 	defer t.Stop()
 	for {
 		rt.CheckNow(ctx)
+		if ctx.Err() == nil {
+			rt.ready.Store(true)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -81,7 +90,8 @@ func (rt *Router) servers() []*upstream {
 func (rt *Router) check(parent context.Context, u *upstream) {
 	ctx, cancel := context.WithTimeout(parent, rt.opts.HealthTimeout)
 	defer cancel()
-	info, mismatch, err := rt.probe(ctx, u)
+	inFlight := u.inFlight.Load()
+	info, load, mismatch, err := rt.probe(ctx, u)
 	if parent.Err() != nil {
 		return // the router is closing: not the server's fault
 	}
@@ -90,6 +100,13 @@ func (rt *Router) check(parent context.Context, u *upstream) {
 		switch {
 		case err == nil:
 			u.healthy, u.reason, u.fails, u.info = true, "", 0, info
+			u.queued, u.running, u.inFlightAtCheck, u.busy = int64(load.Queued), int64(load.Running), inFlight, ""
+			if load.Status == statusBusy {
+				u.busy = load.Reason
+				if u.busy == "" {
+					u.busy = "busy"
+				}
+			}
 		case mismatch:
 			u.fails++
 			u.healthy, u.reason, u.info = false, err.Error(), info
@@ -158,33 +175,48 @@ func connectionError(err error) bool {
 	return errors.As(err, &op) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED)
 }
 
+// serverHealth is what the router reads of a server's GET /health answer
+// (internal/server.HealthResponse): its status and load. Fields a server
+// does not send count as 0.
+type serverHealth struct {
+	Status  string `json:"status"`
+	Reason  string `json:"reason"`
+	Queued  int    `json:"queued"`
+	Running int    `json:"running"`
+}
+
+// statusBusy is a server's /health status while a request has waited past
+// its --max-queue-age: healthy (200), but admitting no new work.
+const statusBusy = "busy"
+
 // probe asks u for /health and its info. mismatch reports a server that
 // answers but is not what the router takes it for.
-func (rt *Router) probe(ctx context.Context, u *upstream) (info pdproto.ServerInfo, mismatch bool, err error) {
+func (rt *Router) probe(ctx context.Context, u *upstream) (info pdproto.ServerInfo, load serverHealth, mismatch bool, err error) {
 	status, body, err := rt.get(ctx, u.url+"/health")
 	if err != nil {
-		return info, false, fmt.Errorf("health check: %v", err)
+		return info, load, false, fmt.Errorf("health check: %v", err)
 	}
 	if status != http.StatusOK {
-		return info, false, fmt.Errorf("health check: status %d: %s", status, summary(body))
+		return info, load, false, fmt.Errorf("health check: status %d: %s", status, summary(body))
 	}
+	_ = json.Unmarshal(body, &load) // a body without the load is a server without queues to report
 	status, body, err = rt.get(ctx, u.url+pdproto.InfoPath)
 	if err != nil {
-		return info, false, fmt.Errorf("server info: %v", err)
+		return info, load, false, fmt.Errorf("server info: %v", err)
 	}
 	if status != http.StatusOK {
-		return info, false, fmt.Errorf("server info: status %d: %s", status, summary(body))
+		return info, load, false, fmt.Errorf("server info: status %d: %s", status, summary(body))
 	}
 	if err := json.Unmarshal(body, &info); err != nil {
-		return info, false, fmt.Errorf("server info: %v", err)
+		return info, load, false, fmt.Errorf("server info: %v", err)
 	}
 	if info.Role != u.role {
-		return info, true, fmt.Errorf("role mismatch: given as a %s server, it says it is %q", u.role, info.Role)
+		return info, load, true, fmt.Errorf("role mismatch: given as a %s server, it says it is %q", u.role, info.Role)
 	}
 	if u.role == pdproto.RolePrefill && info.BootstrapURL == "" {
-		return info, true, fmt.Errorf("prefill server reports no bootstrap_url")
+		return info, load, true, fmt.Errorf("prefill server reports no bootstrap_url")
 	}
-	return info, false, nil
+	return info, load, false, nil
 }
 
 // get fetches url, reading at most 1 MiB of its body.
@@ -221,39 +253,6 @@ func summary(body []byte) string {
 	return s
 }
 
-// pick chooses the healthy server of list with the fewest requests in
-// flight, round-robin among equals, and counts one more request on it;
-// avoid (when not nil) is left out.
-func (rt *Router) pick(role string, avoid *upstream) *upstream {
-	list, i := rt.prefill, 0
-	if role == pdproto.RoleDecode {
-		list, i = rt.decode, 1
-	}
-	rt.pickMu.Lock()
-	defer rt.pickMu.Unlock()
-	var best *upstream
-	var bestLoad int64
-	n := len(list)
-	start := int(rt.rr[i] % uint64(n))
-	for k := range n {
-		u := list[(start+k)%n]
-		if ok, _ := u.state(); !ok || u == avoid {
-			continue
-		}
-		if l := u.inFlight.Load(); best == nil || l < bestLoad {
-			best, bestLoad = u, l
-		}
-	}
-	if best == nil {
-		return nil
-	}
-	rt.rr[i]++
-	best.inFlight.Add(1)
-	best.served.Add(1)
-	rt.metrics.inFlight.WithLabelValues(best.role, best.url).Inc()
-	return best
-}
-
 // otherHealthy reports whether a prefill server other than u is healthy.
 func (rt *Router) otherHealthy(u *upstream) bool {
 	for _, o := range rt.prefill {
@@ -283,7 +282,7 @@ func healthyCount(list []*upstream) int {
 
 // HealthResponse is the body of the router's GET /health.
 type HealthResponse struct {
-	Status         string `json:"status"` // ok or unhealthy
+	Status         string `json:"status"` // ok, starting or unhealthy
 	Reason         string `json:"reason,omitempty"`
 	HealthyPrefill int    `json:"healthy_prefill"`
 	HealthyDecode  int    `json:"healthy_decode"`
@@ -292,6 +291,8 @@ type HealthResponse struct {
 func (rt *Router) health(w http.ResponseWriter, _ *http.Request) {
 	resp := HealthResponse{Status: "ok", HealthyPrefill: healthyCount(rt.prefill), HealthyDecode: healthyCount(rt.decode)}
 	switch {
+	case !rt.ready.Load():
+		resp.Status, resp.Reason = "starting", errStarting.Message
 	case resp.HealthyPrefill == 0:
 		resp.Status, resp.Reason = "unhealthy", "no healthy prefill server"
 	case resp.HealthyDecode == 0:
@@ -300,6 +301,7 @@ func (rt *Router) health(w http.ResponseWriter, _ *http.Request) {
 	status := http.StatusOK
 	if resp.Reason != "" {
 		status = http.StatusServiceUnavailable
+		w.Header().Set("Retry-After", retryAfterSeconds(rt.opts.HealthInterval))
 	}
 	writeJSON(w, status, resp)
 }
@@ -310,6 +312,8 @@ func (rt *Router) cluster(w http.ResponseWriter, _ *http.Request) {
 		HealthyDecode:    healthyCount(rt.decode),
 		LiveRooms:        rt.rooms.count(),
 		HealthIntervalMS: float64(rt.opts.HealthInterval) / float64(time.Millisecond),
+		MaxQueued:        max(0, rt.opts.MaxQueued),
+		Ready:            rt.ready.Load(),
 		Servers:          []debug.ClusterServer{},
 	}
 	for _, u := range rt.servers() {
@@ -318,6 +322,7 @@ func (rt *Router) cluster(w http.ResponseWriter, _ *http.Request) {
 			Role: u.role, URL: u.url, Healthy: u.healthy, Reason: u.reason, ConsecutiveFailures: u.fails,
 			TPSize: u.info.TPSize, Model: u.info.Model, BootstrapURL: u.info.BootstrapURL,
 			InFlight: u.inFlight.Load(), RequestsServed: u.served.Load(),
+			Queued: u.queueDepth(), Running: u.running, Busy: u.busy != "",
 		}
 		if !u.lastCheck.IsZero() {
 			t := u.lastCheck
@@ -331,8 +336,9 @@ func (rt *Router) cluster(w http.ResponseWriter, _ *http.Request) {
 
 // models answers GET /v1/models from a healthy decode server.
 func (rt *Router) models(w http.ResponseWriter, r *http.Request) {
-	u := rt.pick(pdproto.RoleDecode, nil)
+	u, _ := rt.pick(pdproto.RoleDecode, nil, false)
 	if u == nil {
+		w.Header().Set("Retry-After", retryAfterSeconds(rt.opts.HealthInterval))
 		noServer(pdproto.RoleDecode).WriteJSON(w)
 		return
 	}

@@ -26,6 +26,7 @@ const RequestIDHeader = "X-Request-Id"
 
 var (
 	errAborted    = errors.New("request aborted")
+	errShutdown   = errors.New("router shutting down")
 	errPrefill    = errors.New("prefill side failed")
 	errDecodeDone = errors.New("decode side finished")
 )
@@ -118,6 +119,21 @@ func (q *requests) find(id string) *tracked {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.byID[id]
+}
+
+// cancelAll cancels every request in flight with cause and returns how
+// many there were.
+func (q *requests) cancelAll(cause error) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	seen := map[*tracked]bool{}
+	for _, t := range q.byID {
+		if !seen[t] {
+			seen[t] = true
+			t.cancel(cause)
+		}
+	}
+	return len(seen)
 }
 
 // AbortRequest is the body of POST /abort_request.
@@ -217,16 +233,21 @@ func (rt *Router) post(ctx context.Context, url string, body []byte, src *http.R
 // one, once, with a new room: nothing of the request reached it, and the
 // client has seen nothing yet.
 func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
+	arrived := time.Now()
 	fields, oerr := readObject(w, r, rt.opts.MaxBodyBytes)
 	if oerr != nil {
 		rt.metrics.requests.WithLabelValues(outcomeInvalid).Inc()
 		oerr.WriteJSON(w)
 		return
 	}
-	if dead := rt.route(w, r, fields, nil); dead != nil {
+	if !rt.ready.Load() {
+		rt.unavailable(w, outcomeStarting, errStarting)
+		return
+	}
+	if dead := rt.route(w, r, fields, nil, arrived); dead != nil {
 		rt.log.Info("prefill refused the connection; routing again", "prefill", dead.url, "path", r.URL.Path)
 		rt.metrics.retries.Inc()
-		rt.route(w, r, fields, dead)
+		rt.route(w, r, fields, dead, arrived)
 	}
 }
 
@@ -234,25 +255,38 @@ func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
 // attempt), a prefill server that refuses the connection while another is
 // healthy ends the attempt without answering the client: route returns
 // that server for the next attempt to avoid.
-func (rt *Router) route(w http.ResponseWriter, r *http.Request, fields map[string]json.RawMessage, avoid *upstream) (retry *upstream) {
-	p := rt.pick(pdproto.RolePrefill, avoid)
+func (rt *Router) route(w http.ResponseWriter, r *http.Request, fields map[string]json.RawMessage, avoid *upstream, arrived time.Time) (retry *upstream) {
+	// Admission: both servers are chosen, each with room for the request,
+	// before anything is sent, so a refusal is never half-way.
+	p, full := rt.pick(pdproto.RolePrefill, avoid, true)
 	if p == nil {
-		rt.metrics.requests.WithLabelValues(outcomeNoServer).Inc()
-		noServer(pdproto.RolePrefill).WriteJSON(w)
+		if full != nil {
+			rt.refuse(w, full)
+		} else {
+			rt.unavailable(w, outcomeNoServer, noServer(pdproto.RolePrefill))
+		}
 		return
 	}
 	// Each server is released as soon as its answer has ended.
 	releasePrefill := sync.OnceFunc(func() { rt.release(p) })
 	defer releasePrefill()
-	d := rt.pick(pdproto.RoleDecode, nil)
+	d, full := rt.pick(pdproto.RoleDecode, nil, true)
 	if d == nil {
-		rt.metrics.requests.WithLabelValues(outcomeNoServer).Inc()
-		noServer(pdproto.RoleDecode).WriteJSON(w)
+		if full != nil {
+			rt.refuse(w, full)
+		} else {
+			rt.unavailable(w, outcomeNoServer, noServer(pdproto.RoleDecode))
+		}
 		return
 	}
 	releaseDecode := sync.OnceFunc(func() { rt.release(d) })
 	defer releaseDecode()
 	_, pinfo := p.state()
+	_, dinfo := d.state()
+	model := dinfo.Model
+	if model == "" {
+		model = "unknown"
+	}
 
 	room := rt.rooms.acquire()
 	rt.metrics.liveRooms.Inc()
@@ -340,8 +374,15 @@ func (rt *Router) route(w http.ResponseWriter, r *http.Request, fields map[strin
 			}
 		}
 		e := rt.prefillError(p, res)
-		log.Warn("prefill failed before decode output", "status", e.Status, "err", e.Message)
-		rt.metrics.requests.WithLabelValues(outcomeUpstreamError).Inc()
+		if e.Status >= 400 && e.Status < 500 {
+			// The request's fault (a bad parameter): the client learns
+			// why; nothing failed in the cluster.
+			log.Debug("prefill refused the request", "status", e.Status, "err", e.Message)
+			rt.metrics.requests.WithLabelValues(outcomeClientError).Inc()
+		} else {
+			log.Warn("prefill failed before decode output", "status", e.Status, "err", e.Message)
+			rt.metrics.requests.WithLabelValues(outcomeUpstreamError).Inc()
+		}
 		e.WriteJSON(w)
 	}
 
@@ -413,7 +454,10 @@ func (rt *Router) route(w http.ResponseWriter, r *http.Request, fields map[strin
 		}
 	}()
 
-	sniff := sniffer{sse: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")}
+	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	sniff := sniffer{sse: sse}
+	meter := streamMeter{sse: sse}
+	var lastToken time.Time
 	wrote := false
 	writeHeader := func() {
 		wrote = true
@@ -450,21 +494,26 @@ func (rt *Router) route(w http.ResponseWriter, r *http.Request, fields map[strin
 					if !wrote {
 						writeHeader()
 					}
-					outcome := outcomeOK
-					if resp.StatusCode < 200 || resp.StatusCode > 299 {
-						outcome = outcomeUpstreamReply
-						if resp.StatusCode >= 500 {
-							rt.metrics.upstreamErrors.WithLabelValues(d.role, d.url).Inc()
-						}
-					} else {
-						graceful = true
+					graceful = rt.ended(w, log, d, resp.StatusCode, &meter)
+					if graceful {
+						rt.metrics.e2e.WithLabelValues(model).Observe(time.Since(arrived).Seconds())
 					}
-					rt.metrics.requests.WithLabelValues(outcome).Inc()
 					return
 				}
 				rt.transportFailed(ctx, d, c.err) // reading the decode's body failed
+				if meter.done {
+					// The client has had the whole stream, [DONE]
+					// included, and may have gone already: a cut after
+					// that changes nothing.
+					releaseDecode()
+					graceful = rt.ended(w, log, d, resp.StatusCode, &meter)
+					if graceful {
+						rt.metrics.e2e.WithLabelValues(model).Observe(time.Since(arrived).Seconds())
+					}
+					return
+				}
 				if wrote {
-					rt.cutShort(ctx, r, log, d, c.err)
+					rt.cutShort(ctx, w, r, log, d, c.err, &meter)
 					return
 				}
 				rt.endEarly(ctx, w, r, log, d, c.err)
@@ -478,14 +527,65 @@ func (rt *Router) route(w http.ResponseWriter, r *http.Request, fields map[strin
 				log = log.With("rid", id)
 			}
 			if _, err := w.Write(c.b); err != nil {
-				rt.cutShort(ctx, r, log, d, err)
+				rt.cutShort(ctx, w, r, log, d, err, &meter)
 				return
 			}
 			if flusher != nil {
 				flusher.Flush()
 			}
+			if tokens := meter.add(c.b); tokens > 0 {
+				now := time.Now()
+				if lastToken.IsZero() {
+					rt.metrics.ttft.WithLabelValues(model).Observe(now.Sub(arrived).Seconds())
+				} else {
+					rt.metrics.itl.WithLabelValues(model).Observe(now.Sub(lastToken).Seconds())
+				}
+				// Token events that came in one read reach the client
+				// together: no time passed between them.
+				for range tokens - 1 {
+					rt.metrics.itl.WithLabelValues(model).Observe(0)
+				}
+				lastToken = now
+			}
 		}
 	}
+}
+
+// ended records a decode answer read to its end and returns whether it
+// was a success: 2xx and, for a stream, ended by [DONE] without an error
+// event. A 4xx is the client's error, passed through; a 5xx, a stream that
+// carried an error event and one that ended without [DONE] are the
+// server's (the last gets an error event of the router's, so that the
+// client knows it was cut).
+func (rt *Router) ended(w http.ResponseWriter, log *slog.Logger, d *upstream, status int, meter *streamMeter) bool {
+	fail := func(msg string, args ...any) {
+		rt.metrics.requests.WithLabelValues(outcomeUpstreamError).Inc()
+		rt.metrics.upstreamErrors.WithLabelValues(d.role, d.url).Inc()
+		log.Warn(msg, args...)
+	}
+	switch {
+	case status >= 500:
+		fail("decode failed", "status", status)
+	case status < 200 || status > 299:
+		rt.metrics.requests.WithLabelValues(outcomeClientError).Inc()
+		log.Debug("decode refused the request", "status", status)
+	case meter.errored:
+		fail("decode stream ended with an error event", "err", meter.errMsg)
+	case meter.sse && !meter.done:
+		writeCut(w, fmt.Sprintf("decode server %s ended the stream before its end", d.url))
+		fail("decode stream ended without [DONE]")
+	default:
+		rt.metrics.requests.WithLabelValues(outcomeOK).Inc()
+		return true
+	}
+	return false
+}
+
+// writeCut ends a stream the client has begun to receive with an SSE error
+// event (an OpenAI error object) saying why it was cut; the handler then
+// returns, which ends the response cleanly.
+func writeCut(w http.ResponseWriter, msg string) {
+	openai.WriteEvent(w, openai.ServerError(msg).Body())
 }
 
 // hopByHop lists the headers that a proxy does not pass on.
@@ -501,6 +601,10 @@ func (rt *Router) prefillResult(ctx context.Context, log *slog.Logger, p *upstre
 		return
 	}
 	e := rt.prefillError(p, res)
+	if e.Status >= 400 && e.Status < 500 {
+		log.Debug("prefill refused the request after decode output began", "status", e.Status, "err", e.Message)
+		return
+	}
 	log.Warn("prefill failed after decode output began", "status", e.Status, "err", e.Message)
 }
 
@@ -528,6 +632,12 @@ func (rt *Router) endEarly(ctx context.Context, w http.ResponseWriter, r *http.R
 		rt.metrics.requests.WithLabelValues(outcomeAborted).Inc()
 		log.Info("aborted")
 		(&openai.Error{Status: 499, Type: openai.TypeInvalidRequest, Message: "the request was aborted"}).WriteJSON(w)
+	case context.Cause(ctx) == errShutdown:
+		rt.metrics.requests.WithLabelValues(outcomeShutdown).Inc()
+		log.Info("cut by the shutdown")
+		w.Header().Set("Retry-After", retryAfterSeconds(rt.opts.HealthInterval))
+		(&openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeServer,
+			Message: "the router shut down before the request was answered"}).WriteJSON(w)
 	default:
 		rt.metrics.requests.WithLabelValues(outcomeUpstreamError).Inc()
 		rt.metrics.upstreamErrors.WithLabelValues(d.role, d.url).Inc()
@@ -537,19 +647,32 @@ func (rt *Router) endEarly(ctx context.Context, w http.ResponseWriter, r *http.R
 	}
 }
 
-// cutShort records a response that ended before the decode side's end.
-func (rt *Router) cutShort(ctx context.Context, r *http.Request, log *slog.Logger, d *upstream, err error) {
+// cutShort records a response that ended before the decode side's end
+// and, when it is a stream whose client is still there and which has not
+// ended already, ends it with an SSE error event saying why.
+func (rt *Router) cutShort(ctx context.Context, w http.ResponseWriter, r *http.Request, log *slog.Logger, d *upstream, err error, meter *streamMeter) {
+	var msg string
 	switch {
 	case r.Context().Err() != nil:
 		rt.metrics.requests.WithLabelValues(outcomeClientGone).Inc()
 		log.Info("client went away")
+		return
 	case context.Cause(ctx) == errAborted:
 		rt.metrics.requests.WithLabelValues(outcomeAborted).Inc()
 		log.Info("aborted")
+		msg = "the request was aborted"
+	case context.Cause(ctx) == errShutdown:
+		rt.metrics.requests.WithLabelValues(outcomeShutdown).Inc()
+		log.Info("cut by the shutdown")
+		msg = "the router shut down before the response ended"
 	default:
 		rt.metrics.requests.WithLabelValues(outcomeUpstreamError).Inc()
 		rt.metrics.upstreamErrors.WithLabelValues(d.role, d.url).Inc()
 		log.Warn("decode stream cut", "err", err)
+		msg = fmt.Sprintf("decode server %s failed mid-stream: %v", d.url, err)
+	}
+	if meter.sse && !meter.done {
+		writeCut(w, msg)
 	}
 }
 
@@ -605,4 +728,85 @@ func (s *sniffer) add(b []byte) string {
 		return v.ID
 	}
 	return v.MetaInfo.ID
+}
+
+// streamMeter follows an SSE stream as it passes to the client, event by
+// event: the token events (a choice with text or delta content), whether
+// an error event or [DONE] came.
+type streamMeter struct {
+	sse     bool
+	partial []byte // an event not yet ended by its blank line
+	done    bool   // data: [DONE] came
+	errored bool   // an error event came
+	errMsg  string
+}
+
+// maxEvent bounds an event the meter buffers; a longer one is skipped.
+const maxEvent = 1 << 20
+
+// add takes the next chunk of the stream and returns how many token
+// events it ended.
+func (m *streamMeter) add(b []byte) int {
+	if !m.sse {
+		return 0
+	}
+	// Lines may end in CRLF (the SSE format allows it): read them as LF.
+	m.partial = append(m.partial, bytes.ReplaceAll(b, []byte("\r"), nil)...)
+	tokens := 0
+	for {
+		i := bytes.Index(m.partial, []byte("\n\n"))
+		if i < 0 {
+			break
+		}
+		if m.event(m.partial[:i]) {
+			tokens++
+		}
+		m.partial = m.partial[i+2:]
+	}
+	if len(m.partial) > maxEvent {
+		m.partial = m.partial[:0]
+	}
+	m.partial = bytes.Clone(m.partial) // let the chunks go
+	return tokens
+}
+
+// event reads one event's lines and reports whether it carried a token.
+func (m *streamMeter) event(ev []byte) bool {
+	var data []byte
+	for line := range bytes.SplitSeq(ev, []byte("\n")) {
+		if d, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			data = append(data, bytes.TrimSpace(d)...)
+		}
+	}
+	if len(data) == 0 {
+		return false
+	}
+	if string(data) == "[DONE]" {
+		m.done = true
+		return false
+	}
+	var v struct {
+		Error *struct {
+			Message string `json:"message"`
+		} `json:"error"`
+		Choices []struct {
+			Text  string `json:"text"`
+			Delta struct {
+				Content string `json:"content"`
+			} `json:"delta"`
+		} `json:"choices"`
+	}
+	if json.Unmarshal(data, &v) != nil {
+		return false
+	}
+	if v.Error != nil {
+		m.errored, m.errMsg = true, v.Error.Message
+		return false
+	}
+	for _, c := range v.Choices {
+		if c.Text != "" || c.Delta.Content != "" {
+			return true
+		}
+	}
+	return false
 }

@@ -15,7 +15,18 @@
 // A goroutine owned by the Router checks every server's /health and
 // /pd/v1/info at an interval; a server that fails FailThreshold checks in a
 // row, or whose info names another role than the one it was given as, gets
-// no new requests until it is healthy again.
+// no new requests until it is healthy again. Until the first round of
+// checks has ended, requests are answered 503 with Retry-After.
+//
+// Busy is not dead: each check also reads the server's queue depth, and a
+// server whose depth (with the router's own requests sent since) has
+// reached Options.MaxQueued, or that says it is busy, gets no new request;
+// when no server of a role admits one, the request is answered 429 with
+// Retry-After before any of it is sent (admission.go).
+//
+// A stream cut before its end (a decode server that died or ended it
+// early, an abort, the router's shutdown) ends with an SSE error event,
+// data: {"error": {...}}, so that the client knows it was cut.
 //
 // Routes: POST /v1/completions, /v1/chat/completions and /generate (proxied),
 // POST /abort_request, GET /v1/models (from a healthy decode server),
@@ -60,6 +71,11 @@ type Options struct {
 	PrefillGrace time.Duration
 	// MaxBodyBytes bounds request bodies (default 4 MiB).
 	MaxBodyBytes int64
+	// MaxQueued is the admission bound: the queue depth at which a server
+	// admits no new request (default DefaultMaxQueued; negative: no
+	// bound). When every healthy server of a role is at it, requests are
+	// answered 429 with Retry-After.
+	MaxQueued int
 	// Logger receives the router's logs (default slog.Default()).
 	Logger *slog.Logger
 	// Client sends the upstream requests (default: a client with dial,
@@ -87,6 +103,7 @@ type Router struct {
 	rooms rooms
 	reqs  requests
 	seq   atomic.Uint64 // the router's request ids
+	ready atomic.Bool   // the first round of health checks has ended
 
 	stop   context.CancelFunc
 	done   chan struct{} // closed when the health loop has returned
@@ -114,6 +131,9 @@ func New(opts Options) (*Router, error) {
 	}
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = openai.DefaultMaxBodyBytes
+	}
+	if opts.MaxQueued == 0 {
+		opts.MaxQueued = DefaultMaxQueued
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -154,6 +174,7 @@ func New(opts Options) (*Router, error) {
 			rt.metrics.inFlight.WithLabelValues(role, u).Set(0)
 		}
 	}
+	rt.metrics.reg.MustRegister(queueCollector{rt})
 	rt.handle("POST", "/v1/completions", rt.proxy)
 	rt.handle("POST", "/v1/chat/completions", rt.proxy)
 	rt.handle("POST", "/generate", rt.proxy)
@@ -198,6 +219,12 @@ func defaultClient() *http.Client {
 		ForceAttemptHTTP2:     true,
 	}}
 }
+
+// Cut ends every request in flight at once, as a shutdown's deadline
+// does: each is cancelled on both servers, and its client gets an SSE
+// error event (a stream already begun) or a 503 saying the router shut
+// down. The handlers return soon after; the http.Server owns them.
+func (rt *Router) Cut() int { return rt.reqs.cancelAll(errShutdown) }
 
 // Close stops the health checks and waits for their goroutine. Requests in
 // flight are not affected; the http.Server that serves the Router owns them.
