@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -66,13 +65,14 @@ Other PD_* variables in the environment reach the servers.`,
 // launchPlan is the cluster's layout: the ports chosen and each server's
 // command line.
 type launchPlan struct {
-	exe, model string
-	routerPort int
-	prefill    []prefillPorts
-	decode     []int // HTTP ports
-	tp         int
-	faults     []string
-	env        []string // every child's environment
+	exe, model      string
+	routerPort      int
+	routerPortFixed bool // chosen by --port, not reserved here
+	prefill         []prefillPorts
+	decode          []int // HTTP ports
+	tp              int
+	faults          []string
+	env             []string // every child's environment
 }
 
 type prefillPorts struct{ http, bootstrap int }
@@ -110,6 +110,9 @@ func (p launchPlan) specs() []launch.Spec {
 	}
 	add("router", "router", p.routerPort, "router", "--port", strconv.Itoa(p.routerPort),
 		"--prefill", strings.Join(prefillURLs, ","), "--decode", strings.Join(decodeURLs, ","))
+	// The router's port is the user's (--port), not one reserved here:
+	// when it is taken, fresh ports would not help.
+	specs[len(specs)-1].FixedPorts = p.routerPortFixed
 	return specs
 }
 
@@ -152,7 +155,11 @@ func launchRun(cmd *cobra.Command, o launchOptions) error {
 	if o.port != 0 {
 		// Fail early and clearly when the router's port is taken (retrying
 		// with fresh ports cannot help: this one is fixed).
-		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(o.port)))
+		ln, err := listen("127.0.0.1", o.port, "--port")
+		if pt, ok := errors.AsType[*portTaken](err); ok {
+			pt.make = true
+			return fmt.Errorf("router: %w", pt)
+		}
 		if err != nil {
 			return fmt.Errorf("router port: %w", err)
 		}
@@ -185,7 +192,7 @@ func launchRun(cmd *cobra.Command, o launchOptions) error {
 		if err != nil {
 			return nil, err
 		}
-		plan = launchPlan{exe: exe, model: model, routerPort: o.port, tp: o.tp, faults: o.faults, env: env}
+		plan = launchPlan{exe: exe, model: model, routerPort: o.port, routerPortFixed: o.port != 0, tp: o.tp, faults: o.faults, env: env}
 		for range o.prefill {
 			plan.prefill = append(plan.prefill, prefillPorts{http: ports[0], bootstrap: ports[1]})
 			ports = ports[2:]
@@ -198,6 +205,10 @@ func launchRun(cmd *cobra.Command, o launchOptions) error {
 	}
 	fmt.Fprintf(stderr, "launch: starting %d prefill and %d decode servers (tp %d) and a router\n", o.prefill, o.decode, o.tp)
 	c, err := launch.Launch(cmd.Context(), build, launch.Options{Output: stderr, ReadyTimeout: o.readyTimeout, Grace: o.grace})
+	if ce, ok := errors.AsType[*launch.ChildError](err); ok && ce.Name == "router" && plan.routerPortFixed && errors.Is(err, launch.ErrAddrInUse) {
+		// Taken between the check above and the router's start.
+		return fmt.Errorf("%w\nlaunch: the router's port %d is taken: %s", err, o.port, portHint("--port", true))
+	}
 	if err != nil {
 		return err
 	}

@@ -3,9 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -19,6 +17,7 @@ type routerOptions struct {
 	prefill        []string
 	decode         []string
 	healthInterval time.Duration
+	maxQueued      int
 	shutdown       time.Duration
 }
 
@@ -38,7 +37,8 @@ func newRouterCmd() *cobra.Command {
 	f.StringSliceVar(&o.prefill, "prefill", nil, "prefill servers' base URLs (comma-separated, repeatable)")
 	f.StringSliceVar(&o.decode, "decode", nil, "decode servers' base URLs (comma-separated, repeatable)")
 	f.DurationVar(&o.healthInterval, "health-interval", time.Second, "time between two health checks of a server; two failed checks in a row mark it down")
-	f.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a shutdown waits for requests in flight")
+	f.IntVar(&o.maxQueued, "max-queued", router.DefaultMaxQueued, "admission bound: a server whose queue depth (its queued requests at the last health check plus the router's sent since) reaches this gets no new request; when no server of a role has room, requests are answered 429 with Retry-After (0: no bound)")
+	f.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a shutdown lets requests in flight, streams included, finish; those still running then end with an error event")
 	return cmd
 }
 
@@ -58,19 +58,28 @@ func routerRun(cmd *cobra.Command, o routerOptions) error {
 	if o.healthInterval <= 0 || o.shutdown <= 0 {
 		return usagef("--health-interval and --shutdown-timeout must be positive")
 	}
+	if o.maxQueued < 0 {
+		return usagef("--max-queued %d: want 0 (no bound) or more", o.maxQueued)
+	}
+	maxQueued := o.maxQueued
+	if maxQueued == 0 {
+		maxQueued = -1 // router.Options: negative is no bound
+	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	rt, err := router.New(router.Options{Prefill: o.prefill, Decode: o.decode, HealthInterval: o.healthInterval, Logger: log})
+	rt, err := router.New(router.Options{Prefill: o.prefill, Decode: o.decode, HealthInterval: o.healthInterval, MaxQueued: maxQueued, Logger: log})
 	if err != nil {
 		return usageError{err} // only a bad server list is refused
 	}
 	defer rt.Close()
 
-	ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(o.port)))
+	ln, err := listen(o.host, o.port, "--port")
 	if err != nil {
 		return err
 	}
 	srv := &http.Server{Handler: rt, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	fmt.Fprintf(stderr, "routing on http://%s (prefill %v, decode %v)\n", ln.Addr(), o.prefill, o.decode)
 
-	return serveUntilDone(cmd.Context(), srv, ln, log, o.shutdown)
+	// At the shutdown deadline every request still in flight is cut: a
+	// stream ends with an error event, so its client knows.
+	return serveUntilDone(cmd.Context(), srv, ln, log, o.shutdown, func() { rt.Cut() })
 }

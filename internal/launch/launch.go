@@ -37,6 +37,11 @@ type Spec struct {
 	Args      []string // its arguments, without the program name
 	Env       []string // its whole environment, as in exec.Cmd (nil: the launcher's)
 	HealthURL string   // ready once a GET answers 200; empty: ready once started
+	// FixedPorts says the child's ports were chosen by the user rather
+	// than reserved with FreePorts: when one of them is taken
+	// (ErrAddrInUse), Launch does not retry, since fresh ports would not
+	// change it.
+	FixedPorts bool
 }
 
 // Options tune a cluster; the zero value gives the defaults.
@@ -178,13 +183,14 @@ func (ch *child) error(beforeReady bool) *ChildError {
 // start because its port was taken (ErrAddrInUse), it builds the specs
 // again and retries once: ports reserved with FreePorts are free when
 // reserved but may be taken by another process before the child binds them.
+// A child with FixedPorts is not retried: its ports would be the same.
 func Launch(ctx context.Context, build func() ([]Spec, error), opts Options) (*Cluster, error) {
 	specs, err := build()
 	if err != nil {
 		return nil, err
 	}
 	c, err := Start(ctx, specs, opts)
-	if !errors.Is(err, ErrAddrInUse) {
+	if !errors.Is(err, ErrAddrInUse) || fixedPorts(specs, err) {
 		return c, err
 	}
 	out := opts.withDefaults().Output
@@ -193,6 +199,21 @@ func Launch(ctx context.Context, build func() ([]Spec, error), opts Options) (*C
 		return nil, err
 	}
 	return Start(ctx, specs, opts)
+}
+
+// fixedPorts reports whether err is the failure of a child whose ports
+// were fixed by the user.
+func fixedPorts(specs []Spec, err error) bool {
+	ce, ok := errors.AsType[*ChildError](err)
+	if !ok {
+		return false
+	}
+	for _, s := range specs {
+		if s.Name == ce.Name {
+			return s.FixedPorts
+		}
+	}
+	return false
 }
 
 // Start starts every child in order and waits until each answers its

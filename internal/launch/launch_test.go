@@ -345,6 +345,26 @@ func TestLaunchRetriesOnceWhenAPortIsTaken(t *testing.T) {
 	}
 }
 
+// TestLaunchDoesNotRetryFixedPorts: a child whose port the user chose
+// fails with ErrAddrInUse at once; building fresh ports again would not
+// free it.
+func TestLaunchDoesNotRetryFixedPorts(t *testing.T) {
+	out := &syncbuf.Buffer{}
+	calls := 0
+	_, err := Launch(t.Context(), func() ([]Spec, error) {
+		calls++
+		s := testSpec(t, "router", "addrinuse")
+		s.FixedPorts = true
+		return []Spec{s}, nil
+	}, testOptions(out))
+	if !errors.Is(err, ErrAddrInUse) {
+		t.Fatalf("err = %v", err)
+	}
+	if calls != 1 || strings.Contains(out.String(), "retrying") {
+		t.Errorf("built %d times, want 1 (no retry); output:\n%s", calls, out)
+	}
+}
+
 func TestNotReadyInTime(t *testing.T) {
 	out := &syncbuf.Buffer{}
 	opts := testOptions(out)
