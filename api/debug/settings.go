@@ -52,8 +52,9 @@ type Settings struct {
 	RequestTimeoutMS float64 `json:"request_timeout_ms"` // a request in all
 
 	// The HTTP server's own: /health answers 503 once the loop has not
-	// iterated for StallAfterMS, or a request has waited MaxQueueAgeMS for
-	// admission (0: never). Zero when the engine answers without a server.
+	// iterated for StallAfterMS, and says "busy" (still 200) while a
+	// request has waited MaxQueueAgeMS for admission (0: never). Zero when
+	// the engine answers without a server.
 	StallAfterMS  float64 `json:"stall_after_ms"`
 	MaxQueueAgeMS float64 `json:"max_queue_age_ms"`
 

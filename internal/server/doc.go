@@ -24,6 +24,14 @@
 // same request unstreamed. Usage counts every token the engine produced up
 // to the stop, the one that completed the stop string included.
 //
+// A stream the engine cuts (an abort, a timeout, an engine failure, the
+// engine closed by a shutdown's deadline) gets an error event, data:
+// {"error": {...}} (an OpenAI error object), before its finish chunk and
+// [DONE], so that the client knows it was cut. A PD router's
+// bootstrap_room and bootstrap_url are read from /generate's body as from
+// the OpenAI requests'. Each generation the engine took is timed from its
+// arrival to the end of its answer (pdkit_e2e_request_latency_seconds).
+//
 // # Chat template
 //
 // The server picks the chat template once, at New, from the GGUF's
@@ -99,9 +107,15 @@
 // # Health and debug
 //
 // GET /health answers 200 with the engine's Health as JSON while the loop
-// has iterated within Options.StallAfter, has not failed and (when
-// Options.MaxQueueAge is set) no request has waited longer than that for
-// admission; else 503 with the reason. GET /debug/v1/stacks is the
+// has iterated within Options.StallAfter and has not failed; else 503 with
+// the reason. Busy is not dead: requests that wait do not make a server
+// unhealthy. The answer carries the work the server holds: queued (the
+// scheduler's waiting and pending requests and, on a PD server, its PD wait
+// queue: bootstrap on a prefill, prealloc on a decode), running and every
+// PD queue's length (pd_queues), which a router admits new requests by;
+// while a request has waited longer than Options.MaxQueueAge (when set) the
+// status is "busy", still 200, and routers send the server no new request.
+// GET /debug/v1/stacks is the
 // goroutine profile in pprof's debug=1 text; with ?rank=N only the
 // goroutine groups whose pprof labels carry rank=N are kept.
 //

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
 	"github.com/pdkit/pdkit/engine/serve"
@@ -45,6 +47,15 @@ func scrape(t *testing.T, e *env) exposition {
 		x[line[:i]] = v
 	}
 	return x
+}
+
+func hasPrefix(x exposition, prefix string) bool {
+	for k := range x {
+		if strings.HasPrefix(k, prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 func (x exposition) must(t *testing.T, name string) float64 {
@@ -134,8 +145,8 @@ func TestMetrics(t *testing.T) {
 		if v := x.must(t, `pdkit_kv_pages_used{rank="`+r+`"}`); v != 0 {
 			t.Errorf("rank %s: %v KV pages used after completion", r, v)
 		}
-		if v := x.must(t, `pdkit_kv_pages_total{rank="`+r+`"}`); v != float64(eng.Config().Pages()) {
-			t.Errorf("rank %s: kv_pages_total %v, want %d", r, v, eng.Config().Pages())
+		if v := x.must(t, `pdkit_kv_pages_capacity{rank="`+r+`"}`); v != float64(eng.Config().Pages()) {
+			t.Errorf("rank %s: kv_pages_capacity %v, want %d", r, v, eng.Config().Pages())
 		}
 	}
 	// Each rank's time in collectives, per communicator: both ran calls.
@@ -150,5 +161,24 @@ func TestMetrics(t *testing.T) {
 		if v := x.must(t, g); v != 0 {
 			t.Errorf("%s = %v after completion", g, v)
 		}
+	}
+	// Every request's end-to-end latency, under the model's name.
+	if v := x.must(t, `pdkit_e2e_request_latency_seconds_count{model="tiny"}`); v != n {
+		t.Errorf("e2e latency count %v, want %d", v, n)
+	}
+	// The Go runtime, the process and the build.
+	for _, name := range []string{"go_goroutines", "process_resident_memory_bytes"} {
+		x.must(t, name)
+	}
+	if !hasPrefix(x, "go_build_info{") {
+		t.Error("no go_build_info")
+	}
+	// What promtool check metrics would say: nothing.
+	problems, err := testutil.GatherAndLint(met.Registry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint: %s: %s", p.Metric, p.Text)
 	}
 }

@@ -103,6 +103,7 @@ type streamResult struct {
 	usage  *openai.Usage
 	chunks int
 	done   bool
+	err    string // the message of an error event
 }
 
 func readStream(t *testing.T, r io.Reader) streamResult {
@@ -124,6 +125,11 @@ func readStream(t *testing.T, r io.Reader) streamResult {
 		}
 		if res.done {
 			t.Fatalf("event after [DONE]: %s", data)
+		}
+		var eb openai.ErrorBody
+		if strings.HasPrefix(data, `{"error":`) && json.Unmarshal([]byte(data), &eb) == nil {
+			res.err = eb.Error.Message
+			continue
 		}
 		var c openai.CompletionChunk
 		if err := json.Unmarshal([]byte(data), &c); err != nil {
@@ -429,8 +435,10 @@ func TestAbortRequest(t *testing.T) {
 	if code, body := e.post(t, "/abort_request", map[string]any{"rid": c.ID}); code != 200 {
 		t.Fatalf("%d %s", code, body)
 	}
+	// The stream says it was cut: an error event, then its finish and
+	// [DONE], so the connection ends cleanly.
 	r := readStream(t, rd)
-	if r.finish != openai.FinishAbort || !r.done {
+	if r.finish != openai.FinishAbort || !r.done || !strings.Contains(r.err, "aborted") {
 		t.Errorf("after abort: %+v", r)
 	}
 	if code, _ := e.post(t, "/abort_request", map[string]any{"rid": "cmpl-x"}); code != 400 {
@@ -525,7 +533,7 @@ func TestInfoEndpoints(t *testing.T) {
 	}
 	var h HealthResponse
 	code, b = get(t, e, "/health")
-	if code != 200 || json.Unmarshal(b, &h) != nil || h.Status != "ok" {
+	if code != 200 || json.Unmarshal(b, &h) != nil || h.Status != HealthOK || h.PDQueues != nil || !bytes.Contains(b, []byte(`"queued":0`)) {
 		t.Errorf("health: %d %s", code, b)
 	}
 	var st debug.StateResponse
