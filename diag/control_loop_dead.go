@@ -66,7 +66,7 @@ func checkControlLoopDead(w Window) []Finding {
 				remedy += fmt.Sprintf("Check the fault switches (pdctl fault list --server %s), notably %s, which kills the prefill bootstrap loop on ABORT.", s.URL, faultBootstrapAbortCrash)
 			}
 			out = append(out, Finding{
-				Rule: "control-loop-dead", Severity: Critical, Server: s.URL, Rank: r.Rank,
+				Rule: "control-loop-dead", Severity: Critical, Server: s.URL, Rank: AtRank(r.Rank),
 				Summary:  fmt.Sprintf("the %s %s loop of rank %d is dead: %s", s.PD.Role, loop, r.Rank, reason),
 				Evidence: evidence,
 				Remedy:   remedy,
@@ -85,7 +85,7 @@ func peerRooms(s Sample, endpoint string) []string {
 		return nil
 	}
 	var groups []string
-	rooms := map[string][]uint64{}
+	rooms := map[string][]debug.ID{}
 	for _, o := range s.Servers {
 		if !o.Reachable || o.PD == nil {
 			continue

@@ -74,9 +74,28 @@ type ServerSample struct {
 	TookMS float64 `json:"took_ms"`
 }
 
-// Sample is the cluster at one instant: every server, in a stable order.
+// RouterSample is what pdctl read from the router at one instant: the
+// counters of its GET /metrics that say how the requests it routed ended.
+type RouterSample struct {
+	URL       string `json:"url"`
+	Reachable bool   `json:"reachable"`
+	// Error says why the router could not be read; empty when reachable.
+	Error string `json:"error,omitempty"`
+	// Outcomes counts the requests the router finished since it started,
+	// by outcome (pdkit_router_requests_total: ok, upstream_error,
+	// no_server, ...; FailedOutcome says which are failures).
+	Outcomes map[string]uint64 `json:"outcomes"`
+	// UpstreamErrors counts the failed upstream requests (transport
+	// errors and 5xx answers) by server URL
+	// (pdkit_router_upstream_errors_total).
+	UpstreamErrors map[string]uint64 `json:"upstream_errors"`
+}
+
+// Sample is the cluster at one instant: every server, in a stable order,
+// and the router when pdctl found the servers through one.
 type Sample struct {
 	Taken   time.Time      `json:"taken"`
+	Router  *RouterSample  `json:"router,omitempty"`
 	Servers []ServerSample `json:"servers"`
 }
 
@@ -124,24 +143,35 @@ type Evidence struct {
 
 // Finding is one thing a rule found wrong.
 type Finding struct {
-	Rule     string     `json:"rule"`
-	Severity Severity   `json:"severity"`
-	Server   string     `json:"server"`
-	Rank     int        `json:"rank"` // -1: the whole server
+	Rule     string   `json:"rule"`
+	Severity Severity `json:"severity"`
+	// Server is the URL of the server (or router) the finding is about.
+	Server string `json:"server"`
+	// Rank is the TP rank the finding is about; nil (JSON null) when it
+	// is about the whole server.
+	Rank     *int       `json:"rank"`
 	Summary  string     `json:"summary"`
 	Evidence []Evidence `json:"evidence"`
 	Remedy   string     `json:"remedy"`
+}
+
+// AtRank returns a Finding.Rank naming rank r.
+func AtRank(r int) *int { return &r }
+
+// Where names what the finding is about: the server's URL, followed by
+// " rank N" for a finding about one rank.
+func (f Finding) Where() string {
+	if f.Rank == nil {
+		return f.Server
+	}
+	return fmt.Sprintf("%s rank %d", f.Server, *f.Rank)
 }
 
 // String writes the finding as a block of text: a heading line, the
 // evidence indented, then the remedy.
 func (f Finding) String() string {
 	var b strings.Builder
-	where := f.Server
-	if f.Rank >= 0 {
-		where += fmt.Sprintf(" rank %d", f.Rank)
-	}
-	fmt.Fprintf(&b, "%s %s %s: %s\n", f.Severity, f.Rule, where, f.Summary)
+	fmt.Fprintf(&b, "%s %s %s: %s\n", f.Severity, f.Rule, f.Where(), f.Summary)
 	for _, e := range f.Evidence {
 		fmt.Fprintf(&b, "  %s: %s\n", e.Key, e.Value)
 	}
@@ -253,6 +283,7 @@ func RulesWith(c Config) []Rule {
 		pdQueueStuck(),
 		pdEntryOverdue(c),
 		kvLeak(c),
+		requestsFailing(),
 	}
 }
 
@@ -284,7 +315,7 @@ func Sort(fs []Finding) {
 }
 
 // sortBy sorts fs by severity, the position of their rule in rules (rules
-// not there last), server and rank.
+// not there last), server and rank (the whole server first).
 func sortBy(fs []Finding, rules []string) {
 	pos := func(f Finding) int {
 		if i := slices.Index(rules, f.Rule); i >= 0 {
@@ -293,8 +324,16 @@ func sortBy(fs []Finding, rules []string) {
 		return len(rules)
 	}
 	slices.SortStableFunc(fs, func(a, b Finding) int {
-		return cmp.Or(cmp.Compare(b.Severity, a.Severity), cmp.Compare(pos(a), pos(b)), cmp.Compare(a.Server, b.Server), cmp.Compare(a.Rank, b.Rank))
+		return cmp.Or(cmp.Compare(b.Severity, a.Severity), cmp.Compare(pos(a), pos(b)), cmp.Compare(a.Server, b.Server), cmp.Compare(rankKey(a), rankKey(b)))
 	})
+}
+
+// rankKey orders a server-level finding (no rank) before its ranks'.
+func rankKey(f Finding) int {
+	if f.Rank == nil {
+		return -1
+	}
+	return *f.Rank
 }
 
 // Helpers shared by the rules.
@@ -375,7 +414,7 @@ func entries(r *debug.PDRank, queue string) []debug.PDEntry {
 }
 
 // summarise returns the rooms of es in order and the oldest age.
-func summarise(es []debug.PDEntry) (rooms []uint64, oldestMS float64) {
+func summarise(es []debug.PDEntry) (rooms []debug.ID, oldestMS float64) {
 	for _, e := range es {
 		rooms = append(rooms, e.Room)
 		oldestMS = max(oldestMS, e.InQueueMS)

@@ -165,7 +165,11 @@ func docText(t *testing.T) string {
 func TestRunSorts(t *testing.T) {
 	mk := func(name string, sev Severity, server string, rank int) Rule {
 		return Rule{Name: name, Severity: sev, Check: func(Window) []Finding {
-			return []Finding{{Rule: name, Severity: sev, Server: server, Rank: rank}}
+			f := Finding{Rule: name, Severity: sev, Server: server}
+			if rank >= 0 {
+				f.Rank = AtRank(rank)
+			}
+			return []Finding{f}
 		}}
 	}
 	got := RunRules([]Rule{
@@ -195,19 +199,31 @@ func TestEmptyWindow(t *testing.T) {
 	}
 }
 
-// TestSeverityJSON: severities travel as their names.
-func TestSeverityJSON(t *testing.T) {
-	f := Finding{Rule: "x", Severity: Warning, Rank: -1}
-	data, err := json.Marshal(f)
-	if err != nil {
-		t.Fatal(err)
+// TestFindingJSON: severities travel as their names; a finding about the
+// whole server has "rank": null, one about a rank its number (0 included).
+func TestFindingJSON(t *testing.T) {
+	for _, tc := range []struct {
+		rank *int
+		want string
+	}{{nil, `"rank":null`}, {AtRank(0), `"rank":0`}, {AtRank(3), `"rank":3`}} {
+		f := Finding{Rule: "x", Severity: Warning, Server: "http://s", Rank: tc.rank}
+		data, err := json.Marshal(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(data), `"severity":"warning"`) || !strings.Contains(string(data), tc.want) {
+			t.Errorf("got %s, want severity warning and %s", data, tc.want)
+		}
+		var back Finding
+		if err := json.Unmarshal(data, &back); err != nil || back.Severity != Warning || back.Where() != f.Where() {
+			t.Errorf("round trip: %+v, %v", back, err)
+		}
 	}
-	if !strings.Contains(string(data), `"severity":"warning"`) {
-		t.Errorf("got %s", data)
+	if w := (Finding{Server: "http://s"}).Where(); w != "http://s" {
+		t.Errorf("server-level Where %q", w)
 	}
-	var back Finding
-	if err := json.Unmarshal(data, &back); err != nil || back.Severity != Warning {
-		t.Errorf("round trip: %+v, %v", back, err)
+	if w := (Finding{Server: "http://s", Rank: AtRank(0)}).Where(); w != "http://s rank 0" {
+		t.Errorf("rank 0 Where %q", w)
 	}
 }
 
@@ -219,7 +235,7 @@ func TestMassAbortWedge(t *testing.T) {
 	var dead, stuck bool
 	for _, f := range fs {
 		switch {
-		case f.Rule == "control-loop-dead" && f.Server == "http://prefill-0:30000" && f.Rank == 1:
+		case f.Rule == "control-loop-dead" && f.Server == "http://prefill-0:30000" && f.Rank != nil && *f.Rank == 1:
 			dead = strings.Contains(f.Remedy, "bootstrap-abort-crash")
 		case f.Rule == "pd-queue-stuck" && f.Server == "http://decode-0:30100" && f.Severity == Critical &&
 			slices.Contains(f.Evidence, Evidence{Key: "queue", Value: "transfer"}):
@@ -276,11 +292,11 @@ func TestPublishedTimeouts(t *testing.T) {
 	rule := ruleByName(t, "pd-entry-overdue")
 	var got []string
 	for _, f := range rule.Check(w) {
-		got = append(got, fmt.Sprintf("%s %d %s", f.Server, f.Rank, f.Summary))
+		got = append(got, fmt.Sprintf("%s %s", f.Where(), f.Summary))
 	}
 	want := []string{
-		"http://decode-0:30100 0 2 of 2 rooms in the transfer queue of decode rank 0 are past the transfer timeout 20s",
-		"http://decode-0:30100 1 2 of 2 rooms in the transfer queue of decode rank 1 are past the transfer timeout 20s",
+		"http://decode-0:30100 rank 0 2 of 2 rooms in the transfer queue of decode rank 0 are past the transfer timeout 20s",
+		"http://decode-0:30100 rank 1 2 of 2 rooms in the transfer queue of decode rank 1 are past the transfer timeout 20s",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("findings with the published timeouts:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

@@ -3,12 +3,15 @@
 // servers named on its command line) several times over a window; each
 // Sample holds, per server, whether it answered and its decoded debug API
 // answers (package api/debug: steps, collectives, requests, pd, faults,
-// settings). The rules
-// judge the resulting Window and report Findings: the rule's name, a
-// severity, the server and rank, a one-line summary, the evidence (key/value
-// lines with the numbers that prove it) and the remedy an operator should
-// apply. Run runs every rule and sorts the findings by severity, then rule
-// (in the order below), then server, then rank; no finding means healthy.
+// settings), and, when pdctl found the servers through a router, the
+// router's request outcome counters from its /metrics (RouterSample). The
+// rules judge the resulting Window and report Findings: the rule's name, a
+// severity, the server (or router) and the rank (null for a finding about
+// the whole server), a one-line summary, the evidence (key/value lines with
+// the numbers that prove it) and the remedy an operator should apply. Run
+// runs every rule and sorts the findings by severity, then rule (in the
+// order below), then server, then rank (the whole server first); no
+// finding means healthy.
 //
 // The package reads only api/ and the standard library (internal/lint
 // enforces it), so pdctl stays free of the engine and of cgo.
@@ -66,6 +69,19 @@
 //     while its server has no live request in any scheduler or PD queue, in
 //     both the first and the last sample; (warning) pages kept for aborted
 //     rooms past the abort-ack timeout plus the grace.
+//   - requests-failing (critical; warning when the router shows failures
+//     under 10% of the requests it finished over the window): requests
+//     failed between the first and the last sample. On the router, every
+//     outcome of pdkit_router_requests_total that FailedOutcome calls a
+//     failure (all but ok, invalid, aborted and the client's own,
+//     client_error and client_gone: upstream_error, no_server, overloaded,
+//     starting, shutdown), with the share of the requests finished and the
+//     upstream errors by server; on each PD server, the growth of its
+//     failure counters (GET /debug/v1/pd: by reason, such as timeout or
+//     peer-lost, and by queue), less the peer-aborted rooms of a prefill,
+//     which its decode aborted (a client that left, or a failure the decode
+//     counts itself). The remedy follows the reasons. Counters that went
+//     down (a restarted process) count from zero.
 //
 // A server's TP ranks talk over two communicators, each with its own
 // sequence numbers (api/debug's CommControl and CommForward): "control"

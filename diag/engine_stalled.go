@@ -48,7 +48,7 @@ func checkEngineStalled(c Config, w Window) []Finding {
 			continue
 		}
 		out = append(out, Finding{
-			Rule: "engine-stalled", Severity: Critical, Server: last.URL, Rank: -1,
+			Rule: "engine-stalled", Severity: Critical, Server: last.URL, Rank: nil,
 			Summary:  fmt.Sprintf("no rank of the %s server finished a step in %v", last.Role, w.Span().Round(time.Millisecond)),
 			Evidence: []Evidence{ev("window", "%v over %d samples (threshold %v)", w.Span().Round(time.Millisecond), len(w.Samples), stall), ev("ranks", "%s", listSep(ranks, 8, "; "))},
 			Remedy:   fmt.Sprintf("the engine loop is stuck: read the ranks' stacks (pdctl bundle, or GET %s/debug/v1/stacks?rank=N) and the collectives (rank-divergence); a fault switch such as stall-last-rank holds a rank on purpose (fault-switch-on); restart the server if it does not move.", last.URL),

@@ -37,7 +37,7 @@ func checkFaultSwitchOn(w Window) []Finding {
 			offs = append(offs, fmt.Sprintf("pdctl fault off %s --server %s", n, s.URL))
 		}
 		out = append(out, Finding{
-			Rule: "fault-switch-on", Severity: Warning, Server: s.URL, Rank: -1,
+			Rule: "fault-switch-on", Severity: Warning, Server: s.URL, Rank: nil,
 			Summary:  fmt.Sprintf("the %s server runs with the fault %s on: %s", s.Role, plural(len(names), "switch", "switches"), strings.Join(names, ", ")),
 			Evidence: evidence,
 			Remedy:   "unless a drill needs it, switch it off (" + strings.Join(offs, "; ") + "); a server started with --fault keeps it across restarts until the flag is removed.",

@@ -77,7 +77,7 @@ func checkKVLeak(c Config, w Window) []Finding {
 						continue
 					}
 					out = append(out, Finding{
-						Rule: "kv-leak", Severity: Critical, Server: last.URL, Rank: kv.Rank,
+						Rule: "kv-leak", Severity: Critical, Server: last.URL, Rank: AtRank(kv.Rank),
 						Summary: fmt.Sprintf("rank %d holds %d KV pages with no live request", kv.Rank, held),
 						Evidence: []Evidence{
 							ev("held", "%d pages (used %d - cached %d) of %d", held, kv.Used, kv.Cached, kv.Total),
@@ -100,7 +100,7 @@ func checkKVLeak(c Config, w Window) []Finding {
 		}
 		limit := l.Timeouts.AbortAck + l.Grace
 		for _, r := range last.PD.Ranks {
-			var late []uint64
+			var late []debug.ID
 			var oldest float64
 			var unsent int
 			for _, e := range entries(&r, "aborting") {
@@ -127,7 +127,7 @@ func checkKVLeak(c Config, w Window) []Finding {
 				evidence = append(evidence, ev("kv", "used %d, cached %d, total %d", kv.Used, kv.Cached, kv.Total))
 			}
 			out = append(out, Finding{
-				Rule: "kv-leak", Severity: Warning, Server: last.URL, Rank: r.Rank,
+				Rule: "kv-leak", Severity: Warning, Server: last.URL, Rank: AtRank(r.Rank),
 				Summary:  fmt.Sprintf("rank %d keeps pages for %d aborted rooms past the abort-ack deadline", r.Rank, len(late)),
 				Evidence: evidence,
 				Remedy:   fmt.Sprintf("the rank should free these pages once the deadline passes: check that its loop iterates and the prefill peers answer ABORT (control-loop-dead, peer-unreachable); restart %s if the pages stay held.", last.URL),

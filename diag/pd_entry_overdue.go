@@ -3,6 +3,8 @@ package diag
 import (
 	"fmt"
 	"time"
+
+	"github.com/pdkit/pdkit/api/debug"
 )
 
 func pdEntryOverdue(c Config) Rule {
@@ -46,7 +48,7 @@ func checkPDEntryOverdue(c Config, w Window) []Finding {
 					continue // unknown: the server published no settings
 				}
 				limit := q.timeout + l.Grace
-				var late []uint64
+				var late []debug.ID
 				var oldest float64
 				es := entries(&r, q.name)
 				for _, e := range es {
@@ -59,7 +61,7 @@ func checkPDEntryOverdue(c Config, w Window) []Finding {
 					continue
 				}
 				out = append(out, Finding{
-					Rule: "pd-entry-overdue", Severity: Warning, Server: s.URL, Rank: r.Rank,
+					Rule: "pd-entry-overdue", Severity: Warning, Server: s.URL, Rank: AtRank(r.Rank),
 					Summary: fmt.Sprintf("%d of %d rooms in the %s queue of %s rank %d are past the %s timeout %v", len(late), len(es), q.name, s.PD.Role, r.Rank, q.setting, q.timeout),
 					Evidence: []Evidence{
 						ev("queue", "%s", q.name),

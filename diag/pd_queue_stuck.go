@@ -3,6 +3,8 @@ package diag
 import (
 	"fmt"
 	"slices"
+
+	"github.com/pdkit/pdkit/api/debug"
 )
 
 // stuckQueues are the PD queues judged by pd-queue-stuck, with the severity
@@ -56,7 +58,7 @@ func checkPDQueueStuck(w Window) []Finding {
 				}
 				rooms, oldest := summarise(now)
 				out = append(out, Finding{
-					Rule: "pd-queue-stuck", Severity: q.severity, Server: last.URL, Rank: r.Rank,
+					Rule: "pd-queue-stuck", Severity: q.severity, Server: last.URL, Rank: AtRank(r.Rank),
 					Summary: fmt.Sprintf("the %s queue of %s rank %d holds %s and none left it in %v", q.name, last.PD.Role, r.Rank, nRooms(len(now)), w.Span().Round(1e6)),
 					Evidence: []Evidence{
 						ev("queue", "%s", q.name),
@@ -76,13 +78,13 @@ func checkPDQueueStuck(w Window) []Finding {
 // leftQueue reports whether some room in the queue of a server's rank was
 // gone from it in a later sample.
 func leftQueue(w Window, url string, rank int, queue string) bool {
-	var prev []uint64
+	var prev []debug.ID
 	for i, s := range w.Samples {
 		ss := s.Server(url)
 		if ss == nil || !ss.Reachable {
 			continue
 		}
-		var rooms []uint64
+		var rooms []debug.ID
 		for _, e := range entries(pdRank(ss.PD, rank), queue) {
 			rooms = append(rooms, e.Room)
 		}

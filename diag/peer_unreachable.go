@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/pdkit/pdkit/api/debug"
 )
 
 func peerUnreachable() Rule {
@@ -29,7 +31,7 @@ func checkPeerUnreachable(w Window) []Finding {
 				errText = "(none given)"
 			}
 			out = append(out, Finding{
-				Rule: "peer-unreachable", Severity: Critical, Server: s.URL, Rank: -1,
+				Rule: "peer-unreachable", Severity: Critical, Server: s.URL, Rank: nil,
 				Summary: fmt.Sprintf("the %s server does not answer: %s", s.Role, errText),
 				Evidence: []Evidence{
 					ev("role", "%s", s.Role),
@@ -45,7 +47,7 @@ func checkPeerUnreachable(w Window) []Finding {
 			continue
 		}
 		for _, r := range s.PD.Ranks {
-			var rooms []uint64
+			var rooms []debug.ID
 			var peers, errs []string
 			for _, e := range r.Entries {
 				if !strings.Contains(e.Error, "silent") {
@@ -65,7 +67,7 @@ func checkPeerUnreachable(w Window) []Finding {
 			slices.Sort(rooms)
 			slices.Sort(peers)
 			out = append(out, Finding{
-				Rule: "peer-unreachable", Severity: Critical, Server: s.URL, Rank: r.Rank,
+				Rule: "peer-unreachable", Severity: Critical, Server: s.URL, Rank: AtRank(r.Rank),
 				Summary: fmt.Sprintf("decode rank %d lost the heartbeats of prefill %s (%s failed)", r.Rank, listSep(peers, 3, ", "), nRooms(len(rooms))),
 				Evidence: []Evidence{
 					ev("peers", "%s", list(peers, 10)),

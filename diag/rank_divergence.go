@@ -60,7 +60,7 @@ func stepDivergence(s ServerSample, taken time.Time) (Finding, bool) {
 	at := ev("sample", "%s", taken.UTC().Format(time.RFC3339Nano))
 	if hi.Step-lo.Step > 1 {
 		return Finding{
-			Rule: "rank-divergence", Severity: Critical, Server: s.URL, Rank: lo.Rank,
+			Rule: "rank-divergence", Severity: Critical, Server: s.URL, Rank: AtRank(lo.Rank),
 			Summary: fmt.Sprintf("rank %d is at step %d while rank %d is at step %d", lo.Rank, lo.Step, hi.Rank, hi.Step),
 			Evidence: []Evidence{
 				at,
@@ -85,7 +85,7 @@ func stepDivergence(s ServerSample, taken time.Time) (Finding, bool) {
 				continue
 			}
 			return Finding{
-				Rule: "rank-divergence", Severity: Critical, Server: s.URL, Rank: a.Rank,
+				Rule: "rank-divergence", Severity: Critical, Server: s.URL, Rank: AtRank(a.Rank),
 				Summary: fmt.Sprintf("ranks %d and %d both finished step %d but at %s", a.Rank, b.Rank, a.Step, strings.Join(differ, ", ")),
 				Evidence: []Evidence{
 					at,
@@ -225,7 +225,7 @@ func collectiveWaits(limit time.Duration, s ServerSample) []Finding {
 				}
 			}
 			out = append(out, Finding{
-				Rule: "rank-divergence", Severity: Critical, Server: s.URL, Rank: r.Rank,
+				Rule: "rank-divergence", Severity: Critical, Server: s.URL, Rank: AtRank(r.Rank),
 				Summary:  fmt.Sprintf("rank %d waits in %v for %s while %s", r.Rank, wt, ms(wt.call.DurationMS), listSep(names, 3, "; ")),
 				Evidence: evidence,
 				Remedy:   desyncRemedy,

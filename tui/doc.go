@@ -1,5 +1,6 @@
 // Package tui is the Bubble Tea application behind "pdctl top": a live view
-// of a cluster's ranks, their steps and phases, their sequence numbers on
+// of a cluster's servers (and its router) with the requests each failed,
+// of the ranks, their steps and phases, their sequence numbers on
 // the control and the forward communicator, the collective each waits in
 // (named with its communicator), the PD queues, and any divergence between
 // the ranks of a tensor-parallel group, with the findings of the diag

@@ -77,7 +77,7 @@ func Frame(window []diag.Sample, o FrameOptions) string {
 	}
 	last := window[len(window)-1]
 	b.WriteString("\n")
-	b.WriteString(o.table(serverRows(last)))
+	b.WriteString(o.table(serverRows(window)))
 	b.WriteString("\n")
 	b.WriteString(o.table(rankRows(last, o.Config, o.Now)))
 	b.WriteString("\n")
@@ -88,11 +88,7 @@ func Frame(window []diag.Sample, o FrameOptions) string {
 		b.WriteString("healthy\n")
 	}
 	for _, f := range findings {
-		line := fmt.Sprintf("%s %s %s", f.Severity, f.Rule, f.Server)
-		if f.Rank >= 0 {
-			line += fmt.Sprintf(" rank %d", f.Rank)
-		}
-		b.WriteString(o.mark(f.Severity, line+": "+f.Summary) + "\n")
+		b.WriteString(o.mark(f.Severity, fmt.Sprintf("%s %s %s: %s", f.Severity, f.Rule, f.Where(), f.Summary)) + "\n")
 	}
 	return o.cut(b.String())
 }
@@ -100,7 +96,7 @@ func Frame(window []diag.Sample, o FrameOptions) string {
 // Rows returns the servers' and the ranks' tables of s as Frame shows
 // them, each with its header row first, for output that is not a terminal.
 func Rows(s diag.Sample, cfg diag.Config, now time.Time) (servers, ranks [][]string) {
-	return texts(serverRows(s)), texts(rankRows(s, cfg, now))
+	return texts(serverRows([]diag.Sample{s})), texts(rankRows(s, cfg, now))
 }
 
 func texts(rows [][]cell) [][]string {
@@ -114,16 +110,38 @@ func texts(rows [][]cell) [][]string {
 	return out
 }
 
-// serverRows is the servers' table: role, TP size, reachability, the
-// request queues, and a detail: the fault switches that are on, or why the
-// server could not be read.
-func serverRows(s diag.Sample) [][]cell {
-	rows := [][]cell{{plain("SERVER"), plain("ROLE"), plain("TP"), plain("STATE"), plain("WAIT"), plain("PREFILL"), plain("RUN"), plain("ABORT"), plain("DETAIL")}}
+// serverRows is the servers' table of the last sample of window: the
+// router first when it was sampled, then every server with its role, TP
+// size, reachability, the request queues, the requests failed and a
+// detail: the fault switches that are on, or why the server could not be
+// read. FAILED counts the requests failed since the process started as
+// diag's requests-failing counts them (a PD server's failures less the
+// rooms its decode aborted; the router's failed outcomes), with "(+N)",
+// marked, when N more failed since the first sample of window.
+func serverRows(window []diag.Sample) [][]cell {
+	rows := [][]cell{{plain("SERVER"), plain("ROLE"), plain("TP"), plain("STATE"), plain("WAIT"), plain("PREFILL"), plain("RUN"), plain("ABORT"),
+		plain("FAILED"), plain("DETAIL")}}
+	first, s := window[0], window[len(window)-1]
+	if r := s.Router; r != nil {
+		row := []cell{plain(r.URL), plain("router"), plain("-")}
+		if !r.Reachable {
+			rows = append(rows, append(row, cell{text: "unreachable", mark: diag.Critical}, plain("-"), plain("-"), plain("-"), plain("-"),
+				plain("-"), cell{text: r.Error, mark: diag.Critical}))
+		} else {
+			var from *uint64
+			if f := first.Router; f != nil && f.Reachable && len(window) > 1 {
+				n := diag.RouterFailures(f.Outcomes)
+				from = &n
+			}
+			rows = append(rows, append(row, plain("up"), plain("-"), plain("-"), plain("-"), plain("-"),
+				failedCell(from, diag.RouterFailures(r.Outcomes)), plain("-")))
+		}
+	}
 	for _, sv := range s.Servers {
 		row := []cell{plain(sv.URL), plain(sv.Role), plain(fmt.Sprint(sv.TPSize))}
 		if !sv.Reachable {
 			rows = append(rows, append(row, cell{text: "unreachable", mark: diag.Critical}, plain("-"), plain("-"), plain("-"), plain("-"),
-				cell{text: sv.Error, mark: diag.Critical}))
+				plain("-"), cell{text: sv.Error, mark: diag.Critical}))
 			continue
 		}
 		row = append(row, plain("up"))
@@ -134,6 +152,19 @@ func serverRows(s diag.Sample) [][]cell {
 			}
 			row = append(row, plain(fmt.Sprint(n)))
 		}
+		failed := plain("-")
+		if sv.PD != nil {
+			var from *uint64
+			for _, smp := range window[:len(window)-1] {
+				if f := smp.Server(sv.URL); f != nil && f.Reachable && f.PD != nil {
+					n := diag.ServerFailures(f.PD)
+					from = &n
+					break
+				}
+			}
+			failed = failedCell(from, diag.ServerFailures(sv.PD))
+		}
+		row = append(row, failed)
 		var on []string
 		if sv.Faults != nil {
 			for _, f := range sv.Faults.Faults {
@@ -149,6 +180,25 @@ func serverRows(s diag.Sample) [][]cell {
 		rows = append(rows, append(row, faults))
 	}
 	return rows
+}
+
+// failedCell is a count of failures, with "(+N)", marked critical, when it
+// grew by N since from (nil: no earlier count). A count lower than from
+// (the process restarted) grew by itself.
+func failedCell(from *uint64, n uint64) cell {
+	c := plain(fmt.Sprint(n))
+	if from == nil {
+		return c
+	}
+	grew := n - *from
+	if n < *from {
+		grew = n
+	}
+	if grew > 0 {
+		c.text += fmt.Sprintf(" (+%d)", grew)
+		c.mark = diag.Critical
+	}
+	return c
 }
 
 // rankRows is the ranks' table. Δ is the rank's step less the highest step

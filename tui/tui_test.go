@@ -39,7 +39,8 @@ func window(t *testing.T, name string) []diag.Sample {
 // their last sample, against testdata/<name>.golden (go test ./tui -update
 // rewrites them).
 func TestFrameGolden(t *testing.T) {
-	for _, name := range []string{"healthy/busy", "rank-divergence/collective_desync", "rank-divergence/control_vs_forward", "control-loop-dead/bootstrap_abort_crash", "peer-unreachable/server_down"} {
+	for _, name := range []string{"healthy/busy", "rank-divergence/collective_desync", "rank-divergence/control_vs_forward", "control-loop-dead/bootstrap_abort_crash", "peer-unreachable/server_down",
+		"requests-failing/bootstrap_timeouts", "requests-failing/peer_lost_no_router"} {
 		t.Run(name, func(t *testing.T) {
 			w := window(t, name)
 			got := Frame(w, FrameOptions{Source: "http://router:8000", Interval: time.Second, Config: diag.DefaultConfig(), Now: w[len(w)-1].Taken})
@@ -60,8 +61,9 @@ func TestFrameGolden(t *testing.T) {
 	}
 }
 
-// TestFrameStyled: a styled frame marks a diverged rank's cells and the
-// findings with ANSI styles, a plain one has none; Width cuts every line.
+// TestFrameStyled: a styled frame marks a diverged rank's cells, failures
+// that grew and the findings with ANSI styles, a plain one has none; Width
+// cuts every line.
 func TestFrameStyled(t *testing.T) {
 	w := window(t, "rank-divergence/step_spread")
 	o := FrameOptions{Config: diag.DefaultConfig(), Now: w[len(w)-1].Taken}
@@ -72,6 +74,13 @@ func TestFrameStyled(t *testing.T) {
 	s := Frame(w, o)
 	if !strings.Contains(s, "\x1b[") || !strings.Contains(s, "-10") {
 		t.Errorf("styled frame:\n%q", s)
+	}
+	// Requests failed over the window: the FAILED cells that grew are
+	// marked critical, the others not.
+	rf := window(t, "requests-failing/bootstrap_timeouts")
+	fs := Frame(rf, FrameOptions{Styled: true, Config: diag.DefaultConfig(), Now: rf[len(rf)-1].Taken})
+	if !strings.Contains(fs, styleCritical.Render("9 (+7)")) || strings.Contains(fs, styleCritical.Render("0")) {
+		t.Errorf("styled FAILED cells:\n%q", fs)
 	}
 	o.Styled, o.Width = false, 30
 	for _, l := range strings.Split(Frame(w, o), "\n") {

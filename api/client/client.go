@@ -2,8 +2,9 @@
 // read-only debug API (GET /debug/v1/...) into the api/debug types, the
 // server's self-description (GET /pd/v1/info), /health, the admin calls
 // (POST /admin/v1/...: faults on and off, abort by request id, by room, all)
-// with an optional bearer token, and cluster discovery through a router
-// (GET /debug/v1/cluster).
+// with an optional bearer token, cluster discovery through a router
+// (GET /debug/v1/cluster), and GET /metrics with ParseMetrics to read its
+// samples (pdctl reads the router's request outcomes so).
 //
 // Every call takes a context and is bounded by the client's Timeout on top
 // of it. Failures are error values: *APIError for an answer with an error

@@ -4,13 +4,76 @@
 // reads them; like the rest of api, the package depends on neither the
 // engine nor the kernels.
 //
-// Times are RFC 3339 with nanoseconds (encoding/json's time.Time), durations
-// are float milliseconds in fields ending in _ms, or seconds in fields
-// ending in _seconds. Request ids are the engine's numeric ids: the N of a
-// "cmpl-N" or "chatcmpl-N" response id.
+// # Units and numbers
+//
+// Times are RFC 3339 with nanoseconds (encoding/json's time.Time). Every
+// duration is a float number of milliseconds in a field whose name ends in
+// _ms (age_ms, wait_ms, heartbeat_ms, ...); no field of this package is in
+// seconds. (The Prometheus metrics at /metrics keep Prometheus's own
+// convention, seconds in names ending in _seconds.)
+//
+// Identifiers travel as strings, counts as numbers. An identifier is a
+// 64-bit number that names something and is never added up: a bootstrap room
+// (random over the whole 64 bits) and a request id (the N of a "cmpl-N" or
+// "chatcmpl-N" response id). Both have the type ID, which writes a JSON
+// string of decimal digits, "room": "12345678901234567890", so that jq and
+// JavaScript, whose numbers are float64, do not round the ids above 2^53;
+// ID reads a string or a number, so older answers still decode. Digests are
+// strings already (16 hex digits). Everything else that is a 64-bit integer
+// is a count or a sequence number that starts at 0 and grows by one per
+// event (steps, seqs, messages, bytes, tokens, requests): they stay JSON
+// numbers, and stay below 2^53 for the life of any server.
 package debug
 
-import "time"
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// ID is a 64-bit identifier: a bootstrap room or a request id. It travels
+// in JSON as a string of decimal digits and is read from such a string or
+// from a JSON number (an unsigned integer).
+type ID uint64
+
+// String writes the id in decimal.
+func (id ID) String() string { return strconv.FormatUint(uint64(id), 10) }
+
+// MarshalJSON writes the id as a JSON string of decimal digits.
+func (id ID) MarshalJSON() ([]byte, error) {
+	return strconv.AppendQuote(nil, id.String()), nil
+}
+
+// UnmarshalJSON reads a JSON string of decimal digits or a JSON number, an
+// unsigned integer of at most 64 bits either way; null leaves the id as it
+// is, as encoding/json does for a number.
+func (id *ID) UnmarshalJSON(b []byte) error {
+	text := string(b)
+	if text == "null" {
+		return nil
+	}
+	if len(b) > 0 && b[0] == '"' {
+		if err := json.Unmarshal(b, &text); err != nil {
+			return err
+		}
+	}
+	v, err := ParseID(text)
+	if err != nil {
+		return err
+	}
+	*id = v
+	return nil
+}
+
+// ParseID reads an id written in decimal.
+func ParseID(s string) (ID, error) {
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("debug: %q is not an id (an unsigned 64-bit integer in decimal)", s)
+	}
+	return ID(v), nil
+}
 
 // Queue names of a request, as in RequestInfo.Queue and the queue filter of
 // GET /debug/v1/requests.
@@ -148,9 +211,9 @@ type CollectiveRank struct {
 	// Waiting is the call the rank waits in on this communicator; null
 	// when not in one of its collectives.
 	Waiting *Collective `json:"waiting"`
-	// WaitSeconds is the time the rank has spent inside this
-	// communicator's collectives.
-	WaitSeconds float64 `json:"wait_seconds"`
+	// WaitMS is the time the rank has spent inside this communicator's
+	// collectives since the server started.
+	WaitMS float64 `json:"wait_ms"`
 	// Records is the flight recorder, oldest first.
 	Records []Collective `json:"records"`
 }
@@ -211,7 +274,7 @@ type RequestsResponse struct {
 
 // RequestInfo is one request in the scheduler.
 type RequestInfo struct {
-	ID           uint64  `json:"id"`
+	ID           ID      `json:"id"`
 	Queue        string  `json:"queue"`
 	AgeMS        float64 `json:"age_ms"`      // since arrival, as of the answer
 	InStateMS    float64 `json:"in_state_ms"` // since entering the queue, as of the answer
@@ -235,11 +298,11 @@ type KVPages struct {
 
 // AbortResponse is the body of POST /admin/v1/requests/{id}/abort.
 type AbortResponse struct {
-	Aborted uint64 `json:"aborted"`
+	Aborted ID `json:"aborted"`
 }
 
 // AbortAllResponse is the body of POST /admin/v1/abort_all: the ids of the
 // requests aborted.
 type AbortAllResponse struct {
-	Aborted []uint64 `json:"aborted"`
+	Aborted []ID `json:"aborted"`
 }

@@ -41,12 +41,37 @@ type PDResponse struct {
 	Role string `json:"role"` // prefill or decode
 	// Queue is the filter asked for; empty: every queue.
 	Queue string `json:"queue,omitempty"`
-	// FailedRequests counts the PD requests that failed (client aborts
-	// not counted); TransferBytes is the KV payload moved, rank 0's share.
-	FailedRequests uint64   `json:"failed_requests"`
-	TransferBytes  uint64   `json:"transfer_bytes"`
-	Ranks          []PDRank `json:"ranks"`
+	// FailedRequests counts the PD requests that failed since the server
+	// started (client aborts not counted). FailuresByReason splits them by
+	// the kind of their reason (PDFailureKinds); FailuresByQueue by the PD
+	// queue each was in when it failed. Both leave out zeros.
+	FailedRequests   uint64            `json:"failed_requests"`
+	FailuresByReason map[string]uint64 `json:"failures_by_reason"`
+	FailuresByQueue  map[string]uint64 `json:"failures_by_queue"`
+	// TransferBytes is the KV payload moved, rank 0's share.
+	TransferBytes uint64   `json:"transfer_bytes"`
+	Ranks         []PDRank `json:"ranks"`
 }
+
+// The kinds of a PD failure's reason, the keys of
+// PDResponse.FailuresByReason.
+const (
+	PDFailTimeout       = "timeout"        // the queue's deadline passed
+	PDFailPeerAborted   = "peer-aborted"   // prefill: the decode sent ABORT (its client left, or it failed)
+	PDFailPeerFailed    = "peer-failed"    // the peer sent STATUS Failed
+	PDFailPeerLost      = "peer-lost"      // decode: the prefill peer left heartbeats unanswered
+	PDFailPeerRestarted = "peer-restarted" // decode: the prefill peer answers with a new boot number
+	PDFailSend          = "send"           // handing a message to the transport failed
+	PDFailRefused       = "refused"        // the peer's TRANSFER_INFO or registry does not fit this server
+	PDFailBadChunk      = "bad-chunk"      // decode: a KV chunk out of order, out of range or not writable
+	PDFailScheduler     = "scheduler"      // prefill: the scheduler ended the request (its timeout, an error)
+	PDFailOtherRank     = "other-rank"     // another rank of the server decided the failure
+)
+
+// PDFailureKinds lists the kinds of PDResponse.FailuresByReason, in the
+// order tools list them.
+var PDFailureKinds = []string{PDFailTimeout, PDFailPeerAborted, PDFailPeerFailed, PDFailPeerLost, PDFailPeerRestarted,
+	PDFailSend, PDFailRefused, PDFailBadChunk, PDFailScheduler, PDFailOtherRank}
 
 // PDRank is one rank's PD socket and queues.
 type PDRank struct {
@@ -95,8 +120,8 @@ type PDOutbox struct {
 
 // PDEntry is one PD request on one rank.
 type PDEntry struct {
-	ID    uint64 `json:"id"`
-	Room  uint64 `json:"room"`
+	ID    ID     `json:"id"`   // the request's id on this server
+	Room  ID     `json:"room"` // the bootstrap room
 	Queue string `json:"queue"`
 	// InQueueMS is the time in the queue as of the rank's last iteration.
 	InQueueMS float64 `json:"in_queue_ms"`

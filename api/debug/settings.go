@@ -94,6 +94,9 @@ func Duration(ms float64) time.Duration { return time.Duration(ms * float64(time
 // settings, rank 0's last step and the engine's last published snapshot.
 type StateResponse struct {
 	Model string `json:"model"`
+	// ContextTokens is the model's context length: a request's prompt and
+	// its max_tokens together may not exceed it.
+	ContextTokens int `json:"context_tokens"`
 	// ChatTemplate is the chat template the server renders chat requests
 	// with: "jinja" for the model's own (its GGUF's
 	// tokenizer.chat_template), else the name of the family it fell back

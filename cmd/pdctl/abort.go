@@ -68,18 +68,25 @@ The rank's control endpoint is read from the prefill server's /debug/v1/pd;
 pdctl listens on a local ZeroMQ PULL socket (--listen) for the acks, whose
 endpoint it puts in the ABORTs. Without --rank every rank of the server is
 sent the ABORT. --rooms-from-queue aborts every room now in that queue
-(bootstrap, active or inflight). Exit 0 when every ABORT was acknowledged
-within --wait, 1 otherwise; a control loop that the debug API shows dead is
-named.
+(bootstrap, active or inflight). Each ABORT_ACK says whether the rank had
+the room when the ABORT came: RESULT is "acked" when it had, "acked, room
+unknown" when it had not (nothing was aborted there) or, for a room listed
+from the queue, "acked, room already ended" (another rank's ABORT may have
+failed it on every rank first). Exit 0 when every ABORT was acknowledged
+within --wait (and, with --room, some rank had the room), 1 otherwise; a
+control loop that the debug API shows dead is named.
 
-  pdctl abort --sessions N [--after DURATION] [--drain-timeout 10s]
+  pdctl abort --sessions N [--after DURATION] [--drain-timeout 10s] [--max-tokens N]
 
 The mass-abort drill, through the router (--router): opens N streaming
-completions, waits --after (default: until every session received its first
-byte, at most 2s), cancels them all at once, then polls every PD server's
-/debug/v1/pd and reports how long each queue took to drain, and whether new
-requests are served afterwards. Exit 0 when every queue drained and every new
-request was served, 1 otherwise.
+completions of --max-tokens each (default: as many as the model's context
+and the servers' KV pools leave after the prompt, at most 1000, read from
+the servers' GET /debug/v1/state), waits --after (default: until every
+session received its first byte, at most 2s), cancels them all at once,
+then polls every PD server's /debug/v1/pd and reports how long each queue
+took to drain, and whether new requests are served afterwards. Exit 0 when
+no session was refused, every queue drained and every new request was
+served, 1 otherwise.
 
 --json prints either report as one JSON object (the exit code is the same).`,
 		Args: noArgs,
@@ -107,7 +114,7 @@ request was served, 1 otherwise.
 	fl.IntVar(&opts.Sessions, "sessions", 0, "run the mass-abort drill with this many streaming sessions")
 	fl.DurationVar(&opts.After, "after", 0, "drill: cancel the sessions after this long (default: once each has its first byte, at most 2s)")
 	fl.DurationVar(&opts.DrainTimeout, "drain-timeout", 10*time.Second, "drill: how long the queues may take to drain")
-	fl.IntVar(&opts.MaxTokens, "max-tokens", 1000, "drill: max_tokens of each session")
+	fl.IntVar(&opts.MaxTokens, "max-tokens", 0, "drill: max_tokens of each session (default: what the model's context and the KV pools leave, at most 1000)")
 	fl.IntVar(&opts.Check, "check", 3, "drill: new requests sent after the drain")
 	fl.BoolVar(&opts.JSON, "json", false, "print a JSON object")
 	return cmd
@@ -121,7 +128,7 @@ func (o *abortOptions) validate(cmd *cobra.Command) error {
 		if o.Prefill != "" || o.roomSet || o.RoomsFromQueue != "" {
 			return newUsageError(cmd, "--sessions runs the drill through the router; it cannot be used with --prefill, --room or --rooms-from-queue")
 		}
-		if o.After < 0 || o.DrainTimeout <= 0 || o.MaxTokens <= 0 || o.Check < 0 {
+		if o.After < 0 || o.DrainTimeout <= 0 || o.MaxTokens < 0 || o.Check < 0 {
 			return newUsageError(cmd, "--after, --drain-timeout, --max-tokens and --check must be positive")
 		}
 		return nil
@@ -144,17 +151,20 @@ func (o *abortOptions) validate(cmd *cobra.Command) error {
 // abortTarget is one ABORT: a room on one prefill rank, and what came of
 // it.
 type abortTarget struct {
-	Room     uint64 `json:"room"`
-	Rank     int    `json:"rank"`
-	Endpoint string `json:"endpoint"`
-	Result   string `json:"result"` // acked, no ack, send failed: ...
-	// InFlight and AckMS are the ack's: whether a write for the room was
-	// in flight, and when the ack came after the first ABORT went.
+	Room     debug.ID `json:"room"`
+	Rank     int      `json:"rank"`
+	Endpoint string   `json:"endpoint"`
+	Result   string   `json:"result"` // acked; acked, room unknown; acked, room already ended; no ack; send failed: ...
+	// Known, InFlight and AckMS are the ack's: whether the rank had the
+	// room when the ABORT came, whether a write for the room was in
+	// flight, and when the ack came after the first ABORT went.
+	Known    bool    `json:"known"`
 	InFlight bool    `json:"in_flight"`
 	AckMS    float64 `json:"ack_ms"`
 	// ControlLoop is the rank's control loop after the wait: alive, or
 	// dead with its exit reason.
 	ControlLoop string `json:"control_loop"`
+	listed      bool   // the room was in the rank's queue (--rooms-from-queue)
 }
 
 // abortOutput is the JSON report of synthetic ABORTs.
@@ -163,7 +173,7 @@ type abortOutput struct {
 }
 
 type ackKey struct {
-	room uint64
+	room debug.ID
 	rank int
 }
 
@@ -185,12 +195,12 @@ func syntheticAbortRun(ctx context.Context, opts *abortOptions) error {
 		}
 		found = true
 		if opts.RoomsFromQueue == "" {
-			targets = append(targets, &abortTarget{Room: opts.Room, Rank: rk.Rank, Endpoint: rk.Socket.Endpoint})
+			targets = append(targets, &abortTarget{Room: debug.ID(opts.Room), Rank: rk.Rank, Endpoint: rk.Socket.Endpoint})
 			continue
 		}
 		for _, e := range rk.Entries {
 			if e.Queue == opts.RoomsFromQueue {
-				targets = append(targets, &abortTarget{Room: e.Room, Rank: rk.Rank, Endpoint: rk.Socket.Endpoint})
+				targets = append(targets, &abortTarget{Room: e.Room, Rank: rk.Rank, Endpoint: rk.Socket.Endpoint, listed: true})
 			}
 		}
 	}
@@ -239,9 +249,15 @@ func syntheticAbortRun(ctx context.Context, opts *abortOptions) error {
 		if !ok {
 			continue
 		}
-		k := ackKey{ack.Room, int(ack.Rank)}
+		k := ackKey{debug.ID(ack.Room), int(ack.Rank)}
 		if t := pending[k]; t != nil {
-			t.Result, t.InFlight, t.AckMS = "acked", ack.InFlight, millis(time.Since(start))
+			t.Result, t.Known, t.InFlight, t.AckMS = resultAcked, ack.Known, ack.InFlight, millis(time.Since(start))
+			if !ack.Known {
+				t.Result = resultUnknown
+				if t.listed {
+					t.Result = resultEnded
+				}
+			}
 			delete(pending, k)
 		}
 	}
@@ -266,16 +282,19 @@ func syntheticAbortRun(ctx context.Context, opts *abortOptions) error {
 	tab := newTable([]string{"ROOM", "RANK", "ENDPOINT", "RESULT", "IN FLIGHT", "ACK TIME", "CONTROL LOOP"}, "ACK TIME")
 	failed := 0
 	var dead []string
+	known := false // with --room: some rank had it
 	for _, t := range targets {
 		t.ControlLoop = loops[t.Rank]
 		inFlight, waited := "-", "-"
-		if t.Result == "acked" {
+		acked := t.Result == resultAcked || t.Result == resultUnknown || t.Result == resultEnded
+		if acked {
 			inFlight, waited = yesNo(t.InFlight), fmtMilli(t.AckMS)
+			known = known || t.Known
 		} else {
 			failed++
 		}
-		tab.add(fmt.Sprint(t.Room), itoa(t.Rank), t.Endpoint, t.Result, inFlight, waited, t.ControlLoop)
-		if strings.HasPrefix(t.ControlLoop, "dead") && t.Result != "acked" {
+		tab.add(t.Room.String(), itoa(t.Rank), t.Endpoint, t.Result, inFlight, waited, t.ControlLoop)
+		if strings.HasPrefix(t.ControlLoop, "dead") && !acked {
 			d := "rank " + itoa(t.Rank)
 			if !slices.Contains(dead, d) {
 				dead = append(dead, d)
@@ -291,6 +310,9 @@ func syntheticAbortRun(ctx context.Context, opts *abortOptions) error {
 		return err
 	}
 	if failed == 0 {
+		if opts.RoomsFromQueue == "" && !known {
+			return fmt.Errorf("room %d: no rank of %s had it, nothing was aborted (each acknowledged the ABORT of a room it did not know)", opts.Room, opts.Prefill)
+		}
 		return nil
 	}
 	msg := fmt.Sprintf("%s of %d not acknowledged within %v", pluralf(failed, "ABORT", "ABORTs"), len(targets), opts.Wait)
@@ -299,6 +321,16 @@ func syntheticAbortRun(ctx context.Context, opts *abortOptions) error {
 	}
 	return errors.New(msg)
 }
+
+// The results of an ABORT that was acknowledged: the rank had the room,
+// or it did not; for a room listed in the rank's queue moments before,
+// the room ended in between (often because another rank's ABORT failed
+// it on every rank).
+const (
+	resultAcked   = "acked"
+	resultUnknown = "acked, room unknown"
+	resultEnded   = "acked, room already ended"
+)
 
 // sendAborts sends the ABORTs of targets to one prefill rank's control
 // endpoint over one connection, each asking for its ack at ackEndpoint.
@@ -311,7 +343,7 @@ func sendAborts(ctx context.Context, ackEndpoint, endpoint string, targets []*ab
 		t.Result = "no ack"
 		if err == nil {
 			var frames [][]byte
-			frames, err = pdproto.Encode(&pdproto.Abort{Room: t.Room, Endpoint: ackEndpoint, Rank: uint32(t.Rank), Reason: "pdctl"})
+			frames, err = pdproto.Encode(&pdproto.Abort{Room: uint64(t.Room), Endpoint: ackEndpoint, Rank: uint32(t.Rank), Reason: "pdctl"})
 			if err == nil {
 				err = p.Send(ctx, frames)
 			}
@@ -343,6 +375,7 @@ type drillQueue struct {
 // drillOutput is the drill's report.
 type drillOutput struct {
 	Sessions         int     `json:"sessions"`
+	MaxTokens        int     `json:"max_tokens"`
 	Streaming        int     `json:"streaming"` // had their first byte when cancelled
 	Finished         int     `json:"finished"`  // ended before the cancel
 	Refused          int     `json:"refused"`
@@ -380,13 +413,19 @@ func drillRun(ctx context.Context, opts *abortOptions) error {
 		return err
 	}
 	router := strings.TrimRight(opts.Attach.Router, "/")
+	maxTokens := opts.MaxTokens
+	if maxTokens == 0 {
+		if maxTokens, err = drillMaxTokens(ctx, targets); err != nil {
+			return err
+		}
+	}
 	hc := &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: opts.Sessions}}
 	defer hc.CloseIdleConnections()
 
 	// Open the sessions.
 	sctx, cancelSessions := context.WithCancel(ctx)
 	defer cancelSessions()
-	body, _ := json.Marshal(map[string]any{"prompt": "drill", "max_tokens": opts.MaxTokens, "stream": true})
+	body, _ := json.Marshal(map[string]any{"prompt": drillPrompt, "max_tokens": maxTokens, "stream": true})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var firstBytes, refused, finished int
@@ -464,10 +503,10 @@ func drillRun(ctx context.Context, opts *abortOptions) error {
 	cancelAt := time.Now()
 	cancelSessions()
 	wg.Wait()
-	rep := drillOutput{Sessions: opts.Sessions, Streaming: firstBytes, Finished: finished, Refused: refused, Refusal: refusal,
+	rep := drillOutput{Sessions: opts.Sessions, MaxTokens: maxTokens, Streaming: firstBytes, Finished: finished, Refused: refused, Refusal: refusal,
 		CancelledAfterMS: millis(cancelAt.Sub(opened)), DrainTimeoutMS: millis(opts.DrainTimeout), Queues: []drillQueueOutput{}}
-	fmt.Fprintf(f.ErrOut, "opened %s through %s; %d streaming, %d finished, %d refused; cancelled after %s\n",
-		pluralf(opts.Sessions, "session", "sessions"), router, firstBytes, finished, refused, fmtDuration(cancelAt.Sub(opened)))
+	fmt.Fprintf(f.ErrOut, "opened %s of max_tokens %d through %s; %d streaming, %d finished, %d refused; cancelled after %s\n",
+		pluralf(opts.Sessions, "session", "sessions"), maxTokens, router, firstBytes, finished, refused, fmtDuration(cancelAt.Sub(opened)))
 	if refused > 0 {
 		fmt.Fprintf(f.ErrOut, "a session was refused: %s\n", refusal)
 	}
@@ -565,6 +604,9 @@ func drillRun(ctx context.Context, opts *abortOptions) error {
 		return err
 	}
 	var problems []string
+	if refused > 0 {
+		problems = append(problems, fmt.Sprintf("%d of %d sessions refused (%s)", refused, opts.Sessions, refusal))
+	}
 	if notDrained > 0 {
 		problems = append(problems, pluralf(notDrained, "queue", "queues")+" not drained within "+opts.DrainTimeout.String())
 	}
@@ -578,6 +620,53 @@ func drillRun(ctx context.Context, opts *abortOptions) error {
 		return errors.New("the drill failed: " + strings.Join(problems, ", "))
 	}
 	return nil
+}
+
+// drillPrompt is the prompt of the drill's sessions, and drillPromptRoom
+// the context it may take at most: a few tokens in any tokenizer.
+const (
+	drillPrompt     = "drill"
+	drillPromptRoom = 32
+	drillMaxDefault = 1000 // the most max_tokens the drill asks by default
+)
+
+// drillMaxTokens is the drill's default max_tokens: what the servers
+// accept for one request after the prompt, at most drillMaxDefault. A
+// request may take no more than the model's context nor more than a
+// rank's KV pool; both are read from every server's GET /debug/v1/state,
+// and the smallest wins.
+func drillMaxTokens(ctx context.Context, targets []*target) (int, error) {
+	limit := 0
+	var why []string
+	for _, t := range targets {
+		if t.Err != nil {
+			why = append(why, t.URL+": "+t.Err.Error())
+			continue
+		}
+		st, err := t.c.State(ctx)
+		if err != nil {
+			why = append(why, err.Error())
+			continue
+		}
+		if st.ContextTokens <= 0 {
+			why = append(why, t.URL+" publishes no context length")
+			continue
+		}
+		n := st.ContextTokens
+		if pool := st.Settings.KVPages * st.Settings.PageSize; pool > 0 {
+			n = min(n, pool)
+		}
+		if limit == 0 || n < limit {
+			limit = n
+		}
+	}
+	switch {
+	case limit == 0:
+		return 0, fmt.Errorf("the model's context length could not be read (%s); give --max-tokens", strings.Join(why, "; "))
+	case limit <= 2*drillPromptRoom:
+		return max(1, limit/2), nil
+	}
+	return min(drillMaxDefault, limit-drillPromptRoom), nil
 }
 
 // drillTables is the drill's human report: the queues' drain, then the

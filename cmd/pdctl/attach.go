@@ -43,6 +43,15 @@ func (o *attachOptions) token(f *factory) string {
 	return f.getenv("PDCTL_TOKEN")
 }
 
+// routerClient is a client of the router the servers were discovered
+// through; nil when they were named with --server.
+func (o *attachOptions) routerClient(f *factory) *client.Client {
+	if len(o.Servers) > 0 {
+		return nil
+	}
+	return client.New(o.Router, o.token(f), o.HTTP)
+}
+
 // target is one server pdctl talks to.
 type target struct {
 	URL     string

@@ -31,15 +31,17 @@ func newCmdDiagnose(f *factory, runF func(context.Context, *diagnoseOptions) err
 		Short: "Sample the cluster over a window and report what is wrong, with evidence and remedy",
 		Long: `Sample every server behind the router (or the --server ones) every --interval
 over --window: each server's steps, collectives, requests and (prefill and
-decode) PD queues, from the debug API. Then run the rules of package diag
-over the samples: a dead PD control loop, a PD queue stuck, entries past
-their state's timeout, KV pages leaked, a peer unreachable, ranks diverging.
+decode) PD queues and failure counters, from the debug API, and the
+router's request outcomes from its /metrics (not with --server). Then run
+the rules of package diag over the samples: a dead PD control loop, a PD
+queue stuck, entries past their state's timeout, KV pages leaked, a peer
+unreachable, ranks diverging, requests failing (by reason and queue).
 
 Each finding is printed with its severity, rule, server, rank, summary,
 evidence and remedy: a block per finding on a terminal, one tab-separated
-line per finding when piped (severity, rule, server, rank, summary,
-evidence, remedy), the findings array with --json. "healthy" when there are
-none.
+line per finding when piped (severity, rule, server, rank or "-" for the
+whole server, summary, evidence, remedy), the findings array with --json
+(rank null for the whole server). "healthy" when there are none.
 
 Each server is judged by the settings it publishes (GET /debug/v1/settings):
 its PD timeouts, and its loop heartbeat, which raises --collective-wait and
@@ -125,7 +127,7 @@ func diagnoseRun(ctx context.Context, opts *diagnoseOptions) error {
 		return err
 	}
 	fmt.Fprintf(f.ErrOut, "sampling %s every %v for %v…\n", pluralf(len(targets), "server", "servers"), opts.Interval, opts.Window)
-	findings, w, err := diagnose(ctx, targets, opts.Window, opts.Interval, opts.Config)
+	findings, w, err := diagnose(ctx, probe{targets: targets, router: opts.Attach.routerClient(f)}, opts.Window, opts.Interval, opts.Config)
 	if err != nil {
 		return err
 	}
@@ -144,10 +146,17 @@ func diagnoseRun(ctx context.Context, opts *diagnoseOptions) error {
 	return nil
 }
 
-// diagnose samples targets over window and runs the rules of cfg. It is an
+// probe is what one sample reads: the servers, and the router when pdctl
+// found them through one.
+type probe struct {
+	targets []*target
+	router  *client.Client // nil: the servers were named with --server
+}
+
+// diagnose samples p over window and runs the rules of cfg. It is an
 // error (cannot run) when no server answered in any sample.
-func diagnose(ctx context.Context, targets []*target, window, interval time.Duration, cfg diag.Config) ([]diag.Finding, diag.Window, error) {
-	w, err := sampleWindow(ctx, targets, window, interval)
+func diagnose(ctx context.Context, p probe, window, interval time.Duration, cfg diag.Config) ([]diag.Finding, diag.Window, error) {
+	w, err := sampleWindow(ctx, p, window, interval)
 	if err != nil {
 		return nil, w, err
 	}
@@ -171,16 +180,16 @@ func diagnose(ctx context.Context, targets []*target, window, interval time.Dura
 	return findings, w, nil
 }
 
-// sampleWindow samples every target at once, every interval, until window
-// has passed: window/interval+1 samples, the first at once.
-func sampleWindow(ctx context.Context, targets []*target, window, interval time.Duration) (diag.Window, error) {
+// sampleWindow samples p at once, every interval, until window has
+// passed: window/interval+1 samples, the first at once.
+func sampleWindow(ctx context.Context, p probe, window, interval time.Duration) (diag.Window, error) {
 	var w diag.Window
 	// A server that does not answer within the bound is unreachable in
 	// that sample; the next sample is then late, not lost.
 	bound := max(interval, 2*time.Second)
 	start := time.Now()
 	for i := 1; ; i++ {
-		w.Samples = append(w.Samples, sampleOnce(ctx, targets, bound))
+		w.Samples = append(w.Samples, sampleOnce(ctx, p, bound))
 		if err := ctx.Err(); err != nil {
 			return w, err
 		}
@@ -195,15 +204,51 @@ func sampleWindow(ctx context.Context, targets []*target, window, interval time.
 	}
 }
 
-// sampleOnce reads every target at once.
-func sampleOnce(ctx context.Context, targets []*target, bound time.Duration) diag.Sample {
-	s := diag.Sample{Taken: time.Now(), Servers: make([]diag.ServerSample, len(targets))}
+// sampleOnce reads every target, and the router, at once.
+func sampleOnce(ctx context.Context, p probe, bound time.Duration) diag.Sample {
+	s := diag.Sample{Taken: time.Now(), Servers: make([]diag.ServerSample, len(p.targets))}
 	var wg sync.WaitGroup
-	for i, t := range targets {
+	for i, t := range p.targets {
 		wg.Go(func() { s.Servers[i] = sampleServer(ctx, t, bound) })
+	}
+	if p.router != nil {
+		wg.Go(func() { s.Router = sampleRouter(ctx, p.router, bound) })
 	}
 	wg.Wait()
 	return s
+}
+
+// The router's metrics that diag reads (internal/router's metrics.go).
+const (
+	routerRequestsMetric       = "pdkit_router_requests_total"        // by outcome
+	routerUpstreamErrorsMetric = "pdkit_router_upstream_errors_total" // by role and server
+)
+
+// sampleRouter reads the router's request outcome and upstream error
+// counters from its /metrics.
+func sampleRouter(ctx context.Context, c *client.Client, bound time.Duration) *diag.RouterSample {
+	ctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	r := &diag.RouterSample{URL: c.BaseURL, Outcomes: map[string]uint64{}, UpstreamErrors: map[string]uint64{}}
+	text, err := c.Metrics(ctx)
+	var ms []client.MetricSample
+	if err == nil {
+		ms, err = client.ParseMetrics(text, routerRequestsMetric, routerUpstreamErrorsMetric)
+	}
+	if err != nil {
+		r.Error = strings.ReplaceAll(err.Error(), "\n", "; ")
+		return r
+	}
+	r.Reachable = true
+	for _, m := range ms {
+		switch m.Name {
+		case routerRequestsMetric:
+			r.Outcomes[m.Labels["outcome"]] += uint64(m.Value)
+		case routerUpstreamErrorsMetric:
+			r.UpstreamErrors[m.Labels["server"]] += uint64(m.Value)
+		}
+	}
+	return r
 }
 
 // sampleServer reads one server's info, steps, collectives, requests, PD
@@ -281,8 +326,8 @@ func printFindings(w io.Writer, findings []diag.Finding, tty bool) error {
 			continue
 		}
 		rank := "-"
-		if fd.Rank >= 0 {
-			rank = itoa(fd.Rank)
+		if fd.Rank != nil {
+			rank = itoa(*fd.Rank)
 		}
 		var ev []string
 		for _, e := range fd.Evidence {

@@ -192,10 +192,10 @@ func TestDiagnoseBootstrapAbortCrash(t *testing.T) {
 	for _, f := range findings {
 		switch {
 		case f.Rule == "control-loop-dead":
-			if f.Server != "PREFILL" || f.Severity != diag.Critical {
-				t.Errorf("control-loop-dead on %s rank %d (%v)", f.Server, f.Rank, f.Severity)
+			if f.Server != "PREFILL" || f.Severity != diag.Critical || f.Rank == nil {
+				t.Fatalf("control-loop-dead on %s (%v)", f.Where(), f.Severity)
 			}
-			loops = append(loops, f.Rank)
+			loops = append(loops, *f.Rank)
 			if !strings.Contains(f.Remedy, "restart the prefill server PREFILL") {
 				t.Errorf("control-loop-dead remedy: %q", f.Remedy)
 			}
@@ -327,7 +327,8 @@ func TestDiagnoseWedgedOutput(t *testing.T) {
 }
 
 // diagnoseJSON runs diagnose --json on c with extra flags and returns the
-// exit code and the findings by rule, server and rank ("rule SERVER rank").
+// exit code and the findings by rule, server and rank ("rule SERVER rank",
+// rank null for the whole server).
 func diagnoseJSON(t *testing.T, c *cluster, extra ...string) (exitCode, []diag.Finding, []string) {
 	t.Helper()
 	args := append([]string{"diagnose", "--window", "600ms", "--interval", "200ms", "--json"}, extra...)
@@ -338,7 +339,11 @@ func diagnoseJSON(t *testing.T, c *cluster, extra ...string) (exitCode, []diag.F
 	}
 	var keys []string
 	for _, f := range findings {
-		keys = append(keys, fmt.Sprintf("%s %s %d", f.Rule, f.Server, f.Rank))
+		rank := "null" // as the JSON has it for the whole server
+		if f.Rank != nil {
+			rank = itoa(*f.Rank)
+		}
+		keys = append(keys, fmt.Sprintf("%s %s %s", f.Rule, f.Server, rank))
 	}
 	return code, findings, keys
 }
@@ -359,7 +364,7 @@ func TestDiagnoseStalledRank(t *testing.T) {
 		return err == nil && w != nil && w.Waiting != nil && w.Waiting.DurationMS > 200
 	})
 	code, findings, keys := diagnoseJSON(t, c, "--collective-wait", "100ms", "--window", "1200ms", "--interval", "300ms")
-	want := []string{"engine-stalled DECODE -1", "rank-divergence DECODE 0", "fault-switch-on DECODE -1"}
+	want := []string{"engine-stalled DECODE null", "rank-divergence DECODE 0", "fault-switch-on DECODE null"}
 	if code != exitFindings || !slices.Equal(keys, want) {
 		t.Fatalf("exit %d, findings %q, want %q", code, keys, want)
 	}
@@ -399,7 +404,55 @@ func TestDiagnoseDecodeLoopDead(t *testing.T) {
 		}
 	}
 	if want := []string{"control-loop-dead DECODE 0", "control-loop-dead DECODE 1"}; code != exitFindings || !slices.Equal(dead, want) ||
-		!slices.Contains(keys, "fault-switch-on DECODE -1") {
+		!slices.Contains(keys, "fault-switch-on DECODE null") {
 		t.Fatalf("exit %d, findings %q", code, keys)
+	}
+}
+
+// TestDiagnoseRequestsFailing: requests routed while the prefill drops
+// every TRANSFER_INFO wait in its bootstrap queue until its bootstrap
+// timeout (1.5s here) fails them, inside the diagnose window; the router
+// answers each with the prefill's error. Diagnose is not healthy: it
+// names the failures on the router (its upstream errors, all of the
+// requests it finished) and on the prefill (by reason and queue), each
+// about the whole server, with the fault switch that caused them.
+func TestDiagnoseRequestsFailing(t *testing.T) {
+	saved := testConfig
+	testConfig.PD.BootstrapTimeout = 1500 * time.Millisecond
+	c := newCluster(t)
+	testConfig = saved
+	if code, _, errOut := c.pdctl(t, false, "--server", c.prefill.ts.URL, "fault", "on", "drop-transfer-info"); code != exitOK {
+		t.Fatalf("fault on: exit %d: %s", code, errOut)
+	}
+	for i := range 2 {
+		send(t, c.router, map[string]any{"prompt": fmt.Sprintf("request %d", i), "max_tokens": 4, "temperature": 0})
+	}
+	poll(t, "both requests in the prefill's bootstrap queue", 10*time.Second, func() bool {
+		return pdCounts(t, c.prefill, debug.PDQueueBootstrap) == 4 // 2 rooms on 2 ranks
+	})
+	code, findings, keys := diagnoseJSON(t, c, "--window", "4s", "--interval", "500ms")
+	if code != exitFindings || !slices.Contains(keys, "requests-failing ROUTER null") || !slices.Contains(keys, "requests-failing PREFILL null") ||
+		!slices.Contains(keys, "fault-switch-on PREFILL null") {
+		t.Fatalf("exit %d, findings %q", code, keys)
+	}
+	for _, f := range findings {
+		if f.Rule != "requests-failing" {
+			continue
+		}
+		if f.Severity != diag.Critical {
+			t.Errorf("%s: severity %v, want critical", f.Where(), f.Severity)
+		}
+		want := map[string][]diag.Evidence{
+			"ROUTER":  {{Key: "failed", Value: "2 of 2 (100%)"}, {Key: "outcomes", Value: "upstream_error=2"}},
+			"PREFILL": {{Key: "by reason", Value: "timeout=2"}, {Key: "by queue", Value: "bootstrap=2"}},
+		}[f.Server]
+		for _, e := range want {
+			if !slices.Contains(f.Evidence, e) {
+				t.Errorf("%s: evidence %+v lacks %+v", f.Where(), f.Evidence, e)
+			}
+		}
+		if f.Server == "PREFILL" && !strings.Contains(f.Remedy, "--bootstrap-timeout") {
+			t.Errorf("prefill remedy %q", f.Remedy)
+		}
 	}
 }

@@ -104,7 +104,7 @@ type roomSide struct {
 // roomView is one room joined across the prefill and decode sides; a side
 // that does not hold the room is empty.
 type roomView struct {
-	Room    uint64     `json:"room"`
+	Room    debug.ID   `json:"room"`
 	Prefill []roomSide `json:"prefill"`
 	Decode  []roomSide `json:"decode"`
 }
@@ -158,7 +158,7 @@ func readQueues(ctx context.Context, opts *queuesDumpOptions, targets []*target)
 			out.Errors[t.URL] = errs[i]
 		}
 	}
-	rooms := map[uint64]*roomView{}
+	rooms := map[debug.ID]*roomView{}
 	for _, e := range out.Entries {
 		rv := rooms[e.Room]
 		if rv == nil {

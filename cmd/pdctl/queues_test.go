@@ -82,8 +82,8 @@ func TestQueuesDump(t *testing.T) {
       "server": "PREFILL",
       "role": "prefill",
       "rank": 0,
-      "id": 1,
-      "room": 7,
+      "id": "1",
+      "room": "7",
       "queue": "bootstrap",
       "in_queue_ms": 0,
       "tokens": 9,
@@ -98,8 +98,8 @@ func TestQueuesDump(t *testing.T) {
       "server": "DECODE",
       "role": "decode",
       "rank": 0,
-      "id": 1,
-      "room": 9,
+      "id": "1",
+      "room": "9",
       "queue": "transfer",
       "in_queue_ms": 0,
       "peer": "PREFILL-RANK0",
@@ -114,7 +114,7 @@ func TestQueuesDump(t *testing.T) {
   ],
   "rooms": [
     {
-      "room": 7,
+      "room": "7",
       "prefill": [
         {
           "server": "PREFILL",
@@ -129,7 +129,7 @@ func TestQueuesDump(t *testing.T) {
       "decode": []
     },
     {
-      "room": 9,
+      "room": "9",
       "prefill": [],
       "decode": [
         {
@@ -284,9 +284,9 @@ func newWedged(t *testing.T) *cluster {
 func TestQueuesDumpWedged(t *testing.T) {
 	c := newWedged(t)
 	code, stdout, stderr := c.pdctl(t, false, "queues", "dump")
-	want := "DECODE\tdecode\t0\t1\t9\taborting\tFailed\tFailed\t*\tPREFILL-RANK0\t0\tsent\taborted\n" +
+	want := "DECODE\tdecode\t0\t1\t9\taborting\tFailed\tFailed\t*\tPREFILL-RANK0\t0\tsent\taborted by an operator\n" +
 		"DECODE\tdecode\t0\t2\t10\ttransfer\tWaitingForInput\tWaitingForInput\t*\tPREFILL-RANK0\t0\tno\t-\n" +
-		"DECODE\tdecode\t1\t1\t9\taborting\tFailed\tFailed\t*\tPREFILL-RANK1\t0\tsent\taborted\n" +
+		"DECODE\tdecode\t1\t1\t9\taborting\tFailed\tFailed\t*\tPREFILL-RANK1\t0\tsent\taborted by an operator\n" +
 		"DECODE\tdecode\t1\t2\t10\ttransfer\tWaitingForInput\tWaitingForInput\t*\tPREFILL-RANK1\t0\tno\t-\n" +
 		"\n" +
 		"9\t-\t-\t-\t-\t-\tDECODE\t0,1\taborting\tFailed\t*\n" +

@@ -24,13 +24,15 @@ func newCmdTop(f *factory, runF func(context.Context, *topOptions) error) *cobra
 	cmd := &cobra.Command{
 		Use:   "top",
 		Short: "Watch every rank live: steps, phases, collectives, PD queues and the diag findings",
-		Long: `A live view of the cluster (Bubble Tea): the servers with their request
-queues and the fault switches that are on; one line per rank with its step,
-Δ (its step less the highest of its server: -1 is a rank caught
-mid-iteration, lower is divergence, marked), its phase, the age of its last
-step, its sequence numbers on the two communicators of its TP group (CTRL
-SEQ: the loop's control agreements; FWD SEQ: the model's forward
-collectives), the collective it waits in with its communicator, as
+		Long: `A live view of the cluster (Bubble Tea): the router and the servers with
+their request queues, the requests each failed since it started (FAILED,
+with "(+N)" for those failed over --window: a router's failed outcomes, a
+PD server's failures) and the fault switches that are on; one line per
+rank with its step, Δ (its step less the highest of its server: -1 is a
+rank caught mid-iteration, lower is divergence, marked), its phase, the
+age of its last step, its sequence numbers on the two communicators of its
+TP group (CTRL SEQ: the loop's control agreements; FWD SEQ: the model's
+forward collectives), the collective it waits in with its communicator, as
 "control seq 41 AllReduceMin 2.1s" (marked past --collective-wait), its PD
 queues and KV pages; then the findings of the diag rules over the samples
 of the last --window.
@@ -81,7 +83,7 @@ func topRun(ctx context.Context, opts *topOptions) error {
 	}
 	bound := max(opts.Interval, 2*time.Second)
 	fetch := func(ctx context.Context) (diag.Sample, error) {
-		s := sampleOnce(ctx, targets, bound)
+		s := sampleOnce(ctx, probe{targets: targets, router: opts.Attach.routerClient(f)}, bound)
 		return s, ctx.Err()
 	}
 	if opts.Once || !f.OutTTY {
@@ -110,8 +112,8 @@ func topOnce(ctx context.Context, opts *topOptions, fetch func(context.Context) 
 		ft := newTable([]string{"SEVERITY", "RULE", "SERVER", "RANK", "SUMMARY"})
 		for _, fd := range findings {
 			rank := ""
-			if fd.Rank >= 0 {
-				rank = itoa(fd.Rank)
+			if fd.Rank != nil {
+				rank = itoa(*fd.Rank)
 			}
 			ft.add(fd.Severity.String(), fd.Rule, fd.Server, rank, fd.Summary)
 		}

@@ -23,8 +23,9 @@ func TestTopOnce(t *testing.T) {
 		"PREFILL\t1\t*\t*\tidle\t*\t*\t*\t*\tbootstrap=0 active=0 inflight=0\t0/0/32\n" +
 		"DECODE\t0\t*\t*\tidle\t*\t*\t*\t-\tprealloc=0 transfer=0 aborting=0\t0/0/32\n" +
 		"DECODE\t1\t*\t*\tidle\t*\t*\t*\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\n"
-	servers := "PREFILL\tprefill\t2\tup\t0\t0\t0\t0\t-\n" +
-		"DECODE\tdecode\t2\tup\t0\t0\t0\t0\t-\n"
+	servers := "ROUTER\trouter\t-\tup\t-\t-\t-\t-\t0\t-\n" +
+		"PREFILL\tprefill\t2\tup\t0\t0\t0\t0\t0\t-\n" +
+		"DECODE\tdecode\t2\tup\t0\t0\t0\t0\t0\t-\n"
 	checkRun(t, c, exitOK, servers+"\n"+ranks+"\n", "", "top")
 
 	// A fault switch shows, and the rule that names it.
@@ -32,8 +33,9 @@ func TestTopOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkRun(t, c, exitFindings,
-		"PREFILL\tprefill\t2\tup\t0\t0\t0\t0\t-\n"+
-			"DECODE\tdecode\t2\tup\t0\t0\t0\t0\tfaults on: drop-heartbeat\n\n"+ranks+"\n"+
+		"ROUTER\trouter\t-\tup\t-\t-\t-\t-\t0\t-\n"+
+			"PREFILL\tprefill\t2\tup\t0\t0\t0\t0\t0\t-\n"+
+			"DECODE\tdecode\t2\tup\t0\t0\t0\t0\t0\tfaults on: drop-heartbeat\n\n"+ranks+"\n"+
 			"warning\tfault-switch-on\tDECODE\t-\tthe decode server runs with the fault switch on: drop-heartbeat\n",
 		"pdctl: top: 1 finding (1 warning)\n", "top", "--once")
 
@@ -43,8 +45,12 @@ func TestTopOnce(t *testing.T) {
 		t.Fatalf("--json: exit %d, %v\n%s\n%s", code, err, stdout, stderr)
 	}
 	if len(out.Sample.Servers) != 2 || !out.Sample.Servers[1].Reachable || out.Sample.Servers[1].Steps == nil ||
-		len(out.Findings) != 1 || out.Findings[0].Rule != "fault-switch-on" {
+		len(out.Findings) != 1 || out.Findings[0].Rule != "fault-switch-on" || out.Findings[0].Rank != nil ||
+		out.Sample.Router == nil || !out.Sample.Router.Reachable || out.Sample.Router.URL != "ROUTER" {
 		t.Errorf("--json: %+v", out)
+	}
+	if !strings.Contains(stdout, `"rank": null`) {
+		t.Errorf("--json: the server-level finding's rank is not null:\n%s", stdout)
 	}
 	// Each server's sample carries the settings it publishes: the rules
 	// judge it by its own timeouts.
@@ -57,7 +63,7 @@ func TestTopOnce(t *testing.T) {
 	// On a terminal with --once: aligned, headers.
 	code, stdout, _ = c.pdctl(t, true, "top", "--once")
 	got := regexp.MustCompile(` {2,}`).ReplaceAllString(stdout, "  ")
-	if code != exitFindings || !strings.HasPrefix(got, "SERVER  ROLE  TP  STATE  WAIT  PREFILL  RUN  ABORT  DETAIL\n") ||
+	if code != exitFindings || !strings.HasPrefix(got, "SERVER  ROLE  TP  STATE  WAIT  PREFILL  RUN  ABORT  FAILED  DETAIL\n") ||
 		!strings.Contains(got, "\nSERVER  RANK  STEP  Δ  PHASE  AGE  CTRL SEQ  FWD SEQ  COLLECTIVE  PD QUEUES  KV USED/CACHED/TOTAL\n") ||
 		!strings.Contains(got, "\nSEVERITY  RULE  SERVER  RANK  SUMMARY\nwarning  fault-switch-on  DECODE  -  ") {
 		t.Errorf("terminal: exit %d\n%s", code, stdout)

@@ -112,7 +112,7 @@ func (s *Server) adminAbort(w http.ResponseWriter, r *http.Request) {
 	}
 	s.eng.Abort(id)
 	setResult(r, "aborted %d", id)
-	writeJSON(w, http.StatusOK, debug.AbortResponse{Aborted: id})
+	writeJSON(w, http.StatusOK, debug.AbortResponse{Aborted: debug.ID(id)})
 }
 
 // known reports whether id is in a queue of the engine's latest snapshot.
@@ -171,7 +171,11 @@ func (s *Server) adminAbortAll(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	setResult(r, "aborted %d requests %v", len(ids), ids)
-	writeJSON(w, http.StatusOK, debug.AbortAllResponse{Aborted: ids})
+	out := make([]debug.ID, len(ids))
+	for i, id := range ids {
+		out[i] = debug.ID(id)
+	}
+	writeJSON(w, http.StatusOK, debug.AbortAllResponse{Aborted: out})
 }
 
 // adminFault switches a fault on or off: 200 with every fault's state, 400
@@ -221,5 +225,5 @@ func (s *Server) adminAbortRoom(w http.ResponseWriter, r *http.Request) {
 	}
 	s.eng.Abort(id)
 	setResult(r, "aborted room %d (request %d)", room, id)
-	writeJSON(w, http.StatusOK, debug.AbortResponse{Aborted: id})
+	writeJSON(w, http.StatusOK, debug.AbortResponse{Aborted: debug.ID(id)})
 }

@@ -36,7 +36,7 @@ func TestAdminAbortAndQueues(t *testing.T) {
 		t.Errorf("waiting: %+v", q)
 	}
 	getJSON(t, e, "/debug/v1/requests?queue=running", &q)
-	if len(q.Requests) != 1 || "cmpl-"+itoa(q.Requests[0].ID) != idA || q.Requests[0].Generated < 1 || q.Requests[0].Pages < 1 {
+	if len(q.Requests) != 1 || "cmpl-"+q.Requests[0].ID.String() != idA || q.Requests[0].Generated < 1 || q.Requests[0].Pages < 1 {
 		t.Errorf("running (want %s): %+v", idA, q)
 	}
 	getJSON(t, e, "/debug/v1/requests", &q)
@@ -50,7 +50,7 @@ func TestAdminAbortAndQueues(t *testing.T) {
 	// The admin API (loopback, no token) aborts A by id, then the rest.
 	code, b := e.post(t, "/admin/v1/requests/"+idA+"/abort", "")
 	var ab debug.AbortResponse
-	if code != 200 || json.Unmarshal(b, &ab) != nil || "cmpl-"+itoa(ab.Aborted) != idA {
+	if code != 200 || json.Unmarshal(b, &ab) != nil || "cmpl-"+ab.Aborted.String() != idA {
 		t.Fatalf("abort %s: %d %s", idA, code, b)
 	}
 	if r := readStream(t, rdA); r.finish != openai.FinishAbort || !r.done {
@@ -62,7 +62,7 @@ func TestAdminAbortAndQueues(t *testing.T) {
 	})
 	code, b = e.post(t, "/admin/v1/abort_all", "")
 	var all debug.AbortAllResponse
-	if code != 200 || json.Unmarshal(b, &all) != nil || len(all.Aborted) != 1 || "cmpl-"+itoa(all.Aborted[0]) == idA {
+	if code != 200 || json.Unmarshal(b, &all) != nil || len(all.Aborted) != 1 || "cmpl-"+all.Aborted[0].String() == idA {
 		t.Fatalf("abort_all: %d %s", code, b)
 	}
 	select {

@@ -81,7 +81,7 @@ func (s *Server) debugComm(g dist.Snapshot, now time.Time) debug.Communicator {
 	for i, rs := range g.Ranks {
 		cr := debug.CollectiveRank{
 			Rank: rs.Rank, LastEntered: rs.LastEntered, LastCompleted: rs.LastCompleted,
-			WaitSeconds: s.eng.CollectiveWait(g.Name, rs.Rank).Seconds(), Records: make([]debug.Collective, len(rs.Records)),
+			WaitMS: ms(s.eng.CollectiveWait(g.Name, rs.Rank)), Records: make([]debug.Collective, len(rs.Records)),
 		}
 		if rs.Waiting != nil {
 			wc := debugCollective(*rs.Waiting, now)
@@ -133,7 +133,7 @@ func (s *Server) requests(w http.ResponseWriter, r *http.Request) {
 		}
 		for _, ri := range queueOf(q, name) {
 			resp.Requests = append(resp.Requests, debug.RequestInfo{
-				ID: ri.ID, Queue: name, AgeMS: ms(ri.Age + since), InStateMS: ms(ri.InState + since),
+				ID: debug.ID(ri.ID), Queue: name, AgeMS: ms(ri.Age + since), InStateMS: ms(ri.InState + since),
 				PromptTokens: ri.PromptLen, MaxTokens: ri.MaxTokens, Generated: ri.Generated, Fed: ri.Fed,
 				InFlight: ri.InFlight, Cached: ri.Cached, Pages: ri.Pages, Retractions: ri.Retractions,
 			})
@@ -190,8 +190,9 @@ func (s *Server) pd(w http.ResponseWriter, r *http.Request) {
 	}
 	links := s.eng.PDLinks()
 	entries := s.eng.PDQueueEntries()
-	resp := debug.PDResponse{Role: role, Queue: filter, FailedRequests: s.eng.PDFailures(), TransferBytes: s.eng.PDTransferBytes(),
-		Ranks: make([]debug.PDRank, max(len(links), len(entries)))}
+	resp := debug.PDResponse{Role: role, Queue: filter, FailedRequests: s.eng.PDFailures(),
+		FailuresByReason: nonNil(s.eng.PDFailuresByReason()), FailuresByQueue: nonNil(s.eng.PDFailuresByQueue()),
+		TransferBytes: s.eng.PDTransferBytes(), Ranks: make([]debug.PDRank, max(len(links), len(entries)))}
 	for i := range resp.Ranks {
 		resp.Ranks[i] = debug.PDRank{Rank: i, Counts: map[string]int{}, Entries: []debug.PDEntry{}}
 	}
@@ -207,12 +208,21 @@ func (s *Server) pd(w http.ResponseWriter, r *http.Request) {
 			if filter != "" && e.Queue != filter {
 				continue
 			}
-			rr.Entries = append(rr.Entries, debug.PDEntry{ID: e.ID, Room: e.Room, Queue: e.Queue, InQueueMS: ms(e.InQueue), Peer: e.Peer,
+			rr.Entries = append(rr.Entries, debug.PDEntry{ID: debug.ID(e.ID), Room: debug.ID(e.Room), Queue: e.Queue, InQueueMS: ms(e.InQueue), Peer: e.Peer,
 				Tokens: e.Tokens, Chunks: e.Chunks, Bytes: e.Bytes, AbortSent: e.AbortSent, Acked: e.Acked,
 				Poll: e.Poll.String(), Agreed: e.Agreed.String(), Error: e.Error})
 		}
 	}
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// nonNil is m, or an empty map for nil, so that the JSON has {} rather
+// than null.
+func nonNil(m map[string]uint64) map[string]uint64 {
+	if m == nil {
+		return map[string]uint64{}
+	}
+	return m
 }
 
 func debugPDSocket(l serve.PDLink) debug.PDSocket {

@@ -154,7 +154,7 @@ func TestDebugCollectivesIdle(t *testing.T) {
 			t.Fatalf("%s: %+v", cm.Name, cm)
 		}
 		for i, r := range cm.Ranks {
-			if r.Rank != i || len(r.Records) == 0 || r.LastEntered == 0 || r.LastCompleted == 0 || r.WaitSeconds < 0 {
+			if r.Rank != i || len(r.Records) == 0 || r.LastEntered == 0 || r.LastCompleted == 0 || r.WaitMS < 0 {
 				t.Errorf("%s rank %d: %+v", cm.Name, i, r)
 				continue
 			}

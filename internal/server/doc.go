@@ -124,7 +124,9 @@
 // read only the engine's lock-free accessors (atomics the loops publish,
 // the pools' counters, the rank group's flight recorders), never a lock a
 // loop holds, so they answer while a loop is stuck. Times are RFC 3339 with
-// nanoseconds, durations float milliseconds (fields ending in _ms).
+// nanoseconds, durations float milliseconds (fields ending in _ms), and
+// the 64-bit identifiers (bootstrap rooms, request ids) strings of decimal
+// digits, so that no JSON reader rounds them (api/debug's package doc).
 //
 //	GET /debug/v1/settings     the effective settings (debug.Settings): the
 //	                           engine's config after its defaults (role, TP
@@ -135,7 +137,8 @@
 //	                           tokens), the fault switches on now and the
 //	                           server's /health thresholds. pdctl diagnose
 //	                           judges each server by the timeouts it publishes.
-//	GET /debug/v1/state        model, chat_template, settings, rank 0's
+//	GET /debug/v1/state        model, context_tokens (the model's context
+//	                           length), chat_template, settings, rank 0's
 //	                           last_step and the engine's last published
 //	                           snapshot (step, queue counts and requests,
 //	                           totals, error).
@@ -153,7 +156,7 @@
 //	                           forward: name, size, closed, broken
 //	                           (broken_reason), and per rank: last_entered,
 //	                           last_completed, waiting (the call it waits in on
-//	                           that communicator, or null), wait_seconds, and
+//	                           that communicator, or null), wait_ms, and
 //	                           the flight recorder's records (seq, op, elem,
 //	                           bytes, start, end, waiting, outcome,
 //	                           duration_ms); "stalls": the communicator's calls
@@ -173,7 +176,9 @@
 //	                           each rank's used, cached and total pages.
 //	GET /debug/v1/pd           a prefill or decode server's PD state (a colocated
 //	                           server answers 404 "not a PD server"): role,
-//	                           failed_requests, transfer_bytes (rank 0's share),
+//	                           failed_requests, failures_by_reason (by kind:
+//	                           timeout, peer-lost, ...), failures_by_queue,
+//	                           transfer_bytes (rank 0's share),
 //	                           and per rank: the socket (endpoint, alive,
 //	                           exit_reason, messages, bytes, handler_errors
 //	                           (malformed messages), handler_panics, recv_errors,
@@ -202,13 +207,13 @@
 // # Admin
 //
 // POST /admin/v1/requests/{id}/abort aborts one request, by the engine's
-// id N or the response's cmpl-N / chatcmpl-N: 200 {"aborted": N}, 404 when
+// id N or the response's cmpl-N / chatcmpl-N: 200 {"aborted": "N"}, 404 when
 // the id is in no queue of the engine's latest snapshot. A request
 // submitted but not yet taken by the loop is in no snapshot, so the call
 // waits up to 250ms for the pending requests to be taken; best effort: a
 // loop stuck that long makes such an id a 404. POST /admin/v1/abort_all
 // aborts every request in the latest snapshot's waiting, prefilling and
-// running queues and answers their ids, {"aborted": [...]}; requests still
+// running queues and answers their ids, {"aborted": ["N", ...]}; requests still
 // pending are not among them.
 //
 // Every /admin/v1/ call, an unknown path included, is checked first: with

@@ -137,6 +137,12 @@ func TestDebugPD(t *testing.T) {
 	if r.Queue != debug.PDQueueTransfer {
 		t.Errorf("queue filter echoed as %q", r.Queue)
 	}
+	// Rooms and request ids travel as strings, so that no JSON reader
+	// rounds them.
+	if _, raw := get(t, de, debug.PDPath+"?queue="+debug.PDQueueTransfer); !bytes.Contains(raw, []byte(`"room":"4242"`)) ||
+		!bytes.Contains(raw, []byte(`"id":"`)) {
+		t.Errorf("room or id not a string: %s", raw)
+	}
 	// The filter keeps the other queues out, not their counts.
 	r = debug.PDResponse{}
 	getJSON(t, de, debug.PDPath+"?queue="+debug.PDQueuePrealloc, &r)
@@ -160,4 +166,31 @@ func TestDebugPD(t *testing.T) {
 		return pdEmpty(r)
 	})
 	waitPoolsFree(t, de.eng)
+}
+
+// TestDebugPDFailures: a prefill request whose decode never comes fails by
+// its bootstrap timeout; GET /debug/v1/pd counts it, by reason (timeout)
+// and by queue (bootstrap), as pdctl diagnose reads it.
+func TestDebugPDFailures(t *testing.T) {
+	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
+	pe := newEnvModel(t, m, serve.Config{TP: 2, PageSize: 4, KVTokens: 256, MaxRunning: 4, Role: pdproto.RolePrefill,
+		PD: serve.PDConfig{BootstrapTimeout: 300 * time.Millisecond}})
+	var r debug.PDResponse
+	getJSON(t, pe, debug.PDPath, &r)
+	if r.FailedRequests != 0 || r.FailuresByReason == nil || len(r.FailuresByReason) != 0 || r.FailuresByQueue == nil {
+		t.Fatalf("before any failure: %+v", r)
+	}
+	if _, err := pe.completeErr("/v1/completions", map[string]any{"prompt": "nobody decodes this", "max_tokens": 4,
+		"bootstrap_room": uint64(1<<63 + 1)}); err == nil {
+		t.Fatal("a prefill request without a decode succeeded")
+	}
+	eventually(t, "the failure counted", func() bool {
+		r = debug.PDResponse{}
+		getJSON(t, pe, debug.PDPath, &r)
+		return r.FailedRequests == 1
+	})
+	if r.FailuresByReason[debug.PDFailTimeout] != 1 || len(r.FailuresByReason) != 1 ||
+		r.FailuresByQueue[debug.PDQueueBootstrap] != 1 || len(r.FailuresByQueue) != 1 {
+		t.Errorf("failures by reason %v, by queue %v; want one timeout in bootstrap", r.FailuresByReason, r.FailuresByQueue)
+	}
 }

@@ -29,7 +29,7 @@ func (s *Server) settings(w http.ResponseWriter, _ *http.Request) {
 // state serves GET /debug/v1/state: the model, the settings, rank 0's last
 // step and the engine's last published snapshot, as api/debug types.
 func (s *Server) state(w http.ResponseWriter, _ *http.Request) {
-	resp := debug.StateResponse{Model: s.opts.ModelName, ChatTemplate: s.tmpl.Name(), Settings: s.Settings(),
+	resp := debug.StateResponse{Model: s.opts.ModelName, ContextTokens: s.m.Config.ContextLen, ChatTemplate: s.tmpl.Name(), Settings: s.Settings(),
 		LastStep: debugStep(s.eng.LastStep())}
 	if snap := s.eng.Snapshot(); snap != nil {
 		q := snap.Queue
@@ -60,7 +60,7 @@ func requestInfos(q sched.Snapshot, since time.Duration) []debug.RequestInfo {
 	for _, name := range debug.Queues {
 		for _, ri := range queueOf(q, name) {
 			out = append(out, debug.RequestInfo{
-				ID: ri.ID, Queue: name, AgeMS: ms(ri.Age + since), InStateMS: ms(ri.InState + since),
+				ID: debug.ID(ri.ID), Queue: name, AgeMS: ms(ri.Age + since), InStateMS: ms(ri.InState + since),
 				PromptTokens: ri.PromptLen, MaxTokens: ri.MaxTokens, Generated: ri.Generated, Fed: ri.Fed,
 				InFlight: ri.InFlight, Cached: ri.Cached, Pages: ri.Pages, Retractions: ri.Retractions,
 			})

@@ -47,7 +47,7 @@ func TestDebugSettings(t *testing.T) {
 
 	var st debug.StateResponse
 	getJSON(t, e, debug.StatePath, &st)
-	if st.Model != "tiny" || st.Settings.PD == nil || *st.Settings.PD != want || st.Settings.MaxRunning != 4 || st.Snapshot == nil ||
+	if st.Model != "tiny" || st.ContextTokens != e.m.Config.ContextLen || st.ContextTokens <= 0 || st.Settings.PD == nil || *st.Settings.PD != want || st.Settings.MaxRunning != 4 || st.Snapshot == nil ||
 		st.Snapshot.Counts == nil || st.Snapshot.Requests == nil {
 		t.Errorf("state %+v", st)
 	}
