@@ -18,6 +18,7 @@ func TestRouterUsageErrors(t *testing.T) {
 		{[]string{"router", "--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:1"}, "given twice"},
 		{[]string{"router", "--prefill", "http://a:1", "--decode", "http://b:1", "--health-interval", "0s"}, "must be positive"},
 		{[]string{"router", "--prefill", "http://a:1", "--decode", "http://b:1", "--port", "70000"}, "--port"},
+		{[]string{"router", "--prefill", "http://a:1", "--decode", "http://b:1", "--max-queued", "-1"}, "--max-queued -1"},
 		{[]string{"router", "--prefill", "http://a:1", "--decode", "http://b:1", "extra"}, "unknown command"},
 		{[]string{"router", "--no-such-flag"}, "unknown flag"},
 	} {
@@ -35,8 +36,9 @@ func TestRouterEnv(t *testing.T) {
 	if code != 2 || !strings.Contains(stderr, `"not-a-url"`) {
 		t.Errorf("exit %d, stderr %q; want the decode URL from PD_DECODE refused", code, stderr)
 	}
+	t.Setenv("PD_MAX_QUEUED", "12")
 	out, stderr, code := run(t, "config", "router")
-	if code != 0 || !strings.Contains(out, "PD_PREFILL") || !strings.Contains(out, "env") {
+	if code != 0 || !strings.Contains(out, "PD_PREFILL") || !strings.Contains(out, "env") || !strings.Contains(out, "PD_MAX_QUEUED") || !strings.Contains(out, "12") {
 		t.Errorf("config router: exit %d %q %q", code, out, stderr)
 	}
 }
