@@ -287,6 +287,46 @@ func TestGoldenHaveFixtures(t *testing.T) {
 // 29s and 31.5s, are overdue; its 11.9s prealloc room is not). Without
 // settings nothing is judged; an override replaces what a server
 // publishes.
+// An entry that publishes its own deadline is judged by it: a room queued
+// for memory (a lease its peer renews) long past the state's timeout is not
+// overdue, and one past its deadline is, whatever the timeout says.
+func TestEntryDeadlines(t *testing.T) {
+	w := readWindow(t, filepath.Join("testdata", "pd-entry-overdue", "published_timeouts.json"))
+	rule := ruleByName(t, "pd-entry-overdue")
+	last := &w.Samples[len(w.Samples)-1]
+	in, past := 5000.0, -5000.0
+	n := 0
+	for i := range last.Servers {
+		if last.Servers[i].PD == nil {
+			continue
+		}
+		for r := range last.Servers[i].PD.Ranks {
+			for e := range last.Servers[i].PD.Ranks[r].Entries {
+				en := &last.Servers[i].PD.Ranks[r].Entries[e]
+				en.DeadlineInMS, en.Leased = &in, true // every entry within its lease
+				n++
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("the fixture has no PD entries")
+	}
+	if fs := rule.Check(w); len(fs) != 0 {
+		t.Errorf("entries within their leases reported overdue: %v", fs)
+	}
+	var first *debug.PDEntry
+	for _, s := range last.Servers {
+		if s.PD != nil && len(s.PD.Ranks) > 0 && len(s.PD.Ranks[0].Entries) > 0 {
+			first = &s.PD.Ranks[0].Entries[0]
+			break
+		}
+	}
+	first.DeadlineInMS = &past
+	if fs := rule.Check(w); len(fs) != 1 {
+		t.Errorf("one entry past its deadline: %d findings %v, want 1", len(fs), fs)
+	}
+}
+
 func TestPublishedTimeouts(t *testing.T) {
 	w := readWindow(t, filepath.Join("testdata", "pd-entry-overdue", "published_timeouts.json"))
 	rule := ruleByName(t, "pd-entry-overdue")
@@ -295,8 +335,8 @@ func TestPublishedTimeouts(t *testing.T) {
 		got = append(got, fmt.Sprintf("%s %s", f.Where(), f.Summary))
 	}
 	want := []string{
-		"http://decode-0:30100 rank 0 2 of 2 rooms in the transfer queue of decode rank 0 are past the transfer timeout 20s",
-		"http://decode-0:30100 rank 1 2 of 2 rooms in the transfer queue of decode rank 1 are past the transfer timeout 20s",
+		"http://decode-0:30100 rank 0 2 of 2 rooms in the transfer queue of decode rank 0 are past their deadline (the transfer timeout 20s, or their lease)",
+		"http://decode-0:30100 rank 1 2 of 2 rooms in the transfer queue of decode rank 1 are past their deadline (the transfer timeout 20s, or their lease)",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("findings with the published timeouts:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -317,7 +357,7 @@ func TestPublishedTimeouts(t *testing.T) {
 	c := DefaultConfig()
 	c.Overrides.Bootstrap = 10 * time.Second
 	if fs := pdEntryOverdue(c).Check(w); !slices.ContainsFunc(fs, func(f Finding) bool {
-		return f.Server == "http://prefill-0:30000" && strings.Contains(f.Summary, "past the bootstrap timeout 10s")
+		return f.Server == "http://prefill-0:30000" && strings.Contains(f.Summary, "(the bootstrap timeout 10s, or their lease)")
 	}) {
 		t.Errorf("a 10s bootstrap override does not flag the prefill's 12.5s room:\n%s", render(fs))
 	}

@@ -10,7 +10,7 @@ import (
 func pdEntryOverdue(c Config) Rule {
 	return Rule{
 		Name:     "pd-entry-overdue",
-		Doc:      "PD entries are older than their state's timeout (plus a grace), so the rank that should have failed them is not judging its timeouts and their pages and peers stay held.",
+		Doc:      "PD entries are past their deadline (plus a grace): the one each rank publishes, a fixed timeout or a lease the peer renews; from servers that publish none, their state's timeout. The rank that should have failed them is not judging its deadlines, and their pages and peers stay held.",
 		Severity: Warning,
 		Check:    func(w Window) []Finding { return checkPDEntryOverdue(c, w) },
 	}
@@ -52,7 +52,14 @@ func checkPDEntryOverdue(c Config, w Window) []Finding {
 				var oldest float64
 				es := entries(&r, q.name)
 				for _, e := range es {
-					if time.Duration(e.InQueueMS*float64(time.Millisecond)) > limit {
+					overdue := time.Duration(e.InQueueMS*float64(time.Millisecond)) > limit
+					if e.DeadlineInMS != nil || e.Leased {
+						// The rank publishes the entry's own deadline: a
+						// lease (a queued room) may rightly outlive the
+						// state's timeout.
+						overdue = e.DeadlineInMS != nil && time.Duration(-*e.DeadlineInMS*float64(time.Millisecond)) > l.Grace
+					}
+					if overdue {
 						late = append(late, e.Room)
 						oldest = max(oldest, e.InQueueMS)
 					}
@@ -62,7 +69,7 @@ func checkPDEntryOverdue(c Config, w Window) []Finding {
 				}
 				out = append(out, Finding{
 					Rule: "pd-entry-overdue", Severity: Warning, Server: s.URL, Rank: AtRank(r.Rank),
-					Summary: fmt.Sprintf("%d of %d rooms in the %s queue of %s rank %d are past the %s timeout %v", len(late), len(es), q.name, s.PD.Role, r.Rank, q.setting, q.timeout),
+					Summary: fmt.Sprintf("%d of %d rooms in the %s queue of %s rank %d are past their deadline (the %s timeout %v, or their lease)", len(late), len(es), q.name, s.PD.Role, r.Rank, q.setting, q.timeout),
 					Evidence: []Evidence{
 						ev("queue", "%s", q.name),
 						ev("overdue", "%d of %d", len(late), len(es)),

@@ -138,4 +138,15 @@ type PDEntry struct {
 	Poll   string `json:"poll"`
 	Agreed string `json:"agreed"`
 	Error  string `json:"error,omitempty"`
+	// DeadlineInMS is how long the entry may still stay in its queue, as
+	// of the rank's last iteration (negative once past it): a fixed
+	// timeout, or a lease its peer's word renews (Leased: a prefill room
+	// the decode keeps queued, a decode room waiting for pages while its
+	// prefill lives). Null when nothing but the peer's liveness bounds it
+	// (no request timeout).
+	DeadlineInMS *float64 `json:"deadline_in_ms"`
+	Leased       bool     `json:"leased,omitempty"`
+	// Position is the room's place in the decode's queue of rooms waiting
+	// for memory (on a prefill: as the decode last said in QUEUED).
+	Position int `json:"position,omitempty"`
 }

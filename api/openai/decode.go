@@ -495,13 +495,18 @@ func (f *fieldReader) sampling(temp, topP **float64, seed **int64, stop *[]strin
 }
 
 // pd reads the fields a PD router adds: bootstrap_room, an unsigned 64-bit
-// integer, and bootstrap_url, a string.
+// integer as a JSON number or as a string of digits (which JavaScript and
+// jq keep exact above 2^53), and bootstrap_url, a string.
 func (f *fieldReader) pd() PD {
 	var pd PD
 	if raw, ok := f.get("bootstrap_room"); ok && f.err == nil {
-		n, err := strconv.ParseUint(string(raw), 10, 64)
+		digits := string(raw)
+		if len(raw) >= 2 && raw[0] == '"' && raw[len(raw)-1] == '"' {
+			digits = digits[1 : len(digits)-1]
+		}
+		n, err := strconv.ParseUint(digits, 10, 64)
 		if err != nil {
-			f.fail(invalidf("bootstrap_room", `"bootstrap_room" must be an unsigned 64-bit integer`))
+			f.fail(invalidf("bootstrap_room", `"bootstrap_room" must be an unsigned 64-bit integer, as a number or a string of digits`))
 			return pd
 		}
 		pd.BootstrapRoom = &n

@@ -381,7 +381,14 @@ func TestDecodePDFields(t *testing.T) {
 	if e != nil || chat.PD.BootstrapRoom == nil || *chat.PD.BootstrapRoom != 7 {
 		t.Fatalf("%+v %v", chat, e)
 	}
-	for _, body := range []string{`{"prompt":"x","bootstrap_room":-1}`, `{"prompt":"x","bootstrap_room":"7"}`, `{"prompt":"x","bootstrap_room":1.5}`, `{"prompt":"x","bootstrap_url":7}`} {
+	for body, want := range map[string]uint64{`{"prompt":"x","bootstrap_room":"7"}`: 7, `{"prompt":"x","bootstrap_room":"18446744073709551615"}`: 1<<64 - 1} {
+		req, e := DecodeCompletion(strings.NewReader(body), Limits{})
+		if e != nil || req.PD.BootstrapRoom == nil || *req.PD.BootstrapRoom != want {
+			t.Errorf("%s: %+v %v", body, req.PD, e)
+		}
+	}
+	for _, body := range []string{`{"prompt":"x","bootstrap_room":-1}`, `{"prompt":"x","bootstrap_room":"x"}`, `{"prompt":"x","bootstrap_room":"-1"}`, `{"prompt":"x","bootstrap_room":"7 "}`,
+		`{"prompt":"x","bootstrap_room":1.5}`, `{"prompt":"x","bootstrap_url":7}`} {
 		if _, e := DecodeCompletion(strings.NewReader(body), Limits{}); e == nil || e.Status != 400 {
 			t.Errorf("%s: %v", body, e)
 		}

@@ -92,7 +92,9 @@ func TestQueuesDump(t *testing.T) {
       "abort_sent": false,
       "abort_acked": false,
       "poll": "Bootstrapping",
-      "agreed": "Bootstrapping"
+      "agreed": "Bootstrapping",
+      "deadline_in_ms": 0,
+      "leased": true
     },
     {
       "server": "DECODE",
@@ -109,7 +111,8 @@ func TestQueuesDump(t *testing.T) {
       "abort_sent": false,
       "abort_acked": false,
       "poll": "WaitingForInput",
-      "agreed": "WaitingForInput"
+      "agreed": "WaitingForInput",
+      "deadline_in_ms": 0
     }
   ],
   "rooms": [
@@ -169,7 +172,7 @@ func TestQueuesDump(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			code, stdout, stderr := c.pdctl(t, false, tt.args...)
-			stdout = maskJSON(stdout, "in_queue_ms")
+			stdout = maskJSON(stdout, "in_queue_ms", "deadline_in_ms")
 			if code != tt.code {
 				t.Errorf("exit code = %d, want %d", code, tt.code)
 			}

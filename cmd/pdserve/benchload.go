@@ -5,6 +5,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 
 	"github.com/spf13/cobra"
 
@@ -18,6 +20,7 @@ import (
 func newBenchLoadCmd() *cobra.Command {
 	var cfg bench.LoadConfig
 	var routerArgs []string
+	overloadBound := 0
 	cmd := &cobra.Command{
 		Use:   "load [--sessions 200] [--max-tokens 400] [--prompt 64]",
 		Short: "Measure a PD cluster under load: many streamed sessions at once through the router",
@@ -27,7 +30,10 @@ sends --sessions streamed completions at once through the router (random token-i
 prompts, temperature 0, ignore_eos). Busy is not dead: every session must complete,
 queued as long as it takes, and none may fail inside the cluster. It reports sessions
 completed, refused at the edge and failed, the output rate, and TTFT and end-to-end
-latency percentiles.`,
+latency percentiles, and each server's queue time. Then, unless --overload-bound is 0, it
+runs the same sessions against a fresh cluster whose router admits at most that many
+queued requests per server: the excess must be refused at the edge at once (429 with
+Retry-After), and nothing admitted may fail inside the cluster.`,
 		Example: `  # 200 sessions × 400 tokens on make run's cluster shape
   $ pdserve bench load
   # a shorter run
@@ -46,20 +52,30 @@ latency percentiles.`,
 				return usagef("--prompt %d plus --max-tokens %d exceed the model's context length %d", cfg.PromptLen, cfg.MaxTokens, shape.ContextLen)
 			}
 			cfg.Vocab = shape.VocabSize
-			stderr := cmd.ErrOrStderr()
-			url, stop, err := startBenchCluster(cmd, routerArgs)
-			if err != nil {
-				return err
+			if overloadBound < 0 {
+				return usagef("--overload-bound %d must not be negative (0: no overload run)", overloadBound)
 			}
-			defer stop()
-			cfg.URL, cfg.Model = url, "" // the router serves the one model
-			rep, err := bench.RunLoad(cmd.Context(), cfg, stderr)
+			rep, err := loadRun(cmd, cfg, routerArgs)
 			if err != nil {
 				return err
 			}
 			rep.Print(cmd.OutOrStdout(), "load")
 			if rep.Failed > 0 || rep.Refused > 0 {
 				return fmt.Errorf("bench load: %d sessions failed and %d were refused; every one should have completed", rep.Failed, rep.Refused)
+			}
+			if overloadBound == 0 {
+				return nil
+			}
+			over, err := loadRun(cmd, cfg, append(slices.Clone(routerArgs), "--max-queued", strconv.Itoa(overloadBound)))
+			if err != nil {
+				return err
+			}
+			over.Print(cmd.OutOrStdout(), fmt.Sprintf("overload (router --max-queued %d)", overloadBound))
+			switch {
+			case over.Failed > 0:
+				return fmt.Errorf("bench load: %d admitted sessions failed inside the cluster under overload", over.Failed)
+			case over.Refused == 0:
+				return fmt.Errorf("bench load: the router refused nothing past its bound of %d: the overload run measured nothing", overloadBound)
 			}
 			return nil
 		},
@@ -69,26 +85,39 @@ latency percentiles.`,
 	f.IntVar(&cfg.PromptLen, "prompt", 64, "prompt length in tokens")
 	f.IntVar(&cfg.MaxTokens, "max-tokens", 400, "tokens generated per session")
 	f.StringArrayVar(&routerArgs, "router-arg", nil, "an extra flag for the cluster's router (repeatable)")
+	f.IntVar(&overloadBound, "overload-bound", 40, "the router's --max-queued in the overload run (0: no overload run)")
 	return cmd
+}
+
+// loadRun runs one load against a fresh cluster.
+func loadRun(cmd *cobra.Command, cfg bench.LoadConfig, routerArgs []string) (bench.LoadReport, error) {
+	plan, stop, err := startBenchCluster(cmd, routerArgs)
+	if err != nil {
+		return bench.LoadReport{}, err
+	}
+	defer stop()
+	cfg.URL = loopbackURL(plan.routerPort)
+	cfg.Servers = []bench.LoadServer{{Name: "prefill", URL: loopbackURL(plan.prefill[0].http)}, {Name: "decode", URL: loopbackURL(plan.decode[0])}}
+	return bench.RunLoad(cmd.Context(), cfg, cmd.ErrOrStderr())
 }
 
 // startBenchCluster starts `pdserve launch`'s default cluster on free
 // ports with the built-in model, its output kept out of the report, and
-// returns the router's URL and how to stop it all.
-func startBenchCluster(cmd *cobra.Command, routerArgs []string) (string, func(), error) {
+// returns its layout and how to stop it all.
+func startBenchCluster(cmd *cobra.Command, routerArgs []string) (launchPlan, func(), error) {
 	stderr := cmd.ErrOrStderr()
+	var plan launchPlan
 	exe, err := launchExecutable()
 	if err != nil {
-		return "", nil, err
+		return plan, nil, err
 	}
 	path, err := resolveModel("", stderr)
 	if err != nil {
-		return "", nil, err
+		return plan, nil, err
 	}
 	if path, err = filepath.Abs(path); err != nil {
-		return "", nil, err
+		return plan, nil, err
 	}
-	var plan launchPlan
 	build := func() ([]launch.Spec, error) {
 		ports, err := launch.FreePorts(4)
 		if err != nil {
@@ -104,7 +133,7 @@ func startBenchCluster(cmd *cobra.Command, routerArgs []string) (string, func(),
 	fmt.Fprintln(stderr, "bench load: starting a router, one prefill and one decode server")
 	c, err := launch.Launch(cmd.Context(), build, launch.Options{Output: io.Discard})
 	if err != nil {
-		return "", nil, err
+		return plan, nil, err
 	}
-	return loopbackURL(plan.routerPort), func() { c.Stop() }, nil
+	return plan, func() { c.Stop() }, nil
 }

@@ -298,7 +298,7 @@ func (mb *mailbox) forget(room uint64, why string) (to string, ack *pdproto.Abor
 	mb.mu.Lock()
 	defer mb.mu.Unlock()
 	if x := mb.rooms[room]; x != nil && x.Abort != nil && mb.prefill {
-		to, ack = x.Abort.Endpoint, &pdproto.AbortAck{Room: room, Rank: mb.rank}
+		to, ack = x.Abort.Endpoint, &pdproto.AbortAck{Room: room, Rank: mb.rank, Known: true}
 	}
 	if mb.rooms[room] != nil && !mb.known[room] {
 		mb.early--

@@ -126,7 +126,7 @@ type queueObserver struct {
 	waits map[uint64][]time.Duration
 }
 
-func (o *queueObserver) RequestServed(id uint64, waited time.Duration) {
+func (o *queueObserver) QueueWaited(id uint64, waited time.Duration) {
 	o.mu.Lock()
 	o.waits[id] = append(o.waits[id], waited)
 	o.mu.Unlock()

@@ -507,8 +507,19 @@ func TestMailboxAcksAnAbortLeftAtForget(t *testing.T) {
 		t.Fatalf("a known room's ABORT was answered by the receive goroutine: %v", sent)
 	}
 	to, ack := mb.forget(7, "")
-	if ack == nil || to != "tcp://decode" || ack.Room != 7 || ack.Rank != 1 {
-		t.Fatalf("forget answered %q %+v, want an ABORT_ACK of room 7 from rank 1 to tcp://decode", to, ack)
+	if ack == nil || to != "tcp://decode" || ack.Room != 7 || ack.Rank != 1 || !ack.Known {
+		t.Fatalf("forget answered %q %+v, want an ABORT_ACK of room 7 from rank 1 to tcp://decode, known", to, ack)
+	}
+	// An ABORT for a room the rank never had is acked at once, not known.
+	frames, err = pdproto.Encode(&pdproto.Abort{Room: 8, Endpoint: "tcp://decode", Rank: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mb.handle(frames); err != nil {
+		t.Fatal(err)
+	}
+	if len(sent) != 1 || sent[0].(*pdproto.AbortAck).Known {
+		t.Fatalf("an ABORT for unknown room 8 answered %+v, want one ack, not known", sent)
 	}
 	if to, ack := mb.forget(7, ""); ack != nil {
 		t.Errorf("a second forget answered again: %q %+v", to, ack)

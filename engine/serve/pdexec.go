@@ -249,7 +249,7 @@ func (l *rankLoop) pdExec(acts []rooms.Action) error {
 		case rooms.SendAbort:
 			l.sendChecked(a.ID, "abort", a.Peer, &pdproto.Abort{Room: a.Room, Endpoint: pd.inbox.Endpoint(), Rank: uint32(l.r), Reason: a.Reason})
 		case rooms.SendAbortAck:
-			l.sendChecked(a.ID, "abort ack", a.To, &pdproto.AbortAck{Room: a.Room, Rank: uint32(l.r)})
+			l.sendChecked(a.ID, "abort ack", a.To, &pdproto.AbortAck{Room: a.Room, Rank: uint32(l.r), Known: true})
 		case rooms.Admit:
 			pd.joins = append(pd.joins, pd.reqs[a.ID].add)
 		case rooms.Cut:

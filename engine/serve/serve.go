@@ -705,7 +705,7 @@ func (e *Engine) publish(rec StepRecord) {
 // decode, the moment its pages are reserved for the transfer. Called once
 // per request, on rank 0's loop goroutine; it must not block.
 type QueueObserver interface {
-	RequestServed(id uint64, waited time.Duration)
+	QueueWaited(id uint64, waited time.Duration)
 }
 
 // observeServed reports request id's queue wait, once.
@@ -716,7 +716,7 @@ func (e *Engine) observeServed(id uint64, now time.Time) {
 	}
 	r.served = true
 	if o, ok := e.cfg.Observer.(QueueObserver); ok {
-		o.RequestServed(id, now.Sub(r.submit))
+		o.QueueWaited(id, now.Sub(r.submit))
 	}
 }
 

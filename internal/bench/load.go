@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"sort"
@@ -27,6 +28,20 @@ type LoadConfig struct {
 	// stream (default 15 minutes: queued sessions wait their turn).
 	Timeout time.Duration
 	Seed    uint64
+	// Servers are the cluster's servers whose queue time (their
+	// pdkit_queue_time_seconds histogram) the report gives, by name.
+	Servers []LoadServer
+}
+
+// LoadServer is a server of the cluster under load.
+type LoadServer struct{ Name, URL string }
+
+// QueueTime is one server's queue wait over a run, estimated from its
+// histogram's buckets as Prometheus's histogram_quantile does.
+type QueueTime struct {
+	Server   string
+	P50, P99 float64 // milliseconds
+	Requests int
 }
 
 func (c *LoadConfig) setDefaults() {
@@ -59,6 +74,7 @@ type LoadReport struct {
 	Failed  int
 	Errors  map[string]int
 	Elapsed time.Duration // first session sent to the last stream's end
+	Queue   []QueueTime
 	// TokPerSec is the completed sessions' output tokens per second.
 	TokPerSec        float64
 	TTFTP50, TTFTP99 float64 // session sent to its first text chunk
@@ -90,6 +106,15 @@ func RunLoad(ctx context.Context, cfg LoadConfig, progress io.Writer) (LoadRepor
 	prompts := promptSource{seed: cfg.Seed, n: cfg.PromptLen, vocab: cfg.Vocab}
 	fmt.Fprintf(progress, "load: %d sessions at once × %d tokens against %s\n", cfg.Sessions, cfg.MaxTokens, cfg.URL)
 
+	const queueHist = "pdkit_queue_time_seconds"
+	before := make([]buckets, len(cfg.Servers))
+	for i, sv := range cfg.Servers {
+		b, err := scrapeHistogram(ctx, sv.URL, queueHist)
+		if err != nil {
+			return rep, err
+		}
+		before[i] = b
+	}
 	type outcome struct {
 		res     result
 		err     error
@@ -144,6 +169,15 @@ func RunLoad(ctx context.Context, cfg LoadConfig, progress io.Writer) (LoadRepor
 	rep.TTFTP50, rep.TTFTP99 = percentile(ttft, 50), percentile(ttft, 99)
 	rep.E2EP50, rep.E2EP99 = percentile(e2e, 50), percentile(e2e, 99)
 	rep.RefusedP99 = percentile(refusedMS, 99)
+	for i, sv := range cfg.Servers {
+		after, err := scrapeHistogram(ctx, sv.URL, queueHist)
+		if err != nil {
+			return rep, err
+		}
+		inf := math.Inf(1)
+		rep.Queue = append(rep.Queue, QueueTime{Server: sv.Name, Requests: int(after[inf] - before[i][inf]),
+			P50: 1000 * quantile(before[i], after, 0.50), P99: 1000 * quantile(before[i], after, 0.99)})
+	}
 	return rep, ctx.Err()
 }
 
@@ -167,6 +201,9 @@ func (r *LoadReport) Print(w io.Writer, title string) {
 	fmt.Fprintf(tw, "%d\t%d\t%d\t%.1f\t%.1f\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t\n", r.Completed, r.Refused, r.Failed, r.Elapsed.Seconds(),
 		r.TokPerSec, r.TTFTP50, r.TTFTP99, r.E2EP50, r.E2EP99, r.RefusedP99)
 	tw.Flush()
+	for _, q := range r.Queue {
+		fmt.Fprintf(w, "queue time on %s: p50 %.0f ms, p99 %.0f ms over %d requests (from its pdkit_queue_time_seconds buckets)\n", q.Server, q.P50, q.P99, q.Requests)
+	}
 	kinds := make([]string, 0, len(r.Errors))
 	for k := range r.Errors {
 		kinds = append(kinds, k)

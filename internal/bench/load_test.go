@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"io"
+	"math"
 	"testing"
 	"time"
 
@@ -20,21 +21,42 @@ import (
 // and every one completes (busy is not dead), none refused or failed.
 func TestRunLoadQueuesPastTheBootstrapTimeout(t *testing.T) {
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
-	c := clustertest.New(t, clustertest.Options{Model: m, Config: serve.Config{PageSize: 4, KVTokens: 96, MaxRunning: 2,
-		PD: serve.PDConfig{BootstrapTimeout: 300 * time.Millisecond, HeartbeatInterval: 50 * time.Millisecond}}})
+	c := clustertest.New(t, clustertest.Options{Model: m, Config: serve.Config{PageSize: 4, KVTokens: 96, MaxRunning: 1,
+		PD: serve.PDConfig{BootstrapTimeout: 100 * time.Millisecond, HeartbeatInterval: 20 * time.Millisecond}}})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	rep, err := RunLoad(ctx, LoadConfig{URL: c.Router.URL, Model: "tiny", Vocab: m.Config.VocabSize, Sessions: 24, PromptLen: 8, MaxTokens: 32, Timeout: time.Minute}, io.Discard)
+	servers := []LoadServer{{"prefill", c.Prefill.TS.URL}, {"decode", c.Decode.TS.URL}}
+	rep, err := RunLoad(ctx, LoadConfig{URL: c.Router.URL, Model: "tiny", Vocab: m.Config.VocabSize, Sessions: 24, PromptLen: 8, MaxTokens: 32,
+		Timeout: time.Minute, Servers: servers}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rep.Completed != 24 || rep.Failed != 0 || rep.Refused != 0 {
 		t.Fatalf("completed %d, failed %d (%v), refused %d; want all 24 completed", rep.Completed, rep.Failed, rep.Errors, rep.Refused)
 	}
-	if rep.E2EP99 < 300 {
+	if rep.E2EP99 < 100 {
 		t.Logf("the slowest session took %.0fms: the load did not queue past the bootstrap timeout", rep.E2EP99)
+	}
+	if len(rep.Queue) != 2 || rep.Queue[0].Requests != 24 || rep.Queue[1].Requests != 24 || rep.Queue[1].P99 < rep.Queue[1].P50 {
+		t.Errorf("queue times %+v, want 24 requests on each server", rep.Queue)
 	}
 	if rep.TTFTP50 <= 0 || rep.TTFTP99 < rep.TTFTP50 || rep.E2EP99 < rep.TTFTP99 || rep.TokPerSec <= 0 {
 		t.Errorf("figures out of order: %+v", rep)
+	}
+}
+
+// The quantile of a histogram between two scrapes interpolates within the
+// bucket it falls in, as histogram_quantile does.
+func TestQuantile(t *testing.T) {
+	inf := math.Inf(1)
+	before := buckets{0.1: 5, 1: 5, 10: 5, inf: 5}
+	after := buckets{0.1: 5, 1: 15, 10: 25, inf: 25} // 10 in (0.1,1], 10 in (1,10]
+	for _, tc := range []struct{ q, want float64 }{{0.5, 1}, {0.25, 0.55}, {0.75, 5.5}, {1, 10}} {
+		if got := quantile(before, after, tc.q); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("q%.2f = %v, want %v", tc.q, got, tc.want)
+		}
+	}
+	if got := quantile(after, after, 0.5); !math.IsNaN(got) {
+		t.Errorf("nothing observed: %v, want NaN", got)
 	}
 }

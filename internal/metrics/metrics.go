@@ -21,6 +21,10 @@
 //
 //	pdkit_e2e_request_latency_seconds{model}  from a request's arrival to its answer's end
 //
+// and the engine's QueueObserver feeds
+//
+//	pdkit_queue_time_seconds  from a request's arrival until it is first given its resources
+//
 // Every registry also carries the Go runtime (go_*), process (process_*)
 // and build-information (go_build_info) collectors of client_golang.
 //
@@ -112,11 +116,13 @@ type Metrics struct {
 	kvTransfer   *prometheus.HistogramVec
 	kvBytes      *prometheus.HistogramVec
 	e2e          *prometheus.HistogramVec
+	queue        prometheus.Histogram
 }
 
 var (
-	_ serve.Observer   = (*Metrics)(nil)
-	_ serve.PDObserver = (*Metrics)(nil)
+	_ serve.Observer      = (*Metrics)(nil)
+	_ serve.PDObserver    = (*Metrics)(nil)
+	_ serve.QueueObserver = (*Metrics)(nil)
 )
 
 // Latency buckets in seconds: 1ms to about 33s.
@@ -186,7 +192,12 @@ func New(reg *prometheus.Registry) *Metrics {
 		Help:    "Time from a generation request's arrival at the server to the end of its answer, for requests the engine took, by model served (mirrors sglang:e2e_request_latency_seconds).",
 		Buckets: RequestBuckets,
 	}, []string{"model"})
-	reg.MustRegister(m.promptTokens, m.genTokens, m.requests, m.ttft, m.itl, m.step, m.kvTransfer, m.kvBytes, m.e2e)
+	m.queue = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "queue_time_seconds",
+		Help:    "Time a request waited its turn: from arrival until the server first gave it its resources (its first forward step; on a decode, its KV pages) (mirrors sglang:queue_time_seconds).",
+		Buckets: RequestBuckets,
+	})
+	reg.MustRegister(m.promptTokens, m.genTokens, m.requests, m.ttft, m.itl, m.step, m.kvTransfer, m.kvBytes, m.e2e, m.queue)
 	RegisterProcess(reg)
 	return m
 }
@@ -196,6 +207,9 @@ func New(reg *prometheus.Registry) *Metrics {
 func (m *Metrics) RequestServed(model string, d time.Duration) {
 	m.e2e.WithLabelValues(model).Observe(d.Seconds())
 }
+
+// QueueWaited implements serve.QueueObserver.
+func (m *Metrics) QueueWaited(_ uint64, waited time.Duration) { m.queue.Observe(waited.Seconds()) }
 
 // Registry is the registry the metrics live on.
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }

@@ -208,9 +208,14 @@ func (s *Server) pd(w http.ResponseWriter, r *http.Request) {
 			if filter != "" && e.Queue != filter {
 				continue
 			}
-			rr.Entries = append(rr.Entries, debug.PDEntry{ID: debug.ID(e.ID), Room: debug.ID(e.Room), Queue: e.Queue, InQueueMS: ms(e.InQueue), Peer: e.Peer,
+			en := debug.PDEntry{ID: debug.ID(e.ID), Room: debug.ID(e.Room), Queue: e.Queue, InQueueMS: ms(e.InQueue), Peer: e.Peer,
 				Tokens: e.Tokens, Chunks: e.Chunks, Bytes: e.Bytes, AbortSent: e.AbortSent, Acked: e.Acked,
-				Poll: e.Poll.String(), Agreed: e.Agreed.String(), Error: e.Error})
+				Poll: e.Poll.String(), Agreed: e.Agreed.String(), Error: e.Error, Leased: e.Leased, Position: e.Position}
+			if e.HasDeadline {
+				d := ms(e.DeadlineIn)
+				en.DeadlineInMS = &d
+			}
+			rr.Entries = append(rr.Entries, en)
 		}
 	}
 	writeJSON(w, http.StatusOK, resp)

@@ -166,6 +166,10 @@ func TestMetrics(t *testing.T) {
 	if v := x.must(t, `pdkit_e2e_request_latency_seconds_count{model="tiny"}`); v != n {
 		t.Errorf("e2e latency count %v, want %d", v, n)
 	}
+	// Every request's queue wait, once.
+	if v := x.must(t, `pdkit_queue_time_seconds_count`); v != n {
+		t.Errorf("queue time count %v, want %d", v, n)
+	}
 	// The Go runtime, the process and the build.
 	for _, name := range []string{"go_goroutines", "process_resident_memory_bytes"} {
 		x.must(t, name)
