@@ -92,6 +92,15 @@ func checkRequestsFailing(w Window) []Finding {
 		if total > 0 && share < criticalShare {
 			severity = Warning
 		}
+		// Shedding load at the edge (429 past the admission bound, 503
+		// while the router starts) is the cluster protecting the
+		// requests it admitted, not failing them: the clients were told
+		// at once to retry. Still named, as a warning, when it is all.
+		edge := d["overloaded"] + d["starting"]
+		shedding := failed > 0 && failed == edge
+		if shedding {
+			severity = Warning
+		}
 		if failed > 0 {
 			evidence := []Evidence{
 				ev("window", "%s", window),
@@ -101,9 +110,14 @@ func checkRequestsFailing(w Window) []Finding {
 			if up := growth(rf.UpstreamErrors, rl.UpstreamErrors); len(up) > 0 {
 				evidence = append(evidence, ev("upstream errors", "%s", countList(up, nil)))
 			}
+			summary := fmt.Sprintf("%d of %d requests the router finished over %v failed (%s)", failed, total, w.Span().Round(100*time.Millisecond), percent(share))
+			if shedding {
+				summary = fmt.Sprintf("the router shed %d of %d requests at the edge over %v (%s): answered at once to retry later, nothing failed inside the cluster",
+					failed, total, w.Span().Round(100*time.Millisecond), percent(share))
+			}
 			out = append(out, Finding{
 				Rule: "requests-failing", Severity: severity, Server: rl.URL, Rank: nil,
-				Summary:  fmt.Sprintf("%d of %d requests the router finished over %v failed (%s)", failed, total, w.Span().Round(100*time.Millisecond), percent(share)),
+				Summary:  summary,
 				Evidence: evidence,
 				Remedy: routerRemedy(d),
 			})
