@@ -299,7 +299,7 @@ func kvCell(sv diag.ServerSample, rank int) string {
 	}
 	for _, kv := range sv.Requests.KV {
 		if kv.Rank == rank {
-			return fmt.Sprintf("%d/%d/%d", kv.Used, kv.Cached, kv.Total)
+			return fmt.Sprintf("%d/%d/%d", kv.Held(), kv.Cached, kv.Total)
 		}
 	}
 	return "-"

@@ -296,6 +296,10 @@ type KVPages struct {
 	Total  int `json:"total"`
 }
 
+// Held is the pages sequences hold, cached pages apart: what
+// pdkit_kv_pages_used counts, and what pdctl shows as used.
+func (k KVPages) Held() int { return k.Used - k.Cached }
+
 // AbortResponse is the body of POST /admin/v1/requests/{id}/abort.
 type AbortResponse struct {
 	Aborted ID `json:"aborted"`

@@ -31,7 +31,8 @@ func newCmdStatus(f *factory, runF func(context.Context, *statusOptions) error) 
 health, TP size, model, request queues and GPUs (none, or count, model,
 mean utilization and memory used), then one line per rank: its last step (number,
 phase, age: the time since it ended), its PD queue depths on a prefill or
-decode server, and its KV pages (used/cached/total). The request queues
+decode server, and its KV pages (used by sequences/cached by the prefix cache/total,
+as pdkit_kv_pages_used and pdkit_kv_pages_cached count them). The request queues
 (waiting, prefilling, running, aborting, pending) are the server's.
 
 A server that cannot be reached is a row saying so, the others are still
@@ -205,7 +206,7 @@ func statusTables(out statusOutput) []*table {
 				}
 			}
 			ranks.add(s.URL, itoa(r.Rank), fmt.Sprint(r.Step), r.Phase, fmtMS(r.StepAgeMS), strings.Join(pd, " "),
-				fmt.Sprintf("%d/%d/%d", r.KV.Used, r.KV.Cached, r.KV.Total))
+				fmt.Sprintf("%d/%d/%d", r.KV.Held(), r.KV.Cached, r.KV.Total))
 		}
 	}
 	return []*table{servers, ranks}

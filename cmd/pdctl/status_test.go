@@ -163,8 +163,8 @@ http://decode-1:8001  decode   1   tiny   unhealthy: engine loop has not iterate
 http://decode-2:8001  decode   -   -      unreachable: connection refused                            -        -           -        -         -        -
 
 SERVER                RANK  STEP  PHASE   AGE   PD QUEUES                         KV USED/CACHED/TOTAL
-http://p:1            0     812   decode  4ms   bootstrap=2 active=0 inflight=0   10/4/32
-http://p:1            1     812   decode  1.5s  bootstrap=0 active=1 inflight=0   10/4/32
+http://p:1            0     812   decode  4ms   bootstrap=2 active=0 inflight=0   6/4/32
+http://p:1            1     812   decode  1.5s  bootstrap=0 active=1 inflight=0   6/4/32
 http://decode-1:8001  0     90    idle    6s    prealloc=0 transfer=5 aborting=0  20/0/32
 `
 	if got := buf.String(); got != want {
