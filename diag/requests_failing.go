@@ -119,7 +119,7 @@ func checkRequestsFailing(w Window) []Finding {
 				Rule: "requests-failing", Severity: severity, Server: rl.URL, Rank: nil,
 				Summary:  summary,
 				Evidence: evidence,
-				Remedy: routerRemedy(d),
+				Remedy:   routerRemedy(d),
 			})
 		}
 	}
