@@ -147,5 +147,6 @@ func newCmdRoot(f *factory) *cobra.Command {
 	root.AddCommand(newCmdQueues(f))
 	root.AddCommand(newCmdAbort(f, nil))
 	root.AddCommand(newCmdDiagnose(f, nil), newCmdBundle(f, nil), newCmdTop(f, nil))
+	setExamples(root)
 	return root
 }

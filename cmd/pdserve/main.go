@@ -46,9 +46,16 @@ func newRootCmd() *cobra.Command {
 one process; prefill and decode: the two halves of a PD cluster, moving KV
 over ZeroMQ; router: the OpenAI-compatible front of a PD cluster; launch: a
 router, prefill and decode servers as supervised child processes), and the
-tools around them (model: generate and inspect models; generate: one
-generation without a server; bench: the model and serving benchmarks;
-config: the effective settings of a command and where each comes from).`,
+tools around them (model init|info: write a built-in model, inspect a GGUF
+file; generate: one generation without a server; bench and
+bench serve|pd|load: the model, serving, PD and cluster-load benchmarks;
+config: the effective settings of a command and where each comes from).
+
+Without --model, commands use the built-in model: a llama-family GGUF whose
+weights are random (generated deterministically from a seed), so its text is
+gibberish by construction. --model runs a GGUF of architecture llama (or
+llama-dsa) with F32, F16, BF16 or Q8_0 weights and the tokenizer it
+carries; pdserve model info FILE says whether one loads.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Version:       version,
@@ -66,6 +73,7 @@ config: the effective settings of a command and where each comes from).`,
 		return nil
 	}
 	annotate(root)
+	setExamples(root)
 	return root
 }
 
