@@ -54,9 +54,15 @@ check: deps ## fail on unformatted files, go vet findings or a go.mod that go mo
 	$(GO) vet ./...
 	$(GO) mod tidy -diff
 
-cuda-check: deps ## compile (never run) the -tags cuda build against fetched CUDA headers
+# The fetched CUDA headers are added to CGO_CFLAGS and CGO_LDFLAGS, never put
+# in their place. -isystem makes them system headers, whose own warnings the
+# compiler keeps quiet, and -Wno-deprecated-declarations stays, so the calls
+# of cgo wrappers to what NVML and CUDA deprecate stay quiet too.
+cuda-check: deps ## compile (never run) the -tags cuda build against fetched CUDA headers (added to CGO_CFLAGS and CGO_LDFLAGS)
 	@dir=$$(sh scripts/cuda-headers.sh) && \
-	export CGO_CFLAGS="-I$$dir/include" CGO_LDFLAGS="-L$$dir/lib" && \
+	export CGO_CFLAGS="$$CGO_CFLAGS -isystem $$dir/include -Wno-deprecated-declarations" \
+		CGO_LDFLAGS="$${CGO_LDFLAGS:+$$CGO_LDFLAGS }-L$$dir/lib" && \
+	echo "CGO_CFLAGS=\"$$CGO_CFLAGS\" CGO_LDFLAGS=\"$$CGO_LDFLAGS\"" && \
 	echo "$(GO) vet -tags cuda ./..." && $(GO) vet -tags cuda ./... && \
 	echo "$(GO) build -tags cuda ./..." && $(GO) build -tags cuda ./...
 
