@@ -78,9 +78,7 @@ func DecodeCompletion(r io.Reader, l Limits) (*CompletionRequest, *Error) {
 	req.Stream = f.boolean("stream")
 	req.StreamOptions = f.streamOptions()
 	req.User = f.str("user")
-	if n := f.intp("n"); n != nil && *n != 1 {
-		f.fail(choicesErr("n", *n))
-	}
+	req.N = f.choices()
 	if n := f.intp("best_of"); n != nil && *n != 1 {
 		f.fail(choicesErr("best_of", *n))
 	}
@@ -130,9 +128,7 @@ func DecodeChat(r io.Reader, l Limits) (*ChatCompletionRequest, *Error) {
 	req.Stream = f.boolean("stream")
 	req.StreamOptions = f.streamOptions()
 	req.User = f.str("user")
-	if n := f.intp("n"); n != nil && *n != 1 {
-		f.fail(choicesErr("n", *n))
-	}
+	req.N = f.choices()
 	if f.boolean("logprobs") {
 		f.fail(unsupportedf("logprobs", `"logprobs" is not supported`))
 	}
@@ -305,15 +301,31 @@ func fillSampling(temp, topP **float64) {
 	}
 }
 
-// choicesErr refuses n or best_of other than 1, saying what is supported.
+// MaxChoices bounds "n": the choices of one request, samples of one
+// prompt that the server prefills once.
+const MaxChoices = 16
+
+// choices reads "n", 1 to MaxChoices; one choice, absent or 1, is nil.
+func (f *fieldReader) choices() *int {
+	n := f.intp("n")
+	switch {
+	case n == nil || *n == 1:
+		return nil
+	case *n < 1:
+		f.fail(choicesErr("n", *n))
+	case *n > MaxChoices:
+		f.fail(invalidf("n", `"n" must be at most %d, got %d`, MaxChoices, *n))
+	}
+	return n
+}
+
+// choicesErr refuses n below 1 or best_of other than 1, saying what is
+// supported.
 func choicesErr(name string, n int) *Error {
 	if n < 1 {
 		return invalidf(name, `%q must be at least 1, got %d`, name, n)
 	}
-	if name == "n" {
-		return unsupportedf(name, `"n" must be 1: one choice per request is supported, got %d; send %d requests (with different seeds) for %d choices`, n, n, n)
-	}
-	return unsupportedf(name, `%q must be 1: one candidate per request is supported, got %d`, name, n)
+	return unsupportedf(name, `%q must be 1: one candidate per request is supported, got %d; "n" gives up to %d choices`, name, n, MaxChoices)
 }
 
 // readObject reads the body, at most l.maxBody() bytes, and splits the

@@ -73,7 +73,8 @@ var commonErrs = []errCase{
 	{"include_usage type", `{"stream": true, "stream_options": {"include_usage": 1}}`, 400, "stream_options.include_usage", `"stream_options.include_usage" must be a boolean`},
 	{"ignore_eos type", `{"ignore_eos": 1}`, 400, "ignore_eos", `"ignore_eos" must be a boolean`},
 	{"user type", `{"user": 1}`, 400, "user", `"user" must be a string`},
-	{"n two", `{"n": 2}`, 400, "n", `"n" must be 1: one choice per request is supported, got 2; send 2 requests (with different seeds) for 2 choices`},
+	{"n over", `{"n": 17}`, 400, "n", `"n" must be at most 16, got 17`},
+	{"n type", `{"n": "2"}`, 400, "n", `"n" must be an integer`},
 	{"n zero", `{"n": 0}`, 400, "n", `"n" must be at least 1, got 0`},
 	{"unknown model", `{"model": "gpt-4"}`, 404, "model", `model "gpt-4" does not exist`},
 }
@@ -104,7 +105,7 @@ func TestDecodeCompletionErrors(t *testing.T) {
 		{"prompt negative token", `{"prompt": [1, -2]}`, 400, "prompt", `"prompt[1]" must be a token id (at least 0), got -2`},
 		{"prompt token fraction", `{"prompt": [1.5]}`, 400, "prompt", `"prompt[0]" must be a token id, got 1.5`},
 		{"prompt array of object", `{"prompt": [{}]}`, 400, "prompt", `"prompt" must be a string, an array of one string or an array of token ids`},
-		{"best_of", `{"prompt": "a", "best_of": 3}`, 400, "best_of", `"best_of" must be 1: one candidate per request is supported, got 3`},
+		{"best_of", `{"prompt": "a", "best_of": 3}`, 400, "best_of", `"best_of" must be 1: one candidate per request is supported, got 3; "n" gives up to 16 choices`},
 		{"echo", `{"prompt": "a", "echo": true}`, 400, "echo", `"echo" is not supported`},
 		{"logprobs", `{"prompt": "a", "logprobs": 1}`, 400, "logprobs", `"logprobs" is not supported`},
 		{"logprobs zero", `{"prompt": "a", "logprobs": 0}`, 400, "logprobs", `"logprobs" is not supported`},
@@ -171,6 +172,8 @@ func TestDecodeCompletionValid(t *testing.T) {
 			Model: "tiny", Prompt: Prompt{Text: "Hello"}, MaxTokens: ptr(4096), Temperature: ptr(0.0), TopP: ptr(0.9),
 			Seed: ptr(int64(-7)), Stop: []string{"\n"}, Stream: true, StreamOptions: &StreamOptions{IncludeUsage: true},
 			User: "u1", IgnoreEOS: true}},
+		{"n", `{"prompt": "x", "n": 16}`, CompletionRequest{
+			Prompt: Prompt{Text: "x"}, MaxTokens: ptr(64), Temperature: ptr(1.0), TopP: ptr(1.0), N: ptr(16)}},
 		{"token ids", `{"prompt": [1, 2, 0]}`, CompletionRequest{
 			Prompt: Prompt{Tokens: []int{1, 2, 0}}, MaxTokens: ptr(64), Temperature: ptr(1.0), TopP: ptr(1.0)}},
 		{"nested token ids", `{"prompt": [[5]], "stop": ["a", "b", "c", "d"]}`, CompletionRequest{
@@ -209,7 +212,7 @@ func TestDecodeChatValid(t *testing.T) {
 			{"role": "assistant", "content": "ok", "refusal": null},
 			{"role": "tool", "content": "42", "tool_call_id": "call_1"}],
 			"max_tokens": 5, "max_completion_tokens": 7, "temperature": 0.7, "top_p": 0.5, "seed": 3,
-			"stop": ["\n\n"], "stream": true, "stream_options": {}, "presence_penalty": 0, "tools": []}`, ChatCompletionRequest{
+			"stop": ["\n\n"], "stream": true, "stream_options": {}, "presence_penalty": 0, "tools": [], "n": 3}`, ChatCompletionRequest{
 			Messages: []Message{
 				{Role: "system", Content: Content{Text: "Be brief."}},
 				{Role: "user", Content: Content{Parts: []ContentPart{{"text", "a"}, {"text", "b"}}}, Name: "ann"},
@@ -217,7 +220,7 @@ func TestDecodeChatValid(t *testing.T) {
 				{Role: "tool", Content: Content{Text: "42"}, ToolCallID: "call_1"},
 			},
 			MaxTokens: ptr(5), MaxCompletionTokens: ptr(7), Temperature: ptr(0.7), TopP: ptr(0.5), Seed: ptr(int64(3)),
-			Stop: []string{"\n\n"}, Stream: true, StreamOptions: &StreamOptions{}}},
+			Stop: []string{"\n\n"}, Stream: true, StreamOptions: &StreamOptions{}, N: ptr(3)}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -9,14 +9,16 @@
 // *Error carrying the HTTP status to answer with. JSON null for an optional
 // field means the field is absent. Features pdkit does not implement are
 // refused with 400 rather than ignored, so that a client never receives an
-// answer to a question it did not ask: several choices per request (n and
-// best_of other than 1), echo, logprobs, and every OpenAI parameter whose
+// answer to a question it did not ask: best_of other than 1, echo,
+// logprobs, and every OpenAI parameter whose
 // value would change the answer: tools and tool_choice, response_format,
 // penalties, logit_bias, suffix and the others listed in unsupported.go.
 // The error names the parameter (param) and has code
 // "unsupported_parameter"; a value that asks for nothing beyond what pdkit
 // does anyway ("tool_choice": "none", "response_format": {"type": "text"},
 // a penalty of 0, "tools": []) is accepted.
+//
+// "n", the number of choices, is 1 to MaxChoices (16); N is nil for one.
 //
 // After DecodeCompletion or DecodeChat succeeds, MaxTokens (for chat:
 // MaxCompletionTokens when max_tokens was absent), Temperature and TopP are

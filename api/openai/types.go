@@ -86,6 +86,9 @@ type CompletionRequest struct {
 	Stream        bool           `json:"stream,omitempty"`
 	StreamOptions *StreamOptions `json:"stream_options,omitempty"`
 	User          string         `json:"user,omitempty"`
+	// N is the number of choices, 1 to MaxChoices (nil: one): samples of
+	// one prompt, which the server prefills once.
+	N *int `json:"n,omitempty"`
 	// IgnoreEOS keeps generating past end-of-sequence tokens until
 	// max_tokens or a stop string (an extension, for benchmarks).
 	IgnoreEOS bool `json:"ignore_eos,omitempty"`
@@ -172,9 +175,25 @@ type ChatCompletionRequest struct {
 	Stream              bool           `json:"stream,omitempty"`
 	StreamOptions       *StreamOptions `json:"stream_options,omitempty"`
 	User                string         `json:"user,omitempty"`
+	// N is as in CompletionRequest.
+	N *int `json:"n,omitempty"`
 	// IgnoreEOS is as in CompletionRequest (an extension).
 	IgnoreEOS bool `json:"ignore_eos,omitempty"`
 	PD
+}
+
+// Choices is the number of choices the request asks for (N, 1 when
+// absent).
+func (r *CompletionRequest) Choices() int { return choices(r.N) }
+
+// Choices is as CompletionRequest's.
+func (r *ChatCompletionRequest) Choices() int { return choices(r.N) }
+
+func choices(n *int) int {
+	if n == nil {
+		return 1
+	}
+	return *n
 }
 
 // Usage counts the tokens of a request.

@@ -22,12 +22,12 @@ func TestUnsupportedParamsRefused(t *testing.T) {
 		{"penalty type", `{"frequency_penalty": "0"}`, "frequency_penalty", `"frequency_penalty" must be a number`, false},
 		{"logit_bias", `{"logit_bias": {"50256": -100}}`, "logit_bias", `"logit_bias" is not supported; only an empty object is accepted`, true},
 		{"logit_bias type", `{"logit_bias": [1]}`, "logit_bias", `"logit_bias" must be an object mapping token ids to biases`, false},
-		{"n", `{"n": 3}`, "n", `"n" must be 1: one choice per request is supported, got 3; send 3 requests (with different seeds) for 3 choices`, true},
+		{"n", `{"n": 17}`, "n", `"n" must be at most 16, got 17`, false},
 	}
 	completion := append([]refusal{
 		{"suffix", `{"suffix": "end"}`, "suffix", `"suffix" is not supported (no insertion); only an empty string is accepted`, true},
 		{"suffix type", `{"suffix": 1}`, "suffix", `"suffix" must be a string`, false},
-		{"best_of", `{"best_of": 2}`, "best_of", `"best_of" must be 1: one candidate per request is supported, got 2`, true},
+		{"best_of", `{"best_of": 2}`, "best_of", `"best_of" must be 1: one candidate per request is supported, got 2; "n" gives up to 16 choices`, true},
 	}, common...)
 	const noTools = `"tools" is not supported: pdkit does not call tools yet; send the request without tools ("tools": [] and "tool_choice": "none" are accepted)`
 	chat := append([]refusal{

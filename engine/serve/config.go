@@ -140,13 +140,14 @@ func (c *Config) setDefaults(m *model.Model) {
 }
 
 // maxSeqs is the number of sequences a rank's pool holds at once: the
-// running requests, and on a decode server as many again whose KV arrives
-// or waits for admission.
+// running requests, and on a colocated or decode server as many again whose
+// KV waits for admission (a decode's transfers, the forked samples of a
+// request with n > 1).
 func (c Config) maxSeqs() int {
-	if c.Role == pdproto.RoleDecode {
-		return 2 * c.MaxRunning
+	if c.Role == pdproto.RolePrefill {
+		return c.MaxRunning
 	}
-	return c.MaxRunning
+	return 2 * c.MaxRunning
 }
 
 // pagesFor is the number of pages that hold n tokens.

@@ -28,6 +28,7 @@ func endingOf(f sched.Finish, releaseErr error) ending {
 // end ends request id. Every rank calls it at the same point of the same
 // iteration; rank 0, which streams, delivers the Finish.
 func (l *rankLoop) end(id uint64, en ending) {
+	l.endForks(id, en)
 	l.finished++
 	if l.r != 0 {
 		return

@@ -32,6 +32,12 @@ type rankLoop struct {
 	pd    *rankPD       // nil on a colocated server
 	seqs  map[uint64]*seqState
 	step  uint64
+	// forks is, by parent id, the number of later samples (Request.N > 1)
+	// not forked yet: they fork at the parent's first token (fork.go).
+	forks map[uint64]int
+	// pdForks are decode arrivals whose later samples fork in this
+	// iteration, after the room is granted (fork.go).
+	pdForks []*pdFork
 
 	beat atomic.Int64 // unix nanoseconds of the last iteration's start
 	last atomic.Pointer[StepRecord]
@@ -139,7 +145,10 @@ func (e *Engine) takeInbox() stepInput {
 	e.mu.Unlock()
 	for _, r := range pending {
 		e.front[r.id] = r
-		a := addMsg{id: r.id, maxTokens: r.req.MaxTokens, ignoreEOS: r.req.IgnoreEOS, prompt: r.req.Prompt, stop: r.req.Stop}
+		for _, f := range r.forks {
+			e.front[f.id] = f
+		}
+		a := addMsg{id: r.id, maxTokens: r.req.MaxTokens, ignoreEOS: r.req.IgnoreEOS, prompt: r.req.Prompt, stop: r.req.Stop, n: 1 + len(r.forks)}
 		if pd := r.req.PD; pd != nil {
 			a.pd, a.room, a.url = true, pd.Room, pd.BootstrapURL
 			if e.cfg.Role == pdproto.RolePrefill {
@@ -191,9 +200,11 @@ func (e *Engine) takeAborts() []abortMsg {
 //	poll     AllReduceMinInt  one vote per PD room, when there are rooms
 //	admit    AllReduceMinInt  the prefix-cache match of the requests joining the scheduler, when any and the cache is on
 //	room     AllReduceMinInt  free pages and free sequence rows, when there is work
+//	pd fork  AllReduceMinInt  free pages and rows, when a decode arrival of n > 1 samples forks (fork.go)
 //	agree    AllReduceMaxInt  the plan's digest, when the scheduler has requests
 //	forward  (forward comm)   the model's own collectives, when the plan runs a batch
 //	results  BroadcastBytes   the sampled tokens and the aborts that came during the step
+//	fork     AllReduceMinInt  free pages and rows, when a request of n > 1 samples its first tokens (fork.go)
 func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	l.now, l.finished = in.now, 0
 	rec := StepRecord{Rank: l.r, Step: l.step + 1, Phase: "idle", Start: start}
@@ -216,6 +227,9 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	}
 	free, err := l.room()
 	if err != nil {
+		return false, err
+	}
+	if free, err = l.pdForkAll(free); err != nil {
 		return false, err
 	}
 	if l.sched.Len() == 0 {
@@ -282,6 +296,12 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 func (l *rankLoop) arrive(in stepInput) ([]addMsg, error) {
 	var adds []addMsg
 	for _, a := range in.adds {
+		if a.n > 1 {
+			if l.forks == nil {
+				l.forks = make(map[uint64]int)
+			}
+			l.forks[a.id] = a.n - 1
+		}
 		switch {
 		case a.pd && l.pd != nil:
 			if err := l.pdAdmit(a); err != nil {
@@ -578,8 +598,13 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 				continue
 			}
 			s := l.seqs[it.ID]
-			stop := (!s.ignoreEOS && e.m.Tokenizer.IsEOG(tok)) || slices.Contains(s.stop, tok)
-			out.toks = append(out.toks, sampled{tok: tok, stop: stop})
+			stops := func(tok int32) bool {
+				return (!s.ignoreEOS && e.m.Tokenizer.IsEOG(tok)) || slices.Contains(s.stop, tok)
+			}
+			out.toks = append(out.toks, sampled{tok: tok, stop: stops(tok)})
+			if k := l.forks[it.ID]; k > 0 {
+				out.toks = e.sampleForks(it.ID, k, lg, stops, emitted, out.toks)
+			}
 		}
 		l.wire = out.encode(l.wire[:0])
 		data = l.wire
@@ -604,6 +629,7 @@ func (l *rankLoop) apply(plan sched.Plan, out stepOutput) error {
 	}
 	outcomes := make([]sched.Outcome, 0, len(plan.Run))
 	var toks map[uint64]int32
+	var forked []forkOf
 	j := 0
 	for _, it := range plan.Run {
 		s := l.seqs[it.ID]
@@ -626,10 +652,21 @@ func (l *rankLoop) apply(plan sched.Plan, out stepOutput) error {
 			}
 			toks[it.ID] = t.tok
 			outcomes = append(outcomes, sched.Outcome{ID: it.ID, Emitted: 1, Stop: t.stop})
+			if k := l.forks[it.ID]; k > 0 {
+				if j+k > len(out.toks) {
+					return fmt.Errorf("%w: rank %d: %d sampled tokens for more samples", errWire, l.r, len(out.toks))
+				}
+				forked = append(forked, forkOf{parent: it.ID, toks: out.toks[j : j+k]})
+				j += k
+				delete(l.forks, it.ID)
+			}
 		}
 	}
 	if j != len(out.toks) {
 		return fmt.Errorf("%w: rank %d: %d sampled tokens for %d items", errWire, l.r, len(out.toks), j)
+	}
+	if err := l.forkAll(forked); err != nil { // while the parents hold their prompt's KV
+		return err
 	}
 	if err := l.sendChunks(plan.Run, toks); err != nil { // before StepDone releases what finished
 		return err

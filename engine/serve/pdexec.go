@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/engine/pd/rooms"
 	"github.com/pdkit/pdkit/engine/pd/zmqlink"
 	"github.com/pdkit/pdkit/engine/sched"
@@ -409,6 +410,16 @@ func (l *rankLoop) arrived(a rooms.Arrived) error {
 		l.e.pdBytes(a.Bytes)
 		l.e.emitFirst(add.id, tok)
 	}
+	// The later samples (Request.N > 1) fork from this KV once the ranks
+	// agreed on the room for them (pdForkAll); the sequence stays until
+	// then even when this sample ends here.
+	release := pool.Release
+	if k := l.forks[add.id]; k > 0 {
+		delete(l.forks, add.id)
+		f := pdFork{add: add, n: k}
+		l.pdForks = append(l.pdForks, &f)
+		release = func(*kvcache.Seq) error { f.release = true; return nil }
+	}
 	stop := (!add.ignoreEOS && l.e.m.Tokenizer.IsEOG(tok)) || slices.Contains(add.stop, tok)
 	if stop || add.maxTokens == 1 {
 		reason := sched.ReasonLength
@@ -416,12 +427,12 @@ func (l *rankLoop) arrived(a rooms.Arrived) error {
 			reason = sched.ReasonStop
 		}
 		l.end(add.id, ending{reason: reason})
-		return pool.Release(seq)
+		return release(seq)
 	}
 	err := l.sched.Add(sched.Request{ID: add.id, PromptLen: len(add.prompt) + 1, MaxTokens: add.maxTokens - 1, Transferred: len(add.prompt)}, l.now)
 	if err != nil {
 		l.end(add.id, ending{reason: sched.ReasonError, err: err.Error()})
-		return pool.Release(seq)
+		return release(seq)
 	}
 	l.seqs[add.id] = &seqState{all: append(append(make([]int32, 0, len(add.prompt)+add.maxTokens), add.prompt...), tok),
 		maxTokens: add.maxTokens, ignoreEOS: add.ignoreEOS, stop: add.stop, decoding: true}

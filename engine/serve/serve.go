@@ -60,6 +60,20 @@
 // send ever find the buffer full all the same, rank 0 does not block: it
 // aborts the request with reason "error: reader too slow".
 //
+// # Samples
+//
+// A request of N > 1 samples ([Engine.SubmitN]) reserves N consecutive ids
+// and gives one stream per sample; aborting any of them, or its context
+// ending, aborts all. The ranks admit and prefill the first sample only. On
+// a colocated server, at its first token rank 0 samples N first tokens from
+// the same logits (sample i seeded with Seed+i) and broadcasts them, and
+// every rank forks N-1 sequences holding a copy of the prompt's KV, which
+// join the scheduler as a PD decode arrival does. On a decode server the
+// one transfer brings the prompt's KV and the first sample's token; each
+// other sample starts on a copy of all but the prompt's last token and
+// samples its own first token after running that one token. The room to
+// fork in is MIN-reduced over the ranks; fork.go tells the rest.
+//
 // # Reading the engine from outside
 //
 // After every iteration each rank publishes an immutable [StepRecord] (with
@@ -138,7 +152,16 @@ type Request struct {
 	// is one side of a disaggregated request (see PDConfig). A prefill
 	// server computes the prompt's KV and the first token only.
 	PD *PDRequest
+	// N is the number of samples of the prompt (0 or 1: one); more go
+	// through SubmitN. The prompt is prefilled once: at its first token
+	// rank 0 samples N first tokens from the same logits (sample i with
+	// seed Sampling.Seed+i) and every rank forks N-1 sequences from the
+	// prompt's KV, which then decode on their own.
+	N int
 }
+
+// MaxN bounds Request.N.
+const MaxN = 16
 
 // Event is one token (Finish nil) or the request's end (Finish set; the
 // last event, after which the channel is closed).
@@ -162,12 +185,33 @@ type Stream struct {
 	Events <-chan Event
 	e      *Engine
 	once   sync.Once
+	n      int // samples of the request (ids ID-Index .. ID-Index+n-1)
+	// Index is the stream's sample (0 for the first) of a request with
+	// Request.N > 1.
+	Index int
 }
 
-// Abort ends the request in whatever state it is; it never blocks and may
-// be called any number of times, also after the request finished.
+// Abort ends the request in whatever state it is, every sample of it; it
+// never blocks and may be called any number of times, also after the
+// request finished.
 func (s *Stream) Abort() {
-	s.once.Do(func() { s.e.abort(s.ID, AbortByClient) })
+	s.once.Do(func() {
+		base := s.ID - uint64(s.Index)
+		for i := range max(1, s.n) {
+			s.e.abort(base+uint64(i), AbortByClient)
+		}
+	})
+}
+
+// AbortSample ends this stream's sample only, leaving the request's other
+// samples running (a sample that met a stop string); with one sample it is
+// Abort.
+func (s *Stream) AbortSample() {
+	if s.n <= 1 {
+		s.Abort()
+		return
+	}
+	s.e.abort(s.ID, AbortByClient)
 }
 
 // StepRecord describes one loop iteration of one rank. It is immutable once
@@ -291,8 +335,9 @@ type request struct {
 	gen     int
 	cut     string // why an abort was asked for
 	stop    func() bool
-	lastTok time.Time // when the previous token was emitted
-	served  bool      // its queue wait was reported (QueueObserver)
+	lastTok time.Time  // when the previous token was emitted
+	served  bool       // its queue wait was reported (QueueObserver)
+	forks   []*request // the later samples (Request.N > 1), first sample only
 }
 
 // New builds the ranks (cfg.TP of them, each with the kernels of
@@ -424,7 +469,33 @@ func (e *Engine) Config() Config { return e.cfg }
 // Submit queues a request. The request is aborted as soon as ctx ends (a
 // client that disconnects).
 func (e *Engine) Submit(ctx context.Context, q Request) (*Stream, error) {
+	if q.N > 1 {
+		return nil, fmt.Errorf("serve: a request of %d samples goes through SubmitN", q.N)
+	}
+	ss, err := e.SubmitN(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return ss[0], nil
+}
+
+// SubmitN queues a request of q.N samples (at least one) and returns one
+// stream per sample, in order. Aborting any of them, or ctx ending, aborts
+// all of them.
+func (e *Engine) SubmitN(ctx context.Context, q Request) ([]*Stream, error) {
 	c := &e.m.Config
+	n := max(1, q.N)
+	if q.N < 0 || q.N > MaxN {
+		return nil, fmt.Errorf("serve: n %d must be between 1 and %d", q.N, MaxN)
+	}
+	if e.cfg.Role == pdproto.RolePrefill {
+		// The prefill computes the prompt and the first sample's first
+		// token once; the decode forks the other samples.
+		n, q.N = 1, 0
+	}
+	if n > e.cfg.MaxRunning {
+		return nil, fmt.Errorf("serve: %d samples exceed the %d requests the engine runs at once", n, e.cfg.MaxRunning)
+	}
 	if len(q.Prompt) == 0 {
 		return nil, errors.New("serve: empty prompt")
 	}
@@ -434,7 +505,10 @@ func (e *Engine) Submit(ctx context.Context, q Request) (*Stream, error) {
 	if n := len(q.Prompt) + q.MaxTokens; n > c.ContextLen {
 		return nil, fmt.Errorf("serve: prompt of %d tokens plus %d to generate exceeds the context length %d", len(q.Prompt), q.MaxTokens, c.ContextLen)
 	}
-	if pages := (len(q.Prompt) + q.MaxTokens - 1 + e.cfg.PageSize - 1) / e.cfg.PageSize; pages > e.cfg.Pages() {
+	if pages := n * ((len(q.Prompt) + q.MaxTokens - 1 + e.cfg.PageSize - 1) / e.cfg.PageSize); pages > e.cfg.Pages() {
+		if n > 1 {
+			return nil, fmt.Errorf("serve: %d samples need %d KV pages, the pool has %d", n, pages, e.cfg.Pages())
+		}
 		return nil, fmt.Errorf("serve: request needs %d KV pages, the pool has %d", pages, e.cfg.Pages())
 	}
 	for _, t := range q.Prompt {
@@ -466,12 +540,26 @@ func (e *Engine) Submit(ctx context.Context, q Request) (*Stream, error) {
 	}
 	q.Prompt = slices.Clone(q.Prompt)
 	q.Stop = slices.Clone(q.Stop)
-	r := &request{
-		id: e.nextID.Add(1), req: q, submit: time.Now(),
-		events:  make(chan Event, q.MaxTokens+1),
-		sampler: sample.New(q.Sampling),
+	// n consecutive ids: sample i is the first's id plus i on every rank.
+	first := e.nextID.Add(uint64(n)) - uint64(n) + 1
+	var r *request
+	streams := make([]*Stream, n)
+	for i := range n {
+		sp := q.Sampling
+		sp.Seed += uint64(i)
+		x := &request{
+			id: first + uint64(i), req: q, submit: time.Now(),
+			events:  make(chan Event, q.MaxTokens+1),
+			sampler: sample.New(sp),
+		}
+		streams[i] = &Stream{ID: x.id, Events: x.events, e: e, n: n, Index: i}
+		if i == 0 {
+			r = x
+		} else {
+			r.forks = append(r.forks, x)
+		}
 	}
-	s := &Stream{ID: r.id, Events: r.events, e: e}
+	s := streams[0]
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
@@ -488,6 +576,21 @@ func (e *Engine) Submit(ctx context.Context, q Request) (*Stream, error) {
 	// Registered before the loop can see the request, so that the loop's
 	// call of stop at the finish always finds it set.
 	r.stop = context.AfterFunc(ctx, s.Abort)
+	if n > 1 {
+		// The client's context aborts every sample until the last ends.
+		stop, left := r.stop, new(atomic.Int32)
+		left.Store(int32(n))
+		last := func() bool {
+			if left.Add(-1) == 0 {
+				return stop()
+			}
+			return true
+		}
+		r.stop = last
+		for _, f := range r.forks {
+			f.stop = last
+		}
+	}
 	if len(e.pending) == 0 {
 		e.oldestPending.Store(r.submit.UnixNano())
 	}
@@ -495,7 +598,7 @@ func (e *Engine) Submit(ctx context.Context, q Request) (*Stream, error) {
 	e.numPending.Store(int64(len(e.pending)))
 	e.mu.Unlock()
 	e.poke()
-	return s, nil
+	return streams, nil
 }
 
 // AbortBy says who asked for an abort. A PD request's abort carries it to
@@ -783,6 +886,9 @@ func (e *Engine) shutdown() {
 	}
 	for _, r := range pending {
 		e.deliver(r, Finish{Reason: reason, PromptTokens: len(r.req.Prompt)})
+		for _, f := range r.forks {
+			e.deliver(f, Finish{Reason: reason, PromptTokens: len(f.req.Prompt)})
+		}
 	}
 	e.publish(*e.loops[0].last.Load())
 }

@@ -31,6 +31,7 @@ type addMsg struct {
 	pd        bool   // a PD request: room (and, on a decode server, url) are set
 	room      uint64 // bootstrap room
 	url       string // the prefill's bootstrap registry (decode role)
+	n         int    // samples (Request.N, at least 1): ids id..id+n-1
 }
 
 // stepOutput closes a step that ran a forward pass.
@@ -38,7 +39,8 @@ type stepOutput struct {
 	now  time.Duration
 	cuts []abortMsg // requests aborted while the step ran, applied before the tokens
 	// toks has one entry per Run item that wants logits and is not cut
-	// (before or by this message), in plan order.
+	// (before or by this message), in plan order; the first token of a
+	// request with more samples is followed by theirs (n-1 entries).
 	toks []sampled
 }
 
@@ -63,6 +65,7 @@ func (m *stepInput) encode(b []byte) []byte {
 		b = binary.LittleEndian.AppendUint64(b, a.room)
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(a.url)))
 		b = append(b, a.url...)
+		b = binary.LittleEndian.AppendUint32(b, uint32(a.n))
 	}
 	return appendAborts(b, m.aborts)
 }
@@ -70,7 +73,7 @@ func (m *stepInput) encode(b []byte) []byte {
 func (m *stepInput) decode(b []byte) error {
 	r := reader{b: b}
 	*m = stepInput{now: time.Duration(r.u64()), stop: r.bool()}
-	n := r.count(8 + 4 + 1 + 4 + 4 + 1 + 8 + 4)
+	n := r.count(8 + 4 + 1 + 4 + 4 + 1 + 8 + 4 + 4)
 	for range n {
 		a := addMsg{id: r.u64(), maxTokens: int(r.u32()), ignoreEOS: r.bool()}
 		a.prompt = r.tokens()
@@ -78,6 +81,7 @@ func (m *stepInput) decode(b []byte) error {
 		a.pd = r.bool()
 		a.room = r.u64()
 		a.url = string(r.take(r.count(1)))
+		a.n = int(r.u32())
 		m.adds = append(m.adds, a)
 	}
 	m.aborts = r.aborts()

@@ -24,6 +24,18 @@
 // same request unstreamed. Usage counts every token the engine produced up
 // to the stop, the one that completed the stop string included.
 //
+// Several choices ("n", up to openai.MaxChoices; sampling_params.n on
+// /generate) are samples of one prompt that the engine prefills once
+// (serve.Engine.SubmitN): every choice has its own sampler, seeded with the
+// request's seed plus its index, and its own stop strings (a choice that
+// meets one ends alone). The answer lists them by index; a stream
+// interleaves their chunks as their tokens come, each choice with its own
+// role delta (chat) and finish chunk, then one usage chunk that counts the
+// prompt once and every choice's completion tokens. /generate answers an
+// array of results, one per sample, when n is above 1. A client that goes
+// aborts every choice. On a PD prefill server n is ignored: the decode
+// forks the choices from the one transfer.
+//
 // A stream the engine cuts (an abort, a timeout, an engine failure, the
 // engine closed by a shutdown's deadline) gets an error event, data:
 // {"error": {...}} (an OpenAI error object), before its finish chunk and
@@ -231,7 +243,7 @@
 // gauges, transfer, failure and message counters and its receive loops'
 // liveness, per rank (see internal/metrics).
 //
-// Not yet here: a flag to choose the chat template, tool calls, several
-// choices per request, admin calls beyond aborts (drain, pause), and the
+// Not yet here: a flag to choose the chat template, tool calls, best_of,
+// admin calls beyond aborts (drain, pause), and the
 // ids of requests still pending in the debug API.
 package server

@@ -13,6 +13,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/pdkit/pdkit/api/debug"
@@ -185,6 +186,7 @@ type job struct {
 	idPrefix string
 	chat     bool
 	pd       *serve.PDRequest // the PD side of a disaggregated request
+	n        int              // choices: samples of the prompt (0 or 1: one)
 }
 
 // pdOf is the engine's form of a request's PD fields; nil without a room.
@@ -195,8 +197,10 @@ func pdOf(f openai.PD) *serve.PDRequest {
 	return &serve.PDRequest{Room: *f.BootstrapRoom, BootstrapURL: f.BootstrapURL}
 }
 
-// submit checks the prompt against the context and submits the job.
-func (s *Server) submit(r *http.Request, j *job) (*serve.Stream, *openai.Error) {
+// submit checks the prompt against the context and submits the job: one
+// stream per choice (a prefill server's side of a PD request has one
+// whatever n is: the decode samples the choices).
+func (s *Server) submit(r *http.Request, j *job) ([]*serve.Stream, *openai.Error) {
 	if len(j.prompt) == 0 {
 		return nil, openai.InvalidRequest("prompt", "the prompt is empty")
 	}
@@ -210,12 +214,13 @@ func (s *Server) submit(r *http.Request, j *job) (*serve.Stream, *openai.Error) 
 	if !j.params.HasSeed {
 		seed = rand.Uint64()
 	}
-	st, err := s.eng.Submit(r.Context(), serve.Request{
+	st, err := s.eng.SubmitN(r.Context(), serve.Request{
 		Prompt:    j.prompt,
 		MaxTokens: j.params.MaxTokens,
 		Sampling:  sample.Params{Temperature: float32(j.params.Temperature), TopP: float32(j.params.TopP), Seed: seed},
 		IgnoreEOS: j.params.IgnoreEOS,
 		PD:        j.pd,
+		N:         j.n,
 	})
 	switch {
 	case err == nil:
@@ -289,7 +294,7 @@ func (s *Server) run(st *serve.Stream, stops []string, emit func(string) error) 
 			pending += dec.Add(ev.Token)
 		}
 		if i := firstStop(pending, stops); i >= 0 {
-			st.Abort()
+			st.AbortSample()
 			prompt := 0
 			for ev := range st.Events {
 				if ev.Finish != nil {
@@ -355,7 +360,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		oerr.WriteJSON(w)
 		return
 	}
-	j := &job{params: req.Params(s.limits), stream: req.Stream, idPrefix: "cmpl-", pd: pdOf(req.PD)}
+	j := &job{params: req.Params(s.limits), stream: req.Stream, idPrefix: "cmpl-", pd: pdOf(req.PD), n: req.Choices()}
 	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	if req.Prompt.Tokens != nil {
 		vocab := s.tok.VocabSize()
@@ -390,7 +395,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		oerr.WriteJSON(w)
 		return
 	}
-	j := &job{params: req.Params(s.limits), stream: req.Stream, idPrefix: "chatcmpl-", chat: true, pd: pdOf(req.PD)}
+	j := &job{params: req.Params(s.limits), stream: req.Stream, idPrefix: "chatcmpl-", chat: true, pd: pdOf(req.PD), n: req.Choices()}
 	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	p, err := EncodeChat(s.tok, s.tmpl, req.Messages)
 	if err != nil {
@@ -401,39 +406,62 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	s.serveJob(w, r, j)
 }
 
+// choice is one choice's result.
+type choice struct {
+	text strings.Builder
+	out  outcome
+}
+
+// total sums the choices' usage: the prompt once, every choice's
+// completion tokens.
+func total(cs []*choice) openai.Usage {
+	prompt, completion := 0, 0
+	for _, c := range cs {
+		prompt = max(prompt, c.out.usage.PromptTokens)
+		completion += c.out.usage.CompletionTokens
+	}
+	return usage(prompt, completion)
+}
+
 func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job) {
-	st, oerr := s.submit(r, j)
+	sts, oerr := s.submit(r, j)
 	if oerr != nil {
 		oerr.WriteJSON(w)
 		return
 	}
+	st := sts[0]
 	defer s.served(r)
 	defer st.Abort()
 	id := j.idPrefix + strconv.FormatUint(st.ID, 10)
 	created := time.Now().Unix()
 	if !j.stream {
-		var text strings.Builder
-		out, _ := s.run(st, j.params.Stop, func(t string) error { text.WriteString(t); return nil })
-		if out.err != "" {
-			openai.ServerError(out.err).WriteJSON(w)
-			return
+		cs := s.collectText(sts, j.params.Stop)
+		for _, c := range cs {
+			if c.out.err != "" {
+				openai.ServerError(c.out.err).WriteJSON(w)
+				return
+			}
 		}
 		if r.Context().Err() != nil {
 			return
 		}
+		u := total(cs)
 		if j.chat {
-			writeJSON(w, http.StatusOK, openai.ChatCompletionResponse{
-				ID: id, Object: openai.ObjectChatCompletion, Created: created, Model: s.opts.ModelName,
-				Choices: []openai.ChatChoice{{Message: openai.ChatMessage{Role: openai.RoleAssistant, Content: text.String()}, FinishReason: out.finish}},
-				Usage:   out.usage,
-			})
+			resp := openai.ChatCompletionResponse{
+				ID: id, Object: openai.ObjectChatCompletion, Created: created, Model: s.opts.ModelName, Usage: u}
+			for i, c := range cs {
+				resp.Choices = append(resp.Choices, openai.ChatChoice{Index: i,
+					Message: openai.ChatMessage{Role: openai.RoleAssistant, Content: c.text.String()}, FinishReason: c.out.finish})
+			}
+			writeJSON(w, http.StatusOK, resp)
 			return
 		}
-		writeJSON(w, http.StatusOK, openai.CompletionResponse{
-			ID: id, Object: openai.ObjectTextCompletion, Created: created, Model: s.opts.ModelName,
-			Choices: []openai.CompletionChoice{{Text: text.String(), FinishReason: out.finish}},
-			Usage:   out.usage,
-		})
+		resp := openai.CompletionResponse{
+			ID: id, Object: openai.ObjectTextCompletion, Created: created, Model: s.opts.ModelName, Usage: u}
+		for i, c := range cs {
+			resp.Choices = append(resp.Choices, openai.CompletionChoice{Index: i, Text: c.text.String(), FinishReason: c.out.finish})
+		}
+		writeJSON(w, http.StatusOK, resp)
 		return
 	}
 
@@ -444,7 +472,7 @@ func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job) {
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	rc.Flush()
-	chunk := func(text string, finish *string, u *openai.Usage, first bool) any {
+	chunk := func(i int, text string, finish *string, u *openai.Usage, first bool) any {
 		if j.chat {
 			c := openai.ChatCompletionChunk{ID: id, Object: openai.ObjectChatChunk, Created: created, Model: s.opts.ModelName, Usage: u,
 				Choices: []openai.ChatChunkChoice{}}
@@ -453,46 +481,98 @@ func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job) {
 				if first {
 					d.Role = openai.RoleAssistant
 				}
-				c.Choices = append(c.Choices, openai.ChatChunkChoice{Delta: d, FinishReason: finish})
+				c.Choices = append(c.Choices, openai.ChatChunkChoice{Index: i, Delta: d, FinishReason: finish})
 			}
 			return c
 		}
 		c := openai.CompletionChunk{ID: id, Object: openai.ObjectTextCompletion, Created: created, Model: s.opts.ModelName, Usage: u,
 			Choices: []openai.CompletionChunkChoice{}}
 		if u == nil {
-			c.Choices = append(c.Choices, openai.CompletionChunkChoice{Text: text, FinishReason: finish})
+			c.Choices = append(c.Choices, openai.CompletionChunkChoice{Index: i, Text: text, FinishReason: finish})
 		}
 		return c
 	}
-	first := true
-	if j.chat {
-		if err := openai.WriteEvent(w, chunk("", nil, nil, true)); err != nil {
-			return
+	// Each choice's events in order: its role (chat), its text, the error
+	// event of a choice the engine cut (once per response), its finish;
+	// the choices' events interleave as their tokens come.
+	var mu sync.Mutex
+	gone, cutSent := false, false
+	write := func(v any) error {
+		if gone {
+			return errClientGone
 		}
-		first = false
+		if err := openai.WriteEvent(w, v); err != nil {
+			gone = true
+			return err
+		}
+		return nil
 	}
-	out, err := s.run(st, j.params.Stop, func(t string) error {
-		err := openai.WriteEvent(w, chunk(t, nil, nil, first))
-		first = false
-		return err
-	})
-	if err != nil || r.Context().Err() != nil {
-		return
+	first := make([]bool, len(sts))
+	for i := range first {
+		first[i] = true
+		if j.chat {
+			if write(chunk(i, "", nil, nil, true)) != nil {
+				return
+			}
+			first[i] = false
+		}
 	}
-	if e := cutError(out); e != nil {
-		openai.WriteEvent(w, e.Body())
+	var wg sync.WaitGroup
+	outs := make([]*choice, len(sts))
+	for i, st := range sts {
+		wg.Go(func() {
+			out, err := s.run(st, j.params.Stop, func(t string) error {
+				mu.Lock()
+				defer mu.Unlock()
+				err := write(chunk(i, t, nil, nil, first[i]))
+				first[i] = false
+				return err
+			})
+			outs[i] = &choice{out: out}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil || r.Context().Err() != nil {
+				gone = true
+				return
+			}
+			if e := cutError(out); e != nil && !cutSent {
+				cutSent = true
+				write(e.Body())
+			}
+			finish := out.finish
+			write(chunk(i, "", &finish, nil, first[i]))
+		})
 	}
-	finish := out.finish
-	if openai.WriteEvent(w, chunk("", &finish, nil, first)) != nil {
+	wg.Wait()
+	if gone || r.Context().Err() != nil {
 		return
 	}
 	if j.usage {
-		u := out.usage
-		if openai.WriteEvent(w, chunk("", nil, &u, false)) != nil {
+		u := total(outs)
+		if write(chunk(0, "", nil, &u, false)) != nil {
 			return
 		}
 	}
 	openai.WriteDone(w)
+}
+
+// errClientGone stops the writers of a stream whose client went.
+var errClientGone = errors.New("server: the client went")
+
+// collectText runs every stream of a request to its end, collecting each
+// choice's text.
+func (s *Server) collectText(sts []*serve.Stream, stops []string) []*choice {
+	cs := make([]*choice, len(sts))
+	var wg sync.WaitGroup
+	for i, st := range sts {
+		cs[i] = &choice{}
+		wg.Go(func() {
+			c := cs[i]
+			c.out, _ = s.run(st, stops, func(t string) error { c.text.WriteString(t); return nil })
+		})
+	}
+	wg.Wait()
+	return cs
 }
 
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
@@ -533,7 +613,7 @@ func (g *GenerateRequest) pd() (*serve.PDRequest, *openai.Error) {
 }
 
 // SamplingParams are /generate's sampling settings; absent ones take
-// max_new_tokens 16, temperature 1, top_p 1 and a random seed.
+// max_new_tokens 16, temperature 1, top_p 1, n 1 and a random seed.
 type SamplingParams struct {
 	MaxNewTokens *int     `json:"max_new_tokens"`
 	Temperature  *float64 `json:"temperature"`
@@ -541,6 +621,9 @@ type SamplingParams struct {
 	Seed         *int64   `json:"seed"`
 	Stop         []string `json:"stop"`
 	IgnoreEOS    bool     `json:"ignore_eos"`
+	// N is the number of samples (1 to openai.MaxChoices); more than one
+	// answers an array of results, one per sample.
+	N *int `json:"n"`
 }
 
 // GenerateResponse is the answer of POST /generate.
@@ -586,23 +669,39 @@ func (s *Server) generateNative(w http.ResponseWriter, r *http.Request) {
 		oerr.WriteJSON(w)
 		return
 	}
-	st, oerr := s.submit(r, &job{prompt: prompt, params: p, pd: pd})
+	n := 1
+	if sp.N != nil {
+		n = *sp.N
+	}
+	if n < 1 || n > openai.MaxChoices {
+		openai.InvalidRequest("sampling_params.n", fmt.Sprintf(`"sampling_params.n" must be between 1 and %d, got %d`, openai.MaxChoices, n)).WriteJSON(w)
+		return
+	}
+	sts, oerr := s.submit(r, &job{prompt: prompt, params: p, pd: pd, n: n})
 	if oerr != nil {
 		oerr.WriteJSON(w)
 		return
 	}
 	defer s.served(r)
-	defer st.Abort()
-	var text strings.Builder
-	out, _ := s.run(st, p.Stop, func(t string) error { text.WriteString(t); return nil })
-	if out.err != "" {
-		openai.ServerError(out.err).WriteJSON(w)
+	defer sts[0].Abort()
+	cs := s.collectText(sts, p.Stop)
+	resps := make([]GenerateResponse, len(cs))
+	for i, c := range cs {
+		if c.out.err != "" {
+			openai.ServerError(c.out.err).WriteJSON(w)
+			return
+		}
+		resps[i] = GenerateResponse{Text: c.text.String(), MetaInfo: MetaInfo{
+			ID: strconv.FormatUint(sts[i].ID, 10), PromptTokens: c.out.usage.PromptTokens,
+			CompletionTokens: c.out.usage.CompletionTokens, FinishReason: c.out.finish,
+		}}
+	}
+	if n == 1 {
+		writeJSON(w, http.StatusOK, resps[0])
 		return
 	}
-	writeJSON(w, http.StatusOK, GenerateResponse{Text: text.String(), MetaInfo: MetaInfo{
-		ID: strconv.FormatUint(st.ID, 10), PromptTokens: out.usage.PromptTokens,
-		CompletionTokens: out.usage.CompletionTokens, FinishReason: out.finish,
-	}})
+	// n > 1: an array of one result per sample, as the reference server.
+	writeJSON(w, http.StatusOK, resps)
 }
 
 // nativeParam names /generate's fields for the completion-request fields
