@@ -27,9 +27,11 @@ import (
 //
 // The forks' room is agreed: the ranks MIN-reduce what each could
 // allocate (free plus evictable cached pages, free sequence rows) before
-// forking, and a sample that does not fit ends with an error on every rank
-// alike. A parent that ends before its first token (an abort, a timeout,
-// an admission refused) ends its pending samples the same way.
+// forking. Busy is not dead: a sample that does not fit joins the
+// scheduler's waiting queue without KV, like a retracted request, and
+// computes its prompt itself once admitted. A parent that ends before its
+// first token (an abort, a timeout, an admission refused) ends its pending
+// samples the same way.
 
 // forkOf is a parent whose first token was sampled in this step, with its
 // samples' first tokens.
@@ -65,8 +67,12 @@ func (l *rankLoop) forkAll(fs []forkOf) error {
 		need := l.e.cfg.pagesFor(len(prompt))
 		for i, t := range f.toks {
 			id := f.parent + uint64(i) + 1
+			if t.stop || s.maxTokens == 1 {
+				l.end(id, ending{reason: firstTokenEnd(t)}) // done at its first token: nothing to hold
+				continue
+			}
 			if need > pages || rows < 1 {
-				l.end(id, ending{reason: sched.ReasonError, err: "no KV room to fork the sample"})
+				l.waitSample(id, append(slices.Clone(prompt), t.tok), s.maxTokens-1, s.ignoreEOS, s.stop)
 				continue
 			}
 			pages, rows = pages-need, rows-1
@@ -78,6 +84,27 @@ func (l *rankLoop) forkAll(fs []forkOf) error {
 	return nil
 }
 
+// firstTokenEnd is why a sample whose first token ends it finishes.
+func firstTokenEnd(t sampled) sched.Reason {
+	if t.stop {
+		return sched.ReasonStop
+	}
+	return sched.ReasonLength
+}
+
+// waitSample adds a sample that found no room to fork to the scheduler's
+// waiting queue without KV, as a retracted request waits: once admitted,
+// it computes its tokens (the prompt, and its first token when it has one)
+// from position 0. Busy is not dead: it waits its turn instead of failing.
+func (l *rankLoop) waitSample(id uint64, tokens []int32, maxTokens int, ignoreEOS bool, stop []int32) {
+	if err := l.sched.Add(sched.Request{ID: id, PromptLen: len(tokens), MaxTokens: maxTokens}, l.now); err != nil {
+		l.end(id, ending{reason: sched.ReasonError, err: err.Error()})
+		return
+	}
+	all := append(make([]int32, 0, len(tokens)+maxTokens), tokens...)
+	l.seqs[id] = &seqState{all: all, maxTokens: maxTokens, ignoreEOS: ignoreEOS, stop: slices.Clone(stop)}
+}
+
 // fork starts sample id on a copy of the parent's prompt KV with its first
 // token tok.
 func (l *rankLoop) fork(parent, id uint64, ps *seqState, prompt []int32, t sampled) error {
@@ -85,14 +112,6 @@ func (l *rankLoop) fork(parent, id uint64, ps *seqState, prompt []int32, t sampl
 	seq, err := l.copySeq(parent, id, len(prompt))
 	if err != nil {
 		return err
-	}
-	if t.stop || ps.maxTokens == 1 {
-		reason := sched.ReasonLength
-		if t.stop {
-			reason = sched.ReasonStop
-		}
-		l.end(id, ending{reason: reason})
-		return pool.Release(seq)
 	}
 	err = l.sched.Add(sched.Request{ID: id, PromptLen: len(prompt) + 1, MaxTokens: ps.maxTokens - 1, Transferred: len(prompt)}, l.now)
 	if err != nil {
@@ -183,7 +202,7 @@ func (l *rankLoop) pdForkAll(free int) (int, error) {
 				l.end(id, ending{reason: sched.ReasonAbort})
 				continue
 			case need > pages || (copied > 0 && rows < 1):
-				l.end(id, ending{reason: sched.ReasonError, err: "no KV room to fork the sample"})
+				l.waitSample(id, prompt, f.add.maxTokens, f.add.ignoreEOS, f.add.stop)
 				continue
 			}
 			if copied > 0 {
