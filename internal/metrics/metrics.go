@@ -133,6 +133,12 @@ var latencyBuckets = prometheus.ExponentialBuckets(0.001, 2, 16)
 // queued under load takes minutes, not milliseconds.
 var RequestBuckets = prometheus.ExponentialBuckets(0.01, 2, 18)
 
+// QueueBuckets are the buckets of queue times in seconds: 10ms to about 9
+// minutes, each a quarter wider than the last, fine enough that a
+// percentile estimated from them (histogram_quantile) is within a quarter
+// of the truth.
+var QueueBuckets = prometheus.ExponentialBuckets(0.01, 1.25, 50)
+
 // RegisterProcess registers client_golang's Go runtime, process and build
 // information collectors on reg: go_* (goroutines, memory, GC), process_*
 // (CPU, resident memory, open files) and go_build_info.
