@@ -9,6 +9,9 @@ GOTESTFLAGS ?= -race -timeout 14m
 BENCHTIME ?= 1s
 # Flags for `bin/pdserve launch` in `make run`.
 ARGS ?=
+# How long `make soak` loads the cluster, and the go test timeout around it.
+SOAK_DURATION ?= 10m
+SOAK_TIMEOUT ?= 30m
 # Stamped into the binaries' version variable.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS ?= -X main.version=$(VERSION)
@@ -17,14 +20,15 @@ LDFLAGS ?= -X main.version=$(VERSION)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 .DEFAULT_GOAL := help
-.PHONY: help deps build run test bench check cuda-check clean
+.PHONY: help deps build run test soak bench check cuda-check clean
 
 help: ## list the targets and the variables they read
 	@echo 'usage: make TARGET [VAR=value ...]'
 	@echo
 	@awk 'BEGIN { FS = ":.*## " } /^[a-z][a-z-]*:.*## / { printf "  %-11s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 	@echo
-	@echo 'variables: GO, GOTESTFLAGS (test), BENCHTIME (bench), ARGS (run: pdserve launch flags), VERSION (build)'
+	@echo 'variables: GO, GOTESTFLAGS (test), BENCHTIME (bench), ARGS (run: pdserve launch flags), VERSION (build),'
+	@echo '           SOAK_DURATION and SOAK_TIMEOUT (soak)'
 
 deps: ## install missing system packages (apt) and Go modules; needs Go already
 	@GO='$(GO)' sh scripts/deps.sh
@@ -39,6 +43,9 @@ run: deps build ## a PD cluster on loopback (router on :8000, one prefill, one d
 test: deps ## go vet, then the whole test suite with the race detector
 	$(GO) vet ./...
 	$(GO) test $(GOTESTFLAGS) ./...
+
+soak: deps ## make run's cluster under 60 greedy sessions for SOAK_DURATION (10m): outputs against references, pdctl diagnose every 30s, RSS and goroutines flat
+	$(GO) test -tags soak -run '^TestSoak$$' -v -timeout $(SOAK_TIMEOUT) ./internal/soak/ -args -soak.duration=$(SOAK_DURATION)
 
 bench: deps build ## kernel micro-benchmarks, the model benchmark (bin/pdserve bench), the serving one (bin/pdserve bench serve), PD vs colocated TTFT and the KV transport against raw TCP (bin/pdserve bench pd), then the PD wire codec and the ZeroMQ transport against raw loopback TCP
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./kernels/...
