@@ -201,7 +201,7 @@ func New(reg *prometheus.Registry) *Metrics {
 	m.queue = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: Namespace, Name: "queue_time_seconds",
 		Help:    "Time a request waited its turn: from arrival until the server first gave it its resources (its first forward step; on a decode, its KV pages) (mirrors sglang:queue_time_seconds).",
-		Buckets: RequestBuckets,
+		Buckets: QueueBuckets,
 	})
 	reg.MustRegister(m.promptTokens, m.genTokens, m.requests, m.ttft, m.itl, m.step, m.kvTransfer, m.kvBytes, m.e2e, m.queue)
 	RegisterProcess(reg)
