@@ -361,7 +361,7 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 	// A peer's failure as the other side reports it: the peer's word as
 	// rank 0 heard it, or (when another rank heard it first) the side
 	// that failed the room.
-	byDecode := finishHas("error: pd: aborted by the decode", "error: pd: another rank failed the room: the decode aborted")
+	byDecode := finishHas("error: pd: aborted by the decode", "error: pd: another rank failed the room: its decode aborted")
 	byPrefill := finishHas("error: pd: the prefill failed", "error: pd: another rank failed the room: its prefill peer")
 
 	// activeSession opens both halves of a long request and waits until
