@@ -1,15 +1,9 @@
 package main
 
-import (
-	"strings"
-
-	"github.com/spf13/cobra"
-)
-
 // examples are the Examples sections of pdctl's help (cobra's Example
 // field), by command path less "pdctl" ("" is the root): a comment saying
 // what each command line does, then the line, as an operator would type it.
-// They live together so that they read as one set; setExamples puts each
+// They live together so that they read as one set; cliexamples.Set puts each
 // on its command (a command may set its Example itself instead).
 // help_test.go checks that every command has an Example, that every entry
 // here names a command, and that every pdctl line in them parses: its
@@ -139,36 +133,4 @@ $ pdctl bundle -o wedge.tar.gz --window 10s --router http://10.0.0.5:8000
 # What it holds
 $ tar -tzf cluster.tar.gz
 `,
-}
-
-// setExamples sets the Example of cmd and of every command under it that
-// has none from examples, indented as cobra prints it under "Examples:".
-func setExamples(cmd *cobra.Command) {
-	if text, ok := examples[commandKey(cmd)]; ok && cmd.Example == "" {
-		cmd.Example = indentExample(text)
-	}
-	for _, c := range cmd.Commands() {
-		setExamples(c)
-	}
-}
-
-// commandKey is cmd's path less the root's name: examples' key.
-func commandKey(cmd *cobra.Command) string {
-	_, key, _ := strings.Cut(cmd.CommandPath(), " ")
-	return key
-}
-
-// indentExample trims text's surrounding blank lines and indents every
-// other line by two spaces.
-func indentExample(text string) string {
-	var b strings.Builder
-	for i, line := range strings.Split(strings.Trim(text, "\n"), "\n") {
-		if i > 0 {
-			b.WriteByte('\n')
-		}
-		if line != "" {
-			b.WriteString("  " + line)
-		}
-	}
-	return b.String()
 }

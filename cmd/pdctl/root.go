@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/pdkit/pdkit/internal/cliexamples"
 	"github.com/spf13/cobra"
 )
 
@@ -147,6 +148,6 @@ func newCmdRoot(f *factory) *cobra.Command {
 	root.AddCommand(newCmdQueues(f))
 	root.AddCommand(newCmdAbort(f, nil))
 	root.AddCommand(newCmdDiagnose(f, nil), newCmdBundle(f, nil), newCmdTop(f, nil))
-	setExamples(root)
+	cliexamples.Set(root, examples)
 	return root
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pdkit/pdkit/internal/cliexamples"
 	"github.com/pdkit/pdkit/internal/config"
 )
 
@@ -73,7 +74,7 @@ carries; pdserve model info FILE says whether one loads.`,
 		return nil
 	}
 	annotate(root)
-	setExamples(root)
+	cliexamples.Set(root, examples)
 	return root
 }
 
