@@ -37,13 +37,16 @@ type rooms struct {
 	live map[uint64]struct{}
 }
 
-// acquire returns a random room (63 bits, never 0) that no live request
+// acquire returns a random room (53 bits, never 0) that no live request
 // holds, and holds it.
 func (rs *rooms) acquire() uint64 {
 	for {
 		var b [8]byte
 		rand.Read(b[:])
-		v := binary.LittleEndian.Uint64(b[:]) & (1<<63 - 1)
+		// Below 2^53: any JSON reader (JavaScript, jq) keeps the room
+		// exact; 53 random bits are still unguessable enough for a key
+		// that lives as long as one request.
+		v := binary.LittleEndian.Uint64(b[:]) & (1<<53 - 1)
 		if v == 0 {
 			continue
 		}

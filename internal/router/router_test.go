@@ -376,7 +376,7 @@ func TestRoomsUnique(t *testing.T) {
 	seen := map[uint64]bool{}
 	for range 10000 {
 		v := rs.acquire()
-		if v == 0 || v >= 1<<63 || seen[v] {
+		if v == 0 || v >= 1<<53 || seen[v] {
 			t.Fatalf("room %d: zero, too large or repeated", v)
 		}
 		seen[v] = true
