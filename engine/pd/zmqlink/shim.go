@@ -55,13 +55,16 @@ static int zl_ref_release(zl_ref *r) {
 // of at least zc_min bytes (when r is not NULL) are sent without a copy:
 // libzmq references ptrs[i] until zl_free. It returns 0, or the errno;
 // EAGAIN can only come before the first frame was accepted.
-static int zl_send(void *s, void **ptrs, size_t *lens, int n, size_t zc_min, zl_ref *r) {
+// ptrs holds the frames' addresses as integers: Go writes them there, and
+// a Go pointer stored into C memory through a pointer-typed slot would run
+// the garbage collector's write barrier on whatever the slot held before.
+static int zl_send(void *s, uintptr_t *ptrs, size_t *lens, int n, size_t zc_min, zl_ref *r) {
 	for (int i = 0; i < n; i++) {
 		zmq_msg_t m;
 		int rc;
 		if (r != NULL && lens[i] >= zc_min && lens[i] > 0) {
 			__atomic_add_fetch(&r->refs, 1, __ATOMIC_ACQ_REL);
-			rc = zmq_msg_init_data(&m, ptrs[i], lens[i], zl_free, r);
+			rc = zmq_msg_init_data(&m, (void *)ptrs[i], lens[i], zl_free, r);
 			if (rc != 0) {
 				int e = errno;
 				__atomic_sub_fetch(&r->refs, 1, __ATOMIC_ACQ_REL);
@@ -70,7 +73,7 @@ static int zl_send(void *s, void **ptrs, size_t *lens, int n, size_t zc_min, zl_
 		} else {
 			rc = zmq_msg_init_size(&m, lens[i]);
 			if (rc != 0) return errno;
-			if (lens[i] > 0) memcpy(zmq_msg_data(&m), ptrs[i], lens[i]);
+			if (lens[i] > 0) memcpy(zmq_msg_data(&m), (void *)ptrs[i], lens[i]);
 		}
 		int flags = ZMQ_DONTWAIT | (i < n - 1 ? ZMQ_SNDMORE : 0);
 		for (;;) {
@@ -383,11 +386,17 @@ func (p *pinned) release() {
 	// else: zlFreed queues p when libzmq drops its last frame.
 }
 
-// scratch is the sender's C memory for frame pointers and lengths.
+// scratch is C memory for frame pointers and lengths. A sender writes
+// its (pinned) frames' addresses into addrs, as integers: storing a Go
+// pointer into C memory through a pointer-typed slot would run the
+// garbage collector's write barrier on the slot's old contents, which in
+// fresh C.malloc memory are garbage ("found bad pointer in Go heap"). A
+// receiver's C code fills ptrs with libzmq's own pointers.
 type scratch struct {
-	ptrs *unsafe.Pointer
-	lens *C.size_t
-	cap  int
+	ptrs  *unsafe.Pointer
+	addrs *C.uintptr_t
+	lens  *C.size_t
+	cap   int
 }
 
 func (sc *scratch) grow(n int) {
@@ -396,14 +405,16 @@ func (sc *scratch) grow(n int) {
 	}
 	sc.free()
 	c := max(n, 64)
-	sc.ptrs = (*unsafe.Pointer)(C.malloc(C.size_t(c) * C.size_t(unsafe.Sizeof(unsafe.Pointer(nil)))))
-	sc.lens = (*C.size_t)(C.malloc(C.size_t(c) * C.size_t(unsafe.Sizeof(C.size_t(0)))))
+	sc.ptrs = (*unsafe.Pointer)(C.calloc(C.size_t(c), C.size_t(unsafe.Sizeof(unsafe.Pointer(nil)))))
+	sc.addrs = (*C.uintptr_t)(C.calloc(C.size_t(c), C.size_t(unsafe.Sizeof(C.uintptr_t(0)))))
+	sc.lens = (*C.size_t)(C.calloc(C.size_t(c), C.size_t(unsafe.Sizeof(C.size_t(0)))))
 	sc.cap = c
 }
 
 func (sc *scratch) free() {
 	if sc.cap > 0 {
 		C.free(unsafe.Pointer(sc.ptrs))
+		C.free(unsafe.Pointer(sc.addrs))
 		C.free(unsafe.Pointer(sc.lens))
 		sc.cap = 0
 	}
@@ -437,19 +448,16 @@ func (s *shimSocket) send(frames [][]byte, p **pinned) error {
 		*p = q
 	}
 	sc.grow(len(frames))
-	ptrs := unsafe.Slice(sc.ptrs, sc.cap)
+	addrs := unsafe.Slice(sc.addrs, sc.cap)
 	lens := unsafe.Slice(sc.lens, sc.cap)
 	for i, f := range frames {
+		addrs[i] = 0
 		if len(f) > 0 {
-			ptrs[i] = unsafe.Pointer(&f[0]) // pinned
-		} else {
-			ptrs[i] = nil
+			addrs[i] = C.uintptr_t(uintptr(unsafe.Pointer(&f[0]))) // pinned
 		}
 		lens[i] = C.size_t(len(f))
 	}
-	err := zerr(C.zl_send(s.p, sc.ptrs, sc.lens, C.int(len(frames)), zeroCopyMin, (*p).ref))
-	clear(ptrs[:len(frames)])
-	return err
+	return zerr(C.zl_send(s.p, sc.addrs, sc.lens, C.int(len(frames)), zeroCopyMin, (*p).ref))
 }
 
 // recvBuf holds the zmq_msgs of the message being received, in C memory.
