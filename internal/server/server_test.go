@@ -367,13 +367,25 @@ func TestConcurrentStreams(t *testing.T) {
 }
 
 // waitIdle waits until the engine holds no request and no KV page.
+// ranksFree reports whether no rank's pool holds pages for a sequence
+// (rank 0's snapshot says nothing of the others, which release in the
+// same iteration but may publish a moment later).
+func ranksFree(eng *serve.Engine) bool {
+	for r := range eng.Ranks() {
+		if used, cached, _ := eng.KVPages(r); used != cached {
+			return false
+		}
+	}
+	return true
+}
+
 func waitIdle(t *testing.T, eng *serve.Engine) {
 	t.Helper()
 	end := time.Now().Add(20 * time.Second)
 	for {
 		s := eng.Snapshot()
 		q := s.Queue
-		if q.HeldPages == 0 && len(q.Waiting)+len(q.Prefilling)+len(q.Running)+len(q.Aborting) == 0 && eng.Health(time.Now()).Pending == 0 {
+		if q.HeldPages == 0 && len(q.Waiting)+len(q.Prefilling)+len(q.Running)+len(q.Aborting) == 0 && eng.Health(time.Now()).Pending == 0 && ranksFree(eng) {
 			return
 		}
 		if time.Now().After(end) {
