@@ -1,0 +1,159 @@
+package hicache
+
+import (
+	"context"
+	"fmt"
+)
+
+type loadState uint8
+
+const (
+	loadQueued loadState = iota
+	loadRunning
+	loadDone    // every layer is on the device
+	loadAborted // stopped before the last layer; err says why
+)
+
+// Load is one queued or running copy of a host entry into device pages. It
+// names its ring slot and that slot's generation, so a reader holding it is
+// never answered by a later load that reuses the slot. Every method is safe
+// from any goroutine.
+type Load struct {
+	ld       *Loader
+	key      Key
+	entry    *entry
+	devPages []int32
+	slot     int
+	gen      uint64
+	abort    chan struct{} // closed when the last holder aborts
+	end      chan struct{} // closed once the loader has let go of the pages
+
+	// Guarded by ld.mu.
+	state   loadState
+	err     error
+	holders int // Submit and each Join; the load stops when all abort
+}
+
+// Key is the host entry being loaded.
+func (l *Load) Key() Key { return l.key }
+
+// Slot is the index of the ring slot the load occupies.
+func (l *Load) Slot() int { return l.slot }
+
+// DevicePages are the device pages the load writes, in entry order.
+func (l *Load) DevicePages() []int32 { return append([]int32(nil), l.devPages...) }
+
+// Progress is how many layers' KV and index-K are on the device, and whether
+// the load is over (done or aborted).
+func (l *Load) Progress() (kvLayers, indexLayers int, over bool) {
+	l.ld.mu.Lock()
+	defer l.ld.mu.Unlock()
+	switch l.state {
+	case loadDone:
+		return l.ld.layers, l.ld.layers, true
+	case loadAborted:
+		return 0, 0, true
+	}
+	s := &l.ld.ring.slots[l.slot]
+	return s.kvDone, s.idxDone, false
+}
+
+// WaitKV blocks until layer's K and V rows are on the device. It returns
+// ErrAborted (wrapped) when the load stopped first, or ctx's error.
+// Attention's read of the pool waits here.
+func (l *Load) WaitKV(ctx context.Context, layer int) error {
+	return l.wait(ctx, layer, false)
+}
+
+// WaitIndexK blocks until layer's index-K rows and scales are on the device.
+// The sparse indexer's read of index-K waits here; it runs before attention,
+// so it needs its own gate.
+func (l *Load) WaitIndexK(ctx context.Context, layer int) error {
+	return l.wait(ctx, layer, true)
+}
+
+// Wait blocks until the whole load is over and returns its outcome.
+func (l *Load) Wait(ctx context.Context) error {
+	select {
+	case <-l.end:
+		l.ld.mu.Lock()
+		defer l.ld.mu.Unlock()
+		return l.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (l *Load) wait(ctx context.Context, layer int, index bool) error {
+	if layer < 0 || layer >= l.ld.layers {
+		return fmt.Errorf("hicache: wait for layer %d of %d", layer, l.ld.layers)
+	}
+	for {
+		ready, ch, err := l.layerReady(layer, index)
+		if ready {
+			return err
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// layerReady reports whether the layer's part is on the device (or the load
+// is over), else the channel that closes at the next change.
+func (l *Load) layerReady(layer int, index bool) (bool, <-chan struct{}, error) {
+	l.ld.mu.Lock()
+	defer l.ld.mu.Unlock()
+	switch l.state {
+	case loadDone:
+		return true, nil, nil
+	case loadAborted:
+		return true, nil, l.err
+	}
+	s := &l.ld.ring.slots[l.slot]
+	done := s.kvDone
+	if index {
+		done = s.idxDone
+	}
+	if done > layer {
+		return true, nil, nil
+	}
+	return false, s.changed, nil
+}
+
+// Abort gives up this holder's interest. When the last holder aborts before
+// the load finished, the loader stops at its next step, frees the slot and
+// unpins the host entry (which stays on host, intact). Abort returns once the
+// loader no longer writes the device pages (so the caller may free them), or
+// with ctx's error: the abort still goes on, and Wait tells when the pages
+// are the caller's again. Aborting a finished load only drops the holder.
+func (l *Load) Abort(ctx context.Context) error {
+	ld := l.ld
+	ld.mu.Lock()
+	if l.holders <= 0 {
+		ld.mu.Unlock()
+		return fmt.Errorf("hicache: load of key %d aborted more often than held", l.key)
+	}
+	l.holders--
+	switch {
+	case l.holders > 0 || l.state == loadDone || l.state == loadAborted:
+		ld.mu.Unlock()
+		return nil
+	case l.state == loadQueued:
+		ld.dequeue(l)
+		ld.finish(l, fmt.Errorf("%w: key %d before it started", ErrAborted, l.key))
+		ld.mu.Unlock()
+		return nil
+	}
+	close(l.abort)
+	delete(ld.inFlight, l.key) // a later hit must not Join a stopping load
+	ld.mu.Unlock()
+	select {
+	case <-l.end:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,323 @@
+package hicache
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pdkit/pdkit/engine/kvcache"
+)
+
+// DefaultRingSlots is the number of load slots, as in the reference's
+// LayerDoneCounter.
+const DefaultRingSlots = 3
+
+// Loader copies host entries back into device pages on its own goroutine,
+// one load at a time in submission order, layer by layer. It owns that
+// goroutine: NewLoader starts it and Close stops it.
+type Loader struct {
+	host   *HostPool
+	dev    *kvcache.Pool
+	layers int
+
+	bandwidth atomic.Int64 // bytes per second per copy; 0 is unlimited
+	hold      holdHook
+
+	mu       sync.Mutex
+	ring     ring
+	queue    []*Load
+	inFlight map[Key]*Load // queued or running, by key
+	closed   bool
+
+	kick   chan struct{} // a load was queued
+	stop   chan struct{} // closed by Close
+	exited chan struct{} // closed when the goroutine returns
+}
+
+// NewLoader starts a loader from host into dev with slots ring slots
+// (DefaultRingSlots when slots <= 0).
+func NewLoader(host *HostPool, dev *kvcache.Pool, slots int) (*Loader, error) {
+	if !host.layout.matches(dev.Config()) {
+		return nil, fmt.Errorf("%w: device pool %+v for host layout %+v", ErrShape, dev.Config(), host.layout)
+	}
+	if slots <= 0 {
+		slots = DefaultRingSlots
+	}
+	ld := &Loader{
+		host:     host,
+		dev:      dev,
+		layers:   host.layout.Layers,
+		ring:     newRing(slots),
+		inFlight: make(map[Key]*Load),
+		kick:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		exited:   make(chan struct{}),
+	}
+	ld.hold.init()
+	go ld.run()
+	return ld, nil
+}
+
+// SetBandwidth paces later copies to bytesPerSecond (0: unlimited). Each
+// layer's KV copy and index-K copy takes at least its bytes divided by the
+// budget; the loader sleeps out the rest, deterministically. On a CPU build
+// this restores a GPU's copy-to-compute ratio. Safe live.
+func (ld *Loader) SetBandwidth(bytesPerSecond int64) {
+	ld.bandwidth.Store(max(bytesPerSecond, 0))
+}
+
+// Bandwidth is the current pacing budget in bytes per second, 0 unlimited.
+func (ld *Loader) Bandwidth() int64 { return ld.bandwidth.Load() }
+
+// Submit queues a load of key's host entry into devPages (one device page per
+// host page, in entry order). The caller must hold devPages as one sequence's
+// own pages and leave them to the loader until the load is over. It pins the
+// entry; it fails with ErrLoading when key is already loading (use Join),
+// ErrSlotBusy when the ring's next slot is still in use, ErrNotOnHost or
+// ErrClosed.
+func (ld *Loader) Submit(key Key, devPages []int32) (*Load, error) {
+	if err := checkDevicePages(devPages, ld.dev.TotalPages()); err != nil {
+		return nil, err
+	}
+	e, err := ld.host.pin(key, len(devPages))
+	if err != nil {
+		return nil, err
+	}
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	var slot int
+	var gen uint64
+	switch {
+	case ld.closed:
+		err = ErrClosed
+	case ld.inFlight[key] != nil:
+		err = fmt.Errorf("%w: %d", ErrLoading, key)
+	default:
+		slot, gen, err = ld.ring.take()
+	}
+	if err != nil {
+		ld.host.unpin(e)
+		return nil, err
+	}
+	l := &Load{
+		ld: ld, key: key, entry: e, devPages: slices.Clone(devPages), slot: slot, gen: gen,
+		holders: 1, abort: make(chan struct{}), end: make(chan struct{}),
+	}
+	ld.queue = append(ld.queue, l)
+	ld.inFlight[key] = l
+	select {
+	case ld.kick <- struct{}{}:
+	default:
+	}
+	return l, nil
+}
+
+// Join returns the load in flight for key, counting the caller as one more
+// holder (each holder aborts once), so that concurrent hits on one node share
+// one load. It reports false when no load for key is queued or running.
+func (ld *Loader) Join(key Key) (*Load, bool) {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	l := ld.inFlight[key]
+	if l == nil || l.holders <= 0 {
+		return nil, false
+	}
+	l.holders++
+	return l, true
+}
+
+// InFlight is the number of loads queued or running.
+func (ld *Loader) InFlight() int {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	return len(ld.inFlight)
+}
+
+// Close aborts every queued and running load (their waiters get ErrClosed),
+// stops the goroutine and returns once it has exited. It needs no context:
+// the loader checks for Close before every layer part, in a hold and in a
+// paced sleep, so the wait is at most one layer's copy. Later calls do
+// nothing.
+func (ld *Loader) Close() {
+	ld.mu.Lock()
+	if !ld.closed {
+		ld.closed = true
+		close(ld.stop)
+		for _, l := range ld.queue {
+			ld.finish(l, fmt.Errorf("%w: key %d", ErrClosed, l.key))
+		}
+		ld.queue = nil
+	}
+	ld.mu.Unlock()
+	<-ld.exited
+}
+
+// run is the loader's goroutine.
+func (ld *Loader) run() {
+	defer close(ld.exited)
+	for {
+		l := ld.next()
+		if l == nil {
+			return
+		}
+		err := ld.copyLayers(l)
+		ld.mu.Lock()
+		ld.finish(l, err)
+		ld.mu.Unlock()
+	}
+}
+
+// next takes the oldest queued load, waiting for one; nil once closed.
+func (ld *Loader) next() *Load {
+	for {
+		ld.mu.Lock()
+		if ld.closed {
+			ld.mu.Unlock()
+			return nil
+		}
+		if len(ld.queue) > 0 {
+			l := ld.queue[0]
+			ld.queue = ld.queue[1:]
+			l.state = loadRunning
+			ld.mu.Unlock()
+			return l
+		}
+		ld.mu.Unlock()
+		select {
+		case <-ld.kick:
+		case <-ld.stop:
+		}
+	}
+}
+
+// copyLayers copies l layer by layer: layer i's K and V of every page, then
+// layer i's index-K rows and scales, marking each part done as it lands. It
+// stops before any step once l is aborted or the loader closes.
+func (ld *Loader) copyLayers(l *Load) error {
+	lay := ld.host.layout
+	slots := make([]int32, lay.PageSize)
+	hostPages := l.entry.pages // fixed while pinned
+	for layer := range ld.layers {
+		if err := ld.hold.park(holdPoint{layer: layer}, l, ld.stop); err != nil {
+			return err
+		}
+		if err := ld.stopped(l); err != nil {
+			return err
+		}
+		start := time.Now()
+		for i, hp := range hostPages {
+			pageSlots(slots, l.devPages[i], lay.PageSize)
+			k, v := ld.host.hostKV(hp, layer)
+			if err := ld.dev.PutKV(layer, slots, k, v); err != nil {
+				return err
+			}
+		}
+		ld.mark(l, layer, false)
+		if err := ld.pace(l, 2*lay.KVBytes*len(hostPages), start); err != nil {
+			return err
+		}
+		if err := ld.hold.park(holdPoint{layer: layer, index: true}, l, ld.stop); err != nil {
+			return err
+		}
+		if err := ld.stopped(l); err != nil {
+			return err
+		}
+		if lay.IndexBytes == 0 {
+			ld.mark(l, layer, true)
+			continue
+		}
+		start = time.Now()
+		for i, hp := range hostPages {
+			pageSlots(slots, l.devPages[i], lay.PageSize)
+			rows, scales := ld.host.hostIndexK(hp, layer)
+			if err := ld.dev.PutIndexK(layer, slots, rows, scales); err != nil {
+				return err
+			}
+		}
+		ld.mark(l, layer, true)
+		if err := ld.pace(l, (lay.IndexBytes+lay.ScaleBytes)*len(hostPages), start); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// stopped is the abort error once l is aborted or the loader closes.
+func (ld *Loader) stopped(l *Load) error {
+	select {
+	case <-l.abort:
+		return fmt.Errorf("%w: key %d mid-way", ErrAborted, l.key)
+	case <-ld.stop:
+		return fmt.Errorf("%w: key %d mid-way", ErrClosed, l.key)
+	default:
+		return nil
+	}
+}
+
+// mark records that layer's KV (or index-K) part of l is on the device.
+func (ld *Loader) mark(l *Load, layer int, index bool) {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	s := &ld.ring.slots[l.slot]
+	if index {
+		s.idxDone = layer + 1
+	} else {
+		s.kvDone = layer + 1
+	}
+	s.wake()
+}
+
+// pace sleeps out what is left of bytes' time at the bandwidth budget since
+// start, waking early on abort or close.
+func (ld *Loader) pace(l *Load, bytes int, start time.Time) error {
+	bw := ld.bandwidth.Load()
+	if bw <= 0 || bytes == 0 {
+		return nil
+	}
+	budget := time.Duration(float64(bytes) / float64(bw) * float64(time.Second))
+	rest := budget - time.Since(start)
+	if rest <= 0 {
+		return nil
+	}
+	t := time.NewTimer(rest)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-l.abort:
+	case <-ld.stop:
+	}
+	return ld.stopped(l)
+}
+
+// finish ends l (done when err is nil, else aborted): frees its ring slot,
+// unpins its host entry, forgets it and wakes its waiters. ld.mu is held.
+func (ld *Loader) finish(l *Load, err error) {
+	if l.state == loadDone || l.state == loadAborted {
+		panic(fmt.Sprintf("hicache: load of key %d finished twice", l.key))
+	}
+	if err != nil {
+		l.state, l.err = loadAborted, err
+	} else {
+		l.state = loadDone
+	}
+	s := &ld.ring.slots[l.slot]
+	if s.gen == l.gen {
+		s.busy = false
+		s.wake()
+	}
+	ld.host.unpin(l.entry)
+	if ld.inFlight[l.key] == l {
+		delete(ld.inFlight, l.key)
+	}
+	close(l.end)
+}
+
+// dequeue removes queued load l from the queue. ld.mu is held.
+func (ld *Loader) dequeue(l *Load) {
+	if i := slices.Index(ld.queue, l); i >= 0 {
+		ld.queue = slices.Delete(ld.queue, i, i+1)
+	}
+}
