@@ -28,10 +28,14 @@
 //     HoldBeforeIndexK are test hooks that park the loader before a layer's
 //     KV or between its KV and its index-K, deterministically.
 //
-// Not yet: nothing here is wired into serving. engine/serve, engine/model and
-// the prefix cache do not call this package; the write policies, the forward
-// pass's gates, the hicache-indexk-ungated fault, the admin API, metrics and
-// benchmarks come later.
+// The forward pass's gates: a *Load is a model.LayerGate as it is. Set as a
+// sequence's model.SeqInput.Gate, it holds the indexer's read of layer i's
+// index-K at WaitIndexK and attention's read of layer i's KV at WaitKV.
+//
+// Not yet: nothing here is wired into serving. engine/serve, engine/tp and the
+// prefix cache do not call this package or set gates; the write policies, the
+// hicache-indexk-ungated fault, the admin API, metrics and benchmarks come
+// later.
 //
 // Concurrency: HostPool is safe for concurrent use (its own lock; copies run
 // outside it on pinned or not-yet-published pages). The Loader writes only the

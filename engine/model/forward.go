@@ -1,6 +1,7 @@
 package model
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -16,6 +17,13 @@ type SeqInput struct {
 	Seq       *kvcache.Seq
 	Tokens    []int32
 	NumLogits int // logits for the last NumLogits tokens: 1 for generation, len(Tokens) to score a prompt
+	// Gate, when set, holds this sequence's reads of layer i of its pages
+	// (the indexer's of index-K, attention's of K and V) until its gate for
+	// that part of layer i opens: its prefix is being loaded onto the
+	// device while the forward pass runs. Other sequences in the batch are
+	// not gated by it, but the batch runs as one pass, so they finish with
+	// it.
+	Gate LayerGate
 }
 
 // Exec runs forward passes of one model on one backend over one KV pool. It
@@ -30,6 +38,7 @@ type Exec struct {
 	b    kernels.Backend
 	pool *kvcache.Pool
 	ws   workspace
+	ctx  context.Context // the current forward's, for the gates
 
 	// Tensor parallelism (see Shard): this rank's rows of every split
 	// matrix and the widths they produce. With one rank they are the whole.
@@ -116,6 +125,7 @@ type workspace struct {
 	selW     []float32 // their per-head weights
 	topk     []int32
 	slotBuf  []int32
+	gated    []gated // the batch's sequences with a LayerGate
 }
 
 // NewExec binds a model, a backend and a pool whose shape matches the model.
@@ -226,6 +236,14 @@ func grow[T any](s []T, n int) []T {
 // requested logits in order (sequence by sequence, token by token) into
 // logits, which must hold Σ NumLogits × vocab floats.
 func (e *Exec) Forward(batch []SeqInput, logits []float32) error {
+	return e.ForwardContext(context.Background(), batch, logits)
+}
+
+// ForwardContext is Forward whose gate waits (see SeqInput.Gate) end with
+// ctx: a wait's error, ctx's included, fails the step.
+func (e *Exec) ForwardContext(ctx context.Context, batch []SeqInput, logits []float32) error {
+	e.ctx = ctx
+	defer func() { e.ctx = nil; clear(e.ws.gated); e.ws.gated = e.ws.gated[:0] }()
 	c := &e.m.Config
 	n, nl := 0, 0
 	for i, s := range batch {
@@ -291,8 +309,12 @@ func (e *Exec) prepare(batch []SeqInput, n int) {
 	ws.ctx = grow(ws.ctx, n)
 	ws.attn = grow(ws.attn, n)
 	ws.logitRows = ws.logitRows[:0]
+	ws.gated = ws.gated[:0]
 	i := 0
 	for _, s := range batch {
+		if s.Gate != nil {
+			ws.gated = append(ws.gated, gated{gate: s.Gate, end: i + len(s.Tokens)})
+		}
 		slots := s.Seq.Slots()
 		base := s.Seq.Len()
 		for j := range s.Tokens {
@@ -341,7 +363,14 @@ func (e *Exec) layer(l, n int) error {
 	}
 	copy(ws.attn, ws.ctx)
 	if c.Indexer != nil {
-		e.index(l, n)
+		if err := e.index(l, n); err != nil {
+			return err
+		}
+	}
+	if len(ws.gated) > 0 {
+		if err := e.waitKV(l); err != nil {
+			return err
+		}
 	}
 	b.Attention(&kernels.AttentionArgs{
 		Out: ws.a, Q: ws.q, K: e.pool.K(l), V: e.pool.V(l), Slots: ws.attn[:n],
@@ -378,8 +407,9 @@ func (e *Exec) layer(l, n int) error {
 // index runs the sparse-attention indexer of layer l: it writes every batch
 // token's index key into the pool's index-K buffer (in the pool's precision),
 // then, for each token whose context is longer than top-k, scores its context
-// from that buffer and narrows ws.attn to the top-k slots.
-func (e *Exec) index(l, n int) {
+// from that buffer and narrows ws.attn to the top-k slots. That read waits
+// for the index-K gates of layer l first (see LayerGate).
+func (e *Exec) index(l, n int) error {
 	c := &e.m.Config
 	ix := c.Indexer
 	w := &e.layers[l]
@@ -408,7 +438,7 @@ func (e *Exec) index(l, n int) {
 		}
 	}
 	if len(ws.selTok) == 0 {
-		return
+		return nil
 	}
 	m := len(ws.selTok)
 	ws.selSlots = grow(ws.selSlots, m)
@@ -427,6 +457,11 @@ func (e *Exec) index(l, n int) {
 		wts = append(wts, ws.iw[i*ix.Heads:(i+1)*ix.Heads]...)
 	}
 	ws.selQ, ws.selW = q, wts
+	if len(ws.gated) > 0 {
+		if err := e.waitIndexK(l, ix.TopK); err != nil {
+			return err
+		}
+	}
 	b.IndexScore(&kernels.IndexScoreArgs{
 		Out: ws.selOut, Q: q, W: wts, Keys: e.pool.IndexKeys(l), Slots: ws.selSlots, NHeads: ix.Heads,
 	})
@@ -439,6 +474,7 @@ func (e *Exec) index(l, n int) {
 		}
 		ws.attn[i] = sel
 	}
+	return nil
 }
 
 // logits computes the output projection for the rows that asked for it.

@@ -100,7 +100,7 @@ func (rk *Rank) Forward(ctx context.Context, batch []Input, dst []float32) error
 		dst = rk.logits
 	}
 	rk.last = dst[:nl*rk.m.Config.VocabSize]
-	return rk.exec.Forward(rk.inputs, dst)
+	return rk.exec.ForwardContext(ctx, rk.inputs, dst)
 }
 
 // Logits are the logits of the rank's last Forward, valid until the next.
