@@ -25,6 +25,10 @@
 // leaves that no match has locked, under a logical clock (no wall time), so
 // the cache is deterministic.
 //
+// An optional host tier (engine/hicache, HiCache) keeps evicted pages' KV in
+// host memory and loads it back: see AttachHost in tier.go. Without one the
+// cache behaves as described above.
+//
 // A Cache serves one Pool, is the only cache of that pool, and like the pool
 // belongs to the rank's loop: it is not safe for concurrent use.
 package prefix
@@ -35,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/pdkit/pdkit/engine/hicache"
 	"github.com/pdkit/pdkit/engine/kvcache"
 )
 
@@ -46,15 +51,23 @@ type Cache struct {
 	byPage map[int32]*node
 	clock  uint64
 	locks  map[*node]int // deepest node of each locked match -> matches
+
+	tier tierState // the host tier; zero (host nil) until AttachHost
 }
 
 type node struct {
 	parent   *node
 	key      []int32 // the page's PageSize tokens; nil at the root
-	page     int32   // -1 at the root
+	page     int32   // -1 at the root and on a host-only node (tier.go)
 	children map[string]*node
 	lock     int    // locked matches whose path passes through this node
 	last     uint64 // logical time of the last Match or Insert through it
+
+	// The host tier (tier.go); zero while none is attached.
+	hkey    hicache.Key   // the node's host entry key; 0 until it needs one
+	onHost  bool          // a host entry of key holds the page's KV
+	hits    int           // Matches that passed through the node
+	loading *hicache.Load // a load into a sequence's page is in flight
 }
 
 // New returns an empty cache over pool. The pool must hold no cached pages
@@ -94,7 +107,7 @@ func (c *Cache) Match(tokens []int32) (pages []int32, n int) {
 	nd := c.root
 	for len(tokens)-n >= c.ps {
 		child := nd.children[blockKey(tokens[n:n+c.ps])]
-		if child == nil {
+		if child == nil || child.page < 0 { // absent, or on host only
 			break
 		}
 		nd = child
@@ -107,6 +120,7 @@ func (c *Cache) Match(tokens []int32) (pages []int32, n int) {
 		for x := nd; x != c.root; x = x.parent {
 			x.lock++
 		}
+		c.hit(nd)
 	}
 	return pages, n
 }
@@ -202,8 +216,21 @@ func (c *Cache) Insert(tokens, pages []int32) (added int, err error) {
 			nd.children[k] = child
 			c.byPage[pg] = child
 			added++
+		case child.page < 0 && child.loading == nil:
+			// A host-only node: pg holds the same tokens' KV, so the node
+			// is on the device again (and still on host).
+			child.page = pg
+			c.byPage[pg] = child
+			added++
+		case child.page < 0:
+			// Another sequence is loading this node back: its page will
+			// be the node's. Nothing below may be on the device before it.
+			dups = append(dups, pages[i:]...)
 		case child.page != pg:
 			dups = append(dups, pg)
+		}
+		if child.page != pg && child.page < 0 {
+			break
 		}
 		child.last = c.clock
 		nd = child
@@ -224,6 +251,9 @@ func (c *Cache) Insert(tokens, pages []int32) (added int, err error) {
 func (c *Cache) Finish(s *kvcache.Seq, tokens, matched []int32) error {
 	if full := s.Len() / c.ps * c.ps; len(tokens) < full {
 		return fmt.Errorf("prefix: finish seq %d: %d tokens for %d full pages' worth", s.ID(), len(tokens), full)
+	}
+	if handled, err := c.finishLoad(s, matched); handled {
+		return err
 	}
 	var ierr error
 	err := c.pool.ReleaseTo(s, func(full []int32) {
@@ -248,13 +278,18 @@ func (c *Cache) Finish(s *kvcache.Seq, tokens, matched []int32) error {
 // left to free, and returns how many it freed. Only leaves go, so a prefix
 // stays cached as long as a longer one is; locked nodes, and nodes whose
 // page a sequence still uses, stay.
+//
+// With a host tier attached (AttachHost), "leaf" means a node with no child
+// on the device, and a node whose KV is on host (or, under WriteBack, is
+// backed up now) stays in the tree as host-only instead of going; see
+// tier.go.
 func (c *Cache) Evict(n int) int {
 	if n <= 0 {
 		return 0
 	}
 	h := &lru{}
 	for _, nd := range c.byPage {
-		if len(nd.children) == 0 && c.evictable(nd) {
+		if !c.hasDeviceChild(nd) && c.evictable(nd) {
 			*h = append(*h, nd)
 		}
 	}
@@ -263,11 +298,14 @@ func (c *Cache) Evict(n int) int {
 	for len(freed) < n && h.Len() > 0 {
 		nd := heap.Pop(h).(*node)
 		p := nd.parent
-		delete(p.children, blockKey(nd.key))
-		delete(c.byPage, nd.page)
-		nd.parent = nil
 		freed = append(freed, nd.page)
-		if p != c.root && len(p.children) == 0 && c.evictable(p) {
+		delete(c.byPage, nd.page)
+		if c.keepOnHost(nd) {
+			nd.page = -1
+		} else {
+			c.drop(nd)
+		}
+		if p != c.root && !c.hasDeviceChild(p) && c.evictable(p) {
 			heap.Push(h, p)
 		}
 	}
@@ -347,6 +385,17 @@ func (c *Cache) Check() error {
 	var walk func(nd *node) error
 	walk = func(nd *node) error {
 		for k, ch := range nd.children {
+			if ch.page < 0 {
+				// Host-only (tier.go checks where it is); nothing below it
+				// is on the device.
+				if ch.parent != nd || len(ch.key) != c.ps || blockKey(ch.key) != k {
+					return fmt.Errorf("prefix: a host-only node is misfiled")
+				}
+				if err := c.checkHostOnly(ch); err != nil {
+					return err
+				}
+				continue
+			}
 			count++
 			switch {
 			case ch.parent != nd:
@@ -381,5 +430,5 @@ func (c *Cache) Check() error {
 	if got := c.pool.CachedPages(); got != count {
 		return fmt.Errorf("prefix: the pool's cache holds %d pages, the tree %d (leak)", got, count)
 	}
-	return nil
+	return c.checkTier()
 }
