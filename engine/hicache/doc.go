@@ -22,7 +22,9 @@
 //     Load.WaitKV and Load.WaitIndexK, because the sparse indexer reads
 //     index-K before attention reads KV: a single wait at the top of a layer
 //     is what let production incident 3 (the HiCache index-K race) happen.
-//     Concurrent hits on one key share one load (Join). Loads may be paced by
+//     Concurrent hits on one key share one load (Join). SubmitKeys loads
+//     several entries (e.g. a radix path of one-page nodes) as one load in
+//     one slot, each layer of all of them before the layer is marked. Loads may be paced by
 //     a bytes/second budget (SetBandwidth) to restore a GPU's copy-to-compute
 //     ratio on a CPU build; the default is unlimited. HoldBeforeLayer and
 //     HoldBeforeIndexK are test hooks that park the loader before a layer's
@@ -32,8 +34,9 @@
 // sequence's model.SeqInput.Gate, it holds the indexer's read of layer i's
 // index-K at WaitIndexK and attention's read of layer i's KV at WaitKV.
 //
-// Not yet: nothing here is wired into serving. engine/serve, engine/tp and the
-// prefix cache do not call this package or set gates; the write policies, the
+// Not yet: nothing here is wired into serving. engine/prefix can attach a
+// host pool and loader (prefix.Cache.AttachHost, with the write policies),
+// but engine/serve and engine/tp do not attach one or set gates; the
 // hicache-indexk-ungated fault, the admin API, metrics and benchmarks come
 // later.
 //

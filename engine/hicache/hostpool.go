@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 
 	"github.com/pdkit/pdkit/engine/kvcache"
@@ -222,21 +223,35 @@ func (h *HostPool) drop(e *entry) {
 	e.pages = nil
 }
 
-// pin keeps key's entry from eviction while a load reads it, and counts as a
-// use. It checks that the entry has n pages.
-func (h *HostPool) pin(key Key, n int) (*entry, error) {
+// pinAll pins keys' entries, which must be distinct and hold n pages
+// together, all or nothing, and returns them and their pages in order.
+func (h *HostPool) pinAll(keys []Key, n int) ([]*entry, []int32, error) {
+	if len(keys) == 0 {
+		return nil, nil, fmt.Errorf("%w: a load of no entries", ErrShape)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	e, ok := h.entries[key]
-	switch {
-	case !ok || e.writing:
-		return nil, fmt.Errorf("%w: %d", ErrNotOnHost, key)
-	case len(e.pages) != n:
-		return nil, fmt.Errorf("%w: key %d has %d host pages, load into %d device pages", ErrShape, key, len(e.pages), n)
+	entries := make([]*entry, 0, len(keys))
+	var pages []int32
+	for _, k := range keys {
+		e, ok := h.entries[k]
+		if !ok || e.writing {
+			return nil, nil, fmt.Errorf("%w: %d", ErrNotOnHost, k)
+		}
+		if slices.Contains(entries, e) {
+			return nil, nil, fmt.Errorf("%w: key %d listed twice", ErrShape, k)
+		}
+		entries = append(entries, e)
+		pages = append(pages, e.pages...)
 	}
-	e.pins++
-	h.lru.MoveToFront(e.elem)
-	return e, nil
+	if len(pages) != n {
+		return nil, nil, fmt.Errorf("%w: keys %v have %d host pages, load into %d device pages", ErrShape, keys, len(pages), n)
+	}
+	for _, e := range entries {
+		e.pins++
+		h.lru.MoveToFront(e.elem)
+	}
+	return entries, pages, nil
 }
 
 func (h *HostPool) unpin(e *entry) {

@@ -3,6 +3,7 @@ package hicache
 import (
 	"context"
 	"fmt"
+	"slices"
 )
 
 type loadState uint8
@@ -19,14 +20,16 @@ const (
 // never answered by a later load that reuses the slot. Every method is safe
 // from any goroutine.
 type Load struct {
-	ld       *Loader
-	key      Key
-	entry    *entry
-	devPages []int32
-	slot     int
-	gen      uint64
-	abort    chan struct{} // closed when the last holder aborts
-	end      chan struct{} // closed once the loader has let go of the pages
+	ld        *Loader
+	key       Key      // keys[0]
+	keys      []Key    // the entries loaded, in device page order
+	entries   []*entry // pinned while the load is queued or running
+	hostPages []int32  // the entries' host pages, one after another
+	devPages  []int32
+	slot      int
+	gen       uint64
+	abort     chan struct{} // closed when the last holder aborts
+	end       chan struct{} // closed once the loader has let go of the pages
 
 	// Guarded by ld.mu.
 	state   loadState
@@ -34,8 +37,21 @@ type Load struct {
 	holders int // Submit and each Join; the load stops when all abort
 }
 
-// Key is the host entry being loaded.
+// Key is the host entry being loaded (the first, for SubmitKeys).
 func (l *Load) Key() Key { return l.key }
+
+// Keys are the host entries being loaded, in device page order.
+func (l *Load) Keys() []Key { return slices.Clone(l.keys) }
+
+// forget drops l's keys from the loader's in-flight map, so that a later hit
+// does not Join it. ld.mu is held.
+func (l *Load) forget() {
+	for _, k := range l.keys {
+		if l.ld.inFlight[k] == l {
+			delete(l.ld.inFlight, k)
+		}
+	}
+}
 
 // Slot is the index of the ring slot the load occupies.
 func (l *Load) Slot() int { return l.slot }
@@ -148,7 +164,7 @@ func (l *Load) Abort(ctx context.Context) error {
 		return nil
 	}
 	close(l.abort)
-	delete(ld.inFlight, l.key) // a later hit must not Join a stopping load
+	l.forget() // a later hit must not Join a stopping load
 	ld.mu.Unlock()
 	select {
 	case <-l.end:

@@ -78,10 +78,21 @@ func (ld *Loader) Bandwidth() int64 { return ld.bandwidth.Load() }
 // ErrSlotBusy when the ring's next slot is still in use, ErrNotOnHost or
 // ErrClosed.
 func (ld *Loader) Submit(key Key, devPages []int32) (*Load, error) {
+	return ld.SubmitKeys([]Key{key}, devPages)
+}
+
+// SubmitKeys is Submit of several host entries as one load, in one ring
+// slot: devPages are the device pages of keys' entries one after another, in
+// keys' order, and the loader copies each layer of all of them before
+// marking that layer done, so that a reader of layer i waits for layer i of
+// the whole run, not for every layer of the entries before it (e.g. a radix
+// path of single-page nodes loaded back at once). Join by any of the keys
+// joins the load. It fails with ErrLoading when any key is already loading.
+func (ld *Loader) SubmitKeys(keys []Key, devPages []int32) (*Load, error) {
 	if err := checkDevicePages(devPages, ld.dev.TotalPages()); err != nil {
 		return nil, err
 	}
-	e, err := ld.host.pin(key, len(devPages))
+	entries, hostPages, err := ld.host.pinAll(keys, len(devPages))
 	if err != nil {
 		return nil, err
 	}
@@ -89,24 +100,32 @@ func (ld *Loader) Submit(key Key, devPages []int32) (*Load, error) {
 	defer ld.mu.Unlock()
 	var slot int
 	var gen uint64
-	switch {
-	case ld.closed:
+	if ld.closed {
 		err = ErrClosed
-	case ld.inFlight[key] != nil:
-		err = fmt.Errorf("%w: %d", ErrLoading, key)
-	default:
+	}
+	for _, k := range keys {
+		if err == nil && ld.inFlight[k] != nil {
+			err = fmt.Errorf("%w: %d", ErrLoading, k)
+		}
+	}
+	if err == nil {
 		slot, gen, err = ld.ring.take()
 	}
 	if err != nil {
-		ld.host.unpin(e)
+		for _, e := range entries {
+			ld.host.unpin(e)
+		}
 		return nil, err
 	}
 	l := &Load{
-		ld: ld, key: key, entry: e, devPages: slices.Clone(devPages), slot: slot, gen: gen,
+		ld: ld, key: keys[0], keys: slices.Clone(keys), entries: entries, hostPages: hostPages,
+		devPages: slices.Clone(devPages), slot: slot, gen: gen,
 		holders: 1, abort: make(chan struct{}), end: make(chan struct{}),
 	}
 	ld.queue = append(ld.queue, l)
-	ld.inFlight[key] = l
+	for _, k := range keys {
+		ld.inFlight[k] = l
+	}
 	select {
 	case ld.kick <- struct{}{}:
 	default:
@@ -198,7 +217,7 @@ func (ld *Loader) next() *Load {
 func (ld *Loader) copyLayers(l *Load) error {
 	lay := ld.host.layout
 	slots := make([]int32, lay.PageSize)
-	hostPages := l.entry.pages // fixed while pinned
+	hostPages := l.hostPages // fixed while pinned
 	for layer := range ld.layers {
 		if err := ld.hold.park(holdPoint{layer: layer}, l, ld.stop); err != nil {
 			return err
@@ -308,10 +327,10 @@ func (ld *Loader) finish(l *Load, err error) {
 		s.busy = false
 		s.wake()
 	}
-	ld.host.unpin(l.entry)
-	if ld.inFlight[l.key] == l {
-		delete(ld.inFlight, l.key)
+	for _, e := range l.entries {
+		ld.host.unpin(e)
 	}
+	l.forget()
 	close(l.end)
 }
 
