@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/pdkit/pdkit/engine/hicache"
 	"github.com/pdkit/pdkit/engine/kvcache"
@@ -35,9 +36,10 @@ import (
 //   - Load-back. MatchHost returns, past the device prefix that Match
 //     returns, how many more tokens are on host only. StartLoad extends a
 //     sequence started from that device prefix by fresh pages of its own
-//     (kvcache.Pool.Reserve) and queues one Loader load per host-only node
-//     into them; the returned Gate (a model.LayerGate) holds the forward
-//     pass's reads of each layer until that layer has landed. The pages are
+//     (kvcache.Pool.Reserve) and queues one Loader load of those nodes into
+//     them (SubmitKeys: one ring slot, each layer of every node before the
+//     next layer); the returned *hicache.Load is a model.LayerGate that holds
+//     the forward pass's reads of each layer until that layer has landed. The pages are
 //     the sequence's own while the loader writes them, as hicache and the
 //     pool require. Finish, once every load is over, hands them to the cache
 //     like any full page, and Insert makes the host-only nodes device
@@ -100,11 +102,11 @@ type tierState struct {
 	loads   map[uint64]*seqLoad // by sequence id
 }
 
-// seqLoad is the loads StartLoad queued for one sequence.
+// seqLoad is the load StartLoad queued for one sequence.
 type seqLoad struct {
-	nodes   []*node
-	gate    Gate
-	aborted bool // Abort has given up every load's holder
+	nodes   []*node // host-only, in path order
+	load    *hicache.Load
+	aborted bool // Abort has given up the load's holder
 }
 
 // ErrNoHost: the cache has no host tier attached.
@@ -326,62 +328,20 @@ func (c *Cache) MatchHost(tokens []int32) (pages []int32, n, hostTokens int) {
 	return pages, n, hostTokens
 }
 
-// Gate is the loads of one sequence's host-only prefix, a model.LayerGate:
-// a layer may be read once every load has landed it.
-type Gate []*hicache.Load
-
-// WaitKV waits for layer's K and V of every load.
-func (g Gate) WaitKV(ctx context.Context, layer int) error {
-	for _, l := range g {
-		if err := l.WaitKV(ctx, layer); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// WaitIndexK waits for layer's index-K rows and scales of every load.
-func (g Gate) WaitIndexK(ctx context.Context, layer int) error {
-	for _, l := range g {
-		if err := l.WaitIndexK(ctx, layer); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// Wait waits until every load is over and returns the first failure.
-func (g Gate) Wait(ctx context.Context) error {
-	var first error
-	for _, l := range g {
-		if err := l.Wait(ctx); err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
-}
-
-// Over reports whether every load is over (done or aborted).
-func (g Gate) Over() bool {
-	for _, l := range g {
-		if _, _, over := l.Progress(); !over {
-			return false
-		}
-	}
-	return true
-}
-
 // StartLoad loads back the host-only nodes that follow matched (the device
 // pages of a MatchHost of tokens) along tokens: s must have started from
 // matched (kvcache.Pool.NewSeqWithPrefix, nothing more written or
 // reserved). It reserves and commits one fresh page of s per node and
-// queues one load per node into it, as many as the loader's ring takes now
-// (at least one, or an error). It returns the loads as a Gate for the
-// forward pass and the tokens they cover: s's Len grows by that many, and
-// its KV there may be read only through the gate. The nodes stay host-only,
-// pinned on host, until Finish(s) (after the gate is over) makes them device
-// resident on s's pages, or Abort.
-func (c *Cache) StartLoad(s *kvcache.Seq, tokens, matched []int32) (Gate, int, error) {
+// queues one load of all the nodes into them (hicache.Loader.SubmitKeys,
+// one ring slot, layer by layer across the nodes). It returns the load, a
+// model.LayerGate for the forward pass, and the tokens it covers: s's Len
+// grows by that many, and its KV there may be read only through the load's
+// gates. The nodes stay host-only, pinned on host, until Finish(s) (once the
+// load is over) makes them device resident on s's pages, or Abort. It fails,
+// changing nothing, when nothing follows matched on host only, s cannot
+// reserve the pages (kvcache.ErrOutOfPages: evict first) or the loader
+// refuses (hicache.ErrSlotBusy: the ring is full, try again later).
+func (c *Cache) StartLoad(s *kvcache.Seq, tokens, matched []int32) (*hicache.Load, int, error) {
 	if c.tier.host == nil {
 		return nil, 0, ErrNoHost
 	}
@@ -415,46 +375,41 @@ func (c *Cache) StartLoad(s *kvcache.Seq, tokens, matched []int32) (Gate, int, e
 	if err := c.pool.Reserve(s, len(nodes)*c.ps); err != nil {
 		return nil, 0, fmt.Errorf("prefix: start load: %w", err)
 	}
-	fresh := s.Pages()[len(matched):]
-	var gate Gate
-	var serr error
+	keys := make([]hicache.Key, len(nodes))
 	for i, x := range nodes {
-		l, err := c.tier.loader.Submit(x.hkey, fresh[i:i+1])
-		if err != nil {
-			serr = err
-			break
+		keys[i] = x.hkey
+	}
+	k := len(nodes) * c.ps
+	l, err := c.tier.loader.SubmitKeys(keys, s.Pages()[len(matched):])
+	if err != nil {
+		if terr := c.pool.Truncate(s, n); terr != nil {
+			panic(fmt.Sprintf("prefix: start load: seq %d: %v", s.ID(), terr)) // s was checked above
 		}
-		gate = append(gate, l)
+		return nil, 0, fmt.Errorf("prefix: start load: %w", err)
 	}
-	k := len(gate) * c.ps
-	// Keep the submitted pages (committed: the gate guards their reads),
-	// give the rest back.
-	if err := errors.Join(c.pool.Commit(s, k), c.pool.Truncate(s, n+k)); err != nil {
-		panic(fmt.Sprintf("prefix: start load: seq %d: %v", s.ID(), err)) // s was checked above
+	// Committed now: the load's gates guard the reads of these positions.
+	if err := c.pool.Commit(s, k); err != nil {
+		panic(fmt.Sprintf("prefix: start load: seq %d: %v", s.ID(), err))
 	}
-	if len(gate) == 0 {
-		return nil, 0, fmt.Errorf("prefix: start load: %w", serr)
+	for _, x := range nodes {
+		x.loading = l
 	}
-	for i, l := range gate {
-		nodes[i].loading = l
-	}
-	c.tier.loads[s.ID()] = &seqLoad{nodes: nodes[:len(gate)], gate: gate}
-	return gate, k, nil
+	c.tier.loads[s.ID()] = &seqLoad{nodes: nodes, load: l}
+	return l, k, nil
 }
 
-// Loading is the gate of s's loads, if StartLoad queued some that Finish or
-// Abort has not settled.
-func (c *Cache) Loading(s *kvcache.Seq) (Gate, bool) {
+// Loading is s's load from StartLoad, if Finish or Abort has not settled it.
+func (c *Cache) Loading(s *kvcache.Seq) (*hicache.Load, bool) {
 	sl := c.tier.loads[s.ID()]
 	if sl == nil {
 		return nil, false
 	}
-	return sl.gate, true
+	return sl.load, true
 }
 
-// finishLoad settles s's loads for Finish. Without loads it does nothing
+// finishLoad settles s's load for Finish. Without one it does nothing
 // (handled false). With a load in flight it fails, changing nothing. After
-// loads that all landed it lets Finish go on (the nodes become device
+// a load that landed it lets Finish go on (the nodes become device
 // resident through Insert). After a failed load it releases s, freeing the
 // loaded pages, and unlocks matched: the host copies stay.
 func (c *Cache) finishLoad(s *kvcache.Seq, matched []int32) (handled bool, err error) {
@@ -462,10 +417,10 @@ func (c *Cache) finishLoad(s *kvcache.Seq, matched []int32) (handled bool, err e
 	if sl == nil {
 		return false, nil
 	}
-	if !sl.gate.Over() {
-		return true, fmt.Errorf("prefix: finish seq %d: its load back from host is in flight (wait for the gate or Abort)", s.ID())
+	if _, _, over := sl.load.Progress(); !over {
+		return true, fmt.Errorf("prefix: finish seq %d: its load back from host is in flight (wait for it or Abort)", s.ID())
 	}
-	lerr := sl.gate.Wait(context.Background()) // over: returns at once
+	lerr := sl.load.Wait(context.Background()) // over: returns at once
 	c.settle(s, sl)
 	if lerr == nil && !sl.aborted {
 		return false, nil
@@ -477,7 +432,7 @@ func (c *Cache) finishLoad(s *kvcache.Seq, matched []int32) (handled bool, err e
 		c.pool.Release(s), c.Unlock(matched))
 }
 
-// settle forgets s's loads; every one is over.
+// settle forgets s's load, which is over.
 func (c *Cache) settle(s *kvcache.Seq, sl *seqLoad) {
 	for _, nd := range sl.nodes {
 		nd.loading = nil
@@ -485,7 +440,7 @@ func (c *Cache) settle(s *kvcache.Seq, sl *seqLoad) {
 	delete(c.tier.loads, s.ID())
 }
 
-// Abort gives up s's loads from StartLoad: the loader stops at its next
+// Abort gives up s's load from StartLoad: the loader stops at its next
 // step, the host copies stay intact, and once the loader has let go of the
 // pages s is released (freeing them and the rest of s) and matched is
 // unlocked. If ctx ends first it returns ctx's error and changes nothing
@@ -497,17 +452,23 @@ func (c *Cache) Abort(ctx context.Context, s *kvcache.Seq, matched []int32) erro
 	}
 	if !sl.aborted {
 		sl.aborted = true
-		for _, l := range sl.gate {
-			_ = l.Abort(context.Background()) // waits below, under ctx
+		if err := sl.load.Abort(ctx); err != nil {
+			return err // the abort goes on; Wait below tells when it is over
 		}
 	}
-	for _, l := range sl.gate {
-		if err := l.Wait(ctx); err != nil && ctx.Err() != nil {
-			return err
-		}
+	if err := sl.load.Wait(ctx); err != nil && ctx.Err() != nil {
+		return err
 	}
 	c.settle(s, sl)
 	return errors.Join(c.pool.Release(s), c.Unlock(matched))
+}
+
+func keysOf(nodes []*node) []hicache.Key {
+	keys := make([]hicache.Key, len(nodes))
+	for i, nd := range nodes {
+		keys[i] = nd.hkey
+	}
+	return keys
 }
 
 // checkHostOnly verifies host-only node nd and its subtree: all off the
@@ -592,12 +553,12 @@ func (c *Cache) checkTier() error {
 	}
 	recorded := 0
 	for id, sl := range c.tier.loads {
-		if len(sl.nodes) != len(sl.gate) || len(sl.nodes) == 0 {
-			return fmt.Errorf("prefix: seq %d has %d loading nodes, %d loads", id, len(sl.nodes), len(sl.gate))
+		if len(sl.nodes) == 0 || !slices.Equal(sl.load.Keys(), keysOf(sl.nodes)) {
+			return fmt.Errorf("prefix: seq %d's load is of keys %v, its nodes %v", id, sl.load.Keys(), keysOf(sl.nodes))
 		}
-		for i, nd := range sl.nodes {
-			if nd.loading != sl.gate[i] {
-				return fmt.Errorf("prefix: seq %d's load %d is not its node's", id, i)
+		for _, nd := range sl.nodes {
+			if nd.loading != sl.load {
+				return fmt.Errorf("prefix: seq %d's node %d does not record its load", id, nd.hkey)
 			}
 		}
 		recorded += len(sl.nodes)

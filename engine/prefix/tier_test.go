@@ -29,6 +29,11 @@ const tierPS = 4
 
 func newTierRig(t *testing.T, devPages, hostPages int, policy Policy) *tierRig {
 	t.Helper()
+	return newTierRigSlots(t, devPages, hostPages, policy, 0)
+}
+
+func newTierRigSlots(t *testing.T, devPages, hostPages int, policy Policy, slots int) *tierRig {
+	t.Helper()
 	cfg := kvcache.Config{Layers: 2, KVDim: 3, PageSize: tierPS, Pages: devPages, MaxSeqs: 8, MaxContext: tierPS * devPages,
 		IndexK: &kvcache.IndexKConfig{DType: kernels.IndexFP8, Dim: 4}}
 	pool, err := kvcache.NewPool(cfg)
@@ -39,7 +44,7 @@ func newTierRig(t *testing.T, devPages, hostPages int, policy Policy) *tierRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ld, err := hicache.NewLoader(host, pool, 64)
+	ld, err := hicache.NewLoader(host, pool, slots) // 0: the default ring
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +162,7 @@ func (r *tierRig) where(tokens []int32, want ...Location) {
 
 // startLoad matches tokens, starts a sequence from the device match and
 // loads the host continuation.
-func (r *tierRig) startLoad(tokens []int32, wantN, wantHost int) (*kvcache.Seq, []int32, Gate) {
+func (r *tierRig) startLoad(tokens []int32, wantN, wantHost int) (*kvcache.Seq, []int32, *hicache.Load) {
 	r.t.Helper()
 	pages, n, host := r.c.MatchHost(tokens)
 	if n != wantN || host != wantHost {
@@ -277,10 +282,14 @@ func TestLoadBackRestoresBytes(t *testing.T) {
 
 	// A match that extends into the host-only node.
 	prompt := append(slices.Clone(a), 99)
+	r.ld.HoldBeforeLayer(1)
 	s, matched, g := r.startLoad(prompt, 8, 4)
-	if err := r.c.Finish(s, a, matched); err == nil && !g.Over() {
+	waitHeld(t, r.ld, 1)
+	if err := r.c.Finish(s, a, matched); err == nil {
 		t.Fatal("Finish with the load in flight succeeded")
 	}
+	r.check()
+	r.ld.ReleaseHold()
 	if err := g.Wait(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -361,8 +370,8 @@ func TestAbortMidLoadFreesDevicePagesKeepsHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.ld.ReleaseHold()
-	if !g.Over() {
-		t.Fatal("loads not over after Abort")
+	if _, _, over := g.Progress(); !over {
+		t.Fatal("load not over after Abort")
 	}
 	if r.pool.FreePages() != free || r.pool.Live() != 0 {
 		t.Fatalf("free pages %d, live %d after abort, want %d, 0", r.pool.FreePages(), r.pool.Live(), free)
@@ -430,7 +439,7 @@ func TestHostEvictionDropsHostOnlyNodesNeverLoading(t *testing.T) {
 	for _, x := range []struct {
 		s    *kvcache.Seq
 		m    []int32
-		g    Gate
+		g    *hicache.Load
 		toks []int32
 	}{{s, matched, g, a}, {sb, mb, gb, c}} {
 		if err := x.g.Wait(ctxT(t)); err != nil {
@@ -603,5 +612,52 @@ func TestCheckCatchesWrongLocation(t *testing.T) {
 		t.Fatal("Check missed a node recorded on host that the host pool lacks")
 	}
 	first.onHost = false
+	r.check()
+}
+
+// StartLoad refused by the loader (its ring full) changes nothing: the
+// sequence is back to its match and the nodes stay host-only, unpinned.
+func TestStartLoadRefusedChangesNothing(t *testing.T) {
+	r := newTierRigSlots(t, 8, 8, WriteBack, 1)
+	a, b := toks(8, 1), toks(4, 100)
+	r.serve(a)
+	r.serve(b)
+	r.c.Evict(8)
+	r.where(a, OnHost, OnHost)
+	r.ld.HoldBeforeLayer(0)
+	s, matched, g := r.startLoad(b, 0, 4) // takes the only slot
+	waitHeld(t, r.ld, 0)
+	free := r.pool.FreePages()
+	pages, n, host := r.c.MatchHost(a)
+	if n != 0 || host != 8 {
+		t.Fatalf("MatchHost = %d + %d", n, host)
+	}
+	r.nextID++
+	s2, err := r.pool.NewSeqWithPrefix(r.nextID, pages, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := r.c.StartLoad(s2, a, pages); !errors.Is(err, hicache.ErrSlotBusy) {
+		t.Fatalf("StartLoad with the ring full: %v", err)
+	}
+	if s2.Len() != 0 || s2.Reserved() != 0 || r.pool.FreePages() != free || r.host.Pinned(r.c.root.children[blockKey(a[:4])].hkey) {
+		t.Fatal("a refused StartLoad left pages reserved or the entry pinned")
+	}
+	if _, ok := r.c.Loading(s2); ok {
+		t.Fatal("a refused StartLoad is recorded")
+	}
+	r.check()
+	if err := r.pool.Release(s2); err != nil {
+		t.Fatal(err)
+	}
+	r.ld.ReleaseHold()
+	if err := g.Wait(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.c.Finish(s, b, matched); err != nil {
+		t.Fatal(err)
+	}
+	r.where(b, OnBoth)
+	r.where(a, OnHost, OnHost)
 	r.check()
 }
