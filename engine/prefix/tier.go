@@ -534,7 +534,11 @@ func (c *Cache) checkTier() error {
 		}
 		if nd.loading != nil {
 			loading++
-			if nd.page >= 0 || !h.Pinned(nd.hkey) {
+			// The loader unpins the entry when the load ends, on its own
+			// goroutine, before the cache hears of it (at Finish): unpinned
+			// is fine once the load is over. Pinned is read first; the
+			// loader marks the load over before it unpins.
+			if nd.page >= 0 || (!h.Pinned(nd.hkey) && !loadOver(nd.loading)) {
 				err = fmt.Errorf("prefix: node %d is loading but on the device or not pinned on host", nd.hkey)
 				return
 			}
@@ -567,4 +571,10 @@ func (c *Cache) checkTier() error {
 		return fmt.Errorf("prefix: %d nodes loading, %d loads recorded", loading, recorded)
 	}
 	return nil
+}
+
+// loadOver reports whether l has ended (done or aborted).
+func loadOver(l *hicache.Load) bool {
+	_, _, over := l.Progress()
+	return over
 }
