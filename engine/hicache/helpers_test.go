@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdkit/pdkit/engine/kvcache/kvtest"
+
 	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/kernels"
 	"github.com/pdkit/pdkit/kernels/ref"
@@ -101,7 +103,7 @@ func (r *rig) release(s *kvcache.Seq) {
 func (r *rig) backupNew(key Key, pages int) (snap [][]byte, evicted []Key) {
 	r.t.Helper()
 	s := r.newSeq(pages, true)
-	snap = deviceBytes(r.dev, s.Pages())
+	snap = kvtest.PageBytes(r.dev, s.Pages())
 	evicted, err := r.host.Backup(key, r.dev, s.Pages())
 	if err != nil {
 		r.t.Fatal(err)
@@ -110,26 +112,7 @@ func (r *rig) backupNew(key Key, pages int) (snap [][]byte, evicted []Key) {
 	return snap, evicted
 }
 
-// deviceBytes is, per layer, K, V, index-K rows and scales of pages, read
-// with the pool's own Append copies.
-func deviceBytes(dev *kvcache.Pool, pages []int32) [][]byte {
-	c := dev.Config()
-	var slots []int32
-	for _, p := range pages {
-		for i := range c.PageSize {
-			slots = append(slots, p*int32(c.PageSize)+int32(i))
-		}
-	}
-	var out [][]byte
-	for layer := range c.Layers {
-		k, v := dev.AppendKV(layer, slots, nil, nil)
-		rows, scales := dev.AppendIndexK(layer, slots, nil, nil)
-		out = append(out, k, v, rows, scales)
-	}
-	return out
-}
-
-// hostBytes is deviceBytes' shape read from key's host pages.
+// hostBytes is kvtest.PageBytes' shape read from key's host pages.
 func hostBytes(h *HostPool, key Key) [][]byte {
 	h.mu.Lock()
 	defer h.mu.Unlock()

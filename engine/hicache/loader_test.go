@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdkit/pdkit/engine/kvcache/kvtest"
+
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -25,7 +27,7 @@ func TestLoadRoundTrip(t *testing.T) {
 			if err := l.Wait(ctxT(t)); err != nil {
 				t.Fatal(err)
 			}
-			got := deviceBytes(r.dev, dst.Pages())
+			got := kvtest.PageBytes(r.dev, dst.Pages())
 			if !equalBytes(got, snap) || !equalBytes(got, hostBytes(r.host, 1)) {
 				t.Fatal("device pages differ from the host bytes")
 			}
@@ -50,7 +52,7 @@ func TestGatesHoldAtLayer(t *testing.T) {
 				r := newRig(t, c, 8, 0)
 				snap, _ := r.backupNew(1, 2)
 				dst := r.newSeq(2, true)
-				stale := deviceBytes(r.dev, dst.Pages())
+				stale := kvtest.PageBytes(r.dev, dst.Pages())
 				r.ld.HoldBeforeLayer(hold)
 				l, err := r.ld.Submit(1, dst.Pages())
 				if err != nil {
@@ -75,7 +77,7 @@ func TestGatesHoldAtLayer(t *testing.T) {
 						t.Fatalf("WaitIndexK(%d) passed with the loader held at %d", layer, hold)
 					}
 				}
-				now := deviceBytes(r.dev, dst.Pages())
+				now := kvtest.PageBytes(r.dev, dst.Pages())
 				for layer := range c.Layers {
 					want := snap
 					if layer >= hold {
@@ -100,7 +102,7 @@ func TestGatesHoldAtLayer(t *testing.T) {
 				if err := l.Wait(ctx); err != nil {
 					t.Fatal(err)
 				}
-				if !equalBytes(deviceBytes(r.dev, dst.Pages()), hostBytes(r.host, 1)) {
+				if !equalBytes(kvtest.PageBytes(r.dev, dst.Pages()), hostBytes(r.host, 1)) {
 					t.Fatal("after the load the device differs from the host")
 				}
 				if err := l.WaitKV(ctx, c.Layers); err == nil {
@@ -120,7 +122,7 @@ func TestAbortMidway(t *testing.T) {
 	snap, _ := r.backupNew(1, 2)
 	r.backupNew(2, 1)
 	dst, dst2 := r.newSeq(2, true), r.newSeq(1, true)
-	stale2 := deviceBytes(r.dev, dst2.Pages())
+	stale2 := kvtest.PageBytes(r.dev, dst2.Pages())
 	r.ld.HoldBeforeLayer(1)
 	l, err := r.ld.Submit(1, dst.Pages())
 	if err != nil {
@@ -150,7 +152,7 @@ func TestAbortMidway(t *testing.T) {
 	if !equalBytes(hostBytes(r.host, 1), snap) || r.host.Pinned(1) || r.host.Pinned(2) {
 		t.Fatal("the abort touched the host entry or left it pinned")
 	}
-	if !equalBytes(deviceBytes(r.dev, dst2.Pages()), stale2) {
+	if !equalBytes(kvtest.PageBytes(r.dev, dst2.Pages()), stale2) {
 		t.Fatal("an aborted queued load wrote the device")
 	}
 	if r.ld.InFlight() != 0 {
@@ -174,7 +176,7 @@ func TestAbortMidway(t *testing.T) {
 	if err := l4.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !equalBytes(deviceBytes(r.dev, dst3.Pages()), snap) {
+	if !equalBytes(kvtest.PageBytes(r.dev, dst3.Pages()), snap) {
 		t.Fatal("reload after abort differs")
 	}
 	check(t, r)
@@ -262,7 +264,7 @@ func TestJoinSharesLoad(t *testing.T) {
 	if err := l.Wait(ctx); err != nil {
 		t.Fatalf("one holder's abort stopped the shared load: %v", err)
 	}
-	if !equalBytes(deviceBytes(r.dev, dst.Pages()), snap) {
+	if !equalBytes(kvtest.PageBytes(r.dev, dst.Pages()), snap) {
 		t.Fatal("shared load differs")
 	}
 	if _, ok := r.ld.Join(1); ok {
@@ -378,7 +380,7 @@ func TestIndexKGateSeparate(t *testing.T) {
 			r := newRig(t, c, 8, 0)
 			snap, _ := r.backupNew(1, 2)
 			dst := r.newSeq(2, true)
-			stale := deviceBytes(r.dev, dst.Pages())
+			stale := kvtest.PageBytes(r.dev, dst.Pages())
 			const hold = 1
 			r.ld.HoldBeforeIndexK(hold)
 			l, err := r.ld.Submit(1, dst.Pages())
@@ -396,7 +398,7 @@ func TestIndexKGateSeparate(t *testing.T) {
 			if kv, ix, _ := l.Progress(); kv != hold+1 || ix != hold {
 				t.Fatalf("progress %d/%d, want %d/%d", kv, ix, hold+1, hold)
 			}
-			now := deviceBytes(r.dev, dst.Pages())
+			now := kvtest.PageBytes(r.dev, dst.Pages())
 			if !layerEqual(now, snap, hold, false) || !layerEqual(now, stale, hold, true) {
 				t.Fatal("layer's KV should be loaded and its index keys stale")
 			}
@@ -407,7 +409,7 @@ func TestIndexKGateSeparate(t *testing.T) {
 			if err := l.Wait(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if !equalBytes(deviceBytes(r.dev, dst.Pages()), snap) {
+			if !equalBytes(kvtest.PageBytes(r.dev, dst.Pages()), snap) {
 				t.Fatal("device differs after the load")
 			}
 		})

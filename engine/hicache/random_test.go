@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/pdkit/pdkit/engine/kvcache/kvtest"
+
 	"github.com/pdkit/pdkit/engine/kvcache"
 )
 
@@ -50,7 +52,7 @@ func randomSequence(t *testing.T, c kvcache.Config, seed uint64) {
 	backup := func(pinned Key) {
 		n := 1 + rng.IntN(3)
 		s := r.newSeq(n, true)
-		snap := deviceBytes(r.dev, s.Pages())
+		snap := kvtest.PageBytes(r.dev, s.Pages())
 		key := next
 		next++
 		evicted, err := r.host.Backup(key, r.dev, s.Pages())
@@ -91,7 +93,7 @@ func randomSequence(t *testing.T, c kvcache.Config, seed uint64) {
 			if err := l.Wait(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if !equalBytes(deviceBytes(r.dev, dst.Pages()), onHost[key]) {
+			if !equalBytes(kvtest.PageBytes(r.dev, dst.Pages()), onHost[key]) {
 				t.Fatalf("step %d: load of key %d differs from its backup", step, key)
 			}
 			r.release(dst)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"testing"
+
+	"github.com/pdkit/pdkit/engine/kvcache/kvtest"
 )
 
 // SubmitKeys loads several entries as one load in one ring slot: layer i of
@@ -31,7 +33,7 @@ func TestSubmitKeysLoadsEntriesLayerByLayer(t *testing.T) {
 			if err := l.WaitIndexK(ctx, 0); err != nil {
 				t.Fatal(err)
 			}
-			got1, got2 := deviceBytes(r.dev, pages[:1]), deviceBytes(r.dev, pages[1:])
+			got1, got2 := kvtest.PageBytes(r.dev, pages[:1]), kvtest.PageBytes(r.dev, pages[1:])
 			if !layerEqual(got1, snap1, 0, false) || !layerEqual(got2, snap2, 0, false) ||
 				!layerEqual(got1, snap1, 0, true) || !layerEqual(got2, snap2, 0, true) {
 				t.Fatal("layer 0 of some entry is not on the device once layer 0 is marked")
@@ -57,7 +59,7 @@ func TestSubmitKeysLoadsEntriesLayerByLayer(t *testing.T) {
 			if err := l.Wait(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if !equalBytes(deviceBytes(r.dev, pages[:1]), snap1) || !equalBytes(deviceBytes(r.dev, pages[1:]), snap2) {
+			if !equalBytes(kvtest.PageBytes(r.dev, pages[:1]), snap1) || !equalBytes(kvtest.PageBytes(r.dev, pages[1:]), snap2) {
 				t.Fatal("device pages differ from the host bytes")
 			}
 			if r.host.Pinned(1) || r.host.Pinned(2) || r.ld.InFlight() != 0 {

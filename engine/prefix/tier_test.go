@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdkit/pdkit/engine/kvcache/kvtest"
+
 	"github.com/pdkit/pdkit/engine/hicache"
 	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/kernels"
@@ -93,25 +95,6 @@ func writeKV(pool *kvcache.Pool, s *kvcache.Seq, tokens []int32, from, to int) {
 			pool.WriteIndexK(b, l, slots[pos], key)
 		}
 	}
-}
-
-// pageBytes is, per layer, K, V, index-K rows and scales of pages, read with
-// the pool's Append copies.
-func pageBytes(pool *kvcache.Pool, pages []int32) [][]byte {
-	cfg := pool.Config()
-	var slots []int32
-	for _, p := range pages {
-		for i := range cfg.PageSize {
-			slots = append(slots, p*int32(cfg.PageSize)+int32(i))
-		}
-	}
-	var out [][]byte
-	for l := range cfg.Layers {
-		k, v := pool.AppendKV(l, slots, nil, nil)
-		rows, scales := pool.AppendIndexK(l, slots, nil, nil)
-		out = append(out, k, v, rows, scales)
-	}
-	return out
 }
 
 func sameBytes(a, b [][]byte) bool {
@@ -276,7 +259,7 @@ func TestWriteBackBacksUpOnEviction(t *testing.T) {
 func TestLoadBackRestoresBytes(t *testing.T) {
 	r := newTierRig(t, 8, 8, WriteBack)
 	a := toks(12, 1)
-	want := pageBytes(r.pool, r.serve(a))
+	want := kvtest.PageBytes(r.pool, r.serve(a))
 	r.c.Evict(1)
 	r.where(a, OnDevice, OnDevice, OnHost)
 
@@ -293,7 +276,7 @@ func TestLoadBackRestoresBytes(t *testing.T) {
 	if err := g.Wait(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
-	if got := pageBytes(r.pool, s.Pages()); !sameBytes(got, want) {
+	if got := kvtest.PageBytes(r.pool, s.Pages()); !sameBytes(got, want) {
 		t.Fatal("loaded pages differ from what was evicted")
 	}
 	r.where(a, OnDevice, OnDevice, OnHost) // until Finish
@@ -310,7 +293,7 @@ func TestLoadBackRestoresBytes(t *testing.T) {
 	if err := g.Wait(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
-	if !sameBytes(pageBytes(r.pool, s.Pages()), want) {
+	if !sameBytes(kvtest.PageBytes(r.pool, s.Pages()), want) {
 		t.Fatal("loaded pages differ from what was evicted")
 	}
 	// The request goes on past the loaded prefix.
@@ -326,7 +309,7 @@ func TestLoadBackRestoresBytes(t *testing.T) {
 	}
 	r.where(a, OnBoth, OnBoth, OnBoth)
 	pages, n := r.c.Match(prompt)
-	if n != 12 || !sameBytes(pageBytes(r.pool, pages), want) {
+	if n != 12 || !sameBytes(kvtest.PageBytes(r.pool, pages), want) {
 		t.Fatalf("after load back Match gives %d tokens / other bytes", n)
 	}
 	if err := r.c.Unlock(pages); err != nil {
@@ -352,7 +335,7 @@ func waitHeld(t *testing.T, ld *hicache.Loader, layer int) {
 func TestAbortMidLoadFreesDevicePagesKeepsHost(t *testing.T) {
 	r := newTierRig(t, 8, 8, WriteBack)
 	a := toks(12, 1)
-	want := pageBytes(r.pool, r.serve(a))
+	want := kvtest.PageBytes(r.pool, r.serve(a))
 	r.c.Evict(8)
 	free := r.pool.FreePages()
 
@@ -387,7 +370,7 @@ func TestAbortMidLoadFreesDevicePagesKeepsHost(t *testing.T) {
 	if err := g.Wait(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
-	if !sameBytes(pageBytes(r.pool, s.Pages()), want) {
+	if !sameBytes(kvtest.PageBytes(r.pool, s.Pages()), want) {
 		t.Fatal("host pages changed by the aborted load")
 	}
 	if err := r.c.Finish(s, a, matched); err != nil {

@@ -3,7 +3,6 @@ package server
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -213,26 +212,7 @@ func TestChoicesStopAndDisconnect(t *testing.T) {
 		}
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	b, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": 400, "ignore_eos": true, "stream": true, "n": 3})
-	req, _ := http.NewRequestWithContext(ctx, "POST", e.ts.URL+"/v1/completions", bytes.NewReader(b))
-	resp, err := e.ts.Client().Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rd := bufio.NewReader(resp.Body)
-	for n := 0; n < 6; {
-		line, err := rd.ReadString('\n')
-		if err != nil {
-			t.Fatal(err)
-		}
-		if strings.HasPrefix(line, "data: ") {
-			n++
-		}
-	}
-	before := e.eng.Snapshot().Totals.Aborts
-	cancel()
-	resp.Body.Close()
+	before := disconnectAfter(t, e, map[string]any{"prompt": prompt, "max_tokens": 400, "ignore_eos": true, "stream": true, "n": 3}, 6)
 	waitPoolsFree(t, e.eng)
 	if got := e.eng.Snapshot().Totals.Aborts - before; got != 3 {
 		t.Errorf("%d aborts, want the 3 choices", got)

@@ -395,17 +395,22 @@ func waitIdle(t *testing.T, eng *serve.Engine) {
 	}
 }
 
-func TestDisconnectFreesKV(t *testing.T) {
-	e := newEnv(t)
+// disconnectAfter streams a completion of body, reads events data lines
+// of it and goes away, as a client that disconnects mid-stream. It returns
+// the engine's abort count from just before the disconnect.
+func disconnectAfter(t *testing.T, e *env, body map[string]any, events int) (abortsBefore uint64) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	b, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": 200, "ignore_eos": true, "stream": true})
+	defer cancel()
+	b, _ := json.Marshal(body)
 	req, _ := http.NewRequestWithContext(ctx, "POST", e.ts.URL+"/v1/completions", bytes.NewReader(b))
 	resp, err := e.ts.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer resp.Body.Close()
 	rd := bufio.NewReader(resp.Body)
-	for n := 0; n < 2; {
+	for n := 0; n < events; {
 		line, err := rd.ReadString('\n')
 		if err != nil {
 			t.Fatal(err)
@@ -414,9 +419,12 @@ func TestDisconnectFreesKV(t *testing.T) {
 			n++
 		}
 	}
-	before := e.eng.Snapshot().Totals.Aborts
-	cancel()
-	resp.Body.Close()
+	return e.eng.Snapshot().Totals.Aborts
+}
+
+func TestDisconnectFreesKV(t *testing.T) {
+	e := newEnv(t)
+	before := disconnectAfter(t, e, map[string]any{"prompt": prompt, "max_tokens": 200, "ignore_eos": true, "stream": true}, 2)
 	waitIdle(t, e.eng)
 	if s := e.eng.Snapshot(); s.Totals.Aborts <= before {
 		t.Errorf("no abort counted: %+v", s.Totals)
