@@ -233,19 +233,9 @@ func RootHelpProblems(root *cobra.Command, help string) []string {
 	var out []string
 	errorf := func(format string, a ...any) { out = append(out, fmt.Sprintf(format, a...)) }
 	listed := map[string]string{}
-	section := ""
-	sc := bufio.NewScanner(strings.NewReader(help))
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case line == "":
-			section = ""
-		case !strings.HasPrefix(line, " "):
-			section = strings.TrimSuffix(line, ":")
-		case section == "Available Commands":
-			name, short, _ := strings.Cut(strings.TrimSpace(line), " ")
-			listed[name] = strings.TrimSpace(short)
-		}
+	for _, line := range Sections(help)["Available Commands"] {
+		name, short, _ := strings.Cut(line, " ")
+		listed[name] = strings.TrimSpace(short)
 	}
 	for _, c := range Commands(root)[1:] {
 		key := Key(c)
@@ -266,6 +256,27 @@ func RootHelpProblems(root *cobra.Command, help string) []string {
 	for _, name := range slices.Sorted(maps.Keys(listed)) {
 		if name != "help" && name != "completion" && !slices.ContainsFunc(root.Commands(), func(c *cobra.Command) bool { return c.Name() == name }) {
 			errorf("%s --help lists %s, which is not a command", root.Name(), name)
+		}
+	}
+	return out
+}
+
+// Sections splits a cobra help text into its indented sections ("Available
+// Commands", "Flags", "Global Flags", ...): each section's lines, trimmed,
+// under its heading without the colon.
+func Sections(help string) map[string][]string {
+	out := map[string][]string{}
+	section := ""
+	sc := bufio.NewScanner(strings.NewReader(help))
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case line == "":
+			section = ""
+		case !strings.HasPrefix(line, " "):
+			section = strings.TrimSuffix(line, ":")
+		case section != "":
+			out[section] = append(out[section], strings.TrimSpace(line))
 		}
 	}
 	return out

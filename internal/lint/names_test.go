@@ -1,7 +1,6 @@
 package lint
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/pdkit/pdkit/diag"
 	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/helptest"
 )
 
 // The texts that tell an operator what to type (every help text of pdserve
@@ -119,7 +119,7 @@ func buildTools(t *testing.T, root string) []string {
 }
 
 // flagLine is a flag's line in a help's Flags or Global Flags section.
-var flagLine = regexp.MustCompile(`^\s+(?:-[A-Za-z0-9], )?--([a-z0-9][a-z0-9-]*)`)
+var flagLine = regexp.MustCompile(`^\s*(?:-[A-Za-z0-9], )?--([a-z0-9][a-z0-9-]*)`)
 
 // walkHelp reads "bin args... --help" and, recursively, the help of every
 // subcommand it lists (cobra's help and completion aside): each as one text,
@@ -137,25 +137,17 @@ func walkHelp(t *testing.T, bin string, args []string, texts *[]text, flags map[
 	where := strings.TrimSpace(filepath.Base(bin)+" "+strings.Join(args, " ")) + " --help"
 	*texts = append(*texts, text{where: where, body: string(out)})
 	var subs []string
-	section := ""
-	sc := bufio.NewScanner(strings.NewReader(string(out)))
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case line == "":
-			section = ""
-		case !strings.HasPrefix(line, " "):
-			section = strings.TrimSuffix(line, ":")
-		case section == "Available Commands":
-			// cobra's own commands: help, and completion, whose texts
-			// are cobra's and name other tools' flags (brew --prefix).
-			if f := strings.Fields(line); len(f) > 0 && f[0] != "help" && f[0] != "completion" {
-				subs = append(subs, f[0])
-			}
-		case section == "Flags" || section == "Global Flags":
-			if m := flagLine.FindStringSubmatch(line); m != nil {
-				flags[m[1]] = true
-			}
+	sections := helptest.Sections(string(out))
+	for _, line := range sections["Available Commands"] {
+		// cobra's own commands: help, and completion, whose texts are
+		// cobra's and name other tools' flags (brew --prefix).
+		if f := strings.Fields(line); len(f) > 0 && f[0] != "help" && f[0] != "completion" {
+			subs = append(subs, f[0])
+		}
+	}
+	for _, line := range append(sections["Flags"], sections["Global Flags"]...) {
+		if m := flagLine.FindStringSubmatch(line); m != nil {
+			flags[m[1]] = true
 		}
 	}
 	for _, s := range subs {
