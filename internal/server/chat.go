@@ -120,51 +120,74 @@ func EncodeChat(t tokenizer.Tokenizer, tmpl ChatTemplate, msgs []openai.Message)
 	if err != nil {
 		return nil, err
 	}
-	var out []int32
+	enc := textRun{t: t}
 	if ct.tokenizerBOS {
-		if out, err = t.Encode("", true); err != nil {
+		if enc.out, err = t.Encode("", true); err != nil {
 			return nil, err
 		}
 	}
 	se, _ := t.(tokenizer.SpecialEncoder)
-	var run strings.Builder
-	flush := func() error {
-		if run.Len() == 0 {
-			return nil
-		}
-		ids, err := t.Encode(run.String(), false)
-		run.Reset()
-		out = append(out, ids...)
-		return err
-	}
 	for _, p := range parts {
 		switch p.kind {
 		case partText:
-			run.WriteString(p.text)
+			enc.text(p.text)
 		case partBOS:
 			if t.BOS() < 0 {
 				continue
 			}
-			if err := flush(); err != nil {
+			if err := enc.token(t.BOS()); err != nil {
 				return nil, err
 			}
-			out = append(out, t.BOS())
 		case partSpecial:
 			id := controlToken(t, se, p.text)
 			if id < 0 {
-				run.WriteString(p.text)
+				enc.text(p.text)
 				continue
 			}
-			if err := flush(); err != nil {
+			if err := enc.token(id); err != nil {
 				return nil, err
 			}
-			out = append(out, id)
 		}
 	}
-	if err := flush(); err != nil {
+	return enc.end()
+}
+
+// textRun encodes a chat prompt: plain text between control tokens is
+// gathered and encoded as one run (the tokenizer sees whole words, never
+// pieces cut at a control token), control tokens go in by id.
+type textRun struct {
+	t   tokenizer.Tokenizer
+	buf strings.Builder
+	out []int32
+}
+
+func (r *textRun) text(s string) { r.buf.WriteString(s) }
+
+// token ends the text run and appends the control token id.
+func (r *textRun) token(id int32) error {
+	if err := r.flush(); err != nil {
+		return err
+	}
+	r.out = append(r.out, id)
+	return nil
+}
+
+func (r *textRun) flush() error {
+	if r.buf.Len() == 0 {
+		return nil
+	}
+	ids, err := r.t.Encode(r.buf.String(), false)
+	r.buf.Reset()
+	r.out = append(r.out, ids...)
+	return err
+}
+
+// end encodes the last run and returns the tokens.
+func (r *textRun) end() ([]int32, error) {
+	if err := r.flush(); err != nil {
 		return nil, err
 	}
-	return out, nil
+	return r.out, nil
 }
 
 // controlToken returns the id of the control token spelled s, or -1 when

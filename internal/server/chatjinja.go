@@ -133,37 +133,27 @@ func (j *jinjaTemplate) encode(t tokenizer.Tokenizer, msgs []openai.Message) ([]
 	if err != nil {
 		return nil, err
 	}
-	var out []int32
-	var run strings.Builder
-	flush := func() error {
-		if run.Len() == 0 {
-			return nil
-		}
-		ids, err := t.Encode(run.String(), false)
-		run.Reset()
-		out = append(out, ids...)
-		return err
-	}
+	enc := textRun{t: t}
 	for i := 0; i < len(text); {
 		if r, n := utf8.DecodeRuneInString(text[i:]); n > 1 {
 			if s, ok := masks[r]; ok {
-				run.WriteString(s)
+				enc.text(s)
 				i += n
 				continue
 			}
 		}
 		if id, n := j.specials.match(text, i); n > 0 {
-			if err := flush(); err != nil {
+			if err := enc.token(id); err != nil {
 				return nil, err
 			}
-			out = append(out, id)
 			i += n
 			continue
 		}
-		run.WriteByte(text[i])
+		enc.text(text[i : i+1])
 		i++
 	}
-	if err := flush(); err != nil {
+	out, err := enc.end()
+	if err != nil {
 		return nil, err
 	}
 	if bos, _ := t.Encode("", true); len(bos) == 1 && (len(out) == 0 || out[0] != bos[0]) {
