@@ -146,8 +146,8 @@ func (l *rankLoop) pdAdmit(a addMsg) error {
 func (l *rankLoop) pdObserve() error {
 	pd := l.pd
 	pd.mb.expire(time.Now().Add(-pd.cfg.BootstrapTimeout))
-	for _, en := range pd.machine.Entries() {
-		if err := l.fileMail(en.ID); err != nil {
+	for id := range pd.reqs { // filing only writes chunks, never ends a room
+		if err := l.fileMail(id); err != nil {
 			return err
 		}
 	}
