@@ -10,7 +10,7 @@
 //     sized in pages (PagesForBytes, PagesForRatio) and NewHostPool refuses a
 //     size beyond the memory it is told is available. Backup copies device
 //     pages to host pages; the loader copies them back. Both go through
-//     kvcache's own row copies (AppendKV, AppendIndexK, PutKV, PutIndexK), so
+//     kvcache's own row copies (AppendKV, AppendIndexK, FillKV, FillIndexK), so
 //     there is no second codec. Entries (the pages backed up under one key,
 //     e.g. one radix node) are evicted least recently used first, never while
 //     a load pins them; Check verifies the accounting (used + free = total).
@@ -34,15 +34,18 @@
 // sequence's model.SeqInput.Gate, it holds the indexer's read of layer i's
 // index-K at WaitIndexK and attention's read of layer i's KV at WaitKV.
 //
-// Not yet: nothing here is wired into serving. engine/prefix can attach a
-// host pool and loader (prefix.Cache.AttachHost, with the write policies),
-// but engine/serve and engine/tp do not attach one or set gates; the
-// hicache-indexk-ungated fault, the admin API, metrics and benchmarks come
-// later.
+//   - Writer: one goroutine that runs queued backups (HostPool.Backup) in
+//     order, so that the loop that owns the device pool never copies.
+//
+// engine/prefix attaches a HostPool, Loader and Writer to its radix cache
+// (prefix.Cache.AttachHost) and engine/serve drives it from the rank loops;
+// see those packages for the policies and the agreement between ranks.
 //
 // Concurrency: HostPool is safe for concurrent use (its own lock; copies run
 // outside it on pinned or not-yet-published pages). The Loader writes only the
-// device pages of its loads; the caller allocates them (held by one sequence)
-// before Submit and must not write, free or hand them to a reader except
-// through the gates until the load has finished or Abort has returned.
+// device pages of its loads (kvcache.Pool.FillKV, FillIndexK); the caller
+// allocates them before Submit and must not write, free or hand them to a
+// reader except through the gates until the load has finished or Abort has
+// returned. The Writer only reads the device pages of its backups; the
+// caller keeps them unchanged until each backup is over.
 package hicache

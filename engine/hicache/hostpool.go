@@ -254,6 +254,33 @@ func (h *HostPool) pinAll(keys []Key, n int) ([]*entry, []int32, error) {
 	return entries, pages, nil
 }
 
+// Pin pins key's entry against eviction and removal, as a load does, and
+// reports whether it could (the key is on host and readable). A caller that
+// has counted an entry for a load it will submit later pins it meanwhile
+// (the host pool evicts on other goroutines); each Pin needs one Unpin.
+func (h *HostPool) Pin(key Key) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e, ok := h.entries[key]
+	if !ok || e.writing {
+		return false
+	}
+	e.pins++
+	h.lru.MoveToFront(e.elem)
+	return true
+}
+
+// Unpin lets go of one Pin of key.
+func (h *HostPool) Unpin(key Key) {
+	h.mu.Lock()
+	e, ok := h.entries[key]
+	h.mu.Unlock()
+	if !ok {
+		panic(fmt.Sprintf("hicache: unpin of key %d, which is not on host", key))
+	}
+	h.unpin(e)
+}
+
 func (h *HostPool) unpin(e *entry) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

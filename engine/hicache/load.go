@@ -173,3 +173,28 @@ func (l *Load) Abort(ctx context.Context) error {
 		return ctx.Err()
 	}
 }
+
+// Loads are the loads a sequence's pages wait for (several requests' loads
+// may lie along one prefix); as a model.LayerGate each read waits for its
+// part of the layer in every one of them.
+type Loads []*Load
+
+// WaitKV waits for layer's K and V in every load.
+func (ls Loads) WaitKV(ctx context.Context, layer int) error {
+	for _, l := range ls {
+		if err := l.WaitKV(ctx, layer); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WaitIndexK waits for layer's index-K rows and scales in every load.
+func (ls Loads) WaitIndexK(ctx context.Context, layer int) error {
+	for _, l := range ls {
+		if err := l.WaitIndexK(ctx, layer); err != nil {
+			return err
+		}
+	}
+	return nil
+}

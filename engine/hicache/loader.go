@@ -1,6 +1,8 @@
 package hicache
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -34,6 +36,9 @@ type Loader struct {
 	kick   chan struct{} // a load was queued
 	stop   chan struct{} // closed by Close
 	exited chan struct{} // closed when the goroutine returns
+
+	loads, bytes, failures atomic.Uint64
+	nanos                  atomic.Int64
 }
 
 // NewLoader starts a loader from host into dev with slots ring slots
@@ -68,6 +73,13 @@ func (ld *Loader) SetBandwidth(bytesPerSecond int64) {
 	ld.bandwidth.Store(max(bytesPerSecond, 0))
 }
 
+// Stats are the loader's totals: loads that landed, their bytes, seconds
+// spent running loads (paced sleeps included), and loads that stopped
+// before their last layer (aborted, closed).
+func (ld *Loader) Stats() (loads, bytes, failures uint64, seconds float64) {
+	return ld.loads.Load(), ld.bytes.Load(), ld.failures.Load(), time.Duration(ld.nanos.Load()).Seconds()
+}
+
 // Bandwidth is the current pacing budget in bytes per second, 0 unlimited.
 func (ld *Loader) Bandwidth() int64 { return ld.bandwidth.Load() }
 
@@ -89,12 +101,37 @@ func (ld *Loader) Submit(key Key, devPages []int32) (*Load, error) {
 // path of single-page nodes loaded back at once). Join by any of the keys
 // joins the load. It fails with ErrLoading when any key is already loading.
 func (ld *Loader) SubmitKeys(keys []Key, devPages []int32) (*Load, error) {
+	l, _, err := ld.submit(keys, devPages)
+	return l, err
+}
+
+// SubmitKeysWait is SubmitKeys that waits for the ring's next slot instead
+// of failing with ErrSlotBusy: a slot frees once its load's last layer has
+// landed, which needs nothing but the loader's own goroutine, so the wait is
+// at most one load. It returns ctx's error if ctx ends first.
+func (ld *Loader) SubmitKeysWait(ctx context.Context, keys []Key, devPages []int32) (*Load, error) {
+	for {
+		l, busy, err := ld.submit(keys, devPages)
+		if busy == nil {
+			return l, err
+		}
+		select {
+		case <-busy:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("hicache: waiting for a load slot: %w", ctx.Err())
+		}
+	}
+}
+
+// submit is SubmitKeys; when the ring's next slot is busy it also returns
+// the channel that closes at that slot's next change.
+func (ld *Loader) submit(keys []Key, devPages []int32) (*Load, <-chan struct{}, error) {
 	if err := checkDevicePages(devPages, ld.dev.TotalPages()); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	entries, hostPages, err := ld.host.pinAll(keys, len(devPages))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ld.mu.Lock()
 	defer ld.mu.Unlock()
@@ -115,7 +152,10 @@ func (ld *Loader) SubmitKeys(keys []Key, devPages []int32) (*Load, error) {
 		for _, e := range entries {
 			ld.host.unpin(e)
 		}
-		return nil, err
+		if errors.Is(err, ErrSlotBusy) {
+			return nil, ld.ring.slots[ld.ring.next].changed, err
+		}
+		return nil, nil, err
 	}
 	l := &Load{
 		ld: ld, key: keys[0], keys: slices.Clone(keys), entries: entries, hostPages: hostPages,
@@ -130,7 +170,7 @@ func (ld *Loader) SubmitKeys(keys []Key, devPages []int32) (*Load, error) {
 	case ld.kick <- struct{}{}:
 	default:
 	}
-	return l, nil
+	return l, nil, nil
 }
 
 // Join returns the load in flight for key, counting the caller as one more
@@ -151,7 +191,13 @@ func (ld *Loader) Join(key Key) (*Load, bool) {
 func (ld *Loader) InFlight() int {
 	ld.mu.Lock()
 	defer ld.mu.Unlock()
-	return len(ld.inFlight)
+	n := 0
+	for k, l := range ld.inFlight {
+		if l.key == k { // a load of several keys once
+			n++
+		}
+	}
+	return n
 }
 
 // Close aborts every queued and running load (their waiters get ErrClosed),
@@ -181,7 +227,15 @@ func (ld *Loader) run() {
 		if l == nil {
 			return
 		}
+		start := time.Now()
 		err := ld.copyLayers(l)
+		ld.nanos.Add(int64(time.Since(start)))
+		if err != nil {
+			ld.failures.Add(1)
+		} else {
+			ld.loads.Add(1)
+			ld.bytes.Add(uint64(len(l.hostPages) * ld.host.layout.PageBytes))
+		}
 		ld.mu.Lock()
 		ld.finish(l, err)
 		ld.mu.Unlock()
@@ -229,7 +283,7 @@ func (ld *Loader) copyLayers(l *Load) error {
 		for i, hp := range hostPages {
 			pageSlots(slots, l.devPages[i], lay.PageSize)
 			k, v := ld.host.hostKV(hp, layer)
-			if err := ld.dev.PutKV(layer, slots, k, v); err != nil {
+			if err := ld.dev.FillKV(layer, slots, k, v); err != nil {
 				return err
 			}
 		}
@@ -251,7 +305,7 @@ func (ld *Loader) copyLayers(l *Load) error {
 		for i, hp := range hostPages {
 			pageSlots(slots, l.devPages[i], lay.PageSize)
 			rows, scales := ld.host.hostIndexK(hp, layer)
-			if err := ld.dev.PutIndexK(layer, slots, rows, scales); err != nil {
+			if err := ld.dev.FillIndexK(layer, slots, rows, scales); err != nil {
 				return err
 			}
 		}

@@ -158,3 +158,26 @@ func (p *Pool) freeCached(pages []int32) error {
 	p.numCached.Add(-int64(len(pages)))
 	return nil
 }
+
+// AllocCached allocates n free pages straight into the prefix cache's hands
+// (each held by the cache alone, as if a finished sequence had handed it
+// over): the cache fills them itself, e.g. by loading a prefix back from a
+// host tier, and indexes or frees them like any cached page. It fails,
+// allocating nothing, with ErrOutOfPages.
+func (p *Pool) AllocCached(n int) ([]int32, error) {
+	if n < 0 {
+		return nil, fmt.Errorf("kvcache: alloc of %d cached pages", n)
+	}
+	pages, err := p.alloc.alloc(n)
+	if err != nil {
+		p.selfCheck()
+		return nil, fmt.Errorf("alloc %d cached pages: %w", n, err)
+	}
+	for _, pg := range pages {
+		p.refs[pg] = 1
+		p.cached[pg] = true
+	}
+	p.numCached.Add(int64(len(pages)))
+	p.selfCheck()
+	return pages, nil
+}

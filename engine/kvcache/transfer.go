@@ -53,13 +53,29 @@ func (p *Pool) AppendIndexK(layer int, slots []int32, rows, scales []byte) ([]by
 // PutKV writes K and V rows, as AppendKV wrote them, into slots of layer.
 // Each slot must lie on a page the caller's sequence alone holds.
 func (p *Pool) PutKV(layer int, slots []int32, k, v []byte) error {
+	return p.putKV(layer, slots, k, v, "PutKV")
+}
+
+// FillKV is PutKV for a host-tier loader filling pages the prefix cache
+// holds (AllocCached) while readers wait at a gate for them: it may run off
+// the pool's loop, so it reads none of the pool's holder bookkeeping and
+// checks only that each slot is in range.
+func (p *Pool) FillKV(layer int, slots []int32, k, v []byte) error {
+	return p.putKV(layer, slots, k, v, "")
+}
+
+// putKV checks each slot's holders under op's name (none when op is empty).
+func (p *Pool) putKV(layer int, slots []int32, k, v []byte, op string) error {
 	d := p.cfg.KVDim
 	if len(k) != len(slots)*d*4 || len(v) != len(k) {
 		return fmt.Errorf("kvcache: put KV of layer %d: %d K and %d V bytes for %d tokens of %d", layer, len(k), len(v), len(slots), d)
 	}
+	if err := p.checkSlots(slots); err != nil {
+		return fmt.Errorf("kvcache: put KV of layer %d: %w", layer, err)
+	}
 	for i, s := range slots {
-		if invariants {
-			p.checkSlot("PutKV", s)
+		if invariants && op != "" {
+			p.checkSlot(op, s)
 		}
 		off := int(s) * d
 		getF32(p.k[layer][off:off+d], k[i*d*4:])
@@ -71,6 +87,15 @@ func (p *Pool) PutKV(layer int, slots []int32, k, v []byte) error {
 // PutIndexK writes index-K rows and scales, as AppendIndexK wrote them,
 // into slots of layer.
 func (p *Pool) PutIndexK(layer int, slots []int32, rows, scales []byte) error {
+	return p.putIndexK(layer, slots, rows, scales, "PutIndexK")
+}
+
+// FillIndexK is PutIndexK for a host-tier loader, as FillKV is PutKV.
+func (p *Pool) FillIndexK(layer int, slots []int32, rows, scales []byte) error {
+	return p.putIndexK(layer, slots, rows, scales, "")
+}
+
+func (p *Pool) putIndexK(layer int, slots []int32, rows, scales []byte, op string) error {
 	if p.idx == nil {
 		if len(rows) != 0 || len(scales) != 0 {
 			return fmt.Errorf("kvcache: put index-K of layer %d: the pool has no indexer", layer)
@@ -90,9 +115,12 @@ func (p *Pool) PutIndexK(layer int, slots []int32, rows, scales []byte) error {
 			return fmt.Errorf("kvcache: put bf16 index-K of layer %d: %d row and %d scale bytes for %d tokens of %d", layer, len(rows), len(scales), n, d)
 		}
 	}
+	if err := p.checkSlots(slots); err != nil {
+		return fmt.Errorf("kvcache: put index-K of layer %d: %w", layer, err)
+	}
 	for i, s := range slots {
-		if invariants {
-			p.checkSlot("PutIndexK", s)
+		if invariants && op != "" {
+			p.checkSlot(op, s)
 		}
 		off := int(s) * d
 		switch ik.DType {
@@ -103,6 +131,16 @@ func (p *Pool) PutIndexK(layer int, slots []int32, rows, scales []byte) error {
 			for j := range d {
 				ik.BF16[off+j] = binary.LittleEndian.Uint16(rows[(i*d+j)*2:])
 			}
+		}
+	}
+	return nil
+}
+
+// checkSlots refuses a slot out of the pool's range.
+func (p *Pool) checkSlots(slots []int32) error {
+	for _, s := range slots {
+		if s < 0 || int(s) >= p.cfg.Slots() {
+			return fmt.Errorf("%w: slot %d of %d", ErrBadPage, s, p.cfg.Slots())
 		}
 	}
 	return nil

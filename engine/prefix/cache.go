@@ -65,9 +65,10 @@ type node struct {
 
 	// The host tier (tier.go); zero while none is attached.
 	hkey    hicache.Key   // the node's host entry key; 0 until it needs one
-	onHost  bool          // a host entry of key holds the page's KV
-	hits    int           // Matches that passed through the node
-	loading *hicache.Load // a load into a sequence's page is in flight
+	onHost  bool            // a host entry of key holds the page's KV
+	hits    int             // Matches that passed through the node
+	loading *hicache.Load   // an unsettled load into the node's page
+	backup  *hicache.Backup // a backup of the node's page in flight
 }
 
 // New returns an empty cache over pool. The pool must hold no cached pages
@@ -103,6 +104,7 @@ func blockKey(b []int32) string {
 // against eviction until Unlock(pages) (or Finish); each Match that returns
 // pages needs its own Unlock.
 func (c *Cache) Match(tokens []int32) (pages []int32, n int) {
+	c.reap()
 	c.clock++
 	nd := c.root
 	for len(tokens)-n >= c.ps {
@@ -144,6 +146,9 @@ func (c *Cache) Unlock(pages []int32) error {
 	}
 	for x := nd; x != c.root; x = x.parent {
 		x.lock--
+	}
+	if len(c.tier.loads) > 0 {
+		c.abandon()
 	}
 	return nil
 }
@@ -216,21 +221,14 @@ func (c *Cache) Insert(tokens, pages []int32) (added int, err error) {
 			nd.children[k] = child
 			c.byPage[pg] = child
 			added++
-		case child.page < 0 && child.loading == nil:
+		case child.page < 0:
 			// A host-only node: pg holds the same tokens' KV, so the node
 			// is on the device again (and still on host).
 			child.page = pg
 			c.byPage[pg] = child
 			added++
-		case child.page < 0:
-			// Another sequence is loading this node back: its page will
-			// be the node's. Nothing below may be on the device before it.
-			dups = append(dups, pages[i:]...)
 		case child.page != pg:
 			dups = append(dups, pg)
-		}
-		if child.page != pg && child.page < 0 {
-			break
 		}
 		child.last = c.clock
 		nd = child
@@ -251,9 +249,6 @@ func (c *Cache) Insert(tokens, pages []int32) (added int, err error) {
 func (c *Cache) Finish(s *kvcache.Seq, tokens, matched []int32) error {
 	if full := s.Len() / c.ps * c.ps; len(tokens) < full {
 		return fmt.Errorf("prefix: finish seq %d: %d tokens for %d full pages' worth", s.ID(), len(tokens), full)
-	}
-	if handled, err := c.finishLoad(s, matched); handled {
-		return err
 	}
 	var ierr error
 	err := c.pool.ReleaseTo(s, func(full []int32) {
@@ -287,6 +282,7 @@ func (c *Cache) Evict(n int) int {
 	if n <= 0 {
 		return 0
 	}
+	c.reap()
 	h := &lru{}
 	for _, nd := range c.byPage {
 		if !c.hasDeviceChild(nd) && c.evictable(nd) {
@@ -300,7 +296,7 @@ func (c *Cache) Evict(n int) int {
 		p := nd.parent
 		freed = append(freed, nd.page)
 		delete(c.byPage, nd.page)
-		if c.keepOnHost(nd) {
+		if c.evictOff(nd) {
 			nd.page = -1
 		} else {
 			c.drop(nd)

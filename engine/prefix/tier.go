@@ -5,47 +5,61 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/pdkit/pdkit/engine/hicache"
-	"github.com/pdkit/pdkit/engine/kvcache"
 )
 
 // The host tier (HiCache) of the prefix cache.
 //
-// AttachHost gives the cache an engine/hicache HostPool and Loader. From then
-// on each node is on the device (its page in the pool, as without a tier),
-// on host (a host entry under the node's key holds its page's KV), or both:
+// AttachHost gives the cache an engine/hicache HostPool, Loader and Writer.
+// From then on each node is on the device (its page in the pool, as without
+// a tier), on host (a host entry under the node's key holds its page's KV),
+// or both:
 //
-//   - Backups. Under WriteThrough a node is backed up once it is reused: the
-//     first Match that passes through it (the reference's hit threshold of
-//     1), provided its parent is on host already, so that what is on host is
-//     always a path from the root (Match walks root first, so one Match backs
-//     up a whole reused path). Under WriteBack a node is backed up when Evict
-//     takes it off the device. Backups are synchronous here: HostPool.Backup
-//     runs inside Match or Evict, on the rank's loop. (The wiring moves them
-//     to a writer goroutine; then a node being copied must be pinned.)
+//   - Backups run on the Writer's goroutine, never on the caller's. Under
+//     WriteThrough a node is queued for backup once it is reused: the first
+//     Match that passes through it (the reference's hit threshold of 1),
+//     provided its parent is on host or queued already (the writer is FIFO),
+//     so that what is on host is always a path from the root. Under
+//     WriteBack a node is backed up when Evict takes it off the device:
+//     Evict queues the backups of the nodes it takes and waits for them
+//     before it frees their pages (a page being copied stays allocated). A
+//     finished backup is taken in (the node marked on host, the host pool's
+//     evictions applied to the tree) at the next Match, MatchHost, Evict or
+//     Check.
 //   - Device eviction. Evict takes a node with no child on the device; if the
-//     node is on host (or was just backed up under WriteBack) it stays in the
-//     tree as host-only, else it goes with its host-only subtree. So the
-//     nodes on the device are always a path-closed set from the root, and
-//     below them hang host-only nodes.
-//   - Host eviction. HostPool evicts its least recently used unpinned entries
-//     when a backup needs room; the cache forgets those copies: a node on
-//     both stays on the device, a host-only node goes with its (host-only)
-//     subtree. A node being loaded is pinned by its load and never evicted.
-//   - Load-back. MatchHost returns, past the device prefix that Match
-//     returns, how many more tokens are on host only. StartLoad extends a
-//     sequence started from that device prefix by fresh pages of its own
-//     (kvcache.Pool.Reserve) and queues one Loader load of those nodes into
-//     them (SubmitKeys: one ring slot, each layer of every node before the
-//     next layer); the returned *hicache.Load is a model.LayerGate that holds
-//     the forward pass's reads of each layer until that layer has landed. The pages are
-//     the sequence's own while the loader writes them, as hicache and the
-//     pool require. Finish, once every load is over, hands them to the cache
-//     like any full page, and Insert makes the host-only nodes device
-//     resident again on those pages (on both tiers). A failed load, or Abort,
-//     releases the sequence (freeing those device pages) and leaves the host
-//     copies intact.
+//     node is on host it stays in the tree as host-only, else it goes with
+//     its host-only subtree. A node whose backup is in flight is waited for
+//     first. So the nodes on the device are always a path-closed set from
+//     the root, and below them hang host-only nodes.
+//   - Host eviction. The host pool evicts its least recently used unpinned
+//     entries when a backup needs room; the cache forgets those copies: a
+//     node on both stays on the device, a host-only node goes with its
+//     (host-only) subtree. Entries a MatchHost counted are pinned, and stay
+//     pinned while LoadBack loads them until the load settles or is
+//     abandoned, and are never evicted.
+//   - Load-back. MatchHost is Match plus the host-only nodes that follow the
+//     device match, pinned on host until LoadBack. LoadBack gives those nodes
+//     fresh device pages that the cache holds (kvcache.Pool.AllocCached),
+//     makes them device nodes at once, locked for the caller like a Match,
+//     and queues one Loader load of all of them into those pages (one ring
+//     slot, layer by layer across the nodes). Until the load settles the
+//     nodes are "loading": anyone who matches them (concurrent hits share
+//     the load) must read their pages only through the gate of Gate(pages),
+//     a model.LayerGate. Settle, called once a forward pass has read through
+//     the gates, waits for the load to be over and makes the nodes plain
+//     device nodes. A load whose nodes lose their last lock before it
+//     settled (its requests aborted) is abandoned: the loader stops, the
+//     device pages are freed and the nodes are host-only again, their host
+//     copies intact. Whether a load happened to finish first does not
+//     matter: the outcome is the same on every rank.
+//
+// Device state stays the same on every rank that runs the same calls: the
+// host tier changes only which nodes are on host, and that is what may
+// differ between ranks (backups finish on each rank's own writer). Callers
+// that drive several ranks agree on host hits by reducing MatchHost's counts
+// before LoadBack.
 //
 // The cache is the only user of its host pool's entries, one host page per
 // node. Without AttachHost nothing here runs and the cache behaves exactly
@@ -71,6 +85,17 @@ func (p Policy) String() string {
 	return fmt.Sprintf("Policy(%d)", int(p))
 }
 
+// ParsePolicy reads a policy's name.
+func ParsePolicy(s string) (Policy, error) {
+	switch s {
+	case "write-through":
+		return WriteThrough, nil
+	case "write-back":
+		return WriteBack, nil
+	}
+	return 0, fmt.Errorf("prefix: unknown write policy %q (write-through or write-back)", s)
+}
+
 // Location is where a node's KV is.
 type Location int
 
@@ -92,33 +117,43 @@ func (l Location) String() string {
 	return fmt.Sprintf("Location(%d)", int(l))
 }
 
+// waitBound bounds the cache's own waits for the loader and the writer:
+// each waits for copies that need nothing but those goroutines, so running
+// past it means one of them is stuck.
+const waitBound = time.Minute
+
 // tierState is the cache's host tier; the zero value is none.
 type tierState struct {
 	host    *hicache.HostPool
 	loader  *hicache.Loader
+	writer  *hicache.Writer
 	policy  Policy
 	nextKey hicache.Key
 	byKey   map[hicache.Key]*node
-	loads   map[uint64]*seqLoad // by sequence id
+	loads   map[*hicache.Load][]*node // unsettled loads, their nodes in path order
+	backups []*node                   // nodes with a backup in flight, in submission order
+
+	stats TierStats
 }
 
-// seqLoad is the load StartLoad queued for one sequence.
-type seqLoad struct {
-	nodes   []*node // host-only, in path order
-	load    *hicache.Load
-	aborted bool // Abort has given up the load's holder
+// TierStats are the tier's counts, as the loop sees them.
+type TierStats struct {
+	HostHits      uint64 // LoadBacks that loaded something
+	HitTokens     uint64 // tokens they loaded
+	Abandoned     uint64 // loads given up because their requests went
+	DroppedTokens uint64 // host-only tokens forgotten (host eviction or detach)
 }
 
 // ErrNoHost: the cache has no host tier attached.
 var ErrNoHost = errors.New("prefix: no host tier attached")
 
 // AttachHost gives the cache a host tier: host must be shaped for the
-// cache's pool and used by nothing else, and loader must load from host into
-// the cache's pool. It can be attached once.
-func (c *Cache) AttachHost(host *hicache.HostPool, loader *hicache.Loader, policy Policy) error {
+// cache's pool, empty and used by nothing else, and loader and writer must
+// copy between host and the cache's pool. It fails when a tier is attached.
+func (c *Cache) AttachHost(host *hicache.HostPool, loader *hicache.Loader, writer *hicache.Writer, policy Policy) error {
 	switch {
-	case host == nil || loader == nil:
-		return errors.New("prefix: attach host: nil host pool or loader")
+	case host == nil || loader == nil || writer == nil:
+		return errors.New("prefix: attach host: nil host pool, loader or writer")
 	case c.tier.host != nil:
 		return errors.New("prefix: attach host: a host tier is already attached")
 	case policy != WriteThrough && policy != WriteBack:
@@ -127,14 +162,97 @@ func (c *Cache) AttachHost(host *hicache.HostPool, loader *hicache.Loader, polic
 		return errors.New("prefix: attach host: the host pool is not empty")
 	}
 	c.tier = tierState{
-		host: host, loader: loader, policy: policy,
-		byKey: map[hicache.Key]*node{}, loads: map[uint64]*seqLoad{},
+		host: host, loader: loader, writer: writer, policy: policy,
+		byKey: map[hicache.Key]*node{}, loads: map[*hicache.Load][]*node{},
+		stats: c.tier.stats,
 	}
 	return nil
 }
 
+// DetachHost takes the host tier off: loads in flight finish and settle,
+// backups in flight finish, host-only nodes are forgotten, the loader and
+// writer are closed, and the host pool is no longer referenced (its memory
+// goes back). Device nodes stay as they are. It returns the host pool
+// (empty of the cache's use) for the caller to drop, nil without a tier.
+// Call it between a LoadBack and the next MatchHost (no host pins held). It
+// fails when ctx ends while waiting; call it again to finish.
+func (c *Cache) DetachHost(ctx context.Context) (*hicache.HostPool, error) {
+	t := &c.tier
+	if t.host == nil {
+		return nil, nil
+	}
+	for l := range t.loads {
+		if err := c.settle(ctx, l); err != nil {
+			return nil, fmt.Errorf("prefix: detach host: %w", err)
+		}
+	}
+	if err := c.waitBackups(ctx); err != nil {
+		return nil, fmt.Errorf("prefix: detach host: %w", err)
+	}
+	var hostOnly []*node
+	c.walkAll(func(nd *node) {
+		if nd.page < 0 && (nd.parent == c.root || nd.parent.page >= 0) {
+			hostOnly = append(hostOnly, nd)
+		}
+	})
+	for _, nd := range hostOnly {
+		c.tier.stats.DroppedTokens += uint64(c.ps * subtreeSize(nd))
+		c.drop(nd)
+	}
+	c.walkAll(func(nd *node) {
+		if nd.onHost {
+			if err := t.host.Remove(nd.hkey); err != nil {
+				panic(fmt.Sprintf("prefix: detach host: node %d: %v", nd.hkey, err)) // nothing pins it now
+			}
+		}
+		nd.onHost, nd.hkey, nd.hits = false, 0, 0
+	})
+	t.loader.Close()
+	t.writer.Close()
+	host := t.host
+	c.tier = tierState{stats: t.stats}
+	return host, nil
+}
+
+func subtreeSize(nd *node) int {
+	n := 1
+	for _, ch := range nd.children {
+		n += subtreeSize(ch)
+	}
+	return n
+}
+
+// Attached reports whether a host tier is attached.
+func (c *Cache) Attached() bool { return c.tier.host != nil }
+
 // Policy is the attached tier's write policy (WriteThrough without one).
 func (c *Cache) Policy() Policy { return c.tier.policy }
+
+// Host, Loader and Writer are the attached tier's parts (nil without one).
+func (c *Cache) Host() *hicache.HostPool   { return c.tier.host }
+func (c *Cache) Loader() *hicache.Loader   { return c.tier.loader }
+func (c *Cache) Writer() *hicache.Writer   { return c.tier.writer }
+func (c *Cache) TierStats() TierStats      { return c.tier.stats }
+func (c *Cache) LoadsInFlight() []LoadInfo { return c.loadInfos() }
+
+// LoadInfo is one unsettled load, for a debug API.
+type LoadInfo struct {
+	Load  *hicache.Load
+	Pages []int32 // device pages, in path order
+}
+
+func (c *Cache) loadInfos() []LoadInfo {
+	out := make([]LoadInfo, 0, len(c.tier.loads))
+	for l, nodes := range c.tier.loads {
+		li := LoadInfo{Load: l}
+		for _, nd := range nodes {
+			li.Pages = append(li.Pages, nd.page)
+		}
+		out = append(out, li)
+	}
+	slices.SortFunc(out, func(a, b LoadInfo) int { return int(a.Pages[0]) - int(b.Pages[0]) })
+	return out
+}
 
 // HostPages is the number of nodes whose KV is on host (host-only or both).
 func (c *Cache) HostPages() int {
@@ -184,7 +302,7 @@ func (nd *node) location() Location {
 	return l
 }
 
-// walkAll calls f on every node below the root.
+// walkAll calls f on every node below the root, parents before children.
 func (c *Cache) walkAll(f func(*node)) {
 	var walk func(*node)
 	walk = func(nd *node) {
@@ -208,7 +326,7 @@ func (c *Cache) hasDeviceChild(nd *node) bool {
 }
 
 // hit counts a Match through the path ending at nd and, under WriteThrough,
-// backs up the path's reused nodes, root first.
+// queues backups of the path's reused nodes, root first.
 func (c *Cache) hit(nd *node) {
 	if c.tier.host == nil {
 		return
@@ -220,28 +338,84 @@ func (c *Cache) hit(nd *node) {
 	for i := len(path) - 1; i >= 0; i-- {
 		x := path[i]
 		x.hits++
-		if c.tier.policy == WriteThrough && !x.onHost && (x.parent == c.root || x.parent.onHost) {
-			c.backup(x)
+		if c.tier.policy == WriteThrough && !x.onHost && x.backup == nil && x.loading == nil &&
+			(x.parent == c.root || x.parent.onHost || x.parent.backup != nil) {
+			c.queueBackup(x)
 		}
 	}
 }
 
-// backup copies device node nd's page to host, synchronously, and reports
-// whether it is on host now. A full host pool (every entry pinned) leaves
-// it device only.
-func (c *Cache) backup(nd *node) bool {
+// queueBackup queues a backup of device node nd's page.
+func (c *Cache) queueBackup(nd *node) {
 	if nd.hkey == 0 {
 		c.tier.nextKey++
 		nd.hkey = c.tier.nextKey
 		c.tier.byKey[nd.hkey] = nd
 	}
-	evicted, err := c.tier.host.Backup(nd.hkey, c.pool, []int32{nd.page})
-	c.forget(evicted)
+	b, err := c.tier.writer.Submit(nd.hkey, []int32{nd.page})
 	if err != nil {
-		return false
+		return // closed: the tier is being detached; the node stays device only
 	}
-	nd.onHost = true
-	return true
+	nd.backup = b
+	c.tier.backups = append(c.tier.backups, nd)
+}
+
+// reap takes in the backups that finished: their nodes are on host now (or
+// not, if the backup failed), and the host pool's evictions are applied.
+func (c *Cache) reap() {
+	if c.tier.host == nil || len(c.tier.backups) == 0 {
+		return
+	}
+	keep := c.tier.backups[:0]
+	for _, nd := range c.tier.backups {
+		if !nd.backup.Done() {
+			keep = append(keep, nd)
+			continue
+		}
+		c.takeBackup(nd)
+	}
+	clear(c.tier.backups[len(keep):])
+	c.tier.backups = keep
+}
+
+// takeBackup applies nd's finished backup. It does not touch tier.backups.
+func (c *Cache) takeBackup(nd *node) {
+	evicted, err := nd.backup.Wait(context.Background()) // over: returns at once
+	nd.backup = nil
+	c.forget(evicted)
+	if err == nil {
+		nd.onHost = true
+	}
+}
+
+// waitBackup waits for nd's backup in flight and applies it, and before it
+// every backup submitted earlier (over too: the writer is FIFO), in
+// submission order: a later backup may have evicted an earlier one's entry,
+// and taking the earlier one in after would mark its node on host again.
+func (c *Cache) waitBackup(ctx context.Context, nd *node) error {
+	for len(c.tier.backups) > 0 {
+		x := c.tier.backups[0]
+		if _, err := x.backup.Wait(ctx); ctx.Err() != nil {
+			return fmt.Errorf("waiting for the backup of node %d: %w", x.hkey, err)
+		}
+		c.takeBackup(x)
+		c.tier.backups[0] = nil
+		c.tier.backups = c.tier.backups[1:]
+		if x == nd {
+			break
+		}
+	}
+	return nil
+}
+
+// waitBackups waits for every backup in flight and applies them.
+func (c *Cache) waitBackups(ctx context.Context) error {
+	for len(c.tier.backups) > 0 {
+		if err := c.waitBackup(ctx, c.tier.backups[0]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // forget records that the host pool evicted keys' entries: a node on both
@@ -254,23 +428,35 @@ func (c *Cache) forget(keys []hicache.Key) {
 		}
 		nd.onHost = false
 		if nd.page < 0 {
+			c.tier.stats.DroppedTokens += uint64(c.ps * subtreeSize(nd))
 			c.drop(nd)
 		}
 	}
 }
 
-// keepOnHost reports whether device node nd, being evicted, stays as a
-// host-only node: it is on host, or WriteBack backs it up now.
-func (c *Cache) keepOnHost(nd *node) bool {
-	switch {
-	case c.tier.host == nil:
+// evictOff takes device node nd, being evicted, off the device: it waits
+// for its backup in flight (the page must stay until copied), backs it up
+// now under WriteBack, and reports whether it stays in the tree as a
+// host-only node. A wait that runs past waitBound panics: the writer needs
+// nothing from the loop to finish a copy.
+func (c *Cache) evictOff(nd *node) bool {
+	if c.tier.host == nil {
 		return false
-	case nd.onHost:
-		return true
-	case c.tier.policy == WriteBack:
-		return c.backup(nd)
 	}
-	return false
+	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
+	defer cancel()
+	// Under WriteBack every node taken off the device is backed up, not
+	// only those whose parent is on host: Evict takes leaves first, so a
+	// parent is never on host yet and only the root's children would be.
+	if nd.backup == nil && !nd.onHost && c.tier.policy == WriteBack {
+		c.queueBackup(nd)
+	}
+	if nd.backup != nil {
+		if err := c.waitBackup(ctx, nd); err != nil {
+			panic(fmt.Sprintf("prefix: evict: %v", err))
+		}
+	}
+	return nd.onHost
 }
 
 // drop removes nd and its subtree from the tree. Every node in it must be
@@ -284,9 +470,13 @@ func (c *Cache) drop(nd *node) {
 			rm(ch)
 		}
 		if x.onHost {
-			if err := c.tier.host.Remove(x.hkey); err != nil {
-				// Only a load pins an entry, and a node being loaded hangs
-				// below locked device nodes, which are never dropped.
+			// A backup that is over but not taken in yet may have evicted
+			// the entry already; its forget finds the key gone.
+			if err := c.tier.host.Remove(x.hkey); err != nil && !errors.Is(err, hicache.ErrNotOnHost) {
+				// Only a load or a MatchHost pins an entry: a load's nodes
+				// are on the device, and MatchHost pins whole paths from
+				// the device boundary, so a pinned node's ancestors up to
+				// that boundary are pinned too and never evicted.
 				panic(fmt.Sprintf("prefix: dropping host node %d: %v", x.hkey, err))
 			}
 			x.onHost = false
@@ -302,165 +492,298 @@ func (c *Cache) drop(nd *node) {
 	rm(nd)
 }
 
-// MatchHost is Match (pages, n and the lock are Match's) plus hostTokens:
-// how many tokens past n the tree holds on host only, whole pages, and
-// could load back with StartLoad. It loads nothing; nodes being loaded for
-// another sequence end the count. Without a host tier hostTokens is 0.
-func (c *Cache) MatchHost(tokens []int32) (pages []int32, n, hostTokens int) {
-	pages, n = c.Match(tokens)
+// HostMatch is a Match extended by the host-only nodes that follow it.
+type HostMatch struct {
+	Pages []int32 // the device match's pages (locked, as Match)
+	N     int     // the device match's tokens
+	Host  int     // tokens past N on host only (whole pages), pinned on host
+	nodes []*node // the host-only nodes, in path order
+}
+
+// MatchHost is Match plus the host-only nodes that follow the device match
+// along tokens: Host tokens that LoadBack could load. Their host entries
+// are pinned until LoadBack (every MatchHost needs one LoadBack, which also
+// takes the device match's place). Without a host tier Host is 0.
+func (c *Cache) MatchHost(tokens []int32) HostMatch {
+	pages, n := c.Match(tokens)
+	hm := HostMatch{Pages: pages, N: n}
 	if c.tier.host == nil {
-		return pages, n, 0
+		return hm
 	}
 	nd := c.root
 	if len(pages) > 0 {
 		nd = c.byPage[pages[len(pages)-1]]
 	}
-	for len(tokens)-n-hostTokens >= c.ps {
-		at := n + hostTokens
+	for len(tokens)-n-hm.Host >= c.ps {
+		at := n + hm.Host
 		child := nd.children[blockKey(tokens[at:at+c.ps])]
-		if child == nil || child.page >= 0 || child.loading != nil {
+		if child == nil || child.page >= 0 || !c.tier.host.Pin(child.hkey) {
 			break
 		}
-		c.tier.host.Touch(child.hkey)
-		hostTokens += c.ps
+		hm.nodes = append(hm.nodes, child)
+		hm.Host += c.ps
 		nd = child
 	}
-	return pages, n, hostTokens
+	return hm
 }
 
-// StartLoad loads back the host-only nodes that follow matched (the device
-// pages of a MatchHost of tokens) along tokens: s must have started from
-// matched (kvcache.Pool.NewSeqWithPrefix, nothing more written or
-// reserved). It reserves and commits one fresh page of s per node and
-// queues one load of all the nodes into them (hicache.Loader.SubmitKeys,
-// one ring slot, layer by layer across the nodes). It returns the load, a
-// model.LayerGate for the forward pass, and the tokens it covers: s's Len
-// grows by that many, and its KV there may be read only through the load's
-// gates. The nodes stay host-only, pinned on host, until Finish(s) (once the
-// load is over) makes them device resident on s's pages, or Abort. It fails,
-// changing nothing, when nothing follows matched on host only, s cannot
-// reserve the pages (kvcache.ErrOutOfPages: evict first) or the loader
-// refuses (hicache.ErrSlotBusy: the ring is full, try again later).
-func (c *Cache) StartLoad(s *kvcache.Seq, tokens, matched []int32) (*hicache.Load, int, error) {
-	if c.tier.host == nil {
-		return nil, 0, ErrNoHost
-	}
-	n := len(matched) * c.ps
+// Free is how many pages LoadBack could give a load now: free pages plus
+// those Evict could free.
+func (c *Cache) Free() int { return c.pool.FreePages() + c.Evictable() }
+
+// LoadBack loads the first upTo-hm.N of hm's host tokens back (upTo is
+// between hm.N and hm.N+hm.Host, whole pages; hm.N loads nothing), evicting
+// cached pages for room, and lets go of hm's host pins (those of the nodes
+// it loads when their load settles or is abandoned). It returns the
+// locked page path of the prefix now on the device (hm.Pages extended by the
+// loaded nodes; Unlock it, or Finish a sequence started from it, as after
+// Match) and its length in tokens. Until Settle, read the loaded pages only
+// through Gate. It loads nothing, and returns hm's own match, when the pool
+// has fewer than the pages needed free or evictable (check Free first: that
+// outcome is the same on every rank with the same device state). It fails
+// only when the loader does (closed, or ctx ended waiting for a ring slot);
+// then hm's match stays locked and nothing else changed.
+func (c *Cache) LoadBack(ctx context.Context, tokens []int32, hm HostMatch, upTo int) ([]int32, int, error) {
+	var kept []*node // nodes whose pins pass to the load, until it settles or is abandoned
+	defer func() {
+		for _, nd := range hm.nodes {
+			if !slices.Contains(kept, nd) {
+				c.tier.host.Unpin(nd.hkey)
+			}
+		}
+	}()
+	k := (upTo - hm.N) / c.ps
 	switch {
-	case c.tier.loads[s.ID()] != nil:
-		return nil, 0, fmt.Errorf("prefix: start load: seq %d is already loading", s.ID())
-	case s.Len() != n || s.Reserved() != 0 || s.Shared() != len(matched):
-		return nil, 0, fmt.Errorf("prefix: start load: seq %d holds %d tokens (%d reserved, %d shared pages), not just the %d matched pages",
-			s.ID(), s.Len(), s.Reserved(), s.Shared(), len(matched))
+	case upTo == hm.N:
+		return hm.Pages, hm.N, nil
+	case upTo < hm.N || upTo > hm.N+hm.Host || (upTo-hm.N)%c.ps != 0:
+		return nil, 0, fmt.Errorf("prefix: load back to %d tokens: the match has %d on the device and %d on host", upTo, hm.N, hm.Host)
 	}
-	nd := c.root
-	if len(matched) > 0 {
-		var err error
-		if nd, err = c.path(matched); err != nil {
-			return nil, 0, fmt.Errorf("prefix: start load: %w", err)
+	// Since MatchHost, another LoadBack (or an Insert) may have brought the
+	// first of these nodes to the device: share them (a load in flight is
+	// shared through Gate) and load the rest.
+	path := hm.nodes[:k]
+	on := 0
+	for on < k && path[on].page >= 0 {
+		on++
+	}
+	nodes := path[on:]
+	if c.Free() < len(nodes) {
+		return hm.Pages, hm.N, nil
+	}
+	c.clock++
+	if len(nodes) > 0 {
+		if short := len(nodes) - c.pool.FreePages(); short > 0 {
+			c.Evict(short) // hm's match is locked and its host nodes are not on the device
 		}
-	}
-	var nodes []*node
-	for at := n; len(tokens)-at >= c.ps; at += c.ps {
-		child := nd.children[blockKey(tokens[at:at+c.ps])]
-		if child == nil || child.page >= 0 || child.loading != nil {
-			break
+		pages, err := c.pool.AllocCached(len(nodes))
+		if err != nil {
+			panic(fmt.Sprintf("prefix: load back: %v", err)) // Free said there was room
 		}
-		nodes = append(nodes, child)
-		nd = child
-	}
-	if len(nodes) == 0 {
-		return nil, 0, fmt.Errorf("prefix: start load: nothing on host only after %d tokens", n)
-	}
-	if err := c.pool.Reserve(s, len(nodes)*c.ps); err != nil {
-		return nil, 0, fmt.Errorf("prefix: start load: %w", err)
-	}
-	keys := make([]hicache.Key, len(nodes))
-	for i, x := range nodes {
-		keys[i] = x.hkey
-	}
-	k := len(nodes) * c.ps
-	l, err := c.tier.loader.SubmitKeys(keys, s.Pages()[len(matched):])
-	if err != nil {
-		if terr := c.pool.Truncate(s, n); terr != nil {
-			panic(fmt.Sprintf("prefix: start load: seq %d: %v", s.ID(), terr)) // s was checked above
+		l, err := c.tier.loader.SubmitKeysWait(ctx, keysOf(nodes), pages)
+		if err != nil {
+			if ferr := c.pool.FreeCached(pages); ferr != nil {
+				panic(fmt.Sprintf("prefix: load back: %v", ferr))
+			}
+			return nil, 0, fmt.Errorf("prefix: load back: %w", err)
 		}
-		return nil, 0, fmt.Errorf("prefix: start load: %w", err)
+		for i, nd := range nodes {
+			nd.page = pages[i]
+			c.byPage[nd.page] = nd
+			nd.loading = l
+		}
+		c.tier.loads[l] = slices.Clone(nodes)
+		// The tier holds a lock of its own on the load's path until it
+		// settles or is abandoned: a request that reads only its first
+		// nodes keeps it going, and the others must not be evicted.
+		c.lockPath(nodes[len(nodes)-1], 1)
+		kept = nodes
+		c.tier.stats.HostHits++
+		c.tier.stats.HitTokens += uint64(len(nodes) * c.ps)
 	}
-	// Committed now: the load's gates guard the reads of these positions.
-	if err := c.pool.Commit(s, k); err != nil {
-		panic(fmt.Sprintf("prefix: start load: seq %d: %v", s.ID(), err))
+	// The lock moves from the device match to the whole path: the new lock
+	// first, so that Unlock does not abandon a load just made.
+	end := path[k-1]
+	c.locks[end]++
+	for x := end; x != c.root; x = x.parent {
+		x.lock++
+		x.last = c.clock
 	}
-	for _, x := range nodes {
-		x.loading = l
+	if err := c.Unlock(hm.Pages); err != nil {
+		panic(fmt.Sprintf("prefix: load back: %v", err)) // hm's match is locked
 	}
-	c.tier.loads[s.ID()] = &seqLoad{nodes: nodes, load: l}
-	return l, k, nil
+	out := slices.Clone(hm.Pages)
+	for _, nd := range path {
+		out = append(out, nd.page)
+	}
+	return out, upTo, nil
 }
 
-// Loading is s's load from StartLoad, if Finish or Abort has not settled it.
-func (c *Cache) Loading(s *kvcache.Seq) (*hicache.Load, bool) {
-	sl := c.tier.loads[s.ID()]
-	if sl == nil {
-		return nil, false
+// Gate is the gate of a sequence reading the page path pages: the unsettled
+// loads along it (nil when there are none).
+func (c *Cache) Gate(pages []int32) hicache.Loads {
+	if len(c.tier.loads) == 0 {
+		return nil
 	}
-	return sl.load, true
+	var out hicache.Loads
+	for _, pg := range pages {
+		if nd := c.byPage[pg]; nd != nil && nd.loading != nil && !slices.Contains(out, nd.loading) {
+			out = append(out, nd.loading)
+		}
+	}
+	return out
 }
 
-// finishLoad settles s's load for Finish. Without one it does nothing
-// (handled false). With a load in flight it fails, changing nothing. After
-// a load that landed it lets Finish go on (the nodes become device
-// resident through Insert). After a failed load it releases s, freeing the
-// loaded pages, and unlocks matched: the host copies stay.
-func (c *Cache) finishLoad(s *kvcache.Seq, matched []int32) (handled bool, err error) {
-	sl := c.tier.loads[s.ID()]
-	if sl == nil {
-		return false, nil
+// Settle waits for each of loads (from Gate) to be over and makes its nodes
+// plain device nodes. Call it after a forward pass read through the gates,
+// before anything else reads the pages. A load that failed is an error: the
+// forward pass that read through its gate failed too.
+func (c *Cache) Settle(ctx context.Context, loads hicache.Loads) error {
+	for _, l := range loads {
+		if err := c.settle(ctx, l); err != nil {
+			return err
+		}
 	}
-	if _, _, over := sl.load.Progress(); !over {
-		return true, fmt.Errorf("prefix: finish seq %d: its load back from host is in flight (wait for it or Abort)", s.ID())
-	}
-	lerr := sl.load.Wait(context.Background()) // over: returns at once
-	c.settle(s, sl)
-	if lerr == nil && !sl.aborted {
-		return false, nil
-	}
-	if lerr == nil {
-		lerr = hicache.ErrAborted // Abort gave up after the last layer landed
-	}
-	return true, errors.Join(fmt.Errorf("prefix: finish seq %d: load back failed: %w", s.ID(), lerr),
-		c.pool.Release(s), c.Unlock(matched))
+	return nil
 }
 
-// settle forgets s's load, which is over.
-func (c *Cache) settle(s *kvcache.Seq, sl *seqLoad) {
-	for _, nd := range sl.nodes {
+func (c *Cache) settle(ctx context.Context, l *hicache.Load) error {
+	nodes, ok := c.tier.loads[l]
+	if !ok {
+		return nil // settled already
+	}
+	if err := l.Wait(ctx); err != nil {
+		return fmt.Errorf("prefix: settling a load back from host: %w", err)
+	}
+	for _, nd := range nodes {
 		nd.loading = nil
+		c.tier.host.Unpin(nd.hkey)
 	}
-	delete(c.tier.loads, s.ID())
+	c.lockPath(nodes[len(nodes)-1], -1)
+	delete(c.tier.loads, l)
+	return nil
 }
 
-// Abort gives up s's load from StartLoad: the loader stops at its next
-// step, the host copies stay intact, and once the loader has let go of the
-// pages s is released (freeing them and the rest of s) and matched is
-// unlocked. If ctx ends first it returns ctx's error and changes nothing
-// else; call Abort again later to finish.
-func (c *Cache) Abort(ctx context.Context, s *kvcache.Seq, matched []int32) error {
-	sl := c.tier.loads[s.ID()]
-	if sl == nil {
-		return fmt.Errorf("prefix: abort seq %d: no load back in flight", s.ID())
+// lockPath takes (d 1) or lets go of (d -1) the tier's own match lock on the
+// path that ends at end.
+func (c *Cache) lockPath(end *node, d int) {
+	if c.locks[end] += d; c.locks[end] == 0 {
+		delete(c.locks, end)
 	}
-	if !sl.aborted {
-		sl.aborted = true
-		if err := sl.load.Abort(ctx); err != nil {
-			return err // the abort goes on; Wait below tells when it is over
+	for x := end; x != c.root; x = x.parent {
+		x.lock += d
+	}
+}
+
+// loadsThrough is the number of unsettled loads whose path passes through
+// nd: the tier's own locks on nd.
+func (c *Cache) loadsThrough(nd *node) int {
+	n := 0
+	for _, nodes := range c.tier.loads {
+		for x := nodes[len(nodes)-1]; x != c.root; x = x.parent {
+			if x == nd {
+				n++
+				break
+			}
 		}
 	}
-	if err := sl.load.Wait(ctx); err != nil && ctx.Err() != nil {
-		return err
+	return n
+}
+
+// abandon gives up the unsettled loads whose nodes no lock but the tier's
+// holds any more (every request reading them went): the loader stops, their
+// device pages are freed and the nodes are host-only again.
+func (c *Cache) abandon() {
+	// Deepest first: loads stacked on one path go together, and a load's
+	// last node may have a device child only while the load below it stays.
+	var gone []*hicache.Load
+	for l, nodes := range c.tier.loads {
+		if nodes[0].lock == c.loadsThrough(nodes[0]) { // a lock on a deeper node locks the first too
+			gone = append(gone, l)
+		}
 	}
-	c.settle(s, sl)
-	return errors.Join(c.pool.Release(s), c.Unlock(matched))
+	depth := func(l *hicache.Load) int {
+		d := 0
+		for x := c.tier.loads[l][0]; x != c.root; x = x.parent {
+			d++
+		}
+		return d
+	}
+	slices.SortFunc(gone, func(a, b *hicache.Load) int { return depth(b) - depth(a) })
+	for _, l := range gone {
+		nodes := c.tier.loads[l]
+		c.lockPath(nodes[len(nodes)-1], -1)
+		ctx, cancel := context.WithTimeout(context.Background(), waitBound)
+		err := l.Abort(ctx)
+		if err == nil {
+			_ = l.Wait(ctx) // over; a load that landed first is given up all the same
+		}
+		late := ctx.Err() != nil
+		cancel()
+		if late {
+			panic(fmt.Sprintf("prefix: abandoning a load back from host: the loader did not let go in %v", waitBound))
+		}
+		// A request that matched before the load and computed these nodes
+		// itself may have inserted its deeper pages below them (Insert
+		// keeps a loading node and frees the request's own page for it):
+		// no lock holds them, and they go off the device first, as Evict
+		// would take them.
+		for i, nd := range nodes {
+			for _, ch := range nd.children {
+				if ch.page >= 0 && (i == len(nodes)-1 || ch != nodes[i+1]) {
+					c.evictBelow(ch)
+				}
+			}
+		}
+		pages := make([]int32, len(nodes))
+		for i, nd := range nodes {
+			if c.hasDeviceChild(nd) && (i == len(nodes)-1 || c.hasOtherDeviceChild(nd, nodes[i+1])) {
+				panic(fmt.Sprintf("prefix: abandoning a load: node %d has a device child nobody locks", nd.hkey))
+			}
+			pages[i] = nd.page
+			delete(c.byPage, nd.page)
+			nd.page, nd.loading = -1, nil
+			c.tier.host.Unpin(nd.hkey)
+		}
+		if err := c.pool.FreeCached(pages); err != nil {
+			panic(fmt.Sprintf("prefix: abandoning a load: %v", err)) // unlocked, so no sequence holds them
+		}
+		delete(c.tier.loads, l)
+		c.tier.stats.Abandoned++
+	}
+}
+
+// evictBelow takes device node nd and its device subtree, which no lock and
+// no sequence holds, off the device as Evict would, leaves first.
+func (c *Cache) evictBelow(nd *node) {
+	for _, ch := range nd.children {
+		if ch.page >= 0 {
+			c.evictBelow(ch)
+		}
+	}
+	pg := nd.page
+	if nd.lock != 0 || nd.loading != nil || c.pool.Refs(pg) != 1 {
+		panic(fmt.Sprintf("prefix: abandoning a load: page %d below it is locked, loading or in use", pg))
+	}
+	delete(c.byPage, pg)
+	if c.evictOff(nd) {
+		nd.page = -1
+	} else {
+		c.drop(nd)
+	}
+	if err := c.pool.FreeCached([]int32{pg}); err != nil {
+		panic(fmt.Sprintf("prefix: abandoning a load: %v", err))
+	}
+}
+
+// hasOtherDeviceChild reports whether nd has a device child besides next.
+func (c *Cache) hasOtherDeviceChild(nd, next *node) bool {
+	for _, ch := range nd.children {
+		if ch != next && ch.page >= 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func keysOf(nodes []*node) []hicache.Key {
@@ -472,8 +795,8 @@ func keysOf(nodes []*node) []hicache.Key {
 }
 
 // checkHostOnly verifies host-only node nd and its subtree: all off the
-// device and on host, unlocked, filed under their keys, and pinned on host
-// exactly while loading.
+// device and on host, unlocked, not loading or backing up, and filed under
+// their keys.
 func (c *Cache) checkHostOnly(nd *node) error {
 	h := c.tier.host
 	switch {
@@ -483,6 +806,8 @@ func (c *Cache) checkHostOnly(nd *node) error {
 		return fmt.Errorf("prefix: node %d is on neither tier", nd.hkey)
 	case nd.lock != 0:
 		return fmt.Errorf("prefix: host-only node %d has lock %d", nd.hkey, nd.lock)
+	case nd.loading != nil || nd.backup != nil:
+		return fmt.Errorf("prefix: host-only node %d is loading or backing up", nd.hkey)
 	case c.tier.byKey[nd.hkey] != nd:
 		return fmt.Errorf("prefix: host-only node %d is not filed under its key", nd.hkey)
 	}
@@ -500,12 +825,21 @@ func (c *Cache) checkHostOnly(nd *node) error {
 	return nil
 }
 
-// checkTier verifies the host tier's bookkeeping against the host pool:
-// every node on host has a one-page entry there and the pool holds no other
-// pages, keys are filed, a node being loaded is host-only and pinned, and
-// the loads are those of live sequences' records.
+// checkTier verifies the host tier's bookkeeping against the host pool,
+// after waiting for the backups in flight: every node on host has a
+// one-page entry there and the pool holds no other pages, keys are filed,
+// a loading node is on the device, locked, recorded under its load and
+// pinned on host while the load runs, and every unsettled load's nodes are
+// a chain.
 func (c *Cache) checkTier() error {
 	h := c.tier.host
+	if h != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), waitBound)
+		defer cancel()
+		if err := c.waitBackups(ctx); err != nil {
+			return fmt.Errorf("prefix: check: %w", err)
+		}
+	}
 	var err error
 	onHost, loading := 0, 0
 	c.walkAll(func(nd *node) {
@@ -513,7 +847,7 @@ func (c *Cache) checkTier() error {
 			return
 		}
 		if h == nil {
-			if nd.onHost || nd.loading != nil || nd.hkey != 0 || nd.hits != 0 {
+			if nd.onHost || nd.loading != nil || nd.backup != nil || nd.hkey != 0 || nd.hits != 0 {
 				err = fmt.Errorf("prefix: node of page %d has host-tier state without a host tier", nd.page)
 			}
 			return
@@ -534,13 +868,15 @@ func (c *Cache) checkTier() error {
 		}
 		if nd.loading != nil {
 			loading++
-			// The loader unpins the entry when the load ends, on its own
-			// goroutine, before the cache hears of it (at Finish): unpinned
-			// is fine once the load is over. Pinned is read first; the
-			// loader marks the load over before it unpins.
-			if nd.page >= 0 || (!h.Pinned(nd.hkey) && !loadOver(nd.loading)) {
-				err = fmt.Errorf("prefix: node %d is loading but on the device or not pinned on host", nd.hkey)
-				return
+			// The cache pins a loading node's entry (MatchHost's pin)
+			// until the load settles or is abandoned.
+			switch {
+			case nd.page < 0 || nd.lock == 0 || !nd.onHost:
+				err = fmt.Errorf("prefix: node %d is loading but off the device, unlocked or not on host", nd.hkey)
+			case !h.Pinned(nd.hkey):
+				err = fmt.Errorf("prefix: node %d is loading but not pinned on host", nd.hkey)
+			case !slices.Contains(c.tier.loads[nd.loading], nd):
+				err = fmt.Errorf("prefix: node %d's load is not recorded", nd.hkey)
 			}
 		}
 	})
@@ -556,25 +892,19 @@ func (c *Cache) checkTier() error {
 		}
 	}
 	recorded := 0
-	for id, sl := range c.tier.loads {
-		if len(sl.nodes) == 0 || !slices.Equal(sl.load.Keys(), keysOf(sl.nodes)) {
-			return fmt.Errorf("prefix: seq %d's load is of keys %v, its nodes %v", id, sl.load.Keys(), keysOf(sl.nodes))
+	for l, nodes := range c.tier.loads {
+		if len(nodes) == 0 || !slices.Equal(l.Keys(), keysOf(nodes)) {
+			return fmt.Errorf("prefix: a load is of keys %v, its nodes %v", l.Keys(), keysOf(nodes))
 		}
-		for _, nd := range sl.nodes {
-			if nd.loading != sl.load {
-				return fmt.Errorf("prefix: seq %d's node %d does not record its load", id, nd.hkey)
+		for i, nd := range nodes {
+			if nd.loading != l || (i > 0 && nd.parent != nodes[i-1]) {
+				return fmt.Errorf("prefix: node %d of a load does not record it or is not a chain", nd.hkey)
 			}
 		}
-		recorded += len(sl.nodes)
+		recorded += len(nodes)
 	}
 	if recorded != loading {
-		return fmt.Errorf("prefix: %d nodes loading, %d loads recorded", loading, recorded)
+		return fmt.Errorf("prefix: %d nodes loading, %d recorded under loads", loading, recorded)
 	}
 	return nil
-}
-
-// loadOver reports whether l has ended (done or aborted).
-func loadOver(l *hicache.Load) bool {
-	_, _, over := l.Progress()
-	return over
 }

@@ -35,7 +35,7 @@ func (s *Scheduler) Check() error {
 			sum += r.pages
 			switch q.st {
 			case Waiting:
-				if r.fed != r.transferred || r.pages != c.pagesFor(r.transferred) || r.pending != 0 || r.shared*c.PageSize != r.cached {
+				if r.fed != r.transferred || r.pages != c.pagesFor(r.transferred) || r.pending != 0 || r.shared*c.PageSize+r.loaded != r.cached {
 					return fmt.Errorf("sched: waiting request %d holds pages %d fed %d pending %d (transferred %d)", r.id, r.pages, r.fed, r.pending, r.transferred)
 				}
 			default:

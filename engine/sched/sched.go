@@ -24,7 +24,8 @@ type request struct {
 	seq         uint64 // admission order, for LIFO retraction
 	cut         Reason // why an Aborting request finishes at StepDone
 	cached      int    // prompt tokens on shared prefix-cache pages (until retracted)
-	shared      int    // cached/PageSize: pages the request reads but does not hold
+	shared      int    // (cached-loaded)/PageSize: pages the request reads but does not hold
+	loaded      int    // of cached, tokens loaded back into pages of the request's own
 	transferred int    // prompt tokens whose KV arrived with the request (until retracted)
 }
 
@@ -88,6 +89,9 @@ func (s *Scheduler) Add(req Request, now time.Duration) error {
 	if req.Cached < 0 || req.Cached%s.cfg.PageSize != 0 || req.Cached >= req.PromptLen {
 		return fmt.Errorf("%w: %d: cached prefix of %d tokens (page size %d, prompt %d)", ErrInvalid, req.ID, req.Cached, s.cfg.PageSize, req.PromptLen)
 	}
+	if req.Loaded < 0 || req.Loaded > req.Cached || req.Loaded%s.cfg.PageSize != 0 {
+		return fmt.Errorf("%w: %d: %d of %d cached tokens to load (page size %d)", ErrInvalid, req.ID, req.Loaded, req.Cached, s.cfg.PageSize)
+	}
 	if req.Transferred < 0 || req.Transferred >= req.PromptLen || (req.Transferred > 0 && req.Cached > 0) {
 		return fmt.Errorf("%w: %d: %d transferred tokens (prompt %d, cached %d)", ErrInvalid, req.ID, req.Transferred, req.PromptLen, req.Cached)
 	}
@@ -100,7 +104,7 @@ func (s *Scheduler) Add(req Request, now time.Duration) error {
 		return fmt.Errorf("%w: %d arrives holding %d pages, %d of %d are held already", ErrInvalid, req.ID, p, s.held, s.cfg.TotalPages)
 	}
 	r := &request{id: req.ID, promptLen: req.PromptLen, maxTokens: req.MaxTokens, arrival: s.now, since: s.now, state: Waiting,
-		cached: req.Cached, shared: req.Cached / s.cfg.PageSize, transferred: req.Transferred}
+		cached: req.Cached, shared: (req.Cached - req.Loaded) / s.cfg.PageSize, loaded: req.Loaded, transferred: req.Transferred}
 	r.fed = r.transferred
 	r.pages = s.cfg.pagesFor(r.fed)
 	s.held += r.pages
@@ -351,10 +355,32 @@ func (s *Scheduler) retractNewest(p *Plan) int {
 	p.Retract = append(p.Retract, Retract{ID: r.id, Generated: r.generated, Pages: freed})
 	s.held -= freed
 	r.pages, r.fed, r.state, r.since = 0, 0, Waiting, s.now
-	r.cached, r.shared, r.transferred = 0, 0, 0 // the loop released the prefix or transferred KV with the sequence
+	r.cached, r.shared, r.loaded, r.transferred = 0, 0, 0, 0 // the loop released the prefix or transferred KV with the sequence
 	r.retractions++
 	s.waiting = append([]*request{r}, s.waiting...)
 	return freed
+}
+
+// Uncache shrinks a waiting request's cached prefix to cached tokens (a
+// whole number of pages, no more than its device part: the tokens it does
+// not have to load): the loop lost the rest (e.g. its host tier was turned
+// off) and the request will compute them. Only a request waiting without a
+// sequence (never admitted, or retracted) can be uncached.
+func (s *Scheduler) Uncache(id uint64, cached int, now time.Duration) error {
+	s.advance(now)
+	r, ok := s.reqs[id]
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: %d", ErrUnknown, id)
+	case r.state != Waiting || r.pages != 0:
+		return fmt.Errorf("%w: %d: uncache of a request that holds a sequence", ErrInvalid, id)
+	case cached < 0 || cached%s.cfg.PageSize != 0 || cached > r.cached-r.loaded:
+		return fmt.Errorf("%w: %d: uncache to %d of %d cached tokens (%d to load)", ErrInvalid, id, cached, r.cached, r.loaded)
+	}
+	r.cached, r.shared, r.loaded = cached, cached/s.cfg.PageSize, 0
+	r.fed = r.transferred
+	s.selfCheck()
+	return nil
 }
 
 // StepDone ends the step in flight with the loop's outcomes, one per Run
@@ -472,6 +498,25 @@ func (s *Scheduler) Admitted() int { return len(s.prefilling) + len(s.running) +
 // InFlight reports whether a step is in flight (planned, StepDone not yet
 // received).
 func (s *Scheduler) InFlight() bool { return s.step != nil }
+
+// Head is the waiting queue's head and the pages it needs free to be
+// admitted (beyond those it holds); ok is false when nothing waits.
+func (s *Scheduler) Head() (id uint64, need int, ok bool) {
+	if len(s.waiting) == 0 {
+		return 0, 0, false
+	}
+	r := s.waiting[0]
+	return r.id, s.own(r, r.target()) - r.pages, true
+}
+
+// WaitingIDs are the waiting requests' ids in queue order (the head first).
+func (s *Scheduler) WaitingIDs() []uint64 {
+	ids := make([]uint64, len(s.waiting))
+	for i, r := range s.waiting {
+		ids[i] = r.id
+	}
+	return ids
+}
 
 // Len is the number of requests not yet finished.
 func (s *Scheduler) Len() int { return len(s.reqs) }

@@ -92,7 +92,7 @@ func (h *harness) run(t *testing.T, line string) string {
 		h.s = s
 		return "ok\n"
 	case "add":
-		err := h.s.Add(Request{ID: uint64(a.int(t, "id", 0)), PromptLen: a.int(t, "prompt", 1), MaxTokens: a.int(t, "max", 1), Cached: a.int(t, "cached", 0), Transferred: a.int(t, "transferred", 0)}, a.dur(t, "t"))
+		err := h.s.Add(Request{ID: uint64(a.int(t, "id", 0)), PromptLen: a.int(t, "prompt", 1), MaxTokens: a.int(t, "max", 1), Cached: a.int(t, "cached", 0), Loaded: a.int(t, "loaded", 0), Transferred: a.int(t, "transferred", 0)}, a.dur(t, "t"))
 		if err != nil {
 			fmt.Fprintf(&b, "error: %v\n", err)
 		}
@@ -109,6 +109,10 @@ func (h *harness) run(t *testing.T, line string) string {
 			b.WriteString("in the step in flight: finishes at step end\n")
 		}
 		writeFinishes(&b, f)
+	case "uncache":
+		if err := h.s.Uncache(uint64(a.int(t, "id", 0)), a.int(t, "cached", 0), a.dur(t, "t")); err != nil {
+			fmt.Fprintf(&b, "error: %v\n", err)
+		}
 	case "tick":
 		writeFinishes(&b, h.s.Tick(a.dur(t, "t")))
 	case "schedule":

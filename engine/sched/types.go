@@ -73,6 +73,12 @@ type Request struct {
 	// holds only the pages beyond them. A retraction gives the prefix up;
 	// the request is then recomputed from position 0.
 	Cached int
+	// Loaded is how many of the Cached tokens (the last whole pages of
+	// them) are not on the device yet: the loop loads them back from a
+	// host tier into fresh pages when it first admits the request. Until
+	// then, and for the request's life, those pages count as the
+	// request's own (they need room in the pool), not as shared.
+	Loaded int
 	// Transferred is how many leading prompt tokens already have KV in the
 	// request's own sequence when it arrives (a PD decode request: the KV
 	// came from a prefill server). The request holds their pages from Add

@@ -30,6 +30,8 @@ type Config struct {
 	// DisablePrefixCache turns the radix prefix cache off: every prompt is
 	// computed from position 0 and finished sequences free all their pages.
 	DisablePrefixCache bool
+	// HiCache is the prefix cache's host tier (off by default).
+	HiCache HiCacheConfig
 
 	// Name labels the loops' goroutines (pprof label server; default
 	// "pdserve"). Role is the engine's part: colocated (default), prefill
@@ -131,6 +133,7 @@ func (c *Config) setDefaults(m *model.Model) {
 		c.Role = pdproto.RoleColocated
 	}
 	c.PD.setDefaults()
+	c.HiCache.setDefaults()
 	if c.CollectiveWatchdog == 0 {
 		c.CollectiveWatchdog = 5 * time.Second
 	}
@@ -197,6 +200,7 @@ func (c Config) Validate(m *model.Model) error {
 	if c.Heartbeat <= 0 {
 		bad("heartbeat %v must be positive", c.Heartbeat)
 	}
+	c.HiCache.validate(c.DisablePrefixCache, bad)
 	if c.CollectiveWatchdog > 0 && c.Heartbeat >= c.CollectiveWatchdog {
 		bad("heartbeat %v must be shorter than the collective watchdog %v: idle ranks wait for rank 0 in a collective up to one heartbeat", c.Heartbeat, c.CollectiveWatchdog)
 	}

@@ -76,6 +76,8 @@ var faultSpecs = func() []FaultInfo {
 			Doc: "the highest TP rank stops before its next collective until switched off; its peers wait in the collective"},
 		{Name: FaultPDLoopExit, Roles: pd,
 			Doc: "each rank's PD receive loop (prefill control, decode KV) exits at its next message"},
+		{Name: FaultHiCacheIndexKUngated, Roles: []string{pdproto.RoleColocated, pdproto.RolePrefill},
+			Doc: "the sparse indexer reads index-K of a prefix loading back from host without waiting for its layer; attention still waits (the HiCache index-K race)"},
 	}
 	for _, t := range pdproto.Types {
 		specs = append(specs, FaultInfo{Name: FaultDrop(t), Roles: receivers[t],

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/dist"
+	"github.com/pdkit/pdkit/engine/hicache"
 	"github.com/pdkit/pdkit/engine/pd/rooms"
 	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/engine/sched"
@@ -29,6 +30,7 @@ type rankLoop struct {
 	rk    *tp.Rank
 	sched *sched.Scheduler
 	cache *prefix.Cache // nil when the prefix cache is off
+	tier  rankTier      // the cache's host tier, as readers see it (hicache.go)
 	pd    *rankPD       // nil on a colocated server
 	seqs  map[uint64]*seqState
 	step  uint64
@@ -42,7 +44,8 @@ type rankLoop struct {
 	beat atomic.Int64 // unix nanoseconds of the last iteration's start
 	last atomic.Pointer[StepRecord]
 
-	wire     []byte // rank 0's encoding buffer
+	wire     []byte        // rank 0's encoding buffer
+	gated    hicache.Loads // the loads the step's forward pass reads through gates
 	now      time.Duration
 	finished int // requests finished in the current iteration
 }
@@ -56,6 +59,9 @@ type seqState struct {
 	decoding  bool    // prefilled since its last admission
 	cut       bool    // aborted; its outcome is ignored
 	matched   []int32 // cached prefix pages locked for it, until its sequence ends
+	// hm is its prefix's host part, pinned on host from admit until its
+	// first admission loads it back (LoadBack) or it ends.
+	hm *prefix.HostMatch
 }
 
 // ctx is the loops' context: a loop stuck in a collective is woken by
@@ -140,6 +146,7 @@ func (e *Engine) takeInbox() stepInput {
 	e.mu.Lock()
 	pending, aborts := e.pending, e.aborts
 	e.pending, e.aborts = nil, nil
+	in.tier, e.tierOp = e.tierOp, nil
 	e.numPending.Store(0)
 	e.oldestPending.Store(0)
 	e.mu.Unlock()
@@ -240,6 +247,11 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("serve: rank %d: schedule: %w", l.r, err)
 	}
+	if len(plan.Run) == 0 && l.sched.Admitted() == 0 {
+		if err := l.unstall(); err != nil {
+			return false, err
+		}
+	}
 	rec.Digest = digest(rec.Step, plan.Run)
 	if err := l.agree(rec.Digest); err != nil {
 		return false, err
@@ -270,6 +282,9 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	if err := l.rk.Forward(ctx, batch, nil); err != nil {
 		return false, fmt.Errorf("serve: rank %d: step %d: %w", l.r, rec.Step, err)
 	}
+	if err := l.settle(); err != nil {
+		return false, err
+	}
 	if l.r == 0 {
 		l.e.totals.Steps++
 		l.e.totals.Tokens += uint64(rec.BatchTokens)
@@ -294,6 +309,11 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 // mail. It returns the other new requests, which the iteration's admit
 // adds to the scheduler.
 func (l *rankLoop) arrive(in stepInput) ([]addMsg, error) {
+	if in.tier != nil {
+		if err := l.applyTier(*in.tier); err != nil {
+			return nil, err
+		}
+	}
 	var adds []addMsg
 	for _, a := range in.adds {
 		if a.n > 1 {
@@ -379,38 +399,57 @@ func (l *rankLoop) room() (int, error) {
 }
 
 // admit adds the new requests, each at the length of its cached prefix: the
-// ranks match their own caches and take the MIN, so all of them admit at
-// the same length.
+// ranks match their own caches and MIN-reduce, per request, the device
+// match, the whole match (device plus host tier) and the negated device
+// match, so all of them admit at the same length and load back the same
+// host part. Device caches hold the same pages on every rank; should they
+// ever differ (the negated minimum is not the minimum), nothing is loaded.
 func (l *rankLoop) admit(adds []addMsg) error {
 	if len(adds) == 0 {
 		return nil
 	}
-	matched := make([][]int32, len(adds))
-	n := make([]int64, len(adds))
+	k := len(adds)
+	hms := make([]prefix.HostMatch, k)
+	n := make([]int64, 3*k) // device, total, -device
 	if l.cache != nil {
 		for i, a := range adds {
-			pages, k := l.cache.Match(a.prompt[:len(a.prompt)-1])
-			matched[i], n[i] = pages, int64(k)
+			hm := l.cache.MatchHost(a.prompt[:len(a.prompt)-1])
+			hms[i] = hm
+			n[i], n[k+i], n[2*k+i] = int64(hm.N), int64(hm.N+hm.Host), -int64(hm.N)
 		}
 		if err := l.comm().AllReduceMinInt(ctx, n); err != nil {
 			return fmt.Errorf("serve: rank %d: prefix match: %w", l.r, err)
 		}
 	}
-	ps := l.e.cfg.PageSize
 	for i, a := range adds {
-		if got := len(matched[i]) * ps; got > int(n[i]) {
-			// A peer matched less: keep the agreed part only.
-			if err := l.cache.Unlock(matched[i]); err != nil {
-				return fmt.Errorf("serve: rank %d: %w", l.r, err)
-			}
-			matched[i], _ = l.cache.Match(a.prompt[:n[i]])
+		dev, total := int(n[i]), int(n[k+i])
+		if int(-n[2*k+i]) != dev {
+			total = dev // the ranks' device caches differ: load nothing
 		}
 		s := &seqState{all: append(make([]int32, 0, len(a.prompt)+a.maxTokens), a.prompt...),
-			maxTokens: a.maxTokens, ignoreEOS: a.ignoreEOS, stop: a.stop, matched: matched[i]}
-		err := l.sched.Add(sched.Request{ID: a.id, PromptLen: len(a.prompt), MaxTokens: a.maxTokens, Cached: int(n[i])}, l.now)
+			maxTokens: a.maxTokens, ignoreEOS: a.ignoreEOS, stop: a.stop}
+		if l.cache != nil {
+			hm := hms[i]
+			if hm.N > dev {
+				// A peer matched less: keep the agreed part only.
+				if err := l.dropMatch(&hm); err != nil {
+					return err
+				}
+				s.matched, _ = l.cache.Match(a.prompt[:dev])
+			} else {
+				s.matched = hm.Pages
+				s.hm = &hm
+				if total == dev {
+					if err := l.dropHostMatch(s); err != nil { // nothing to load: unpin
+						return err
+					}
+				}
+			}
+		}
+		err := l.sched.Add(sched.Request{ID: a.id, PromptLen: len(a.prompt), MaxTokens: a.maxTokens, Cached: total, Loaded: total - dev}, l.now)
 		if err != nil {
 			if l.cache != nil {
-				if uerr := l.cache.Unlock(s.matched); uerr != nil {
+				if uerr := errors.Join(l.dropHostMatch(s), l.cache.Unlock(s.matched)); uerr != nil {
 					return fmt.Errorf("serve: rank %d: %w", l.r, uerr)
 				}
 			}
@@ -428,10 +467,54 @@ func (l *rankLoop) admit(adds []addMsg) error {
 		if l.r == 0 {
 			t := &l.e.totals
 			t.PromptTokens += uint64(len(a.prompt))
-			t.CachedTokens += uint64(n[i])
-			if n[i] > 0 {
+			t.CachedTokens += uint64(total)
+			if total > 0 {
 				t.PrefixHits++
 			}
+		}
+	}
+	return nil
+}
+
+// dropMatch unpins hm's host part and unlocks its device match.
+func (l *rankLoop) dropMatch(hm *prefix.HostMatch) error {
+	pages, _, err := l.cache.LoadBack(ctx, nil, *hm, hm.N)
+	if err == nil {
+		err = l.cache.Unlock(pages)
+	}
+	if err != nil {
+		return fmt.Errorf("serve: rank %d: %w", l.r, err)
+	}
+	return nil
+}
+
+// unstall frees pages that requests waiting behind the head hold locked as
+// their cached prefixes, when nothing runs and the head does not fit:
+// those locks are all that keep the pages from eviction, and without this
+// the queue would wait for ever (busy is not dead). The newest waiters give
+// their cached prefixes up first (they will compute them), until the head
+// fits. Every rank sees the same scheduler and cache, so every rank does
+// the same.
+func (l *rankLoop) unstall() error {
+	if l.cache == nil {
+		return nil
+	}
+	_, need, ok := l.sched.Head()
+	ids := l.sched.WaitingIDs()
+	for i := len(ids) - 1; ok && i > 0 && l.cache.Free() < need; i-- {
+		s := l.seqs[ids[i]]
+		if s == nil || (len(s.matched) == 0 && s.hm == nil) {
+			continue
+		}
+		if err := errors.Join(l.dropHostMatch(s), l.cache.Unlock(s.matched)); err != nil {
+			return fmt.Errorf("serve: rank %d: unstall: %w", l.r, err)
+		}
+		s.matched = nil
+		if err := l.sched.Uncache(ids[i], 0, l.now); err != nil {
+			return fmt.Errorf("serve: rank %d: unstall: %w", l.r, err)
+		}
+		if l.r == 0 {
+			l.e.totals.Unstalls++
 		}
 	}
 	return nil
@@ -513,6 +596,9 @@ func (l *rankLoop) prepare(plan sched.Plan, rec *StepRecord) ([]tp.Input, error)
 	for _, it := range plan.Run {
 		if it.Fresh && it.Cached > 0 {
 			s := l.seqs[it.ID]
+			if err := l.loadBack(it, s); err != nil {
+				return nil, err
+			}
 			if _, err := pool.NewSeqWithPrefix(it.ID, s.matched[:it.Cached/l.e.cfg.PageSize], it.Cached); err != nil {
 				return nil, fmt.Errorf("serve: rank %d: admit %d on its prefix: %w", l.r, it.ID, err)
 			}
@@ -539,6 +625,12 @@ func (l *rankLoop) prepare(plan sched.Plan, rec *StepRecord) ([]tp.Input, error)
 			n = 1
 		}
 		batch[i] = tp.Input{SeqID: it.ID, Tokens: s.all[it.Start : it.Start+it.Tokens], NumLogits: n}
+		if l.cache != nil && len(s.matched) > 0 {
+			if loads := l.cache.Gate(s.matched); loads != nil {
+				batch[i].Gate = gate{loads: loads, l: l}
+				l.gated = append(l.gated, loads...)
+			}
+		}
 		rec.BatchTokens += it.Tokens
 		if s.decoding {
 			decode++
@@ -696,7 +788,7 @@ func (l *rankLoop) finish(fs []sched.Finish) error {
 		case f.Release:
 			err = l.release(f.ID, s)
 		case l.cache != nil:
-			err = l.cache.Unlock(s.matched) // finished while waiting
+			err = errors.Join(l.dropHostMatch(s), l.cache.Unlock(s.matched)) // finished while waiting
 		}
 		handled, perr := l.pdSchedFinished(f)
 		if !handled {
@@ -735,6 +827,7 @@ func (l *rankLoop) publish(rec StepRecord) StepRecord {
 	rec.ControlSeq, rec.ForwardSeq = l.comm().LastSeq(), l.rk.Comm().LastSeq()
 	l.last.Store(&rec)
 	l.publishPD()
+	l.publishTier()
 	if l.r == 0 {
 		l.e.publish(rec)
 	}
@@ -764,7 +857,7 @@ func (l *rankLoop) drop(release bool) {
 			case f.Release:
 				err = errors.Join(err, l.release(f.ID, s))
 			case l.cache != nil:
-				err = errors.Join(err, l.cache.Unlock(s.matched))
+				err = errors.Join(err, l.dropHostMatch(s), l.cache.Unlock(s.matched))
 			}
 		}
 		if err != nil {

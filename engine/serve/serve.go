@@ -258,6 +258,9 @@ type Totals struct {
 	CachedTokens    uint64
 	PrefixHits      uint64 // requests that matched at least one cached page
 	PrefixEvictions uint64 // cached pages evicted (rank 0)
+	// Unstalls counts waiting requests that gave their cached prefix up
+	// because nothing ran and the queue's head did not fit (loop.go).
+	Unstalls uint64
 }
 
 // Health reports progress, not only liveness.
@@ -295,6 +298,7 @@ type Engine struct {
 	closed  bool
 	pending []*request
 	aborts  []abortMsg
+	tierOp  *tierOp       // a HiCache switch for the loops, nil when none
 	wake    chan struct{} // capacity 1: the inbox changed
 
 	// The inbox as Health sees it without the lock.
@@ -314,7 +318,9 @@ type Engine struct {
 	stalls atomic.Uint64 // collectives the watchdog reported
 	pd     *pdEngine     // nil on a colocated server
 	faults faultSet
-	rooms  sync.Map // bootstrap room -> request id, for live PD requests
+
+	hicacheBandwidth atomic.Int64 // the loaders' pacing, bytes/s (0 unlimited)
+	rooms            sync.Map     // bootstrap room -> request id, for live PD requests
 
 	// Rank 0's: the front of every request the ranks know (stream,
 	// sampler), and the totals. Owned by rank 0's loop while it runs, then
@@ -393,6 +399,8 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 	for _, name := range cfg.Faults {
 		e.faults.set(faultIndex(name), true) // checked by Validate
 	}
+	e.hicacheBandwidth.Store(cfg.HiCache.LoadBandwidth)
+	hostPages := 0 // per rank, once the first rank's pool is known
 	for r := range cfg.TP {
 		sc, err := sched.New(sched.Config{
 			MaxRunning: cfg.MaxRunning, MaxBatchTokens: cfg.MaxBatchTokens, PrefillChunk: cfg.PrefillChunk,
@@ -410,12 +418,30 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 			}
 			if l.pd, err = newRankPD(e, r); err != nil {
 				e.closePD()
+				e.closeTiers()
 				shards.Close()
 				return nil, fmt.Errorf("serve: rank %d: %w", r, err)
 			}
 		}
 		if !cfg.DisablePrefixCache {
 			l.cache = prefix.New(l.rk.Pool())
+			layers := l.rk.Pool().Config().Layers
+			l.tier.waitKV, l.tier.waitIndexK = make([]atomic.Int64, layers), make([]atomic.Int64, layers)
+			if cfg.HiCache.Enabled {
+				if hostPages == 0 {
+					if hostPages, err = cfg.HiCache.hostPages(l.rk.Pool().Config(), cfg.TP); err != nil {
+						e.closeTiers()
+						shards.Close()
+						return nil, fmt.Errorf("serve: %w", err)
+					}
+				}
+				if err := l.attachTier(hostPages); err != nil {
+					e.closeTiers()
+					shards.Close()
+					return nil, fmt.Errorf("serve: rank %d: %w", r, err)
+				}
+			}
+			l.publishTier()
 		}
 		now := time.Now()
 		l.beat.Store(now.UnixNano())
@@ -664,9 +690,26 @@ func (e *Engine) Close() error {
 			<-e.done
 		}
 		t.Stop()
+		e.closeTiers()
 		e.closeErr = errors.Join(e.closePD(), e.control.Close(), e.shards.Close())
 	})
 	return e.closeErr
+}
+
+// closeTiers stops every rank's HiCache loader and writer once the loops
+// are gone (or were never started).
+func (e *Engine) closeTiers() {
+	for _, l := range e.loops {
+		if l.cache == nil {
+			continue
+		}
+		if ld := l.cache.Loader(); ld != nil {
+			ld.Close()
+		}
+		if w := l.cache.Writer(); w != nil {
+			w.Close()
+		}
+	}
 }
 
 // closePD stops the registry lookups and closes the ranks' sockets.

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -18,6 +19,7 @@ type stepInput struct {
 	stop   bool          // the engine is closing: every loop returns
 	adds   []addMsg
 	aborts []abortMsg // applied after adds; unknown or finished ids are ignored
+	tier   *tierOp    // a HiCache switch, applied before the adds
 }
 
 // addMsg is a new request as the ranks need it (the sampler and the stream
@@ -67,7 +69,17 @@ func (m *stepInput) encode(b []byte) []byte {
 		b = append(b, a.url...)
 		b = binary.LittleEndian.AppendUint32(b, uint32(a.n))
 	}
-	return appendAborts(b, m.aborts)
+	b = appendAborts(b, m.aborts)
+	switch {
+	case m.tier == nil:
+		b = append(b, 0)
+	case m.tier.off:
+		b = append(b, 2)
+	default:
+		b = append(b, 1)
+		b = binary.LittleEndian.AppendUint64(b, uint64(m.tier.pages))
+	}
+	return b
 }
 
 func (m *stepInput) decode(b []byte) error {
@@ -85,6 +97,19 @@ func (m *stepInput) decode(b []byte) error {
 		m.adds = append(m.adds, a)
 	}
 	m.aborts = r.aborts()
+	switch op := r.take(1); {
+	case op == nil || op[0] == 0:
+	case op[0] == 2:
+		m.tier = &tierOp{off: true}
+	case op[0] == 1:
+		pages := r.u64()
+		if pages < 1 || pages > math.MaxInt32 {
+			return fmt.Errorf("%w: hicache on with %d pages", errWire, pages)
+		}
+		m.tier = &tierOp{pages: int(pages)}
+	default:
+		return fmt.Errorf("%w: hicache switch %d", errWire, op[0])
+	}
 	return r.done()
 }
 

@@ -92,7 +92,7 @@ func (rk *Rank) Forward(ctx context.Context, batch []Input, dst []float32) error
 	rk.inputs = rk.inputs[:0]
 	nl := 0
 	for i, in := range batch {
-		rk.inputs = append(rk.inputs, model.SeqInput{Seq: rk.seqs[i], Tokens: in.Tokens, NumLogits: in.NumLogits})
+		rk.inputs = append(rk.inputs, model.SeqInput{Seq: rk.seqs[i], Tokens: in.Tokens, NumLogits: in.NumLogits, Gate: in.Gate})
 		nl += in.NumLogits
 	}
 	if dst == nil {

@@ -39,6 +39,10 @@ type Input struct {
 	SeqID     uint64
 	Tokens    []int32
 	NumLogits int // logits for the last NumLogits tokens
+	// Gate, when set, holds this rank's reads of the sequence's pages per
+	// layer (model.SeqInput.Gate): a prefix being loaded back from the
+	// rank's host tier. Unlike the rest of the input it is the rank's own.
+	Gate model.LayerGate
 }
 
 // Shards is a model split over N ranks: each Rank owns its weight shard, its
