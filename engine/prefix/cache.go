@@ -64,7 +64,7 @@ type node struct {
 	last     uint64 // logical time of the last Match or Insert through it
 
 	// The host tier (tier.go); zero while none is attached.
-	hkey    hicache.Key   // the node's host entry key; 0 until it needs one
+	hkey    hicache.Key     // the node's host entry key; 0 until it needs one
 	onHost  bool            // a host entry of key holds the page's KV
 	hits    int             // Matches that passed through the node
 	loading *hicache.Load   // an unsettled load into the node's page
