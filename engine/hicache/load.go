@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 )
 
 type loadState uint8
@@ -197,4 +198,39 @@ func (ls Loads) WaitIndexK(ctx context.Context, layer int) error {
 		}
 	}
 	return nil
+}
+
+// Gate is the forward pass's gate over a sequence's unsettled loads, as a
+// server runs it: Waited (if set) is told how long each read waited, and
+// when IndexKUngated (if set) reports true the index-K read does not wait
+// at all, while the KV read still does: the HiCache index-K race of
+// production incident 3, on a switch. The indexer then scores whatever the
+// pages hold at that moment.
+type Gate struct {
+	Loads         Loads
+	IndexKUngated func() bool
+	Waited        func(layer int, indexK bool, d time.Duration)
+}
+
+// WaitKV waits for layer's K and V of every load.
+func (g Gate) WaitKV(ctx context.Context, layer int) error {
+	start := time.Now()
+	err := g.Loads.WaitKV(ctx, layer)
+	if g.Waited != nil {
+		g.Waited(layer, false, time.Since(start))
+	}
+	return err
+}
+
+// WaitIndexK waits for layer's index-K of every load, unless IndexKUngated.
+func (g Gate) WaitIndexK(ctx context.Context, layer int) error {
+	if g.IndexKUngated != nil && g.IndexKUngated() {
+		return nil
+	}
+	start := time.Now()
+	err := g.Loads.WaitIndexK(ctx, layer)
+	if g.Waited != nil {
+		g.Waited(layer, true, time.Since(start))
+	}
+	return err
 }

@@ -1,6 +1,7 @@
 package model_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/pdkit/pdkit/engine/hicache"
 	"github.com/pdkit/pdkit/engine/kvcache"
+	"github.com/pdkit/pdkit/engine/kvcache/kvtest"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
 	"github.com/pdkit/pdkit/internal/testmodel"
@@ -465,4 +467,96 @@ func TestGateError(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// peekGate reads the loading pages' bytes when the forward pass's index-K
+// read of layer passes its gate: what the indexer is about to score.
+type peekGate struct {
+	gate  model.LayerGate
+	layer int
+	read  func() [][]byte
+	seen  [][]byte
+}
+
+func (p *peekGate) WaitKV(ctx context.Context, layer int) error { return p.gate.WaitKV(ctx, layer) }
+
+func (p *peekGate) WaitIndexK(ctx context.Context, layer int) error {
+	err := p.gate.WaitIndexK(ctx, layer)
+	if layer == p.layer {
+		p.seen = p.read()
+	}
+	return err
+}
+
+// The server's gate (hicache.Gate) holds the index-K read like a load does;
+// with its IndexKUngated switch on (the hicache-indexk-ungated fault), the
+// index-K read of a layer whose index-K has not landed passes at once and
+// the indexer scores what the pages held before the load (another prompt's
+// keys), while attention still waits for, and reads, the loaded KV: the
+// logits come out wrong. The bytes read are shown, so the fault is proven
+// the cause.
+func TestGateIndexKUngatedReadsStaleKeys(t *testing.T) {
+	for _, dt := range gateDTypes {
+		t.Run(dt.String(), func(t *testing.T) {
+			r := newGateRig(t, dt)
+			c := r.prefixCase(1, 4*gatePage, 3, 21)
+			pages := c.seq.Pages()
+			stale := kvtest.PageBytes(r.pool, pages)
+
+			// Switch off: the server's gate waits in layer 1's index-K read.
+			r.ld.HoldBeforeIndexK(1)
+			load := r.submit(c)
+			shut := &recGate{gate: hicache.Gate{Loads: hicache.Loads{load}, IndexKUngated: func() bool { return false }}}
+			ch := r.goForward(context.Background(), model.SeqInput{Seq: c.seq, Tokens: c.suffix, NumLogits: len(c.suffix), Gate: shut})
+			blockedAt(t, r.ld, 1, true, shut, "ix1")
+			notDone(t, ch)
+			r.ld.ReleaseHold()
+			if res := receive(t, ch); res.err != nil {
+				t.Fatal(res.err)
+			} else {
+				sameLogits(t, "gated", res.logits, c.want)
+			}
+			if err := load.Wait(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			loaded := kvtest.PageBytes(r.pool, pages)
+			const k1, rows1, scales1 = 4, 6, 7 // layer 1's K, index-K rows and scales
+			if bytes.Equal(loaded[rows1], stale[rows1]) {
+				t.Fatal("the pages' stale index-K equals the loaded one: the test cannot tell them apart")
+			}
+
+			// Switch on, a fresh load into the same stale pages.
+			c2 := r.prefixCase(2, 4*gatePage, 3, 21)
+			pages2 := c2.seq.Pages()
+			stale2 := kvtest.PageBytes(r.pool, pages2)
+			r.ld.HoldBeforeIndexK(1)
+			load2 := r.submit(c2)
+			poll(t, "loader held before layer 1's index-K", func() bool {
+				l, ix := r.ld.HeldAt()
+				return l == 1 && ix
+			})
+			peek := &peekGate{
+				gate:  hicache.Gate{Loads: hicache.Loads{load2}, IndexKUngated: func() bool { return true }},
+				layer: 1, read: func() [][]byte { return kvtest.PageBytes(r.pool, pages2) },
+			}
+			got := r.forward(model.SeqInput{Seq: c2.seq, Tokens: c2.suffix, NumLogits: len(c2.suffix), Gate: peek})
+			r.ld.ReleaseHold()
+			if err := load2.Wait(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			loaded2 := kvtest.PageBytes(r.pool, pages2)
+			switch {
+			case peek.seen == nil:
+				t.Fatal("the index-K read of layer 1 never happened")
+			case !bytes.Equal(peek.seen[rows1], stale2[rows1]) || !bytes.Equal(peek.seen[scales1], stale2[scales1]):
+				t.Fatal("with the switch on, layer 1's index-K read did not see the pages' stale keys")
+			case bytes.Equal(peek.seen[rows1], loaded2[rows1]):
+				t.Fatal("layer 1's index-K read saw the loaded keys")
+			case !bytes.Equal(peek.seen[k1], loaded2[k1]):
+				t.Fatal("layer 1's K was not loaded when the ungated index-K read happened")
+			case slices.Equal(got, c2.want):
+				t.Fatal("stale index keys gave the loaded prefix's logits")
+			}
+		})
+	}
 }

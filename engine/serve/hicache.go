@@ -318,28 +318,20 @@ func (l *rankLoop) readsAny(s *seqState, pages []int32) bool {
 }
 
 // gate is the forward pass's gate for a sequence reading unsettled loads:
-// it times each wait per layer, and under FaultHiCacheIndexKUngated the
+// each wait is timed per layer, and under FaultHiCacheIndexKUngated the
 // index-K read does not wait at all.
-type gate struct {
-	loads hicache.Loads
-	l     *rankLoop
-}
-
-func (g gate) WaitKV(ctx context.Context, layer int) error {
-	start := time.Now()
-	err := g.loads.WaitKV(ctx, layer)
-	g.l.tier.waitKV[layer].Add(int64(time.Since(start)))
-	return err
-}
-
-func (g gate) WaitIndexK(ctx context.Context, layer int) error {
-	if g.l.e.faults.onAt(idxIndexKUngated) {
-		return nil // the incident's bug: the indexer reads what is in the pages now
+func (l *rankLoop) gate(loads hicache.Loads) hicache.Gate {
+	return hicache.Gate{
+		Loads:         loads,
+		IndexKUngated: func() bool { return l.e.faults.onAt(idxIndexKUngated) },
+		Waited: func(layer int, indexK bool, d time.Duration) {
+			if indexK {
+				l.tier.waitIndexK[layer].Add(int64(d))
+			} else {
+				l.tier.waitKV[layer].Add(int64(d))
+			}
+		},
 	}
-	start := time.Now()
-	err := g.loads.WaitIndexK(ctx, layer)
-	g.l.tier.waitIndexK[layer].Add(int64(time.Since(start)))
-	return err
 }
 
 // HiCache is every rank's host tier snapshot, rank order; nil when the

@@ -627,7 +627,7 @@ func (l *rankLoop) prepare(plan sched.Plan, rec *StepRecord) ([]tp.Input, error)
 		batch[i] = tp.Input{SeqID: it.ID, Tokens: s.all[it.Start : it.Start+it.Tokens], NumLogits: n}
 		if l.cache != nil && len(s.matched) > 0 {
 			if loads := l.cache.Gate(s.matched); loads != nil {
-				batch[i].Gate = gate{loads: loads, l: l}
+				batch[i].Gate = l.gate(loads)
 				l.gated = append(l.gated, loads...)
 			}
 		}
