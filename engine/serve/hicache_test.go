@@ -3,11 +3,14 @@ package serve
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/pdkit/pdkit/engine/kvcache"
+	"github.com/pdkit/pdkit/engine/kvcache/kvtest"
 	"github.com/pdkit/pdkit/internal/testmodel"
 	"github.com/pdkit/pdkit/kernels"
 )
@@ -111,4 +114,205 @@ func TestHiCacheOnOffEqual(t *testing.T) {
 			})
 		}
 	}
+}
+
+// kvDigests records, per (room, rank), an FNV digest of the prompt KV a
+// decode received (every layer's K, V, index-K rows and scales).
+type kvDigests struct {
+	mu  sync.Mutex
+	got map[[2]uint64]uint64
+}
+
+func (d *kvDigests) hook(rank int, room uint64, pool *kvcache.Pool, slots []int32) {
+	h := fnv.New64a()
+	for _, b := range kvtest.SlotBytes(pool, slots) {
+		h.Write(b)
+	}
+	d.mu.Lock()
+	d.got[[2]uint64{room, uint64(rank)}] = h.Sum64()
+	d.mu.Unlock()
+}
+
+// runPDChats is runSessions through a PD pair: turn j of chat i is room
+// base+i*100+j (revisits j = turns).
+func runPDChats(t *testing.T, pp *pdPair, ss []chat, maxTok int, base uint64) [][][]int32 {
+	t.Helper()
+	out := make([][][]int32, len(ss))
+	turn := func(i, j int, p []int32) {
+		toks, dfin, pfin := pp.run(t, context.Background(), Request{Prompt: p, MaxTokens: maxTok, IgnoreEOS: true}, base+uint64(i*100+j))
+		if dfin.Reason != ReasonLength || pfin.Reason != ReasonLength {
+			t.Errorf("chat %d turn %d: decode %+v, prefill %+v", i, j, dfin, pfin)
+		}
+		out[i] = append(out[i], toks)
+	}
+	var wg sync.WaitGroup
+	for i, s := range ss {
+		wg.Go(func() {
+			for j, p := range s {
+				turn(i, j, p)
+			}
+		})
+	}
+	wg.Wait()
+	for i, s := range ss {
+		turn(i, len(s), s[len(s)-1])
+	}
+	return out
+}
+
+// A PD prefill with HiCache sends the KV and index-K a prefill without it
+// sends, bit for bit: the decode's received prompt KV of every turn (every
+// rank's shard) has the same digest, and the greedy tokens are the same,
+// while the prefill really loaded prefixes back from host.
+func TestHiCachePDSameKV(t *testing.T) {
+	m := tinyModel(t)
+	ss := sessions(41, 20, 5, 24, m.Config.VocabSize)
+	const maxTok = 3
+	for _, ik := range []kernels.IndexKDType{kernels.IndexFP8, kernels.IndexBF16} {
+		for _, n := range []int{1, 2} {
+			t.Run(fmt.Sprintf("%v/tp%d", ik, n), func(t *testing.T) {
+				d := &kvDigests{got: map[[2]uint64]uint64{}}
+				arrivedHook = d.hook
+				t.Cleanup(func() { arrivedHook = nil })
+				cfg := Config{TP: n, PageSize: 4, KVTokens: 256, MaxRunning: 4, MaxBatchTokens: 48, PrefillChunk: 16, IndexK: ik}
+				off := newPDPair(t, cfg)
+				want := runPDChats(t, off, ss, maxTok, 10000)
+				on := cfg
+				on.HiCache = HiCacheConfig{Enabled: true, Ratio: 8}
+				pp := newPDPair(t, on)
+				got := runPDChats(t, pp, ss, maxTok, 20000)
+				for i := range ss {
+					for j := range got[i] {
+						if !slices.Equal(got[i][j], want[i][j]) {
+							t.Errorf("chat %d turn %d: hicache on %v, off %v", i, j, got[i][j], want[i][j])
+						}
+						for r := range uint64(n) {
+							a, b := d.got[[2]uint64{20000 + uint64(i*100+j), r}], d.got[[2]uint64{10000 + uint64(i*100+j), r}]
+							if a == 0 || a != b {
+								t.Errorf("chat %d turn %d rank %d: received KV digest %x with hicache, %x without", i, j, r, a, b)
+							}
+						}
+					}
+				}
+				for _, ts := range pp.prefill.HiCache() {
+					if ts.Totals.HostHits == 0 || ts.Totals.LoadFailures != 0 {
+						t.Errorf("prefill rank %d: %+v", ts.Rank, ts.Totals)
+					}
+				}
+				checkPools(t, pp.prefill)
+				checkPools(t, pp.decode)
+			})
+		}
+	}
+}
+
+// closeAndCheckCaches closes e and then, the loops gone, checks every
+// rank's pool, prefix cache and host pool: nothing leaked on either tier.
+func closeAndCheckCaches(t *testing.T, e *Engine) {
+	t.Helper()
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range e.loops {
+		if err := l.rk.Pool().Check(); err != nil {
+			t.Errorf("rank %d: %v", l.r, err)
+		}
+		if err := l.cache.Check(); err != nil {
+			t.Errorf("rank %d: %v", l.r, err)
+		}
+		if h := l.cache.Host(); h != nil {
+			if err := h.Check(); err != nil {
+				t.Errorf("rank %d: %v", l.r, err)
+			}
+		}
+		if held := l.rk.Pool().TotalPages() - l.rk.Pool().FreePages() - l.cache.Pages(); held != 0 {
+			t.Errorf("rank %d: %d device pages held outside the cache after every request ended", l.r, held)
+		}
+	}
+}
+
+// Turning HiCache off and on again and again under a 60-session load fails
+// nothing and changes no output: every turn's greedy tokens equal the
+// reference, and no page leaks on either tier. Then, the tier left on, the
+// chats' last turns run again and revisit, so the tier is seen to load
+// prefixes back after all the switching.
+func TestHiCacheLiveToggles(t *testing.T) {
+	m := tinyModel(t)
+	ss := sessions(51, 60, 4, 24, m.Config.VocabSize)
+	const maxTok = 3
+	cfg := Config{TP: 2, PageSize: 4, KVTokens: 256, MaxRunning: 6, MaxBatchTokens: 64, PrefillChunk: 16, IndexK: kernels.IndexBF16}
+	want := runChats(t, newEngine(t, m, cfg), ss, maxTok)
+	on := cfg
+	on.HiCache = HiCacheConfig{Enabled: true, Ratio: 8}
+	e := newEngine(t, m, on)
+	stop := make(chan struct{})
+	toggles := 0
+	state := true
+	set := func(v bool) bool {
+		if err := e.SetHiCache(v); err != nil {
+			t.Error(err)
+			return false
+		}
+		return poll(t, "the hicache switch taking effect", 20*time.Second, func() bool {
+			for _, ts := range e.HiCache() {
+				if ts.On != v {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			// Every 30 finished requests, so that the tier fills and
+			// serves between switches.
+			from := e.Snapshot().Totals.Finished
+			for e.Snapshot().Totals.Finished < from+30 {
+				select {
+				case <-stop:
+					return
+				case <-time.After(time.Millisecond):
+				}
+			}
+			state = !state
+			toggles++
+			if !set(state) {
+				return
+			}
+		}
+	})
+	got := runChats(t, e, ss, maxTok)
+	close(stop)
+	wg.Wait()
+	if !state && !set(true) {
+		return
+	}
+	last := make([]chat, len(ss))
+	for i, s := range ss {
+		last[i] = s[len(s)-1:]
+	}
+	again := runSessions(t, e, last, maxTok)
+	for i := range ss {
+		for j := range got[i] {
+			if !slices.Equal(got[i][j], want[i][j]) {
+				t.Errorf("chat %d turn %d: with toggles %v, reference %v", i, j, got[i][j], want[i][j])
+			}
+		}
+		for j := range again[i] {
+			if w := want[i][len(ss[i])-1]; !slices.Equal(again[i][j], w) {
+				t.Errorf("chat %d last turn, run %d after the toggles: %v, reference %v", i, j, again[i][j], w)
+			}
+		}
+	}
+	checkPools(t, e)
+	var hits uint64
+	for _, ts := range e.HiCache() {
+		hits += ts.Totals.HostHits
+		t.Logf("rank %d after %d toggles: %+v", ts.Rank, toggles, ts.Totals)
+	}
+	if toggles < 4 || hits == 0 {
+		t.Errorf("%d toggles and %d host hits: the test did not exercise the tier", toggles, hits)
+	}
+	closeAndCheckCaches(t, e)
 }

@@ -389,6 +389,11 @@ func (l *rankLoop) sendChunks(items []sched.Item, toks map[uint64]int32) error {
 	return nil
 }
 
+// arrivedHook, when a test sets it (before any engine starts), sees every
+// decode rank's pool and the slots of a request's transferred prompt KV as
+// it arrives, on the rank's loop.
+var arrivedHook func(rank int, room uint64, pool *kvcache.Pool, slots []int32)
+
 // arrived ends a decode request's transfer: the prompt's KV is committed
 // and the request joins the scheduler with the prefill's first token.
 func (l *rankLoop) arrived(a rooms.Arrived) error {
@@ -400,6 +405,9 @@ func (l *rankLoop) arrived(a rooms.Arrived) error {
 	}
 	if err := pool.Commit(seq, len(q.slots)); err != nil {
 		return err
+	}
+	if h := arrivedHook; h != nil {
+		h(l.r, q.add.room, pool, seq.Slots())
 	}
 	l.pd.bytes.Add(uint64(a.Bytes))
 	if o, ok := l.e.cfg.Observer.(PDObserver); ok {

@@ -14,6 +14,12 @@ func PageBytes(pool *kvcache.Pool, pages []int32) [][]byte {
 			slots = append(slots, p*int32(cfg.PageSize)+int32(i))
 		}
 	}
+	return SlotBytes(pool, slots)
+}
+
+// SlotBytes is PageBytes of the token slots given, in their order.
+func SlotBytes(pool *kvcache.Pool, slots []int32) [][]byte {
+	cfg := pool.Config()
 	var out [][]byte
 	for layer := range cfg.Layers {
 		k, v := pool.AppendKV(layer, slots, nil, nil)
