@@ -421,6 +421,9 @@ func (l *rankLoop) applyTier(op tierOp) error {
 // broken plan.
 func (l *rankLoop) loadBack(it sched.Item, s *seqState) error {
 	if s.hm == nil {
+		if len(s.matched)*l.e.cfg.PageSize < it.Cached {
+			return fmt.Errorf("serve: rank %d: admit %d: %d cached tokens planned, %d matched and nothing to load", l.r, it.ID, it.Cached, len(s.matched)*l.e.cfg.PageSize)
+		}
 		return nil
 	}
 	hm := *s.hm
