@@ -49,11 +49,14 @@ import (
 //     the load) must read their pages only through the gate of Gate(pages),
 //     a model.LayerGate. Settle, called once a forward pass has read through
 //     the gates, waits for the load to be over and makes the nodes plain
-//     device nodes. A load whose nodes lose their last lock before it
-//     settled (its requests aborted) is abandoned: the loader stops, the
-//     device pages are freed and the nodes are host-only again, their host
-//     copies intact. Whether a load happened to finish first does not
-//     matter: the outcome is the same on every rank.
+//     device nodes. Until then the tier holds a lock of its own on the
+//     load's nodes (none is evicted, even one no request reads), and their
+//     host entries stay pinned. A load whose nodes lose their last
+//     request's lock before it settled (its requests aborted) is abandoned:
+//     the loader stops, the device pages are freed (with any unlocked pages
+//     a request inserted below them) and the nodes are host-only again,
+//     their host copies intact. Whether a load happened to finish first
+//     does not matter: the outcome is the same on every rank.
 //
 // Device state stays the same on every rank that runs the same calls: the
 // host tier changes only which nodes are on host, and that is what may
