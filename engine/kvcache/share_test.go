@@ -319,3 +319,75 @@ func TestCheckCatchesSharingCorruption(t *testing.T) {
 		})
 	}
 }
+
+// AllocCached hands free pages straight to the cache: each held by it
+// alone (refs 1), usable as a cached prefix, freed with FreeCached; short of
+// pages it fails with ErrOutOfPages and allocates nothing.
+func TestAllocCached(t *testing.T) {
+	p := newPool(t, smallConfig(4, 8))
+	pages, err := p.AllocCached(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pages) != 3 || len(slices.Compact(slices.Sorted(slices.Values(pages)))) != 3 {
+		t.Fatalf("AllocCached(3) = %v", pages)
+	}
+	for _, pg := range pages {
+		if !p.Cached(pg) || p.Refs(pg) != 1 {
+			t.Fatalf("page %d: cached %v refs %d, want true 1", pg, p.Cached(pg), p.Refs(pg))
+		}
+	}
+	if p.FreePages() != 5 || p.CachedPages() != 3 || p.Live() != 0 {
+		t.Fatalf("free %d cached %d live %d, want 5 3 0", p.FreePages(), p.CachedPages(), p.Live())
+	}
+	mustCheck(t, p)
+
+	// A sequence starts from them like from any cached pages.
+	s, err := p.NewSeqWithPrefix(1, pages, 12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.FreeCached(pages); !errors.Is(err, ErrSharedPage) {
+		t.Fatalf("FreeCached of pages a sequence holds: %v", err)
+	}
+	if err := p.Release(s); err != nil {
+		t.Fatal(err)
+	}
+
+	// Short: nothing is allocated.
+	for _, n := range []int{6, -1} {
+		if _, err := p.AllocCached(n); err == nil || (n > 0 && !errors.Is(err, ErrOutOfPages)) {
+			t.Fatalf("AllocCached(%d): %v", n, err)
+		}
+	}
+	if got, err := p.AllocCached(0); err != nil || len(got) != 0 {
+		t.Fatalf("AllocCached(0) = %v, %v", got, err)
+	}
+	if p.FreePages() != 5 || p.CachedPages() != 3 {
+		t.Fatalf("free %d cached %d after failed allocs, want 5 3", p.FreePages(), p.CachedPages())
+	}
+	mustCheck(t, p)
+
+	if err := p.FreeCached(pages); err != nil {
+		t.Fatal(err)
+	}
+	for _, pg := range pages {
+		if p.Cached(pg) || p.Refs(pg) != 0 {
+			t.Fatalf("page %d after FreeCached: cached %v refs %d", pg, p.Cached(pg), p.Refs(pg))
+		}
+	}
+	all, err := p.AllocCached(8)
+	if err != nil || len(all) != 8 || p.FreePages() != 0 {
+		t.Fatalf("AllocCached(8) = %v, %v; free %d", all, err, p.FreePages())
+	}
+	if _, err := p.AllocCached(1); !errors.Is(err, ErrOutOfPages) {
+		t.Fatalf("AllocCached(1) with none free: %v", err)
+	}
+	if err := p.FreeCached(all); err != nil {
+		t.Fatal(err)
+	}
+	if p.FreePages() != 8 || p.CachedPages() != 0 {
+		t.Fatalf("free %d cached %d at the end", p.FreePages(), p.CachedPages())
+	}
+	mustCheck(t, p)
+}
