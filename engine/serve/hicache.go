@@ -149,6 +149,8 @@ type rankTier struct {
 	waitKV, waitIndexK []atomic.Int64
 	// Totals of loaders and writers detached before.
 	base TierTotals
+	// When HostOnlyPages was last counted (loop only).
+	counted time.Time
 }
 
 // TierTotals are a rank's HiCache counters since the engine started.
@@ -284,7 +286,13 @@ func (l *rankLoop) publishTier() {
 		LoadBandwidth: l.e.hicacheBandwidth.Load(), PageSize: l.e.cfg.PageSize, Totals: t,
 	}
 	if h := l.cache.Host(); h != nil {
-		snap.HostPages, snap.HostUsed, snap.HostOnlyPages = h.TotalPages(), h.UsedPages(), l.cache.HostOnly()
+		snap.HostPages, snap.HostUsed = h.TotalPages(), h.UsedPages()
+		// Counting host-only nodes walks the tree: at most once a second.
+		if prev := l.tier.snap.Load(); prev != nil && prev.On && time.Since(l.tier.counted) < time.Second {
+			snap.HostOnlyPages = prev.HostOnlyPages
+		} else {
+			snap.HostOnlyPages, l.tier.counted = l.cache.HostOnly(), time.Now()
+		}
 	}
 	for _, li := range l.cache.LoadsInFlight() {
 		kv, idx, over := li.Load.Progress()
