@@ -166,7 +166,7 @@ func runPDChats(t *testing.T, pp *pdPair, ss []chat, maxTok int, base uint64) []
 // while the prefill really loaded prefixes back from host.
 func TestHiCachePDSameKV(t *testing.T) {
 	m := tinyModel(t)
-	ss := sessions(41, 20, 5, 24, m.Config.VocabSize)
+	ss := sessions(41, 40, 5, 24, m.Config.VocabSize) // 200 requests, 40 revisits
 	const maxTok = 3
 	for _, ik := range []kernels.IndexKDType{kernels.IndexFP8, kernels.IndexBF16} {
 		for _, n := range []int{1, 2} {
@@ -174,7 +174,7 @@ func TestHiCachePDSameKV(t *testing.T) {
 				d := &kvDigests{got: map[[2]uint64]uint64{}}
 				arrivedHook = d.hook
 				t.Cleanup(func() { arrivedHook = nil })
-				cfg := Config{TP: n, PageSize: 4, KVTokens: 256, MaxRunning: 4, MaxBatchTokens: 48, PrefillChunk: 16, IndexK: ik}
+				cfg := Config{TP: n, PageSize: 4, KVTokens: 512, MaxRunning: 4, MaxBatchTokens: 48, PrefillChunk: 16, IndexK: ik}
 				off := newPDPair(t, cfg)
 				want := runPDChats(t, off, ss, maxTok, 10000)
 				on := cfg
