@@ -89,7 +89,14 @@ func TestHiCacheOnOffEqual(t *testing.T) {
 		for _, n := range []int{1, 2} {
 			t.Run(fmt.Sprintf("%v/tp%d", ik, n), func(t *testing.T) {
 				cfg := Config{TP: n, PageSize: 4, KVTokens: 256, MaxRunning: 4, MaxBatchTokens: 48, PrefillChunk: 16, IndexK: ik}
-				want := runSessions(t, newEngine(t, m, cfg), ss, maxTok)
+				ref := newEngine(t, m, cfg)
+				want := runSessions(t, ref, ss, maxTok)
+				// 40 chats' cached prefixes lock more than the pool: the
+				// waiting requests behind the head gave theirs up, or the
+				// queue would have waited for ever.
+				if u := ref.Snapshot().Totals.Unstalls; u == 0 {
+					t.Error("no waiting request gave its cached prefix up: the workload never locked the whole pool")
+				}
 				on := cfg
 				on.HiCache = HiCacheConfig{Enabled: true, Ratio: 8}
 				e := newEngine(t, m, on)
