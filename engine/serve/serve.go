@@ -94,7 +94,17 @@
 // finished or retracted sequence gives its full pages to the cache; a
 // retracted request gives its prefix up and is recomputed from position 0.
 // Cached pages that nothing uses are evicted, least recently used first,
-// when a step needs the room.
+// when a step needs the room. When nothing runs and the head of the queue
+// does not fit because the requests waiting behind it hold the pool's
+// pages locked, the newest of them give their cached prefixes up until it
+// fits (Totals.Unstalls).
+//
+// With HiCache (Config.HiCache) each rank's cache has a host tier: pages are
+// backed up to host memory by a writer goroutine and loaded back, layer by
+// layer, while the forward pass runs; host hits are MIN-reduced with the
+// match in step 3, the load starts at the request's first admission, the
+// forward pass reads its pages through per-layer KV and index-K gates, and
+// the load settles before anything else reads them. hicache.go tells it.
 //
 // Not yet here: the overlap variant (scheduling step N+1 while step N runs);
 // stop sequences are token ids (Request.Stop), stop strings belong to the
