@@ -210,8 +210,10 @@ func (l *rankLoop) attachTier(pages int) error {
 		w.Close()
 		return err
 	}
-	ld.SetBandwidth(l.e.hicacheBandwidth.Load())
+	// Published first, then paced: a SetHiCacheBandwidth in between either
+	// sees the loader or stored its value before this read.
 	l.tier.loader.Store(ld)
+	ld.SetBandwidth(l.e.hicacheBandwidth.Load())
 	return nil
 }
 
