@@ -1,7 +1,8 @@
 // Package client is a small Go client for a pdkit server or router: the
 // read-only debug API (GET /debug/v1/...) into the api/debug types, the
 // server's self-description (GET /pd/v1/info), /health, the admin calls
-// (POST /admin/v1/...: faults on and off, abort by request id, by room, all)
+// (POST /admin/v1/...: faults on and off, the host tier on, off and its
+// pacing, abort by request id, by room, all)
 // with an optional bearer token, cluster discovery through a router
 // (GET /debug/v1/cluster), and GET /metrics with ParseMetrics to read its
 // samples (pdctl reads the router's request outcomes so).
@@ -293,6 +294,34 @@ func (c *Client) SetFault(ctx context.Context, name string, on bool) (debug.Faul
 	}
 	var v debug.FaultsResponse
 	return v, c.do(ctx, http.MethodPost, "/admin/v1/faults/"+url.PathEscape(name)+"/"+state, true, &v)
+}
+
+// HiCache is GET /debug/v1/hicache: every rank's host tier. A server
+// too old to have one answers an *APIError with status 404.
+func (c *Client) HiCache(ctx context.Context) (debug.HiCacheResponse, error) {
+	var v debug.HiCacheResponse
+	return v, c.GetJSON(ctx, debug.HiCachePath, &v)
+}
+
+// SetHiCache switches every rank's host tier on or off (POST
+// /admin/v1/hicache/on|off) and returns the state after it; Pending says
+// the loops had not taken it yet when the server answered (202). Another
+// switch pending, too little host memory or no prefix cache on the server
+// is an *APIError with status 409.
+func (c *Client) SetHiCache(ctx context.Context, on bool) (debug.HiCacheSwitchResponse, error) {
+	path := debug.HiCacheOffPath
+	if on {
+		path = debug.HiCacheOnPath
+	}
+	var v debug.HiCacheSwitchResponse
+	return v, c.do(ctx, http.MethodPost, path, true, &v)
+}
+
+// SetHiCacheBandwidth paces every rank's loads back from host to
+// bytesPerSecond, 0 unlimited (POST /admin/v1/hicache/bandwidth).
+func (c *Client) SetHiCacheBandwidth(ctx context.Context, bytesPerSecond int64) (debug.HiCacheSwitchResponse, error) {
+	var v debug.HiCacheSwitchResponse
+	return v, c.do(ctx, http.MethodPost, debug.HiCacheBandwidthPath+"?bytes_per_second="+strconv.FormatInt(bytesPerSecond, 10), true, &v)
 }
 
 // AbortRequest aborts request id (POST /admin/v1/requests/{id}/abort); an

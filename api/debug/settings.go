@@ -62,6 +62,10 @@ type Settings struct {
 	// colocated server.
 	PD *PDSettings `json:"pd"`
 
+	// HiCache is the host tier's configuration; null without a prefix
+	// cache (the tier is the prefix cache's).
+	HiCache *HiCacheSettings `json:"hicache"`
+
 	// FaultsOn names the fault switches on now, in the order of GET
 	// /debug/v1/faults; empty when none is.
 	FaultsOn []string `json:"faults_on"`
@@ -139,4 +143,8 @@ type Totals struct {
 	CachedTokens    uint64 `json:"cached_tokens"`
 	PrefixHits      uint64 `json:"prefix_hits"`      // requests that matched a cached page
 	PrefixEvictions uint64 `json:"prefix_evictions"` // cached pages evicted (rank 0)
+	// Unstalls counts waiting requests that gave up their cached prefix
+	// (to compute it instead) because nothing ran and the queue's head did
+	// not fit otherwise.
+	Unstalls uint64 `json:"unstalls"`
 }

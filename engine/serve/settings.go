@@ -21,12 +21,18 @@ func (e *Engine) Settings() debug.Settings {
 			on = append(on, f.Name)
 		}
 	}
-	return settingsOf(e.cfg, e.m != nil && e.m.Config.Indexer != nil, on)
+	s := settingsOf(e.cfg, e.m != nil && e.m.Config.Indexer != nil, on)
+	if s.HiCache != nil {
+		// Settable live (SetHiCacheBandwidth): the value now.
+		s.HiCache.LoadBandwidthBytesPerSecond = e.hicacheBandwidth.Load()
+	}
+	return s
 }
 
-// settingsOf publishes cfg (already defaulted). Every field of Config and
-// PDConfig is either published here or named in TestSettingsCoverConfig's
-// list of fields that are not settings (functions, the start-up faults).
+// settingsOf publishes cfg (already defaulted). Every field of Config,
+// PDConfig and HiCacheConfig is either published here or named in
+// TestSettingsCoverConfig's list of fields that are not settings
+// (functions, the start-up faults).
 func settingsOf(cfg Config, indexer bool, faultsOn []string) debug.Settings {
 	s := debug.Settings{
 		Role: cfg.Role, Name: cfg.Name, TPSize: cfg.TP,
@@ -47,6 +53,13 @@ func settingsOf(cfg Config, indexer bool, faultsOn []string) debug.Settings {
 	}
 	if cfg.CollectiveWatchdog > 0 {
 		s.CollectiveWatchdogMS = msOf(cfg.CollectiveWatchdog)
+	}
+	if !cfg.DisablePrefixCache {
+		h := cfg.HiCache
+		s.HiCache = &debug.HiCacheSettings{
+			EnabledAtStart: h.Enabled, SizeBytes: h.Bytes, Ratio: h.Ratio,
+			WritePolicy: h.Policy.String(), LoadBandwidthBytesPerSecond: h.LoadBandwidth,
+		}
 	}
 	if cfg.Role == pdproto.RolePrefill || cfg.Role == pdproto.RoleDecode {
 		p := cfg.PD

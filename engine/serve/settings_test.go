@@ -10,6 +10,7 @@ import (
 
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -22,6 +23,9 @@ var notSettings = map[string]string{
 	"Observer": "a function: the metrics",
 	"Faults":   "the switches on at start; Settings publishes those on now (FaultsOn)",
 	"PD":       "published field by field, as Settings.PD",
+	"HiCache":  "published field by field, as Settings.HiCache",
+
+	"HiCache.Available": "the host memory the tier may take, read from the machine by default: a bound, not a setting",
 }
 
 // published maps each Config and PDConfig field to the Settings JSON
@@ -38,10 +42,13 @@ var published = map[string]string{
 	"PD.InflightTimeout": "pd.inflight_timeout_ms", "PD.AbortAckTimeout": "pd.abort_ack_timeout_ms",
 	"PD.SendTimeout": "pd.send_timeout_ms", "PD.HeartbeatInterval": "pd.heartbeat_interval_ms",
 	"PD.HeartbeatTimeout": "pd.heartbeat_timeout_ms", "PD.ReservedDecodeTokens": "pd.reserved_decode_tokens",
+
+	"HiCache.Enabled": "hicache.enabled_at_start", "HiCache.Bytes": "hicache.size_bytes", "HiCache.Ratio": "hicache.ratio",
+	"HiCache.Policy": "hicache.write_policy", "HiCache.LoadBandwidth": "hicache.load_bandwidth_bytes_per_second",
 }
 
-// TestSettingsCoverConfig: every field of Config and PDConfig is published
-// in Settings, or listed in notSettings with the reason; so a setting added
+// TestSettingsCoverConfig: every field of Config, PDConfig and
+// HiCacheConfig is published in Settings, or listed in notSettings with the reason; so a setting added
 // to the engine is published, or the addition says why not.
 func TestSettingsCoverConfig(t *testing.T) {
 	var fields []string
@@ -50,6 +57,9 @@ func TestSettingsCoverConfig(t *testing.T) {
 	}
 	for f := range reflect.TypeFor[PDConfig]().Fields() {
 		fields = append(fields, "PD."+f.Name)
+	}
+	for f := range reflect.TypeFor[HiCacheConfig]().Fields() {
+		fields = append(fields, "HiCache."+f.Name)
 	}
 	for _, f := range fields {
 		_, pub := published[f]
@@ -69,8 +79,9 @@ func TestSettingsCoverConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var top map[string]json.RawMessage
+	var top, hc map[string]json.RawMessage
 	json.Unmarshal(b, &top)
+	json.Unmarshal(top["hicache"], &hc)
 	s := settingsOf(Config{Role: pdproto.RolePrefill}, false, nil)
 	b, _ = json.Marshal(s.PD)
 	var pd map[string]json.RawMessage
@@ -79,6 +90,9 @@ func TestSettingsCoverConfig(t *testing.T) {
 		m, k := top, key
 		if rest, ok := strings.CutPrefix(key, "pd."); ok {
 			m, k = pd, rest
+		}
+		if rest, ok := strings.CutPrefix(key, "hicache."); ok {
+			m, k = hc, rest
 		}
 		if _, ok := m[k]; !ok {
 			t.Errorf("%s is published as %s, which Settings does not have", f, key)
@@ -114,5 +128,17 @@ func TestSettingsOf(t *testing.T) {
 	col := settingsOf(DefaultConfig(), false, nil)
 	if col.PD != nil || col.Role != pdproto.RoleColocated || col.CollectiveWatchdogMS != 5000 || col.FaultsOn == nil || !col.PrefixCache {
 		t.Errorf("colocated defaults: %+v", col)
+	}
+	// The host tier: its defaults (off, twice the device pool,
+	// write-through, unlimited), then as configured; none without a prefix
+	// cache (above).
+	if h := col.HiCache; h == nil || *h != (debug.HiCacheSettings{Ratio: 2, WritePolicy: "write-through"}) {
+		t.Errorf("hicache defaults: %+v", h)
+	}
+	hc := DefaultConfig()
+	hc.HiCache = HiCacheConfig{Enabled: true, Bytes: 64 << 20, Ratio: 3, Policy: prefix.WriteBack, LoadBandwidth: 2e9}
+	wantHC := debug.HiCacheSettings{EnabledAtStart: true, SizeBytes: 64 << 20, Ratio: 3, WritePolicy: "write-back", LoadBandwidthBytesPerSecond: 2e9}
+	if h := settingsOf(hc, false, nil).HiCache; h == nil || *h != wantHC {
+		t.Errorf("hicache settings %+v, want %+v", h, wantHC)
 	}
 }

@@ -85,6 +85,32 @@
 //
 //	pdkit_kv_transfer_duration_seconds{rank}  from sending TRANSFER_INFO to the last KV chunk applied
 //	pdkit_kv_transfer_request_bytes{rank}     KV payload bytes of one request's transfer
+//
+// # HiCache
+//
+// On an engine with a prefix cache the engine collector reads each rank's
+// host tier from its last published snapshot (Engine.HiCache), whether the
+// tier is on or off (its counters run across switches):
+//
+//	pdkit_hicache_enabled{rank}                          1 while the tier is on
+//	pdkit_hicache_host_tokens_capacity{rank}             host pool size in tokens (pages × page size; 0 while off)
+//	pdkit_hicache_host_tokens_used{rank}                 of those, holding cached prefixes
+//	pdkit_hicache_load_bandwidth_bytes_per_second{rank}  the loader's pace (0: unlimited)
+//	pdkit_hicache_backups_total{rank}                    pages backed up to host; also _backup_bytes_total,
+//	                                                     _backup_seconds_total, _backup_failures_total
+//	pdkit_hicache_loads_total{rank}                      loads back from host; also _load_bytes_total,
+//	                                                     _load_seconds_total, _load_failures_total
+//	pdkit_hicache_host_hits_total{rank}                  requests whose prefix was loaded back from host
+//	pdkit_hicache_hit_tokens_total{rank}                 prompt tokens so loaded
+//	pdkit_hicache_dropped_tokens_total{rank}             host-only cached tokens forgotten
+//	pdkit_hicache_abandoned_loads_total{rank}            loads given up because their requests went
+//	pdkit_hicache_gate_wait_seconds_total{rank,part,layer}  the forward pass's waits at a layer's gate
+//	                                                     (part: kv, attention; indexk, the sparse indexer)
+//	pdkit_prefix_unstalls_total                          waiting requests that gave up their cached prefix
+//	                                                     because nothing ran and the queue's head did not fit
+//
+// The admin API's switches feed pdkit_hicache_switches_total{direction}
+// (on, off) through HiCacheSwitched.
 package metrics
 
 import (
@@ -117,6 +143,8 @@ type Metrics struct {
 	kvBytes      *prometheus.HistogramVec
 	e2e          *prometheus.HistogramVec
 	queue        prometheus.Histogram
+
+	hicacheSwitches *prometheus.CounterVec
 }
 
 var (
@@ -203,7 +231,13 @@ func New(reg *prometheus.Registry) *Metrics {
 		Help:    "Time a request waited its turn: from arrival until the server first gave it its resources (its first forward step; on a decode, its KV pages) (mirrors sglang:queue_time_seconds).",
 		Buckets: QueueBuckets,
 	})
-	reg.MustRegister(m.promptTokens, m.genTokens, m.requests, m.ttft, m.itl, m.step, m.kvTransfer, m.kvBytes, m.e2e, m.queue)
+	m.hicacheSwitches = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "hicache_switches_total",
+		Help: "Live switches of the host tier (HiCache) through the admin API, by direction (on, off).",
+	}, []string{"direction"})
+	m.hicacheSwitches.WithLabelValues("on")
+	m.hicacheSwitches.WithLabelValues("off")
+	reg.MustRegister(m.promptTokens, m.genTokens, m.requests, m.ttft, m.itl, m.step, m.kvTransfer, m.kvBytes, m.e2e, m.queue, m.hicacheSwitches)
 	RegisterProcess(reg)
 	return m
 }
@@ -275,10 +309,13 @@ type engineCollector struct {
 	pagesCached, collWait      *prometheus.Desc
 	promptTokens, cachedTokens *prometheus.Desc
 	prefixHits, evictions      *prometheus.Desc
+	unstalls                   *prometheus.Desc
 	loopAge, stalls            *prometheus.Desc
 
 	// PD roles only (nil descs on a colocated engine).
 	pd *pdDescs
+	// The host tier, per rank.
+	hicache *hicacheDescs
 }
 
 func newEngineCollector(eng *serve.Engine) *engineCollector {
@@ -296,6 +333,7 @@ func newEngineCollector(eng *serve.Engine) *engineCollector {
 		cachedTokens:  d("prefix_cache_hit_tokens_total", "Prompt tokens read from the prefix cache instead of computed."),
 		prefixHits:    d("prefix_cache_hits_total", "Requests whose prompt matched at least one cached page."),
 		evictions:     d("prefix_cache_evicted_pages_total", "Cached pages evicted to make room (rank 0)."),
+		unstalls:      d("prefix_unstalls_total", "Waiting requests that gave up their cached prefix (to compute it) because nothing ran and the queue's head did not fit otherwise."),
 		stalls:        d("collective_stalls_total", "Collectives the watchdogs of the rank group's communicators reported as stalled."),
 		loopAge:       d("loop_age_seconds", "Time since the least recent start of a loop iteration over the ranks."),
 		pagesCapacity: d("kv_pages_capacity", "KV pages of the rank's pool, used, cached or free.", "rank"),
@@ -305,15 +343,17 @@ func newEngineCollector(eng *serve.Engine) *engineCollector {
 		heldPages:     d("sched_kv_pages_held", "KV pages the scheduler holds for its requests (per rank)."),
 		schedPages:    d("sched_kv_pages_capacity", "KV pages the scheduler manages (per rank)."),
 		pd:            newPDDescs(eng.Config().Role),
+		hicache:       newHiCacheDescs(),
 	}
 }
 
 func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.running, c.waiting, c.pagesUsed, c.pagesCapacity, c.retractions, c.aborts, c.steps, c.heldPages, c.schedPages,
-		c.pagesCached, c.collWait, c.promptTokens, c.cachedTokens, c.prefixHits, c.evictions, c.loopAge, c.stalls} {
+		c.pagesCached, c.collWait, c.promptTokens, c.cachedTokens, c.prefixHits, c.evictions, c.unstalls, c.loopAge, c.stalls} {
 		ch <- d
 	}
 	c.pd.describe(ch)
+	c.hicache.describe(ch)
 }
 
 func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
@@ -342,6 +382,7 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.cachedTokens, s.Totals.CachedTokens)
 	counter(c.prefixHits, s.Totals.PrefixHits)
 	counter(c.evictions, s.Totals.PrefixEvictions)
+	counter(c.unstalls, s.Totals.Unstalls)
 	counter(c.stalls, c.eng.StallsReported())
 	gauge(c.heldPages, s.Queue.HeldPages)
 	gauge(c.schedPages, s.Queue.TotalPages)
@@ -349,6 +390,7 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.aborts, s.Totals.Aborts)
 	counter(c.steps, s.Totals.Steps)
 	c.pd.collect(c.eng, ch)
+	c.hicache.collect(c.eng, ch)
 }
 
 // KVTransferred implements serve.PDObserver.

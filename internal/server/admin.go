@@ -47,6 +47,9 @@ func (s *Server) adminHandler() http.Handler {
 	post("/admin/v1/rooms/{room}/abort", s.adminAbortRoom)
 	post("/admin/v1/faults/{name}/on", s.adminFault(true))
 	post("/admin/v1/faults/{name}/off", s.adminFault(false))
+	post(debug.HiCacheOnPath, s.adminHiCache(true))
+	post(debug.HiCacheOffPath, s.adminHiCache(false))
+	post(debug.HiCacheBandwidthPath, s.adminHiCacheBandwidth)
 	mux.HandleFunc("/", s.mux.NotFound)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rw := &httpx.Recorder{ResponseWriter: w}

@@ -206,6 +206,18 @@
 //	                           (prefill); prealloc, transfer, aborting (decode).
 //	                           ?queue=NAME lists only that queue's entries (the
 //	                           counts stay whole); another name is a 400.
+//	GET /debug/v1/hicache      the host tier (HiCache) of every rank, as each
+//	                           last published it (debug.HiCacheResponse):
+//	                           prefix_cache (false: no tier possible, ranks
+//	                           empty), on (every rank's), and per rank: on,
+//	                           policy, load_bandwidth_bytes_per_second,
+//	                           page_size, host pages and tokens (size, used,
+//	                           host-only), totals (backups, loads, their bytes,
+//	                           failures and _ms, host_hits, hit_tokens,
+//	                           abandoned_loads, dropped_tokens), the loads not
+//	                           yet settled (requests, pages, layers landed) and
+//	                           per layer the forward pass's waits at the KV and
+//	                           index-K gates (wait_kv_ms, wait_index_k_ms).
 //
 // The ranks talk over two communicators: "control" carries the loop's own
 // agreements (the step input and output broadcasts, the poll, free-page
@@ -228,6 +240,20 @@
 // running queues and answers their ids, {"aborted": ["N", ...]}; requests still
 // pending are not among them.
 //
+// POST /admin/v1/hicache/on and /off switch every rank's host tier live
+// (serve.Engine.SetHiCache: the ranks switch in the same iteration; on
+// sizes the pool by the server's --hicache-size or --hicache-ratio, checked
+// against the memory available now; off lets loads in flight finish and
+// frees the pool). The call waits up to 2s for every rank to show the
+// switch and answers debug.HiCacheSwitchResponse: 200 with the new state
+// (changed false when every rank already was so), 202 with pending true
+// when a loop has not taken it yet; 409 when another switch is pending,
+// the host memory does not suffice, or the server has no prefix cache.
+// POST /admin/v1/hicache/bandwidth paces every rank's loads back from host
+// to bytes_per_second (the query's, else the JSON body's; 0: unlimited;
+// 400 when missing or negative). Each switch counts in
+// pdkit_hicache_switches_total{direction}.
+//
 // Every /admin/v1/ call, an unknown path included, is checked first: with
 // Options.AdminToken set it must carry "Authorization: Bearer <token>"
 // (compared in constant time), else 401; without a token, admin calls are
@@ -241,9 +267,10 @@
 // histograms need the same Metrics set as the engine's
 // serve.Config.Observer. A prefill or decode server adds its PD queue
 // gauges, transfer, failure and message counters and its receive loops'
-// liveness, per rank (see internal/metrics).
+// liveness, per rank; a server with a prefix cache its host tier's
+// pdkit_hicache_* gauges and counters, per rank (see internal/metrics).
 //
 // Not yet here: a flag to choose the chat template, tool calls, best_of,
-// admin calls beyond aborts (drain, pause), and the
+// admin calls to drain or pause, and the
 // ids of requests still pending in the debug API.
 package server

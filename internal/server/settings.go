@@ -39,7 +39,7 @@ func (s *Server) state(w http.ResponseWriter, _ *http.Request) {
 		t := snap.Totals
 		ds.Totals = debug.Totals{Steps: t.Steps, Tokens: t.Tokens, Sampled: t.Sampled, Retractions: t.Retractions,
 			Aborts: t.Aborts, AbortsInStep: t.AbortsInStep, Finished: t.Finished, PromptTokens: t.PromptTokens,
-			CachedTokens: t.CachedTokens, PrefixHits: t.PrefixHits, PrefixEvictions: t.PrefixEvictions}
+			CachedTokens: t.CachedTokens, PrefixHits: t.PrefixHits, PrefixEvictions: t.PrefixEvictions, Unstalls: t.Unstalls}
 		resp.Snapshot = ds
 	}
 	writeJSON(w, http.StatusOK, resp)
