@@ -42,7 +42,9 @@ fault switches on, TP size, ...), state.json (settings, last step and engine
 snapshot), steps.json (each rank's control and forward seqs),
 collectives.json (the flight recorders of the control and the forward
 communicator), requests.json, pd.json (prefill and decode), faults.json, gpu.json,
-stacks.txt (every goroutine) and stacks-rank-N.txt per rank, metrics.txt.
+hicache.json (each rank's host tier: on or off, pool usage, totals, loads in
+flight, gate waits), stacks.txt (every goroutine) and stacks-rank-N.txt per
+rank, metrics.txt.
 At the top: cluster.json (the router's server list), diagnose.txt and
 diagnose.json (pdctl diagnose over --window), and MANIFEST, which lists every
 file and every server or endpoint that failed.
@@ -213,6 +215,7 @@ func collectServer(ctx context.Context, b *bundle, t *target) bool {
 	getJSON("requests.json", "/debug/v1/requests")
 	getJSON("faults.json", "/debug/v1/faults")
 	getJSON("gpu.json", "/debug/v1/gpu")
+	getJSON("hicache.json", debug.HiCachePath)
 	if isPD(t.Role) {
 		getJSON("pd.json", "/debug/v1/pd")
 	}

@@ -72,6 +72,35 @@ $ pdctl fault off bootstrap-abort-crash
 # Through one server only
 $ pdctl fault off stall-last-rank --server http://127.0.0.1:30000
 `,
+	"hicache": `
+# Every server's host tier, rank by rank
+$ pdctl hicache status
+
+# Switch it on everywhere, then off
+$ pdctl hicache on
+$ pdctl hicache off
+`,
+	"hicache status": `
+# Every rank of every server: on or off, host tokens used/total, hits, loads
+$ pdctl hicache status
+
+# One server, as JSON
+$ pdctl hicache status --server http://127.0.0.1:30000 --json
+`,
+	"hicache on": `
+# Every server with a prefix cache (each sizes its pool by its --hicache-size or --hicache-ratio)
+$ pdctl hicache on
+
+# On servers that require an admin token
+$ pdctl hicache on --token "$TOKEN"
+`,
+	"hicache off": `
+# Every server: loads in flight finish, the host pools are freed
+$ pdctl hicache off
+
+# Through one server only
+$ pdctl hicache off --server http://127.0.0.1:30000
+`,
 	"queues": `
 # Every PD queue entry of every rank, then the rooms joined across prefill and decode
 $ pdctl queues dump

@@ -26,14 +26,16 @@ func newCmdStatus(f *factory, runF func(context.Context, *statusOptions) error) 
 	opts := &statusOptions{f: f, Attach: &f.attach, Now: time.Now}
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show every server and rank: role, health, loop liveness, queue depths, KV pages",
+		Short: "Show every server and rank: role, health, loop liveness, queue depths, KV pages, host tier",
 		Long: `Show the servers behind the router (or the --server ones) with their role,
 health, TP size, model, request queues and GPUs (none, or count, model,
 mean utilization and memory used), then one line per rank: its last step (number,
 phase, age: the time since it ended), its PD queue depths on a prefill or
-decode server, and its KV pages (used by sequences/cached by the prefix cache/total,
-as pdkit_kv_pages_used and pdkit_kv_pages_cached count them). The request queues
-(waiting, prefilling, running, aborting, pending) are the server's.
+decode server, its KV pages (used by sequences/cached by the prefix cache/total,
+as pdkit_kv_pages_used and pdkit_kv_pages_cached count them) and its host tier
+(HiCache, GET /debug/v1/hicache): "off", or "on" with the host pool's tokens
+used/total (blank without a prefix cache). The request queues (waiting,
+prefilling, running, aborting, pending) are the server's.
 
 A server that cannot be reached is a row saying so, the others are still
 shown, and the exit status is 1.`,
@@ -76,6 +78,17 @@ type rankStatus struct {
 	StepAgeMS float64        `json:"step_age_ms"`
 	PD        map[string]int `json:"pd,omitempty"`
 	KV        debug.KVPages  `json:"kv"`
+	// HiCache is the rank's host tier; null when the server did not say
+	// (no prefix cache, or a server without the debug call).
+	HiCache *rankHiCache `json:"hicache,omitempty"`
+}
+
+// rankHiCache is a rank's host tier: on or off, and its host pool's tokens
+// used and in all (0 while off).
+type rankHiCache struct {
+	On         bool `json:"on"`
+	TokensUsed int  `json:"host_tokens_used"`
+	Tokens     int  `json:"host_tokens"`
 }
 
 type statusOutput struct {
@@ -97,9 +110,12 @@ func readStatus(ctx context.Context, t *target, now func() time.Time) serverStat
 		pd    debug.PDResponse
 		gpu   debug.GPUResponse
 		gerr  error
+		hc    debug.HiCacheResponse
+		herr  error
 		errs  [3]error
 	)
-	wg.Go(func() { gpu, gerr = t.c.GPU(ctx) }) // optional: a failure leaves the column blank
+	wg.Go(func() { gpu, gerr = t.c.GPU(ctx) })    // optional: a failure leaves the column blank
+	wg.Go(func() { hc, herr = t.c.HiCache(ctx) }) // optional too
 	wg.Go(func() { steps, errs[0] = t.c.Steps(ctx) })
 	wg.Go(func() { reqs, errs[1] = t.c.Requests(ctx, "") })
 	if isPD(t.Role) {
@@ -126,6 +142,11 @@ func readStatus(ctx context.Context, t *target, now func() time.Time) serverStat
 		for _, kv := range reqs.KV {
 			if kv.Rank == st.Rank {
 				r.KV = kv
+			}
+		}
+		for _, h := range hc.Ranks {
+			if herr == nil && h.Rank == st.Rank {
+				r.HiCache = &rankHiCache{On: h.On, TokensUsed: h.HostTokensUsed, Tokens: h.HostTokens}
 			}
 		}
 		for _, pr := range pd.Ranks {
@@ -179,7 +200,7 @@ func statusRun(ctx context.Context, opts *statusOptions) error {
 
 func statusTables(out statusOutput) []*table {
 	servers := newTable([]string{"SERVER", "ROLE", "TP", "MODEL", "HEALTH", "WAITING", "PREFILLING", "RUNNING", "ABORTING", "PENDING", "GPU"})
-	ranks := newTable([]string{"SERVER", "RANK", "STEP", "PHASE", "AGE", "PD QUEUES", "KV USED/CACHED/TOTAL"}, "STEP", "AGE")
+	ranks := newTable([]string{"SERVER", "RANK", "STEP", "PHASE", "AGE", "PD QUEUES", "KV USED/CACHED/TOTAL", "HICACHE TOKENS"}, "STEP", "AGE")
 	for _, s := range out.Servers {
 		health := "healthy"
 		switch {
@@ -206,7 +227,7 @@ func statusTables(out statusOutput) []*table {
 				}
 			}
 			ranks.add(s.URL, itoa(r.Rank), fmt.Sprint(r.Step), r.Phase, fmtMS(r.StepAgeMS), strings.Join(pd, " "),
-				fmt.Sprintf("%d/%d/%d", r.KV.Held(), r.KV.Cached, r.KV.Total))
+				fmt.Sprintf("%d/%d/%d", r.KV.Held(), r.KV.Cached, r.KV.Total), hicacheCell(r.HiCache))
 		}
 	}
 	return []*table{servers, ranks}
@@ -234,6 +255,34 @@ func gpuCell(g *debug.GPUResponse) string {
 		out += fmt.Sprintf(" %d%% busy", busy/busyN)
 	}
 	return out + fmt.Sprintf(" %.0f/%.0f GiB", float64(used)/(1<<30), float64(total)/(1<<30))
+}
+
+// hicacheCell sums up a rank's host tier: "off", or "on" and the host
+// pool's tokens used/total ("on 1.2k/8.2k"); blank when not known.
+func hicacheCell(h *rankHiCache) string {
+	switch {
+	case h == nil:
+		return ""
+	case !h.On:
+		return "off"
+	}
+	return "on " + fmtCount(h.TokensUsed) + "/" + fmtCount(h.Tokens)
+}
+
+// fmtCount writes a count shortly: 950, 1.2k, 8k, 3.4M.
+func fmtCount(n int) string {
+	short := func(v float64, unit string) string {
+		return strings.TrimSuffix(fmt.Sprintf("%.1f", v), ".0") + unit
+	}
+	switch {
+	case n < 1000:
+		return itoa(n)
+	case n < 999_950:
+		return short(float64(n)/1e3, "k")
+	case n < 999_950_000:
+		return short(float64(n)/1e6, "M")
+	}
+	return short(float64(n)/1e9, "G")
 }
 
 func tpCell(n int) string {

@@ -24,10 +24,10 @@ func TestStatus(t *testing.T) {
 			stdout: "PREFILL\tprefill\t2\ttiny\thealthy\t0\t0\t0\t0\t0\tnone\n" +
 				"DECODE\tdecode\t2\ttiny\thealthy\t0\t0\t0\t0\t0\tnone\n" +
 				"\n" +
-				"PREFILL\t0\t*\tidle\t*\tbootstrap=0 active=0 inflight=0\t0/0/32\n" +
-				"PREFILL\t1\t*\tidle\t*\tbootstrap=0 active=0 inflight=0\t0/0/32\n" +
-				"DECODE\t0\t*\tidle\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\n" +
-				"DECODE\t1\t*\tidle\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\n",
+				"PREFILL\t0\t*\tidle\t*\tbootstrap=0 active=0 inflight=0\t0/0/32\toff\n" +
+				"PREFILL\t1\t*\tidle\t*\tbootstrap=0 active=0 inflight=0\t0/0/32\toff\n" +
+				"DECODE\t0\t*\tidle\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\toff\n" +
+				"DECODE\t1\t*\tidle\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\toff\n",
 		},
 		{
 			name: "an unreachable server among the others",
@@ -36,8 +36,8 @@ func TestStatus(t *testing.T) {
 			stdout: "DECODE\tdecode\t2\ttiny\thealthy\t0\t0\t0\t0\t0\tnone\n" +
 				"http://127.0.0.1:1\t-\t-\t-\tunreachable: GET http://127.0.0.1:1/pd/v1/info: dial tcp 127.0.0.1:1: connect: connection refused\t-\t-\t-\t-\t-\t-\n" +
 				"\n" +
-				"DECODE\t0\t*\tidle\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\n" +
-				"DECODE\t1\t*\tidle\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\n",
+				"DECODE\t0\t*\tidle\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\toff\n" +
+				"DECODE\t1\t*\tidle\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\toff\n",
 			stderr: "pdctl: 1 server of 2 unreachable\n",
 		},
 		{
@@ -86,6 +86,11 @@ func TestStatus(t *testing.T) {
             "used": 0,
             "cached": 0,
             "total": 32
+          },
+          "hicache": {
+            "on": false,
+            "host_tokens_used": 0,
+            "host_tokens": 0
           }
         },
         {
@@ -103,6 +108,11 @@ func TestStatus(t *testing.T) {
             "used": 0,
             "cached": 0,
             "total": 32
+          },
+          "hicache": {
+            "on": false,
+            "host_tokens_used": 0,
+            "host_tokens": 0
           }
         }
       ],
@@ -144,12 +154,15 @@ func TestStatusTerminal(t *testing.T) {
 				{Name: "NVIDIA H200", MemoryUsedBytes: 40 << 30, MemoryTotalBytes: 141 << 30, UtilizationPercent: ptr(uint32(60))},
 				{Name: "NVIDIA H200", MemoryUsedBytes: 38 << 30, MemoryTotalBytes: 141 << 30, UtilizationPercent: ptr(uint32(50))}}},
 			Ranks: []rankStatus{
-				{Rank: 0, Step: 812, Phase: "decode", StepAgeMS: 4.2, PD: map[string]int{"bootstrap": 2}, KV: kvPages(0, 10, 4, 32)},
-				{Rank: 1, Step: 812, Phase: "decode", StepAgeMS: 1520, PD: map[string]int{"active": 1}, KV: kvPages(1, 10, 4, 32)},
+				{Rank: 0, Step: 812, Phase: "decode", StepAgeMS: 4.2, PD: map[string]int{"bootstrap": 2}, KV: kvPages(0, 10, 4, 32),
+					HiCache: &rankHiCache{On: true, TokensUsed: 1216, Tokens: 8192}},
+				{Rank: 1, Step: 812, Phase: "decode", StepAgeMS: 1520, PD: map[string]int{"active": 1}, KV: kvPages(1, 10, 4, 32),
+					HiCache: &rankHiCache{On: true, TokensUsed: 960, Tokens: 8192}},
 			}},
 		{URL: "http://decode-1:8001", Role: "decode", TPSize: 1, Model: "tiny", Reason: "engine loop has not iterated for 6s (limit 5s)",
 			Requests: map[string]int{"pending": 7}, GPU: &debug.GPUResponse{Reason: "no GPU"},
-			Ranks: []rankStatus{{Rank: 0, Step: 90, Phase: "idle", StepAgeMS: 6000, PD: map[string]int{"transfer": 5}, KV: kvPages(0, 20, 0, 32)}}},
+			Ranks: []rankStatus{{Rank: 0, Step: 90, Phase: "idle", StepAgeMS: 6000, PD: map[string]int{"transfer": 5}, KV: kvPages(0, 20, 0, 32),
+				HiCache: &rankHiCache{}}}},
 		{URL: "http://decode-2:8001", Role: "decode", Error: "connection refused"},
 	}}
 	var buf bytes.Buffer
@@ -162,10 +175,10 @@ http://p:1            prefill  2   tiny   healthy                               
 http://decode-1:8001  decode   1   tiny   unhealthy: engine loop has not iterated for 6s (limit 5s)  0        0           0        0         7        none
 http://decode-2:8001  decode   -   -      unreachable: connection refused                            -        -           -        -         -        -
 
-SERVER                RANK  STEP  PHASE   AGE   PD QUEUES                         KV USED/CACHED/TOTAL
-http://p:1            0     812   decode  4ms   bootstrap=2 active=0 inflight=0   6/4/32
-http://p:1            1     812   decode  1.5s  bootstrap=0 active=1 inflight=0   6/4/32
-http://decode-1:8001  0     90    idle    6s    prealloc=0 transfer=5 aborting=0  20/0/32
+SERVER                RANK  STEP  PHASE   AGE   PD QUEUES                         KV USED/CACHED/TOTAL  HICACHE TOKENS
+http://p:1            0     812   decode  4ms   bootstrap=2 active=0 inflight=0   6/4/32                on 1.2k/8.2k
+http://p:1            1     812   decode  1.5s  bootstrap=0 active=1 inflight=0   6/4/32                on 960/8.2k
+http://decode-1:8001  0     90    idle    6s    prealloc=0 transfer=5 aborting=0  20/0/32               off
 `
 	if got := buf.String(); got != want {
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
@@ -190,6 +203,23 @@ func TestGPUCell(t *testing.T) {
 	}
 	if got := gpuCell(nil); got != "" {
 		t.Errorf("not known: %q", got)
+	}
+}
+
+// TestHiCacheCell: a rank's host tier in one cell, counts made short.
+func TestHiCacheCell(t *testing.T) {
+	for _, c := range []struct {
+		h    *rankHiCache
+		want string
+	}{
+		{nil, ""}, {&rankHiCache{Tokens: 100}, "off"}, {&rankHiCache{On: true}, "on 0/0"},
+		{&rankHiCache{On: true, TokensUsed: 1200, Tokens: 8000}, "on 1.2k/8k"},
+		{&rankHiCache{On: true, TokensUsed: 999, Tokens: 999_949}, "on 999/999.9k"},
+		{&rankHiCache{On: true, TokensUsed: 999_950, Tokens: 3_400_000_000}, "on 1M/3.4G"},
+	} {
+		if got := hicacheCell(c.h); got != c.want {
+			t.Errorf("hicacheCell(%+v) = %q, want %q", c.h, got, c.want)
+		}
 	}
 }
 

@@ -1,0 +1,253 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/pdkit/pdkit/api/client"
+	"github.com/pdkit/pdkit/api/debug"
+	"github.com/spf13/cobra"
+)
+
+func newCmdHiCache(f *factory) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "hicache <command>",
+		Short: "Show and switch the servers' host-memory KV tier (HiCache)",
+		Long: `HiCache is a host-memory tier under each rank's prefix cache: prefix pages are
+backed up to host memory and loaded back layer by layer when a prompt needs
+them. "hicache status" shows every server's ranks (GET /debug/v1/hicache):
+on or off, write policy, the host pool's tokens used and in all, the load
+pacing, host hits and loads. "hicache on" and "hicache off" switch the tier
+live on every server through the admin API (with --token when the servers
+require one); a server without a prefix cache is reported as skipped, and
+any server that refuses the switch or cannot be reached makes the exit
+status 1.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return newUsageError(cmd, "hicache needs a command: status, on or off")
+			}
+			return newUsageError(cmd, "unknown command %q for %q", args[0], cmd.CommandPath())
+		},
+		RunE: func(cmd *cobra.Command, args []string) error { return nil },
+	}
+	cmd.AddCommand(newCmdHiCacheStatus(f, nil))
+	cmd.AddCommand(newCmdHiCacheSet(f, true, nil))
+	cmd.AddCommand(newCmdHiCacheSet(f, false, nil))
+	return cmd
+}
+
+type hicacheStatusOptions struct {
+	f      *factory
+	Attach *attachOptions
+	JSON   bool
+}
+
+func newCmdHiCacheStatus(f *factory, runF func(context.Context, *hicacheStatusOptions) error) *cobra.Command {
+	opts := &hicacheStatusOptions{f: f, Attach: &f.attach}
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show every server's host tier, rank by rank",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if runF != nil {
+				return runF(cmd.Context(), opts)
+			}
+			return hicacheStatusRun(cmd.Context(), opts)
+		},
+	}
+	cmd.Flags().BoolVar(&opts.JSON, "json", false, "print a JSON object")
+	return cmd
+}
+
+// serverHiCache is one server in the output of hicache status.
+type serverHiCache struct {
+	URL     string                 `json:"url"`
+	Role    string                 `json:"role"`
+	Error   string                 `json:"error,omitempty"`
+	HiCache *debug.HiCacheResponse `json:"hicache,omitempty"`
+}
+
+func hicacheStatusRun(ctx context.Context, opts *hicacheStatusOptions) error {
+	f := opts.f
+	targets, err := opts.Attach.targets(ctx, f)
+	if err != nil {
+		return err
+	}
+	out := struct {
+		Servers []serverHiCache `json:"servers"`
+	}{Servers: make([]serverHiCache, len(targets))}
+	var wg sync.WaitGroup
+	for i, t := range targets {
+		wg.Go(func() {
+			s := serverHiCache{URL: t.URL, Role: t.Role}
+			if t.Err != nil {
+				s.Error = t.Err.Error()
+			} else if h, err := t.c.HiCache(ctx); err != nil {
+				s.Error = err.Error()
+			} else {
+				s.HiCache = &h
+			}
+			out.Servers[i] = s
+		})
+	}
+	wg.Wait()
+	unreachable := 0
+	tab := newTable([]string{"SERVER", "ROLE", "RANK", "STATE", "POLICY", "HOST TOKENS USED/TOTAL", "LOAD BANDWIDTH", "HOST HITS", "HIT TOKENS", "LOADS", "BACKUPS"})
+	for _, s := range out.Servers {
+		switch {
+		case s.Error != "":
+			unreachable++
+			tab.add(s.URL, s.Role, "", "unreachable: "+s.Error)
+			continue
+		case !s.HiCache.PrefixCache:
+			tab.add(s.URL, s.Role, "", "n/a: no prefix cache")
+			continue
+		}
+		for _, r := range s.HiCache.Ranks {
+			state := "off"
+			if r.On {
+				state = "on"
+			}
+			bw := "unlimited"
+			if r.LoadBandwidthBytesPerSecond > 0 {
+				bw = fmtRate(r.LoadBandwidthBytesPerSecond)
+			}
+			t := r.Totals
+			tab.add(s.URL, s.Role, itoa(r.Rank), state, r.Policy, fmt.Sprintf("%d/%d", r.HostTokensUsed, r.HostTokens), bw,
+				fmt.Sprint(t.HostHits), fmt.Sprint(t.HitTokens), fmt.Sprint(t.Loads), fmt.Sprint(t.Backups))
+		}
+	}
+	if opts.JSON {
+		err = writeJSON(f.Out, out)
+	} else {
+		err = tab.print(f)
+	}
+	if err != nil {
+		return err
+	}
+	if unreachable > 0 {
+		return &unreachableError{n: unreachable, of: len(targets)}
+	}
+	return nil
+}
+
+// fmtRate writes bytes per second in the largest decimal unit that keeps a
+// number of at least 1: "2GB/s", "1.5MB/s", "512B/s".
+func fmtRate(bps int64) string {
+	v, unit := float64(bps), "B/s"
+	for _, u := range []string{"kB/s", "MB/s", "GB/s", "TB/s"} {
+		if v < 1000 {
+			break
+		}
+		v, unit = v/1000, u
+	}
+	return fmt.Sprintf("%.4g%s", v, unit)
+}
+
+type hicacheSetOptions struct {
+	f      *factory
+	Attach *attachOptions
+	On     bool
+}
+
+func newCmdHiCacheSet(f *factory, on bool, runF func(context.Context, *hicacheSetOptions) error) *cobra.Command {
+	opts := &hicacheSetOptions{f: f, Attach: &f.attach, On: on}
+	verb, short := "off", "Switch the host tier off on every server (loads in flight finish, the host pool is freed)"
+	if on {
+		verb, short = "on", "Switch the host tier on on every server (sized by each server's --hicache-size or --hicache-ratio)"
+	}
+	cmd := &cobra.Command{
+		Use:   verb,
+		Short: short,
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if runF != nil {
+				return runF(cmd.Context(), opts)
+			}
+			return hicacheSetRun(cmd.Context(), opts)
+		},
+	}
+	return cmd
+}
+
+// hicacheSetRun switches the tier on every server and prints one row per
+// server: the new state ("already" when it was so, "pending" when the
+// server's loops had not taken it when it answered), "skipped" on a server
+// without a prefix cache, or the error. It fails when a server refused the
+// switch or could not be reached, or when no server has a prefix cache.
+func hicacheSetRun(ctx context.Context, opts *hicacheSetOptions) error {
+	f := opts.f
+	targets, err := opts.Attach.targets(ctx, f)
+	if err != nil {
+		return err
+	}
+	state := "off"
+	if opts.On {
+		state = "on"
+	}
+	results := make([]string, len(targets))
+	var switched, unreachable, refused int
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i, t := range targets {
+		wg.Go(func() {
+			var res string
+			var ok, down, no bool
+			if t.Err != nil {
+				res, down = "unreachable: "+t.Err.Error(), true
+			} else if h, err := t.c.HiCache(ctx); err != nil {
+				res, down, no = hicacheFailure(err)
+			} else if !h.PrefixCache {
+				res = "skipped: no prefix cache on this server"
+			} else if r, err := t.c.SetHiCache(ctx, opts.On); err != nil {
+				res, down, no = hicacheFailure(err)
+			} else {
+				res, ok = state, true
+				switch {
+				case r.Pending:
+					res += " (pending: not yet taken by every rank)"
+				case !r.Changed:
+					res += " (already)"
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			results[i] = res
+			switch {
+			case ok:
+				switched++
+			case down:
+				unreachable++
+			case no:
+				refused++
+			}
+		})
+	}
+	wg.Wait()
+	tab := newTable([]string{"SERVER", "ROLE", "RESULT"})
+	for i, t := range targets {
+		tab.add(t.URL, t.Role, results[i])
+	}
+	if err := tab.print(f); err != nil {
+		return err
+	}
+	switch {
+	case refused > 0:
+		return errorf("%s refused the switch", pluralf(refused, "server", "servers"))
+	case unreachable > 0:
+		return &unreachableError{n: unreachable, of: len(targets)}
+	case switched == 0:
+		return errorf("no server has a prefix cache, so none has a host tier to switch %s", state)
+	}
+	return nil
+}
+
+// hicacheFailure is the row of a failed call: refused (the server answered
+// with an error) or unreachable.
+func hicacheFailure(err error) (res string, down, refused bool) {
+	if client.StatusOf(err) != 0 {
+		return "refused: " + err.Error(), false, true
+	}
+	return "unreachable: " + err.Error(), true, false
+}
