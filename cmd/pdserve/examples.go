@@ -92,6 +92,9 @@ $ pdserve serve --model path/to/model.gguf --tp 2 --host 0.0.0.0 --admin-token "
 
 # Without the prefix cache, waiting at most 30s for admission
 $ pdserve serve --no-prefix-cache --waiting-timeout 30s
+
+# A host-memory tier under the prefix cache (HiCache): 4 GiB per rank, prefixes backed up when evicted
+$ pdserve serve --hicache --hicache-size 4GiB --hicache-write-policy write-back
 `,
 	"prefill": `
 # A prefill server on :30000, its bootstrap registry on :8998
@@ -129,5 +132,8 @@ $ pdserve launch --fault bootstrap-abort-crash
 
 # A PD_* variable reaches every server
 $ PD_BOOTSTRAP_TIMEOUT=60s pdserve launch
+
+# Every prefill and decode server with a host-memory tier (HiCache), its loads paced at 2GB/s per rank
+$ pdserve launch --hicache --hicache-load-bandwidth 2GB/s
 `,
 }

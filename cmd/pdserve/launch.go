@@ -30,6 +30,7 @@ type launchOptions struct {
 	decode       int
 	tp           int
 	faults       []string
+	hicache      hicacheFlags
 	readyTimeout time.Duration
 	grace        time.Duration
 }
@@ -37,14 +38,15 @@ type launchOptions struct {
 func newLaunchCmd() *cobra.Command {
 	o := launchOptions{}
 	cmd := &cobra.Command{
-		Use:   "launch [--model FILE] [--port 8000] [--prefill N] [--decode N] [--tp N] [--fault NAME]...",
+		Use:   "launch [--model FILE] [--port 8000] [--prefill N] [--decode N] [--tp N] [--fault NAME]... [--hicache]",
 		Short: "Run a PD cluster on this machine: a router, prefill and decode servers as child processes on loopback",
 		Long: `Run a PD cluster on this machine: N prefill and M decode servers and a router
 in front of them, each a child process of this one listening on 127.0.0.1
 (free ports, the router on --port). Once every server answers /health it
 prints the endpoints. Ctrl-C or SIGTERM stops them all; when one of them
 dies, the others are stopped too and launch exits 1, quoting its last output.
-Other PD_* variables in the environment reach the servers.`,
+The --hicache flags go to every prefill and decode server. Other PD_*
+variables in the environment reach the servers.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return launchRun(cmd, o)
@@ -57,6 +59,7 @@ Other PD_* variables in the environment reach the servers.`,
 	f.IntVar(&o.decode, "decode", 1, "decode servers")
 	f.IntVar(&o.tp, "tp", 1, "tensor-parallel ranks of each prefill and decode server")
 	f.StringArrayVar(&o.faults, "fault", nil, "fault switch to turn on in the servers of its role (repeatable; e.g. bootstrap-abort-crash)")
+	o.hicache.register(f)
 	f.DurationVar(&o.readyTimeout, "ready-timeout", 2*time.Minute, "longest wait for every server to answer /health")
 	f.DurationVar(&o.grace, "stop-timeout", 15*time.Second, "how long a stop waits after SIGTERM before it kills a server")
 	return cmd
@@ -72,6 +75,7 @@ type launchPlan struct {
 	decode          []int // HTTP ports
 	tp              int
 	faults          []string
+	engineArgs      []string // flags every prefill and decode server gets (the --hicache ones set)
 	env             []string // every child's environment
 }
 
@@ -87,8 +91,10 @@ func (p launchPlan) specs() []launch.Spec {
 		specs = append(specs, launch.Spec{Name: name, Role: role, Path: p.exe, Args: args, Env: p.env,
 			HealthURL: loopbackURL(port) + "/health"})
 	}
-	// Each fault goes to the servers of the roles it applies to.
+	// Every server gets the engine args; each fault goes to the servers of
+	// the roles it applies to.
 	faults := func(role string, args []string) []string {
+		args = append(args, p.engineArgs...)
 		for _, f := range p.faults {
 			if roles, _ := serve.FaultRoles(f); slices.Contains(roles, role) {
 				args = append(args, "--fault", f)
@@ -152,6 +158,14 @@ func launchRun(cmd *cobra.Command, o launchOptions) error {
 			return usagef("--fault %q: not a fault switch", f)
 		}
 	}
+	// The servers would refuse these; say so before starting any.
+	noPrefix, _ := strconv.ParseBool(os.Getenv(config.EnvName("no-prefix-cache")))
+	if _, err := o.hicache.config(noPrefix); err != nil {
+		if noPrefix && o.hicache.on {
+			return usagef("--hicache needs the prefix cache, which %s turns off in the servers: drop one of them", config.EnvName("no-prefix-cache"))
+		}
+		return err
+	}
 	if o.port != 0 {
 		// Fail early and clearly when the router's port is taken (retrying
 		// with fresh ports cannot help: this one is fixed).
@@ -192,7 +206,8 @@ func launchRun(cmd *cobra.Command, o launchOptions) error {
 		if err != nil {
 			return nil, err
 		}
-		plan = launchPlan{exe: exe, model: model, routerPort: o.port, routerPortFixed: o.port != 0, tp: o.tp, faults: o.faults, env: env}
+		plan = launchPlan{exe: exe, model: model, routerPort: o.port, routerPortFixed: o.port != 0, tp: o.tp, faults: o.faults,
+			engineArgs: hicacheArgs(cmd.Flags()), env: env}
 		for range o.prefill {
 			plan.prefill = append(plan.prefill, prefillPorts{http: ports[0], bootstrap: ports[1]})
 			ports = ports[2:]

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -15,9 +16,11 @@ import (
 
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/dist"
+	"github.com/pdkit/pdkit/engine/hicache"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/config"
 	"github.com/pdkit/pdkit/internal/gpu"
 	"github.com/pdkit/pdkit/internal/metrics"
 	"github.com/pdkit/pdkit/internal/server"
@@ -35,6 +38,7 @@ type serveOptions struct {
 	shutdown   time.Duration
 
 	noPrefixCache bool
+	hicache       hicacheFlags
 	adminToken    string
 	bootstrapPort int // prefill: the registry's port
 }
@@ -70,8 +74,8 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
+	f.StringSliceVar(&o.cfg.Faults, "fault", nil, "fault switch to turn on at start (repeatable; see GET /debug/v1/faults)")
 	if role != pdproto.RoleColocated {
-		f.StringSliceVar(&o.cfg.Faults, "fault", nil, "fault switch to turn on at start (repeatable; see GET /debug/v1/faults)")
 		f.StringVar(&o.cfg.PD.Host, "pd-host", def.PD.Host, "address the ranks' ZeroMQ sockets bind and advertise")
 		f.DurationVar(&o.cfg.PD.BootstrapTimeout, "bootstrap-timeout", def.PD.BootstrapTimeout, "longest a PD request may wait without a word from its peer (a prefill: TRANSFER_INFO or QUEUED from the decode; a decode: the prefill's registry); a room queued for memory waits on, within --request-timeout")
 		f.DurationVar(&o.cfg.PD.SendTimeout, "send-timeout", def.PD.SendTimeout, "longest handing one PD message to the transport may take")
@@ -98,6 +102,7 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 	f.IntVar(&o.cfg.MaxBatchTokens, "max-batch-tokens", def.MaxBatchTokens, "tokens per step, prefill and decode together")
 	f.IntVar(&o.cfg.PrefillChunk, "prefill-chunk", def.PrefillChunk, "prompt tokens per request per step")
 	f.BoolVar(&o.noPrefixCache, "no-prefix-cache", false, "turn the radix prefix cache off (every prompt computed from its first token)")
+	o.hicache.register(f)
 	f.DurationVar(&o.cfg.WaitingTimeout, "waiting-timeout", 0, "longest a request may wait for admission (0: no limit)")
 	f.DurationVar(&o.cfg.PrefillTimeout, "prefill-timeout", 0, "longest a prompt may take to prefill (0: no limit)")
 	f.DurationVar(&o.cfg.RequestTimeout, "request-timeout", def.RequestTimeout, "longest a request may take in all, queued or not (negative: no limit)")
@@ -131,6 +136,9 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	cfg := o.cfg
 	cfg.IndexK = ik
 	cfg.DisablePrefixCache = o.noPrefixCache
+	if cfg.HiCache, err = o.hicache.config(o.noPrefixCache); err != nil {
+		return err
+	}
 	cfg.Backend = backend
 	path, err := resolveModel(o.engine.model, stderr)
 	if err != nil {
@@ -151,10 +159,17 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	// serve.New refuses only impossible settings (it validates them
 	// after its defaults), so its error is a usage error.
 	eng, err := serve.New(m, cfg)
+	if errors.Is(err, hicache.ErrHostMemory) {
+		return usagef("%v: lower --hicache-size or --hicache-ratio", err)
+	}
 	if err != nil {
 		return usageError{err}
 	}
 	defer eng.Close()
+	if ts := eng.HiCache(); len(ts) > 0 && ts[0].On {
+		log.Info("hicache on", "host_tokens_per_rank", ts[0].HostPages*ts[0].PageSize, "policy", ts[0].Policy,
+			"load_bandwidth", config.FormatRate(ts[0].LoadBandwidth))
+	}
 
 	ln, err := listen(o.host, o.port, "--port")
 	if err != nil {
