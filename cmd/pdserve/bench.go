@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"time"
 
@@ -9,7 +10,9 @@ import (
 
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
+	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/internal/bench"
+	"github.com/pdkit/pdkit/internal/config"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -56,7 +59,7 @@ func newBenchCmd() *cobra.Command {
 	f.IntVar(&cfg.DecodeTokens, "decode", 128, "tokens to decode per sequence")
 	f.IntVar(&cfg.Batch, "batch", 32, "sequences in the aggregate decode run")
 	f.IntVar(&cfg.Repeats, "repeats", 3, "runs per figure (the median is reported)")
-	cmd.AddCommand(newBenchServeCmd(), newBenchPDCmd(), newBenchLoadCmd())
+	cmd.AddCommand(newBenchServeCmd(), newBenchPDCmd(), newBenchLoadCmd(), newBenchHiCacheCmd())
 	return cmd
 }
 
@@ -165,6 +168,161 @@ level, and the aggregate output rate at concurrency 32 against concurrency 1.`,
 	f.IntVar(&cfg.Threads, "threads", 0, "engine kernel threads (0: every CPU)")
 	f.IntVar(&cfg.MaxRunning, "max-running", 64, "requests the engine admits at once")
 	return cmd
+}
+
+// defaultHiCachePacings are bench hicache's loader pacings of the incident
+// cells: unlimited, and the paced one docs/hicache.md explains.
+var defaultHiCachePacings = []string{"0", "64MiB/s"}
+
+func newBenchHiCacheCmd() *cobra.Command {
+	cfg := bench.HiCacheConfig{}
+	var size, typ, policy string
+	var precisions []string
+	var pacings []string
+	var noFault bool
+	cmd := &cobra.Command{
+		Use:   "hicache",
+		Short: "Reproduce the HiCache index-K race (outputs against references, index-K fp8 and bf16, fault off and on) and measure host hits against recompute",
+		Long: `hicache runs, in one process, the workload of production incident 3 on the built-in
+llama-dsa model (the one with a sparse-attention indexer): --sessions concurrent multi-turn
+sessions over one shared system prefix, with scripted histories and greedy decoding, on a
+device KV pool sized from the prompts so small that the sessions' prefixes go to the host
+tier and are loaded back. Every prompt is first run alone with the prefix cache and HiCache
+off: its reference. Then, for each index-K precision (--index-k) and each loader pacing
+(--load-bandwidth), the workload runs with the hicache-indexk-ungated fault off (once) and on
+(--runs times), --requests-per-cell requests per run, each run on a fresh engine. The report
+gives, beside the pacing, the share of outputs that differ from their reference (mean, min
+and max over the runs), timeouts and errors, host hits and the tokens they loaded, and the
+copy-to-compute ratio the run had. Any differing output, timeout or error with the fault
+off fails the command, and so does a fault-off run without a host hit.
+
+Then the speed part: --speed-sessions sessions, each over its own prefix of --prefix
+tokens, take turns on a device pool that holds one of them, so that each turn's prefix
+comes back from host (HiCache on) or is computed again (HiCache off, same pool): time to
+first token p50 and p99 of both and their ratio (goal: a host hit at most 0.5× recompute),
+and the loader's copy rate (its LoadBytes over LoadSeconds, unpaced) against a plain copy of
+the same bytes in the same run (goal: at least 0.5).
+
+The fault-on cells are a data race by design: a binary built with -race refuses them
+(--no-fault leaves them out). docs/hicache.md explains the figures.`,
+		Example: `  # The incident (fp8 and bf16, fault off and on) and the speed part, built-in small model
+  $ pdserve bench hicache
+
+  # A short run on the tiny model
+  $ pdserve bench hicache --size tiny --requests-per-cell 200 --runs 2 --prefix 256
+
+  # The incident alone, bf16 index-K, the loader unpaced and at three pacings
+  $ pdserve bench hicache --index-k bf16 --load-bandwidth 0,256MiB/s,64MiB/s,16MiB/s --skip-speed`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			dt, err := builtin.ParseType(typ)
+			if err != nil {
+				return usageError{err}
+			}
+			shape, err := builtin.Shape(model.ArchLlamaDSA, size)
+			if err != nil {
+				return usageError{err}
+			}
+			cfg.Size, cfg.Type, cfg.Fault = size, dt, !noFault
+			cfg.LoadBandwidths = cfg.LoadBandwidths[:0]
+			for _, p := range pacings {
+				bw, err := config.ParseRate(p)
+				if err != nil {
+					return usagef("--load-bandwidth: %v", err)
+				}
+				cfg.LoadBandwidths = append(cfg.LoadBandwidths, bw)
+			}
+			if len(cfg.LoadBandwidths) == 0 {
+				return usagef("--load-bandwidth needs at least one pacing (0: unlimited)")
+			}
+			if cfg.Policy, err = prefix.ParsePolicy(policy); err != nil {
+				return usagef("--write-policy %q: want write-through or write-back", policy)
+			}
+			cfg.Precisions = cfg.Precisions[:0]
+			for _, p := range precisions {
+				ik, err := kernels.ParseIndexKDType(p)
+				if err != nil {
+					return usageError{err}
+				}
+				cfg.Precisions = append(cfg.Precisions, ik)
+			}
+			if len(cfg.Precisions) == 0 {
+				return usagef("--index-k needs at least one precision")
+			}
+			if cfg.TP < 1 || cfg.Sessions < 1 || cfg.RequestsPerCell < 1 || cfg.Runs < 1 || cfg.Turns < 1 || cfg.MaxTokens < 1 ||
+				cfg.MaxRunning < 1 || cfg.Prefix < 1 || cfg.SpeedSessions < 2 || cfg.SpeedTurns < 1 || cfg.RequestTimeout <= 0 {
+				return usagef("--tp, --sessions, --requests-per-cell, --runs, --turns, --max-tokens, --max-running, --prefix, --speed-turns and --request-timeout must be positive, --speed-sessions at least 2")
+			}
+			if cfg.Threads < 0 || cfg.System < 0 {
+				return usagef("--threads and --system must not be negative (0: the default)")
+			}
+			if err := shape.CheckShards(cfg.TP); err != nil {
+				return usagef("--tp %d: %v", cfg.TP, err)
+			}
+			if cfg.System != 0 && cfg.System <= shape.Indexer.TopK {
+				return usagef("--system %d: want more than the indexer's top-k %d, or the indexer never reads index-K", cfg.System, shape.Indexer.TopK)
+			}
+			if cfg.SkipIncident && cfg.SkipSpeed {
+				return usagef("--skip-incident and --skip-speed leave nothing to run")
+			}
+			home, err := builtin.Home()
+			if err != nil {
+				return err
+			}
+			cfg.Home = home
+			rep, err := bench.RunHiCache(cmd.Context(), cfg, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			rep.Print(cmd.OutOrStdout())
+			return hicacheVerdict(&rep)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&size, "size", builtin.SizeSmall, "built-in llama-dsa size: tiny or small")
+	f.StringVar(&typ, "type", "f32", "weight type")
+	f.IntVar(&cfg.TP, "tp", 1, "tensor-parallel ranks of every engine")
+	f.IntVar(&cfg.Threads, "threads", 0, "kernel threads per rank (0: every CPU / tp)")
+	f.IntVar(&cfg.Sessions, "sessions", 60, "concurrent multi-turn sessions of the incident workload")
+	f.IntVar(&cfg.RequestsPerCell, "requests-per-cell", 1000, "requests of each run of a cell")
+	f.IntVar(&cfg.Runs, "runs", 3, "runs of each fault-on cell (the report gives their mean, min and max)")
+	f.IntVar(&cfg.Turns, "turns", 6, "turns of one conversation; a session runs conversation after conversation")
+	f.IntVar(&cfg.System, "system", 0, "shared system prefix in tokens (0: the indexer's top-k + 32)")
+	f.IntVar(&cfg.MaxTokens, "max-tokens", 8, "greedy tokens generated per request")
+	f.IntVar(&cfg.MaxRunning, "max-running", 8, "requests the engine admits at once (the device pool holds this many of the longest prompt)")
+	f.StringSliceVar(&precisions, "index-k", []string{"fp8", "bf16"}, "index-K precisions of the cells")
+	f.BoolVar(&noFault, "no-fault", false, "run the fault-off cells only")
+	f.StringSliceVar(&pacings, "load-bandwidth", defaultHiCachePacings, "loader pacings of the incident cells, each rank's loads back from host in bytes per second, e.g. 64MiB/s (0: unlimited); every cell runs at each")
+	f.StringVar(&policy, "write-policy", prefix.WriteThrough.String(), "when prefix pages are backed up to host: write-through or write-back")
+	f.DurationVar(&cfg.RequestTimeout, "request-timeout", 5*time.Minute, "bound on each request, queueing included (a request past it counts as a timeout)")
+	f.IntVar(&cfg.Prefix, "prefix", 1024, "each speed session's own prefix in tokens")
+	f.IntVar(&cfg.SpeedSessions, "speed-sessions", 4, "speed sessions taking turns on the device pool")
+	f.IntVar(&cfg.SpeedTurns, "speed-turns", 8, "measured turns of each speed session")
+	f.BoolVar(&cfg.SkipIncident, "skip-incident", false, "leave the incident part out")
+	f.BoolVar(&cfg.SkipSpeed, "skip-speed", false, "leave the speed part out")
+	f.Uint64Var(&cfg.Seed, "seed", 1, "seed of every prompt")
+	return cmd
+}
+
+// hicacheVerdict fails a run whose fault-off cells changed an output, ended
+// a request early or loaded nothing back from host (they measured nothing).
+func hicacheVerdict(rep *bench.HiCacheReport) error {
+	for _, c := range rep.Cells {
+		if c.Fault {
+			continue
+		}
+		for _, r := range c.Runs {
+			switch {
+			case r.Differ > 0:
+				return fmt.Errorf("bench hicache: %d of %d outputs differ from their references with the fault off (index-K %v)", r.Differ, r.Compared, c.IndexK)
+			case r.Timeouts > 0 || r.Errors > 0:
+				return fmt.Errorf("bench hicache: %d timeouts and %d errors with the fault off (index-K %v)", r.Timeouts, r.Errors, c.IndexK)
+			case r.HostHits == 0:
+				return fmt.Errorf("bench hicache: no host hit with the fault off (index-K %v): the run measured nothing", c.IndexK)
+			}
+		}
+	}
+	return nil
 }
 
 // printer is a benchmark report.
