@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"unsafe"
 
 	"github.com/pdkit/pdkit/kernels"
 )
@@ -19,12 +20,25 @@ import (
 // AppendKV appends the K and V rows of slots in layer to k and v.
 func (p *Pool) AppendKV(layer int, slots []int32, k, v []byte) ([]byte, []byte) {
 	d := p.cfg.KVDim
-	for _, s := range slots {
-		off := int(s) * d
-		k = appendF32(k, p.k[layer][off:off+d])
-		v = appendF32(v, p.v[layer][off:off+d])
+	for i := 0; i < len(slots); {
+		n := run(slots[i:])
+		off := int(slots[i]) * d
+		k = appendF32(k, p.k[layer][off:off+n*d])
+		v = appendF32(v, p.v[layer][off:off+n*d])
+		i += n
 	}
 	return k, v
+}
+
+// run is the length of the run of consecutive slots that starts slots (a
+// page's slots are one run): rows of consecutive slots are contiguous, so
+// a run is copied at once.
+func run(slots []int32) int {
+	n := 1
+	for n < len(slots) && slots[n] == slots[n-1]+1 {
+		n++
+	}
+	return n
 }
 
 // AppendIndexK appends the index-K rows of slots in layer to rows, and for
@@ -42,9 +56,7 @@ func (p *Pool) AppendIndexK(layer int, slots []int32, rows, scales []byte) ([]by
 			rows = append(rows, ik.FP8[off:off+d]...)
 			scales = binary.LittleEndian.AppendUint32(scales, math.Float32bits(ik.Scales[s]))
 		case kernels.IndexBF16:
-			for _, h := range ik.BF16[off : off+d] {
-				rows = binary.LittleEndian.AppendUint16(rows, h)
-			}
+			rows = appendU16(rows, ik.BF16[off:off+d])
 		}
 	}
 	return rows, scales
@@ -73,13 +85,17 @@ func (p *Pool) putKV(layer int, slots []int32, k, v []byte, op string) error {
 	if err := p.checkSlots(slots); err != nil {
 		return fmt.Errorf("kvcache: put KV of layer %d: %w", layer, err)
 	}
-	for i, s := range slots {
-		if invariants && op != "" {
+	if invariants && op != "" {
+		for _, s := range slots {
 			p.checkSlot(op, s)
 		}
-		off := int(s) * d
-		getF32(p.k[layer][off:off+d], k[i*d*4:])
-		getF32(p.v[layer][off:off+d], v[i*d*4:])
+	}
+	for i := 0; i < len(slots); {
+		n := run(slots[i:])
+		off := int(slots[i]) * d
+		getF32(p.k[layer][off:off+n*d], k[i*d*4:])
+		getF32(p.v[layer][off:off+n*d], v[i*d*4:])
+		i += n
 	}
 	return nil
 }
@@ -128,9 +144,7 @@ func (p *Pool) putIndexK(layer int, slots []int32, rows, scales []byte, op strin
 			copy(ik.FP8[off:off+d], rows[i*d:(i+1)*d])
 			ik.Scales[s] = math.Float32frombits(binary.LittleEndian.Uint32(scales[i*4:]))
 		case kernels.IndexBF16:
-			for j := range d {
-				ik.BF16[off+j] = binary.LittleEndian.Uint16(rows[(i*d+j)*2:])
-			}
+			getU16(ik.BF16[off:off+d], rows[i*d*2:])
 		}
 	}
 	return nil
@@ -146,14 +160,45 @@ func (p *Pool) checkSlots(slots []int32) error {
 	return nil
 }
 
+// littleEndian: the machine stores a float32 as its little-endian bytes,
+// so rows move by plain memory copies.
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
 func appendF32(b []byte, f []float32) []byte {
+	if littleEndian && len(f) > 0 {
+		return append(b, unsafe.Slice((*byte)(unsafe.Pointer(&f[0])), 4*len(f))...)
+	}
 	for _, x := range f {
 		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(x))
 	}
 	return b
 }
 
+func appendU16(b []byte, h []uint16) []byte {
+	if littleEndian && len(h) > 0 {
+		return append(b, unsafe.Slice((*byte)(unsafe.Pointer(&h[0])), 2*len(h))...)
+	}
+	for _, x := range h {
+		b = binary.LittleEndian.AppendUint16(b, x)
+	}
+	return b
+}
+
+func getU16(dst []uint16, b []byte) {
+	if littleEndian && len(dst) > 0 {
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 2*len(dst)), b[:2*len(dst)])
+		return
+	}
+	for i := range dst {
+		dst[i] = binary.LittleEndian.Uint16(b[i*2:])
+	}
+}
+
 func getF32(dst []float32, b []byte) {
+	if littleEndian && len(dst) > 0 {
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*len(dst)), b[:4*len(dst)])
+		return
+	}
 	for i := range dst {
 		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[i*4:]))
 	}
