@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/debug"
@@ -71,9 +70,7 @@ func (o *faultListOptions) keep(fl debug.Fault) bool {
 
 // serverFaults is one server in the output of fault list.
 type serverFaults struct {
-	URL    string        `json:"url"`
-	Role   string        `json:"role"`
-	Error  string        `json:"error,omitempty"`
+	serverRow
 	Faults []debug.Fault `json:"faults,omitempty"`
 }
 
@@ -83,29 +80,23 @@ func faultListRun(ctx context.Context, opts *faultListOptions) error {
 	if err != nil {
 		return err
 	}
+	rows, answers := readServers(targets, func(t *target) (debug.FaultsResponse, error) { return t.c.Faults(ctx) })
 	out := struct {
 		Servers []serverFaults `json:"servers"`
 	}{Servers: make([]serverFaults, len(targets))}
-	var wg sync.WaitGroup
-	for i, t := range targets {
-		wg.Go(func() {
-			s := serverFaults{URL: t.URL, Role: t.Role}
-			if t.Err != nil {
-				s.Error = t.Err.Error()
-			} else if r, err := t.c.Faults(ctx); err != nil {
-				s.Error = err.Error()
-			} else {
-				s.Faults = []debug.Fault{}
-				for _, fl := range r.Faults {
-					if opts.keep(fl) {
-						s.Faults = append(s.Faults, fl)
-					}
-				}
+	for i, row := range rows {
+		s := &out.Servers[i]
+		s.serverRow = row
+		if row.Error != "" {
+			continue
+		}
+		s.Faults = []debug.Fault{}
+		for _, fl := range answers[i].Faults {
+			if opts.keep(fl) {
+				s.Faults = append(s.Faults, fl)
 			}
-			out.Servers[i] = s
-		})
+		}
 	}
-	wg.Wait()
 	answered := slices.ContainsFunc(out.Servers, func(s serverFaults) bool { return s.Error == "" })
 	for _, name := range opts.Names {
 		known := false
@@ -116,12 +107,10 @@ func faultListRun(ctx context.Context, opts *faultListOptions) error {
 			return fmt.Errorf("no server has a fault named %q", name)
 		}
 	}
-	unreachable := 0
 	tab := newTable([]string{"SERVER", "ROLE", "FAULT", "STATE", "ROLES", "DOC"})
 	for _, s := range out.Servers {
 		if s.Error != "" {
-			unreachable++
-			tab.add(s.URL, s.Role, "", "unreachable: "+s.Error)
+			tab.addUnreachable(s.serverRow)
 			continue
 		}
 		for _, fl := range s.Faults {
@@ -135,18 +124,7 @@ func faultListRun(ctx context.Context, opts *faultListOptions) error {
 			tab.add(s.URL, s.Role, fl.Name, state, strings.Join(fl.Roles, ","), fl.Doc)
 		}
 	}
-	if opts.JSON {
-		err = writeJSON(f.Out, out)
-	} else {
-		err = tab.print(f)
-	}
-	if err != nil {
-		return err
-	}
-	if unreachable > 0 {
-		return &unreachableError{n: unreachable, of: len(targets)}
-	}
-	return nil
+	return printListing(f, opts.JSON, out, tab, rows)
 }
 
 type faultSetOptions struct {
@@ -184,65 +162,25 @@ func newCmdFaultSet(f *factory, on bool, runF func(context.Context, *faultSetOpt
 
 // faultSetRun switches the fault on every server and prints one row per
 // server: the fault's new state, "skipped" with the server's reason (a fault
-// of another role), or the error. It fails when no server took the switch.
+// of another role), or the error. It fails when a server refused the switch
+// or could not be reached, or when the fault applies to none of them.
 func faultSetRun(ctx context.Context, opts *faultSetOptions) error {
-	f := opts.f
-	targets, err := opts.Attach.targets(ctx, f)
-	if err != nil {
-		return err
-	}
-	results := make([]string, len(targets))
-	var switched, unreachable, refused int
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for i, t := range targets {
-		wg.Go(func() {
-			var res string
-			var ok, down, no bool
-			if t.Err != nil {
-				res, down = "unreachable: "+t.Err.Error(), true
-			} else if _, err := t.c.SetFault(ctx, opts.Name, opts.On); err == nil {
-				res, ok = "off", true
-				if opts.On {
-					res = "on"
-				}
-			} else if st := client.StatusOf(err); st == http.StatusBadRequest {
+	state := onOff(opts.On)
+	return serverSwitch{
+		columns: []string{"FAULT"},
+		cells:   []string{opts.Name},
+		apply: func(ctx context.Context, t *target) (string, switchOutcome) {
+			_, err := t.c.SetFault(ctx, opts.Name, opts.On)
+			if err == nil {
+				return state, switchDone
+			}
+			if client.StatusOf(err) == http.StatusBadRequest {
 				var ae *client.APIError
 				errorsAs(err, &ae)
-				res = "skipped: " + ae.Message
-			} else if st != 0 {
-				res, no = "refused: "+err.Error(), true
-			} else {
-				res, down = "unreachable: "+err.Error(), true
+				return "skipped: " + ae.Message, switchSkipped
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			results[i] = res
-			switch {
-			case ok:
-				switched++
-			case down:
-				unreachable++
-			case no:
-				refused++
-			}
-		})
-	}
-	wg.Wait()
-	tab := newTable([]string{"SERVER", "ROLE", "FAULT", "RESULT"})
-	for i, t := range targets {
-		tab.add(t.URL, t.Role, opts.Name, results[i])
-	}
-	if err := tab.print(f); err != nil {
-		return err
-	}
-	switch {
-	case refused > 0:
-		return errorf("%s refused the switch", pluralf(refused, "server", "servers"))
-	case switched == 0 && unreachable == 0:
-		return errorf("fault %q applies to none of the servers", opts.Name)
-	case unreachable > 0:
-		return &unreachableError{n: unreachable, of: len(targets)}
-	}
-	return nil
+			return switchFailure(err)
+		},
+		none: errorf("fault %q applies to none of the servers", opts.Name),
+	}.run(ctx, opts.f, opts.Attach)
 }

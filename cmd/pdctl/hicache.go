@@ -3,9 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"sync"
 
-	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/spf13/cobra"
 )
@@ -62,9 +60,7 @@ func newCmdHiCacheStatus(f *factory, runF func(context.Context, *hicacheStatusOp
 
 // serverHiCache is one server in the output of hicache status.
 type serverHiCache struct {
-	URL     string                 `json:"url"`
-	Role    string                 `json:"role"`
-	Error   string                 `json:"error,omitempty"`
+	serverRow
 	HiCache *debug.HiCacheResponse `json:"hicache,omitempty"`
 }
 
@@ -74,62 +70,34 @@ func hicacheStatusRun(ctx context.Context, opts *hicacheStatusOptions) error {
 	if err != nil {
 		return err
 	}
+	rows, answers := readServers(targets, func(t *target) (debug.HiCacheResponse, error) { return t.c.HiCache(ctx) })
 	out := struct {
 		Servers []serverHiCache `json:"servers"`
 	}{Servers: make([]serverHiCache, len(targets))}
-	var wg sync.WaitGroup
-	for i, t := range targets {
-		wg.Go(func() {
-			s := serverHiCache{URL: t.URL, Role: t.Role}
-			if t.Err != nil {
-				s.Error = t.Err.Error()
-			} else if h, err := t.c.HiCache(ctx); err != nil {
-				s.Error = err.Error()
-			} else {
-				s.HiCache = &h
-			}
-			out.Servers[i] = s
-		})
-	}
-	wg.Wait()
-	unreachable := 0
 	tab := newTable([]string{"SERVER", "ROLE", "RANK", "STATE", "POLICY", "HOST TOKENS USED/TOTAL", "LOAD BANDWIDTH", "HOST HITS", "HIT TOKENS", "LOADS", "BACKUPS"})
-	for _, s := range out.Servers {
-		switch {
-		case s.Error != "":
-			unreachable++
-			tab.add(s.URL, s.Role, "", "unreachable: "+s.Error)
+	for i, row := range rows {
+		s := &out.Servers[i]
+		s.serverRow = row
+		if row.Error != "" {
+			tab.addUnreachable(row)
 			continue
-		case !s.HiCache.PrefixCache:
-			tab.add(s.URL, s.Role, "", "n/a: no prefix cache")
+		}
+		s.HiCache = &answers[i]
+		if !s.HiCache.PrefixCache {
+			tab.add(row.URL, row.Role, "", "n/a: no prefix cache")
 			continue
 		}
 		for _, r := range s.HiCache.Ranks {
-			state := "off"
-			if r.On {
-				state = "on"
-			}
 			bw := "unlimited"
 			if r.LoadBandwidthBytesPerSecond > 0 {
 				bw = fmtRate(r.LoadBandwidthBytesPerSecond)
 			}
 			t := r.Totals
-			tab.add(s.URL, s.Role, itoa(r.Rank), state, r.Policy, fmt.Sprintf("%d/%d", r.HostTokensUsed, r.HostTokens), bw,
+			tab.add(row.URL, row.Role, itoa(r.Rank), onOff(r.On), r.Policy, fmt.Sprintf("%d/%d", r.HostTokensUsed, r.HostTokens), bw,
 				fmt.Sprint(t.HostHits), fmt.Sprint(t.HitTokens), fmt.Sprint(t.Loads), fmt.Sprint(t.Backups))
 		}
 	}
-	if opts.JSON {
-		err = writeJSON(f.Out, out)
-	} else {
-		err = tab.print(f)
-	}
-	if err != nil {
-		return err
-	}
-	if unreachable > 0 {
-		return &unreachableError{n: unreachable, of: len(targets)}
-	}
-	return nil
+	return printListing(f, opts.JSON, out, tab, rows)
 }
 
 // fmtRate writes bytes per second in the largest decimal unit that keeps a
@@ -177,77 +145,27 @@ func newCmdHiCacheSet(f *factory, on bool, runF func(context.Context, *hicacheSe
 // without a prefix cache, or the error. It fails when a server refused the
 // switch or could not be reached, or when no server has a prefix cache.
 func hicacheSetRun(ctx context.Context, opts *hicacheSetOptions) error {
-	f := opts.f
-	targets, err := opts.Attach.targets(ctx, f)
-	if err != nil {
-		return err
-	}
-	state := "off"
-	if opts.On {
-		state = "on"
-	}
-	results := make([]string, len(targets))
-	var switched, unreachable, refused int
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for i, t := range targets {
-		wg.Go(func() {
-			var res string
-			var ok, down, no bool
-			if t.Err != nil {
-				res, down = "unreachable: "+t.Err.Error(), true
-			} else if h, err := t.c.HiCache(ctx); err != nil {
-				res, down, no = hicacheFailure(err)
-			} else if !h.PrefixCache {
-				res = "skipped: no prefix cache on this server"
-			} else if r, err := t.c.SetHiCache(ctx, opts.On); err != nil {
-				res, down, no = hicacheFailure(err)
-			} else {
-				res, ok = state, true
-				switch {
-				case r.Pending:
-					res += " (pending: not yet taken by every rank)"
-				case !r.Changed:
-					res += " (already)"
-				}
+	state := onOff(opts.On)
+	return serverSwitch{
+		apply: func(ctx context.Context, t *target) (string, switchOutcome) {
+			h, err := t.c.HiCache(ctx)
+			if err != nil {
+				return switchFailure(err)
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			results[i] = res
+			if !h.PrefixCache {
+				return "skipped: no prefix cache on this server", switchSkipped
+			}
+			r, err := t.c.SetHiCache(ctx, opts.On)
 			switch {
-			case ok:
-				switched++
-			case down:
-				unreachable++
-			case no:
-				refused++
+			case err != nil:
+				return switchFailure(err)
+			case r.Pending:
+				return state + " (pending: not yet taken by every rank)", switchDone
+			case !r.Changed:
+				return state + " (already)", switchDone
 			}
-		})
-	}
-	wg.Wait()
-	tab := newTable([]string{"SERVER", "ROLE", "RESULT"})
-	for i, t := range targets {
-		tab.add(t.URL, t.Role, results[i])
-	}
-	if err := tab.print(f); err != nil {
-		return err
-	}
-	switch {
-	case refused > 0:
-		return errorf("%s refused the switch", pluralf(refused, "server", "servers"))
-	case unreachable > 0:
-		return &unreachableError{n: unreachable, of: len(targets)}
-	case switched == 0:
-		return errorf("no server has a prefix cache, so none has a host tier to switch %s", state)
-	}
-	return nil
-}
-
-// hicacheFailure is the row of a failed call: refused (the server answered
-// with an error) or unreachable.
-func hicacheFailure(err error) (res string, down, refused bool) {
-	if client.StatusOf(err) != 0 {
-		return "refused: " + err.Error(), false, true
-	}
-	return "unreachable: " + err.Error(), true, false
+			return state, switchDone
+		},
+		none: errorf("no server has a prefix cache, so none has a host tier to switch %s", state),
+	}.run(ctx, opts.f, opts.Attach)
 }
