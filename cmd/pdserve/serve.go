@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -158,6 +159,16 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	cfg.OnStall = func(s dist.Stall) { log.Warn("collective stalled", "seq", s.Seq, "stall", s.String()) }
 	// serve.New refuses only impossible settings (it validates them
 	// after its defaults), so its error is a usage error.
+	// A prefill re-registers its ranks after a live index-K switch; the
+	// registry exists once the engine does.
+	var reg atomic.Pointer[bootstrap.Registry]
+	cfg.PD.OnRankInfos = func(infos []pdproto.RankInfo) {
+		if r := reg.Load(); r != nil {
+			if err := r.Replace(infos); err != nil {
+				log.Error("bootstrap registry: re-registering the ranks", "err", err)
+			}
+		}
+	}
 	eng, err := serve.New(m, cfg)
 	if errors.Is(err, hicache.ErrHostMemory) {
 		return usagef("%v: lower --hicache-size or --hicache-ratio", err)
@@ -181,7 +192,7 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	}
 	var bootstrapURL string
 	if cfg.Role == pdproto.RolePrefill {
-		stop, url, err := serveRegistry(eng, o, log)
+		stop, url, err := serveRegistry(eng, o, log, &reg)
 		if err != nil {
 			return err
 		}
@@ -224,13 +235,14 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 
 // serveRegistry registers a prefill engine's ranks in a bootstrap registry
 // and serves it on --bootstrap-port; stop shuts it down.
-func serveRegistry(eng *serve.Engine, o serveOptions, log *slog.Logger) (stop func(), url string, err error) {
+func serveRegistry(eng *serve.Engine, o serveOptions, log *slog.Logger, published *atomic.Pointer[bootstrap.Registry]) (stop func(), url string, err error) {
 	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: eng.Ranks()})
 	for _, info := range eng.RankInfos() {
 		if _, berr := reg.Register(info); berr != nil {
 			return nil, "", berr
 		}
 	}
+	published.Store(reg)
 	ln, err := listen(o.host, o.bootstrapPort, "--bootstrap-port")
 	if err != nil {
 		return nil, "", fmt.Errorf("bootstrap registry: %w", err)

@@ -129,18 +129,7 @@ func NewPool(cfg Config) (*Pool, error) {
 		p.v[l] = make([]float32, slots*cfg.KVDim)
 	}
 	if ic := cfg.IndexK; ic != nil {
-		p.idx = make([]*kernels.IndexKeys, cfg.Layers)
-		for l := range p.idx {
-			ik := &kernels.IndexKeys{DType: ic.DType, Dim: ic.Dim}
-			switch ic.DType {
-			case kernels.IndexFP8:
-				ik.FP8 = make([]uint8, slots*ic.Dim)
-				ik.Scales = make([]float32, slots)
-			case kernels.IndexBF16:
-				ik.BF16 = make([]uint16, slots*ic.Dim)
-			}
-			p.idx[l] = ik
-		}
+		p.idx = newIndexKeys(cfg.Layers, slots, *ic)
 	}
 	for i := range p.table {
 		p.table[i] = -1
@@ -149,6 +138,49 @@ func NewPool(cfg Config) (*Pool, error) {
 		p.freeRows[i] = int32(cfg.MaxSeqs - 1 - i) // row 0 first
 	}
 	return p, nil
+}
+
+// newIndexKeys allocates layers index-K buffers of slots slots.
+func newIndexKeys(layers, slots int, ic IndexKConfig) []*kernels.IndexKeys {
+	idx := make([]*kernels.IndexKeys, layers)
+	for l := range idx {
+		ik := &kernels.IndexKeys{DType: ic.DType, Dim: ic.Dim}
+		switch ic.DType {
+		case kernels.IndexFP8:
+			ik.FP8 = make([]uint8, slots*ic.Dim)
+			ik.Scales = make([]float32, slots)
+		case kernels.IndexBF16:
+			ik.BF16 = make([]uint16, slots*ic.Dim)
+		}
+		idx[l] = ik
+	}
+	return idx
+}
+
+// SetIndexK reallocates the index-K buffers in precision dt (a live
+// precision switch). The pool must be empty: no live sequence and no cached
+// page, since every index key written so far is in the old precision. The
+// old buffers go.
+func (p *Pool) SetIndexK(dt kernels.IndexKDType) error {
+	switch {
+	case p.idx == nil:
+		return fmt.Errorf("kvcache: set index-K %v: the pool has no indexer", dt)
+	case dt != kernels.IndexFP8 && dt != kernels.IndexBF16:
+		return fmt.Errorf("kvcache: set index-K: unknown precision %v", dt)
+	case p.Live() != 0 || p.CachedPages() != 0 || p.alloc.FreeCount() != p.total:
+		return fmt.Errorf("kvcache: set index-K %v: %d live sequences, %d cached pages, %d of %d pages free: the pool is not empty",
+			dt, p.Live(), p.CachedPages(), p.alloc.FreeCount(), p.total)
+	}
+	ic := *p.cfg.IndexK
+	ic.DType = dt
+	p.idx = nil // the old buffers can go before the new ones are made
+	p.idx = newIndexKeys(p.cfg.Layers, p.cfg.Slots(), ic)
+	p.cfg.IndexK = &ic
+	if b, err := p.cfg.bytes(); err == nil {
+		p.bytes = b
+	}
+	p.selfCheck()
+	return nil
 }
 
 // Config returns the pool's configuration.

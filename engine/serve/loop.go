@@ -107,7 +107,11 @@ func (l *rankLoop) receive(ran bool) (stepInput, error) {
 		if !ran {
 			l.e.idle()
 		}
-		in = l.e.takeInbox()
+		op := l.e.draining()
+		in = l.e.takeInbox(op == nil)
+		if op != nil {
+			l.drainStep(op, &in)
+		}
 		l.wire = in.encode(l.wire[:0])
 		data = l.wire
 	}
@@ -134,8 +138,9 @@ func (e *Engine) idle() {
 }
 
 // takeInbox empties the inbox into a step input and registers the new
-// requests' fronts.
-func (e *Engine) takeInbox() stepInput {
+// requests' fronts; without admit (an index-K switch drains the engine) the
+// new requests stay in the inbox.
+func (e *Engine) takeInbox(admit bool) stepInput {
 	in := stepInput{now: e.clock()}
 	select {
 	case <-e.stop:
@@ -146,9 +151,24 @@ func (e *Engine) takeInbox() stepInput {
 	e.mu.Lock()
 	pending, aborts := e.pending, e.aborts
 	e.pending, e.aborts = nil, nil
+	if admit {
+		e.numPending.Store(0)
+		e.oldestPending.Store(0)
+	} else {
+		// Draining: the new requests wait in the inbox, and so do the
+		// aborts of those (they apply once the requests are taken).
+		e.pending, pending = pending, nil
+		keep := aborts[:0]
+		for _, a := range aborts {
+			if e.front[a.id] == nil {
+				e.aborts = append(e.aborts, a)
+			} else {
+				keep = append(keep, a)
+			}
+		}
+		aborts = keep
+	}
 	in.tier, e.tierOp = e.tierOp, nil
-	e.numPending.Store(0)
-	e.oldestPending.Store(0)
 	e.mu.Unlock()
 	for _, r := range pending {
 		e.front[r.id] = r
@@ -311,6 +331,11 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 func (l *rankLoop) arrive(in stepInput) ([]addMsg, error) {
 	if in.tier != nil {
 		if err := l.applyTier(*in.tier); err != nil {
+			return nil, err
+		}
+	}
+	if in.switchIndexK {
+		if err := l.applyIndexK(in.indexK); err != nil {
 			return nil, err
 		}
 	}

@@ -12,7 +12,6 @@ import (
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/pd/zmqlink"
-	"github.com/pdkit/pdkit/kernels"
 )
 
 // pdEngine is the Engine's PD state outside the rank loops: the decode
@@ -149,10 +148,7 @@ func (e *Engine) indexKName() string {
 	if e.m.Config.Indexer == nil {
 		return ""
 	}
-	if e.cfg.IndexK == kernels.IndexBF16 {
-		return "bf16"
-	}
-	return "fp8"
+	return indexKName(e.IndexK())
 }
 
 const kvDTypeName = "f32" // how the pools store K and V

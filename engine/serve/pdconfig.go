@@ -11,6 +11,11 @@ import (
 
 // PDConfig configures the PD roles. Zero values take the defaults noted.
 type PDConfig struct {
+	// OnRankInfos, on a prefill server, is given the ranks' registry
+	// entries (RankInfos) again after a live change of what they say (an
+	// index-K precision switch), for the server to re-register them in its
+	// bootstrap registry. It is called on rank 0's loop and must not block.
+	OnRankInfos func([]pdproto.RankInfo) `json:"-"`
 	// Host is the address the ranks' ZeroMQ sockets bind (default
 	// 127.0.0.1).
 	Host string

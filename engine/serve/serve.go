@@ -268,6 +268,7 @@ type Totals struct {
 	CachedTokens    uint64
 	PrefixHits      uint64 // requests that matched at least one cached page
 	PrefixEvictions uint64 // cached pages evicted (rank 0)
+	IndexKSwitches uint64 // live index-K precision switches done
 	// Unstalls counts waiting requests that gave their cached prefix up
 	// because nothing ran and the queue's head did not fit (loop.go).
 	Unstalls uint64
@@ -309,6 +310,9 @@ type Engine struct {
 	pending []*request
 	aborts  []abortMsg
 	tierOp  *tierOp       // a HiCache switch for the loops, nil when none
+	// indexKOp is an index-K precision switch draining the engine, nil
+	// when none (indexk.go).
+	indexKOp *indexKOp
 	wake    chan struct{} // capacity 1: the inbox changed
 
 	// The inbox as Health sees it without the lock.
@@ -330,6 +334,7 @@ type Engine struct {
 	faults faultSet
 
 	hicacheBandwidth atomic.Int64 // the loaders' pacing, bytes/s (0 unlimited)
+	indexK           atomic.Int32 // the index-K precision now (kernels.IndexKDType)
 	rooms            sync.Map     // bootstrap room -> request id, for live PD requests
 
 	// Rank 0's: the front of every request the ranks know (stream,
@@ -410,6 +415,7 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 		e.faults.set(faultIndex(name), true) // checked by Validate
 	}
 	e.hicacheBandwidth.Store(cfg.HiCache.LoadBandwidth)
+	e.indexK.Store(int32(cfg.IndexK))
 	hostPages := 0 // per rank, once the first rank's pool is known
 	for r := range cfg.TP {
 		sc, err := sched.New(sched.Config{
@@ -645,6 +651,7 @@ const (
 	AbortByOperator   AbortBy = iota // an admin call (by request id or by room)
 	AbortByClient                    // the client went: its context ended (a router that cut its upstream request included)
 	AbortBySlowReader                // the stream's reader fell behind (see Stream)
+	_                                // AbortBySwitch (indexk.go)
 )
 
 func (b AbortBy) String() string {
@@ -653,6 +660,8 @@ func (b AbortBy) String() string {
 		return "aborted by the client"
 	case AbortBySlowReader:
 		return "aborted: the stream's reader fell behind"
+	case AbortBySwitch:
+		return "aborted: the server switched its index-K precision and the request did not finish within the drain bound"
 	}
 	return "aborted by an operator"
 }

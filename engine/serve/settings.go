@@ -22,6 +22,7 @@ func (e *Engine) Settings() debug.Settings {
 		}
 	}
 	s := settingsOf(e.cfg, e.m != nil && e.m.Config.Indexer != nil, on)
+	s.IndexK = e.IndexK().String() // settable live (SetIndexK): the value now
 	if s.HiCache != nil {
 		// Settable live (SetHiCacheBandwidth): the value now.
 		s.HiCache.LoadBandwidthBytesPerSecond = e.hicacheBandwidth.Load()

@@ -23,6 +23,8 @@ var notSettings = map[string]string{
 	"Observer": "a function: the metrics",
 	"Faults":   "the switches on at start; Settings publishes those on now (FaultsOn)",
 	"PD":       "published field by field, as Settings.PD",
+
+	"PD.OnRankInfos": "a function: where a prefill re-registers its ranks",
 	"HiCache":  "published field by field, as Settings.HiCache",
 
 	"HiCache.Available": "the host memory the tier may take, read from the machine by default: a bound, not a setting",

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/pdkit/pdkit/kernels"
 )
 
 // The two messages rank 0 broadcasts every step. They carry everything the
@@ -20,6 +22,10 @@ type stepInput struct {
 	adds   []addMsg
 	aborts []abortMsg // applied after adds; unknown or finished ids are ignored
 	tier   *tierOp    // a HiCache switch, applied before the adds
+	// switchIndexK switches every rank's index-K precision to indexK
+	// (indexk.go); the ranks hold no request then.
+	switchIndexK bool
+	indexK       kernels.IndexKDType
 }
 
 // addMsg is a new request as the ranks need it (the sampler and the stream
@@ -79,7 +85,8 @@ func (m *stepInput) encode(b []byte) []byte {
 		b = append(b, 1)
 		b = binary.LittleEndian.AppendUint64(b, uint64(m.tier.pages))
 	}
-	return b
+	b = appendBool(b, m.switchIndexK)
+	return append(b, byte(m.indexK))
 }
 
 func (m *stepInput) decode(b []byte) error {
@@ -109,6 +116,13 @@ func (m *stepInput) decode(b []byte) error {
 		m.tier = &tierOp{pages: int(pages)}
 	default:
 		return fmt.Errorf("%w: hicache switch %d", errWire, op[0])
+	}
+	m.switchIndexK = r.bool()
+	if v := r.take(1); v != nil {
+		m.indexK = kernels.IndexKDType(v[0])
+		if m.switchIndexK && m.indexK != kernels.IndexFP8 && m.indexK != kernels.IndexBF16 {
+			return fmt.Errorf("%w: index-K precision %d", errWire, v[0])
+		}
 	}
 	return r.done()
 }

@@ -127,6 +127,16 @@ func New(t testing.TB, o Options) *Cluster {
 
 	pc, dc := o.Config, o.Config
 	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
+	pc.PD.OnRankInfos = func(infos []pdproto.RankInfo) { // after a live index-K switch
+		regMu.Lock()
+		r := reg
+		regMu.Unlock()
+		if r != nil {
+			if err := r.Replace(infos); err != nil {
+				t.Errorf("re-registering the prefill's ranks: %v", err)
+			}
+		}
+	}
 	c.Prefill = NewNode(t, o.Model, pc, server.Options{BootstrapURL: c.Registry}, o.WrapPrefill)
 	c.Decode = NewNode(t, o.Model, dc, server.Options{}, nil)
 	r := bootstrap.NewRegistry(bootstrap.Options{TPSize: c.Prefill.Eng.Ranks()})

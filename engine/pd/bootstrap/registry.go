@@ -333,3 +333,39 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func writeError(w http.ResponseWriter, e *pdproto.BootstrapError) {
 	writeJSON(w, e.Status, pdproto.BootstrapErrorBody{Error: *e})
 }
+
+// Replace swaps every rank's registration for infos at once: the prefill
+// server that owns the registry calls it after a live change of what its
+// ranks say (an index-K precision switch), which Register refuses rank by
+// rank (an instance cannot change its registration, and ranks must agree
+// at every moment). It is a local call, never reachable over HTTP. infos
+// must be complete (one per rank of TPSize), valid and agree with each
+// other; on error nothing changes.
+func (g *Registry) Replace(infos []pdproto.RankInfo) error {
+	seen := map[int]bool{}
+	for _, info := range infos {
+		if err := info.Validate(); err != nil {
+			return fmt.Errorf("bootstrap: replace: %w", err)
+		}
+		if g.opts.TPSize > 0 && info.TPSize != g.opts.TPSize {
+			return fmt.Errorf("bootstrap: replace: rank %d says tp_size %d, the server runs %d", info.Rank, info.TPSize, g.opts.TPSize)
+		}
+		if seen[info.Rank] {
+			return fmt.Errorf("bootstrap: replace: rank %d listed twice", info.Rank)
+		}
+		seen[info.Rank] = true
+		if field, m, t := pdproto.FirstDifference(info, infos[0]); field != "" {
+			return fmt.Errorf("bootstrap: replace: rank %d says %s %#v, rank %d %#v; all ranks must agree", info.Rank, field, m, infos[0].Rank, t)
+		}
+	}
+	if len(infos) == 0 || (g.opts.TPSize > 0 && len(infos) != g.opts.TPSize) {
+		return fmt.Errorf("bootstrap: replace: %d ranks, the server runs %d", len(infos), g.opts.TPSize)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	clear(g.ranks)
+	for _, info := range infos {
+		g.ranks[info.Rank] = info
+	}
+	return nil
+}

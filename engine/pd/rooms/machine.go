@@ -78,6 +78,17 @@ func New(cfg Config) (*Machine, error) {
 	return &Machine{cfg: cfg, rooms: map[uint64]*room{}, peers: map[string]Liveness{}}, nil
 }
 
+// SetIndexKDType changes the pool's index-K precision the machine checks
+// handshakes against (a live precision switch). Only an empty machine may
+// change it: no room spans a switch.
+func (m *Machine) SetIndexKDType(dt string) error {
+	if len(m.order) != 0 {
+		return fmt.Errorf("rooms: index-K precision switch with %d rooms", len(m.order))
+	}
+	m.cfg.IndexKDType = dt
+	return nil
+}
+
 // Len is the number of rooms, the length of the vote vector.
 func (m *Machine) Len() int { return len(m.order) }
 

@@ -1,0 +1,196 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/kernels"
+)
+
+// A live index-K precision switch. Every index key in a rank's pool, its
+// prefix cache and its host tier is in the precision it was written in, so
+// a switch needs an empty engine: rank 0 stops taking new requests from the
+// inbox (they wait there, queued, not refused), lets the requests it holds
+// finish, and once the scheduler and the PD machine are empty broadcasts the
+// switch in the step input; every rank then drops its cached pages and host
+// tier, reallocates its index-K buffers and, if the tier was on, attaches a
+// new one in the new layout. If the engine has not drained within the
+// switch's bound, rank 0 aborts what is left (AbortBySwitch: a clear reason
+// on every stream) and switches as soon as the aborts have run. On a PD
+// server no room spans the switch: the machine is empty when it happens,
+// and a peer still in the old precision is refused at the handshake
+// (TRANSFER_INFO carries the precision), with that reason.
+
+// AbortBySwitch: the request was in flight when an index-K precision switch
+// ran out of its drain bound.
+const AbortBySwitch AbortBy = 3
+
+// IndexKSwitch is the outcome of SetIndexK.
+type IndexKSwitch struct {
+	From, To kernels.IndexKDType
+	// Paused is how long the server did not admit: from the request to
+	// the switch.
+	Paused time.Duration
+	// Aborted is the requests in flight that the drain bound cut.
+	Aborted int
+	// Changed is false when the server already ran in To.
+	Changed bool
+}
+
+// indexKOp is a switch waiting for the loops; rank 0's loop owns it once
+// it is set (under e.mu).
+type indexKOp struct {
+	to       kernels.IndexKDType
+	since    time.Time
+	deadline time.Time
+	cut      int  // requests aborted by the bound
+	cutting  bool // the aborts went out
+	done     chan IndexKSwitch
+}
+
+// ErrIndexKBusy: a precision switch is already draining.
+var ErrIndexKBusy = errors.New("serve: an index-K precision switch is already under way")
+
+// IndexK is the precision the index keys are stored in now.
+func (e *Engine) IndexK() kernels.IndexKDType { return kernels.IndexKDType(e.indexK.Load()) }
+
+// SetIndexK switches the index-K precision live (see above): it drains the
+// engine, aborting what is still in flight after drain, switches every rank
+// and returns how long admission paused. It returns ctx's error if ctx ends
+// first (the switch still goes on).
+func (e *Engine) SetIndexK(ctx context.Context, dt kernels.IndexKDType, drain time.Duration) (IndexKSwitch, error) {
+	from := e.IndexK()
+	switch {
+	case e.m.Config.Indexer == nil:
+		return IndexKSwitch{}, errors.New("serve: the model has no sparse indexer: it stores no index keys")
+	case dt != kernels.IndexFP8 && dt != kernels.IndexBF16:
+		return IndexKSwitch{}, fmt.Errorf("serve: unknown index-K precision %v", dt)
+	case drain < 0:
+		return IndexKSwitch{}, fmt.Errorf("serve: drain bound %v: want non-negative", drain)
+	}
+	now := time.Now()
+	op := &indexKOp{to: dt, since: now, deadline: now.Add(drain), done: make(chan IndexKSwitch, 1)}
+	e.mu.Lock()
+	switch {
+	case e.closed:
+		e.mu.Unlock()
+		return IndexKSwitch{}, errors.New("serve: engine closed")
+	case e.indexKOp != nil:
+		e.mu.Unlock()
+		return IndexKSwitch{}, ErrIndexKBusy
+	case dt == from:
+		e.mu.Unlock()
+		return IndexKSwitch{From: from, To: dt}, nil
+	}
+	e.indexKOp = op
+	e.mu.Unlock()
+	e.poke()
+	select {
+	case res := <-op.done:
+		return res, nil
+	case <-ctx.Done():
+		return IndexKSwitch{}, fmt.Errorf("serve: index-K switch to %v: %w (it goes on)", dt, ctx.Err())
+	case <-e.done:
+		return IndexKSwitch{}, errors.New("serve: engine stopped during an index-K switch")
+	}
+}
+
+// draining is the switch rank 0 is draining for, nil when none.
+func (e *Engine) draining() *indexKOp {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.indexKOp
+}
+
+// drainStep, on rank 0 while a switch drains, puts the switch into the step
+// input once the ranks hold no request, or the aborts of everything still
+// held once the bound has passed. Everything it reads (scheduler, PD
+// machine, requests) is state every rank holds alike.
+func (l *rankLoop) drainStep(op *indexKOp, in *stepInput) {
+	e := l.e
+	if l.sched.Len() == 0 && l.pdRooms() == 0 && len(l.seqs) == 0 && len(in.adds) == 0 {
+		in.switchIndexK, in.indexK = true, op.to
+		return
+	}
+	if op.cutting || time.Now().Before(op.deadline) {
+		return
+	}
+	op.cutting = true
+	for id, r := range e.front {
+		if r.cut == "" {
+			r.cut = ReasonAbort
+			in.aborts = append(in.aborts, abortMsg{id: id, by: AbortBySwitch})
+			op.cut++
+		}
+	}
+}
+
+// applyIndexK switches this rank's pool, cache, host tier and PD machine to
+// dt; the engine holds no request.
+func (l *rankLoop) applyIndexK(dt kernels.IndexKDType) error {
+	e := l.e
+	tierOn := l.cache != nil && l.cache.Attached()
+	if l.cache != nil {
+		if err := l.detachTier(); err != nil {
+			return err
+		}
+		l.cache.Evict(l.cache.Pages())
+	}
+	pool := l.rk.Pool()
+	if err := pool.SetIndexK(dt); err != nil {
+		return fmt.Errorf("serve: rank %d: %w", l.r, err)
+	}
+	if l.pd != nil {
+		if err := l.pd.machine.SetIndexKDType(indexKName(dt)); err != nil {
+			return fmt.Errorf("serve: rank %d: %w", l.r, err)
+		}
+	}
+	if tierOn {
+		pages, err := e.cfg.HiCache.hostPages(pool.Config(), e.cfg.TP)
+		if err == nil {
+			err = l.attachTier(pages)
+		}
+		if err != nil {
+			// Every rank computes the same size from the same layout;
+			// memory that ran short since start leaves the tier off.
+			e.cfg.Logger.Warn("serve: hicache stays off after the index-K switch", "server", e.cfg.Name, "rank", l.r, "err", err)
+		}
+	}
+	if l.r != 0 {
+		return nil
+	}
+	from := e.IndexK()
+	e.indexK.Store(int32(dt))
+	e.totals.IndexKSwitches++
+	if e.pd != nil {
+		e.pd.mu.Lock()
+		clear(e.pd.res) // our handshakes now say the new precision
+		e.pd.mu.Unlock()
+	}
+	e.mu.Lock()
+	op := e.indexKOp
+	e.indexKOp = nil
+	e.mu.Unlock()
+	res := IndexKSwitch{From: from, To: dt, Changed: true}
+	if op != nil {
+		res.Paused, res.Aborted = time.Since(op.since), op.cut
+		op.done <- res
+	}
+	e.cfg.Logger.Info("serve: index-K precision switched", "server", e.cfg.Name, "from", from.String(), "to", dt.String(),
+		"paused", res.Paused, "aborted", res.Aborted)
+	if e.cfg.Role == pdproto.RolePrefill && e.cfg.PD.OnRankInfos != nil {
+		e.cfg.PD.OnRankInfos(e.RankInfos())
+	}
+	return nil
+}
+
+// indexKName is dt as the PD protocol names it.
+func indexKName(dt kernels.IndexKDType) string {
+	if dt == kernels.IndexBF16 {
+		return "bf16"
+	}
+	return "fp8"
+}

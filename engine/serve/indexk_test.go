@@ -1,0 +1,245 @@
+package serve
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/pd/bootstrap"
+	"github.com/pdkit/pdkit/kernels"
+)
+
+// switchAfter switches e's index-K precision to each of to in turn, each
+// once finished more requests have finished since the last; it returns the
+// switches' outcomes when done.
+func switchAfter(t *testing.T, e *Engine, finished uint64, to ...kernels.IndexKDType) func() []IndexKSwitch {
+	var out []IndexKSwitch
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for _, dt := range to {
+			from := e.Snapshot().Totals.Finished
+			if !poll(t, "requests finishing before the switch", 60*time.Second, func() bool {
+				return e.Snapshot().Totals.Finished >= from+finished
+			}) {
+				return
+			}
+			res, err := e.SetIndexK(context.Background(), dt, 30*time.Second)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			out = append(out, res)
+		}
+	})
+	return func() []IndexKSwitch { wg.Wait(); return out }
+}
+
+// A live index-K precision switch under a 60-session load, with HiCache on:
+// every request finishes (the drain lets those in flight end, new ones wait
+// in the inbox), every output equals its reference in the precision it ran
+// in (fp8 or bf16; the two differ for most prompts, so the check means
+// something), and no page leaks on either tier. The switch is visible in the
+// settings and counted.
+func TestIndexKSwitchUnderLoad(t *testing.T) {
+	m := tinyModel(t)
+	ss := sessions(61, 60, 2, 24, m.Config.VocabSize)
+	const maxTok = 3
+	cfg := Config{TP: 2, PageSize: 4, KVTokens: 512, MaxRunning: 6, MaxBatchTokens: 64, PrefillChunk: 16, IndexK: kernels.IndexFP8}
+	refFP8 := runChats(t, newEngine(t, m, cfg), ss, maxTok)
+	bf := cfg
+	bf.IndexK = kernels.IndexBF16
+	refBF16 := runChats(t, newEngine(t, m, bf), ss, maxTok)
+	differ := 0
+	for i := range ss {
+		for j := range ss[i] {
+			if !slices.Equal(refFP8[i][j], refBF16[i][j]) {
+				differ++
+			}
+		}
+	}
+	if differ < len(ss) {
+		t.Fatalf("only %d of %d prompts give other tokens in bf16: the test could not tell the precisions apart", differ, 2*len(ss))
+	}
+
+	on := cfg
+	on.HiCache = HiCacheConfig{Enabled: true, Ratio: 4}
+	e := newEngine(t, m, on)
+	wait := switchAfter(t, e, 30, kernels.IndexBF16, kernels.IndexFP8)
+	got := runChats(t, e, ss, maxTok)
+	switches := wait()
+	if len(switches) != 2 {
+		t.Fatalf("switches %+v", switches)
+	}
+	for _, sw := range switches {
+		if !sw.Changed || sw.Aborted != 0 || sw.Paused <= 0 {
+			t.Errorf("switch %+v: want a change that aborted nothing", sw)
+		}
+		t.Logf("switch %v → %v: paused %v", sw.From, sw.To, sw.Paused)
+	}
+	inBF16 := 0
+	for i := range ss {
+		for j := range ss[i] {
+			switch {
+			case slices.Equal(got[i][j], refFP8[i][j]):
+			case slices.Equal(got[i][j], refBF16[i][j]):
+				inBF16++
+			default:
+				t.Errorf("chat %d turn %d: %v, neither the fp8 reference %v nor the bf16 one %v", i, j, got[i][j], refFP8[i][j], refBF16[i][j])
+			}
+		}
+	}
+	if e.IndexK() != kernels.IndexFP8 || e.Settings().IndexK != "fp8" || e.Snapshot().Totals.IndexKSwitches != 2 {
+		t.Errorf("after two switches: index-K %v, settings %q, switches %d", e.IndexK(), e.Settings().IndexK, e.Snapshot().Totals.IndexKSwitches)
+	}
+	t.Logf("%d of %d requests ran in bf16 (the others in fp8)", inBF16, 2*len(ss))
+	checkPools(t, e)
+	for _, ts := range e.HiCache() {
+		if !ts.On {
+			t.Errorf("rank %d: hicache off after the switches", ts.Rank)
+		}
+	}
+	closeAndCheckCaches(t, e)
+}
+
+// A switch whose drain bound runs out aborts what is still in flight, each
+// with its reason, and switches; the engine then serves in the new precision.
+func TestIndexKSwitchDrainBound(t *testing.T) {
+	m := tinyModel(t)
+	e := newEngine(t, m, Config{TP: 1, PageSize: 4, KVTokens: 512, MaxRunning: 4, IndexK: kernels.IndexFP8})
+	var streams []*Stream
+	for i := range 4 {
+		s, err := e.Submit(context.Background(), Request{Prompt: []int32{1, 2, 3, int32(i)}, MaxTokens: 400, IgnoreEOS: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, s)
+	}
+	poll(t, "the requests running", 20*time.Second, func() bool { return e.Snapshot().Totals.Sampled >= 8 })
+	res, err := e.SetIndexK(context.Background(), kernels.IndexBF16, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Aborted == 0 || !res.Changed || res.To != kernels.IndexBF16 {
+		t.Fatalf("switch %+v: want the running requests aborted", res)
+	}
+	for _, s := range streams {
+		if _, f := collect(t, s, 20*time.Second); f.Reason != ReasonAbort {
+			t.Errorf("request %d: %+v", s.ID, f)
+		}
+	}
+	s, err := e.Submit(context.Background(), Request{Prompt: []int32{5, 6, 7}, MaxTokens: 3, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if toks, f := collect(t, s, 20*time.Second); f.Reason != ReasonLength || len(toks) != 3 {
+		t.Errorf("after the switch: %v %+v", toks, f)
+	}
+	if again, err := e.SetIndexK(context.Background(), kernels.IndexBF16, time.Second); err != nil || again.Changed {
+		t.Errorf("a switch to the precision in use: %+v %v", again, err)
+	}
+	checkPools(t, e)
+}
+
+// switchPair is a PD pair whose prefill re-registers its ranks after a
+// switch, as pdserve does.
+func switchPair(t *testing.T, cfg Config) *pdPair {
+	t.Helper()
+	m := tinyModel(t)
+	var reg atomic.Pointer[bootstrap.Registry]
+	pc, dc := cfg, cfg
+	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
+	pc.PD.OnRankInfos = func(infos []pdproto.RankInfo) {
+		if err := reg.Load().Replace(infos); err != nil {
+			t.Errorf("re-registering: %v", err)
+		}
+	}
+	p := newEngine(t, m, pc)
+	d := newEngine(t, m, dc)
+	r := bootstrap.NewRegistry(bootstrap.Options{TPSize: p.Ranks()})
+	for _, info := range p.RankInfos() {
+		if _, err := r.Register(info); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg.Store(r)
+	mux := http.NewServeMux()
+	mux.Handle(pdproto.BootstrapPrefix, r)
+	ts := httptest.NewServer(mux)
+	t.Cleanup(ts.Close)
+	return &pdPair{prefill: p, decode: d, url: ts.URL}
+}
+
+// A PD pair switched side by side under load: requests in flight either
+// finish in one precision on both sides or fail with the handshake's reason
+// (the precisions differ), never with the KV of one precision landing in a
+// pool of the other; once both sides run bf16, every request succeeds with
+// the bf16 reference's tokens, through the re-registered registry.
+func TestIndexKSwitchPD(t *testing.T) {
+	m := tinyModel(t)
+	cfg := Config{TP: 2, PageSize: 4, KVTokens: 512, MaxRunning: 4, MaxBatchTokens: 32, PrefillChunk: 8, IndexK: kernels.IndexFP8,
+		PD: PDConfig{BootstrapTimeout: time.Second}} // a room the decode refused waits this long on the prefill
+	ps := sessions(71, 40, 1, 20, m.Config.VocabSize)
+	bf := cfg
+	bf.IndexK = kernels.IndexBF16
+	refFP8 := runChats(t, newEngine(t, m, cfg), ps, 3)
+	refBF16 := runChats(t, newEngine(t, m, bf), ps, 3)
+
+	pp := switchPair(t, cfg)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	failed, ok := 0, 0
+	for i, c := range ps {
+		wg.Go(func() {
+			toks, dfin, pfin := pp.run(t, context.Background(), Request{Prompt: c[0], MaxTokens: 3, IgnoreEOS: true}, uint64(30000+i))
+			mu.Lock()
+			defer mu.Unlock()
+			if dfin.Reason != ReasonLength {
+				failed++
+				// The reason names the precisions where rank 0 decided
+				// the failure; where another rank did, rank 0's stream
+				// says so and that rank's log names them.
+				named := func(r string) bool {
+					return strings.Contains(r, "index_k_dtype") || strings.Contains(r, "index-K") || strings.Contains(r, "another rank failed the room")
+				}
+				if !named(dfin.Reason) && !named(pfin.Reason) {
+					t.Errorf("prompt %d failed without naming the precision: decode %+v, prefill %+v", i, dfin, pfin)
+				}
+				return
+			}
+			ok++
+			if !slices.Equal(toks, refFP8[i][0]) && !slices.Equal(toks, refBF16[i][0]) {
+				t.Errorf("prompt %d: %v, neither reference (fp8 %v, bf16 %v)", i, toks, refFP8[i][0], refBF16[i][0])
+			}
+		})
+	}
+	// The prefill first: its rooms need the decode's word, which a decode
+	// already switched would refuse to send.
+	for _, e := range []*Engine{pp.prefill, pp.decode} {
+		res, err := e.SetIndexK(context.Background(), kernels.IndexBF16, 30*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: paused %v, aborted %d", e.cfg.Role, res.Paused, res.Aborted)
+	}
+	wg.Wait()
+	t.Logf("during the switch: %d finished, %d failed", ok, failed)
+	for i, c := range ps {
+		toks, dfin, _ := pp.run(t, context.Background(), Request{Prompt: c[0], MaxTokens: 3, IgnoreEOS: true}, uint64(40000+i))
+		if !slices.Equal(toks, refBF16[i][0]) {
+			t.Errorf("prompt %d after the switch: %v (%s), bf16 reference %v", i, toks, dfin.Reason, refBF16[i][0])
+		}
+	}
+	for _, e := range []*Engine{pp.prefill, pp.decode} {
+		checkPools(t, e)
+		if e.IndexK() != kernels.IndexBF16 {
+			t.Errorf("%s: index-K %v", e.cfg.Role, e.IndexK())
+		}
+	}
+}
