@@ -268,7 +268,7 @@ type Totals struct {
 	CachedTokens    uint64
 	PrefixHits      uint64 // requests that matched at least one cached page
 	PrefixEvictions uint64 // cached pages evicted (rank 0)
-	IndexKSwitches uint64 // live index-K precision switches done
+	IndexKSwitches  uint64 // live index-K precision switches done
 	// Unstalls counts waiting requests that gave their cached prefix up
 	// because nothing ran and the queue's head did not fit (loop.go).
 	Unstalls uint64
@@ -309,11 +309,11 @@ type Engine struct {
 	closed  bool
 	pending []*request
 	aborts  []abortMsg
-	tierOp  *tierOp       // a HiCache switch for the loops, nil when none
+	tierOp  *tierOp // a HiCache switch for the loops, nil when none
 	// indexKOp is an index-K precision switch draining the engine, nil
 	// when none (indexk.go).
 	indexKOp *indexKOp
-	wake    chan struct{} // capacity 1: the inbox changed
+	wake     chan struct{} // capacity 1: the inbox changed
 
 	// The inbox as Health sees it without the lock.
 	numPending    atomic.Int64

@@ -25,7 +25,7 @@ var notSettings = map[string]string{
 	"PD":       "published field by field, as Settings.PD",
 
 	"PD.OnRankInfos": "a function: where a prefill re-registers its ranks",
-	"HiCache":  "published field by field, as Settings.HiCache",
+	"HiCache":        "published field by field, as Settings.HiCache",
 
 	"HiCache.Available": "the host memory the tier may take, read from the machine by default: a bound, not a setting",
 }
