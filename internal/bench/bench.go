@@ -76,11 +76,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	}
 	for _, typ := range cfg.Types {
 		spec := builtin.Spec{Arch: cfg.Arch, Size: cfg.Size, Seed: builtin.DefaultSeed, Type: typ}
-		path, err := builtin.Ensure(cfg.Home, spec)
-		if err != nil {
-			return nil, err
-		}
-		m, err := model.Open(path)
+		m, path, err := openBuiltin(cfg.Home, spec)
 		if err != nil {
 			return nil, err
 		}
@@ -110,13 +106,7 @@ func measure(ctx context.Context, m *model.Model, typ kernels.DType, threads int
 	defer b.Close()
 	row := Row{Type: typ, Threads: threads}
 	rng := rand.New(rand.NewPCG(7, 7))
-	prompt := func(n int) []int32 {
-		p := make([]int32, n)
-		for i := range p {
-			p[i] = int32(3 + rng.IntN(m.Config.VocabSize-3)) // skip control tokens
-		}
-		return p
-	}
+	prompt := func(n int) []int32 { return randTokens(rng, n, m.Config.VocabSize) }
 	run := func(reqs []runner.Request) (runner.Stats, error) {
 		kv := 0
 		for _, q := range reqs {

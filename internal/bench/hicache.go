@@ -102,60 +102,30 @@ const (
 const speedMsg = 16
 
 func (c *HiCacheConfig) setDefaults(mc model.Config) {
-	if c.Size == "" {
-		c.Size = builtin.SizeSmall
+	setDefault(&c.Size, builtin.SizeSmall)
+	setDefault(&c.TP, 1)
+	setDefault(&c.Threads, max(1, runtime.NumCPU()/c.TP))
+	setDefault(&c.PageSize, 16)
+	setDefault(&c.MaxTokens, 8)
+	setDefault(&c.RequestTimeout, 5*time.Minute)
+	setDefault(&c.Seed, 1)
+	setDefault(&c.Sessions, 60)
+	setDefault(&c.RequestsPerCell, 1000)
+	setDefault(&c.Runs, 3)
+	setDefault(&c.Turns, 6)
+	if mc.Indexer != nil {
+		setDefault(&c.System, mc.Indexer.TopK+32)
 	}
-	if c.TP <= 0 {
-		c.TP = 1
-	}
-	if c.Threads <= 0 {
-		c.Threads = max(1, runtime.NumCPU()/c.TP)
-	}
-	if c.PageSize <= 0 {
-		c.PageSize = 16
-	}
-	if c.MaxTokens <= 0 {
-		c.MaxTokens = 8
-	}
-	if c.RequestTimeout <= 0 {
-		c.RequestTimeout = 5 * time.Minute
-	}
-	if c.Seed == 0 {
-		c.Seed = 1
-	}
-	if c.Sessions <= 0 {
-		c.Sessions = 60
-	}
-	if c.RequestsPerCell <= 0 {
-		c.RequestsPerCell = 1000
-	}
-	if c.Runs <= 0 {
-		c.Runs = 3
-	}
-	if c.Turns <= 0 {
-		c.Turns = 6
-	}
-	if c.System <= 0 && mc.Indexer != nil {
-		c.System = mc.Indexer.TopK + 32
-	}
-	if c.MaxRunning <= 0 {
-		c.MaxRunning = 8
-	}
+	setDefault(&c.MaxRunning, 8)
 	if len(c.Precisions) == 0 {
 		c.Precisions = []kernels.IndexKDType{kernels.IndexFP8, kernels.IndexBF16}
 	}
 	if len(c.LoadBandwidths) == 0 {
 		c.LoadBandwidths = []int64{0}
 	}
-	if c.Prefix <= 0 {
-		c.Prefix = 1024
-	}
-	if c.SpeedSessions <= 0 {
-		c.SpeedSessions = 4
-	}
-	if c.SpeedTurns <= 0 {
-		c.SpeedTurns = 8
-	}
+	setDefault(&c.Prefix, 1024)
+	setDefault(&c.SpeedSessions, 4)
+	setDefault(&c.SpeedTurns, 8)
 }
 
 // HiCacheRun is one run of the incident workload on a fresh engine.
@@ -183,10 +153,7 @@ type HiCacheRun struct {
 
 // Share is the share of compared outputs that differ.
 func (r HiCacheRun) Share() float64 {
-	if r.Compared == 0 {
-		return 0
-	}
-	return float64(r.Differ) / float64(r.Compared)
+	return ratio(float64(r.Differ), float64(r.Compared))
 }
 
 // LoadPerStep is a load's mean duration (pacing included) over a forward
@@ -266,18 +233,12 @@ type HiCacheSpeed struct {
 
 // TTFTRatio is a host hit's TTFT p50 over recompute's.
 func (s HiCacheSpeed) TTFTRatio() float64 {
-	if s.RecomputeP50 <= 0 {
-		return 0
-	}
-	return s.HitP50 / s.RecomputeP50
+	return ratio(s.HitP50, s.RecomputeP50)
 }
 
 // CopyRatio is the loader's rate over the plain copy's.
 func (s HiCacheSpeed) CopyRatio() float64 {
-	if s.CopyMBs <= 0 {
-		return 0
-	}
-	return s.LoaderMBs / s.CopyMBs
+	return ratio(s.LoaderMBs, s.CopyMBs)
 }
 
 // HiCacheReport is a whole HiCache benchmark run.
@@ -331,17 +292,13 @@ func RunHiCache(ctx context.Context, cfg HiCacheConfig, progress io.Writer) (rep
 	if n := cfg.Prefix + (2+cfg.SpeedTurns)*speedMsg + cfg.MaxTokens; !cfg.SkipSpeed && n > mc.ContextLen {
 		return rep, fmt.Errorf("bench: the speed part's prompts (%d-token prefix, %d turns of %d tokens) plus %d to generate exceed the context length %d", cfg.Prefix, 2+cfg.SpeedTurns, speedMsg, cfg.MaxTokens, mc.ContextLen)
 	}
-	path, err := builtin.Ensure(cfg.Home, builtin.Spec{Arch: model.ArchLlamaDSA, Size: cfg.Size, Seed: builtin.DefaultSeed, Type: cfg.Type})
-	if err != nil {
-		return rep, err
-	}
-	m, err := model.Open(path)
+	m, path, err := openBuiltin(cfg.Home, builtin.Spec{Arch: model.ArchLlamaDSA, Size: cfg.Size, Seed: builtin.DefaultSeed, Type: cfg.Type})
 	if err != nil {
 		return rep, err
 	}
 	defer m.Close()
 	rep = HiCacheReport{Config: cfg, Model: m.Config, ModelFile: path}
-	log := slog.New(slog.NewTextHandler(progress, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := warnLog(progress)
 	fmt.Fprintf(progress, "hicache bench: llama-dsa %s (%v), TP %d, %d thread(s) per rank\n", cfg.Size, cfg.Type, cfg.TP, cfg.Threads)
 	if !cfg.SkipIncident {
 		if err := runIncident(ctx, m, &rep, log, progress); err != nil {
@@ -367,14 +324,7 @@ type hcScript struct {
 }
 
 func newScript(seed uint64, sysLen, requests, turns, vocab int) hcScript {
-	tok := func(rng *rand.Rand, n int) []int32 {
-		p := make([]int32, n)
-		for i := range p {
-			p[i] = int32(3 + rng.IntN(vocab-3)) // skip the control tokens
-		}
-		return p
-	}
-	sys := tok(rand.New(rand.NewPCG(seed, 0)), sysLen)
+	sys := randTokens(rand.New(rand.NewPCG(seed, 0)), sysLen, vocab)
 	var s hcScript
 	for c := 0; requests > 0; c++ {
 		rng := rand.New(rand.NewPCG(seed, uint64(c)+1))
@@ -382,9 +332,9 @@ func newScript(seed uint64, sysLen, requests, turns, vocab int) hcScript {
 		var conv [][]int32
 		for t := 0; t < turns && requests > 0; t++ {
 			if t > 0 {
-				prompt = append(prompt, tok(rng, 8+rng.IntN(17))...) // the scripted reply
+				prompt = append(prompt, randTokens(rng, 8+rng.IntN(17), vocab)...) // the scripted reply
 			}
-			prompt = append(prompt, tok(rng, 6+rng.IntN(9))...) // the user's message
+			prompt = append(prompt, randTokens(rng, 6+rng.IntN(9), vocab)...) // the user's message
 			conv = append(conv, slices.Clone(prompt))
 			requests--
 		}
@@ -679,16 +629,9 @@ func runHiCacheSpeed(ctx context.Context, m *model.Model, cfg HiCacheConfig, log
 	prompts := make([][][]int32, cfg.SpeedSessions) // session → turn → prompt
 	for s := range prompts {
 		rng := rand.New(rand.NewPCG(cfg.Seed, 1<<32|uint64(s)))
-		tok := func(n int) []int32 {
-			p := make([]int32, n)
-			for i := range p {
-				p[i] = int32(3 + rng.IntN(m.Config.VocabSize-3))
-			}
-			return p
-		}
-		p := tok(cfg.Prefix)
+		p := randTokens(rng, cfg.Prefix, m.Config.VocabSize)
 		for range turns {
-			p = append(p, tok(speedMsg)...)
+			p = append(p, randTokens(rng, speedMsg, m.Config.VocabSize)...)
 			prompts[s] = append(prompts[s], slices.Clone(p))
 		}
 	}
@@ -874,7 +817,7 @@ func (r *HiCacheReport) Print(w io.Writer) {
 			fmt.Fprintf(tw, "%v\t%s\t%s\t%d\t%d\t%.2f%%\t%.2f%%\t%.2f%%\t%d\t%d\t%d\t%d\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t\n",
 				cell.IndexK, rateString(cell.LoadBandwidth), onOff(cell.Fault), len(cell.Runs), t.Requests/n, 100*mean, 100*lo, 100*hi,
 				t.Differ, t.Timeouts, t.Errors, t.HostHits/uint64(n), t.HitTokens/uint64(n),
-				1000*safeDiv(t.LoadSeconds, float64(t.Loads)), 1000*safeDiv(t.StepSeconds, float64(t.Steps)), t.LoadPerStep(),
+				1000*ratio(t.LoadSeconds, float64(t.Loads)), 1000*ratio(t.StepSeconds, float64(t.Steps)), t.LoadPerStep(),
 				t.WaitIndexK/float64(n), t.Elapsed.Seconds()/float64(n))
 		}
 		tw.Flush()
@@ -909,7 +852,7 @@ func (r *HiCacheReport) Print(w io.Writer) {
 		fmt.Fprintf(tw, "recompute (HiCache off)\t%d\t0\t%.0f\t%.1f\t%.1f\t\n", s.Measured, s.RecomputeComputed, s.RecomputeP50, s.RecomputeP99)
 		tw.Flush()
 		fmt.Fprintln(w)
-		fmt.Fprintf(w, "host hit TTFT p50 / recompute p50: %.2f (goal ≤ %.1f: %s); p99: %.2f\n", s.TTFTRatio(), HiCacheTTFTGoal, met(s.TTFTRatio() > 0 && s.TTFTRatio() <= HiCacheTTFTGoal), safeDiv(s.HitP99, s.RecomputeP99))
+		fmt.Fprintf(w, "host hit TTFT p50 / recompute p50: %.2f (goal ≤ %.1f: %s); p99: %.2f\n", s.TTFTRatio(), HiCacheTTFTGoal, met(s.TTFTRatio() > 0 && s.TTFTRatio() <= HiCacheTTFTGoal), ratio(s.HitP99, s.RecomputeP99))
 		fmt.Fprintf(w, "loader copy rate: %.0f MB/s (%d loads, %.1f MB in %.3fs), plain Go copy of the same bytes: %.0f MB/s; ratio %.2f (goal ≥ %.1f: %s)\n",
 			s.LoaderMBs, s.Loads, float64(s.LoadBytes)/1e6, s.LoadSeconds, s.CopyMBs, s.CopyRatio(), HiCacheCopyGoal, met(s.CopyRatio() >= HiCacheCopyGoal))
 		if s.Hits < s.Measured {
@@ -924,11 +867,4 @@ func met(ok bool) string {
 		return "met"
 	}
 	return "not met"
-}
-
-func safeDiv(a, b float64) float64 {
-	if b == 0 {
-		return 0
-	}
-	return a / b
 }

@@ -51,39 +51,19 @@ type PDConfig struct {
 }
 
 func (c *PDConfig) setDefaults() {
-	if c.Arch == "" {
-		c.Arch = model.ArchLlama
-	}
-	if c.Size == "" {
-		c.Size = builtin.SizeSmall
-	}
-	if c.TP <= 0 {
-		c.TP = 1
-	}
-	if c.Threads <= 0 {
-		c.Threads = max(1, runtime.NumCPU()/c.TP)
-	}
+	setDefault(&c.Arch, model.ArchLlama)
+	setDefault(&c.Size, builtin.SizeSmall)
+	setDefault(&c.TP, 1)
+	setDefault(&c.Threads, max(1, runtime.NumCPU()/c.TP))
 	if len(c.Prompts) == 0 {
 		c.Prompts = []int{128, 1024}
 	}
-	if c.Requests <= 0 {
-		c.Requests = 8
-	}
-	if c.MaxTokens <= 0 {
-		c.MaxTokens = 8
-	}
-	if c.RequestTimeout <= 0 {
-		c.RequestTimeout = 2 * time.Minute
-	}
-	if c.TransportTime <= 0 {
-		c.TransportTime = 2 * time.Second
-	}
-	if c.TransportTokens <= 0 {
-		c.TransportTokens = 256
-	}
-	if c.Seed == 0 {
-		c.Seed = 1
-	}
+	setDefault(&c.Requests, 8)
+	setDefault(&c.MaxTokens, 8)
+	setDefault(&c.RequestTimeout, 2*time.Minute)
+	setDefault(&c.TransportTime, 2*time.Second)
+	setDefault(&c.TransportTokens, 256)
+	setDefault(&c.Seed, 1)
 }
 
 // PDLength is the outcome of one prompt length.
@@ -105,10 +85,7 @@ type PDLength struct {
 
 // Ratio is the PD TTFT p50 over the colocated one.
 func (l PDLength) Ratio() float64 {
-	if l.ColP50 <= 0 {
-		return 0
-	}
-	return l.PDP50 / l.ColP50
+	return ratio(l.PDP50, l.ColP50)
 }
 
 // PDTransport compares the ZeroMQ link carrying real KV_CHUNK messages
@@ -126,10 +103,7 @@ type PDTransport struct {
 
 // Ratio is ZMQ over Raw.
 func (t PDTransport) Ratio() float64 {
-	if t.Raw <= 0 {
-		return 0
-	}
-	return t.ZMQ / t.Raw
+	return ratio(t.ZMQ, t.Raw)
 }
 
 // PDRatioGoal is the transport ratio the project aims at.
@@ -172,11 +146,7 @@ func RunPD(ctx context.Context, cfg PDConfig, progress io.Writer) (rep PDReport,
 			return rep, fmt.Errorf("bench: prompt of %d tokens plus %d to generate exceeds the context length %d", n, cfg.MaxTokens, mc.ContextLen)
 		}
 	}
-	path, err := builtin.Ensure(cfg.Home, builtin.Spec{Arch: cfg.Arch, Size: cfg.Size, Seed: builtin.DefaultSeed, Type: cfg.Type})
-	if err != nil {
-		return rep, err
-	}
-	m, err := model.Open(path)
+	m, path, err := openBuiltin(cfg.Home, builtin.Spec{Arch: cfg.Arch, Size: cfg.Size, Seed: builtin.DefaultSeed, Type: cfg.Type})
 	if err != nil {
 		return rep, err
 	}
@@ -308,7 +278,7 @@ func serveRegistry(e *serve.Engine, tp int, progress io.Writer) (string, func(),
 	if err != nil {
 		return "", nil, err
 	}
-	log := slog.New(slog.NewTextHandler(progress, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := warnLog(progress)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	done := make(chan struct{})
 	go func() { srv.Serve(ln); close(done) }()

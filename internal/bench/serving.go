@@ -144,33 +144,17 @@ func (r *ServingReport) ratio(c int, f func(ServingLevel) float64) (float64, boo
 }
 
 func (c *ServingConfig) setDefaults() {
-	if c.Arch == "" {
-		c.Arch = model.ArchLlama
-	}
-	if c.Size == "" {
-		c.Size = builtin.SizeSmall
-	}
-	if c.Threads <= 0 {
-		c.Threads = runtime.NumCPU()
-	}
-	if c.MaxRunning <= 0 {
-		c.MaxRunning = 64
-	}
+	setDefault(&c.Arch, model.ArchLlama)
+	setDefault(&c.Size, builtin.SizeSmall)
+	setDefault(&c.Threads, runtime.NumCPU())
+	setDefault(&c.MaxRunning, 64)
 	if len(c.Concurrency) == 0 {
 		c.Concurrency = []int{1, 8, 32, 64}
 	}
-	if c.PromptLen <= 0 {
-		c.PromptLen = 128
-	}
-	if c.MaxTokens <= 0 {
-		c.MaxTokens = 64
-	}
-	if c.RequestTimeout <= 0 {
-		c.RequestTimeout = 10 * time.Minute
-	}
-	if c.Seed == 0 {
-		c.Seed = 1
-	}
+	setDefault(&c.PromptLen, 128)
+	setDefault(&c.MaxTokens, 64)
+	setDefault(&c.RequestTimeout, 10*time.Minute)
+	setDefault(&c.Seed, 1)
 }
 
 // requestsAt is the number of requests run at concurrency conc.
@@ -201,11 +185,7 @@ func RunServing(ctx context.Context, cfg ServingConfig, progress io.Writer) (rep
 	if n := cfg.PromptLen + cfg.MaxTokens; n > mc.ContextLen {
 		return rep, fmt.Errorf("bench: prompt of %d tokens plus %d to generate exceeds the context length %d", cfg.PromptLen, cfg.MaxTokens, mc.ContextLen)
 	}
-	path, err := builtin.Ensure(cfg.Home, builtin.Spec{Arch: cfg.Arch, Size: cfg.Size, Seed: builtin.DefaultSeed, Type: cfg.Type})
-	if err != nil {
-		return rep, err
-	}
-	m, err := model.Open(path)
+	m, path, err := openBuiltin(cfg.Home, builtin.Spec{Arch: cfg.Arch, Size: cfg.Size, Seed: builtin.DefaultSeed, Type: cfg.Type})
 	if err != nil {
 		return rep, err
 	}
@@ -223,7 +203,7 @@ func RunServing(ctx context.Context, cfg ServingConfig, progress io.Writer) (rep
 	}
 	defer eng.Close()
 
-	log := slog.New(slog.NewTextHandler(progress, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := warnLog(progress)
 	h := server.New(eng, m, server.Options{ModelPath: path, Logger: log})
 	base, stop, err := listen(h, eng, log)
 	if err != nil {
