@@ -33,13 +33,22 @@ func TestRunTiny(t *testing.T) {
 			t.Errorf("row %+v has a non-positive figure", r)
 		}
 	}
+	checkReport(t, rep.Print, "built-in llama-dsa tiny model (dim 64, 2 layers, vocab 512)", "Q8_0", "batch-4 tok/s", "DRAM read bandwidth")
+}
+
+// checkReport prints a report through print, logs it and checks that it
+// says each of wants; it returns the report.
+func checkReport(t *testing.T, print func(io.Writer), wants ...string) string {
+	t.Helper()
 	var out bytes.Buffer
-	rep.Print(&out)
-	for _, want := range []string{"built-in llama-dsa tiny model (dim 64, 2 layers, vocab 512)", "Q8_0", "batch-4 tok/s", "DRAM read bandwidth"} {
+	print(&out)
+	t.Log(out.String())
+	for _, want := range wants {
 		if !strings.Contains(out.String(), want) {
-			t.Errorf("report lacks %q:\n%s", want, out.String())
+			t.Errorf("report lacks %q", want)
 		}
 	}
+	return out.String()
 }
 
 // TestStepWeightBytes counts every matrix a decode step reads, once.

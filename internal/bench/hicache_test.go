@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -72,15 +71,8 @@ func TestRunHiCacheTiny(t *testing.T) {
 	if sp.LoadBytes == 0 || !(sp.LoaderMBs > 0) || !(sp.CopyMBs > 0) {
 		t.Errorf("speed: loader %d bytes at %.0f MB/s, copy %.0f MB/s", sp.LoadBytes, sp.LoaderMBs, sp.CopyMBs)
 	}
-	var out bytes.Buffer
-	rep.Print(&out)
-	t.Log(out.String())
-	for _, want := range []string{"index-K race", "unlimited", "64MiB/s", "differ mean", "host hits/run", "host hit TTFT p50 / recompute p50", "plain Go copy"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("report lacks %q", want)
-		}
-	}
-	if strings.Contains(out.String(), "FAIL") {
+	out := checkReport(t, rep.Print, "index-K race", "unlimited", "64MiB/s", "differ mean", "host hits/run", "host hit TTFT p50 / recompute p50", "plain Go copy")
+	if strings.Contains(out, "FAIL") {
 		t.Error("report says FAIL")
 	}
 }

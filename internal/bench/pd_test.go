@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"strings"
@@ -62,14 +61,7 @@ func TestRunPDTiny(t *testing.T) {
 	if !(tr.ZMQ > 0 && tr.Raw > 0 && tr.Ratio() > 0 && tr.ZMQElapsed > 0 && tr.RawElapsed > 0) {
 		t.Errorf("a non-positive transport figure: %+v", tr)
 	}
-	var out bytes.Buffer
-	rep.Print(&out)
-	for _, s := range []string{"PD/colocated", "ZeroMQ KV_CHUNK", "raw TCP", "goal ≥ 0.8", "KV path", "zero-copy cgo shim", "control messages use pebbe/zmq4"} {
-		if !strings.Contains(out.String(), s) {
-			t.Errorf("report lacks %q", s)
-		}
-	}
-	t.Log(out.String())
+	checkReport(t, rep.Print, "PD/colocated", "ZeroMQ KV_CHUNK", "raw TCP", "goal ≥ 0.8", "KV path", "zero-copy cgo shim", "control messages use pebbe/zmq4")
 }
 
 // A prompt longer than the context is refused before anything starts.

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"strings"
@@ -55,14 +54,7 @@ func TestRunServingTiny(t *testing.T) {
 	if _, ok := rep.Speedup(32); ok {
 		t.Error("Speedup(32) reported for a level that did not run")
 	}
-	var out bytes.Buffer
-	rep.Print(&out)
-	t.Log(out.String())
-	for _, want := range []string{"built-in llama tiny model", "output tok/s", "TTFT p99 ms", "ITL p50 ms"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("report lacks %q:\n%s", want, out.String())
-		}
-	}
+	checkReport(t, rep.Print, "built-in llama tiny model", "output tok/s", "TTFT p99 ms", "ITL p50 ms")
 }
 
 // TestRunServingRefuses checks the settings refused before a server starts.
