@@ -33,12 +33,8 @@ type Loader struct {
 	inFlight map[Key]*Load // queued or running, by key
 	closed   bool
 
-	kick   chan struct{} // a load was queued
-	stop   chan struct{} // closed by Close
-	exited chan struct{} // closed when the goroutine returns
-
-	loads, bytes, failures atomic.Uint64
-	nanos                  atomic.Int64
+	worker
+	tally copyTally // loads that landed
 }
 
 // NewLoader starts a loader from host into dev with slots ring slots
@@ -56,9 +52,7 @@ func NewLoader(host *HostPool, dev *kvcache.Pool, slots int) (*Loader, error) {
 		layers:   host.layout.Layers,
 		ring:     newRing(slots),
 		inFlight: make(map[Key]*Load),
-		kick:     make(chan struct{}, 1),
-		stop:     make(chan struct{}),
-		exited:   make(chan struct{}),
+		worker:   newWorker(),
 	}
 	ld.hold.init()
 	go ld.run()
@@ -77,7 +71,7 @@ func (ld *Loader) SetBandwidth(bytesPerSecond int64) {
 // spent running loads (paced sleeps included), and loads that stopped
 // before their last layer (aborted, closed).
 func (ld *Loader) Stats() (loads, bytes, failures uint64, seconds float64) {
-	return ld.loads.Load(), ld.bytes.Load(), ld.failures.Load(), time.Duration(ld.nanos.Load()).Seconds()
+	return ld.tally.totals()
 }
 
 // Bandwidth is the current pacing budget in bytes per second, 0 unlimited.
@@ -166,10 +160,7 @@ func (ld *Loader) submit(keys []Key, devPages []int32) (*Load, <-chan struct{}, 
 	for _, k := range keys {
 		ld.inFlight[k] = l
 	}
-	select {
-	case ld.kick <- struct{}{}:
-	default:
-	}
+	ld.wake()
 	return l, nil, nil
 }
 
@@ -229,13 +220,7 @@ func (ld *Loader) run() {
 		}
 		start := time.Now()
 		err := ld.copyLayers(l)
-		ld.nanos.Add(int64(time.Since(start)))
-		if err != nil {
-			ld.failures.Add(1)
-		} else {
-			ld.loads.Add(1)
-			ld.bytes.Add(uint64(len(l.hostPages) * ld.host.layout.PageBytes))
-		}
+		ld.tally.record(start, len(l.hostPages)*ld.host.layout.PageBytes, err)
 		ld.mu.Lock()
 		ld.finish(l, err)
 		ld.mu.Unlock()
@@ -258,10 +243,7 @@ func (ld *Loader) next() *Load {
 			return l
 		}
 		ld.mu.Unlock()
-		select {
-		case <-ld.kick:
-		case <-ld.stop:
-		}
+		ld.idle()
 	}
 }
 

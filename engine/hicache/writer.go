@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/pdkit/pdkit/engine/kvcache"
@@ -26,12 +25,8 @@ type Writer struct {
 	queue  []*Backup
 	closed bool
 
-	kick   chan struct{}
-	stop   chan struct{}
-	exited chan struct{}
-
-	backups, bytes, failures atomic.Uint64
-	nanos                    atomic.Int64
+	worker
+	tally copyTally // backups
 }
 
 // Backup is one queued or finished copy of device pages to the host pool.
@@ -50,7 +45,7 @@ func NewWriter(host *HostPool, dev *kvcache.Pool) (*Writer, error) {
 	if !host.layout.matches(dev.Config()) {
 		return nil, fmt.Errorf("%w: device pool %+v for host layout %+v", ErrShape, dev.Config(), host.layout)
 	}
-	w := &Writer{host: host, dev: dev, kick: make(chan struct{}, 1), stop: make(chan struct{}), exited: make(chan struct{})}
+	w := &Writer{host: host, dev: dev, worker: newWorker()}
 	go w.run()
 	return w, nil
 }
@@ -68,10 +63,7 @@ func (w *Writer) Submit(key Key, devPages []int32) (*Backup, error) {
 		return nil, ErrClosed
 	}
 	w.queue = append(w.queue, b)
-	select {
-	case w.kick <- struct{}{}:
-	default:
-	}
+	w.wake()
 	return b, nil
 }
 
@@ -111,7 +103,7 @@ func (b *Backup) Wait(ctx context.Context) (evicted []Key, err error) {
 // copying and backups that failed (host pool full of pinned entries,
 // writer closed).
 func (w *Writer) Stats() (backups, bytes, failures uint64, seconds float64) {
-	return w.backups.Load(), w.bytes.Load(), w.failures.Load(), time.Duration(w.nanos.Load()).Seconds()
+	return w.tally.totals()
 }
 
 // Close fails every queued backup with ErrClosed, lets a running one finish
@@ -124,7 +116,7 @@ func (w *Writer) Close() {
 		close(w.stop)
 		for _, b := range w.queue {
 			b.err = fmt.Errorf("%w: backup of key %d", ErrClosed, b.key)
-			w.failures.Add(1)
+			w.tally.failures.Add(1)
 			close(b.done)
 		}
 		w.queue = nil
@@ -143,10 +135,7 @@ func (w *Writer) run() {
 		}
 		if len(w.queue) == 0 {
 			w.mu.Unlock()
-			select {
-			case <-w.kick:
-			case <-w.stop:
-			}
+			w.idle()
 			continue
 		}
 		b := w.queue[0]
@@ -155,13 +144,7 @@ func (w *Writer) run() {
 
 		start := time.Now()
 		b.evicted, b.err = w.host.Backup(b.key, w.dev, b.devPages)
-		w.nanos.Add(int64(time.Since(start)))
-		if b.err != nil {
-			w.failures.Add(1)
-		} else {
-			w.backups.Add(1)
-			w.bytes.Add(uint64(len(b.devPages) * w.host.layout.PageBytes))
-		}
+		w.tally.record(start, len(b.devPages)*w.host.layout.PageBytes, b.err)
 		close(b.done)
 	}
 }
