@@ -911,3 +911,96 @@ func (c *Cache) checkTier() error {
 	}
 	return nil
 }
+
+// Offload moves the cached prefix of tokens (its whole pages, as far as the
+// tree has them on the device) to the host tier: every node on the path is
+// backed up (the writer's copies are waited for), then what hangs below the
+// path on the device goes (all of it, or nothing if some of it is in use),
+// and the path is taken off the device deepest first, as Evict would take
+// it, for as long as its nodes are evictable and have no other child on the
+// device. A node whose backup
+// failed (host pool full of pinned entries) goes instead of staying on host.
+// Which nodes leave the device depends on the device state alone, so ranks
+// that agree on it still do after Offload. It returns the tokens of the path
+// that are host-only afterwards. Operators and tests use it to make the next
+// request with that prefix load it back.
+func (c *Cache) Offload(ctx context.Context, tokens []int32) (int, error) {
+	if c.tier.host == nil {
+		return 0, ErrNoHost
+	}
+	c.reap()
+	var path []*node
+	nd := c.root
+	for n := 0; len(tokens)-n >= c.ps; n += c.ps {
+		ch := nd.children[blockKey(tokens[n:n+c.ps])]
+		if ch == nil || ch.page < 0 || ch.loading != nil {
+			break
+		}
+		path = append(path, ch)
+		nd = ch
+	}
+	for _, x := range path {
+		if !x.onHost && x.backup == nil {
+			c.queueBackup(x)
+		}
+	}
+	for _, x := range path {
+		if x.backup != nil {
+			if err := c.waitBackup(ctx, x); err != nil {
+				return 0, fmt.Errorf("prefix: offload: %w", err)
+			}
+		}
+	}
+	var freed []int32
+	takeOff := func(x *node) {
+		freed = append(freed, x.page)
+		delete(c.byPage, x.page)
+		if x.onHost {
+			x.page = -1
+		} else {
+			c.drop(x)
+		}
+	}
+	// What hangs below the path on the device (the cached continuations
+	// of the prompt) goes first, children before parents, if all of it
+	// can: the device stays path-closed.
+	if len(path) > 0 {
+		var below []*node
+		var walk func(*node) bool
+		walk = func(x *node) bool {
+			for _, ch := range x.children {
+				if ch.page < 0 {
+					continue
+				}
+				if !walk(ch) || !c.evictable(ch) || ch.loading != nil || ch.backup != nil {
+					return false
+				}
+				below = append(below, ch)
+			}
+			return true
+		}
+		if !walk(path[len(path)-1]) {
+			below, path = nil, nil
+		}
+		for _, x := range below {
+			takeOff(x)
+		}
+	}
+	for i := len(path) - 1; i >= 0; i-- {
+		x := path[i]
+		if !c.evictable(x) || c.hasDeviceChild(x) {
+			break
+		}
+		takeOff(x)
+	}
+	if err := c.pool.FreeCached(freed); err != nil {
+		panic(fmt.Sprintf("prefix: offload: %v", err)) // evictable pages are held by the cache alone
+	}
+	off := 0
+	for _, x := range path {
+		if x.parent != nil && x.page < 0 {
+			off += c.ps
+		}
+	}
+	return off, nil
+}

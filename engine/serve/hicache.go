@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -465,6 +466,84 @@ func (l *rankLoop) settle() error {
 	l.gated = l.gated[:0]
 	if err != nil {
 		return fmt.Errorf("serve: rank %d: %w", l.r, err)
+	}
+	return nil
+}
+
+// offloadOp is an Offload waiting for the loops.
+type offloadOp struct {
+	prompt []int32
+	done   chan offloadResult
+}
+
+type offloadResult struct {
+	tokens int
+	err    error
+}
+
+// ErrOffloadBusy: an offload is already waiting for the loops.
+var ErrOffloadBusy = errors.New("serve: an offload is already pending")
+
+// Offload moves the cached prefix of prompt to every rank's host tier (see
+// prefix.Cache.Offload), so that the next request with that prefix loads it
+// back: an operator's way to exercise, or to canary, the load-back path. It
+// returns the tokens now on host only on rank 0 (every rank offloads the
+// same pages; a backup may fail on one rank only, and then that rank drops
+// the page instead). The host tier must be on.
+func (e *Engine) Offload(ctx context.Context, prompt []int32) (int, error) {
+	if ts := e.HiCache(); len(ts) == 0 || !ts[0].On {
+		return 0, errors.New("serve: offload needs the host tier (hicache) on")
+	}
+	if len(prompt) == 0 {
+		return 0, errors.New("serve: offload of an empty prompt")
+	}
+	op := &offloadOp{prompt: slices.Clone(prompt), done: make(chan offloadResult, 1)}
+	e.mu.Lock()
+	switch {
+	case e.closed:
+		e.mu.Unlock()
+		return 0, errors.New("serve: engine closed")
+	case e.offloadOp != nil:
+		e.mu.Unlock()
+		return 0, ErrOffloadBusy
+	}
+	e.offloadOp = op
+	e.mu.Unlock()
+	e.poke()
+	select {
+	case res := <-op.done:
+		return res.tokens, res.err
+	case <-ctx.Done():
+		return 0, fmt.Errorf("serve: offload: %w", ctx.Err())
+	case <-e.done:
+		return 0, errors.New("serve: engine stopped during an offload")
+	}
+}
+
+// applyOffload runs the step input's offload on this rank; rank 0 reports.
+func (l *rankLoop) applyOffload(prompt []int32) error {
+	if l.cache == nil {
+		return nil
+	}
+	var res offloadResult
+	if l.cache.Attached() {
+		ctx, cancel := context.WithTimeout(ctx, time.Minute)
+		res.tokens, res.err = l.cache.Offload(ctx, prompt)
+		cancel()
+	} else {
+		res.err = errors.New("serve: offload: the host tier went off")
+	}
+	if res.err != nil && !errors.Is(res.err, prefix.ErrNoHost) {
+		return fmt.Errorf("serve: rank %d: %w", l.r, res.err) // the writer is stuck
+	}
+	if l.r == 0 {
+		l.e.mu.Lock()
+		op := l.e.offloadOp
+		l.e.offloadOp = nil
+		l.e.mu.Unlock()
+		if op != nil {
+			op.done <- res
+		}
 	}
 	return nil
 }

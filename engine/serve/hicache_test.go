@@ -323,3 +323,49 @@ func TestHiCacheLiveToggles(t *testing.T) {
 	}
 	closeAndCheckCaches(t, e)
 }
+
+// Offload sends a cached prefix to host so that the next request loads it
+// back (a canary's way to exercise the path), and NoCache computes a prompt
+// from scratch: all three runs of the prompt give the same tokens, the
+// second with a host hit, the third reading no cached token.
+func TestOffloadAndNoCache(t *testing.T) {
+	m := tinyModel(t)
+	for _, n := range []int{1, 2} {
+		t.Run(fmt.Sprint("tp", n), func(t *testing.T) {
+			e := newEngine(t, m, Config{TP: n, PageSize: 4, KVTokens: 256, IndexK: kernels.IndexBF16,
+				HiCache: HiCacheConfig{Enabled: true, Ratio: 2}})
+			p := testmodel.Prompts(81, 1, 30, 30, m.Config.VocabSize)[0]
+			run := func(noCache bool) []int32 {
+				s, err := e.Submit(context.Background(), Request{Prompt: p, MaxTokens: 4, IgnoreEOS: true, NoCache: noCache})
+				if err != nil {
+					t.Fatal(err)
+				}
+				toks, _ := collect(t, s, 20*time.Second)
+				return toks
+			}
+			first := run(false)
+			got, err := e.Offload(context.Background(), p)
+			if err != nil || got < 24 {
+				t.Fatalf("Offload = %d tokens, %v; want the prompt's whole pages", got, err)
+			}
+			hits := func() (h uint64) {
+				for _, ts := range e.HiCache() {
+					h += ts.Totals.HostHits
+				}
+				return h
+			}
+			before, cached := hits(), e.Snapshot().Totals.CachedTokens
+			if second := run(false); !slices.Equal(second, first) || hits() != before+uint64(n) {
+				t.Fatalf("after the offload: %v (first %v), host hits %d → %d", second, first, before, hits())
+			}
+			cached2 := e.Snapshot().Totals.CachedTokens
+			if cached2 <= cached {
+				t.Fatal("the request after the offload read nothing cached")
+			}
+			if third := run(true); !slices.Equal(third, first) || e.Snapshot().Totals.CachedTokens != cached2 {
+				t.Fatalf("no-cache run: %v (first %v), cached tokens %d → %d", third, first, cached2, e.Snapshot().Totals.CachedTokens)
+			}
+			checkPools(t, e)
+		})
+	}
+}

@@ -169,13 +169,16 @@ func (e *Engine) takeInbox(admit bool) stepInput {
 		aborts = keep
 	}
 	in.tier, e.tierOp = e.tierOp, nil
+	if op := e.offloadOp; op != nil {
+		in.offload = op.prompt // the op stays until rank 0 has run it
+	}
 	e.mu.Unlock()
 	for _, r := range pending {
 		e.front[r.id] = r
 		for _, f := range r.forks {
 			e.front[f.id] = f
 		}
-		a := addMsg{id: r.id, maxTokens: r.req.MaxTokens, ignoreEOS: r.req.IgnoreEOS, prompt: r.req.Prompt, stop: r.req.Stop, n: 1 + len(r.forks)}
+		a := addMsg{id: r.id, maxTokens: r.req.MaxTokens, ignoreEOS: r.req.IgnoreEOS, prompt: r.req.Prompt, stop: r.req.Stop, n: 1 + len(r.forks), noCache: r.req.NoCache}
 		if pd := r.req.PD; pd != nil {
 			a.pd, a.room, a.url = true, pd.Room, pd.BootstrapURL
 			if e.cfg.Role == pdproto.RolePrefill {
@@ -339,6 +342,11 @@ func (l *rankLoop) arrive(in stepInput) ([]addMsg, error) {
 			return nil, err
 		}
 	}
+	if in.offload != nil {
+		if err := l.applyOffload(in.offload); err != nil {
+			return nil, err
+		}
+	}
 	var adds []addMsg
 	for _, a := range in.adds {
 		if a.n > 1 {
@@ -438,6 +446,9 @@ func (l *rankLoop) admit(adds []addMsg) error {
 	n := make([]int64, 3*k) // device, total, -device
 	if l.cache != nil {
 		for i, a := range adds {
+			if a.noCache {
+				continue // matches nothing: every rank admits it at 0
+			}
 			hm := l.cache.MatchHost(a.prompt[:len(a.prompt)-1])
 			hms[i] = hm
 			n[i], n[k+i], n[2*k+i] = int64(hm.N), int64(hm.N+hm.Host), -int64(hm.N)

@@ -168,6 +168,10 @@ type Request struct {
 	// seed Sampling.Seed+i) and every rank forks N-1 sequences from the
 	// prompt's KV, which then decode on their own.
 	N int
+	// NoCache computes the whole prompt: the request reads nothing from the
+	// prefix cache or its host tier (its pages still go to the cache when
+	// it ends). A reference, or a canary, that must not depend on cached KV.
+	NoCache bool
 }
 
 // MaxN bounds Request.N.
@@ -313,6 +317,8 @@ type Engine struct {
 	// indexKOp is an index-K precision switch draining the engine, nil
 	// when none (indexk.go).
 	indexKOp *indexKOp
+	// offloadOp is an Offload for the loops, nil when none (hicache.go).
+	offloadOp *offloadOp
 	wake     chan struct{} // capacity 1: the inbox changed
 
 	// The inbox as Health sees it without the lock.

@@ -26,6 +26,8 @@ type stepInput struct {
 	// (indexk.go); the ranks hold no request then.
 	switchIndexK bool
 	indexK       kernels.IndexKDType
+	// offload is an Offload's prompt (hicache.go), nil when none.
+	offload []int32
 }
 
 // addMsg is a new request as the ranks need it (the sampler and the stream
@@ -40,6 +42,7 @@ type addMsg struct {
 	room      uint64 // bootstrap room
 	url       string // the prefill's bootstrap registry (decode role)
 	n         int    // samples (Request.N, at least 1): ids id..id+n-1
+	noCache   bool   // Request.NoCache
 }
 
 // stepOutput closes a step that ran a forward pass.
@@ -74,6 +77,7 @@ func (m *stepInput) encode(b []byte) []byte {
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(a.url)))
 		b = append(b, a.url...)
 		b = binary.LittleEndian.AppendUint32(b, uint32(a.n))
+		b = appendBool(b, a.noCache)
 	}
 	b = appendAborts(b, m.aborts)
 	switch {
@@ -86,13 +90,14 @@ func (m *stepInput) encode(b []byte) []byte {
 		b = binary.LittleEndian.AppendUint64(b, uint64(m.tier.pages))
 	}
 	b = appendBool(b, m.switchIndexK)
-	return append(b, byte(m.indexK))
+	b = append(b, byte(m.indexK))
+	return appendTokens(b, m.offload)
 }
 
 func (m *stepInput) decode(b []byte) error {
 	r := reader{b: b}
 	*m = stepInput{now: time.Duration(r.u64()), stop: r.bool()}
-	n := r.count(8 + 4 + 1 + 4 + 4 + 1 + 8 + 4 + 4)
+	n := r.count(8 + 4 + 1 + 4 + 4 + 1 + 8 + 4 + 4 + 1)
 	for range n {
 		a := addMsg{id: r.u64(), maxTokens: int(r.u32()), ignoreEOS: r.bool()}
 		a.prompt = r.tokens()
@@ -101,6 +106,7 @@ func (m *stepInput) decode(b []byte) error {
 		a.room = r.u64()
 		a.url = string(r.take(r.count(1)))
 		a.n = int(r.u32())
+		a.noCache = r.bool()
 		m.adds = append(m.adds, a)
 	}
 	m.aborts = r.aborts()
@@ -123,6 +129,9 @@ func (m *stepInput) decode(b []byte) error {
 		if m.switchIndexK && m.indexK != kernels.IndexFP8 && m.indexK != kernels.IndexBF16 {
 			return fmt.Errorf("%w: index-K precision %d", errWire, v[0])
 		}
+	}
+	if t := r.tokens(); len(t) > 0 {
+		m.offload = t
 	}
 	return r.done()
 }
