@@ -233,6 +233,32 @@ func (r *tierRig) nodeAt(tokens []int32, pages int) *node {
 	return nd
 }
 
+// offload serves tokens and evicts every device page to host; it returns
+// the bytes the pages held, for checking a load back.
+func (r *tierRig) offload(tokens []int32) [][]byte {
+	r.t.Helper()
+	want := kvtest.PageBytes(r.pool, r.serve(tokens))
+	r.c.Evict(r.pool.TotalPages())
+	return want
+}
+
+// hostKeys are the host keys of the nodes that end at tokens' pages 1 to n.
+func (r *tierRig) hostKeys(tokens []int32, n int) []hicache.Key {
+	r.t.Helper()
+	keys := make([]hicache.Key, n)
+	for i := range keys {
+		keys[i] = r.nodeAt(tokens, i+1).hkey
+	}
+	return keys
+}
+
+// holdNextLoad scribbles over the free pages, so that a page the next load
+// did not write shows, and parks that load at p.
+func (r *tierRig) holdNextLoad(p holdPoint) {
+	r.scribble()
+	p.set(r.ld)
+}
+
 // req is one request admitted through MatchHost and LoadBack.
 type req struct {
 	s      *kvcache.Seq
@@ -608,8 +634,7 @@ func TestLoadBackRestoresBytes(t *testing.T) {
 			// The tail only, after a device match.
 			r.c.Evict(1)
 			r.where(a, OnDevice, OnDevice, OnHost)
-			r.scribble()
-			hold.set(r.ld)
+			r.holdNextLoad(hold)
 			q := r.admit(prompt, 8, 4, 12)
 			waitHeld(t, r.ld, hold)
 			r.checkGates(q, hold, pagesOf(want, 2, 3, 3), 2)
@@ -622,8 +647,7 @@ func TestLoadBackRestoresBytes(t *testing.T) {
 			// Everything to host, then all of it back.
 			r.c.Evict(8)
 			r.where(a, OnHost, OnHost, OnHost)
-			r.scribble()
-			hold.set(r.ld)
+			r.holdNextLoad(hold)
 			q = r.admit(prompt, 0, 12, 12)
 			waitHeld(t, r.ld, hold)
 			r.checkGates(q, hold, want, 0)
@@ -708,9 +732,8 @@ func (r *tierRig) settled(q *req, want [][]byte) {
 func TestLoadBackUpTo(t *testing.T) {
 	r := newTierRig(t, 8, 8, WriteBack)
 	a := toks(12, 1)
-	want := kvtest.PageBytes(r.pool, r.serve(a))
-	r.c.Evict(8)
-	keys := []hicache.Key{r.nodeAt(a, 1).hkey, r.nodeAt(a, 2).hkey, r.nodeAt(a, 3).hkey}
+	want := r.offload(a)
+	keys := r.hostKeys(a, 3)
 
 	for _, bad := range []int{2, 16, -4} {
 		hm := r.c.MatchHost(a)
@@ -779,11 +802,9 @@ func (r *tierRig) unpinMatch(tokens []int32, hm HostMatch) {
 func TestConcurrentHitsShareOneLoad(t *testing.T) {
 	r := newTierRig(t, 8, 8, WriteBack)
 	a := toks(8, 1)
-	want := kvtest.PageBytes(r.pool, r.serve(a))
-	r.c.Evict(8)
-	r.scribble()
+	want := r.offload(a)
 	hold := holdPoint{0, false}
-	hold.set(r.ld)
+	r.holdNextLoad(hold)
 	qa := r.admit(a, 0, 8, 8)
 	waitHeld(t, r.ld, hold)
 	qb := r.admit(a, 8, 0, 8)     // the whole loading path
@@ -825,13 +846,11 @@ func TestConcurrentHitsShareOneLoad(t *testing.T) {
 func TestAbandonedLoadFreesPagesKeepsHost(t *testing.T) {
 	r := newTierRig(t, 8, 8, WriteBack)
 	a := toks(12, 1)
-	want := kvtest.PageBytes(r.pool, r.serve(a))
-	r.c.Evict(8)
-	keys := []hicache.Key{r.nodeAt(a, 1).hkey, r.nodeAt(a, 2).hkey, r.nodeAt(a, 3).hkey}
+	want := r.offload(a)
+	keys := r.hostKeys(a, 3)
 	free := r.pool.FreePages()
-	r.scribble()
 	hold := holdPoint{1, false}
-	hold.set(r.ld)
+	r.holdNextLoad(hold)
 	qa := r.admit(a, 0, 12, 12)
 	qb := r.admit(a, 12, 0, 12) // shares the load
 	waitHeld(t, r.ld, hold)
@@ -923,11 +942,9 @@ func TestStackedLoadsAbandonTogether(t *testing.T) {
 func TestPartlyReadLoadKeepsItsNodes(t *testing.T) {
 	r := newTierRig(t, 8, 8, WriteBack)
 	a := toks(8, 1)
-	want := kvtest.PageBytes(r.pool, r.serve(a))
-	r.c.Evict(8)
-	r.scribble()
+	want := r.offload(a)
 	hold := holdPoint{0, false}
-	hold.set(r.ld)
+	r.holdNextLoad(hold)
 	qa := r.admit(a, 0, 8, 8)
 	qc := r.admit(a[:5], 4, 0, 4) // the first node only
 	waitHeld(t, r.ld, hold)
