@@ -16,16 +16,8 @@ import (
 // the tier's on an engine without a prefix cache; lint-clean either way.
 func TestHiCacheMetrics(t *testing.T) {
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
-	eng, err := serve.New(m, withCPU(serve.Config{TP: 2, PageSize: 4, KVTokens: 64, MaxRunning: 2,
-		HiCache: serve.HiCacheConfig{Enabled: true, Ratio: 3, LoadBandwidth: 5e8}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
-	met := New(nil)
-	if err := met.Watch(eng); err != nil {
-		t.Fatal(err)
-	}
+	met := watched(t, m, serve.Config{TP: 2, PageSize: 4, KVTokens: 64, MaxRunning: 2,
+		HiCache: serve.HiCacheConfig{Enabled: true, Ratio: 3, LoadBandwidth: 5e8}})
 	met.HiCacheSwitched(false)
 	met.HiCacheSwitched(false)
 	v := values(t, met.Registry())
@@ -58,15 +50,7 @@ func TestHiCacheMetrics(t *testing.T) {
 	}
 	lint(t, met)
 
-	plain, err := serve.New(m, withCPU(serve.Config{PageSize: 4, DisablePrefixCache: true}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer plain.Close()
-	met = New(nil)
-	if err := met.Watch(plain); err != nil {
-		t.Fatal(err)
-	}
+	met = watched(t, m, serve.Config{PageSize: 4, DisablePrefixCache: true})
 	for k := range values(t, met.Registry()) {
 		if strings.HasPrefix(k, "pdkit_hicache_") && !strings.HasPrefix(k, "pdkit_hicache_switches_total") {
 			t.Errorf("an engine without a prefix cache exports %s", k)

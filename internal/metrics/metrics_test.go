@@ -27,6 +27,22 @@ func withCPU(cfg serve.Config) serve.Config {
 	return cfg
 }
 
+// watched starts an engine of m with cfg (withCPU) and returns a Metrics
+// watching it; the engine closes when the test ends.
+func watched(t *testing.T, m *model.Model, cfg serve.Config) *Metrics {
+	t.Helper()
+	eng, err := serve.New(m, withCPU(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	met := New(nil)
+	if err := met.Watch(eng); err != nil {
+		t.Fatal(err)
+	}
+	return met
+}
+
 func TestReason(t *testing.T) {
 	for in, want := range map[string]string{
 		"stop": "stop", "length": "length", "abort": "abort", "timeout": "timeout",

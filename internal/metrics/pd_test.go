@@ -164,15 +164,7 @@ func TestPDEngines(t *testing.T) {
 // A colocated engine exports no PD family.
 func TestColocatedHasNoPD(t *testing.T) {
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
-	eng, err := serve.New(m, withCPU(serve.Config{PageSize: 4}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
-	met := New(nil)
-	if err := met.Watch(eng); err != nil {
-		t.Fatal(err)
-	}
+	met := watched(t, m, serve.Config{PageSize: 4})
 	for k := range values(t, met.Registry()) {
 		if strings.HasPrefix(k, "pdkit_pd_") || strings.Contains(k, "_queue_reqs") || k == "pdkit_kv_transfer_bytes_total" {
 			t.Errorf("colocated engine exports %s", k)
