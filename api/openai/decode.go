@@ -72,7 +72,7 @@ func DecodeCompletion(r io.Reader, l Limits) (*CompletionRequest, *Error) {
 	} else {
 		f.fail(invalidf("prompt", `"prompt" is required`))
 	}
-	f.sampling(&req.Temperature, &req.TopP, &req.Seed, &req.Stop, &req.IgnoreEOS)
+	f.sampling(&req.Temperature, &req.TopP, &req.Seed, &req.Stop, &req.IgnoreEOS, &req.NoCache)
 	req.PD = f.pd()
 	req.MaxTokens = f.intp("max_tokens")
 	req.Stream = f.boolean("stream")
@@ -121,7 +121,7 @@ func DecodeChat(r io.Reader, l Limits) (*ChatCompletionRequest, *Error) {
 	} else {
 		f.fail(invalidf("messages", `"messages" is required`))
 	}
-	f.sampling(&req.Temperature, &req.TopP, &req.Seed, &req.Stop, &req.IgnoreEOS)
+	f.sampling(&req.Temperature, &req.TopP, &req.Seed, &req.Stop, &req.IgnoreEOS, &req.NoCache)
 	req.PD = f.pd()
 	req.MaxTokens = f.intp("max_tokens")
 	req.MaxCompletionTokens = f.intp("max_completion_tokens")
@@ -214,7 +214,9 @@ func (r *ChatCompletionRequest) Validate(l Limits) *Error {
 
 // Params returns r's sampling settings, with l's defaults for absent ones.
 func (r *CompletionRequest) Params(l Limits) Params {
-	return params(r.MaxTokens, l, r.Temperature, r.TopP, r.Seed, r.Stop, r.IgnoreEOS)
+	p := params(r.MaxTokens, l, r.Temperature, r.TopP, r.Seed, r.Stop, r.IgnoreEOS)
+	p.NoCache = r.NoCache
+	return p
 }
 
 // Params returns r's sampling settings, with l's defaults for absent ones;
@@ -224,7 +226,9 @@ func (r *ChatCompletionRequest) Params(l Limits) Params {
 	if mt == nil {
 		mt = r.MaxTokens
 	}
-	return params(mt, l, r.Temperature, r.TopP, r.Seed, r.Stop, r.IgnoreEOS)
+	p := params(mt, l, r.Temperature, r.TopP, r.Seed, r.Stop, r.IgnoreEOS)
+	p.NoCache = r.NoCache
+	return p
 }
 
 func params(maxTokens *int, l Limits, temp, topP *float64, seed *int64, stop []string, ignoreEOS bool) Params {
@@ -496,7 +500,7 @@ func (f *fieldReader) floatp(name string) *float64 {
 }
 
 // sampling reads the sampling fields that completion and chat share.
-func (f *fieldReader) sampling(temp, topP **float64, seed **int64, stop *[]string, ignoreEOS *bool) {
+func (f *fieldReader) sampling(temp, topP **float64, seed **int64, stop *[]string, ignoreEOS, noCache *bool) {
 	*temp = f.floatp("temperature")
 	*topP = f.floatp("top_p")
 	*seed = f.int64p("seed")
@@ -504,6 +508,7 @@ func (f *fieldReader) sampling(temp, topP **float64, seed **int64, stop *[]strin
 		*stop, f.err = parseStop(raw)
 	}
 	*ignoreEOS = f.boolean("ignore_eos")
+	*noCache = f.boolean("no_cache")
 }
 
 // pd reads the fields a PD router adds: bootstrap_room, an unsigned 64-bit

@@ -72,6 +72,7 @@ var commonErrs = []errCase{
 	{"stream_options type", `{"stream": true, "stream_options": true}`, 400, "stream_options", `"stream_options" must be an object`},
 	{"include_usage type", `{"stream": true, "stream_options": {"include_usage": 1}}`, 400, "stream_options.include_usage", `"stream_options.include_usage" must be a boolean`},
 	{"ignore_eos type", `{"ignore_eos": 1}`, 400, "ignore_eos", `"ignore_eos" must be a boolean`},
+	{"no_cache type", `{"no_cache": "yes"}`, 400, "no_cache", `"no_cache" must be a boolean`},
 	{"user type", `{"user": 1}`, 400, "user", `"user" must be a string`},
 	{"n over", `{"n": 17}`, 400, "n", `"n" must be at most 16, got 17`},
 	{"n type", `{"n": "2"}`, 400, "n", `"n" must be an integer`},
@@ -168,10 +169,10 @@ func TestDecodeCompletionValid(t *testing.T) {
 			Prompt: Prompt{Text: "Hello"}, MaxTokens: ptr(64), Temperature: ptr(1.0), TopP: ptr(1.0)}},
 		{"everything", `{"model": "tiny", "prompt": ["Hello"], "max_tokens": 4096, "temperature": 0, "top_p": 0.9, "seed": -7,
 			"stop": "\n", "stream": true, "stream_options": {"include_usage": true}, "user": "u1", "ignore_eos": true,
-			"n": 1, "best_of": 1, "echo": false, "frequency_penalty": 0, "suffix": null, "extra": {"x": [1]}}`, CompletionRequest{
+			"no_cache": true, "n": 1, "best_of": 1, "echo": false, "frequency_penalty": 0, "suffix": null, "extra": {"x": [1]}}`, CompletionRequest{
 			Model: "tiny", Prompt: Prompt{Text: "Hello"}, MaxTokens: ptr(4096), Temperature: ptr(0.0), TopP: ptr(0.9),
 			Seed: ptr(int64(-7)), Stop: []string{"\n"}, Stream: true, StreamOptions: &StreamOptions{IncludeUsage: true},
-			User: "u1", IgnoreEOS: true}},
+			User: "u1", IgnoreEOS: true, NoCache: true}},
 		{"n", `{"prompt": "x", "n": 16}`, CompletionRequest{
 			Prompt: Prompt{Text: "x"}, MaxTokens: ptr(64), Temperature: ptr(1.0), TopP: ptr(1.0), N: ptr(16)}},
 		{"token ids", `{"prompt": [1, 2, 0]}`, CompletionRequest{
@@ -287,8 +288,8 @@ func TestParams(t *testing.T) {
 	if got := (&CompletionRequest{}).Params(l); !reflect.DeepEqual(got, Params{MaxTokens: 50, Temperature: 1, TopP: 1}) {
 		t.Errorf("empty completion: %+v", got)
 	}
-	chat := &ChatCompletionRequest{MaxTokens: ptr(5), MaxCompletionTokens: ptr(7), Temperature: ptr(0.0), Seed: ptr(int64(9)), Stop: []string{"x"}, IgnoreEOS: true}
-	want := Params{MaxTokens: 7, Temperature: 0, TopP: 1, Seed: 9, HasSeed: true, Stop: []string{"x"}, IgnoreEOS: true}
+	chat := &ChatCompletionRequest{MaxTokens: ptr(5), MaxCompletionTokens: ptr(7), Temperature: ptr(0.0), Seed: ptr(int64(9)), Stop: []string{"x"}, IgnoreEOS: true, NoCache: true}
+	want := Params{MaxTokens: 7, Temperature: 0, TopP: 1, Seed: 9, HasSeed: true, Stop: []string{"x"}, IgnoreEOS: true, NoCache: true}
 	if got := chat.Params(l); !reflect.DeepEqual(got, want) {
 		t.Errorf("chat: %+v, want %+v", got, want)
 	}

@@ -20,6 +20,12 @@
 //
 // "n", the number of choices, is 1 to MaxChoices (16); N is nil for one.
 //
+// Two pdkit extensions, booleans in both requests: "ignore_eos" generates
+// past end-of-sequence tokens (for benchmarks), and "no_cache" computes the
+// whole prompt without reading the prefix cache or its host tier (for
+// reference outputs and canaries: a healthy server gives the same greedy
+// tokens with and without it).
+//
 // After DecodeCompletion or DecodeChat succeeds, MaxTokens (for chat:
 // MaxCompletionTokens when max_tokens was absent), Temperature and TopP are
 // set; Params turns a request into plain sampling values.

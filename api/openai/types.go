@@ -92,6 +92,11 @@ type CompletionRequest struct {
 	// IgnoreEOS keeps generating past end-of-sequence tokens until
 	// max_tokens or a stop string (an extension, for benchmarks).
 	IgnoreEOS bool `json:"ignore_eos,omitempty"`
+	// NoCache computes the whole prompt, reading nothing from the prefix
+	// cache or its host tier (a pdkit extension): a reference output, or a
+	// canary, that no cached KV can have corrupted. Greedy outputs with and
+	// without it are the same on a healthy server.
+	NoCache bool `json:"no_cache,omitempty"`
 	PD
 }
 
@@ -179,6 +184,8 @@ type ChatCompletionRequest struct {
 	N *int `json:"n,omitempty"`
 	// IgnoreEOS is as in CompletionRequest (an extension).
 	IgnoreEOS bool `json:"ignore_eos,omitempty"`
+	// NoCache is as in CompletionRequest (an extension).
+	NoCache bool `json:"no_cache,omitempty"`
 	PD
 }
 
@@ -319,4 +326,5 @@ type Params struct {
 	HasSeed     bool
 	Stop        []string
 	IgnoreEOS   bool
+	NoCache     bool // computes the whole prompt, no cached KV read
 }

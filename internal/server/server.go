@@ -220,6 +220,7 @@ func (s *Server) submit(r *http.Request, j *job) ([]*serve.Stream, *openai.Error
 		MaxTokens: j.params.MaxTokens,
 		Sampling:  sample.Params{Temperature: float32(j.params.Temperature), TopP: float32(j.params.TopP), Seed: seed},
 		IgnoreEOS: j.params.IgnoreEOS,
+		NoCache:   j.params.NoCache,
 		PD:        j.pd,
 		N:         j.n,
 	})
@@ -622,6 +623,9 @@ type SamplingParams struct {
 	Seed         *int64   `json:"seed"`
 	Stop         []string `json:"stop"`
 	IgnoreEOS    bool     `json:"ignore_eos"`
+	// NoCache computes the whole prompt, reading no cached KV (as the
+	// OpenAI APIs' no_cache).
+	NoCache bool `json:"no_cache"`
 	// N is the number of samples (1 to openai.MaxChoices); more than one
 	// answers an array of results, one per sample.
 	N *int `json:"n"`
@@ -652,7 +656,7 @@ func (s *Server) generateNative(w http.ResponseWriter, r *http.Request) {
 	sp := req.SamplingParams
 	cr := openai.CompletionRequest{
 		Prompt: openai.Prompt{Text: req.Text}, MaxTokens: sp.MaxNewTokens, Temperature: sp.Temperature,
-		TopP: sp.TopP, Seed: sp.Seed, Stop: sp.Stop, IgnoreEOS: sp.IgnoreEOS,
+		TopP: sp.TopP, Seed: sp.Seed, Stop: sp.Stop, IgnoreEOS: sp.IgnoreEOS, NoCache: sp.NoCache,
 	}
 	if oerr := cr.Validate(s.limits); oerr != nil {
 		oerr.Param = nativeParam[oerr.Param]
