@@ -76,6 +76,19 @@ func runChats(t *testing.T, e *Engine, ss []chat, maxTok int) [][][]int32 {
 	return out
 }
 
+// checkTurns reports every turn whose tokens in got (what) differ from its
+// tokens in want (ref).
+func checkTurns(t *testing.T, got, want [][][]int32, what, ref string) {
+	t.Helper()
+	for i := range got {
+		for j := range got[i] {
+			if !slices.Equal(got[i][j], want[i][j]) {
+				t.Errorf("chat %d turn %d: %s %v, %s %v", i, j, what, got[i][j], ref, want[i][j])
+			}
+		}
+	}
+}
+
 // HiCache changes where a cached prefix comes from, never what is generated:
 // 200 multi-turn requests whose histories are evicted from a small device pool
 // to the host tier and loaded back give the same greedy tokens as with the
@@ -101,13 +114,7 @@ func TestHiCacheOnOffEqual(t *testing.T) {
 				on.HiCache = HiCacheConfig{Enabled: true, Ratio: 8}
 				e := newEngine(t, m, on)
 				got := runSessions(t, e, ss, maxTok)
-				for i := range ss {
-					for j := range got[i] {
-						if !slices.Equal(got[i][j], want[i][j]) {
-							t.Errorf("chat %d turn %d: hicache on %v, off %v", i, j, got[i][j], want[i][j])
-						}
-					}
-				}
+				checkTurns(t, got, want, "hicache on", "off")
 				checkPools(t, e)
 				for _, ts := range e.HiCache() {
 					t.Logf("rank %d: %+v", ts.Rank, ts.Totals)
@@ -188,11 +195,9 @@ func TestHiCachePDSameKV(t *testing.T) {
 				on.HiCache = HiCacheConfig{Enabled: true, Ratio: 8}
 				pp := newPDPair(t, on)
 				got := runPDChats(t, pp, ss, maxTok, 20000)
+				checkTurns(t, got, want, "hicache on", "off")
 				for i := range ss {
 					for j := range got[i] {
-						if !slices.Equal(got[i][j], want[i][j]) {
-							t.Errorf("chat %d turn %d: hicache on %v, off %v", i, j, got[i][j], want[i][j])
-						}
 						for r := range uint64(n) {
 							a, b := d.got[[2]uint64{20000 + uint64(i*100+j), r}], d.got[[2]uint64{10000 + uint64(i*100+j), r}]
 							if a == 0 || a != b {
@@ -300,12 +305,8 @@ func TestHiCacheLiveToggles(t *testing.T) {
 		last[i] = s[len(s)-1:]
 	}
 	again := runSessions(t, e, last, maxTok)
+	checkTurns(t, got, want, "with toggles", "reference")
 	for i := range ss {
-		for j := range got[i] {
-			if !slices.Equal(got[i][j], want[i][j]) {
-				t.Errorf("chat %d turn %d: with toggles %v, reference %v", i, j, got[i][j], want[i][j])
-			}
-		}
 		for j := range again[i] {
 			if w := want[i][len(ss[i])-1]; !slices.Equal(again[i][j], w) {
 				t.Errorf("chat %d last turn, run %d after the toggles: %v, reference %v", i, j, again[i][j], w)
