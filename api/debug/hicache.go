@@ -19,6 +19,11 @@ const (
 	HiCacheBandwidthPath = "/admin/v1/hicache/bandwidth"
 )
 
+// HiCacheOffloadPath moves the cached prefix of a prompt to every rank's
+// host tier, so that the next request with that prefix loads it back
+// (POST, JSON HiCacheOffloadRequest, answered with HiCacheOffloadResponse).
+const HiCacheOffloadPath = "/admin/v1/hicache/offload"
+
 // HiCacheSettings is the host tier's configuration (Settings.HiCache).
 type HiCacheSettings struct {
 	// EnabledAtStart says the tier was on when the server started; it is
@@ -125,4 +130,23 @@ type HiCacheSwitchResponse struct {
 	// answered (202); GET /debug/v1/hicache shows when they do.
 	Pending bool `json:"pending"`
 	HiCacheResponse
+}
+
+// HiCacheOffloadRequest is the body of POST /admin/v1/hicache/offload: the
+// prompt whose cached prefix goes to host, as text (encoded as a
+// completion's text prompt is) or as token ids; exactly one of the two.
+type HiCacheOffloadRequest struct {
+	Prompt string  `json:"prompt,omitempty"`
+	Tokens []int32 `json:"tokens,omitempty"`
+}
+
+// HiCacheOffloadResponse answers POST /admin/v1/hicache/offload.
+type HiCacheOffloadResponse struct {
+	// PromptTokens is the prompt's length in tokens.
+	PromptTokens int `json:"prompt_tokens"`
+	// OffloadedTokens are the prompt's tokens that are on host only after
+	// the call (rank 0's count; every rank offloads the same pages): its
+	// whole pages as far as the device cached them and nothing else used
+	// them. 0 when the prompt was not cached.
+	OffloadedTokens int `json:"offloaded_tokens"`
 }

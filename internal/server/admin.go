@@ -50,6 +50,7 @@ func (s *Server) adminHandler() http.Handler {
 	post(debug.HiCacheOnPath, s.adminHiCache(true))
 	post(debug.HiCacheOffPath, s.adminHiCache(false))
 	post(debug.HiCacheBandwidthPath, s.adminHiCacheBandwidth)
+	post(debug.HiCacheOffloadPath, s.adminHiCacheOffload)
 	mux.HandleFunc("/", s.mux.NotFound)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rw := &httpx.Recorder{ResponseWriter: w}

@@ -227,3 +227,83 @@ func (s *Server) answerSwitch(w http.ResponseWriter, r *http.Request, st debug.H
 	s.log.Info("hicache switch", "switch", what, "changed", changed, "taken", shown)
 	writeJSON(w, status, resp)
 }
+
+// adminHiCacheOffload moves the cached prefix of the body's prompt (text
+// or token ids) to every rank's host tier, so that the next request with
+// it loads it back: {"offloaded_tokens": N}. 400 on a bad body; 409 when
+// the tier is off (or there is no prefix cache) or another offload is
+// waiting for the loops.
+func (s *Server) adminHiCacheOffload(w http.ResponseWriter, r *http.Request) {
+	if s.eng.Config().DisablePrefixCache {
+		setResult(r, "hicache offload: no prefix cache")
+		errNoPrefixCache.WriteJSON(w)
+		return
+	}
+	prompt, oerr := s.offloadPrompt(w, r)
+	if oerr != nil {
+		setResult(r, "hicache offload: %s", oerr.Message)
+		oerr.WriteJSON(w)
+		return
+	}
+	if !s.hicacheState().On {
+		setResult(r, "hicache offload: the tier is off")
+		(&openai.Error{Status: http.StatusConflict, Type: openai.TypeInvalidRequest,
+			Message: "hicache is off on this server: switch it on first (POST " + debug.HiCacheOnPath + ")"}).WriteJSON(w)
+		return
+	}
+	n, err := s.eng.Offload(r.Context(), prompt)
+	switch {
+	case errors.Is(err, serve.ErrOffloadBusy):
+		setResult(r, "hicache offload: %v", err)
+		(&openai.Error{Status: http.StatusConflict, Type: openai.TypeInvalidRequest,
+			Message: "another offload is waiting for the loops: retry"}).WriteJSON(w)
+		return
+	case err != nil && !s.hicacheState().On:
+		setResult(r, "hicache offload: %v", err)
+		(&openai.Error{Status: http.StatusConflict, Type: openai.TypeInvalidRequest, Message: err.Error()}).WriteJSON(w)
+		return
+	case err != nil:
+		setResult(r, "hicache offload: %v", err)
+		openai.ServerError(err.Error()).WriteJSON(w)
+		return
+	}
+	setResult(r, "hicache offload: %d of %d tokens", n, len(prompt))
+	writeJSON(w, http.StatusOK, debug.HiCacheOffloadResponse{PromptTokens: len(prompt), OffloadedTokens: n})
+}
+
+// offloadPrompt reads an offload's body: exactly one of a text prompt,
+// encoded as a completion's, or token ids of the model's vocabulary.
+func (s *Server) offloadPrompt(w http.ResponseWriter, r *http.Request) ([]int32, *openai.Error) {
+	bad := func(param, format string, args ...any) ([]int32, *openai.Error) {
+		return nil, openai.InvalidRequest(param, fmt.Sprintf(format, args...))
+	}
+	var req debug.HiCacheOffloadRequest
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
+	if err != nil {
+		return bad("", "reading the body: %v", err)
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		return bad("", `the body is not {"prompt": "text"} or {"tokens": [ids]}: %v`, err)
+	}
+	switch {
+	case req.Prompt != "" && req.Tokens != nil:
+		return bad("prompt", "give the prompt as text or as tokens, not both")
+	case req.Tokens != nil:
+		if len(req.Tokens) == 0 {
+			return bad("tokens", "tokens must not be empty")
+		}
+		for i, t := range req.Tokens {
+			if t < 0 || int(t) >= s.m.Config.VocabSize {
+				return bad("tokens", "tokens[%d] = %d is not a token id of the model (0 to %d)", i, t, s.m.Config.VocabSize-1)
+			}
+		}
+		return req.Tokens, nil
+	case req.Prompt == "":
+		return bad("prompt", `a prompt is required: {"prompt": "text"} or {"tokens": [ids]}`)
+	}
+	p, err := s.tok.Encode(req.Prompt, true)
+	if err != nil {
+		return bad("prompt", "%v", err)
+	}
+	return p, nil
+}
