@@ -2,7 +2,7 @@
 // read-only debug API (GET /debug/v1/...) into the api/debug types, the
 // server's self-description (GET /pd/v1/info), /health, the admin calls
 // (POST /admin/v1/...: faults on and off, the host tier on, off and its
-// pacing, abort by request id, by room, all)
+// pacing, the index-K precision, abort by request id, by room, all)
 // with an optional bearer token, cluster discovery through a router
 // (GET /debug/v1/cluster), and GET /metrics with ParseMetrics to read its
 // samples (pdctl reads the router's request outcomes so).
@@ -102,7 +102,12 @@ func (c *Client) timeout() time.Duration {
 
 // do sends one call and decodes a 2xx JSON answer into v (when not nil).
 func (c *Client) do(ctx context.Context, method, path string, admin bool, v any) error {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout())
+	return c.doWithin(ctx, c.timeout(), method, path, admin, v)
+}
+
+// doWithin is do bounded by within instead of the client's timeout.
+func (c *Client) doWithin(ctx context.Context, within time.Duration, method, path string, admin bool, v any) error {
+	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
 	u := c.BaseURL + path
 	req, err := http.NewRequestWithContext(ctx, method, u, nil)
@@ -322,6 +327,20 @@ func (c *Client) SetHiCache(ctx context.Context, on bool) (debug.HiCacheSwitchRe
 func (c *Client) SetHiCacheBandwidth(ctx context.Context, bytesPerSecond int64) (debug.HiCacheSwitchResponse, error) {
 	var v debug.HiCacheSwitchResponse
 	return v, c.do(ctx, http.MethodPost, debug.HiCacheBandwidthPath+"?bytes_per_second="+strconv.FormatInt(bytesPerSecond, 10), true, &v)
+}
+
+// SetIndexK switches the server's index-K precision live (POST
+// /admin/v1/indexk/{fp8|bf16}?drain=D): the server drains, aborting what is
+// still in flight after drain, and switches. The call waits for the switch,
+// up to drain + debug.IndexKSwitchMargin on the server's side (the client's
+// timeout is added on top of that); Pending says it was still under way
+// when the server answered (202). A switch already under way is an
+// *APIError with status 409; a model without a sparse indexer, or a
+// precision or drain the server does not take, one with status 400.
+func (c *Client) SetIndexK(ctx context.Context, dtype string, drain time.Duration) (debug.IndexKSwitchResponse, error) {
+	var v debug.IndexKSwitchResponse
+	path := debug.IndexKPath(url.PathEscape(dtype)) + "?drain=" + url.QueryEscape(drain.String())
+	return v, c.doWithin(ctx, c.timeout()+max(drain, 0)+debug.IndexKSwitchMargin, http.MethodPost, path, true, &v)
 }
 
 // AbortRequest aborts request id (POST /admin/v1/requests/{id}/abort); an

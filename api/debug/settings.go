@@ -30,9 +30,14 @@ type Settings struct {
 	PrefixCache    bool `json:"prefix_cache"`     // the radix prefix cache is on
 
 	// IndexK is the storage precision of the sparse indexer's keys (fp8 or
-	// bf16); it matters only when Indexer says the model has an indexer.
+	// bf16) now (it is switched live); it matters only when Indexer says
+	// the model has an indexer.
 	IndexK  string `json:"index_k"`
 	Indexer bool   `json:"indexer"`
+	// IndexKSwitch is the precision a live switch under way goes to (POST
+	// /admin/v1/indexk/...: the server drains, then switches); empty when
+	// none is.
+	IndexKSwitch string `json:"index_k_switch,omitempty"`
 
 	// HeartbeatMS is the loop heartbeat: how long a loop waits for work
 	// before it iterates anyway, so an idle server still finishes a step
@@ -147,4 +152,6 @@ type Totals struct {
 	// (to compute it instead) because nothing ran and the queue's head did
 	// not fit otherwise.
 	Unstalls uint64 `json:"unstalls"`
+	// IndexKSwitches counts the live index-K precision switches done.
+	IndexKSwitches uint64 `json:"index_k_switches"`
 }
