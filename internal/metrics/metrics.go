@@ -111,6 +111,13 @@
 //
 // The admin API's switches feed pdkit_hicache_switches_total{direction}
 // (on, off) through HiCacheSwitched.
+//
+// # Index-K
+//
+// On an engine whose model has a sparse indexer, read at scrape time:
+//
+//	pdkit_indexk_precision{dtype}  1 for the precision the index keys are stored in now (fp8 or bf16), 0 for the other
+//	pdkit_indexk_switches_total    live precision switches done (serve.Engine.SetIndexK, the admin API's)
 package metrics
 
 import (
@@ -316,6 +323,8 @@ type engineCollector struct {
 	pd *pdDescs
 	// The host tier, per rank.
 	hicache *hicacheDescs
+	// The index-K precision (nil without a sparse indexer).
+	indexK *indexKDescs
 }
 
 func newEngineCollector(eng *serve.Engine) *engineCollector {
@@ -344,6 +353,7 @@ func newEngineCollector(eng *serve.Engine) *engineCollector {
 		schedPages:    d("sched_kv_pages_capacity", "KV pages the scheduler manages (per rank)."),
 		pd:            newPDDescs(eng.Config().Role),
 		hicache:       newHiCacheDescs(),
+		indexK:        newIndexKDescs(eng),
 	}
 }
 
@@ -354,6 +364,7 @@ func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	c.pd.describe(ch)
 	c.hicache.describe(ch)
+	c.indexK.describe(ch)
 }
 
 func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
@@ -391,6 +402,7 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.steps, s.Totals.Steps)
 	c.pd.collect(c.eng, ch)
 	c.hicache.collect(c.eng, ch)
+	c.indexK.collect(c.eng, s.Totals.IndexKSwitches, ch)
 }
 
 // KVTransferred implements serve.PDObserver.

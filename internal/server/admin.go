@@ -14,6 +14,7 @@ import (
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/httpx"
+	"github.com/pdkit/pdkit/kernels"
 )
 
 // adminResult carries, through a call's context, what an admin handler did,
@@ -51,6 +52,8 @@ func (s *Server) adminHandler() http.Handler {
 	post(debug.HiCacheOffPath, s.adminHiCache(false))
 	post(debug.HiCacheBandwidthPath, s.adminHiCacheBandwidth)
 	post(debug.HiCacheOffloadPath, s.adminHiCacheOffload)
+	post(debug.IndexKPath(debug.IndexKFP8), s.adminIndexK(kernels.IndexFP8))
+	post(debug.IndexKPath(debug.IndexKBF16), s.adminIndexK(kernels.IndexBF16))
 	mux.HandleFunc("/", s.mux.NotFound)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rw := &httpx.Recorder{ResponseWriter: w}

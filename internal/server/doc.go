@@ -143,8 +143,10 @@
 //	GET /debug/v1/settings     the effective settings (debug.Settings): the
 //	                           engine's config after its defaults (role, TP
 //	                           size, page size, max running, prefix cache,
-//	                           index-K precision, loop heartbeat, collective
-//	                           watchdog, scheduler timeouts, and on a PD server
+//	                           index-K precision now (index_k_switch: the one
+//	                           a live switch under way goes to), loop
+//	                           heartbeat, collective watchdog, scheduler
+//	                           timeouts, and on a PD server
 //	                           its PD timeouts, heartbeat and reserved decode
 //	                           tokens), the fault switches on now and the
 //	                           server's /health thresholds. pdctl diagnose
@@ -254,6 +256,20 @@
 // 400 when missing or negative). Each switch counts in
 // pdkit_hicache_switches_total{direction}.
 //
+// POST /admin/v1/indexk/fp8 and /bf16 switch the index-K precision live
+// (serve.Engine.SetIndexK; 400 for a model without a sparse indexer): the
+// engine stops admitting (new requests wait, queued), lets the requests in
+// flight finish for at most ?drain= (a Go duration, default 30s; 400 when
+// bad or negative), aborts what is left, and switches every rank. The call
+// waits for it, up to the drain and Options.IndexKMargin past it (10s,
+// debug.IndexKSwitchMargin), and answers debug.IndexKSwitchResponse: 200
+// with from, to, changed (false when the server already ran it), paused_ms
+// and aborted; 202 with pending true when it is not done by then (it goes
+// on, as it does when the caller goes, and GET /debug/v1/settings says
+// index_k_switch until it is); 409 while a switch is under way. The engine
+// logs each switch done, and pdkit_indexk_switches_total counts it. On a
+// PD pair the prefill switches first, then the decode (pdctl indexk set).
+//
 // Every /admin/v1/ call, an unknown path included, is checked first: with
 // Options.AdminToken set it must carry "Authorization: Bearer <token>"
 // (compared in constant time), else 401; without a token, admin calls are
@@ -268,7 +284,9 @@
 // serve.Config.Observer. A prefill or decode server adds its PD queue
 // gauges, transfer, failure and message counters and its receive loops'
 // liveness, per rank; a server with a prefix cache its host tier's
-// pdkit_hicache_* gauges and counters, per rank (see internal/metrics).
+// pdkit_hicache_* gauges and counters, per rank; a model with a sparse
+// indexer pdkit_indexk_precision{dtype} and pdkit_indexk_switches_total
+// (see internal/metrics).
 //
 // Not yet here: a flag to choose the chat template, tool calls, best_of,
 // admin calls to drain or pause, and the

@@ -66,6 +66,11 @@ type Options struct {
 	// GPU backs GET /debug/v1/gpu and the pdkit_gpu_* metrics (default:
 	// off, "no GPU" with the reason). The caller closes it.
 	GPU *gpu.Telemetry
+	// IndexKMargin is how long past its drain bound an index-K switch call
+	// (POST /admin/v1/indexk/...) waits for the switch before it answers
+	// 202, the switch still under way (default and most:
+	// debug.IndexKSwitchMargin, which is what clients wait for).
+	IndexKMargin time.Duration
 }
 
 // Server is the HTTP handler. It is safe for concurrent use.
@@ -79,6 +84,11 @@ type Server struct {
 	log     *slog.Logger
 	mux     *httpx.Mux
 	created int64
+
+	// The index-K switch the admin API started and the engine has not
+	// finished: its precision, empty when none (under indexKMu).
+	indexKMu sync.Mutex
+	indexKTo string
 }
 
 // New returns a server over eng, which must serve m.
@@ -104,6 +114,9 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 	}
 	if opts.Metrics == nil {
 		opts.Metrics = metrics.New(nil)
+	}
+	if opts.IndexKMargin <= 0 || opts.IndexKMargin > debug.IndexKSwitchMargin {
+		opts.IndexKMargin = debug.IndexKSwitchMargin
 	}
 	if opts.GPU == nil {
 		opts.GPU = gpu.Off("no GPU: telemetry is not enabled on this server")

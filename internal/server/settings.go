@@ -16,6 +16,7 @@ func (s *Server) Settings() debug.Settings {
 	st := s.eng.Settings()
 	st.StallAfterMS = ms(s.opts.StallAfter)
 	st.MaxQueueAgeMS = ms(s.opts.MaxQueueAge)
+	st.IndexKSwitch = s.indexKSwitchTo()
 	return st
 }
 
@@ -39,7 +40,8 @@ func (s *Server) state(w http.ResponseWriter, _ *http.Request) {
 		t := snap.Totals
 		ds.Totals = debug.Totals{Steps: t.Steps, Tokens: t.Tokens, Sampled: t.Sampled, Retractions: t.Retractions,
 			Aborts: t.Aborts, AbortsInStep: t.AbortsInStep, Finished: t.Finished, PromptTokens: t.PromptTokens,
-			CachedTokens: t.CachedTokens, PrefixHits: t.PrefixHits, PrefixEvictions: t.PrefixEvictions, Unstalls: t.Unstalls}
+			CachedTokens: t.CachedTokens, PrefixHits: t.PrefixHits, PrefixEvictions: t.PrefixEvictions, Unstalls: t.Unstalls,
+			IndexKSwitches: t.IndexKSwitches}
 		resp.Snapshot = ds
 	}
 	writeJSON(w, http.StatusOK, resp)
