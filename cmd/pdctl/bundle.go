@@ -38,8 +38,9 @@ func newCmdBundle(f *factory, runF func(context.Context, *bundleOptions) error) 
 		Long: `Collect into one gzipped tar file everything an engineer needs after the
 fact. Per server, in a directory named by its role and host:port: info.json,
 health.json, settings.json (the effective settings: timeouts, heartbeat,
-fault switches on, TP size, ...), state.json (settings, last step and engine
-snapshot), steps.json (each rank's control and forward seqs),
+fault switches on, TP size, index-K precision and a switch under way, ...),
+state.json (settings, last step and engine snapshot, with its totals: the
+index-K switches among them), steps.json (each rank's control and forward seqs),
 collectives.json (the flight recorders of the control and the forward
 communicator), requests.json, pd.json (prefill and decode), faults.json, gpu.json,
 hicache.json (each rank's host tier: on or off, pool usage, totals, loads in

@@ -101,6 +101,30 @@ $ pdctl hicache off
 # Through one server only
 $ pdctl hicache off --server http://127.0.0.1:30000
 `,
+	"indexk": `
+# Every server's index-K precision
+$ pdctl indexk status
+
+# Switch the whole cluster to bf16 (prefill servers first, then decode servers)
+$ pdctl indexk set bf16
+`,
+	"indexk status": `
+# Every server: precision, whether its model has a sparse indexer, switches done
+$ pdctl indexk status
+
+# As JSON
+$ pdctl indexk status --json
+`,
+	"indexk set": `
+# The cluster behind the router to fp8; each server drains for at most 30s
+$ pdctl indexk set fp8
+
+# A shorter drain: requests still in flight after 5s are aborted
+$ pdctl indexk set bf16 --drain 5s
+
+# Two servers named directly, on servers that require an admin token, as JSON
+$ pdctl indexk set bf16 --server http://127.0.0.1:30000 --server http://127.0.0.1:30001 --token "$TOKEN" --json
+`,
 	"queues": `
 # Every PD queue entry of every rank, then the rooms joined across prefill and decode
 $ pdctl queues dump

@@ -97,9 +97,11 @@ and works while the cluster is wedged, since it reads only the servers'
 lock-free snapshots.
 
 Commands: status, queues dump, fault list|on|off, hicache status|on|off (the
-host-memory KV tier), abort (synthetic ABORT frames to a prefill rank, or the
-mass-abort drill), diagnose (rules over a sampled window), top (a live view of
-every rank), bundle (everything an engineer needs, in one file) and version.
+host-memory KV tier), indexk status|set (the sparse indexer's key precision,
+switched live across the cluster), abort (synthetic ABORT frames to a prefill
+rank, or the mass-abort drill), diagnose (rules over a sampled window), top (a
+live view of every rank), bundle (everything an engineer needs, in one file)
+and version.
 
 Data goes to stdout: an aligned table on a terminal, tab-separated rows when
 piped, JSON with --json. Progress and errors go to stderr. Exit status: 0 ok,
@@ -146,6 +148,7 @@ func newCmdRoot(f *factory) *cobra.Command {
 	root.AddCommand(newCmdStatus(f, nil))
 	root.AddCommand(newCmdFault(f))
 	root.AddCommand(newCmdHiCache(f))
+	root.AddCommand(newCmdIndexK(f))
 	root.AddCommand(newCmdQueues(f))
 	root.AddCommand(newCmdAbort(f, nil))
 	root.AddCommand(newCmdDiagnose(f, nil), newCmdBundle(f, nil), newCmdTop(f, nil))

@@ -1,7 +1,8 @@
 package main
 
 // What pdctl does on every server at once: read a listing (fault list,
-// hicache status), apply a switch (fault on|off, hicache on|off).
+// hicache status, indexk status), apply a switch (fault on|off, hicache
+// on|off; indexk set, in two rounds).
 
 import (
 	"context"
@@ -104,26 +105,11 @@ func (s serverSwitch) run(ctx context.Context, f *factory, attach *attachOptions
 	if err != nil {
 		return err
 	}
-	results := make([]string, len(targets))
+	results, outcomes := applyAll(ctx, targets, func(ctx context.Context, _ int, t *target) (string, switchOutcome) { return s.apply(ctx, t) })
 	counts := map[switchOutcome]int{}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for i, t := range targets {
-		wg.Go(func() {
-			var res string
-			var o switchOutcome
-			if t.Err != nil {
-				res, o = "unreachable: "+t.Err.Error(), switchUnreachable
-			} else {
-				res, o = s.apply(ctx, t)
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			results[i] = res
-			counts[o]++
-		})
+	for _, o := range outcomes {
+		counts[o]++
 	}
-	wg.Wait()
 	tab := newTable(append(append([]string{"SERVER", "ROLE"}, s.columns...), "RESULT"))
 	for i, t := range targets {
 		tab.add(append(append([]string{t.URL, t.Role}, s.cells...), results[i])...)
@@ -140,6 +126,24 @@ func (s serverSwitch) run(ctx context.Context, f *factory, attach *attachOptions
 		return s.none
 	}
 	return nil
+}
+
+// applyAll applies a switch to every target at once (apply gets the
+// target's index in targets) and returns each one's result and outcome, in
+// the order of targets; a target that could not be reached is unreachable
+// without a call.
+func applyAll(ctx context.Context, targets []*target, apply func(ctx context.Context, i int, t *target) (string, switchOutcome)) ([]string, []switchOutcome) {
+	results, outcomes := make([]string, len(targets)), make([]switchOutcome, len(targets))
+	var wg sync.WaitGroup
+	for i, t := range targets {
+		if t.Err != nil {
+			results[i], outcomes[i] = "unreachable: "+t.Err.Error(), switchUnreachable
+			continue
+		}
+		wg.Go(func() { results[i], outcomes[i] = apply(ctx, i, t) })
+	}
+	wg.Wait()
+	return results, outcomes
 }
 
 // switchFailure is the row of a failed admin or debug call: refused (the

@@ -26,10 +26,12 @@ func newCmdStatus(f *factory, runF func(context.Context, *statusOptions) error) 
 	opts := &statusOptions{f: f, Attach: &f.attach, Now: time.Now}
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show every server and rank: role, health, loop liveness, queue depths, KV pages, host tier",
+		Short: "Show every server and rank: role, index-K, health, loop liveness, queue depths, KV pages, host tier",
 		Long: `Show the servers behind the router (or the --server ones) with their role,
-health, TP size, model, request queues and GPUs (none, or count, model,
-mean utilization and memory used), then one line per rank: its last step (number,
+TP size, model, index-K precision (fp8 or bf16, "n/a" for a model without a
+sparse indexer, "fp8 (switching to bf16)" while a live switch drains),
+health, request queues and GPUs (none, or count, model, mean utilization
+and memory used), then one line per rank: its last step (number,
 phase, age: the time since it ended), its PD queue depths on a prefill or
 decode server, its KV pages (used by sequences/cached by the prefix cache/total,
 as pdkit_kv_pages_used and pdkit_kv_pages_cached count them) and its host tier
@@ -67,6 +69,11 @@ type serverStatus struct {
 	Ranks    []rankStatus   `json:"ranks,omitempty"`
 	// GPU is what the server's NVML sees; null when it did not say.
 	GPU *debug.GPUResponse `json:"gpu,omitempty"`
+	// IndexK is the precision the sparse indexer's keys are stored in,
+	// "n/a" when the model has no indexer, empty when the server did not
+	// say; IndexKSwitch the precision of a live switch under way.
+	IndexK       string `json:"index_k,omitempty"`
+	IndexKSwitch string `json:"index_k_switch,omitempty"`
 }
 
 // rankStatus is one rank of a server.
@@ -112,10 +119,13 @@ func readStatus(ctx context.Context, t *target, now func() time.Time) serverStat
 		gerr  error
 		hc    debug.HiCacheResponse
 		herr  error
+		sets  debug.Settings
+		serr  error
 		errs  [3]error
 	)
-	wg.Go(func() { gpu, gerr = t.c.GPU(ctx) })    // optional: a failure leaves the column blank
-	wg.Go(func() { hc, herr = t.c.HiCache(ctx) }) // optional too
+	wg.Go(func() { gpu, gerr = t.c.GPU(ctx) })       // optional: a failure leaves the column blank
+	wg.Go(func() { hc, herr = t.c.HiCache(ctx) })    // optional too
+	wg.Go(func() { sets, serr = t.c.Settings(ctx) }) // and so
 	wg.Go(func() { steps, errs[0] = t.c.Steps(ctx) })
 	wg.Go(func() { reqs, errs[1] = t.c.Requests(ctx, "") })
 	if isPD(t.Role) {
@@ -129,6 +139,13 @@ func readStatus(ctx context.Context, t *target, now func() time.Time) serverStat
 	at := now()
 	if gerr == nil {
 		s.GPU = &gpu
+	}
+	switch {
+	case serr != nil:
+	case !sets.Indexer:
+		s.IndexK = "n/a"
+	default:
+		s.IndexK, s.IndexKSwitch = sets.IndexK, sets.IndexKSwitch
 	}
 	s.Requests = map[string]int{"pending": reqs.Pending}
 	for _, q := range debug.Queues {
@@ -199,7 +216,7 @@ func statusRun(ctx context.Context, opts *statusOptions) error {
 }
 
 func statusTables(out statusOutput) []*table {
-	servers := newTable([]string{"SERVER", "ROLE", "TP", "MODEL", "HEALTH", "WAITING", "PREFILLING", "RUNNING", "ABORTING", "PENDING", "GPU"})
+	servers := newTable([]string{"SERVER", "ROLE", "TP", "MODEL", "INDEX-K", "HEALTH", "WAITING", "PREFILLING", "RUNNING", "ABORTING", "PENDING", "GPU"})
 	ranks := newTable([]string{"SERVER", "RANK", "STEP", "PHASE", "AGE", "PD QUEUES", "KV USED/CACHED/TOTAL", "HICACHE TOKENS"}, "STEP", "AGE")
 	for _, s := range out.Servers {
 		health := "healthy"
@@ -211,7 +228,7 @@ func statusTables(out statusOutput) []*table {
 		case !s.Healthy:
 			health = "unhealthy"
 		}
-		row := []string{s.URL, s.Role, tpCell(s.TPSize), s.Model, health}
+		row := []string{s.URL, s.Role, tpCell(s.TPSize), s.Model, indexKCell(s.IndexK, s.IndexKSwitch), health}
 		if s.Requests != nil {
 			for _, q := range append(slices.Clone(debug.Queues), "pending") {
 				row = append(row, itoa(s.Requests[q]))

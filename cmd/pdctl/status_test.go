@@ -21,8 +21,8 @@ func TestStatus(t *testing.T) {
 		{
 			name: "discovered through the router",
 			args: []string{"status"},
-			stdout: "PREFILL\tprefill\t2\ttiny\thealthy\t0\t0\t0\t0\t0\tnone\n" +
-				"DECODE\tdecode\t2\ttiny\thealthy\t0\t0\t0\t0\t0\tnone\n" +
+			stdout: "PREFILL\tprefill\t2\ttiny\tfp8\thealthy\t0\t0\t0\t0\t0\tnone\n" +
+				"DECODE\tdecode\t2\ttiny\tfp8\thealthy\t0\t0\t0\t0\t0\tnone\n" +
 				"\n" +
 				"PREFILL\t0\t*\tidle\t*\tbootstrap=0 active=0 inflight=0\t0/0/32\toff\n" +
 				"PREFILL\t1\t*\tidle\t*\tbootstrap=0 active=0 inflight=0\t0/0/32\toff\n" +
@@ -33,8 +33,8 @@ func TestStatus(t *testing.T) {
 			name: "an unreachable server among the others",
 			args: []string{"--server", c.decode.ts.URL, "--server", "http://127.0.0.1:1", "status"},
 			code: exitFindings,
-			stdout: "DECODE\tdecode\t2\ttiny\thealthy\t0\t0\t0\t0\t0\tnone\n" +
-				"http://127.0.0.1:1\t-\t-\t-\tunreachable: GET http://127.0.0.1:1/pd/v1/info: dial tcp 127.0.0.1:1: connect: connection refused\t-\t-\t-\t-\t-\t-\n" +
+			stdout: "DECODE\tdecode\t2\ttiny\tfp8\thealthy\t0\t0\t0\t0\t0\tnone\n" +
+				"http://127.0.0.1:1\t-\t-\t-\t-\tunreachable: GET http://127.0.0.1:1/pd/v1/info: dial tcp 127.0.0.1:1: connect: connection refused\t-\t-\t-\t-\t-\t-\n" +
 				"\n" +
 				"DECODE\t0\t*\tidle\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\toff\n" +
 				"DECODE\t1\t*\tidle\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\toff\n",
@@ -120,7 +120,8 @@ func TestStatus(t *testing.T) {
         "available": false,
         "reason": "no GPU: telemetry is not enabled on this server",
         "devices": []
-      }
+      },
+      "index_k": "fp8"
     }
   ]
 }
@@ -148,7 +149,7 @@ func TestStatus(t *testing.T) {
 // data (live servers' URLs and ages would move the columns).
 func TestStatusTerminal(t *testing.T) {
 	out := statusOutput{Servers: []serverStatus{
-		{URL: "http://p:1", Role: "prefill", TPSize: 2, Model: "tiny", Healthy: true,
+		{URL: "http://p:1", Role: "prefill", TPSize: 2, Model: "tiny", Healthy: true, IndexK: "fp8", IndexKSwitch: "bf16",
 			Requests: map[string]int{"waiting": 3, "running": 1},
 			GPU: &debug.GPUResponse{Available: true, Devices: []debug.GPU{
 				{Name: "NVIDIA H200", MemoryUsedBytes: 40 << 30, MemoryTotalBytes: 141 << 30, UtilizationPercent: ptr(uint32(60))},
@@ -159,7 +160,7 @@ func TestStatusTerminal(t *testing.T) {
 				{Rank: 1, Step: 812, Phase: "decode", StepAgeMS: 1520, PD: map[string]int{"active": 1}, KV: kvPages(1, 10, 4, 32),
 					HiCache: &rankHiCache{On: true, TokensUsed: 960, Tokens: 8192}},
 			}},
-		{URL: "http://decode-1:8001", Role: "decode", TPSize: 1, Model: "tiny", Reason: "engine loop has not iterated for 6s (limit 5s)",
+		{URL: "http://decode-1:8001", Role: "decode", TPSize: 1, Model: "tiny", IndexK: "fp8", Reason: "engine loop has not iterated for 6s (limit 5s)",
 			Requests: map[string]int{"pending": 7}, GPU: &debug.GPUResponse{Reason: "no GPU"},
 			Ranks: []rankStatus{{Rank: 0, Step: 90, Phase: "idle", StepAgeMS: 6000, PD: map[string]int{"transfer": 5}, KV: kvPages(0, 20, 0, 32),
 				HiCache: &rankHiCache{}}}},
@@ -170,10 +171,10 @@ func TestStatusTerminal(t *testing.T) {
 	if err := printTables(f, statusTables(out)...); err != nil {
 		t.Fatal(err)
 	}
-	want := `SERVER                ROLE     TP  MODEL  HEALTH                                                     WAITING  PREFILLING  RUNNING  ABORTING  PENDING  GPU
-http://p:1            prefill  2   tiny   healthy                                                    3        0           1        0         0        2× NVIDIA H200 55% busy 78/282 GiB
-http://decode-1:8001  decode   1   tiny   unhealthy: engine loop has not iterated for 6s (limit 5s)  0        0           0        0         7        none
-http://decode-2:8001  decode   -   -      unreachable: connection refused                            -        -           -        -         -        -
+	want := `SERVER                ROLE     TP  MODEL  INDEX-K                  HEALTH                                                     WAITING  PREFILLING  RUNNING  ABORTING  PENDING  GPU
+http://p:1            prefill  2   tiny   fp8 (switching to bf16)  healthy                                                    3        0           1        0         0        2× NVIDIA H200 55% busy 78/282 GiB
+http://decode-1:8001  decode   1   tiny   fp8                      unhealthy: engine loop has not iterated for 6s (limit 5s)  0        0           0        0         7        none
+http://decode-2:8001  decode   -   -      -                        unreachable: connection refused                            -        -           -        -         -        -
 
 SERVER                RANK  STEP  PHASE   AGE   PD QUEUES                         KV USED/CACHED/TOTAL  HICACHE TOKENS
 http://p:1            0     812   decode  4ms   bootstrap=2 active=0 inflight=0   6/4/32                on 1.2k/8.2k
