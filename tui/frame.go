@@ -51,7 +51,7 @@ func plain(s string) cell { return cell{text: s} }
 // waits in, then the findings
 // of the diag rules over the whole window. window holds the samples of the
 // last few seconds, oldest first.
-func Frame(window []diag.Sample, o FrameOptions) string {
+func Frame(window []Sample, o FrameOptions) string {
 	var b strings.Builder
 	title := "pdctl top"
 	if o.Source != "" {
@@ -79,9 +79,9 @@ func Frame(window []diag.Sample, o FrameOptions) string {
 	b.WriteString("\n")
 	b.WriteString(o.table(serverRows(window)))
 	b.WriteString("\n")
-	b.WriteString(o.table(rankRows(last, o.Config, o.Now)))
+	b.WriteString(o.table(rankRows(last.Sample, o.Config, o.Now)))
 	b.WriteString("\n")
-	findings := diag.RunRules(diag.RulesWith(o.Config), diag.Window{Samples: window})
+	findings := diag.RunRules(diag.RulesWith(o.Config), diag.Window{Samples: diagSamples(window)})
 	span := window[len(window)-1].Taken.Sub(window[0].Taken).Round(100 * time.Millisecond)
 	b.WriteString(o.style(styleHeader, fmt.Sprintf("FINDINGS (diag rules over %d samples, %v)", len(window), span)) + "\n")
 	if len(findings) == 0 {
@@ -95,8 +95,8 @@ func Frame(window []diag.Sample, o FrameOptions) string {
 
 // Rows returns the servers' and the ranks' tables of s as Frame shows
 // them, each with its header row first, for output that is not a terminal.
-func Rows(s diag.Sample, cfg diag.Config, now time.Time) (servers, ranks [][]string) {
-	return texts(serverRows([]diag.Sample{s})), texts(rankRows(s, cfg, now))
+func Rows(s Sample, cfg diag.Config, now time.Time) (servers, ranks [][]string) {
+	return texts(serverRows([]Sample{s})), texts(rankRows(s.Sample, cfg, now))
 }
 
 func texts(rows [][]cell) [][]string {
@@ -112,21 +112,22 @@ func texts(rows [][]cell) [][]string {
 
 // serverRows is the servers' table of the last sample of window: the
 // router first when it was sampled, then every server with its role, TP
-// size, reachability, the request queues, the requests failed and a
-// detail: the fault switches that are on, or why the server could not be
-// read. FAILED counts the requests failed since the process started as
-// diag's requests-failing counts them (a PD server's failures less the
-// rooms its decode aborted; the router's failed outcomes), with "(+N)",
-// marked, when N more failed since the first sample of window.
-func serverRows(window []diag.Sample) [][]cell {
+// size, reachability, the request queues, the requests failed, its index-K
+// precision and host tier, and a detail: the fault switches that are on, or
+// why the server could not be read. FAILED counts the requests failed
+// since the process started as diag's requests-failing counts them (a PD
+// server's failures less the rooms its decode aborted; the router's failed
+// outcomes), with "(+N)", marked, when N more failed since the first
+// sample of window.
+func serverRows(window []Sample) [][]cell {
 	rows := [][]cell{{plain("SERVER"), plain("ROLE"), plain("TP"), plain("STATE"), plain("WAIT"), plain("PREFILL"), plain("RUN"), plain("ABORT"),
-		plain("FAILED"), plain("DETAIL")}}
+		plain("FAILED"), plain("INDEX-K"), plain("HICACHE"), plain("DETAIL")}}
 	first, s := window[0], window[len(window)-1]
 	if r := s.Router; r != nil {
 		row := []cell{plain(r.URL), plain("router"), plain("-")}
 		if !r.Reachable {
 			rows = append(rows, append(row, cell{text: "unreachable", mark: diag.Critical}, plain("-"), plain("-"), plain("-"), plain("-"),
-				plain("-"), cell{text: r.Error, mark: diag.Critical}))
+				plain("-"), plain("-"), plain("-"), cell{text: r.Error, mark: diag.Critical}))
 		} else {
 			var from *uint64
 			if f := first.Router; f != nil && f.Reachable && len(window) > 1 {
@@ -134,14 +135,14 @@ func serverRows(window []diag.Sample) [][]cell {
 				from = &n
 			}
 			rows = append(rows, append(row, plain("up"), plain("-"), plain("-"), plain("-"), plain("-"),
-				failedCell(from, diag.RouterFailures(r.Outcomes)), plain("-")))
+				failedCell(from, diag.RouterFailures(r.Outcomes)), plain("-"), plain("-"), plain("-")))
 		}
 	}
 	for _, sv := range s.Servers {
 		row := []cell{plain(sv.URL), plain(sv.Role), plain(fmt.Sprint(sv.TPSize))}
 		if !sv.Reachable {
 			rows = append(rows, append(row, cell{text: "unreachable", mark: diag.Critical}, plain("-"), plain("-"), plain("-"), plain("-"),
-				plain("-"), cell{text: sv.Error, mark: diag.Critical}))
+				plain("-"), plain("-"), plain("-"), cell{text: sv.Error, mark: diag.Critical}))
 			continue
 		}
 		row = append(row, plain("up"))
@@ -164,7 +165,7 @@ func serverRows(window []diag.Sample) [][]cell {
 			}
 			failed = failedCell(from, diag.ServerFailures(sv.PD))
 		}
-		row = append(row, failed)
+		row = append(row, failed, plain(indexKCell(sv.Settings)), plain(hicacheCell(s.HiCache[sv.URL])))
 		var on []string
 		if sv.Faults != nil {
 			for _, f := range sv.Faults.Faults {
@@ -180,6 +181,65 @@ func serverRows(window []diag.Sample) [][]cell {
 		rows = append(rows, append(row, faults))
 	}
 	return rows
+}
+
+// indexKCell is a server's index-K precision as its settings say: "fp8",
+// "bf16", "fp8 (switching to bf16)" while a live switch drains, "n/a" for
+// a model without a sparse indexer, "-" when not known.
+func indexKCell(st *debug.Settings) string {
+	switch {
+	case st == nil || st.IndexK == "":
+		return "-"
+	case !st.Indexer:
+		return "n/a"
+	case st.IndexKSwitch != "" && st.IndexKSwitch != st.IndexK:
+		return st.IndexK + " (switching to " + st.IndexKSwitch + ")"
+	}
+	return st.IndexK
+}
+
+// hicacheCell sums up a server's host tier over its ranks: "off", or "on"
+// with the host tokens used/total of all ("on 1.2k/8.2k"), and how many
+// ranks are on when not all; "n/a" without a prefix cache, "-" when not
+// known.
+func hicacheCell(h *debug.HiCacheResponse) string {
+	switch {
+	case h == nil:
+		return "-"
+	case !h.PrefixCache:
+		return "n/a"
+	}
+	on, used, total := 0, 0, 0
+	for _, r := range h.Ranks {
+		if r.On {
+			on++
+			used, total = used+r.HostTokensUsed, total+r.HostTokens
+		}
+	}
+	if on == 0 {
+		return "off"
+	}
+	out := "on " + fmtCount(used) + "/" + fmtCount(total)
+	if on < len(h.Ranks) {
+		out += fmt.Sprintf(" (%d of %d ranks)", on, len(h.Ranks))
+	}
+	return out
+}
+
+// fmtCount writes a count shortly: 950, 1.2k, 8k, 3.4M.
+func fmtCount(n int) string {
+	short := func(v float64, unit string) string {
+		return strings.TrimSuffix(fmt.Sprintf("%.1f", v), ".0") + unit
+	}
+	switch {
+	case n < 1000:
+		return fmt.Sprint(n)
+	case n < 999_950:
+		return short(float64(n)/1e3, "k")
+	case n < 999_950_000:
+		return short(float64(n)/1e6, "M")
+	}
+	return short(float64(n)/1e9, "G")
 }
 
 // failedCell is a count of failures, with "(+N)", marked critical, when it

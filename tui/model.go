@@ -8,13 +8,32 @@ import (
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/x/ansi"
 
+	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/diag"
 )
+
+// Sample is one reading of the cluster as the view shows it: diag's
+// sample, which the rules judge, and what only the view shows beside it.
+type Sample struct {
+	diag.Sample
+	// HiCache is each server's host tier (GET /debug/v1/hicache) by URL; a
+	// server missing did not answer it.
+	HiCache map[string]*debug.HiCacheResponse `json:"hicache,omitempty"`
+}
+
+// diagSamples is the diag samples of window, for the rules.
+func diagSamples(window []Sample) []diag.Sample {
+	out := make([]diag.Sample, len(window))
+	for i, s := range window {
+		out[i] = s.Sample
+	}
+	return out
+}
 
 // Options configure the live view.
 type Options struct {
 	// Fetch reads the cluster once; it must return by the context's end.
-	Fetch func(context.Context) (diag.Sample, error)
+	Fetch func(context.Context) (Sample, error)
 	// Interval is the time between two samples (default 1s); Window how
 	// far back the samples the rules judge go (default 5s).
 	Interval, Window time.Duration
@@ -33,7 +52,7 @@ type Options struct {
 type Model struct {
 	ctx      context.Context
 	opts     Options
-	samples  []diag.Sample
+	samples  []Sample
 	err      error
 	paused   bool
 	fetching bool
@@ -42,7 +61,7 @@ type Model struct {
 
 // sampleMsg carries one Fetch result.
 type sampleMsg struct {
-	sample diag.Sample
+	sample Sample
 	err    error
 }
 
@@ -115,7 +134,7 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 }
 
 // add keeps s and drops the samples older than the window before it.
-func (m *Model) add(s diag.Sample) {
+func (m *Model) add(s Sample) {
 	m.samples = append(m.samples, s)
 	from := s.Taken.Add(-m.opts.Window)
 	i := 0
@@ -140,7 +159,7 @@ func (m *Model) frame(styled bool) string {
 }
 
 // Samples returns the samples the model keeps, oldest first.
-func (m *Model) Samples() []diag.Sample { return m.samples }
+func (m *Model) Samples() []Sample { return m.samples }
 
 // truncate cuts a styled line to width cells.
 func truncate(s string, width int) string { return ansi.Truncate(s, width, "…") }

@@ -8,12 +8,14 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	tea "charm.land/bubbletea/v2"
 
+	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/diag"
 	"github.com/pdkit/pdkit/internal/syncbuf"
 )
@@ -22,7 +24,7 @@ var update = flag.Bool("update", false, "rewrite the golden frames in testdata")
 
 // window reads a diag fixture: a window of samples from a sick or healthy
 // cluster.
-func window(t *testing.T, name string) []diag.Sample {
+func window(t *testing.T, name string) []Sample {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join("..", "diag", "testdata", name+".json"))
 	if err != nil {
@@ -32,7 +34,11 @@ func window(t *testing.T, name string) []diag.Sample {
 	if err := json.Unmarshal(data, &w); err != nil {
 		t.Fatal(err)
 	}
-	return w.Samples
+	out := make([]Sample, len(w.Samples))
+	for i, s := range w.Samples {
+		out[i] = Sample{Sample: s}
+	}
+	return out
 }
 
 // TestFrameGolden renders the diag fixtures as plain frames, at the time of
@@ -58,6 +64,51 @@ func TestFrameGolden(t *testing.T) {
 				t.Errorf("frame differs\n--- got\n%s--- want\n%s", got, want)
 			}
 		})
+	}
+}
+
+// TestServerRowsIndexKAndHiCache: each server's line shows its index-K
+// precision (a switch under way, a model without an indexer) and its host
+// tier summed over its ranks (on with the tokens used/total, some ranks
+// only, off, no prefix cache, not known).
+func TestServerRowsIndexKAndHiCache(t *testing.T) {
+	w := window(t, "healthy/busy")
+	last := w[len(w)-1]
+	last.Servers = slices.Clone(last.Servers)
+	p, d := last.Servers[0], last.Servers[1]
+	ps, ds := *p.Settings, *d.Settings
+	ps.IndexK, ps.IndexKSwitch = "fp8", "bf16"
+	ds.IndexK, ds.Indexer = "bf16", true
+	p.Settings, d.Settings = &ps, &ds
+	plainSrv := p
+	plainSrv.URL = "http://plain:8000"
+	plainSettings := ps
+	plainSettings.Indexer, plainSettings.IndexKSwitch = false, ""
+	plainSrv.Settings = &plainSettings
+	unknown := d
+	unknown.URL, unknown.Settings = "http://old:8000", nil
+	last.Servers = []diag.ServerSample{p, d, plainSrv, unknown}
+	rank := func(r int, on bool, used, total int) debug.HiCacheRank {
+		return debug.HiCacheRank{Rank: r, On: on, HostTokensUsed: used, HostTokens: total}
+	}
+	last.HiCache = map[string]*debug.HiCacheResponse{
+		p.URL:        {PrefixCache: true, On: true, Ranks: []debug.HiCacheRank{rank(0, true, 1216, 8192), rank(1, true, 960, 8192)}},
+		d.URL:        {PrefixCache: true, Ranks: []debug.HiCacheRank{rank(0, true, 40, 512), rank(1, false, 0, 0)}},
+		plainSrv.URL: {PrefixCache: false, Ranks: []debug.HiCacheRank{}},
+	}
+	servers, _ := Rows(last, diag.DefaultConfig(), last.Taken)
+	var got []string
+	for _, r := range servers {
+		got = append(got, r[0]+" "+r[9]+" "+r[10])
+	}
+	want := []string{"SERVER INDEX-K HICACHE", "http://prefill-0:30000 fp8 (switching to bf16) on 2.2k/16.4k",
+		"http://decode-0:30100 bf16 on 40/512 (1 of 2 ranks)", "http://plain:8000 n/a n/a", "http://old:8000 - -"}
+	if !slices.Equal(got, want) {
+		t.Errorf("servers:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	last.HiCache[d.URL] = &debug.HiCacheResponse{PrefixCache: true, Ranks: []debug.HiCacheRank{rank(0, false, 0, 0)}}
+	if servers, _ = Rows(last, diag.DefaultConfig(), last.Taken); servers[2][10] != "off" {
+		t.Errorf("a tier off on every rank: %q", servers[2][10])
 	}
 }
 
@@ -110,9 +161,9 @@ func TestModel(t *testing.T) {
 	start := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	calls := 0
 	var fail error
-	fetch := func(context.Context) (diag.Sample, error) {
+	fetch := func(context.Context) (Sample, error) {
 		calls++
-		return diag.Sample{Taken: start.Add(time.Duration(calls) * time.Second)}, fail
+		return Sample{Sample: diag.Sample{Taken: start.Add(time.Duration(calls) * time.Second)}}, fail
 	}
 	m := New(t.Context(), Options{Fetch: fetch, Interval: time.Second, Window: 3 * time.Second, Source: "src",
 		Now: func() time.Time { return start }})
@@ -171,7 +222,7 @@ func TestModel(t *testing.T) {
 // quits on q; and it ends with the context.
 func TestRun(t *testing.T) {
 	w := window(t, "rank-divergence/peer_not_in_collective")
-	fetch := func(context.Context) (diag.Sample, error) { return w[len(w)-1], nil }
+	fetch := func(context.Context) (Sample, error) { return w[len(w)-1], nil }
 	opts := Options{Fetch: fetch, Interval: 10 * time.Millisecond, Source: "test", Config: diag.DefaultConfig(), Width: 200, Height: 50}
 
 	in, keys := io.Pipe()

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"sync"
 	"time"
 
+	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/diag"
 	"github.com/pdkit/pdkit/tui"
 	"github.com/spf13/cobra"
@@ -23,11 +25,15 @@ func newCmdTop(f *factory, runF func(context.Context, *topOptions) error) *cobra
 	opts := &topOptions{f: f, Attach: &f.attach, Config: diag.DefaultConfig()}
 	cmd := &cobra.Command{
 		Use:   "top",
-		Short: "Watch every rank live: steps, phases, collectives, PD queues and the diag findings",
+		Short: "Watch every rank live: steps, phases, collectives, PD queues, index-K, host tier and the diag findings",
 		Long: `A live view of the cluster (Bubble Tea): the router and the servers with
 their request queues, the requests each failed since it started (FAILED,
 with "(+N)" for those failed over --window: a router's failed outcomes, a
-PD server's failures) and the fault switches that are on; one line per
+PD server's failures), the index-K precision (INDEX-K: fp8 or bf16, "n/a"
+without a sparse indexer, "fp8 (switching to bf16)" while a live switch
+drains), the host tier (HICACHE: "off", or "on" with the host tokens
+used/total of every rank, "n/a" without a prefix cache) and the fault
+switches that are on; one line per
 rank with its step, Δ (its step less the highest of its server: -1 is a
 rank caught mid-iteration, lower is divergence, marked), its phase, the
 age of its last step, its sequence numbers on the two communicators of its
@@ -65,9 +71,10 @@ piped; --json prints the sample and the findings).`,
 	return cmd
 }
 
-// topOutput is the JSON of a one-shot top.
+// topOutput is the JSON of a one-shot top: the sample (with each server's
+// host tier beside it, "hicache" by URL) and the findings.
 type topOutput struct {
-	Sample   diag.Sample    `json:"sample"`
+	Sample   tui.Sample     `json:"sample"`
 	Findings []diag.Finding `json:"findings"`
 }
 
@@ -82,8 +89,23 @@ func topRun(ctx context.Context, opts *topOptions) error {
 		source = pluralf(len(targets), "server", "servers")
 	}
 	bound := max(opts.Interval, 2*time.Second)
-	fetch := func(ctx context.Context) (diag.Sample, error) {
-		s := sampleOnce(ctx, probe{targets: targets, router: opts.Attach.routerClient(f)}, bound)
+	fetch := func(ctx context.Context) (tui.Sample, error) {
+		var s tui.Sample
+		var hc []*debug.HiCacheResponse
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			s.Sample = sampleOnce(ctx, probe{targets: targets, router: opts.Attach.routerClient(f)}, bound)
+		})
+		wg.Go(func() { hc = readHiCache(ctx, targets, bound) })
+		wg.Wait()
+		for i, h := range hc {
+			if h != nil {
+				if s.HiCache == nil {
+					s.HiCache = map[string]*debug.HiCacheResponse{}
+				}
+				s.HiCache[targets[i].URL] = h
+			}
+		}
 		return s, ctx.Err()
 	}
 	if opts.Once || !f.OutTTY {
@@ -93,14 +115,35 @@ func topRun(ctx context.Context, opts *topOptions) error {
 		Source: source, Config: opts.Config, Width: f.screen.width, Height: f.screen.height})
 }
 
+// readHiCache reads every reachable target's host tier at once, each
+// within bound; nil for a target that did not answer.
+func readHiCache(ctx context.Context, targets []*target, bound time.Duration) []*debug.HiCacheResponse {
+	out := make([]*debug.HiCacheResponse, len(targets))
+	var wg sync.WaitGroup
+	for i, t := range targets {
+		if t.Err != nil {
+			continue
+		}
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(ctx, bound)
+			defer cancel()
+			if h, err := t.c.HiCache(ctx); err == nil {
+				out[i] = &h
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
 // topOnce prints one sample's tables and findings.
-func topOnce(ctx context.Context, opts *topOptions, fetch func(context.Context) (diag.Sample, error)) error {
+func topOnce(ctx context.Context, opts *topOptions, fetch func(context.Context) (tui.Sample, error)) error {
 	f := opts.f
 	s, err := fetch(ctx)
 	if err != nil {
 		return err
 	}
-	findings := diag.RunRules(diag.RulesWith(opts.Config), diag.Window{Samples: []diag.Sample{s}})
+	findings := diag.RunRules(diag.RulesWith(opts.Config), diag.Window{Samples: []diag.Sample{s.Sample}})
 	if findings == nil {
 		findings = []diag.Finding{}
 	}

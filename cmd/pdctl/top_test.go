@@ -12,6 +12,7 @@ import (
 	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/internal/syncbuf"
+	"github.com/pdkit/pdkit/kernels"
 )
 
 // TestTopOnce: piped (or with --once) top prints one sample as tables:
@@ -23,19 +24,37 @@ func TestTopOnce(t *testing.T) {
 		"PREFILL\t1\t*\t*\tidle\t*\t*\t*\t*\tbootstrap=0 active=0 inflight=0\t0/0/32\n" +
 		"DECODE\t0\t*\t*\tidle\t*\t*\t*\t-\tprealloc=0 transfer=0 aborting=0\t0/0/32\n" +
 		"DECODE\t1\t*\t*\tidle\t*\t*\t*\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\n"
-	servers := "ROUTER\trouter\t-\tup\t-\t-\t-\t-\t0\t-\n" +
-		"PREFILL\tprefill\t2\tup\t0\t0\t0\t0\t0\t-\n" +
-		"DECODE\tdecode\t2\tup\t0\t0\t0\t0\t0\t-\n"
+	servers := "ROUTER\trouter\t-\tup\t-\t-\t-\t-\t0\t-\t-\t-\n" +
+		"PREFILL\tprefill\t2\tup\t0\t0\t0\t0\t0\tfp8\toff\t-\n" +
+		"DECODE\tdecode\t2\tup\t0\t0\t0\t0\t0\tfp8\toff\t-\n"
 	checkRun(t, c, exitOK, servers+"\n"+ranks+"\n", "", "top")
+
+	// The index-K precision and the host tier of each server: the decode
+	// switched to bf16 alone (no request runs), the prefill's tier on.
+	if _, err := c.decode.eng.SetIndexK(t.Context(), kernels.IndexBF16, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.New(c.prefill.ts.URL, "", nil).SetHiCache(t.Context(), true); err != nil {
+		t.Fatal(err)
+	}
+	checkRun(t, c, exitOK, "ROUTER\trouter\t-\tup\t-\t-\t-\t-\t0\t-\t-\t-\n"+
+		"PREFILL\tprefill\t2\tup\t0\t0\t0\t0\t0\tfp8\ton 0/512\t-\n"+
+		"DECODE\tdecode\t2\tup\t0\t0\t0\t0\t0\tbf16\toff\t-\n\n"+ranks+"\n", "", "top")
+	if _, err := c.decode.eng.SetIndexK(t.Context(), kernels.IndexFP8, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.New(c.prefill.ts.URL, "", nil).SetHiCache(t.Context(), false); err != nil {
+		t.Fatal(err)
+	}
 
 	// A fault switch shows, and the rule that names it.
 	if _, err := client.New(c.decode.ts.URL, "", nil).SetFault(t.Context(), "drop-heartbeat", true); err != nil {
 		t.Fatal(err)
 	}
 	checkRun(t, c, exitFindings,
-		"ROUTER\trouter\t-\tup\t-\t-\t-\t-\t0\t-\n"+
-			"PREFILL\tprefill\t2\tup\t0\t0\t0\t0\t0\t-\n"+
-			"DECODE\tdecode\t2\tup\t0\t0\t0\t0\t0\tfaults on: drop-heartbeat\n\n"+ranks+"\n"+
+		"ROUTER\trouter\t-\tup\t-\t-\t-\t-\t0\t-\t-\t-\n"+
+			"PREFILL\tprefill\t2\tup\t0\t0\t0\t0\t0\tfp8\toff\t-\n"+
+			"DECODE\tdecode\t2\tup\t0\t0\t0\t0\t0\tfp8\toff\tfaults on: drop-heartbeat\n\n"+ranks+"\n"+
 			"warning\tfault-switch-on\tDECODE\t-\tthe decode server runs with the fault switch on: drop-heartbeat\n",
 		"pdctl: top: 1 finding (1 warning)\n", "top", "--once")
 
@@ -45,6 +64,7 @@ func TestTopOnce(t *testing.T) {
 		t.Fatalf("--json: exit %d, %v\n%s\n%s", code, err, stdout, stderr)
 	}
 	if len(out.Sample.Servers) != 2 || !out.Sample.Servers[1].Reachable || out.Sample.Servers[1].Steps == nil ||
+		len(out.Sample.HiCache) != 2 || out.Sample.HiCache["DECODE"] == nil || len(out.Sample.HiCache["DECODE"].Ranks) != 2 ||
 		len(out.Findings) != 1 || out.Findings[0].Rule != "fault-switch-on" || out.Findings[0].Rank != nil ||
 		out.Sample.Router == nil || !out.Sample.Router.Reachable || out.Sample.Router.URL != "ROUTER" {
 		t.Errorf("--json: %+v", out)
@@ -63,7 +83,7 @@ func TestTopOnce(t *testing.T) {
 	// On a terminal with --once: aligned, headers.
 	code, stdout, _ = c.pdctl(t, true, "top", "--once")
 	got := regexp.MustCompile(` {2,}`).ReplaceAllString(stdout, "  ")
-	if code != exitFindings || !strings.HasPrefix(got, "SERVER  ROLE  TP  STATE  WAIT  PREFILL  RUN  ABORT  FAILED  DETAIL\n") ||
+	if code != exitFindings || !strings.HasPrefix(got, "SERVER  ROLE  TP  STATE  WAIT  PREFILL  RUN  ABORT  FAILED  INDEX-K  HICACHE  DETAIL\n") ||
 		!strings.Contains(got, "\nSERVER  RANK  STEP  Δ  PHASE  AGE  CTRL SEQ  FWD SEQ  COLLECTIVE  PD QUEUES  KV USED/CACHED/TOTAL\n") ||
 		!strings.Contains(got, "\nSEVERITY  RULE  SERVER  RANK  SUMMARY\nwarning  fault-switch-on  DECODE  -  ") {
 		t.Errorf("terminal: exit %d\n%s", code, stdout)
