@@ -54,6 +54,7 @@ func (s *Server) adminHandler() http.Handler {
 	post(debug.HiCacheOffloadPath, s.adminHiCacheOffload)
 	post(debug.IndexKPath(debug.IndexKFP8), s.adminIndexK(kernels.IndexFP8))
 	post(debug.IndexKPath(debug.IndexKBF16), s.adminIndexK(kernels.IndexBF16))
+	post(debug.IndexKPath("{dtype}"), s.adminIndexKUnknown)
 	mux.HandleFunc("/", s.mux.NotFound)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rw := &httpx.Recorder{ResponseWriter: w}

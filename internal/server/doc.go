@@ -266,7 +266,8 @@
 // with from, to, changed (false when the server already ran it), paused_ms
 // and aborted; 202 with pending true when it is not done by then (it goes
 // on, as it does when the caller goes, and GET /debug/v1/settings says
-// index_k_switch until it is); 409 while a switch is under way. The engine
+// index_k_switch until it is); 409 while a switch is under way; 400 for
+// another precision than those two. The engine
 // logs each switch done, and pdkit_indexk_switches_total counts it. On a
 // PD pair the prefill switches first, then the decode (pdctl indexk set).
 //

@@ -129,3 +129,10 @@ func (s *Server) adminIndexK(dt kernels.IndexKDType) http.HandlerFunc {
 			PausedMS: ms(res.Paused), Aborted: res.Aborted})
 	}
 }
+
+// adminIndexKUnknown answers a switch to a precision there is none of.
+func (s *Server) adminIndexKUnknown(w http.ResponseWriter, r *http.Request) {
+	dt := r.PathValue("dtype")
+	setResult(r, "index-K %q: unknown precision", dt)
+	openai.InvalidRequest("dtype", fmt.Sprintf("unknown index-K precision %q: want %s or %s", dt, debug.IndexKFP8, debug.IndexKBF16)).WriteJSON(w)
+}

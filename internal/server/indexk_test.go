@@ -35,7 +35,8 @@ func (e *env) indexKSwitch(t *testing.T, dtype, query string, want int) debug.In
 // token): a request running when the drain bound (0s) has passed is aborted
 // and counted, the switch shows in the settings, the state's totals and the
 // pdkit_indexk_* metrics, a switch to the precision in use changes nothing,
-// a bad drain is a 400, and the server serves on in the new precision.
+// a bad drain or an unknown precision is a 400, and the server serves on in
+// the new precision.
 func TestIndexKAdmin(t *testing.T) {
 	e := newEnvWith(t, serve.Config{TP: 2, PageSize: 4, KVTokens: 512, MaxRunning: 2, IndexK: kernels.IndexFP8}, Options{AdminToken: "tok"})
 	var st debug.Settings
@@ -63,7 +64,7 @@ func TestIndexKAdmin(t *testing.T) {
 			t.Errorf("drain %q: %d %s", q, code, b)
 		}
 	}
-	if code, b := e.admin(t, "/admin/v1/indexk/int4", "tok", ""); code != http.StatusNotFound {
+	if code, b := e.admin(t, "/admin/v1/indexk/int4", "tok", ""); code != http.StatusBadRequest || !strings.Contains(string(b), `unknown index-K precision \"int4\": want fp8 or bf16`) {
 		t.Errorf("an unknown precision: %d %s", code, b)
 	}
 
