@@ -25,6 +25,17 @@ import (
 	"github.com/pdkit/pdkit/kernels"
 )
 
+// waitSwitches waits until n's state counts want index-K switches: the
+// totals come with the engine's next published snapshot, a little after
+// the switch.
+func waitSwitches(t *testing.T, n *node, want uint64) {
+	t.Helper()
+	poll(t, "the switches counted", 10*time.Second, func() bool {
+		st, err := client.New(n.ts.URL, "", nil).State(t.Context())
+		return err == nil && st.Snapshot != nil && st.Snapshot.Totals.IndexKSwitches == want
+	})
+}
+
 // TestIndexK shows and switches the index-K precision of live servers
 // through pdctl: the PD pair behind the router (prefill first, then
 // decode), again (already), as JSON, a colocated server whose model has no
@@ -63,6 +74,7 @@ func TestIndexK(t *testing.T) {
 		},
 		{
 			name:   "status after the switch; a server without an indexer",
+			before: func() { waitSwitches(t, c.decode, 1) },
 			args:   []string{"--server", c.decode.ts.URL, "--server", plain.ts.URL, "indexk", "status"},
 			stdout: "DECODE\tdecode\tbf16\tyes\t1\nPLAIN\tcolocated\tn/a: no sparse indexer\tno\t0\n",
 		},
@@ -106,8 +118,9 @@ func TestIndexK(t *testing.T) {
 `,
 		},
 		{
-			name: "status as JSON",
-			args: []string{"--server", c.prefill.ts.URL, "--server", plain.ts.URL, "indexk", "status", "--json"},
+			name:   "status as JSON",
+			before: func() { waitSwitches(t, c.prefill, 2) },
+			args:   []string{"--server", c.prefill.ts.URL, "--server", plain.ts.URL, "indexk", "status", "--json"},
 			stdout: `{
   "servers": [
     {
@@ -168,8 +181,9 @@ func TestIndexK(t *testing.T) {
 			stderr: "pdctl: the switch to bf16 did not take on 2 servers (PREFILL, DECODE); the cluster may be mixed: fp8 on PREFILL, DECODE\n",
 		},
 		{
-			name: "status while the switch is under way",
-			args: []string{"indexk", "status"},
+			name:   "status while the switch is under way",
+			before: func() { waitSwitches(t, c.decode, 2) },
+			args:   []string{"indexk", "status"},
 			stdout: "PREFILL\tprefill\tfp8 (switching to bf16)\tyes\t2\n" +
 				"DECODE\tdecode\tfp8\tyes\t2\n",
 		},
@@ -328,6 +342,8 @@ func TestIndexKSetUnderLoad(t *testing.T) {
 				!slices.ContainsFunc(r.KV, func(kv debug.KVPages) bool { return kv.Held() != 0 })
 		})
 	}
+	waitSwitches(t, c.prefill, 1)
+	waitSwitches(t, c.decode, 1)
 	_, stdout, _ = c.pdctl(t, false, "indexk", "status")
 	if stdout != "PREFILL\tprefill\tbf16\tyes\t1\nDECODE\tdecode\tbf16\tyes\t1\n" {
 		t.Errorf("status after the switch:\n%s", stdout)
