@@ -27,9 +27,16 @@ func TestIndexKMetrics(t *testing.T) {
 	if err := met.Watch(eng); err != nil {
 		t.Fatal(err)
 	}
+	// The counter comes with the engine's next published snapshot, a
+	// little after the switch: poll for it, then check the rest.
 	check := func(when string, fp8, bf16, switches float64) {
 		t.Helper()
-		v := values(t, met.Registry())
+		var v map[string]float64
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+			if v = values(t, met.Registry()); v["pdkit_indexk_switches_total"] == switches || time.Now().After(deadline) {
+				break
+			}
+		}
 		for k, want := range map[string]float64{"pdkit_indexk_precision/fp8": fp8, "pdkit_indexk_precision/bf16": bf16,
 			"pdkit_indexk_switches_total": switches} {
 			if got, ok := v[k]; !ok || got != want {
@@ -45,15 +52,7 @@ func TestIndexKMetrics(t *testing.T) {
 	lint(t, met)
 
 	plain := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlama, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
-	pe, err := serve.New(plain, withCPU(serve.Config{PageSize: 4, MaxRunning: 2}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pe.Close()
-	met = New(nil)
-	if err := met.Watch(pe); err != nil {
-		t.Fatal(err)
-	}
+	met = watched(t, plain, serve.Config{PageSize: 4, MaxRunning: 2})
 	for k := range values(t, met.Registry()) {
 		if strings.HasPrefix(k, "pdkit_indexk_") {
 			t.Errorf("a model without an indexer exports %s", k)
