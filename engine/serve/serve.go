@@ -319,7 +319,7 @@ type Engine struct {
 	indexKOp *indexKOp
 	// offloadOp is an Offload for the loops, nil when none (hicache.go).
 	offloadOp *offloadOp
-	wake     chan struct{} // capacity 1: the inbox changed
+	wake      chan struct{} // capacity 1: the inbox changed
 
 	// The inbox as Health sees it without the lock.
 	numPending    atomic.Int64
