@@ -114,6 +114,9 @@ func (s Sample) Server(url string) *ServerSample {
 // sample cannot show progress, so rules about progress stay silent on it.
 type Window struct {
 	Samples []Sample `json:"samples"`
+	// Canaries are what diagnose's canaries found during the window (an
+	// active probe, sent only with --canaries); nil when none were sent.
+	Canaries *Canaries `json:"canaries,omitempty"`
 }
 
 // First returns the oldest sample; the zero Sample when there is none.
@@ -284,6 +287,7 @@ func RulesWith(c Config) []Rule {
 		pdEntryOverdue(c),
 		kvLeak(c),
 		requestsFailing(),
+		outputDivergence(),
 	}
 }
 

@@ -82,6 +82,17 @@
 //     which its decode aborted (a client that left, or a failure the decode
 //     counts itself). The remedy follows the reasons. Counters that went
 //     down (a restarted process) count from zero.
+//   - output-divergence (critical): a canary gave other greedy tokens from
+//     the cache than computed without it (no_cache). Canaries are an active
+//     probe that pdctl sends only when asked (diagnose --canaries N) and
+//     puts in the Window (Canaries): each prompt sent once, offloaded to the
+//     host tier of every prefill and colocated server whose tier is on, then
+//     sent normally (it loads back from host) and with no_cache. Greedy
+//     decoding is batch-invariant, so any difference is corrupt KV (the
+//     HiCache index-K race of incident 3). The finding names each server's
+//     cell (role, index-K precision, host tier on or off, faults on), the
+//     canaries that differ and their outputs, and the remedy: the fault
+//     switch off, HiCache off. A canary that could not run is not judged.
 //
 // A server's TP ranks talk over two communicators, each with its own
 // sequence numbers (api/debug's CommControl and CommForward): "control"

@@ -22,6 +22,11 @@ type diagnoseOptions struct {
 	Interval time.Duration
 	JSON     bool
 	Config   diag.Config
+	// Canaries is how many canaries to send during the window (0: none,
+	// diagnose stays read-only); CanarySeed generates their prompts (0:
+	// from the clock).
+	Canaries   int
+	CanarySeed uint64
 }
 
 func newCmdDiagnose(f *factory, runF func(context.Context, *diagnoseOptions) error) *cobra.Command {
@@ -43,6 +48,22 @@ line per finding when piped (severity, rule, server, rank or "-" for the
 whole server, summary, evidence, remedy), the findings array with --json
 (rank null for the whole server). "healthy" when there are none.
 
+With --canaries N, diagnose also sends N canary prompts during the window,
+through the router (or the first colocated --server), one after another,
+under whatever load the cluster has: each prompt (seeded by --canary-seed,
+a few hundred tokens over several KV pages, so that the sparse indexer reads
+its index keys) is sent once so that it is cached, its prefix is offloaded
+to the host tier of every prefill and colocated server whose HiCache is on
+(POST /admin/v1/hicache/offload, an admin call: --token), then it is sent
+again (its KV loads back from host) and with no_cache (computed from
+scratch). Each is greedy, ignores end-of-sequence and is 16 tokens long.
+Greedy decoding in pdkit is batch-invariant, so any difference between
+these outputs is corrupt KV, not noise: rule output-divergence names it,
+with each server's index-K precision, HiCache state and fault switches on.
+With HiCache off everywhere nothing loads back; the canaries still compare
+a cache hit with no_cache, and stderr says so. Without --canaries nothing
+is sent.
+
 Each server is judged by the settings it publishes (GET /debug/v1/settings):
 its PD timeouts, and its loop heartbeat, which raises --collective-wait and
 the grace of the timeouts to twice the heartbeat on a server whose
@@ -60,6 +81,9 @@ server answered at all).`,
 			if opts.Interval > opts.Window {
 				return newUsageError(cmd, "--interval %v is longer than --window %v", opts.Interval, opts.Window)
 			}
+			if opts.Canaries < 0 {
+				return newUsageError(cmd, "--canaries must not be negative")
+			}
 			if runF != nil {
 				return runF(cmd.Context(), opts)
 			}
@@ -70,6 +94,8 @@ server answered at all).`,
 	fl.DurationVar(&opts.Window, "window", 5*time.Second, "how long to sample the cluster")
 	fl.DurationVar(&opts.Interval, "interval", time.Second, "time between two samples")
 	fl.BoolVar(&opts.JSON, "json", false, "print the findings as a JSON array")
+	fl.IntVar(&opts.Canaries, "canaries", 0, "send this many canary prompts during the window and compare their outputs from the cache (loaded back from host) and without it (0: send nothing)")
+	fl.Uint64Var(&opts.CanarySeed, "canary-seed", 0, "seed of the canary prompts, to repeat a run (0: from the clock)")
 	o := &opts.Config.Overrides
 	const published = " instead of the one each server publishes (0: the server's)"
 	fl.DurationVar(&o.Bootstrap, "bootstrap-timeout", 0, "judge prefill bootstrap and decode prealloc entries by this PD bootstrap timeout"+published)
@@ -126,12 +152,21 @@ func diagnoseRun(ctx context.Context, opts *diagnoseOptions) error {
 	if err != nil {
 		return err
 	}
+	p := probe{targets: targets, router: opts.Attach.routerClient(f)}
+	if opts.Canaries > 0 {
+		if p.canaries, err = newCanaryProbe(opts.Attach, targets, opts.Canaries, opts.CanarySeed); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintf(f.ErrOut, "sampling %s every %v for %v…\n", pluralf(len(targets), "server", "servers"), opts.Interval, opts.Window)
-	findings, w, err := diagnose(ctx, probe{targets: targets, router: opts.Attach.routerClient(f)}, opts.Window, opts.Interval, opts.Config)
+	findings, w, err := diagnose(ctx, p, opts.Window, opts.Interval, opts.Config)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(f.ErrOut, "%s over %v\n", pluralf(len(w.Samples), "sample", "samples"), w.Span().Round(time.Millisecond))
+	if w.Canaries != nil {
+		io.WriteString(f.ErrOut, canaryReport(w.Canaries))
+	}
 	if opts.JSON {
 		err = writeJSON(f.Out, findings)
 	} else {
@@ -151,12 +186,22 @@ func diagnoseRun(ctx context.Context, opts *diagnoseOptions) error {
 type probe struct {
 	targets []*target
 	router  *client.Client // nil: the servers were named with --server
+	// canaries, when set, run beside the samples (diagnose --canaries).
+	canaries *canaryProbe
 }
 
-// diagnose samples p over window and runs the rules of cfg. It is an
+// diagnose samples p over window, runs its canaries beside (when it has
+// any: they may outlast the window) and runs the rules of cfg. It is an
 // error (cannot run) when no server answered in any sample.
 func diagnose(ctx context.Context, p probe, window, interval time.Duration, cfg diag.Config) ([]diag.Finding, diag.Window, error) {
+	var canaries *diag.Canaries
+	var wg sync.WaitGroup
+	if p.canaries != nil {
+		wg.Go(func() { canaries = p.canaries.run(ctx, window) })
+	}
 	w, err := sampleWindow(ctx, p, window, interval)
+	wg.Wait()
+	w.Canaries = canaries
 	if err != nil {
 		return nil, w, err
 	}

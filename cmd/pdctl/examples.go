@@ -164,6 +164,9 @@ $ pdctl diagnose --json
 
 # Judge decode transfers by a 5s timeout, whatever the servers publish
 $ pdctl diagnose --transfer-timeout 5s
+
+# Also send 3 canaries: from the cache (loaded back from host) and without it, the same outputs?
+$ pdctl diagnose --canaries 3
 `,
 	"top": `
 # The live view (q quits, p pauses, r samples)
