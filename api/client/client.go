@@ -1,8 +1,9 @@
 // Package client is a small Go client for a pdkit server or router: the
 // read-only debug API (GET /debug/v1/...) into the api/debug types, the
 // server's self-description (GET /pd/v1/info), /health, the admin calls
-// (POST /admin/v1/...: faults on and off, the host tier on, off and its
-// pacing, the index-K precision, abort by request id, by room, all)
+// (POST /admin/v1/...: faults on and off, the host tier on, off, its
+// pacing and the offload of a prompt's prefix, the index-K precision,
+// abort by request id, by room, all)
 // with an optional bearer token, cluster discovery through a router
 // (GET /debug/v1/cluster), and GET /metrics with ParseMetrics to read its
 // samples (pdctl reads the router's request outcomes so).

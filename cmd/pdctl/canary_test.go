@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/diag"
 	"github.com/pdkit/pdkit/engine/serve"
@@ -49,11 +50,16 @@ func hostHits(n *node) uint64 {
 var canaryLine = regexp.MustCompile(`prompts of [0-9–]+ tokens`)
 
 // TestDiagnoseCanariesHealthy: a healthy cluster with HiCache on (bf16
-// index keys) under a little concurrent load, diagnosed with 3 canaries 3
-// times: healthy each time, every canary loaded back from host on the
-// prefill (its host hits grow by 3 a run) and gave the same outputs.
+// index keys, loads back from host paced to 16MiB/s as in the fault's
+// test, so that the gates really hold readers) under a little concurrent
+// load, diagnosed with 3 canaries 3 times: healthy each time, every canary
+// loaded back from host on the prefill (its host hits grow by 3 a run) and
+// gave the same outputs.
 func TestDiagnoseCanariesHealthy(t *testing.T) {
 	c := newCanaryCluster(t, nil)
+	if _, err := client.New(c.prefill.ts.URL, "", nil).SetHiCacheBandwidth(t.Context(), 16<<20); err != nil {
+		t.Fatal(err)
+	}
 	served, stop := load(t, c.router, 4)
 	poll(t, "the load served 8 completions", 20*time.Second, func() bool { return served() >= 8 })
 	for run := range 3 {
