@@ -16,8 +16,8 @@ import (
 // OffloadHiCache moves the cached prefix of a prompt (req's text or token
 // ids) to every rank's host tier (POST /admin/v1/hicache/offload), so that
 // the next request with it loads it back from host. The answer says how
-// many of the prompt's tokens are on host only now (0 when it was not
-// cached). The tier off, no prefix cache, or another offload waiting is an
+// many of the prompt's tokens the call moved (0 when none was cached on
+// the device). The tier off, no prefix cache, or another offload waiting is an
 // *APIError with status 409; a bad prompt one with status 400.
 func (c *Client) OffloadHiCache(ctx context.Context, req debug.HiCacheOffloadRequest) (debug.HiCacheOffloadResponse, error) {
 	var v debug.HiCacheOffloadResponse

@@ -144,9 +144,12 @@ type HiCacheOffloadRequest struct {
 type HiCacheOffloadResponse struct {
 	// PromptTokens is the prompt's length in tokens.
 	PromptTokens int `json:"prompt_tokens"`
-	// OffloadedTokens are the prompt's tokens that are on host only after
-	// the call (rank 0's count; every rank offloads the same pages): its
-	// whole pages as far as the device cached them and nothing else used
-	// them. 0 when the prompt was not cached.
+	// OffloadedTokens are the prompt's tokens this call took off the device
+	// to the host tier (rank 0's count; every rank offloads the same
+	// pages): its whole pages as far as the device cached them, none of
+	// them in use and none shared with another cached prompt's path. 0 when
+	// nothing of it was cached on the device (never cached, or on host
+	// only already); a page held by a request still running stays, and a
+	// later call moves it.
 	OffloadedTokens int `json:"offloaded_tokens"`
 }
