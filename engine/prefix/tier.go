@@ -918,12 +918,12 @@ func (c *Cache) checkTier() error {
 // path on the device goes (all of it, or nothing if some of it is in use),
 // and the path is taken off the device deepest first, as Evict would take
 // it, for as long as its nodes are evictable and have no other child on the
-// device. A node whose backup
-// failed (host pool full of pinned entries) goes instead of staying on host.
-// Which nodes leave the device depends on the device state alone, so ranks
-// that agree on it still do after Offload. It returns the tokens of the path
-// that are host-only afterwards. Operators and tests use it to make the next
-// request with that prefix load it back.
+// device. A node whose backup failed (host pool full of pinned entries) goes
+// instead of staying on host. Which nodes leave the device depends on the
+// device state alone, so ranks that agree on it still do after Offload. It
+// returns the tokens this call moved to host only (a path already there
+// counts 0). Operators and tests use it to make the next request with that
+// prefix load it back.
 func (c *Cache) Offload(ctx context.Context, tokens []int32) (int, error) {
 	if c.tier.host == nil {
 		return 0, ErrNoHost

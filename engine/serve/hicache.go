@@ -530,11 +530,12 @@ func (l *rankLoop) applyOffload(prompt []int32) error {
 		ctx, cancel := context.WithTimeout(ctx, time.Minute)
 		res.tokens, res.err = l.cache.Offload(ctx, prompt)
 		cancel()
+		if res.err != nil {
+			return fmt.Errorf("serve: rank %d: %w", l.r, res.err) // the writer is stuck
+		}
 	} else {
+		// Switched off in the same step, or before: the caller hears it.
 		res.err = errors.New("serve: offload: the host tier went off")
-	}
-	if res.err != nil && !errors.Is(res.err, prefix.ErrNoHost) {
-		return fmt.Errorf("serve: rank %d: %w", l.r, res.err) // the writer is stuck
 	}
 	if l.r == 0 {
 		l.e.mu.Lock()
