@@ -35,7 +35,7 @@ routed to a switched prefill and an unswitched decode fail, naming the
 precisions; once both rounds are done the pairs agree again.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				return newUsageError(cmd, "indexk needs a command: status or set")
+				return newUsageError(cmd, "indexk needs a command: status, set or ab")
 			}
 			return newUsageError(cmd, "unknown command %q for %q", args[0], cmd.CommandPath())
 		},
@@ -43,6 +43,7 @@ precisions; once both rounds are done the pairs agree again.`,
 	}
 	cmd.AddCommand(newCmdIndexKStatus(f, nil))
 	cmd.AddCommand(newCmdIndexKSet(f, nil))
+	cmd.AddCommand(newCmdIndexKAB(f, nil))
 	return cmd
 }
 

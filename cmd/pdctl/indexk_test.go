@@ -223,7 +223,7 @@ func TestIndexK(t *testing.T) {
 			name:   "no command",
 			args:   []string{"indexk"},
 			code:   exitUsage,
-			stderr: "pdctl: indexk needs a command: status or set\nRun 'pdctl indexk --help' for usage.\n",
+			stderr: "pdctl: indexk needs a command: status, set or ab\nRun 'pdctl indexk --help' for usage.\n",
 		},
 	}
 	for _, st := range steps {

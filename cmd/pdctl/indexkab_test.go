@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spf13/cobra"
-
 	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/engine/model"
@@ -61,25 +59,10 @@ func (c *cluster) abPdctl(t *testing.T, tty bool, args ...string) (exitCode, str
 			}
 			return ""
 		}}
-	root := withIndexKAB(t, f, newCmdRoot(f))
+	root := newCmdRoot(f)
 	root.SetArgs(args)
 	code := exitCodeFor(root.ExecuteContext(t.Context()), f.ErrOut)
 	return code, c.names(out.String()), c.names(errOut.String())
-}
-
-// withIndexKAB adds "indexk ab" to root when the indexk command does not.
-func withIndexKAB(t *testing.T, f *factory, root *cobra.Command) *cobra.Command {
-	if cmd, _, err := root.Find([]string{"indexk", "ab"}); err == nil && cmd.Name() == "ab" {
-		return root
-	}
-	t.Log("pdctl's command tree has no indexk ab yet: the test adds it")
-	ik, _, err := root.Find([]string{"indexk"})
-	if err != nil || ik == root {
-		ik = &cobra.Command{Use: "indexk", Short: "index-K precision"}
-		root.AddCommand(ik)
-	}
-	ik.AddCommand(newCmdIndexKAB(f, nil))
-	return root
 }
 
 // serverState reads what indexk ab must restore on n.

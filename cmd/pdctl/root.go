@@ -97,7 +97,7 @@ and works while the cluster is wedged, since it reads only the servers'
 lock-free snapshots.
 
 Commands: status, queues dump, fault list|on|off, hicache status|on|off (the
-host-memory KV tier), indexk status|set (the sparse indexer's key precision,
+host-memory KV tier), indexk status|set|ab (the sparse indexer's key precision,
 switched live across the cluster), abort (synthetic ABORT frames to a prefill
 rank, or the mass-abort drill), diagnose (rules over a sampled window), top (a
 live view of every rank), bundle (everything an engineer needs, in one file)
