@@ -24,6 +24,7 @@ type Writer struct {
 	mu     sync.Mutex
 	queue  []*Backup
 	closed bool
+	held   chan struct{} // non-nil: park before the next backup until closed (HoldBackups)
 
 	worker
 	tally copyTally // backups
@@ -106,6 +107,27 @@ func (w *Writer) Stats() (backups, bytes, failures uint64, seconds float64) {
 	return w.tally.totals()
 }
 
+// HoldBackups makes the writer park before its next backup, leaving it
+// queued (not Done), until ReleaseBackups or Close. A test hook: it lets a
+// test keep a backup in flight while the cache decides.
+func (w *Writer) HoldBackups() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.held == nil {
+		w.held = make(chan struct{})
+	}
+}
+
+// ReleaseBackups lets a writer held by HoldBackups go on.
+func (w *Writer) ReleaseBackups() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.held != nil {
+		close(w.held)
+		w.held = nil
+	}
+}
+
 // Close fails every queued backup with ErrClosed, lets a running one finish
 // (one copy of a few pages: nothing else holds it up) and returns once the
 // goroutine has exited. Later calls do nothing.
@@ -136,6 +158,14 @@ func (w *Writer) run() {
 		if len(w.queue) == 0 {
 			w.mu.Unlock()
 			w.idle()
+			continue
+		}
+		if held := w.held; held != nil {
+			w.mu.Unlock()
+			select {
+			case <-held:
+			case <-w.stop:
+			}
 			continue
 		}
 		b := w.queue[0]

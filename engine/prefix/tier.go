@@ -944,12 +944,11 @@ func (c *Cache) Offload(ctx context.Context, tokens []int32) (int, error) {
 			c.queueBackup(x)
 		}
 	}
-	for _, x := range path {
-		if x.backup != nil {
-			if err := c.waitBackup(ctx, x); err != nil {
-				return 0, fmt.Errorf("prefix: offload: %w", err)
-			}
-		}
+	// Every backup in flight is waited for, not only the path's: whether
+	// a node below the path may leave the device must not depend on
+	// whether its backup happened to finish on this rank's writer.
+	if err := c.waitBackups(ctx); err != nil {
+		return 0, fmt.Errorf("prefix: offload: %w", err)
 	}
 	var freed []int32
 	takeOff := func(x *node) {
@@ -972,7 +971,7 @@ func (c *Cache) Offload(ctx context.Context, tokens []int32) (int, error) {
 				if ch.page < 0 {
 					continue
 				}
-				if !walk(ch) || !c.evictable(ch) || ch.loading != nil || ch.backup != nil {
+				if !walk(ch) || !c.evictable(ch) || ch.loading != nil {
 					return false
 				}
 				below = append(below, ch)
