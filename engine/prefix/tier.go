@@ -571,13 +571,23 @@ func (c *Cache) LoadBack(ctx context.Context, tokens []int32, hm HostMatch, upTo
 		on++
 	}
 	nodes := path[on:]
+	// The shared nodes may be unlocked (their loader's requests went):
+	// lock them while room is made, so that Evict does not take them off
+	// the device from under the nodes loaded below them.
+	shared := func(d int) {
+		if on > 0 {
+			c.lockPath(path[on-1], d)
+		}
+	}
+	shared(1)
 	if c.Free() < len(nodes) {
+		shared(-1)
 		return hm.Pages, hm.N, nil
 	}
 	c.clock++
 	if len(nodes) > 0 {
 		if short := len(nodes) - c.pool.FreePages(); short > 0 {
-			c.Evict(short) // hm's match is locked and its host nodes are not on the device
+			c.Evict(short) // hm's match and the shared nodes are locked, its host nodes are not on the device
 		}
 		pages, err := c.pool.AllocCached(len(nodes))
 		if err != nil {
@@ -585,6 +595,7 @@ func (c *Cache) LoadBack(ctx context.Context, tokens []int32, hm HostMatch, upTo
 		}
 		l, err := c.tier.loader.SubmitKeysWait(ctx, keysOf(nodes), pages)
 		if err != nil {
+			shared(-1)
 			if ferr := c.pool.FreeCached(pages); ferr != nil {
 				panic(fmt.Sprintf("prefix: load back: %v", ferr))
 			}
@@ -604,6 +615,7 @@ func (c *Cache) LoadBack(ctx context.Context, tokens []int32, hm HostMatch, upTo
 		c.tier.stats.HostHits++
 		c.tier.stats.HitTokens += uint64(len(nodes) * c.ps)
 	}
+	shared(-1)
 	// The lock moves from the device match to the whole path: the new lock
 	// first, so that Unlock does not abandon a load just made.
 	end := path[k-1]
