@@ -57,7 +57,7 @@ func TestIDJSON(t *testing.T) {
 // never an id or a room.
 func TestConventions(t *testing.T) {
 	types := []any{StepsResponse{}, CollectivesResponse{}, RequestsResponse{}, AbortResponse{}, AbortAllResponse{},
-		PDResponse{}, ClusterResponse{}, Settings{}, StateResponse{}, FaultsResponse{}, GPUResponse{}}
+		PDResponse{}, ClusterResponse{}, Settings{}, StateResponse{}, FaultsResponse{}, GPUResponse{}, DecisionsResponse{}}
 	seen := map[reflect.Type]bool{}
 	otherUnit := regexp.MustCompile(`_(seconds|secs|s|us|ns|minutes)$`)
 	var walk func(reflect.Type, string)

@@ -48,6 +48,9 @@ type Settings struct {
 	CollectiveWatchdogMS float64 `json:"collective_watchdog_ms"`
 	// FlightRecorderLen is the collectives each rank's flight recorder keeps.
 	FlightRecorderLen int `json:"flight_recorder_len"`
+	// DecisionLogLen is the iterations each rank's decision log keeps
+	// (GET /debug/v1/decisions).
+	DecisionLogLen int `json:"decision_log_len"`
 	// CloseTimeoutMS is how long a shutdown waits for the loops to stop.
 	CloseTimeoutMS float64 `json:"close_timeout_ms"`
 

@@ -47,6 +47,9 @@ type Config struct {
 	// FlightRecorderLen is how many collectives each rank's flight
 	// recorder keeps (default dist.DefaultFlightRecorderLen).
 	FlightRecorderLen int
+	// DecisionLogLen is how many iterations each rank's decision log
+	// keeps (default DefaultDecisionLogLen; decisions.go).
+	DecisionLogLen int
 
 	// CollectiveWatchdog is the stall threshold of the rank group's
 	// watchdog: a collective that waits longer is reported once, with the
@@ -140,6 +143,9 @@ func (c *Config) setDefaults(m *model.Model) {
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = 5 * time.Second
 	}
+	if c.DecisionLogLen == 0 {
+		c.DecisionLogLen = DefaultDecisionLogLen
+	}
 }
 
 // maxSeqs is the number of sequences a rank's pool holds at once: the
@@ -222,6 +228,9 @@ func (c Config) Validate(m *model.Model) error {
 	}
 	if c.FlightRecorderLen < 0 {
 		bad("flight recorder length %d must not be negative", c.FlightRecorderLen)
+	}
+	if c.DecisionLogLen < 0 {
+		bad("decision log length %d must not be negative", c.DecisionLogLen)
 	}
 	if c.PageSize >= 1 && c.KVTokens >= 1 && c.MaxRunning >= 1 && c.Pages() < c.MaxRunning {
 		bad("KV pool of %d pages cannot hold %d running requests (one page each at least): raise the KV capacity or lower max running", c.Pages(), c.MaxRunning)

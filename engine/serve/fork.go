@@ -47,6 +47,7 @@ func (l *rankLoop) forkRoom() (pages, rows int, err error) {
 	if err := l.comm().AllReduceMinInt(ctx, reduced); err != nil {
 		return 0, 0, fmt.Errorf("serve: rank %d: fork room: %w", l.r, err)
 	}
+	l.note(AgreeFork, reduced)
 	return int(reduced[0]), int(reduced[1]), nil
 }
 

@@ -45,6 +45,8 @@ type rankLoop struct {
 	last atomic.Pointer[StepRecord]
 
 	wire     []byte        // rank 0's encoding buffer
+	dlog     *decisionLog  // the rank's decision log (decisions.go)
+	dbuf     []byte        // the step input re-encoded for its digest
 	gated    hicache.Loads // the loads the step's forward pass reads through gates
 	now      time.Duration
 	finished int // requests finished in the current iteration
@@ -237,6 +239,7 @@ func (e *Engine) takeAborts() []abortMsg {
 //	fork     AllReduceMinInt  free pages and rows, when a request of n > 1 samples its first tokens (fork.go)
 func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	l.now, l.finished = in.now, 0
+	l.noteInput(in)
 	rec := StepRecord{Rank: l.r, Step: l.step + 1, Phase: "idle", Start: start}
 	adds, err := l.arrive(in)
 	if err != nil {
@@ -403,6 +406,7 @@ func (l *rankLoop) poll() error {
 	if err := l.comm().AllReduceMinInt(ctx, votes); err != nil {
 		return fmt.Errorf("serve: rank %d: pd poll: %w", l.r, err)
 	}
+	l.note(AgreePoll, votes)
 	acts, err := l.pd.machine.Apply(l.now, votes)
 	if err != nil {
 		return fmt.Errorf("serve: rank %d: pd poll: %w", l.r, err)
@@ -419,6 +423,7 @@ func (l *rankLoop) room() (int, error) {
 	if err := l.comm().AllReduceMinInt(ctx, reduced); err != nil {
 		return 0, fmt.Errorf("serve: rank %d: free pages: %w", l.r, err)
 	}
+	l.note(AgreeRoom, reduced)
 	free := int(reduced[0])
 	if l.pd == nil {
 		return free, nil
@@ -456,6 +461,7 @@ func (l *rankLoop) admit(adds []addMsg) error {
 		if err := l.comm().AllReduceMinInt(ctx, n); err != nil {
 			return fmt.Errorf("serve: rank %d: prefix match: %w", l.r, err)
 		}
+		l.note(AgreeAdmit, n)
 	}
 	for i, a := range adds {
 		dev, total := int(n[i]), int(n[k+i])
@@ -597,6 +603,7 @@ func (l *rankLoop) agree(d uint64) error {
 	if err := l.comm().AllReduceMaxInt(ctx, buf); err != nil {
 		return fmt.Errorf("serve: rank %d: plan agreement: %w", l.r, err)
 	}
+	l.note(AgreePlan, buf)
 	if buf[0] != -buf[1] {
 		return fmt.Errorf("%w: rank %d at step %d", errDiverged, l.r, l.step+1)
 	}
@@ -741,6 +748,7 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 	if err != nil {
 		return out, fmt.Errorf("serve: rank %d: step output: %w", l.r, err)
 	}
+	l.noteBytes(AgreeResults, got)
 	if err := out.decode(got); err != nil {
 		return out, fmt.Errorf("serve: rank %d: %w", l.r, err)
 	}
@@ -862,6 +870,7 @@ func (l *rankLoop) publish(rec StepRecord) StepRecord {
 	rec.Finished, rec.End = l.finished, time.Now()
 	rec.ControlSeq, rec.ForwardSeq = l.comm().LastSeq(), l.rk.Comm().LastSeq()
 	l.last.Store(&rec)
+	l.noteEnd(rec)
 	l.publishPD()
 	l.publishTier()
 	if l.r == 0 {

@@ -82,7 +82,9 @@
 // through atomic pointers, plus heartbeat times. [Engine.LastStep],
 // [Engine.RankSteps], [Engine.Snapshot], [Engine.Health], [Engine.KVPages]
 // and [Engine.Collectives] read only atomics: no locks, no help from the
-// loops, so they answer while a loop is stuck. For latencies,
+// loops, so they answer while a loop is stuck. Each rank also keeps a
+// decision log, its last iterations' agreed inputs and decisions, which
+// [Engine.Decisions] reads, stuck loops included (decisions.go). For latencies,
 // [Config.Observer] is told of every token, finished request and forward
 // step, on rank 0's goroutine, with the loop's timestamps.
 //
@@ -433,7 +435,7 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 			shards.Close()
 			return nil, fmt.Errorf("serve: %w", err)
 		}
-		l := &rankLoop{e: e, r: r, rk: shards.Rank(r), sched: sc, seqs: make(map[uint64]*seqState)}
+		l := &rankLoop{e: e, r: r, rk: shards.Rank(r), sched: sc, seqs: make(map[uint64]*seqState), dlog: newDecisionLog(cfg.DecisionLogLen)}
 		if cfg.Role != pdproto.RoleColocated {
 			if e.pd == nil {
 				e.pd = newPDEngine()

@@ -42,6 +42,7 @@ func settingsOf(cfg Config, indexer bool, faultsOn []string) debug.Settings {
 		IndexK: cfg.IndexK.String(), Indexer: indexer,
 		HeartbeatMS:       msOf(cfg.Heartbeat),
 		FlightRecorderLen: cfg.FlightRecorderLen,
+		DecisionLogLen:    cfg.DecisionLogLen,
 		CloseTimeoutMS:    msOf(cfg.CloseTimeout),
 		WaitingTimeoutMS:  msOf(cfg.WaitingTimeout), PrefillTimeoutMS: msOf(cfg.PrefillTimeout), RequestTimeoutMS: msOf(cfg.RequestTimeout),
 		FaultsOn: faultsOn,

@@ -1,0 +1,340 @@
+package serve
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/pdkit/pdkit/engine/dist"
+)
+
+// # The decision log
+//
+// Each rank keeps the last Config.DecisionLogLen iterations' decisions: per
+// step the input it applied (a digest of the step input broadcast), every
+// value it agreed on over the control communicator (what was reduced or
+// broadcast, at which seq), the plan digest, the batch and the seqs the
+// iteration ended at on both communicators. Ranks in lock-step log the same
+// records, rank and end time apart; after the fact the first step whose
+// records differ is where the ranks parted, and each record says what its
+// rank saw (api/debug.FirstDivergence finds it).
+//
+// The loop notes each agreement as it happens (the note* hooks in loop.go
+// and fork.go) into the iteration's open record and appends the record to a
+// ring when it publishes its step. Both take the log's mutex, which a
+// reader holds only to copy the ring: no allocation and no wait on a
+// reader beyond that copy, and a reader answers while the loop is stuck,
+// the stuck iteration's open record included.
+
+// DefaultDecisionLogLen is Config.DecisionLogLen's default.
+const DefaultDecisionLogLen = 256
+
+// The names of the agreements an iteration makes on the control
+// communicator, in the order it makes them (see rankLoop.iterate).
+const (
+	AgreeInput   = "input"   // the step input broadcast
+	AgreePoll    = "poll"    // the PD rooms' votes, MIN
+	AgreeAdmit   = "admit"   // the prefix-cache matches of the requests joining, MIN
+	AgreeRoom    = "room"    // free pages and free sequence rows, MIN
+	AgreePDFork  = "pd_fork" // free pages and rows for a decode arrival's samples, MIN
+	AgreePlan    = "agree"   // the plan digest and its negation, MAX
+	AgreeResults = "results" // the step output broadcast (tokens, cuts)
+	AgreeFork    = "fork"    // free pages and rows for the samples of a first token, MIN
+)
+
+// maxAgreements bounds the agreements of one iteration: each of the above
+// at most once.
+const maxAgreements = 8
+
+// DecisionRecord is one rank's decisions in one iteration. Ranks in
+// lock-step have equal records, Rank and End apart.
+type DecisionRecord struct {
+	Rank  int
+	Step  uint64
+	Input InputDigest
+	// Agreed are the values the iteration agreed on over the control
+	// communicator, in order; the first is the input broadcast.
+	Agreed []Agreement
+	// Plan is the plan digest agreed (StepRecord.Digest); 0 when the
+	// iteration scheduled nothing.
+	Plan        uint64
+	Phase       string
+	BatchSize   int
+	BatchTokens int
+	// ControlSeq and ForwardSeq are the rank's last seqs on each
+	// communicator when the iteration ended; the forward pass's
+	// collectives ran at ForwardFirst..ForwardSeq (none when ForwardFirst
+	// is greater).
+	ControlSeq, ForwardFirst, ForwardSeq uint64
+	End                                  time.Time // zero while open
+}
+
+// InputDigest describes the step input a rank applied.
+type InputDigest struct {
+	Now           time.Duration // the agreed clock
+	Adds, Aborts  int
+	IDs           uint64 // FNV-1a of the adds' ids, then the aborts'
+	HiCache       string // a host-tier switch: "on", "off", or ""
+	IndexK        string // an index-K precision switched to, or ""
+	OffloadTokens int    // an offload's prompt tokens; 0 when none
+	Digest        uint64 // FNV-1a of the whole input as broadcast
+}
+
+// Agreement is one value an iteration agreed on.
+type Agreement struct {
+	Name   string  // AgreeInput, AgreePoll, ...
+	Op     dist.Op // the collective
+	Seq    uint64  // its seq on the control communicator
+	Len    int     // elements reduced, or bytes broadcast
+	Digest uint64  // FNV-1a of the agreed values (or bytes)
+	// Values are the agreed values when there are at most two (room,
+	// fork: free pages and rows; agree: the digest and its negation).
+	Values []int64
+}
+
+// RankDecisions is one rank's decision log as read.
+type RankDecisions struct {
+	Rank int
+	// Records are the finished iterations, oldest first.
+	Records []DecisionRecord
+	// Open is the iteration in progress: its step and what it agreed so
+	// far. Nil between iterations; a rank that entered the next step's
+	// input broadcast has an open record with no agreements.
+	Open *DecisionRecord
+	// Waiting is the collective the rank waits in, nil when none.
+	Waiting *DecisionWait
+	// LastStep is the step of the rank's last finished iteration (also
+	// when Records omits it).
+	LastStep uint64
+}
+
+// DecisionWait is a collective a rank waits in.
+type DecisionWait struct {
+	Comm  string // CommControl or CommForward
+	Seq   uint64
+	Op    dist.Op
+	Since time.Time
+}
+
+// agreement is an Agreement without allocation.
+type agreement struct {
+	name   string
+	op     dist.Op
+	seq    uint64
+	n      int
+	digest uint64
+	vals   [2]int64
+	nv     uint8
+}
+
+// decision is a DecisionRecord without allocation.
+type decision struct {
+	step               uint64
+	in                 InputDigest
+	ags                [maxAgreements]agreement
+	na                 int
+	plan               uint64
+	phase              string
+	batch, tokens      int
+	cseq, ffirst, fseq uint64
+	end                time.Time
+}
+
+// decisionLog is a rank's ring of decisions and its open record.
+type decisionLog struct {
+	mu    sync.Mutex
+	ring  []decision
+	n     uint64 // records appended
+	cur   decision
+	open  bool
+	last  uint64 // the step of the last appended record
+	lastC uint64 // and its control seq
+}
+
+func newDecisionLog(n int) *decisionLog { return &decisionLog{ring: make([]decision, max(1, n))} }
+
+// FNV-1a, 64 bits, without a hash.Hash (no allocation on the loop).
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+func fnvByte(h uint64, b []byte) uint64 {
+	for _, c := range b {
+		h = (h ^ uint64(c)) * fnvPrime
+	}
+	return h
+}
+
+func fnvU64(h, v uint64) uint64 {
+	for range 8 {
+		h = (h ^ (v & 0xff)) * fnvPrime
+		v >>= 8
+	}
+	return h
+}
+
+// noteInput opens the iteration's record with its input (the control
+// communicator's last call is the input broadcast).
+func (l *rankLoop) noteInput(in stepInput) {
+	d := InputDigest{Now: in.now, Adds: len(in.adds), Aborts: len(in.aborts), IDs: fnvOffset, OffloadTokens: len(in.offload)}
+	for _, a := range in.adds {
+		d.IDs = fnvU64(d.IDs, a.id)
+	}
+	for _, a := range in.aborts {
+		d.IDs = fnvU64(d.IDs, a.id)
+	}
+	if in.tier != nil {
+		d.HiCache = "on"
+		if in.tier.off {
+			d.HiCache = "off"
+		}
+	}
+	if in.switchIndexK {
+		d.IndexK = in.indexK.String()
+	}
+	l.dbuf = in.encode(l.dbuf[:0])
+	d.Digest = fnvByte(fnvOffset, l.dbuf)
+	ag := agreement{name: AgreeInput, op: dist.OpBroadcast, seq: l.comm().LastSeq(), n: len(l.dbuf), digest: d.Digest}
+	fseq := l.rk.Comm().LastSeq()
+	log := l.dlog
+	log.mu.Lock()
+	log.cur = decision{step: l.step + 1, in: d, ffirst: fseq + 1}
+	log.cur.ags[0], log.cur.na = ag, 1
+	log.open = true
+	log.mu.Unlock()
+}
+
+// note adds an agreed vector to the open record; name AgreeFork stands
+// for both forks (AgreePDFork before the step's results).
+func (l *rankLoop) note(name string, vals []int64) {
+	ag := agreement{name: name, op: dist.OpAllReduceMin, seq: l.comm().LastSeq(), n: len(vals), digest: fnvOffset}
+	if name == AgreePlan {
+		ag.op = dist.OpAllReduceMax
+	}
+	for _, v := range vals {
+		ag.digest = fnvU64(ag.digest, uint64(v))
+	}
+	if len(vals) <= len(ag.vals) {
+		ag.nv = uint8(copy(ag.vals[:], vals))
+	}
+	l.add(ag)
+}
+
+// noteBytes adds an agreed broadcast to the open record.
+func (l *rankLoop) noteBytes(name string, b []byte) {
+	l.add(agreement{name: name, op: dist.OpBroadcast, seq: l.comm().LastSeq(), n: len(b), digest: fnvByte(fnvOffset, b)})
+}
+
+func (l *rankLoop) add(ag agreement) {
+	log := l.dlog
+	log.mu.Lock()
+	c := &log.cur
+	if ag.name == AgreeFork && !slices.ContainsFunc(c.ags[:c.na], func(a agreement) bool { return a.name == AgreeResults }) {
+		ag.name = AgreePDFork
+	}
+	if c.na < len(c.ags) {
+		c.ags[c.na] = ag
+		c.na++
+	}
+	log.mu.Unlock()
+}
+
+// noteEnd closes the iteration's record with what rec published and
+// appends it to the ring.
+func (l *rankLoop) noteEnd(rec StepRecord) {
+	log := l.dlog
+	log.mu.Lock()
+	c := &log.cur
+	if !log.open { // an iteration without an input: none today
+		*c = decision{step: rec.Step}
+	}
+	c.plan, c.phase, c.batch, c.tokens = rec.Digest, rec.Phase, rec.BatchSize, rec.BatchTokens
+	c.cseq, c.fseq, c.end = rec.ControlSeq, rec.ForwardSeq, rec.End
+	log.ring[log.n%uint64(len(log.ring))] = *c
+	log.n++
+	log.open = false
+	log.last, log.lastC = c.step, c.cseq
+	log.mu.Unlock()
+}
+
+// read copies the records of steps after since, oldest first, and the open
+// record; the copy is all it does under the lock.
+func (log *decisionLog) read(since uint64) (recs []decision, open *decision, last, lastC uint64) {
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	k := uint64(len(log.ring))
+	first := uint64(0)
+	if log.n > k {
+		first = log.n - k
+	}
+	for i := first; i < log.n; i++ {
+		if d := &log.ring[i%k]; d.step > since {
+			recs = append(recs, *d)
+		}
+	}
+	if log.open {
+		o := log.cur
+		open = &o
+	}
+	return recs, open, log.last, log.lastC
+}
+
+func (d *decision) record(rank int) DecisionRecord {
+	r := DecisionRecord{Rank: rank, Step: d.step, Input: d.in, Agreed: make([]Agreement, d.na), Plan: d.plan, Phase: d.phase,
+		BatchSize: d.batch, BatchTokens: d.tokens, ControlSeq: d.cseq, ForwardFirst: d.ffirst, ForwardSeq: d.fseq, End: d.end}
+	for i, a := range d.ags[:d.na] {
+		r.Agreed[i] = Agreement{Name: a.name, Op: a.op, Seq: a.seq, Len: a.n, Digest: a.digest}
+		if a.nv > 0 {
+			r.Agreed[i].Values = slices.Clone(a.vals[:a.nv])
+		}
+	}
+	return r
+}
+
+// Decisions reads every rank's decision log, in rank order: the records of
+// steps after since (0: all the log keeps), each rank's open iteration and
+// the collective it waits in. It takes only the logs' mutexes (held by the
+// loops for a few stores) and the communicators' lock-free snapshots, so it
+// answers while a loop is stuck.
+func (e *Engine) Decisions(since uint64) []RankDecisions {
+	out := make([]RankDecisions, len(e.loops))
+	snaps := e.Collectives()
+	for r := range e.loops {
+		out[r] = e.rankDecisions(r, since, snaps)
+	}
+	return out
+}
+
+// RankDecisions reads rank r's decision log (see Decisions).
+func (e *Engine) RankDecisions(r int, since uint64) RankDecisions {
+	return e.rankDecisions(r, since, e.Collectives())
+}
+
+func (e *Engine) rankDecisions(r int, since uint64, snaps []dist.Snapshot) RankDecisions {
+	l := e.loops[r]
+	entered := e.control.Rank(r).LastSeq() // before the log: see below
+	recs, open, last, lastC := l.dlog.read(since)
+	rd := RankDecisions{Rank: r, Records: make([]DecisionRecord, len(recs)), LastStep: last}
+	for i := range recs {
+		rd.Records[i] = recs[i].record(r)
+	}
+	for _, g := range snaps {
+		if r < len(g.Ranks) {
+			if w := g.Ranks[r].Waiting; w != nil {
+				rd.Waiting = &DecisionWait{Comm: g.Name, Seq: w.Seq, Op: w.Op, Since: w.Start}
+			}
+		}
+	}
+	switch {
+	case open != nil:
+		o := open.record(r)
+		rd.Open = &o
+	case entered > lastC:
+		// The rank had entered a collective after its last record's
+		// before the log was read, so it is still in the next
+		// iteration: its input broadcast, nothing agreed yet.
+		rd.Open = &DecisionRecord{Rank: r, Step: last + 1, Agreed: []Agreement{}}
+	}
+	return rd
+}
