@@ -113,6 +113,19 @@ func (l *rankLoop) drainStep(op *indexKOp, in *stepInput) {
 	e := l.e
 	if l.sched.Len() == 0 && l.pdRooms() == 0 && len(l.seqs) == 0 && len(in.adds) == 0 {
 		in.switchIndexK, in.indexK = true, op.to
+		if l.cache != nil && l.cache.Attached() {
+			// Sized here, once, for every rank: a rank that read the
+			// machine's memory on its own could decide otherwise.
+			c := l.rk.Pool().Config()
+			ik := *c.IndexK
+			ik.DType = op.to
+			c.IndexK = &ik
+			pages, err := e.cfg.HiCache.hostPages(c, e.cfg.TP)
+			if err != nil {
+				e.cfg.Logger.Warn("serve: hicache stays off after the index-K switch", "server", e.cfg.Name, "err", err)
+			}
+			in.indexKTier = pages
+		}
 		return
 	}
 	if op.cutting || time.Now().Before(op.deadline) {
@@ -130,9 +143,8 @@ func (l *rankLoop) drainStep(op *indexKOp, in *stepInput) {
 
 // applyIndexK switches this rank's pool, cache, host tier and PD machine to
 // dt; the engine holds no request.
-func (l *rankLoop) applyIndexK(dt kernels.IndexKDType) error {
+func (l *rankLoop) applyIndexK(dt kernels.IndexKDType, tierPages int) error {
 	e := l.e
-	tierOn := l.cache != nil && l.cache.Attached()
 	if l.cache != nil {
 		if err := l.detachTier(); err != nil {
 			return err
@@ -148,15 +160,9 @@ func (l *rankLoop) applyIndexK(dt kernels.IndexKDType) error {
 			return fmt.Errorf("serve: rank %d: %w", l.r, err)
 		}
 	}
-	if tierOn {
-		pages, err := e.cfg.HiCache.hostPages(pool.Config(), e.cfg.TP)
-		if err == nil {
-			err = l.attachTier(pages)
-		}
-		if err != nil {
-			// Every rank computes the same size from the same layout;
-			// memory that ran short since start leaves the tier off.
-			e.cfg.Logger.Warn("serve: hicache stays off after the index-K switch", "server", e.cfg.Name, "rank", l.r, "err", err)
+	if tierPages > 0 && l.cache != nil {
+		if err := l.attachTier(tierPages); err != nil {
+			return fmt.Errorf("serve: rank %d: hicache back on after the index-K switch: %w", l.r, err)
 		}
 	}
 	if l.r != 0 {

@@ -341,7 +341,7 @@ func (l *rankLoop) arrive(in stepInput) ([]addMsg, error) {
 		}
 	}
 	if in.switchIndexK {
-		if err := l.applyIndexK(in.indexK); err != nil {
+		if err := l.applyIndexK(in.indexK, in.indexKTier); err != nil {
 			return nil, err
 		}
 	}

@@ -26,6 +26,9 @@ type stepInput struct {
 	// (indexk.go); the ranks hold no request then.
 	switchIndexK bool
 	indexK       kernels.IndexKDType
+	// indexKTier is the host tier's pages per rank in the new layout when
+	// it is on (rank 0 sizes it once for all), 0 to leave it off.
+	indexKTier int
 	// offload is an Offload's prompt (hicache.go), nil when none.
 	offload []int32
 }
@@ -91,6 +94,7 @@ func (m *stepInput) encode(b []byte) []byte {
 	}
 	b = appendBool(b, m.switchIndexK)
 	b = append(b, byte(m.indexK))
+	b = binary.LittleEndian.AppendUint32(b, uint32(m.indexKTier))
 	return appendTokens(b, m.offload)
 }
 
@@ -107,6 +111,9 @@ func (m *stepInput) decode(b []byte) error {
 		a.url = string(r.take(r.count(1)))
 		a.n = int(r.u32())
 		a.noCache = r.bool()
+		if r.err == nil && len(a.prompt) == 0 {
+			return fmt.Errorf("%w: request %d with an empty prompt", errWire, a.id)
+		}
 		m.adds = append(m.adds, a)
 	}
 	m.aborts = r.aborts()
@@ -129,6 +136,10 @@ func (m *stepInput) decode(b []byte) error {
 		if m.switchIndexK && m.indexK != kernels.IndexFP8 && m.indexK != kernels.IndexBF16 {
 			return fmt.Errorf("%w: index-K precision %d", errWire, v[0])
 		}
+	}
+	m.indexKTier = int(r.u32())
+	if m.indexKTier > math.MaxInt32 {
+		return fmt.Errorf("%w: host tier of %d pages", errWire, m.indexKTier)
 	}
 	if t := r.tokens(); len(t) > 0 {
 		m.offload = t

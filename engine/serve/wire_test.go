@@ -4,12 +4,15 @@ import (
 	"errors"
 	"reflect"
 	"testing"
+
+	"github.com/pdkit/pdkit/kernels"
 )
 
 func TestWireRoundTrip(t *testing.T) {
 	in := stepInput{now: 12345, stop: true,
-		adds:   []addMsg{{id: 7, maxTokens: 9, ignoreEOS: true, prompt: []int32{1, 2, 3}, stop: []int32{4}}, {id: 8, maxTokens: 1, prompt: []int32{5}, stop: []int32{}, pd: true, room: 1 << 60, url: "http://127.0.0.1:8998"}},
-		aborts: []abortMsg{{id: 7, by: AbortByClient}, {id: 99}}}
+		adds:   []addMsg{{id: 7, maxTokens: 9, ignoreEOS: true, prompt: []int32{1, 2, 3}, stop: []int32{4}, noCache: true}, {id: 8, maxTokens: 1, prompt: []int32{5}, stop: []int32{}, pd: true, room: 1 << 60, url: "http://127.0.0.1:8998"}},
+		aborts: []abortMsg{{id: 7, by: AbortByClient}, {id: 99}},
+		tier:   &tierOp{pages: 42}, switchIndexK: true, indexK: kernels.IndexBF16, indexKTier: 17, offload: []int32{9, 8, 7}}
 	var got stepInput
 	if err := got.decode(in.encode(nil)); err != nil || !reflect.DeepEqual(got, in) {
 		t.Errorf("input: %v\n got %+v\nwant %+v", err, got, in)
@@ -28,6 +31,12 @@ func TestWireRoundTrip(t *testing.T) {
 	}
 	if err := got.decode(append(b, 0)); !errors.Is(err, errWire) {
 		t.Errorf("trailing byte: %v", err)
+	}
+	// A request without a prompt cannot be admitted (admit matches all
+	// but its last token): refused at the wire.
+	empty := (&stepInput{adds: []addMsg{{id: 1, maxTokens: 2}}}).encode(nil)
+	if err := got.decode(empty); !errors.Is(err, errWire) {
+		t.Errorf("an add without a prompt: %v", err)
 	}
 }
 
