@@ -230,6 +230,18 @@ func (c *Client) PD(ctx context.Context, queue string) (debug.PDResponse, error)
 	return v, c.GetJSON(ctx, withQueue(debug.PDPath, "queue", queue), &v)
 }
 
+// Decisions is GET /debug/v1/decisions: every rank's decision log, only
+// the records of steps after since when since is not 0. A server too old
+// to keep one answers an *APIError with status 404.
+func (c *Client) Decisions(ctx context.Context, since uint64) (debug.DecisionsResponse, error) {
+	path := debug.DecisionsPath
+	if since > 0 {
+		path += "?since=" + strconv.FormatUint(since, 10)
+	}
+	var v debug.DecisionsResponse
+	return v, c.GetJSON(ctx, path, &v)
+}
+
 // Faults is GET /debug/v1/faults.
 func (c *Client) Faults(ctx context.Context) (debug.FaultsResponse, error) {
 	var v debug.FaultsResponse

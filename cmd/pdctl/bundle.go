@@ -44,8 +44,10 @@ index-K switches among them), steps.json (each rank's control and forward seqs),
 collectives.json (the flight recorders of the control and the forward
 communicator), requests.json, pd.json (prefill and decode), faults.json, gpu.json,
 hicache.json (each rank's host tier: on or off, pool usage, totals, loads in
-flight, gate waits), stacks.txt (every goroutine) and stacks-rank-N.txt per
-rank, metrics.txt.
+flight, gate waits), decisions.json (each rank's decision log: per step the
+agreed input, every value agreed with its control seq, the plan and batch,
+and the first step where the ranks' records part), stacks.txt (every
+goroutine) and stacks-rank-N.txt per rank, metrics.txt.
 At the top: cluster.json (the router's server list), diagnose.txt and
 diagnose.json (pdctl diagnose over --window), and MANIFEST, which lists every
 file and every server or endpoint that failed.
@@ -217,6 +219,7 @@ func collectServer(ctx context.Context, b *bundle, t *target) bool {
 	getJSON("faults.json", "/debug/v1/faults")
 	getJSON("gpu.json", "/debug/v1/gpu")
 	getJSON("hicache.json", debug.HiCachePath)
+	getJSON("decisions.json", debug.DecisionsPath)
 	if isPD(t.Role) {
 		getJSON("pd.json", "/debug/v1/pd")
 	}

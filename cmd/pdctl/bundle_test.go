@@ -78,7 +78,7 @@ func TestBundle(t *testing.T) {
 	for _, s := range []struct{ role, url string }{{"prefill", c.prefill.ts.URL}, {"decode", c.decode.ts.URL}} {
 		d := s.role + "-" + hostOf(t, s.url) + "/"
 		for _, n := range []string{"info.json", "health.json", "settings.json", "state.json", "steps.json", "collectives.json",
-			"requests.json", "pd.json", "faults.json", "gpu.json", "hicache.json", "stacks.txt", "stacks-rank-0.txt", "stacks-rank-1.txt", "metrics.txt"} {
+			"requests.json", "pd.json", "faults.json", "gpu.json", "hicache.json", "decisions.json", "stacks.txt", "stacks-rank-0.txt", "stacks-rank-1.txt", "metrics.txt"} {
 			want = append(want, d+n)
 		}
 		if !strings.Contains(files[d+"metrics.txt"], "pdkit_") {
@@ -99,6 +99,11 @@ func TestBundle(t *testing.T) {
 		var hc debug.HiCacheResponse
 		if err := json.Unmarshal([]byte(files[d+"hicache.json"]), &hc); err != nil || !hc.PrefixCache || hc.On || len(hc.Ranks) != 2 {
 			t.Errorf("%shicache.json: %.300s, %v", d, files[d+"hicache.json"], err)
+		}
+		var dec debug.DecisionsResponse
+		if err := json.Unmarshal([]byte(files[d+"decisions.json"]), &dec); err != nil || len(dec.Ranks) != 2 || dec.LogLen == 0 ||
+			len(dec.Ranks[0].Records) == 0 || dec.Divergence != nil {
+			t.Errorf("%sdecisions.json: %.300s, %v", d, files[d+"decisions.json"], err)
 		}
 		if files[d+"health.json"] != "{\n  \"healthy\": true\n}\n" {
 			t.Errorf("%shealth.json: %s", d, files[d+"health.json"])

@@ -156,6 +156,7 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 	s.handle("GET", "/debug/v1/collectives", s.collectives)
 	s.handle("GET", "/debug/v1/requests", s.requests)
 	s.handle("GET", "/debug/v1/pd", s.pd)
+	s.handle("GET", debug.DecisionsPath, s.decisions)
 	s.handle("GET", debug.HiCachePath, s.hicache)
 	s.handle("GET", debug.GPUPath, func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, s.opts.GPU.Read()) })
 	s.mux.HandlePrefix("/admin/v1/", s.adminHandler())
