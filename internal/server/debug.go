@@ -62,13 +62,8 @@ func (s *Server) collectives(w http.ResponseWriter, r *http.Request) {
 		resp.Comms = append(resp.Comms, s.debugComm(g, now))
 	}
 	for _, st := range s.eng.Stalls(now, threshold) {
-		ds := debug.Stall{Comm: st.Comm, Seq: st.Seq, Op: st.Op.String(), Since: st.Since, WaitedMS: ms(st.Waited),
-			Arrived: append([]int{}, st.Arrived...), Missing: make([]debug.Peer, len(st.Missing))}
-		for j, p := range st.Missing {
-			ds.Missing[j] = debug.Peer{Rank: p.Rank, InCollective: p.InCollective, Seq: p.Seq, Op: p.Op.String()}
-		}
 		if c := resp.Comm(st.Comm); c != nil {
-			c.Stalls = append(c.Stalls, ds)
+			c.Stalls = append(c.Stalls, debugStall(st))
 		}
 	}
 	writeJSON(w, http.StatusOK, resp)

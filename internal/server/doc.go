@@ -119,9 +119,17 @@
 // # Health and debug
 //
 // GET /health answers 200 with the engine's Health as JSON while the loop
-// has iterated within Options.StallAfter and has not failed; else 503 with
-// the reason. Busy is not dead: requests that wait do not make a server
-// unhealthy. The answer carries the work the server holds: queued (the
+// has iterated within Options.StallAfter, has not failed and no
+// communicator of its TP group is broken; else 503 with the reason. A
+// stalled loop's reason says where its ranks are, read from the flight
+// recorders: the collective (communicator, seq, op) ranks wait in and each
+// peer elsewhere (in another call, or in none, with its last seq), so a
+// hung group whose ranks are all alive is not green; a broken communicator
+// (a collective mismatch, a rank that left a call) is unhealthy at once,
+// until the group is rebuilt. The same as data: ranks (step, phase, the
+// calls each waits in), stalls (as /debug/v1/collectives lists them) and
+// broken (communicator, reason). Busy is not dead: requests that wait do
+// not make a server unhealthy. The answer carries the work the server holds: queued (the
 // scheduler's waiting and pending requests and, on a PD server, its PD wait
 // queue: bootstrap on a prefill, prealloc on a decode), running and every
 // PD queue's length (pd_queues), which a router admits new requests by;

@@ -776,62 +776,7 @@ func (s *Server) abort(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"success": true, "rid": req.RID})
 }
 
-// HealthResponse is the body of GET /health. Status is "ok", "busy" (200:
-// a request has waited longer than Options.MaxQueueAge; the server works,
-// routers should send it no new work) or "unhealthy" (503: the engine
-// failed or its loop stalled). Queued is the work the server holds and has
-// not started: the scheduler's waiting and pending requests and, on a PD
-// server, the PD queue where requests wait their turn (bootstrap on a
-// prefill: waiting for the decode's transfer info; prealloc on a decode:
-// waiting for KV pages). PDQueues has every PD queue's length (rank 0's).
-type HealthResponse struct {
-	Status          string           `json:"status"`
-	Reason          string           `json:"reason,omitempty"`
-	Step            uint64           `json:"step"`
-	LoopAgeMS       float64          `json:"loop_age_ms"`
-	Waiting         int              `json:"waiting"`
-	Running         int              `json:"running"`
-	Pending         int              `json:"pending"`
-	Queued          int              `json:"queued"`
-	PDQueues        map[string]int64 `json:"pd_queues,omitempty"`
-	OldestWaitingMS float64          `json:"oldest_waiting_ms"`
-}
-
-// Health statuses of GET /health.
-const (
-	HealthOK        = "ok"
-	HealthBusy      = "busy"
-	HealthUnhealthy = "unhealthy"
-)
-
-// pdWaitQueue is the PD queue of each role in which requests wait for
-// their turn rather than move.
-var pdWaitQueue = map[string]string{pdproto.RolePrefill: "bootstrap", pdproto.RoleDecode: "prealloc"}
-
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
-	h := s.eng.Health(time.Now())
-	resp := HealthResponse{Status: HealthOK, Step: h.Step, LoopAgeMS: ms(h.LoopAge), Waiting: h.Waiting,
-		Running: h.Running, Pending: h.Pending, Queued: h.Waiting + h.Pending, OldestWaitingMS: ms(h.OldestWaiting)}
-	if pq := s.eng.PDQueues(); pq != nil {
-		resp.PDQueues = pq
-		resp.Queued += int(pq[pdWaitQueue[s.eng.Config().Role]])
-	}
-	status := http.StatusOK
-	switch {
-	case h.Err != "":
-		resp.Status, resp.Reason = HealthUnhealthy, "engine failed: "+h.Err
-		status = http.StatusServiceUnavailable
-	case h.LoopAge > s.opts.StallAfter:
-		resp.Status, resp.Reason = HealthUnhealthy, fmt.Sprintf("engine loop has not iterated for %v (limit %v)", h.LoopAge.Round(time.Millisecond), s.opts.StallAfter)
-		status = http.StatusServiceUnavailable
-	case s.opts.MaxQueueAge > 0 && h.OldestWaiting > s.opts.MaxQueueAge:
-		// Busy is not dead: the loop iterates, requests wait their turn.
-		resp.Status, resp.Reason = HealthBusy, fmt.Sprintf("a request has waited %v for admission (limit %v)", h.OldestWaiting.Round(time.Millisecond), s.opts.MaxQueueAge)
-	}
-	writeJSON(w, status, resp)
-}
 
 func (s *Server) stacks(w http.ResponseWriter, r *http.Request) {
 	var buf bytes.Buffer
