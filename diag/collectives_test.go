@@ -1,6 +1,7 @@
 package diag
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -54,7 +55,7 @@ func TestDivergenceAcrossCommunicators(t *testing.T) {
 	if got, want := fs[0].Summary, "rank 0 waits in control seq 15001 AllReduceMin for 6s while rank 1 waits in forward seq 15001 AllReduceSum"; got != want {
 		t.Errorf("summary %q, want %q", got, want)
 	}
-	if got, want := fs[0].Evidence[1], ev("rank 1", "waits in forward seq 15001 AllReduceSum for 5s, step 5000"); got != want {
+	if got, want := fs[0].Evidence[1], ev("rank 1", "lockstep loop, step 5000 (decode), waits in forward seq 15001 AllReduceSum for 5s"); got != want {
 		t.Errorf("peer evidence %+v, want %+v", got, want)
 	}
 	if got := fs[1].Summary; !strings.HasPrefix(got, "rank 1 waits in forward seq 15001 AllReduceSum for 5s while rank 0 waits in control seq 15001") {
@@ -99,9 +100,9 @@ func TestDivergencePeerElsewhereOnBoth(t *testing.T) {
 		t.Fatalf("want rank 0's finding only (rank 1 waits below the threshold), got:\n%s", render(fs))
 	}
 	want := []Evidence{
-		ev("rank 0", "waits in forward seq 20001 AllReduceSum for 3s (threshold 2s), step 5000"),
-		ev("rank 1", "waits in control seq 15001 Broadcast for 1s and waits in forward seq 20002 AllGather for 1s, step 5000"),
-		ev("rank 2", "not in a collective (control: last entered seq 15000, last completed 15000; forward: last entered seq 20000, last completed 20000), step 5000"),
+		ev("rank 0", "lockstep loop, step 5000 (decode), waits in forward seq 20001 AllReduceSum for 3s (threshold 2s)"),
+		ev("rank 1", "lockstep loop, step 5000 (decode), waits in control seq 15001 Broadcast for 1s and waits in forward seq 20002 AllGather for 1s"),
+		ev("rank 2", "lockstep loop, step 5000, not in a collective (control: last entered seq 15000, last completed 15000; forward: last entered seq 20000, last completed 20000)"),
 		ev("forward communicator", "broken: rank 2 failed"),
 	}
 	if got := fs[0].Evidence; len(got) != len(want) {
@@ -157,5 +158,47 @@ func TestSeqDivergencePerCommunicator(t *testing.T) {
 				t.Errorf("without a collectives answer:\n%s", render(fs))
 			}
 		})
+	}
+}
+
+// TestDivergenceRemedyFollowsTheFaults: with stall-last-rank on, the
+// finding names the switch as evidence and the remedy switches it off on
+// that server (the ranks meet again, no restart); with another switch on,
+// the remedy switches that one off before the restart; with none, it
+// keeps the evidence and restarts.
+func TestDivergenceRemedyFollowsTheFaults(t *testing.T) {
+	for _, tc := range []struct {
+		on       []string
+		evidence string
+		remedy   string
+	}{
+		{nil, "", "capture a bundle (pdctl bundle -o FILE.tar.gz) with the flight recorders and stacks, then restart the server"},
+		{[]string{"stall-last-rank"}, "stall-last-rank on: the doc of stall-last-rank",
+			"switch it off (pdctl fault off stall-last-rank --server http://x) and the ranks meet again"},
+		{[]string{"delay-heartbeat"}, "delay-heartbeat on: the doc of delay-heartbeat",
+			"switch off the fault switches on (pdctl fault off delay-heartbeat --server http://x), then restart the server"},
+	} {
+		s := twoRanks()
+		s.Faults = &debug.FaultsResponse{}
+		for _, n := range []string{"stall-last-rank", "delay-heartbeat"} {
+			s.Faults.Faults = append(s.Faults.Faults, debug.Fault{Name: n, Doc: "the doc of " + n, On: slices.Contains(tc.on, n)})
+		}
+		waitIn(&s, debug.CommControl, 0, 15001, "Broadcast", 6*time.Second)
+		fs := divergence(s)
+		if len(fs) != 1 {
+			t.Fatalf("%v: findings:\n%s", tc.on, render(fs))
+		}
+		var got []string
+		for _, e := range fs[0].Evidence {
+			if e.Key == "fault switch" {
+				got = append(got, e.Value)
+			}
+		}
+		if want := []string{tc.evidence}; tc.evidence == "" && len(got) != 0 || tc.evidence != "" && !slices.Equal(got, want) {
+			t.Errorf("%v: fault evidence %q, want %q", tc.on, got, tc.evidence)
+		}
+		if !strings.Contains(fs[0].Remedy, tc.remedy) {
+			t.Errorf("%v: remedy %q, want it to contain %q", tc.on, fs[0].Remedy, tc.remedy)
+		}
 	}
 }

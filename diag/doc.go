@@ -59,6 +59,11 @@
 //     peer is in no collective, in another seq of that communicator or in a
 //     call of the other one, naming both ranks and each call as
 //     "communicator seq N op" (incident 2, the overlap-schedule desync).
+//     The evidence gives every rank's loop (lockstep, the engine's only
+//     loop), step, phase and the call it waits in or where it stopped, and
+//     each fault switch on; the remedy switches stall-last-rank off when it
+//     holds the last rank on purpose (the ranks meet again), and otherwise
+//     keeps a bundle, switches off the faults on and restarts the server.
 //   - pd-queue-stuck (critical for bootstrap and transfer, warning for
 //     inflight and prealloc): a PD queue non-empty in the first and the last
 //     sample with no room leaving it between any two samples.

@@ -2,6 +2,7 @@ package diag
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -11,13 +12,58 @@ import (
 func rankDivergence(c Config) Rule {
 	return Rule{
 		Name:     "rank-divergence",
-		Doc:      "The TP ranks of a server disagree on their step or on a communicator's sequence number (control or forward), or one waits in a collective while a peer is elsewhere: in no collective, in another call of that communicator or in a call of the other one (the overlap-schedule desync), which hangs the server while /health stays green.",
+		Doc:      "The TP ranks of a server disagree on their step or on a communicator's sequence number (control or forward), or one waits in a collective while a peer is elsewhere: in no collective, in another call of that communicator or in a call of the other one (incident 2, the overlap-schedule desync), which hangs the server while every rank is alive; the finding gives each rank's loop, step, phase and the call (communicator, seq, op) it waits in, and the fault switches on.",
 		Severity: Critical,
 		Check:    func(w Window) []Finding { return checkRankDivergence(c, w) },
 	}
 }
 
-const desyncRemedy = "the ranks took different branches before a collective, or one rank is stuck outside the collectives: capture a bundle (pdctl bundle) with the flight recorders and stacks; if the fault stall-last-rank is on (fault-switch-on), it holds the last rank on purpose: switch it off (pdctl fault off stall-last-rank); otherwise restart the server."
+// loopName is the rank loop every rank runs: the engine has one, the
+// lock-step loop, and publishes no other.
+const loopName = "lockstep"
+
+// faultEvidence is one line per fault switch on: a rank held on purpose
+// explains a divergence.
+func faultEvidence(s ServerSample) []Evidence {
+	docs := map[string]string{}
+	if s.Faults != nil {
+		for _, f := range s.Faults.Faults {
+			docs[f.Name] = f.Doc
+		}
+	}
+	var out []Evidence
+	for _, n := range faultsOn(&s) {
+		if d := docs[n]; d != "" {
+			out = append(out, ev("fault switch", "%s on: %s", n, d))
+		} else {
+			out = append(out, ev("fault switch", "%s on", n))
+		}
+	}
+	return out
+}
+
+// desyncRemedy says what to do about ranks of s that parted: switch off
+// the stall-last-rank fault when it holds them on purpose (the ranks meet
+// again), else keep the evidence and restart the server, switching off
+// any fault switch on first.
+func desyncRemedy(s ServerSample) string {
+	names := faultsOn(&s)
+	bundle := "capture a bundle (pdctl bundle -o FILE.tar.gz) with the flight recorders and stacks"
+	if slices.Contains(names, "stall-last-rank") {
+		return fmt.Sprintf("the fault stall-last-rank holds the highest TP rank before its next collective on purpose: "+
+			"switch it off (pdctl fault off stall-last-rank --server %s) and the ranks meet again; to keep the evidence, %s first.", s.URL, bundle)
+	}
+	var offs []string
+	for _, n := range names {
+		offs = append(offs, fmt.Sprintf("pdctl fault off %s --server %s", n, s.URL))
+	}
+	fault := ""
+	if len(offs) > 0 {
+		fault = ", switch off the fault switches on (" + strings.Join(offs, "; ") + ")"
+	}
+	return "the ranks took different branches before a collective, or one rank is stuck outside the collectives: " +
+		bundle + fault + ", then restart the server (the group does not recover in place)."
+}
 
 func checkRankDivergence(c Config, w Window) []Finding {
 	var out []Finding
@@ -62,12 +108,12 @@ func stepDivergence(s ServerSample, taken time.Time) (Finding, bool) {
 		return Finding{
 			Rule: "rank-divergence", Severity: Critical, Server: s.URL, Rank: AtRank(lo.Rank),
 			Summary: fmt.Sprintf("rank %d is at step %d while rank %d is at step %d", lo.Rank, lo.Step, hi.Rank, hi.Step),
-			Evidence: []Evidence{
+			Evidence: append([]Evidence{
 				at,
 				ev("steps", "%s", stepList(rs)),
 				ev("spread", "%d (at most 1 mid-iteration)", hi.Step-lo.Step),
-			},
-			Remedy: desyncRemedy,
+			}, faultEvidence(s)...),
+			Remedy: desyncRemedy(s),
 		}, true
 	}
 	for i, a := range rs {
@@ -87,13 +133,13 @@ func stepDivergence(s ServerSample, taken time.Time) (Finding, bool) {
 			return Finding{
 				Rule: "rank-divergence", Severity: Critical, Server: s.URL, Rank: AtRank(a.Rank),
 				Summary: fmt.Sprintf("ranks %d and %d both finished step %d but at %s", a.Rank, b.Rank, a.Step, strings.Join(differ, ", ")),
-				Evidence: []Evidence{
+				Evidence: append([]Evidence{
 					at,
 					ev("steps", "%s", stepList(rs)),
-					ev(fmt.Sprintf("rank %d", a.Rank), "step %d, control_seq %d, forward_seq %d, digest %s, not in a collective", a.Step, a.ControlSeq, a.ForwardSeq, a.Digest),
-					ev(fmt.Sprintf("rank %d", b.Rank), "step %d, control_seq %d, forward_seq %d, digest %s, not in a collective", b.Step, b.ControlSeq, b.ForwardSeq, b.Digest),
-				},
-				Remedy: desyncRemedy,
+					ev(fmt.Sprintf("rank %d", a.Rank), "%s loop, step %d (%s), control_seq %d, forward_seq %d, digest %s, not in a collective", loopName, a.Step, a.Phase, a.ControlSeq, a.ForwardSeq, a.Digest),
+					ev(fmt.Sprintf("rank %d", b.Rank), "%s loop, step %d (%s), control_seq %d, forward_seq %d, digest %s, not in a collective", loopName, b.Step, b.Phase, b.ControlSeq, b.ForwardSeq, b.Digest),
+				}, faultEvidence(s)...),
+				Remedy: desyncRemedy(s),
 			}, true
 		}
 	}
@@ -103,7 +149,7 @@ func stepDivergence(s ServerSample, taken time.Time) (Finding, bool) {
 func stepList(rs []debug.Step) string {
 	var parts []string
 	for _, r := range rs {
-		parts = append(parts, fmt.Sprintf("rank %d step %d control seq %d forward seq %d", r.Rank, r.Step, r.ControlSeq, r.ForwardSeq))
+		parts = append(parts, fmt.Sprintf("rank %d %s loop step %d (%s) control seq %d forward seq %d", r.Rank, loopName, r.Step, r.Phase, r.ControlSeq, r.ForwardSeq))
 	}
 	return listSep(parts, len(parts), "; ")
 }
@@ -179,7 +225,9 @@ func lastSeqs(c *debug.CollectivesResponse, rank int) string {
 
 // collectiveWaits names the ranks of s that wait in a collective longer
 // than limit while a peer is elsewhere: in no collective, in another call
-// of the communicator, or in a call of the other communicator.
+// of the communicator, or in a call of the other communicator. Each
+// finding gives every rank of the server: its loop, step and phase, and
+// the call it waits in (communicator, seq, op) or where it stopped.
 func collectiveWaits(limit time.Duration, s ServerSample) []Finding {
 	var out []Finding
 	col := s.Collectives
@@ -193,15 +241,12 @@ func collectiveWaits(limit time.Duration, s ServerSample) []Finding {
 			if wt.waited() <= limit {
 				continue
 			}
-			var elsewhere []Evidence
 			var names []string
 			for _, p := range comm.Ranks {
 				if p.Rank == r.Rank || p.Waiting != nil && p.Waiting.Seq == wt.call.Seq {
 					continue // the rank itself, or a peer that arrived
 				}
-				key := fmt.Sprintf("rank %d", p.Rank)
 				if pw := waitsOf(col, p.Rank); len(pw) > 0 {
-					elsewhere = append(elsewhere, ev(key, "%s%s", waitsText(pw), stepOf(s.Steps, p.Rank)))
 					var in []string
 					for _, w := range pw {
 						in = append(in, w.String())
@@ -209,30 +254,61 @@ func collectiveWaits(limit time.Duration, s ServerSample) []Finding {
 					names = append(names, fmt.Sprintf("rank %d waits in %s", p.Rank, strings.Join(in, " and ")))
 					continue
 				}
-				elsewhere = append(elsewhere, ev(key, "not in a collective (%s)%s", lastSeqs(col, p.Rank), stepOf(s.Steps, p.Rank)))
 				names = append(names, fmt.Sprintf("rank %d is not in a collective (last %s seq %d)", p.Rank, comm.Name, p.LastEntered))
 			}
-			if len(elsewhere) == 0 {
+			if len(names) == 0 {
 				continue
 			}
-			evidence := []Evidence{
-				ev(fmt.Sprintf("rank %d", r.Rank), "waits in %v for %s (threshold %v)%s", wt, ms(wt.call.DurationMS), limit, stepOf(s.Steps, r.Rank)),
+			var evidence []Evidence
+			for _, p := range comm.Ranks {
+				key := fmt.Sprintf("rank %d", p.Rank)
+				where := ""
+				switch pw := waitsOf(col, p.Rank); {
+				case p.Rank == r.Rank:
+					where = fmt.Sprintf("waits in %v for %s (threshold %v)", wt, ms(wt.call.DurationMS), limit)
+					for _, w := range pw {
+						if w.comm != wt.comm {
+							where += fmt.Sprintf(" and in %v for %s", w, ms(w.call.DurationMS))
+						}
+					}
+				case len(pw) > 0:
+					where = waitsText(pw)
+				default:
+					where = fmt.Sprintf("not in a collective (%s)", lastSeqs(col, p.Rank))
+				}
+				evidence = append(evidence, ev(key, "%s", rankWhere(s.Steps, p.Rank)+where))
 			}
-			evidence = append(evidence, elsewhere...)
 			for _, g := range col.Comms {
 				if g.Broken {
 					evidence = append(evidence, ev(g.Name+" communicator", "broken: %s", g.BrokenReason))
 				}
 			}
+			evidence = append(evidence, faultEvidence(s)...)
 			out = append(out, Finding{
 				Rule: "rank-divergence", Severity: Critical, Server: s.URL, Rank: AtRank(r.Rank),
 				Summary:  fmt.Sprintf("rank %d waits in %v for %s while %s", r.Rank, wt, ms(wt.call.DurationMS), listSep(names, 3, "; ")),
 				Evidence: evidence,
-				Remedy:   desyncRemedy,
+				Remedy:   desyncRemedy(s),
 			})
 		}
 	}
 	return out
+}
+
+// rankWhere is a rank's loop, step and phase, as its evidence line
+// starts: "lockstep loop, step 7311 (decode), ".
+func rankWhere(st *debug.StepsResponse, rank int) string {
+	if st != nil {
+		for _, r := range st.Ranks {
+			if r.Rank == rank {
+				if r.Phase == "" {
+					return fmt.Sprintf("%s loop, step %d, ", loopName, r.Step)
+				}
+				return fmt.Sprintf("%s loop, step %d (%s), ", loopName, r.Step, r.Phase)
+			}
+		}
+	}
+	return loopName + " loop, "
 }
 
 // stepOf returns ", step N" for a rank with a step record.
