@@ -125,9 +125,11 @@ var flagLine = regexp.MustCompile(`^\s*(?:-[A-Za-z0-9], )?--([a-z0-9][a-z0-9-]*)
 // subcommand it lists (cobra's help and completion aside): each as one text,
 // with the flags its Flags and Global Flags sections list added to flags.
 // The help of a command holds its Long (or Short) text, its Example, its
-// flags' usages and its subcommands' Short texts.
-func walkHelp(t *testing.T, bin string, args []string, texts *[]text, flags map[string]bool) {
+// flags' usages and its subcommands' Short texts. Each command walked is
+// added to cmds as its path ("pdctl fault off").
+func walkHelp(t *testing.T, bin string, args []string, texts *[]text, flags, cmds map[string]bool) {
 	t.Helper()
+	cmds[strings.Join(append([]string{filepath.Base(bin)}, args...), " ")] = true
 	cmd := exec.CommandContext(t.Context(), bin, append(slices.Clone(args), "--help")...)
 	cmd.Env = []string{"HOME=" + t.TempDir()} // no PD_* or PDCTL_* from the caller
 	out, err := cmd.Output()
@@ -151,7 +153,7 @@ func walkHelp(t *testing.T, bin string, args []string, texts *[]text, flags map[
 		}
 	}
 	for _, s := range subs {
-		walkHelp(t, bin, append(slices.Clone(args), s), texts, flags)
+		walkHelp(t, bin, append(slices.Clone(args), s), texts, flags, cmds)
 	}
 }
 
@@ -197,16 +199,95 @@ func diagTexts(t *testing.T, root string) []text {
 func TestNamesExist(t *testing.T) {
 	root, _ := moduleRoot(t)
 	var texts []text
-	flags := map[string]bool{}
+	flags, cmds := map[string]bool{}, map[string]bool{}
 	for _, bin := range buildTools(t, root) {
-		walkHelp(t, bin, nil, &texts, flags)
+		walkHelp(t, bin, nil, &texts, flags, cmds)
 	}
-	if len(texts) < 20 || !flags["fault"] || !flags["server"] || !flags["transfer-timeout"] {
-		t.Fatalf("read %d help texts and the flags %v: the help walk is broken", len(texts), flags)
+	if len(texts) < 20 || !flags["fault"] || !flags["server"] || !flags["transfer-timeout"] || !cmds["pdctl fault off"] || !cmds["pdctl bundle"] {
+		t.Fatalf("read %d help texts, the flags %v and the commands %v: the help walk is broken", len(texts), flags, cmds)
 	}
-	texts = append(texts, diagTexts(t, root)...)
+	diagTx := diagTexts(t, root)
+	texts = append(texts, diagTx...)
 	for _, v := range nameViolations(texts, faultExists, flags) {
 		t.Error(v)
+	}
+	// In the diag texts "pdctl" is always the command an operator types
+	// (help texts also use the name in prose: "pdctl attaches to ...").
+	for _, v := range commandViolations(diagTx, cmds) {
+		t.Error(v)
+	}
+}
+
+// pdctlRef is "pdctl" followed by the words that may name its command and
+// subcommand ("pdctl fault off stall-last-rank"): lowercase words, up to
+// the first flag or other token.
+var pdctlRef = regexp.MustCompile(`\bpdctl((?: [a-z][a-z0-9-]*)+)`)
+
+// commandViolations returns one line per pdctl command a text names that
+// pdctl does not have: the word after "pdctl" must be one of its commands,
+// and the word after a command that has subcommands one of those (cmds
+// holds every command path, "pdctl", "pdctl fault", "pdctl fault off").
+// Words after a command without subcommands are its arguments.
+func commandViolations(texts []text, cmds map[string]bool) []string {
+	hasSubs := func(path string) bool {
+		for c := range cmds {
+			if strings.HasPrefix(c, path+" ") {
+				return true
+			}
+		}
+		return false
+	}
+	var out []string
+	for _, tx := range texts {
+		body := strings.NewReplacer("`", "", `"`, "", "'", "").Replace(tx.body)
+		seen := map[string]bool{}
+		for _, m := range pdctlRef.FindAllStringSubmatch(body, -1) {
+			path := "pdctl"
+			for _, w := range strings.Fields(m[1]) {
+				if !hasSubs(path) {
+					break
+				}
+				path += " " + w
+				if !cmds[path] {
+					if !seen[path] {
+						seen[path] = true
+						out = append(out, fmt.Sprintf("%s names the command %s, which pdctl does not have", tx.where, path))
+					}
+					break
+				}
+			}
+			if cmds[path] && hasSubs(path) && path != "pdctl" && !seen[path] {
+				seen[path] = true
+				out = append(out, fmt.Sprintf("%s names %s without one of its commands", tx.where, path))
+			}
+		}
+	}
+	return out
+}
+
+// TestCommandViolations checks the check: pdctl commands that exist pass,
+// with their arguments and flags; a command or subcommand that does not
+// exist, or a command that needs a subcommand named without one, is
+// caught.
+func TestCommandViolations(t *testing.T) {
+	cmds := map[string]bool{"pdctl": true, "pdctl bundle": true, "pdctl fault": true, "pdctl fault on": true,
+		"pdctl fault off": true, "pdctl status": true, "pdctl diagnose": true}
+	texts := []text{
+		{"ok remedy", "switch it off (pdctl fault off stall-last-rank --server http://x); keep a bundle (pdctl bundle -o FILE.tar.gz); " +
+			"pdctl status shows each server; run pdctl diagnose --canaries again"},
+		{"stale remedy", "run pdctl restart, then pdctl fault reset stall-last-rank"},
+		{"half a command", "switch it (pdctl fault stall-last-rank)"},
+		{"bare", "pdctl fault"},
+	}
+	got := commandViolations(texts, cmds)
+	want := []string{
+		"stale remedy names the command pdctl restart, which pdctl does not have",
+		"stale remedy names the command pdctl fault reset, which pdctl does not have",
+		"half a command names the command pdctl fault stall-last-rank, which pdctl does not have",
+		"bare names pdctl fault without one of its commands",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("violations:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
 
