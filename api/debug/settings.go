@@ -46,6 +46,9 @@ type Settings struct {
 	// CollectiveWatchdogMS is the wait beyond which the rank group's
 	// watchdog reports a collective; 0: the watchdog is off.
 	CollectiveWatchdogMS float64 `json:"collective_watchdog_ms"`
+	// CollectiveTimeoutMS is the wait beyond which the server gives the
+	// rank group up and rebuilds it (--collective-timeout); 0: off.
+	CollectiveTimeoutMS float64 `json:"collective_timeout_ms"`
 	// FlightRecorderLen is the collectives each rank's flight recorder keeps.
 	FlightRecorderLen int `json:"flight_recorder_len"`
 	// DecisionLogLen is the iterations each rank's decision log keeps

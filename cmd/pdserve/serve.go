@@ -29,14 +29,15 @@ import (
 )
 
 type serveOptions struct {
-	engine     engineFlags
-	host       string
-	port       int
-	modelName  string
-	cfg        serve.Config
-	stallAfter time.Duration
-	maxQueue   time.Duration
-	shutdown   time.Duration
+	engine      engineFlags
+	host        string
+	port        int
+	modelName   string
+	cfg         serve.Config
+	stallAfter  time.Duration
+	collTimeout time.Duration
+	maxQueue    time.Duration
+	shutdown    time.Duration
 
 	noPrefixCache bool
 	hicache       hicacheFlags
@@ -107,6 +108,7 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 	f.DurationVar(&o.cfg.WaitingTimeout, "waiting-timeout", 0, "longest a request may wait for admission (0: no limit)")
 	f.DurationVar(&o.cfg.PrefillTimeout, "prefill-timeout", 0, "longest a prompt may take to prefill (0: no limit)")
 	f.DurationVar(&o.cfg.RequestTimeout, "request-timeout", def.RequestTimeout, "longest a request may take in all, queued or not (negative: no limit)")
+	f.DurationVar(&o.collTimeout, "collective-timeout", time.Minute, "when a collective of the rank group has waited this long, or the group broke, fail the requests in flight, rebuild the group with a new boot number and serve on (0: stop the engine instead); must exceed --stall-after")
 	f.DurationVar(&o.stallAfter, "stall-after", 5*time.Second, "/health answers 503 when the engine loop has not iterated for this long, and the collective watchdog reports a collective that waits this long")
 	f.DurationVar(&o.maxQueue, "max-queue-age", 0, "/health reports the server busy (still 200: queued is not dead) while a request has waited longer than this for admission, and routers send it no new requests (0: never)")
 	f.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a shutdown lets requests in flight, streams included, finish; those still running then end with an error")
@@ -126,6 +128,9 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	backend, err := rankBackends(o.engine.backend, threads)
 	if err != nil {
 		return err
+	}
+	if o.collTimeout < 0 || (o.collTimeout > 0 && o.collTimeout <= o.stallAfter) {
+		return usagef("--collective-timeout %v must exceed --stall-after %v (0 turns recovery off)", o.collTimeout, o.stallAfter)
 	}
 	if o.stallAfter <= 0 || o.shutdown <= 0 || o.maxQueue < 0 {
 		return usagef("--stall-after and --shutdown-timeout must be positive, --max-queue-age not negative")
@@ -156,6 +161,7 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	cfg.Observer = met
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	cfg.CollectiveWatchdog = o.stallAfter
+	cfg.CollectiveTimeout = o.collTimeout
 	cfg.OnStall = func(s dist.Stall) { log.Warn("collective stalled", "seq", s.Seq, "stall", s.String()) }
 	// serve.New refuses only impossible settings (it validates them
 	// after its defaults), so its error is a usage error.

@@ -59,6 +59,14 @@ type Config struct {
 	// OnStall receives the watchdog's reports on the watchdog's goroutine;
 	// it must return promptly. Default: a warning through log/slog.
 	OnStall func(dist.Stall) `json:"-"`
+	// CollectiveTimeout turns on recovery in place (recover.go): when a
+	// collective of either communicator has waited this long, or the group
+	// broke on a mismatch or the ranks planned different steps, the engine
+	// fails the requests in flight, drops the rank group and builds it
+	// again with a new boot number, and serves on. 0, the default, turns
+	// it off: such a failure stops the engine. It must exceed Heartbeat
+	// (idle ranks wait for rank 0 in a collective up to one heartbeat).
+	CollectiveTimeout time.Duration
 
 	// CloseTimeout is how long Close waits for the loops to stop at an
 	// iteration boundary before it closes the rank group under them
@@ -209,6 +217,12 @@ func (c Config) Validate(m *model.Model) error {
 	c.HiCache.validate(c.DisablePrefixCache, bad)
 	if c.CollectiveWatchdog > 0 && c.Heartbeat >= c.CollectiveWatchdog {
 		bad("heartbeat %v must be shorter than the collective watchdog %v: idle ranks wait for rank 0 in a collective up to one heartbeat", c.Heartbeat, c.CollectiveWatchdog)
+	}
+	if c.CollectiveTimeout < 0 {
+		bad("collective timeout %v must not be negative (0 turns recovery off)", c.CollectiveTimeout)
+	}
+	if c.CollectiveTimeout > 0 && c.CollectiveTimeout <= c.Heartbeat {
+		bad("collective timeout %v must be longer than the heartbeat %v: idle ranks wait for rank 0 in a collective up to one heartbeat", c.CollectiveTimeout, c.Heartbeat)
 	}
 	switch c.Role {
 	case pdproto.RoleColocated, pdproto.RolePrefill, pdproto.RoleDecode:

@@ -298,9 +298,10 @@ func (d *decision) record(rank int) DecisionRecord {
 // loops for a few stores) and the communicators' lock-free snapshots, so it
 // answers while a loop is stuck.
 func (e *Engine) Decisions(since uint64) []RankDecisions {
-	out := make([]RankDecisions, len(e.loops))
+	inc := e.cur()
+	out := make([]RankDecisions, len(inc.loops))
 	snaps := e.Collectives()
-	for r := range e.loops {
+	for r := range inc.loops {
 		out[r] = e.rankDecisions(r, since, snaps)
 	}
 	return out
@@ -312,8 +313,9 @@ func (e *Engine) RankDecisions(r int, since uint64) RankDecisions {
 }
 
 func (e *Engine) rankDecisions(r int, since uint64, snaps []dist.Snapshot) RankDecisions {
-	l := e.loops[r]
-	entered := e.control.Rank(r).LastSeq() // before the log: see below
+	inc := e.cur()
+	l := inc.loops[r]
+	entered := inc.control.Rank(r).LastSeq() // before the log: see below
 	recs, open, last, lastC := l.dlog.read(since)
 	rd := RankDecisions{Rank: r, Records: make([]DecisionRecord, len(recs)), LastStep: last}
 	for i := range recs {

@@ -349,7 +349,7 @@ func (l *rankLoop) gate(loads hicache.Loads) hicache.Gate {
 // prefix cache is off.
 func (e *Engine) HiCache() []TierSnapshot {
 	var out []TierSnapshot
-	for _, l := range e.loops {
+	for _, l := range e.cur().loops {
 		if s := l.tier.snap.Load(); s != nil {
 			out = append(out, *s)
 		}
@@ -371,7 +371,7 @@ func (e *Engine) SetHiCache(on bool) error {
 	}
 	op := tierOp{off: !on}
 	if on {
-		pages, err := e.cfg.HiCache.hostPages(e.loops[0].rk.Pool().Config(), e.cfg.TP)
+		pages, err := e.cfg.HiCache.hostPages(e.cur().loops[0].rk.Pool().Config(), e.cfg.TP)
 		if err != nil {
 			return err
 		}
@@ -395,7 +395,7 @@ func (e *Engine) SetHiCacheBandwidth(bytesPerSecond int64) error {
 		return fmt.Errorf("serve: hicache load bandwidth %d: want non-negative (0 is unlimited)", bytesPerSecond)
 	}
 	e.hicacheBandwidth.Store(bytesPerSecond)
-	for _, l := range e.loops {
+	for _, l := range e.cur().loops {
 		if ld := l.tier.loader.Load(); ld != nil {
 			ld.SetBandwidth(bytesPerSecond)
 		}

@@ -46,6 +46,7 @@ type rankLoop struct {
 
 	wire     []byte        // rank 0's encoding buffer
 	dlog     *decisionLog  // the rank's decision log (decisions.go)
+	quit     chan struct{} // closed when the group is given up or the engine stops (recover.go)
 	dbuf     []byte        // the step input re-encoded for its digest
 	gated    hicache.Loads // the loads the step's forward pass reads through gates
 	now      time.Duration
@@ -103,7 +104,7 @@ func (l *rankLoop) receive(ran bool) (stepInput, error) {
 	if l.r == len(l.e.loops)-1 {
 		// The fault switch stall-last-rank: a branch on local state
 		// before a collective, which the loop otherwise never takes.
-		l.e.faults.waitOff(FaultStallLastRank, l.e.stop)
+		l.e.faults.waitOff(FaultStallLastRank, l.quit)
 	}
 	if l.r == 0 {
 		if !ran {

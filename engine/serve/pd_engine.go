@@ -17,10 +17,6 @@ import (
 // pdEngine is the Engine's PD state outside the rank loops: the decode
 // side's registry resolutions and the counters the metrics read.
 type pdEngine struct {
-	instance string
-	started  time.Time
-	boot     uint64 // sent in heartbeats: a new number means a restarted server
-
 	mu       sync.Mutex
 	res      map[string]*resolution
 	ctx      context.Context
@@ -106,8 +102,7 @@ const retryFailedAfter = time.Second
 
 func newPDEngine() *pdEngine {
 	ctx, stop := context.WithCancel(context.Background())
-	now := time.Now()
-	return &pdEngine{instance: fmt.Sprintf("%x", now.UnixNano()), started: now, boot: uint64(now.UnixNano()), res: map[string]*resolution{}, ctx: ctx, stop: stop}
+	return &pdEngine{res: map[string]*resolution{}, ctx: ctx, stop: stop}
 }
 
 // resolved reports the registry at url: its ranks (checked compatible), or
@@ -167,10 +162,11 @@ func (e *Engine) RankInfos() []pdproto.RankInfo {
 	}
 	d := e.decodeInfo()
 	var out []pdproto.RankInfo
-	for r, l := range e.loops {
+	inc := e.cur() // its instance id and start change with each rebuild (recover.go)
+	for r, l := range inc.loops {
 		out = append(out, pdproto.RankInfo{Rank: r, TPSize: d.TPSize, Endpoint: l.pd.inbox.Endpoint(), PageSize: d.PageSize,
 			KVDType: d.KVDType, IndexKDType: d.IndexKDType, Model: d.Model, Layers: d.Layers, KVHeads: d.KVHeads, HeadDim: d.HeadDim,
-			InstanceID: e.pd.instance, StartedAt: e.pd.started})
+			InstanceID: inc.instance, StartedAt: inc.started})
 	}
 	return out
 }
@@ -186,7 +182,7 @@ func (e *Engine) PDQueues() map[string]int64 {
 	for _, name := range phaseNames {
 		out[name] = 0
 	}
-	if p := e.loops[0].pd.snap.Load(); p != nil {
+	if p := e.cur().loops[0].pd.snap.Load(); p != nil {
 		for _, en := range *p {
 			out[en.Queue]++
 		}
@@ -217,8 +213,9 @@ func (e *Engine) PDLinks() []PDLink {
 	if e.pd == nil {
 		return nil
 	}
-	out := make([]PDLink, len(e.loops))
-	for r, l := range e.loops {
+	loops := e.cur().loops
+	out := make([]PDLink, len(loops))
+	for r, l := range loops {
 		out[r] = PDLink{Rank: r, Inbox: l.pd.inbox.Stats(), Outbox: l.pd.outbox.Stats(), Late: l.pd.mb.late.Load(), Misplaced: l.pd.mb.bad.Load(), Faulted: l.pd.mb.faulted.Load(),
 			KVBytes: l.pd.bytes.Load()}
 	}
@@ -231,8 +228,9 @@ func (e *Engine) PDQueueEntries() [][]PDEntry {
 	if e.pd == nil {
 		return nil
 	}
-	out := make([][]PDEntry, len(e.loops))
-	for r, l := range e.loops {
+	loops := e.cur().loops
+	out := make([][]PDEntry, len(loops))
+	for r, l := range loops {
 		if p := l.pd.snap.Load(); p != nil {
 			out[r] = *p
 		}

@@ -81,14 +81,16 @@ type PDEntry struct {
 // decode rank. The KV path (a prefill rank's Outbox, a decode rank's
 // Inbox) uses zmqlink's zero-copy backend; the control path (a prefill
 // rank's Inbox, a decode rank's Outbox) uses pebbe/zmq4.
-func newRankPD(e *Engine, rank int) (*rankPD, error) {
+// It listens on endpoint when given (a rebuild keeps each rank's), and
+// sends boot in its heartbeats.
+func newRankPD(e *Engine, rank int, boot uint64, endpoint string) (*rankPD, error) {
 	machine, err := rooms.New(e.machineConfig(rank))
 	if err != nil {
 		return nil, err
 	}
 	prefill := e.cfg.Role == pdproto.RolePrefill
 	pd := &rankPD{mb: newMailbox(prefill, rank, e.poke, &e.faults), machine: machine, reqs: map[uint64]*pdReq{},
-		boot: e.pd.boot, cfg: &e.cfg.PD}
+		boot: boot, cfg: &e.cfg.PD}
 	out, err := zmqlink.NewOutbox(&zmqlink.OutboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: prefill}})
 	if err != nil {
 		return nil, err
@@ -100,7 +102,10 @@ func newRankPD(e *Engine, rank int) (*rankPD, error) {
 		}
 	}
 	pd.mb.self = pdproto.Heartbeat{Boot: pd.boot}
-	in, err := zmqlink.Listen("tcp://"+e.cfg.PD.Host+":0", pd.mb.handle, &zmqlink.InboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: !prefill}})
+	if endpoint == "" {
+		endpoint = "tcp://" + e.cfg.PD.Host + ":0"
+	}
+	in, err := zmqlink.Listen(endpoint, pd.mb.handle, &zmqlink.InboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: !prefill}})
 	if err != nil {
 		out.Close()
 		return nil, err

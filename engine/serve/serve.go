@@ -118,10 +118,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"runtime/pprof"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -129,7 +127,6 @@ import (
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/dist"
 	"github.com/pdkit/pdkit/engine/model"
-	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/engine/sample"
 	"github.com/pdkit/pdkit/engine/sched"
 	"github.com/pdkit/pdkit/engine/tp"
@@ -278,6 +275,9 @@ type Totals struct {
 	// Unstalls counts waiting requests that gave their cached prefix up
 	// because nothing ran and the queue's head did not fit (loop.go).
 	Unstalls uint64
+	// Restarts counts the rank group's rebuilds after a stalled
+	// collective or a broken group (recover.go).
+	Restarts uint64
 }
 
 // Health reports progress, not only liveness.
@@ -336,10 +336,15 @@ type Engine struct {
 	// shards' group.
 	control *dist.Group
 
-	snap   atomic.Pointer[EngineSnapshot]
-	stalls atomic.Uint64 // collectives the watchdog reported
-	pd     *pdEngine     // nil on a colocated server
-	faults faultSet
+	snap atomic.Pointer[EngineSnapshot]
+	// inc is the incarnation serving now, for readers off the loops
+	// (recover.go); lastFailure the failure of the last one given up.
+	inc         atomic.Pointer[incarnation]
+	lastFailure atomic.Pointer[Failure]
+	restarts    atomic.Uint64
+	stalls      atomic.Uint64 // collectives the watchdog reported
+	pd          *pdEngine     // nil on a colocated server
+	faults      faultSet
 
 	hicacheBandwidth atomic.Int64 // the loaders' pacing, bytes/s (0 unlimited)
 	indexK           atomic.Int32 // the index-K precision now (kernels.IndexKDType)
@@ -386,36 +391,8 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 	if err := cfg.Validate(m); err != nil {
 		return nil, err
 	}
-	e := &Engine{}
-	gopts := func(name string) dist.Options {
-		o := dist.Options{Name: name, FlightRecorderLen: cfg.FlightRecorderLen}
-		if cfg.CollectiveWatchdog > 0 {
-			onStall := cfg.OnStall
-			if onStall == nil {
-				onStall = func(s dist.Stall) {
-					slog.Warn("collective stalled", "server", cfg.Name, "role", cfg.Role, "stall", s.String())
-				}
-			}
-			o.Watchdog = cfg.CollectiveWatchdog
-			o.OnStall = func(s dist.Stall) {
-				e.stalls.Add(1)
-				onStall(s)
-			}
-		}
-		return o
-	}
-	shards, err := tp.NewShards(m, tp.Options{Ranks: cfg.TP, Backend: cfg.Backend, PageSize: cfg.PageSize,
-		KVTokens: cfg.KVTokens, MaxSeqs: cfg.maxSeqs(), IndexK: cfg.IndexK, Group: gopts(CommForward)})
-	if err != nil {
-		return nil, fmt.Errorf("serve: %w", err)
-	}
-	control, err := dist.NewGroup(cfg.TP, gopts(CommControl))
-	if err != nil {
-		shards.Close()
-		return nil, fmt.Errorf("serve: %w", err)
-	}
-	*e = Engine{
-		m: m, cfg: cfg, shards: shards, control: control, epoch: time.Now(), vocab: m.Config.VocabSize,
+	e := &Engine{
+		m: m, cfg: cfg, epoch: time.Now(), vocab: m.Config.VocabSize,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		front: make(map[uint64]*request),
 	}
@@ -424,55 +401,16 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 	}
 	e.hicacheBandwidth.Store(cfg.HiCache.LoadBandwidth)
 	e.indexK.Store(int32(cfg.IndexK))
-	hostPages := 0 // per rank, once the first rank's pool is known
-	for r := range cfg.TP {
-		sc, err := sched.New(sched.Config{
-			MaxRunning: cfg.MaxRunning, MaxBatchTokens: cfg.MaxBatchTokens, PrefillChunk: cfg.PrefillChunk,
-			PageSize: cfg.PageSize, TotalPages: cfg.Pages(),
-			WaitingTimeout: cfg.WaitingTimeout, PrefillTimeout: cfg.PrefillTimeout, RequestTimeout: max(0, cfg.RequestTimeout),
-		})
-		if err != nil {
-			shards.Close()
-			return nil, fmt.Errorf("serve: %w", err)
-		}
-		l := &rankLoop{e: e, r: r, rk: shards.Rank(r), sched: sc, seqs: make(map[uint64]*seqState), dlog: newDecisionLog(cfg.DecisionLogLen)}
-		if cfg.Role != pdproto.RoleColocated {
-			if e.pd == nil {
-				e.pd = newPDEngine()
-			}
-			if l.pd, err = newRankPD(e, r); err != nil {
-				e.closePD()
-				e.closeTiers()
-				shards.Close()
-				return nil, fmt.Errorf("serve: rank %d: %w", r, err)
-			}
-		}
-		if !cfg.DisablePrefixCache {
-			l.cache = prefix.New(l.rk.Pool())
-			layers := l.rk.Pool().Config().Layers
-			l.tier.waitKV, l.tier.waitIndexK = make([]atomic.Int64, layers), make([]atomic.Int64, layers)
-			if cfg.HiCache.Enabled {
-				if hostPages == 0 {
-					if hostPages, err = cfg.HiCache.hostPages(l.rk.Pool().Config(), cfg.TP); err != nil {
-						e.closeTiers()
-						shards.Close()
-						return nil, fmt.Errorf("serve: %w", err)
-					}
-				}
-				if err := l.attachTier(hostPages); err != nil {
-					e.closeTiers()
-					shards.Close()
-					return nil, fmt.Errorf("serve: rank %d: %w", r, err)
-				}
-			}
-			l.publishTier()
-		}
-		now := time.Now()
-		l.beat.Store(now.UnixNano())
-		l.last.Store(&StepRecord{Rank: r, Phase: "idle", Start: now, End: now})
-		e.loops = append(e.loops, l)
+	if cfg.Role != pdproto.RoleColocated {
+		e.pd = newPDEngine()
 	}
-	e.publish(*e.loops[0].last.Load())
+	if err := e.build(nil); err != nil {
+		if e.pd != nil {
+			e.pd.stop()
+			e.pd.wg.Wait()
+		}
+		return nil, err
+	}
 	go pprof.Do(context.Background(), pprof.Labels("server", cfg.Name, "role", cfg.Role), func(ctx context.Context) { e.run(ctx) })
 	return e, nil
 }
@@ -481,33 +419,40 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 // for all of them and finishes what they left.
 func (e *Engine) run(ctx context.Context) {
 	defer close(e.done)
-	errs := make([]error, len(e.loops))
-	var wg sync.WaitGroup
-	for r, l := range e.loops {
-		wg.Go(func() {
-			pprof.Do(ctx, pprof.Labels("rank", strconv.Itoa(r)), func(context.Context) {
-				errs[r] = l.run()
-			})
-			if errs[r] != nil {
-				// Wake the peers waiting for this rank in a collective.
-				e.closeGroups()
-			}
-		})
-	}
-	wg.Wait()
-	closing := false
-	select {
-	case <-e.stop:
-		closing = true
-	default:
-	}
-	for _, err := range errs {
-		if err == nil || (closing && errors.Is(err, dist.ErrGroupClosed)) {
-			continue
+	for {
+		errs, stalled, snaps := e.runLoops(ctx)
+		closing := false
+		select {
+		case <-e.stop:
+			closing = true
+		default:
 		}
-		// A rank's own failure comes before what its peers saw of it.
-		if e.err == nil || errors.Is(e.err, dist.ErrGroupClosed) || errors.Is(e.err, dist.ErrGroupBroken) {
-			e.err = err
+		var failed error
+		for _, err := range errs {
+			if err == nil || (closing && errors.Is(err, dist.ErrGroupClosed)) {
+				continue
+			}
+			// A rank's own failure comes before what its peers saw of it.
+			if failed == nil || errors.Is(failed, dist.ErrGroupClosed) || errors.Is(failed, dist.ErrGroupBroken) {
+				failed = err
+			}
+		}
+		// Recovery (recover.go): a stalled collective, or a group broken
+		// on a mismatch or a divergence, rebuilds the rank group.
+		reason := ""
+		switch {
+		case closing:
+		case stalled != nil:
+			reason = stallReason(*stalled, e.cfg.CollectiveTimeout)
+		case e.cfg.CollectiveTimeout > 0 && failed != nil && recoverable(failed):
+			reason = failed.Error()
+		}
+		if reason == "" {
+			e.err = failed
+			break
+		}
+		if !e.restart(reason, snaps) {
+			break
 		}
 	}
 	e.shutdown()
@@ -756,12 +701,13 @@ func (e *Engine) closePD() error {
 }
 
 // LastStep returns the record of rank 0's last finished iteration.
-func (e *Engine) LastStep() StepRecord { return *e.loops[0].last.Load() }
+func (e *Engine) LastStep() StepRecord { return *e.cur().loops[0].last.Load() }
 
 // RankSteps returns every rank's last step record, in rank order.
 func (e *Engine) RankSteps() []StepRecord {
-	out := make([]StepRecord, len(e.loops))
-	for i, l := range e.loops {
+	loops := e.cur().loops
+	out := make([]StepRecord, len(loops))
+	for i, l := range loops {
 		out[i] = *l.last.Load()
 	}
 	return out
@@ -774,7 +720,7 @@ const (
 )
 
 // groups are the communicators, control first.
-func (e *Engine) groups() []*dist.Group { return []*dist.Group{e.control, e.shards.Group()} }
+func (e *Engine) groups() []*dist.Group { return e.cur().groups() }
 
 // closeGroups wakes every rank waiting in a collective of either
 // communicator; both are idempotent to close.
@@ -825,14 +771,14 @@ func (e *Engine) CollectiveWait(comm string, r int) time.Duration {
 func (e *Engine) Snapshot() *EngineSnapshot { return e.snap.Load() }
 
 // Ranks is the number of tensor-parallel ranks.
-func (e *Engine) Ranks() int { return len(e.loops) }
+func (e *Engine) Ranks() int { return len(e.cur().loops) }
 
 // KVPages reports rank r's KV pool: pages in use (by sequences or the
 // prefix cache), pages the prefix cache holds, and pages in all. It reads
 // the pool's atomic counters, so it is safe from any goroutine and answers
 // while the loop is stuck.
 func (e *Engine) KVPages(r int) (used, cached, total int) {
-	p := e.shards.Rank(r).Pool()
+	p := e.cur().shards.Rank(r).Pool()
 	total = p.TotalPages()
 	return total - p.FreePages(), p.CachedPages(), total
 }
@@ -847,7 +793,7 @@ func (e *Engine) Health(now time.Time) Health {
 		Running: len(s.Queue.Prefilling) + len(s.Queue.Running),
 		Err:     s.Err,
 	}
-	for _, l := range e.loops {
+	for _, l := range e.cur().loops {
 		h.LoopAge = max(h.LoopAge, now.Sub(time.Unix(0, l.beat.Load())))
 	}
 	for _, w := range s.Queue.Waiting {

@@ -56,6 +56,7 @@ func settingsOf(cfg Config, indexer bool, faultsOn []string) debug.Settings {
 	if cfg.CollectiveWatchdog > 0 {
 		s.CollectiveWatchdogMS = msOf(cfg.CollectiveWatchdog)
 	}
+	s.CollectiveTimeoutMS = msOf(cfg.CollectiveTimeout)
 	if !cfg.DisablePrefixCache {
 		h := cfg.HiCache
 		s.HiCache = &debug.HiCacheSettings{

@@ -36,7 +36,7 @@ var published = map[string]string{
 	"TP": "tp_size", "PageSize": "page_size", "KVTokens": "kv_tokens", "MaxRunning": "max_running",
 	"MaxBatchTokens": "max_batch_tokens", "PrefillChunk": "prefill_chunk", "IndexK": "index_k",
 	"DisablePrefixCache": "prefix_cache", "Name": "name", "Role": "role",
-	"FlightRecorderLen": "flight_recorder_len", "DecisionLogLen": "decision_log_len", "CollectiveWatchdog": "collective_watchdog_ms",
+	"FlightRecorderLen": "flight_recorder_len", "DecisionLogLen": "decision_log_len", "CollectiveWatchdog": "collective_watchdog_ms", "CollectiveTimeout": "collective_timeout_ms",
 	"CloseTimeout": "close_timeout_ms", "WaitingTimeout": "waiting_timeout_ms", "PrefillTimeout": "prefill_timeout_ms",
 	"RequestTimeout": "request_timeout_ms", "Heartbeat": "heartbeat_ms",
 

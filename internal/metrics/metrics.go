@@ -52,6 +52,7 @@
 //
 //	pdkit_collective_wait_seconds_total{rank,comm}  time inside the communicator's collectives (comm: control or forward)
 //	pdkit_collective_stalls_total                   collectives either communicator's watchdog reported as stalled
+//	pdkit_engine_restarts_total                     rank group rebuilds after a collective timeout or a broken group
 //
 // # PD roles
 //
@@ -318,6 +319,7 @@ type engineCollector struct {
 	prefixHits, evictions      *prometheus.Desc
 	unstalls                   *prometheus.Desc
 	loopAge, stalls            *prometheus.Desc
+	restarts                   *prometheus.Desc
 
 	// PD roles only (nil descs on a colocated engine).
 	pd *pdDescs
@@ -344,6 +346,7 @@ func newEngineCollector(eng *serve.Engine) *engineCollector {
 		evictions:     d("prefix_cache_evicted_pages_total", "Cached pages evicted to make room (rank 0)."),
 		unstalls:      d("prefix_unstalls_total", "Waiting requests that gave up their cached prefix (to compute it) because nothing ran and the queue's head did not fit otherwise."),
 		stalls:        d("collective_stalls_total", "Collectives the watchdogs of the rank group's communicators reported as stalled."),
+		restarts:      d("engine_restarts_total", "Rebuilds of the rank group after a collective waited past --collective-timeout or the group broke; each failed the requests in flight."),
 		loopAge:       d("loop_age_seconds", "Time since the least recent start of a loop iteration over the ranks."),
 		pagesCapacity: d("kv_pages_capacity", "KV pages of the rank's pool, used, cached or free.", "rank"),
 		retractions:   d("retractions_total", "Requests retracted to free KV."),
@@ -359,7 +362,7 @@ func newEngineCollector(eng *serve.Engine) *engineCollector {
 
 func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.running, c.waiting, c.pagesUsed, c.pagesCapacity, c.retractions, c.aborts, c.steps, c.heldPages, c.schedPages,
-		c.pagesCached, c.collWait, c.promptTokens, c.cachedTokens, c.prefixHits, c.evictions, c.unstalls, c.loopAge, c.stalls} {
+		c.pagesCached, c.collWait, c.promptTokens, c.cachedTokens, c.prefixHits, c.evictions, c.unstalls, c.loopAge, c.stalls, c.restarts} {
 		ch <- d
 	}
 	c.pd.describe(ch)
@@ -395,6 +398,7 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.evictions, s.Totals.PrefixEvictions)
 	counter(c.unstalls, s.Totals.Unstalls)
 	counter(c.stalls, c.eng.StallsReported())
+	counter(c.restarts, s.Totals.Restarts)
 	gauge(c.heldPages, s.Queue.HeldPages)
 	gauge(c.schedPages, s.Queue.TotalPages)
 	counter(c.retractions, s.Totals.Retractions)

@@ -1,0 +1,113 @@
+package serve
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pdkit/pdkit/internal/testmodel"
+)
+
+// TestRecoverStalledCollective: with stall-last-rank on and a short
+// collective timeout, rank 0 waits in the step input's broadcast for rank
+// 1; past the timeout the engine gives the group up, fails the request in
+// flight with the stalled collective as its reason, rebuilds the group
+// (counted, the failed group's flight recorder kept) and serves again: the
+// next 20 requests' greedy outputs equal a reference engine's, and the
+// pools balance.
+func TestRecoverStalledCollective(t *testing.T) {
+	m := tinyModel(t)
+	cfg := Config{TP: 2, PageSize: 4, KVTokens: 512, MaxRunning: 4, Heartbeat: 10 * time.Millisecond,
+		CollectiveWatchdog: 50 * time.Millisecond, CollectiveTimeout: 500 * time.Millisecond}
+	e := newEngine(t, m, cfg)
+	ref := newEngine(t, m, Config{TP: 2, PageSize: 4, KVTokens: 512, MaxRunning: 4})
+	boot := e.cur().boot
+
+	if err := e.SetFault(FaultStallLastRank, true); err != nil {
+		t.Fatal(err)
+	}
+	s, err := e.Submit(context.Background(), Request{Prompt: testmodel.Prompts(3, 1, 8, 8, e.vocab)[0], MaxTokens: 4, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, fin := collect(t, s, 10*time.Second)
+	const want = "error: engine restarted: rank 1 did not reach control seq "
+	if !strings.HasPrefix(fin.Reason, want) || !strings.HasSuffix(fin.Reason, "within 500ms") {
+		t.Fatalf("finish %q, want %q...within 500ms", fin.Reason, want)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the request failed after %v", took)
+	}
+	poll(t, "the restart counted", 10*time.Second, func() bool { return e.Snapshot().Totals.Restarts >= 1 })
+	if err := e.SetFault(FaultStallLastRank, false); err != nil {
+		t.Fatal(err)
+	}
+	f := e.LastFailure()
+	if f == nil || f.Boot != boot || f.Reason != strings.TrimPrefix(fin.Reason, "error: engine restarted: ") {
+		t.Fatalf("last failure %+v, want boot %d and the finish's reason", f, boot)
+	}
+	if len(f.Collectives) != 2 || f.Collectives[0].Name != CommControl || len(f.Collectives[0].Ranks[0].Records) == 0 {
+		t.Fatalf("the failed group's collectives: %+v", f.Collectives)
+	}
+	if e.cur().boot == boot || e.Restarts() < 1 {
+		t.Fatalf("boot %d after the restart (was %d), %d restarts", e.cur().boot, boot, e.Restarts())
+	}
+
+	prompts := testmodel.Prompts(21, 20, 4, 12, e.vocab)
+	for i, p := range prompts {
+		q := Request{Prompt: p, MaxTokens: 6, IgnoreEOS: true}
+		got, gs := submitCollect(t, e, q)
+		exp, es := submitCollect(t, ref, q)
+		if !slices.Equal(got, exp) || gs.Reason != ReasonLength || es.Reason != ReasonLength {
+			t.Fatalf("prompt %d after the restart: %v (%s), reference %v (%s)", i, got, gs.Reason, exp, es.Reason)
+		}
+	}
+	checkPools(t, e)
+}
+
+func submitCollect(t *testing.T, e *Engine, q Request) ([]int32, Finish) {
+	t.Helper()
+	s, err := e.Submit(context.Background(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return collect(t, s, 20*time.Second)
+}
+
+// TestRecoverPDPrefill: a prefill that rebuilds its group keeps its
+// endpoints and sends a new boot number: the decode's room with the old
+// incarnation fails, and the next requests succeed.
+func TestRecoverPDPrefill(t *testing.T) {
+	cfg := Config{TP: 2, PageSize: 4, KVTokens: 512, MaxRunning: 4, Heartbeat: 10 * time.Millisecond,
+		CollectiveWatchdog: 50 * time.Millisecond, CollectiveTimeout: 500 * time.Millisecond}
+	pp := newPDPair(t, cfg)
+	q := Request{Prompt: testmodel.Prompts(5, 1, 10, 10, pp.prefill.vocab)[0], MaxTokens: 3, IgnoreEOS: true}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ref, fin, _ := pp.run(t, ctx, q, 5000)
+	if fin.Reason != ReasonLength {
+		t.Fatalf("before the fault: %q", fin.Reason)
+	}
+	if err := pp.prefill.SetFault(FaultStallLastRank, true); err != nil {
+		t.Fatal(err)
+	}
+	_, dfin, pfin := pp.run(t, ctx, q, 5001)
+	if !strings.HasPrefix(pfin.Reason, "error: engine restarted: ") || !strings.HasPrefix(dfin.Reason, "error:") {
+		t.Fatalf("in flight at the restart: prefill %q, decode %q", pfin.Reason, dfin.Reason)
+	}
+	poll(t, "the prefill's restart", 10*time.Second, func() bool { return pp.prefill.Snapshot().Totals.Restarts >= 1 })
+	if err := pp.prefill.SetFault(FaultStallLastRank, false); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		toks, fin, _ := pp.run(t, ctx, q, 5002+uint64(i))
+		if fin.Reason != ReasonLength || !slices.Equal(toks, ref) {
+			t.Fatalf("after the restart, request %d: %v %q, want %v", i, toks, fin.Reason, ref)
+		}
+	}
+	checkPools(t, pp.prefill)
+	checkPools(t, pp.decode)
+}
