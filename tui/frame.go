@@ -21,10 +21,19 @@ type FrameOptions struct {
 	// Styled colours the frame (a terminal); plain frames are for pipes
 	// and tests.
 	Styled bool
-	// Width cuts every line to that many cells; 0 leaves them whole.
-	Width  int
-	Config diag.Config
-	Now    time.Time
+	// Width is the screen's width in cells: the tables drop their least
+	// needed columns to fit it (never those that name a stalled rank) and
+	// every line is cut to it. 0 leaves them whole.
+	Width int
+	// Height is the screen's height in lines for the frame: past it the
+	// findings are cut (the first kept, with how many more), then the
+	// servers' table goes, then the blank lines. 0: no limit.
+	Height int
+	// History is each rank's step rate over the last samples (the
+	// sparkline); nil: built from window.
+	History *History
+	Config  diag.Config
+	Now     time.Time
 }
 
 // The styles of a styled frame.
@@ -45,14 +54,20 @@ type cell struct {
 
 func plain(s string) cell { return cell{text: s} }
 
-// Frame renders the cluster as the last of window shows it: the servers,
-// one line per rank with its step against its group's (Δ), its phase, the
-// age of its last step, its seq on each communicator and the collective it
-// waits in, then the findings
-// of the diag rules over the whole window. window holds the samples of the
-// last few seconds, oldest first.
+// The servers' table's columns in the order a narrow screen drops them
+// (the highest first): what says a server is sick (its state, failures,
+// the fault switches on) stays.
+var serverDrops = map[string]int{"ABORT": 8, "PREFILL": 7, "WAIT": 6, "RUN": 5, "HICACHE": 4, "INDEX-K": 3}
+
+// Frame renders the cluster as the last of window shows it: the servers;
+// per server a ranks panel, one line per rank with its loop, phase, step,
+// Δ to its group, the collective it waits in and for how long, its step
+// rate over the last samples (a sparkline), the age of its last step, its
+// seq on each communicator, its PD queues and KV, a stalled or diverged
+// rank marked "!" and named in the panel's title; then the findings of the
+// diag rules over the whole window. window holds the samples of the last
+// few seconds, oldest first.
 func Frame(window []Sample, o FrameOptions) string {
-	var b strings.Builder
 	title := "pdctl top"
 	if o.Source != "" {
 		title += " · " + o.Source
@@ -67,30 +82,86 @@ func Frame(window []Sample, o FrameOptions) string {
 	if o.Paused {
 		title += " · PAUSED"
 	}
-	b.WriteString(o.style(styleTitle, title) + "\n")
+	head := []string{o.style(styleTitle, title)}
 	if o.Err != nil {
-		b.WriteString(o.style(styleCritical, "sampling failed: "+o.Err.Error()) + "\n")
+		head = append(head, o.style(styleCritical, "sampling failed: "+o.Err.Error()))
 	}
 	if len(window) == 0 {
-		b.WriteString("waiting for the first sample…\n")
-		return o.cut(b.String())
+		return o.cut(strings.Join(append(head, "waiting for the first sample…"), "\n") + "\n")
 	}
 	last := window[len(window)-1]
-	b.WriteString("\n")
-	b.WriteString(o.table(serverRows(window)))
-	b.WriteString("\n")
-	b.WriteString(o.table(rankRows(last.Sample, o.Config, o.Now)))
-	b.WriteString("\n")
+	hist := o.History
+	if hist == nil {
+		hist = historyOf(window)
+	}
 	findings := diag.RunRules(diag.RulesWith(o.Config), diag.Window{Samples: diagSamples(window)})
+	servers := lines(o.fit(columns(serverRows(window), serverDrops), o.Width, 0))
+	var panels [][]string
+	for _, p := range o.rankPanels(last.Sample, hist, findings) {
+		panels = append(panels, append([]string{p.title}, lines(p.table)...))
+	}
 	span := window[len(window)-1].Taken.Sub(window[0].Taken).Round(100 * time.Millisecond)
-	b.WriteString(o.style(styleHeader, fmt.Sprintf("FINDINGS (diag rules over %d samples, %v)", len(window), span)) + "\n")
+	found := []string{o.style(styleHeader, fmt.Sprintf("FINDINGS (diag rules over %d samples, %v)", len(window), span))}
+	var shown []string
 	if len(findings) == 0 {
-		b.WriteString("healthy\n")
+		shown = append(shown, "healthy")
 	}
 	for _, f := range findings {
-		b.WriteString(o.mark(f.Severity, fmt.Sprintf("%s %s %s: %s", f.Severity, f.Rule, f.Where(), f.Summary)) + "\n")
+		shown = append(shown, o.mark(f.Severity, fmt.Sprintf("%s %s %s: %s", f.Severity, f.Rule, f.Where(), f.Summary)))
 	}
-	return o.cut(b.String())
+
+	// Fit the height: cut the findings (keeping the first), then the
+	// servers' table, then the blank lines.
+	blanks := true
+	height := func() int {
+		n := len(head) + len(found) + len(shown) + len(servers)
+		for _, p := range panels {
+			n += len(p)
+		}
+		if blanks {
+			n += len(panels) + 1
+			if len(servers) > 0 {
+				n++
+			}
+		}
+		return n
+	}
+	if o.Height > 0 && height() > o.Height {
+		if over := height() - o.Height; len(shown) > 1 {
+			keep := max(1, len(shown)-over-1)
+			if keep < len(shown) {
+				more := len(shown) - keep
+				shown = append(shown[:keep:keep], fmt.Sprintf("… %d more (pdctl diagnose)", more))
+			}
+		}
+		if height() > o.Height {
+			servers = nil
+		}
+		if height() > o.Height {
+			blanks = false
+		}
+	}
+	out := head
+	sep := func() {
+		if blanks {
+			out = append(out, "")
+		}
+	}
+	if len(servers) > 0 {
+		sep()
+		out = append(out, servers...)
+	}
+	for _, p := range panels {
+		sep()
+		out = append(out, p...)
+	}
+	sep()
+	out = append(out, found...)
+	out = append(out, shown...)
+	if o.Height > 0 && len(out) > o.Height {
+		out = out[:o.Height]
+	}
+	return o.cut(strings.Join(out, "\n") + "\n")
 }
 
 // Rows returns the servers' and the ranks' tables of s as Frame shows

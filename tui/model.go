@@ -47,16 +47,21 @@ type Options struct {
 
 // Model is the Bubble Tea model of "pdctl top": it samples the cluster
 // every Interval through Fetch, keeps the samples of the last Window, and
-// draws them with Frame. Keys: q (or esc, ctrl+c) quits, p (or space)
-// pauses and resumes, r samples at once.
+// draws them with Frame, with each rank's step rate over the last
+// samples (History). Its keys are DefaultKeyMap's: q (or esc, ctrl+c)
+// quits, p (or space) pauses and resumes, r samples at once; the help line
+// is drawn from the same bindings.
 type Model struct {
 	ctx      context.Context
 	opts     Options
+	keys     KeyMap
 	samples  []Sample
+	history  *History
 	err      error
 	paused   bool
 	fetching bool
 	width    int
+	height   int
 }
 
 // sampleMsg carries one Fetch result.
@@ -79,7 +84,7 @@ func New(ctx context.Context, o Options) *Model {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Model{ctx: ctx, opts: o}
+	return &Model{ctx: ctx, opts: o, keys: DefaultKeyMap, history: NewHistory(0), width: o.Width, height: o.Height}
 }
 
 // Init takes the first sample.
@@ -116,19 +121,19 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		}
 		return m, m.fetch()
 	case tea.KeyPressMsg:
-		switch msg.String() {
-		case "q", "esc", "ctrl+c":
+		switch {
+		case m.keys.Quit.Matches(msg):
 			return m, tea.Quit
-		case "p", "space":
+		case m.keys.Pause.Matches(msg):
 			m.paused = !m.paused
 			if !m.paused {
 				return m, m.fetch()
 			}
-		case "r":
+		case m.keys.Refresh.Matches(msg):
 			return m, m.fetch()
 		}
 	case tea.WindowSizeMsg:
-		m.width = msg.Width
+		m.width, m.height = msg.Width, msg.Height
 	}
 	return m, nil
 }
@@ -136,6 +141,7 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 // add keeps s and drops the samples older than the window before it.
 func (m *Model) add(s Sample) {
 	m.samples = append(m.samples, s)
+	m.history.Add(s.Sample)
 	from := s.Taken.Add(-m.opts.Window)
 	i := 0
 	for i < len(m.samples)-1 && m.samples[i].Taken.Before(from) {
@@ -144,18 +150,28 @@ func (m *Model) add(s Sample) {
 	m.samples = m.samples[i:]
 }
 
-// View draws the frame, styled, in the alternate screen.
+// View draws the screen, styled, in the alternate screen.
 func (m *Model) View() tea.View {
-	v := tea.NewView(m.frame(true) + "\nq quit · p pause · r refresh\n")
+	v := tea.NewView(m.screen(true))
 	v.AltScreen = true
 	v.WindowTitle = "pdctl top"
 	return v
 }
 
-// frame renders the samples kept so far.
-func (m *Model) frame(styled bool) string {
-	return Frame(m.samples, FrameOptions{Source: m.opts.Source, Interval: m.opts.Interval, Paused: m.paused, Err: m.err,
-		Styled: styled, Width: m.width, Config: m.opts.Config, Now: m.opts.Now()})
+// screen is the frame of the samples kept so far fitted to the screen's
+// size, and the help line beneath, drawn from the keymap.
+func (m *Model) screen(styled bool) string {
+	height := 0
+	if m.height > 0 {
+		height = max(1, m.height-2) // a blank line and the help
+	}
+	o := FrameOptions{Source: m.opts.Source, Interval: m.opts.Interval, Paused: m.paused, Err: m.err,
+		Styled: styled, Width: m.width, Height: height, History: m.history, Config: m.opts.Config, Now: m.opts.Now()}
+	help := m.keys.HelpLine()
+	if m.width > 0 {
+		help = truncate(help, m.width)
+	}
+	return Frame(m.samples, o) + "\n" + o.style(styleDim, help) + "\n"
 }
 
 // Samples returns the samples the model keeps, oldest first.

@@ -33,17 +33,29 @@ PD server's failures), the index-K precision (INDEX-K: fp8 or bf16, "n/a"
 without a sparse indexer, "fp8 (switching to bf16)" while a live switch
 drains), the host tier (HICACHE: "off", or "on" with the host tokens
 used/total of every rank, "n/a" without a prefix cache) and the fault
-switches that are on; one line per
-rank with its step, Δ (its step less the highest of its server: -1 is a
-rank caught mid-iteration, lower is divergence, marked), its phase, the
+switches that are on.
+
+Then a ranks panel per server, titled "in step" or "DIVERGED:" with the
+ranks that parted (the rank in no collective while its peers wait first),
+one line per rank: a mark ("!": named by rank-divergence, behind its group,
+waiting in a collective past --collective-wait, or in no collective while a
+peer waits past it), its rank, its loop (LOOP: "-" while the server
+publishes none), phase, step, Δ (its step less the highest of its server:
+-1 is a rank caught mid-iteration, lower is divergence, marked), the
+collective it waits in with its communicator (WAITS IN: "control seq 41
+Broadcast", or "not in control seq 41" for the rank its peers wait for)
+and for how long (FOR), its step rate (STEPS/S) and a sparkline of it over
+the last 20 samples (LAST 20: "·" is a sample with no step finished), the
 age of its last step, its sequence numbers on the two communicators of its
 TP group (CTRL SEQ: the loop's control agreements; FWD SEQ: the model's
-forward collectives), the collective it waits in with its communicator, as
-"control seq 41 AllReduceMin 2.1s" (marked past --collective-wait), its PD
-queues and KV pages; then the findings of the diag rules over the samples
-of the last --window.
+forward collectives), its PD queues and KV pages; then the findings of the
+diag rules over the samples of the last --window. On a narrow screen the
+KV, PD, seq, age and loop columns go first, then the sparkline narrows and
+goes, then the rate and the phase; the mark, rank, step, Δ, WAITS IN and
+FOR stay. On a short one the findings are cut (the first kept), then the
+servers' table goes.
 
-Keys: q quits, p pauses, r samples at once.
+Keys: ` + tui.DefaultKeyMap.HelpText() + `.
 
 When stdout is not a terminal, or with --once, it samples once and prints
 the servers, the ranks and the findings as tables (tab-separated when
