@@ -162,6 +162,19 @@ type CollectivesResponse struct {
 	// Comms are the communicators, in the order of Comms: control, then
 	// forward.
 	Comms []Communicator `json:"comms"`
+	// LastFailure is the last rank group the engine gave up and rebuilt
+	// (a collective past --collective-timeout, or a broken group): when,
+	// why, its boot number and its communicators as they were, flight
+	// recorders included. Absent when the engine never recovered.
+	LastFailure *GroupFailure `json:"last_failure,omitempty"`
+}
+
+// GroupFailure is a rank group the engine recovered from.
+type GroupFailure struct {
+	At     time.Time      `json:"at"`
+	Reason string         `json:"reason"`
+	Boot   string         `json:"boot"` // the failed incarnation's boot number
+	Comms  []Communicator `json:"comms"`
 }
 
 // Comm is the communicator named name; nil when the answer has none.

@@ -108,10 +108,19 @@
 // forward pass reads its pages through per-layer KV and index-K gates, and
 // the load settles before anything else reads them. hicache.go tells it.
 //
+// # Recovery
+//
+// With Config.CollectiveTimeout set, a collective that waits past it, or a
+// group that broke on a mismatch, does not end the engine: the supervisor
+// gives the group up, ends the requests in flight with the reason, frees
+// their pages, rebuilds the ranks with a new PD boot number and serves again
+// (recover.go; Engine.LastFailure keeps what the failed group looked like).
+// Without it, an engine whose step fails finishes every request with an
+// error and must be rebuilt.
+//
 // Not yet here: the overlap variant (scheduling step N+1 while step N runs);
 // stop sequences are token ids (Request.Stop), stop strings belong to the
-// HTTP layer that owns detokenization; an engine whose step fails finishes
-// every request with an error and must be rebuilt.
+// HTTP layer that owns detokenization.
 package serve
 
 import (

@@ -66,6 +66,13 @@ func (s *Server) collectives(w http.ResponseWriter, r *http.Request) {
 			c.Stalls = append(c.Stalls, debugStall(st))
 		}
 	}
+	if f := s.eng.LastFailure(); f != nil {
+		lf := &debug.GroupFailure{At: f.At, Reason: f.Reason, Boot: strconv.FormatUint(f.Boot, 10), Comms: []debug.Communicator{}}
+		for _, g := range f.Collectives {
+			lf.Comms = append(lf.Comms, s.debugComm(g, f.At))
+		}
+		resp.LastFailure = lf
+	}
 	writeJSON(w, http.StatusOK, resp)
 }
 
