@@ -158,3 +158,39 @@ func TestHealthBrokenGroupIsUnhealthy(t *testing.T) {
 		t.Errorf("a healthy group: %+v", resp)
 	}
 }
+
+// After the engine gives a stalled group up and rebuilds it, /debug/v1/
+// collectives keeps the failed group beside the live one: the reason (the
+// stalled collective), the old boot number and its flight recorders.
+func TestCollectivesKeepTheRecoveredGroup(t *testing.T) {
+	e := newEnvWith(t, serve.Config{TP: 2, PageSize: 4, MaxRunning: 2, CollectiveTimeout: 500 * time.Millisecond}, Options{})
+	var before debug.CollectivesResponse
+	getJSON(t, e, "/debug/v1/collectives", &before)
+	if before.LastFailure != nil {
+		t.Fatalf("a failure before any: %+v", before.LastFailure)
+	}
+	if err := e.eng.SetFault(serve.FaultStallLastRank, true); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for e.eng.Restarts() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the engine did not recover within 20s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := e.eng.SetFault(serve.FaultStallLastRank, false); err != nil {
+		t.Fatal(err)
+	}
+	var got debug.CollectivesResponse
+	getJSON(t, e, "/debug/v1/collectives", &got)
+	f := got.LastFailure
+	switch {
+	case f == nil:
+		t.Fatal("no last_failure after a recovery")
+	case !strings.Contains(f.Reason, "did not reach control seq") || f.Boot == "" || len(f.Comms) != 2:
+		t.Fatalf("last_failure %+v", f)
+	case f.Comms[0].Name != serve.CommControl || len(f.Comms[0].Ranks) != 2 || len(f.Comms[0].Ranks[0].Records) == 0:
+		t.Fatalf("the failed control group %+v", f.Comms[0])
+	}
+}
