@@ -242,27 +242,52 @@ func (e *Exec) Forward(batch []SeqInput, logits []float32) error {
 // ForwardContext is Forward whose gate waits (see SeqInput.Gate) end with
 // ctx: a wait's error, ctx's included, fails the step.
 func (e *Exec) ForwardContext(ctx context.Context, batch []SeqInput, logits []float32) error {
-	e.ctx = ctx
-	defer func() { e.ctx = nil; clear(e.ws.gated); e.ws.gated = e.ws.gated[:0] }()
-	c := &e.m.Config
-	n, nl := 0, 0
-	for i, s := range batch {
-		if err := c.CheckInput(i, s.Tokens, s.NumLogits); err != nil {
-			return fmt.Errorf("model: %w", err)
-		}
-		if s.Seq.Len()+len(s.Tokens) > c.ContextLen {
-			return fmt.Errorf("model: sequence of %d tokens exceeds the context length %d", s.Seq.Len()+len(s.Tokens), c.ContextLen)
-		}
-		n += len(s.Tokens)
-		nl += s.NumLogits
+	if _, err := e.check(batch, logits, false); err != nil {
+		return err // before anything is reserved
 	}
-	if len(logits) < nl*c.VocabSize {
-		return fmt.Errorf("model: logits buffer holds %d floats, need %d", len(logits), nl*c.VocabSize)
+	if err := e.Reserve(batch); err != nil {
+		return err
 	}
+	if err := e.ForwardReserved(ctx, batch, logits); err != nil {
+		return err
+	}
+	return e.Commit(batch)
+}
+
+// Reserve reserves room in the pool for every input token of batch: the
+// first of ForwardContext's three parts. Reserve and Commit change the
+// pool's bookkeeping, so they run where the pool's owner runs; between
+// them ForwardReserved touches only the batch's own pages and the Exec's
+// workspace, and may run on another goroutine while the owner changes
+// other sequences (the overlap schedule's forward goroutine).
+func (e *Exec) Reserve(batch []SeqInput) error {
 	for _, s := range batch {
 		if err := e.pool.Reserve(s.Seq, len(s.Tokens)); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// Commit records every input token of batch as written: the last part.
+func (e *Exec) Commit(batch []SeqInput) error {
+	for _, s := range batch {
+		if err := e.pool.Commit(s.Seq, len(s.Tokens)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ForwardReserved is ForwardContext's middle part: batch's room is
+// reserved (Reserve), and it is committed afterwards (Commit).
+func (e *Exec) ForwardReserved(ctx context.Context, batch []SeqInput, logits []float32) error {
+	e.ctx = ctx
+	defer func() { e.ctx = nil; clear(e.ws.gated); e.ws.gated = e.ws.gated[:0] }()
+	c := &e.m.Config
+	n, err := e.check(batch, logits, true)
+	if err != nil {
+		return err
 	}
 	e.prepare(batch, n)
 	ws := &e.ws
@@ -274,15 +299,31 @@ func (e *Exec) ForwardContext(ctx context.Context, batch []SeqInput, logits []fl
 			return err
 		}
 	}
-	if err := e.logits(logits); err != nil {
-		return err
-	}
-	for _, s := range batch {
-		if err := e.pool.Commit(s.Seq, len(s.Tokens)); err != nil {
-			return err
+	return e.logits(logits)
+}
+
+// check validates batch and the logits buffer and returns the batch's
+// tokens; reserved also asks that each sequence has its tokens' room.
+func (e *Exec) check(batch []SeqInput, logits []float32, reserved bool) (int, error) {
+	c := &e.m.Config
+	n, nl := 0, 0
+	for i, s := range batch {
+		if err := c.CheckInput(i, s.Tokens, s.NumLogits); err != nil {
+			return 0, fmt.Errorf("model: %w", err)
 		}
+		if s.Seq.Len()+len(s.Tokens) > c.ContextLen {
+			return 0, fmt.Errorf("model: sequence of %d tokens exceeds the context length %d", s.Seq.Len()+len(s.Tokens), c.ContextLen)
+		}
+		if reserved && s.Seq.Reserved() < len(s.Tokens) {
+			return 0, fmt.Errorf("model: %d tokens for a sequence with room for %d reserved", len(s.Tokens), s.Seq.Reserved())
+		}
+		n += len(s.Tokens)
+		nl += s.NumLogits
 	}
-	return nil
+	if len(logits) < nl*c.VocabSize {
+		return 0, fmt.Errorf("model: logits buffer holds %d floats, need %d", len(logits), nl*c.VocabSize)
+	}
+	return n, nil
 }
 
 func (e *Exec) flatTokens(batch []SeqInput) func(func(int, int32) bool) {

@@ -84,8 +84,27 @@ func (rk *Rank) Release(id uint64) error {
 // buffer of the rank's own, see Logits). Every rank ends with the same full
 // logits.
 func (rk *Rank) Forward(ctx context.Context, batch []Input, dst []float32) error {
-	rk.ctx = ctx
-	defer func() { rk.ctx = nil }()
+	if err := rk.Begin(ctx, batch, dst); err != nil {
+		return err
+	}
+	if err := rk.Run(ctx); err != nil {
+		return err
+	}
+	return rk.End()
+}
+
+// Forward's three parts. Begin (find or start the sequences, reserve their
+// room, agree that every rank could) and End (commit) change the pool's
+// bookkeeping and run on the goroutine that owns the pool; Run, the forward
+// pass itself, touches only the batch's own pages, the rank's workspace and
+// the forward communicator, so it may run on another goroutine while the
+// owner changes other sequences of the pool (the overlap schedule). Each
+// Begin needs one Run and one End, in that order; Logits are valid after
+// Run.
+
+// Begin starts a step over batch (see Forward): its sequences and their
+// room, agreed with every rank on the forward communicator.
+func (rk *Rank) Begin(ctx context.Context, batch []Input, dst []float32) error {
 	if err := rk.begin(ctx, batch); err != nil {
 		return err
 	}
@@ -100,8 +119,18 @@ func (rk *Rank) Forward(ctx context.Context, batch []Input, dst []float32) error
 		dst = rk.logits
 	}
 	rk.last = dst[:nl*rk.m.Config.VocabSize]
-	return rk.exec.ForwardContext(ctx, rk.inputs, dst)
+	return nil
 }
+
+// Run is the step's forward pass, after Begin.
+func (rk *Rank) Run(ctx context.Context) error {
+	rk.ctx = ctx
+	defer func() { rk.ctx = nil }()
+	return rk.exec.ForwardReserved(ctx, rk.inputs, rk.last)
+}
+
+// End commits the step's tokens, after Run.
+func (rk *Rank) End() error { return rk.exec.Commit(rk.inputs) }
 
 // Logits are the logits of the rank's last Forward, valid until the next.
 func (rk *Rank) Logits() []float32 { return rk.last }
