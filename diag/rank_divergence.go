@@ -18,7 +18,8 @@ func rankDivergence(c Config) Rule {
 	}
 }
 
-// loopName is the rank loop every rank runs: the engine has one, the
+// loopName is the rank loop named when a step record names none (a
+// server from before steps carried it): the engine has one, the
 // lock-step loop, and publishes no other.
 const loopName = "lockstep"
 
@@ -136,8 +137,8 @@ func stepDivergence(s ServerSample, taken time.Time) (Finding, bool) {
 				Evidence: append([]Evidence{
 					at,
 					ev("steps", "%s", stepList(rs)),
-					ev(fmt.Sprintf("rank %d", a.Rank), "%s loop, step %d (%s), control_seq %d, forward_seq %d, digest %s, not in a collective", loopName, a.Step, a.Phase, a.ControlSeq, a.ForwardSeq, a.Digest),
-					ev(fmt.Sprintf("rank %d", b.Rank), "%s loop, step %d (%s), control_seq %d, forward_seq %d, digest %s, not in a collective", loopName, b.Step, b.Phase, b.ControlSeq, b.ForwardSeq, b.Digest),
+					ev(fmt.Sprintf("rank %d", a.Rank), "%s loop, step %d (%s), control_seq %d, forward_seq %d, digest %s, not in a collective", loopOf(a), a.Step, a.Phase, a.ControlSeq, a.ForwardSeq, a.Digest),
+					ev(fmt.Sprintf("rank %d", b.Rank), "%s loop, step %d (%s), control_seq %d, forward_seq %d, digest %s, not in a collective", loopOf(b), b.Step, b.Phase, b.ControlSeq, b.ForwardSeq, b.Digest),
 				}, faultEvidence(s)...),
 				Remedy: desyncRemedy(s),
 			}, true
@@ -146,10 +147,18 @@ func stepDivergence(s ServerSample, taken time.Time) (Finding, bool) {
 	return Finding{}, false
 }
 
+// loopOf is the loop rank r's step record names.
+func loopOf(r debug.Step) string {
+	if r.Loop != "" {
+		return r.Loop
+	}
+	return loopName
+}
+
 func stepList(rs []debug.Step) string {
 	var parts []string
 	for _, r := range rs {
-		parts = append(parts, fmt.Sprintf("rank %d %s loop step %d (%s) control seq %d forward seq %d", r.Rank, loopName, r.Step, r.Phase, r.ControlSeq, r.ForwardSeq))
+		parts = append(parts, fmt.Sprintf("rank %d %s loop step %d (%s) control seq %d forward seq %d", r.Rank, loopOf(r), r.Step, r.Phase, r.ControlSeq, r.ForwardSeq))
 	}
 	return listSep(parts, len(parts), "; ")
 }
@@ -302,9 +311,9 @@ func rankWhere(st *debug.StepsResponse, rank int) string {
 		for _, r := range st.Ranks {
 			if r.Rank == rank {
 				if r.Phase == "" {
-					return fmt.Sprintf("%s loop, step %d, ", loopName, r.Step)
+					return fmt.Sprintf("%s loop, step %d, ", loopOf(r), r.Step)
 				}
-				return fmt.Sprintf("%s loop, step %d (%s), ", loopName, r.Step, r.Phase)
+				return fmt.Sprintf("%s loop, step %d (%s), ", loopOf(r), r.Step, r.Phase)
 			}
 		}
 	}

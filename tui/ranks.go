@@ -25,10 +25,20 @@ const (
 	dropPhase
 )
 
-// loopOf is the rank loop a server's ranks run, as a field it publishes
-// says; "" when none does. The engine publishes none today (it runs one
-// loop, lock-step), and the view does not guess.
-func loopOf(sv diag.ServerSample) string { return "" }
+// loopOf is the rank loop a server's ranks run, as their step records say
+// ("lockstep"); "" when a server publishes none (an older one): the view
+// does not guess.
+func loopOf(sv diag.ServerSample) string {
+	if sv.Steps == nil {
+		return ""
+	}
+	for _, r := range sv.Steps.Ranks {
+		if r.Loop != "" {
+			return r.Loop
+		}
+	}
+	return ""
+}
 
 // rankPanel is one server's ranks as the frame shows them: a title line
 // and the ranks' table fitted to the width.

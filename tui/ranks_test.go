@@ -62,7 +62,7 @@ func cluster(t *testing.T, diverged bool) []Sample {
 			}
 			for k := range sv.Steps.Ranks {
 				r := &sv.Steps.Ranks[k]
-				r.Step, r.ControlSeq, r.ForwardSeq = step, 3*step, 4*step
+				r.Loop, r.Step, r.ControlSeq, r.ForwardSeq = "lockstep", step, 3*step, 4*step
 				r.Start, r.End = end.Add(-8*time.Millisecond), end
 			}
 			sv.Steps.Agree, sv.Steps.Spread = true, 0
@@ -238,7 +238,7 @@ func TestRanksPanelNarrow(t *testing.T) {
 	for _, width := range []int{60, 70, 80, 100, 120} {
 		o := FrameOptions{Width: width, Config: diag.DefaultConfig(), Now: w[len(w)-1].Taken}
 		f := Frame(w[len(w)-6:], o)
-		for _, re := range []string{`\n! +0 +(- +)?(decode +)?5555 +0 +control seq 16666 Broadcast +7s`, `\n! +1 +(- +)?(decode +)?5555 +0 +not in control seq 16666 +-`} {
+		for _, re := range []string{`\n! +0 +(- +|lockstep +)?(decode +)?5555 +0 +control seq 16666 Broadcast +7s`, `\n! +1 +(- +|lockstep +)?(decode +)?5555 +0 +not in control seq 16666 +-`} {
 			if !matches(re, f) {
 				t.Errorf("width %d: no line %s:\n%s", width, re, f)
 			}

@@ -122,7 +122,9 @@ type StepsResponse struct {
 
 // Step is one rank's last finished loop iteration.
 type Step struct {
-	Rank        int    `json:"rank"`
+	Rank int `json:"rank"`
+	// Loop is the rank's event loop ("lockstep").
+	Loop        string `json:"loop"`
 	Step        uint64 `json:"step"`
 	Phase       string `json:"phase"` // idle, prefill, decode or mixed
 	BatchSize   int    `json:"batch_size"`

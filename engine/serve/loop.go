@@ -241,7 +241,7 @@ func (e *Engine) takeAborts() []abortMsg {
 func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	l.now, l.finished = in.now, 0
 	l.noteInput(in)
-	rec := StepRecord{Rank: l.r, Step: l.step + 1, Phase: "idle", Start: start}
+	rec := StepRecord{Rank: l.r, Loop: LoopLockstep, Step: l.step + 1, Phase: "idle", Start: start}
 	adds, err := l.arrive(in)
 	if err != nil {
 		return false, err

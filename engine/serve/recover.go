@@ -187,7 +187,7 @@ func (e *Engine) build(endpoints []string) error {
 			l.publishTier()
 		}
 		l.beat.Store(now.UnixNano())
-		l.last.Store(&StepRecord{Rank: r, Phase: "idle", Start: now, End: now})
+		l.last.Store(&StepRecord{Rank: r, Loop: LoopLockstep, Phase: "idle", Start: now, End: now})
 	}
 	inc.loops = e.loops
 	e.inc.Store(inc)

@@ -241,7 +241,10 @@ func (s *Stream) AbortSample() {
 // included; ranks in lock-step have equal Step, Digest, ControlSeq and ForwardSeq
 // after each iteration.
 type StepRecord struct {
-	Rank        int
+	Rank int
+	// Loop is the event loop the rank runs: LoopLockstep (the only one
+	// today).
+	Loop        string
 	Step        uint64
 	Phase       string // idle, prefill, decode or mixed
 	BatchSize   int    // requests in the batch
@@ -288,6 +291,10 @@ type Totals struct {
 	// collective or a broken group (recover.go).
 	Restarts uint64
 }
+
+// LoopLockstep names the rank loop that runs each iteration's forward pass
+// in line with the rest of it (the engine's only loop today).
+const LoopLockstep = "lockstep"
 
 // Health reports progress, not only liveness.
 type Health struct {

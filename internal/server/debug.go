@@ -40,7 +40,7 @@ func (s *Server) steps(w http.ResponseWriter, _ *http.Request) {
 
 func debugStep(r serve.StepRecord) debug.Step {
 	return debug.Step{
-		Rank: r.Rank, Step: r.Step, Phase: r.Phase, BatchSize: r.BatchSize, BatchTokens: r.BatchTokens,
+		Rank: r.Rank, Loop: r.Loop, Step: r.Step, Phase: r.Phase, BatchSize: r.BatchSize, BatchTokens: r.BatchTokens,
 		Retracted: r.Retracted, Finished: r.Finished, Digest: fmt.Sprintf("%016x", r.Digest),
 		ControlSeq: r.ControlSeq, ForwardSeq: r.ForwardSeq, Start: r.Start, End: r.End, DurationMS: ms(r.End.Sub(r.Start)),
 	}
