@@ -6,7 +6,13 @@ import "fmt"
 // one queue matching its state, no id is in two queues, page holdings match
 // token counts and sum to at most TotalPages, admitted requests number at
 // most MaxRunning, and the step in flight matches the requests' in-flight
-// tokens. Builds with -tags invariants or -race run it after every event.
+// tokens. With a step planned ahead (two steps in flight) it also checks
+// that each step holds a request at most once and matches its tokens, that
+// voided items are in no planned step, and that the predicted state is
+// consistent: only the older step's requests carry a predicted token, a
+// request predicted to end by length has reached MaxTokens, and nothing
+// but the older step's requests is Aborting. Builds with -tags invariants
+// or -race run it after every event.
 func (s *Scheduler) Check() error {
 	c := &s.cfg
 	seen := make(map[uint64]State, len(s.reqs))
@@ -53,11 +59,16 @@ func (s *Scheduler) Check() error {
 					return fmt.Errorf("sched: running request %d fed %d+%d, generated %d of prompt %d", r.id, r.fed, r.pending, r.generated, r.promptLen)
 				}
 			case Aborting:
-				if r.pending == 0 || s.step == nil {
+				if !s.inStep(r) || s.step == nil {
 					return fmt.Errorf("sched: aborting request %d outside a step", r.id)
 				}
+				if r.cut == ReasonLength && (!s.predicted || r.guess != 1 || r.generated != r.maxTokens) {
+					return fmt.Errorf("sched: request %d predicted to end by length at %d of %d generated (guess %d)", r.id, r.generated, r.maxTokens, r.guess)
+				}
 			}
-			if r.generated >= r.maxTokens {
+			// A request predicted to reach MaxTokens in the older step is
+			// Aborting (its cut ReasonLength, or abort or timeout since).
+			if r.generated-r.guess >= r.maxTokens || r.generated >= r.maxTokens && q.st != Aborting {
 				return fmt.Errorf("sched: request %d generated %d of %d and still queued", r.id, r.generated, r.maxTokens)
 			}
 		}
@@ -74,25 +85,76 @@ func (s *Scheduler) Check() error {
 	if n := len(s.prefilling) + len(s.running) + len(s.aborting); n > c.MaxRunning {
 		return fmt.Errorf("sched: %d admitted, max %d", n, c.MaxRunning)
 	}
-	pending := 0
+	if s.ahead != nil && !s.predicted || s.predicted && s.step == nil {
+		return fmt.Errorf("sched: step planned ahead %t, predicted %t, step in flight %t", s.ahead != nil, s.predicted, s.step != nil)
+	}
+	older, pending := 0, 0
 	for _, r := range s.reqs {
+		if r.older > 0 {
+			older++
+		}
 		if r.pending > 0 {
 			pending++
 		}
-	}
-	if pending != len(s.step) {
-		return fmt.Errorf("sched: %d requests with tokens in flight, step has %d items", pending, len(s.step))
-	}
-	tokens := 0
-	for _, it := range s.step {
-		r := s.reqs[it.ID]
-		if r == nil || r.pending != it.Tokens || r.fed != it.Start {
-			return fmt.Errorf("sched: step item %+v does not match its request", it)
+		if r.guess != 0 && (r.guess != 1 || r.older == 0) || r.older > 0 && !s.predicted {
+			return fmt.Errorf("sched: request %d predicted %d tokens with %d in the older step (predicted %t)", r.id, r.guess, r.older, s.predicted)
 		}
-		tokens += it.Tokens
 	}
-	if tokens > c.MaxBatchTokens {
-		return fmt.Errorf("sched: step of %d tokens, budget %d", tokens, c.MaxBatchTokens)
+	// In lock-step the step in flight is the requests' pending tokens; once
+	// predicted, its tokens are the requests' older ones (counted in fed)
+	// and pending belongs to the step planned ahead.
+	inFlight, planned := s.step, []Item(nil)
+	if s.predicted {
+		planned = s.ahead
+		if older != len(s.step) {
+			return fmt.Errorf("sched: %d requests with tokens in the older step, it has %d items", older, len(s.step))
+		}
+	}
+	newest := planned
+	if !s.predicted {
+		newest = inFlight
+	}
+	if pending != len(newest) {
+		return fmt.Errorf("sched: %d requests with tokens planned, step has %d items", pending, len(newest))
+	}
+	check := func(step []Item, match func(r *request, it Item) bool) error {
+		tokens := 0
+		in := make(map[uint64]bool, len(step))
+		for _, it := range step {
+			r := s.reqs[it.ID]
+			if in[it.ID] {
+				return fmt.Errorf("sched: request %d twice in one step", it.ID)
+			}
+			in[it.ID] = true
+			if r == nil || !match(r, it) {
+				return fmt.Errorf("sched: step item %+v does not match its request", it)
+			}
+			tokens += it.Tokens
+		}
+		if tokens > c.MaxBatchTokens {
+			return fmt.Errorf("sched: step of %d tokens, budget %d", tokens, c.MaxBatchTokens)
+		}
+		return nil
+	}
+	if s.predicted {
+		err := check(inFlight, func(r *request, it Item) bool {
+			return r.older == it.Tokens && r.fed-r.older == it.Start && (r.guess == 0 || it.WantLogits)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	if err := check(newest, func(r *request, it Item) bool {
+		return r.pending == it.Tokens && r.fed == it.Start && r.state != Waiting
+	}); err != nil {
+		return err
+	}
+	for _, id := range s.voided {
+		for _, it := range newest {
+			if it.ID == id {
+				return fmt.Errorf("sched: voided request %d still in the planned step", id)
+			}
+		}
 	}
 	return nil
 }

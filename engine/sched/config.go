@@ -14,6 +14,12 @@ type Config struct {
 	PageSize       int // tokens per KV page
 	TotalPages     int // pages in the rank's KV pool
 
+	// Overlap lets Schedule plan the next step while one is in flight,
+	// against its predicted outcome (the overlap schedule, see the package
+	// doc). Off, Schedule with a step in flight fails with
+	// ErrStepInFlight (lock-step).
+	Overlap bool
+
 	// Timeouts; zero disables one. WaitingTimeout counts from entering the
 	// waiting queue (arrival or retraction), PrefillTimeout from admission
 	// until the prompt is fully prefilled, RequestTimeout from arrival over

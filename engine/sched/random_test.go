@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,15 +27,15 @@ func apply(s *Scheduler, e event) string {
 		return fmt.Sprintf("add %+v: %v", e.req, s.Add(e.req, e.now))
 	case "abort":
 		f, err := s.Abort(e.id, e.now)
-		return fmt.Sprintf("abort %d: %+v %v", e.id, f, err)
+		return fmt.Sprintf("abort %d: %+v %v voided %v", e.id, f, err, s.Voided())
 	case "tick":
-		return fmt.Sprintf("tick: %+v", s.Tick(e.now))
+		return fmt.Sprintf("tick: %+v voided %v", s.Tick(e.now), s.Voided())
 	case "schedule":
 		p, err := s.Schedule(e.now, e.free)
 		return fmt.Sprintf("schedule %d: %+v %v", e.free, p, err)
 	case "done":
 		f, err := s.StepDone(e.now, e.outcomes)
-		return fmt.Sprintf("done %+v: %+v %v", e.outcomes, f, err)
+		return fmt.Sprintf("done %+v: %+v %v voided %v", e.outcomes, f, err, s.Voided())
 	}
 	panic(e.kind)
 }
@@ -149,8 +150,8 @@ func (m *pageModel) plan(p Plan, free int) {
 }
 
 // configFor is a small random configuration, so that pages, chunks and
-// slots all run short.
-func configFor(seed uint64) Config {
+// slots all run short; overlap sets Config.Overlap.
+func configFor(seed uint64, overlap bool) Config {
 	rng := rand.New(rand.NewPCG(seed, 1))
 	cfg := Config{
 		MaxRunning:     1 + rng.IntN(6),
@@ -162,15 +163,19 @@ func configFor(seed uint64) Config {
 		RequestTimeout: time.Duration(rng.IntN(3)) * time.Second,
 	}
 	cfg.MaxBatchTokens = cfg.MaxRunning + rng.IntN(24)
+	cfg.Overlap = overlap
 	return cfg
 }
 
 // randomRun drives a scheduler with n seeded random events, checking it
 // against Check and the page model after each; it returns the events and
-// a count of what happened.
-func randomRun(t *testing.T, seed uint64, n int) ([]event, map[string]int) {
+// a count of what happened. With overlap it schedules ahead: while a step
+// is in flight it often plans the next one, sometimes asks for a third
+// (which must be refused), and checks that every voided item was in the
+// planned step and that its request finished in the same event.
+func randomRun(t *testing.T, seed uint64, n int, overlap bool) ([]event, map[string]int) {
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
-	cfg := configFor(seed)
+	cfg := configFor(seed, overlap)
 	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -178,7 +183,28 @@ func randomRun(t *testing.T, seed uint64, n int) ([]event, map[string]int) {
 	m := &pageModel{t: t, cfg: cfg, alive: map[uint64]bool{}, tokens: map[uint64]int{}, shared: map[uint64]int{}, parked: map[uint64]bool{}, seen: map[string]int{}}
 	var events []event
 	var now time.Duration
-	var step []Item
+	var step, ahead []Item // the step in flight and the one planned ahead, as the loop runs them
+	voided := 0            // of s.Voided(), those already handled
+	// dropVoided takes the newly voided items out of planned; each must
+	// have been in it and have finished in fs.
+	dropVoided := func(planned []Item, fs []Finish) []Item {
+		t.Helper()
+		v := s.Voided()
+		for _, id := range v[voided:] {
+			if !overlap {
+				t.Fatalf("seed %d: voided %d in lock-step", seed, id)
+			}
+			in := slices.ContainsFunc(planned, func(it Item) bool { return it.ID == id })
+			fin := slices.ContainsFunc(fs, func(f Finish) bool { return f.ID == id })
+			if !in || !fin {
+				t.Fatalf("seed %d: voided %d: in the planned step %t, finished now %t", seed, id, in, fin)
+			}
+			planned = slices.DeleteFunc(planned, func(it Item) bool { return it.ID == id })
+			m.seen["voided"]++
+		}
+		voided = len(v)
+		return planned
+	}
 	for i := 0; i < n; i++ {
 		now += time.Duration(rng.IntN(20)) * time.Millisecond
 		e := event{now: now}
@@ -220,10 +246,20 @@ func randomRun(t *testing.T, seed uint64, n int) ([]event, map[string]int) {
 				m.seen["abort deferred"]++
 			}
 			m.finish(f)
+			ahead = dropVoided(ahead, f)
 		case k < 5:
 			e.kind = "tick"
-			m.finish(s.Tick(now))
-		case step == nil:
+			f := s.Tick(now)
+			m.finish(f)
+			ahead = dropVoided(ahead, f)
+		case overlap && ahead != nil && rng.IntN(8) == 0:
+			e.kind = "schedule"
+			e.free = max(0, cfg.TotalPages-m.held())
+			if _, err := s.Schedule(now, e.free); !errors.Is(err, ErrStepInFlight) {
+				t.Fatalf("seed %d: schedule with two steps in flight: %v", seed, err)
+			}
+			m.seen["refused"]++
+		case step == nil || overlap && ahead == nil && rng.IntN(3) > 0:
 			e.kind = "schedule"
 			e.free = max(0, cfg.TotalPages-m.held()-rng.IntN(3))
 			p, err := s.Schedule(now, e.free)
@@ -231,8 +267,17 @@ func randomRun(t *testing.T, seed uint64, n int) ([]event, map[string]int) {
 				t.Fatal(err)
 			}
 			m.plan(p, e.free)
-			if len(p.Run) > 0 {
-				step = p.Run
+			switch {
+			case len(p.Run) > 0 && step == nil:
+				step, voided = p.Run, 0
+			case len(p.Run) > 0:
+				if len(p.Retract) > 0 {
+					t.Fatalf("seed %d: retraction with a step in flight: %+v", seed, p)
+				}
+				ahead, voided = p.Run, 0
+				m.seen["ahead"]++
+			case step != nil && len(m.tokens) > len(m.parked)+len(step):
+				m.seen["ahead empty"]++
 			}
 		default:
 			e.kind = "done"
@@ -256,6 +301,15 @@ func randomRun(t *testing.T, seed uint64, n int) ([]event, map[string]int) {
 			f, _ := s.StepDone(now, e.outcomes)
 			m.finish(f)
 			step = nil
+			if ahead != nil {
+				step, ahead = dropVoided(ahead, f), nil
+				if len(step) == 0 {
+					step = nil
+				}
+			}
+			if s.InFlight() != (step != nil) {
+				t.Fatalf("seed %d: in flight %t, planned step %+v", seed, s.InFlight(), step)
+			}
 		}
 		events = append(events, e)
 		if err := s.Check(); err != nil {
@@ -265,8 +319,8 @@ func randomRun(t *testing.T, seed uint64, n int) ([]event, map[string]int) {
 			t.Fatalf("seed %d event %d: scheduler holds %d pages, model %d", seed, i, s.HeldPages(), m.held())
 		}
 	}
-	// Drain: end the step, abort everything; nothing may stay held.
-	if step != nil {
+	// Drain: end the steps, abort everything; nothing may stay held.
+	for s.InFlight() {
 		f, _ := s.StepDone(now, nil)
 		m.finish(f)
 	}
@@ -288,7 +342,7 @@ func randomRun(t *testing.T, seed uint64, n int) ([]event, map[string]int) {
 func TestRandomAgainstModel(t *testing.T) {
 	total := map[string]int{}
 	for seed := uint64(1); seed <= 10; seed++ {
-		_, seen := randomRun(t, seed, 10_000)
+		_, seen := randomRun(t, seed, 10_000, false)
 		for k, v := range seen {
 			total[k] += v
 		}
@@ -301,14 +355,36 @@ func TestRandomAgainstModel(t *testing.T) {
 	t.Logf("%v", total)
 }
 
+// TestRandomOverlapAgainstModel runs the overlap pattern (plan a step
+// ahead of the one in flight, random stops, aborts, timeouts and failed
+// outcomes) with Check and the page model after every event: no request
+// finishes twice, voided items were planned and finish with their pages,
+// and no plan made with a step in flight retracts.
+func TestRandomOverlapAgainstModel(t *testing.T) {
+	total := map[string]int{}
+	for seed := uint64(1); seed <= 10; seed++ {
+		_, seen := randomRun(t, seed, 10_000, true)
+		for k, v := range seen {
+			total[k] += v
+		}
+	}
+	for _, k := range []string{"ahead", "ahead empty", "refused", "voided", "retract", "abort deferred", "finish stop", "finish length", "finish abort", "finish timeout", "finish error"} {
+		if total[k] == 0 {
+			t.Errorf("random runs never saw %q: %v", k, total)
+		}
+	}
+	t.Logf("%v", total)
+}
+
 // TestDeterminism replays one recorded event sequence into two fresh
 // schedulers: every result must be identical, so ranks that feed their
 // schedulers the same (reduced) inputs get the same plans.
 func TestDeterminism(t *testing.T) {
-	for seed := uint64(1); seed <= 5; seed++ {
-		events, _ := randomRun(t, seed, 5_000)
+	for seed := uint64(1); seed <= 10; seed++ {
+		overlap := seed > 5
+		events, _ := randomRun(t, seed, 5_000, overlap)
 		run := func() string {
-			a, err := New(configFor(seed))
+			a, err := New(configFor(seed, overlap))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -17,12 +17,14 @@ type request struct {
 	state       State
 	fed         int    // tokens whose KV the loop holds
 	generated   int    // tokens sampled so far
-	pending     int    // tokens in the step in flight
+	pending     int    // tokens in the newest planned step (the step in flight, or the step planned ahead)
 	logits      bool   // the in-flight item wants logits
+	older       int    // tokens in the older step in flight once its outcome is predicted (counted in fed)
+	guess       int    // of generated, tokens predicted for the older step in flight (0 or 1)
 	pages       int    // pages held: pagesFor(fed+pending)
 	retractions int    // times preempted
 	seq         uint64 // admission order, for LIFO retraction
-	cut         Reason // why an Aborting request finishes at StepDone
+	cut         Reason // why an Aborting request finishes at StepDone (ReasonLength: predicted)
 	cached      int    // prompt tokens on shared prefix-cache pages (until retracted)
 	shared      int    // (cached-loaded)/PageSize: pages the request reads but does not hold
 	loaded      int    // of cached, tokens loaded back into pages of the request's own
@@ -53,7 +55,10 @@ type Scheduler struct {
 	prefilling []*request          // admission order
 	running    []*request          // admission order
 	aborting   []*request          // left the queues during the step in flight
-	step       []Item              // the step in flight, nil when none
+	step       []Item              // the step in flight (the older one), nil when none
+	predicted  bool                // requests show step's predicted outcome (overlap)
+	ahead      []Item              // the step planned ahead while step is in flight, nil when none
+	voided     []uint64            // items dropped from the newest planned step
 	held       int                 // pages held by all requests
 	nextSeq    uint64
 }
@@ -127,6 +132,10 @@ func (s *Scheduler) Abort(id uint64, now time.Duration) ([]Finish, error) {
 		return nil, fmt.Errorf("%w: %d", ErrUnknown, id)
 	}
 	if r.state == Aborting {
+		if r.cut == ReasonLength { // predicted to end by length; lock-step would abort it
+			r.cut = ReasonAbort
+			s.selfCheck()
+		}
 		return nil, nil
 	}
 	f := s.cut(r, ReasonAbort)
@@ -134,10 +143,16 @@ func (s *Scheduler) Abort(id uint64, now time.Duration) ([]Finish, error) {
 	return f, nil
 }
 
+// inStep reports whether r has tokens in the step in flight (the older
+// one, when a step is planned ahead).
+func (s *Scheduler) inStep(r *request) bool {
+	return r.older > 0 || (!s.predicted && r.pending > 0)
+}
+
 // cut ends r for reason: now, or at StepDone when r is in the step.
 func (s *Scheduler) cut(r *request, reason Reason) []Finish {
 	s.unqueue(r)
-	if r.pending > 0 {
+	if s.inStep(r) {
 		r.state, r.since, r.cut = Aborting, s.now, reason
 		s.aborting = append(s.aborting, r)
 		return nil
@@ -168,11 +183,17 @@ func remove(q []*request, r *request) []*request {
 	return q
 }
 
-// finish forgets r (already out of its queue) and reports it.
+// finish forgets r (already out of its queue) and reports it. An item of r
+// in the step planned ahead is voided: dropped from that step and reported
+// by Voided.
 func (s *Scheduler) finish(r *request, reason Reason) Finish {
+	if s.predicted && r.pending > 0 {
+		s.ahead = slices.DeleteFunc(s.ahead, func(it Item) bool { return it.ID == r.id })
+		s.voided = append(s.voided, r.id)
+	}
 	f := Finish{ID: r.id, Reason: reason, Generated: r.generated, Release: r.pages > 0, Pages: r.pages}
 	s.held -= r.pages
-	r.pages, r.pending, r.state, r.since = 0, 0, Finished, s.now
+	r.pages, r.pending, r.older, r.guess, r.state, r.since = 0, 0, 0, 0, Finished, s.now
 	delete(s.reqs, r.id)
 	return f
 }
@@ -201,10 +222,12 @@ func (s *Scheduler) expired(r *request) bool {
 
 func (s *Scheduler) expire() []Finish {
 	var out []Finish
-	for _, q := range [][]*request{s.running, s.prefilling, s.waiting} {
+	for _, q := range [][]*request{s.running, s.prefilling, s.waiting, s.aborting} {
 		var exp []*request
 		for _, r := range q {
-			if s.expired(r) {
+			// An Aborting request is ending already, unless it is only
+			// predicted to end by length: lock-step would still run it.
+			if (r.state != Aborting || r.cut == ReasonLength) && s.expired(r) {
 				exp = append(exp, r)
 			}
 		}
@@ -230,14 +253,29 @@ func (s *Scheduler) expire() []Finish {
 //
 // If nothing could run while requests are admitted, the newest is retracted
 // until something runs or none is left. A plan with Run items starts a
-// step: the next Schedule needs its StepDone first.
+// step.
+//
+// With one step in flight, Schedule fails with ErrStepInFlight unless
+// Config.Overlap is set; then it plans the next step ahead (the overlap
+// schedule, see the package doc): it first predicts the step in flight's
+// outcome (every item with logits emits one token and does not stop, a
+// request that reaches MaxTokens is predicted finished and is not planned)
+// and plans from there as above, except that it never retracts: where it
+// would, it plans nothing (Plan.Run empty, no step started; the loop ends
+// the step in flight and schedules again). Its Finished holds only
+// requests outside the step in flight. With two steps in flight (one in
+// flight, one planned ahead) it fails with ErrStepInFlight.
 func (s *Scheduler) Schedule(now time.Duration, freePages int) (Plan, error) {
-	if s.step != nil {
+	if s.ahead != nil || s.step != nil && !s.cfg.Overlap {
 		return Plan{}, ErrStepInFlight
 	}
 	s.advance(now)
 	var p Plan
 	p.Finished = s.expire()
+	if s.step != nil && !s.predicted {
+		s.predict()
+	}
+	ahead := s.step != nil
 	free := min(freePages, s.cfg.TotalPages-s.held)
 	for _, f := range p.Finished {
 		free += f.Pages
@@ -252,6 +290,10 @@ func (s *Scheduler) Schedule(now time.Duration, freePages int) (Plan, error) {
 		}
 		if need <= free || len(s.running) == 0 {
 			break
+		}
+		if ahead {
+			s.selfCheck()
+			return p, nil
 		}
 		free += s.retractNewest(&p)
 	}
@@ -284,6 +326,10 @@ func (s *Scheduler) Schedule(now time.Duration, freePages int) (Plan, error) {
 		}
 		// Only prefills are admitted and none can take a token: free
 		// pages for the older ones.
+		if ahead {
+			s.selfCheck()
+			return p, nil
+		}
 		free += s.retractNewest(&p)
 	}
 
@@ -329,10 +375,46 @@ func (s *Scheduler) Schedule(now time.Duration, freePages int) (Plan, error) {
 		r.pages, r.pending, r.logits = it.Pages, it.Tokens, it.WantLogits
 	}
 	if len(p.Run) > 0 {
-		s.step = p.Run
+		s.voided = nil
+		if ahead {
+			s.ahead = slices.Clone(p.Run) // voiding edits it; the loop's plan stays as given
+		} else {
+			s.step = p.Run
+		}
 	}
 	s.selfCheck()
 	return p, nil
+}
+
+// predict moves the requests of the step in flight to its predicted
+// outcome, so that the next step can be planned from there: their tokens
+// count as fed (and as older, until StepDone), every item with logits
+// emitted one token that did not stop, a finished prefill is decoding, and
+// a request that reached MaxTokens is Aborting with ReasonLength (it holds
+// its pages until StepDone). Requests aborted during the step predict
+// nothing.
+func (s *Scheduler) predict() {
+	for _, it := range s.step {
+		r := s.reqs[it.ID]
+		r.fed += r.pending
+		r.older, r.pending = r.pending, 0
+		if r.state == Aborting || !it.WantLogits {
+			continue
+		}
+		r.generated++
+		r.guess = 1
+		switch {
+		case r.generated >= r.maxTokens:
+			s.unqueue(r)
+			r.state, r.since, r.cut = Aborting, s.now, ReasonLength
+			s.aborting = append(s.aborting, r)
+		case r.state == Prefilling:
+			s.prefilling = remove(s.prefilling, r)
+			r.state, r.since = Running, s.now
+			s.running = insertBySeq(s.running, r)
+		}
+	}
+	s.predicted = true
 }
 
 // retractNewest sends the most recently admitted request (prefilling or
@@ -384,12 +466,18 @@ func (s *Scheduler) Uncache(id uint64, cached int, now time.Duration) error {
 }
 
 // StepDone ends the step in flight with the loop's outcomes, one per Run
-// item. It returns the requests that finished: by a stop token, by length,
-// and those aborted or timed out during the step (their outcomes ignored).
-// A missing or impossible outcome finishes that request with ReasonError
-// and is also reported in the error; outcomes for ids not in the step are
-// reported in the error and otherwise ignored. The state is consistent
-// whatever the error.
+// item (less the items Voided dropped from it). It returns the requests
+// that finished: by a stop token, by length, and those aborted or timed
+// out during the step (their outcomes ignored). A missing or impossible
+// outcome finishes that request with ReasonError and is also reported in
+// the error; outcomes for ids not in the step are reported in the error
+// and otherwise ignored. The state is consistent whatever the error.
+//
+// With a step planned ahead, StepDone ends the older step and reconciles
+// its prediction: a request that stopped, failed, was aborted or timed out,
+// or reached MaxTokens finishes now, and its item in the planned step is
+// voided (see Voided); the planned step becomes the step in flight (none
+// when every item of it was voided).
 func (s *Scheduler) StepDone(now time.Duration, outcomes []Outcome) ([]Finish, error) {
 	if s.step == nil {
 		return nil, ErrNoStep
@@ -417,9 +505,16 @@ func (s *Scheduler) StepDone(now time.Duration, outcomes []Outcome) ([]Finish, e
 	var out []Finish
 	for _, it := range step {
 		r := s.reqs[it.ID]
-		r.fed += r.pending
-		r.pending = 0
-		if r.state == Aborting {
+		if s.predicted {
+			r.older = 0 // counted in fed already
+		} else {
+			r.fed += r.pending
+			r.pending = 0
+		}
+		guess := r.guess // a predicted token, counted in generated already
+		r.guess = 0
+		if r.state == Aborting && r.cut != ReasonLength {
+			r.generated -= guess
 			s.unqueue(r)
 			out = append(out, s.finish(r, r.cut))
 			continue
@@ -435,11 +530,12 @@ func (s *Scheduler) StepDone(now time.Duration, outcomes []Outcome) ([]Finish, e
 			} else {
 				bad = append(bad, fmt.Sprintf("%d has no outcome", it.ID))
 			}
+			r.generated -= guess
 			s.unqueue(r)
 			out = append(out, s.finish(r, ReasonError))
 			continue
 		}
-		r.generated += o.Emitted
+		r.generated += o.Emitted - guess
 		switch {
 		case o.Stop:
 			s.unqueue(r)
@@ -454,6 +550,12 @@ func (s *Scheduler) StepDone(now time.Duration, outcomes []Outcome) ([]Finish, e
 		}
 	}
 	s.aborting = s.aborting[:0]
+	if s.predicted {
+		if len(s.ahead) > 0 {
+			s.step = s.ahead
+		}
+		s.ahead, s.predicted = nil, false
+	}
 	s.selfCheck()
 	if bad != nil {
 		return out, fmt.Errorf("%w: %s", ErrOutcome, strings.Join(bad, "; "))
@@ -499,6 +601,23 @@ func (s *Scheduler) Admitted() int { return len(s.prefilling) + len(s.running) +
 // received).
 func (s *Scheduler) InFlight() bool { return s.step != nil }
 
+// Ahead reports whether a step is planned ahead: Schedule ran with a step
+// in flight and returned Run items, and that step's StepDone has not come
+// yet. Schedule then fails with ErrStepInFlight.
+func (s *Scheduler) Ahead() bool { return s.ahead != nil }
+
+// Voided returns the ids of the items dropped from the newest planned step
+// (the one the last Schedule with Run items started), in the order they
+// were dropped; the loop must not run them and passes no outcome for them.
+// An item is voided when its request finishes before that step is
+// launched: at the older step's StepDone (a stop, a failed outcome, a
+// length finish, or an abort or timeout during the older step) or by an
+// Abort or Tick that finishes it at once. The Finish that releases the
+// request's pages (those of the voided item included) comes from the same
+// event. In lock-step use it is always empty. Schedule clears it when it
+// starts a step.
+func (s *Scheduler) Voided() []uint64 { return slices.Clone(s.voided) }
+
 // Head is the waiting queue's head and the pages it needs free to be
 // admitted (beyond those it holds); ok is false when nothing waits.
 func (s *Scheduler) Head() (id uint64, need int, ok bool) {
@@ -532,8 +651,8 @@ func (s *Scheduler) Snapshot() Snapshot {
 		for _, r := range q {
 			out = append(out, ReqInfo{
 				ID: r.id, State: r.state, Age: s.now - r.arrival, InState: s.now - r.since,
-				PromptLen: r.promptLen, MaxTokens: r.maxTokens, Generated: r.generated,
-				Fed: r.fed, InFlight: r.pending, Pages: r.pages, Retractions: r.retractions, Cached: r.cached,
+				PromptLen: r.promptLen, MaxTokens: r.maxTokens, Generated: r.generated - r.guess,
+				Fed: r.fed - r.older, InFlight: r.older + r.pending, Pages: r.pages, Retractions: r.retractions, Cached: r.cached,
 			})
 		}
 		return out
@@ -541,6 +660,6 @@ func (s *Scheduler) Snapshot() Snapshot {
 	return Snapshot{
 		Now: s.now, Waiting: info(s.waiting), Prefilling: info(s.prefilling),
 		Running: info(s.running), Aborting: info(s.aborting),
-		StepInFlight: s.step != nil, HeldPages: s.held, TotalPages: s.cfg.TotalPages,
+		StepInFlight: s.step != nil, StepAhead: s.ahead != nil, HeldPages: s.held, TotalPages: s.cfg.TotalPages,
 	}
 }

@@ -73,6 +73,10 @@ func (h *harness) run(t *testing.T, line string) string {
 	if fields[0] != "config" && h.s == nil {
 		t.Fatalf("%q before config", line)
 	}
+	voided := 0 // items voided before this command
+	if h.s != nil {
+		voided = len(h.s.voided)
+	}
 	switch fields[0] {
 	case "config":
 		cfg := Config{
@@ -81,6 +85,7 @@ func (h *harness) run(t *testing.T, line string) string {
 			PrefillChunk:   a.int(t, "chunk", 16),
 			PageSize:       a.int(t, "page-size", 4),
 			TotalPages:     a.int(t, "pages", 64),
+			Overlap:        a["overlap"] == "true",
 			WaitingTimeout: a.dur(t, "waiting-timeout"),
 			PrefillTimeout: a.dur(t, "prefill-timeout"),
 			RequestTimeout: a.dur(t, "request-timeout"),
@@ -98,7 +103,7 @@ func (h *harness) run(t *testing.T, line string) string {
 		}
 	case "abort":
 		id := uint64(a.int(t, "id", 0))
-		already := h.s.reqs[id] != nil && h.s.reqs[id].state == Aborting
+		already := h.s.reqs[id] != nil && h.s.reqs[id].state == Aborting && h.s.reqs[id].cut != ReasonLength
 		f, err := h.s.Abort(id, a.dur(t, "t"))
 		switch {
 		case err != nil:
@@ -136,6 +141,9 @@ func (h *harness) run(t *testing.T, line string) string {
 		return b.String()
 	default:
 		t.Fatalf("unknown command %q", line)
+	}
+	if v := h.s.Voided(); fields[0] != "schedule" && len(v) > voided {
+		fmt.Fprintf(&b, "voided %v\n", v[voided:])
 	}
 	if err := h.s.Check(); err != nil {
 		fmt.Fprintf(&b, "CHECK FAILED: %v\n", err)
@@ -241,11 +249,18 @@ func writeState(b *strings.Builder, s *Scheduler) {
 	if s.step != nil {
 		b.WriteString(" step-in-flight")
 	}
+	if s.ahead != nil {
+		fmt.Fprintf(b, " step-ahead=%d", len(s.ahead))
+	}
 	b.WriteString("\n")
 }
 
 func writeSnapshot(b *strings.Builder, sn Snapshot) {
-	fmt.Fprintf(b, "now=%v held=%d/%d step-in-flight=%t\n", sn.Now, sn.HeldPages, sn.TotalPages, sn.StepInFlight)
+	fmt.Fprintf(b, "now=%v held=%d/%d step-in-flight=%t", sn.Now, sn.HeldPages, sn.TotalPages, sn.StepInFlight)
+	if sn.StepAhead {
+		b.WriteString(" step-ahead=true")
+	}
+	b.WriteString("\n")
 	for _, q := range [][]ReqInfo{sn.Waiting, sn.Prefilling, sn.Running, sn.Aborting} {
 		for _, r := range q {
 			fmt.Fprintf(b, "%d %v age=%v in-state=%v prompt=%d max=%d generated=%d fed=%d in-flight=%d pages=%d retractions=%d\n",

@@ -12,7 +12,7 @@ const (
 	Waiting    State = iota // queued, holds no KV (new or retracted)
 	Prefilling              // admitted, prompt not fully run
 	Running                 // admitted, decoding one token per step
-	Aborting                // left every queue while in the step in flight; finished at StepDone
+	Aborting                // left every queue while in the step in flight (or predicted to end by length in it); finished at StepDone
 	Finished                // gone; reported once in a Finish
 )
 
@@ -166,9 +166,9 @@ type ReqInfo struct {
 	InState     time.Duration // since entering State
 	PromptLen   int
 	MaxTokens   int
-	Generated   int
+	Generated   int // confirmed: a token predicted for the step in flight is not counted
 	Fed         int // tokens whose KV is held
-	InFlight    int // tokens in the step in flight
+	InFlight    int // tokens in the steps in flight or planned ahead
 	Pages       int
 	Retractions int
 	Cached      int // prompt tokens read from shared prefix-cache pages
@@ -180,8 +180,9 @@ type Snapshot struct {
 	Waiting      []ReqInfo // FIFO order
 	Prefilling   []ReqInfo // admission order
 	Running      []ReqInfo // admission order
-	Aborting     []ReqInfo // aborted while in the step in flight
+	Aborting     []ReqInfo // aborted while in the step in flight, or predicted to end by length in it
 	StepInFlight bool
+	StepAhead    bool // a step is planned ahead of the one in flight
 	HeldPages    int
 	TotalPages   int
 }
