@@ -28,6 +28,8 @@ type Settings struct {
 	MaxBatchTokens int  `json:"max_batch_tokens"` // tokens per step, prefill and decode together
 	PrefillChunk   int  `json:"prefill_chunk"`    // prompt tokens per request per step
 	PrefixCache    bool `json:"prefix_cache"`     // the radix prefix cache is on
+	// Schedule is the rank loop: lockstep or overlap.
+	Schedule string `json:"schedule"`
 
 	// IndexK is the storage precision of the sparse indexer's keys (fp8 or
 	// bf16) now (it is switched live); it matters only when Indexer says

@@ -104,6 +104,7 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 	f.IntVar(&o.cfg.MaxBatchTokens, "max-batch-tokens", def.MaxBatchTokens, "tokens per step, prefill and decode together")
 	f.IntVar(&o.cfg.PrefillChunk, "prefill-chunk", def.PrefillChunk, "prompt tokens per request per step")
 	f.BoolVar(&o.noPrefixCache, "no-prefix-cache", false, "turn the radix prefix cache off (every prompt computed from its first token)")
+	f.StringVar(&o.cfg.Schedule, "schedule", serve.ScheduleLockstep, "rank loop: lockstep (each step's forward pass in line) or overlap (the forward pass on its own goroutine while the loop plans the next step)")
 	o.hicache.register(f)
 	f.DurationVar(&o.cfg.WaitingTimeout, "waiting-timeout", 0, "longest a request may wait for admission (0: no limit)")
 	f.DurationVar(&o.cfg.PrefillTimeout, "prefill-timeout", 0, "longest a prompt may take to prefill (0: no limit)")

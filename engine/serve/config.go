@@ -33,6 +33,11 @@ type Config struct {
 	// HiCache is the prefix cache's host tier (off by default).
 	HiCache HiCacheConfig
 
+	// Schedule is the rank loop: ScheduleLockstep (default) runs each
+	// step's forward pass in line; ScheduleOverlap runs it on its own
+	// goroutine beside the next iteration's front half (overlap.go).
+	Schedule string
+
 	// Name labels the loops' goroutines (pprof label server; default
 	// "pdserve"). Role is the engine's part: colocated (default), prefill
 	// or decode (PD disaggregation, see PDConfig); it is the pprof label
@@ -145,6 +150,9 @@ func (c *Config) setDefaults(m *model.Model) {
 	}
 	c.PD.setDefaults()
 	c.HiCache.setDefaults()
+	if c.Schedule == "" {
+		c.Schedule = ScheduleLockstep
+	}
 	if c.CollectiveWatchdog == 0 {
 		c.CollectiveWatchdog = 5 * time.Second
 	}
@@ -215,6 +223,9 @@ func (c Config) Validate(m *model.Model) error {
 		bad("heartbeat %v must be positive", c.Heartbeat)
 	}
 	c.HiCache.validate(c.DisablePrefixCache, bad)
+	if c.Schedule != ScheduleLockstep && c.Schedule != ScheduleOverlap {
+		bad("schedule %q: want %s or %s", c.Schedule, ScheduleLockstep, ScheduleOverlap)
+	}
 	if c.CollectiveWatchdog > 0 && c.Heartbeat >= c.CollectiveWatchdog {
 		bad("heartbeat %v must be shorter than the collective watchdog %v: idle ranks wait for rank 0 in a collective up to one heartbeat", c.Heartbeat, c.CollectiveWatchdog)
 	}

@@ -49,6 +49,7 @@ type rankLoop struct {
 	quit     chan struct{} // closed when the group is given up or the engine stops (recover.go)
 	dbuf     []byte        // the step input re-encoded for its digest
 	gated    hicache.Loads // the loads the step's forward pass reads through gates
+	flight   *flight       // the step whose forward pass runs on its own goroutine (overlap.go)
 	now      time.Duration
 	finished int // requests finished in the current iteration
 }
@@ -78,6 +79,7 @@ func (l *rankLoop) comm() *dist.Comm { return l.e.control.Rank(l.r) }
 
 // run is the rank's loop. It returns nil when rank 0 broadcasts the stop.
 func (l *rankLoop) run() error {
+	defer l.waitFlight()
 	ran := true
 	for {
 		in, err := l.receive(ran)
@@ -242,6 +244,10 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	l.now, l.finished = in.now, 0
 	l.noteInput(in)
 	rec := StepRecord{Rank: l.r, Loop: LoopLockstep, Step: l.step + 1, Phase: "idle", Start: start}
+	overlap := l.e.cfg.Schedule == ScheduleOverlap
+	if overlap {
+		rec.Loop = LoopOverlap
+	}
 	adds, err := l.arrive(in)
 	if err != nil {
 		return false, err
@@ -283,6 +289,25 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	if err := l.agree(rec.Digest); err != nil {
 		return false, err
 	}
+	// The overlap loop lands the step in flight now, with N+1 planned
+	// (overlap.go); what stopped or was cut in it leaves N+1's batch.
+	landed := l.flight != nil
+	voided, err := l.land()
+	if err != nil {
+		return false, err
+	}
+	dropVoided(&plan, voided)
+	if landed && len(plan.Run) > 0 && l.r == 0 {
+		l.e.totals.PlannedAhead++
+	}
+	if landed && len(plan.Run) == 0 && l.sched.Len() > 0 {
+		// Nothing was planned ahead (the scheduler does not retract
+		// with a step in flight): plan again now that none is, as the
+		// lock-step loop would, rather than wait for the next input.
+		if plan, err = l.replan(&rec); err != nil {
+			return false, err
+		}
+	}
 	if err := l.finish(plan.Finished); err != nil {
 		return false, err
 	}
@@ -305,6 +330,13 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	batch, err := l.prepare(plan, &rec)
 	if err != nil {
 		return false, err
+	}
+	if overlap {
+		if err := l.launch(plan, batch, rec); err != nil {
+			return false, err
+		}
+		l.publish(rec)
+		return true, nil
 	}
 	if err := l.rk.Forward(ctx, batch, nil); err != nil {
 		return false, fmt.Errorf("serve: rank %d: step %d: %w", l.r, rec.Step, err)

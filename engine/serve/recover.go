@@ -155,6 +155,7 @@ func (e *Engine) build(endpoints []string) error {
 			MaxRunning: cfg.MaxRunning, MaxBatchTokens: cfg.MaxBatchTokens, PrefillChunk: cfg.PrefillChunk,
 			PageSize: cfg.PageSize, TotalPages: cfg.Pages(),
 			WaitingTimeout: cfg.WaitingTimeout, PrefillTimeout: cfg.PrefillTimeout, RequestTimeout: max(0, cfg.RequestTimeout),
+			Overlap: cfg.Schedule == ScheduleOverlap,
 		})
 		if err != nil {
 			return fail(fmt.Errorf("serve: %w", err))

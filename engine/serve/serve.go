@@ -118,8 +118,15 @@
 // Without it, an engine whose step fails finishes every request with an
 // error and must be rebuilt.
 //
-// Not yet here: the overlap variant (scheduling step N+1 while step N runs);
-// stop sequences are token ids (Request.Stop), stop strings belong to the
+// # Overlap
+//
+// With Config.Schedule = ScheduleOverlap each rank's forward pass runs on a
+// goroutine of its own while the loop runs the next iteration's front half
+// and plans it against the step's predicted outcome; the step lands before
+// the next one starts, and what stopped in it leaves the next batch
+// (overlap.go). The decisions and their values are the lock-step loop's.
+//
+// Stop sequences are token ids (Request.Stop); stop strings belong to the
 // HTTP layer that owns detokenization.
 package serve
 
@@ -284,6 +291,9 @@ type Totals struct {
 	PrefixHits      uint64 // requests that matched at least one cached page
 	PrefixEvictions uint64 // cached pages evicted (rank 0)
 	IndexKSwitches  uint64 // live index-K precision switches done
+	// PlannedAhead counts steps the overlap loop planned while the step
+	// before them was in flight (and ran).
+	PlannedAhead uint64
 	// Unstalls counts waiting requests that gave their cached prefix up
 	// because nothing ran and the queue's head did not fit (loop.go).
 	Unstalls uint64

@@ -38,7 +38,7 @@ func settingsOf(cfg Config, indexer bool, faultsOn []string) debug.Settings {
 	s := debug.Settings{
 		Role: cfg.Role, Name: cfg.Name, TPSize: cfg.TP,
 		PageSize: cfg.PageSize, KVTokens: cfg.KVTokens, KVPages: cfg.Pages(), MaxRunning: cfg.MaxRunning,
-		MaxBatchTokens: cfg.MaxBatchTokens, PrefillChunk: cfg.PrefillChunk, PrefixCache: !cfg.DisablePrefixCache,
+		MaxBatchTokens: cfg.MaxBatchTokens, PrefillChunk: cfg.PrefillChunk, PrefixCache: !cfg.DisablePrefixCache, Schedule: cfg.Schedule,
 		IndexK: cfg.IndexK.String(), Indexer: indexer,
 		HeartbeatMS:       msOf(cfg.Heartbeat),
 		FlightRecorderLen: cfg.FlightRecorderLen,

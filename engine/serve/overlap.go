@@ -1,0 +1,130 @@
+package serve
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/pdkit/pdkit/engine/sched"
+	"github.com/pdkit/pdkit/engine/tp"
+)
+
+// The overlap loop (Config.Schedule = ScheduleOverlap). Each rank's
+// forward pass runs on a goroutine of its own (a flight), between the
+// loop's tp.Rank.Begin and End, touching only the batch's own pages; every
+// allocator, pool-table, cache and scheduler change stays on the loop. While
+// step N flies, the loop runs iteration N+1's front half exactly as the
+// lock-step loop does (the step input, the PD machine's votes, the
+// admissions, the room) and plans N+1 against N's predicted outcome (the
+// scheduler's plan-ahead: every decoding sequence emits one token and does
+// not stop). Then it lands N: waits for the flight, commits, samples and
+// broadcasts N's tokens, applies them (streams, finishes, PD chunks); a
+// request that stopped or was cut in N has its item in N+1 voided by the
+// scheduler, and the loop drops it before N+1 starts. Every decision is the
+// lock-step loop's, on the same agreed values, in a fixed order of
+// collectives:
+//
+//	receive, poll, admit, room, pd fork, agree (N+1) on the control
+//	communicator while N's forward collectives run on the forward one;
+//	then results (N), fork (N), and N+1's Begin on the forward one.
+
+// Schedules a rank loop runs.
+const (
+	ScheduleLockstep = "lockstep" // the forward pass in line with the rest of the iteration
+	ScheduleOverlap  = "overlap"  // the forward pass beside the next iteration's front half
+)
+
+// LoopOverlap names the overlap loop in step records.
+const LoopOverlap = ScheduleOverlap
+
+// flight is a step whose forward pass runs on its own goroutine.
+type flight struct {
+	plan sched.Plan
+	rec  StepRecord
+	done chan error // the forward pass's outcome; buffered
+}
+
+// launch starts plan's forward pass over batch on its own goroutine, after
+// Begin on the loop.
+func (l *rankLoop) launch(plan sched.Plan, batch []tp.Input, rec StepRecord) error {
+	if err := l.rk.Begin(ctx, batch, nil); err != nil {
+		return fmt.Errorf("serve: rank %d: step %d: %w", l.r, rec.Step, err)
+	}
+	f := &flight{plan: plan, rec: rec, done: make(chan error, 1)}
+	go func() { f.done <- l.rk.Run(ctx) }()
+	l.flight = f
+	return nil
+}
+
+// land ends the step in flight, if any: it waits for its forward pass,
+// commits it, settles its HiCache loads, samples and broadcasts its tokens
+// and applies them. It returns the requests whose items in the plan made
+// ahead of it were voided (they stopped or were cut in the landed step).
+func (l *rankLoop) land() ([]uint64, error) {
+	f := l.flight
+	if f == nil {
+		return nil, nil
+	}
+	l.flight = nil
+	if err := <-f.done; err != nil {
+		return nil, fmt.Errorf("serve: rank %d: step %d: %w", l.r, f.rec.Step, err)
+	}
+	if err := l.rk.End(); err != nil {
+		return nil, fmt.Errorf("serve: rank %d: step %d: %w", l.r, f.rec.Step, err)
+	}
+	if err := l.settle(); err != nil {
+		return nil, err
+	}
+	if l.r == 0 {
+		l.e.totals.Steps++
+		l.e.totals.Tokens += uint64(f.rec.BatchTokens)
+	}
+	out, err := l.results(f.plan)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.apply(f.plan, out); err != nil {
+		return nil, err
+	}
+	voided := l.sched.Voided()
+	if o := l.e.cfg.Observer; o != nil && l.r == 0 {
+		rec := f.rec
+		rec.End = time.Now()
+		o.StepFinished(rec)
+	}
+	return voided, nil
+}
+
+// waitFlight waits for a step in flight without landing it: the loop is
+// leaving (stop, a broken group), and whoever releases the sequences next
+// must not find a forward pass still writing them.
+func (l *rankLoop) waitFlight() {
+	if f := l.flight; f != nil {
+		<-f.done
+		l.flight = nil
+	}
+}
+
+// dropVoided removes the voided requests' items from a plan made ahead.
+func dropVoided(plan *sched.Plan, voided []uint64) {
+	if len(voided) == 0 {
+		return
+	}
+	plan.Run = slices.DeleteFunc(plan.Run, func(it sched.Item) bool { return slices.Contains(voided, it.ID) })
+}
+
+// replan schedules again once the step in flight has landed, with the room
+// and the digest agreed again: every rank lands the same step and sees the
+// same scheduler, so every rank replans.
+func (l *rankLoop) replan(rec *StepRecord) (sched.Plan, error) {
+	free, err := l.room()
+	if err != nil {
+		return sched.Plan{}, err
+	}
+	plan, err := l.sched.Schedule(l.now, free)
+	if err != nil {
+		return sched.Plan{}, fmt.Errorf("serve: rank %d: schedule: %w", l.r, err)
+	}
+	rec.Digest = digest(rec.Step, plan.Run)
+	return plan, l.agree(rec.Digest)
+}
