@@ -133,3 +133,27 @@ func TestOverlapPD(t *testing.T) {
 	checkPools(t, pp.prefill)
 	checkPools(t, pp.decode)
 }
+
+// With HiCache on, the overlap loop still generates the lock-step loop's
+// tokens: multi-turn chats whose prefixes go to host and come back, the
+// loads settled when each step lands.
+func TestOverlapHiCache(t *testing.T) {
+	m := tinyModel(t)
+	ss := sessions(107, 20, 4, 24, m.Config.VocabSize)
+	cfg := Config{TP: 2, PageSize: 4, KVTokens: 256, MaxRunning: 4, MaxBatchTokens: 48, PrefillChunk: 16, IndexK: kernels.IndexBF16,
+		HiCache: HiCacheConfig{Enabled: true, Ratio: 8}}
+	want := runSessions(t, newEngine(t, m, cfg), ss, 4)
+	ov := cfg
+	ov.Schedule = ScheduleOverlap
+	e := newEngine(t, m, ov)
+	got := runSessions(t, e, ss, 4)
+	checkTurns(t, got, want, "overlap", "lockstep")
+	var hits uint64
+	for _, ts := range e.HiCache() {
+		hits += ts.Totals.HostHits
+	}
+	if hits == 0 {
+		t.Error("no host hit: the chats never loaded a prefix back")
+	}
+	checkPools(t, e)
+}
