@@ -33,6 +33,15 @@ const (
 	// FaultPDLoopExit ends a PD rank's receive loop (control on a prefill,
 	// KV on a decode) at its next message, whatever the message.
 	FaultPDLoopExit = "pd-loop-exit"
+
+	// FaultOverlapLocalDecision makes the highest TP rank of a prefill or
+	// decode server, in the overlap loop, decide run-or-idle from its own
+	// PD socket mail instead of the agreed state: when its mailbox filed
+	// nothing for it since its last iteration it takes the idle branch,
+	// skipping the iteration's poll, admit and room, while its peers, on
+	// the agreed state, enter the poll. The group breaks as in incident 2
+	// (overlap.go, localIdle). The lock-step loop has no such branch.
+	FaultOverlapLocalDecision = "overlap-local-decision"
 )
 
 // faultDelay is how long a delay-* switch holds each message of its type in
@@ -76,6 +85,8 @@ var faultSpecs = func() []FaultInfo {
 			Doc: "the highest TP rank stops before its next collective until switched off; its peers wait in the collective"},
 		{Name: FaultPDLoopExit, Roles: pd,
 			Doc: "each rank's PD receive loop (prefill control, decode KV) exits at its next message"},
+		{Name: FaultOverlapLocalDecision, Roles: pd,
+			Doc: "in the overlap loop the highest TP rank takes the idle branch when its own PD socket filed no mail since its last iteration, while its peers enter the agreed poll: a collective mismatch or a hang (the overlap-schedule desync)"},
 		{Name: FaultHiCacheIndexKUngated, Roles: []string{pdproto.RoleColocated, pdproto.RolePrefill},
 			Doc: "the sparse indexer reads index-K of a prefix loading back from host without waiting for its layer; attention still waits (the HiCache index-K race)"},
 	}
@@ -103,6 +114,7 @@ type faultSet struct {
 var (
 	idxPDLoopExit          = faultIndex(FaultPDLoopExit)
 	idxBootstrapAbortCrash = faultIndex(FaultBootstrapAbortCrash)
+	idxOverlapLocal        = faultIndex(FaultOverlapLocalDecision)
 	idxDrop, idxDelay      = typeIndex(FaultDrop), typeIndex(FaultDelay)
 )
 

@@ -50,6 +50,7 @@ type rankLoop struct {
 	dbuf     []byte        // the step input re-encoded for its digest
 	gated    hicache.Loads // the loads the step's forward pass reads through gates
 	flight   *flight       // the step whose forward pass runs on its own goroutine (overlap.go)
+	mailSeen uint64        // the mailbox's filed count at the last localIdle (overlap.go)
 	now      time.Duration
 	finished int // requests finished in the current iteration
 }
@@ -253,6 +254,12 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 		return false, err
 	}
 	if len(adds) == 0 && l.sched.Len() == 0 && l.pdRooms() == 0 {
+		l.publish(rec)
+		return false, nil
+	}
+	if overlap && l.localIdle() {
+		// The fault overlap-local-decision (overlap.go): this rank goes
+		// idle on its own view while its peers go on to the poll.
 		l.publish(rec)
 		return false, nil
 	}

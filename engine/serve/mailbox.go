@@ -23,6 +23,9 @@ type mailbox struct {
 	late    atomic.Uint64   // messages for rooms nobody has, dropped
 	faulted atomic.Uint64   // messages a drop-* fault switch dropped
 	bad     atomic.Uint64   // messages that made no sense here, dropped
+	// filed counts the messages filed under a room for the loop: the
+	// rank-local signal the fault overlap-local-decision branches on.
+	filed   atomic.Uint64
 	prefill bool
 	rank    uint32    // the rank's TP rank, in the acks it sends
 	wake    func()    // tells the loops that mail arrived
@@ -146,6 +149,7 @@ func (mb *mailbox) file(m pdproto.Message) (to string, answer pdproto.Message, e
 	case *pdproto.Queued:
 		x.Queued = m
 	}
+	mb.filed.Add(1)
 	mb.wake()
 	return to, answer, nil
 }

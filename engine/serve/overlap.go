@@ -128,3 +128,52 @@ func (l *rankLoop) replan(rec *StepRecord) (sched.Plan, error) {
 	rec.Digest = digest(rec.Step, plan.Run)
 	return plan, l.agree(rec.Digest)
 }
+
+// The fault overlap-local-decision
+//
+// The reference system's overlap loop decided, on each TP rank, whether to
+// process new transfers or go idle from that rank's own view; under an
+// abort storm one rank entered a collective while a peer took the idle
+// branch (incident 2). localIdle is that branch, taken on purpose: with
+// the switch on, the highest rank of a PD server running the overlap loop
+// asks its own PD socket whether anything new came for it, and the
+// signal is the mailbox's count of messages filed under a room
+// (mailbox.filed: TRANSFER_INFO, QUEUED, ABORT and STATUS on a prefill,
+// KV_CHUNK, STATUS and ABORT_ACK on a decode; heartbeats are not mail)
+// against the count it saw at its last iteration. When it is unchanged,
+// the rank skips the iteration's front half (poll, admit, room, agree) and
+// goes straight back to waiting for the next step input, while its peers,
+// following the agreed state (there are PD rooms or requests), enter the
+// poll's AllReduceMinInt. Such an iteration comes within the first
+// requests: a room's first iteration on a decode precedes its first
+// KV_CHUNK, and the drill's 60 sessions make many more.
+//
+// The group then breaks in one of the incident's two ways:
+//
+//   - the mismatch: the idle rank comes back with another collective at the
+//     same seq (the step input's BroadcastBytes against the peers' poll
+//     AllReduceMinInt); engine/dist checks every call against its peers',
+//     so every rank at that seq gets a dist.MismatchError at once and the
+//     group is broken. This is what this engine's loops produce.
+//   - the hang: the idle rank is elsewhere (waiting for work, or its next
+//     call matches the peers' in op and shape on a collective layer that
+//     does not check, as NCCL does not) while a peer waits in the
+//     collective, forever; /health sees the loop's age, diagnose's
+//     rank-divergence sees one rank in a collective and a peer outside.
+//
+// With Config.CollectiveTimeout set, both recover (recover.go): the
+// mismatch as a broken group at once, the hang once the collective has
+// waited the timeout. The lock-step loop never takes this branch.
+func (l *rankLoop) localIdle() bool {
+	if l.pd == nil || l.r != len(l.e.loops)-1 || !l.e.faults.onAt(idxOverlapLocal) {
+		return false
+	}
+	n := l.pd.mb.filed.Load()
+	idle := n == l.mailSeen
+	l.mailSeen = n
+	if idle {
+		l.e.cfg.Logger.Warn("fault overlap-local-decision: rank takes the idle branch on its own mail while its peers poll",
+			"server", l.e.cfg.Name, "role", l.e.cfg.Role, "rank", l.r, "step", l.step+1, "mail_filed", n)
+	}
+	return idle
+}

@@ -279,9 +279,12 @@ func (e *Engine) collectives(inc *incarnation) []dist.Snapshot {
 	return out
 }
 
-// recoverable says whether the loops' stop is one recovery rebuilds from.
+// recoverable says whether the loops' stop is one recovery rebuilds from:
+// a broken group, a collective mismatch (which breaks the group too: the
+// ranks entered different calls at one seq, as the overlap-local-decision
+// fault makes them) or ranks that planned different steps.
 func recoverable(err error) bool {
-	return errors.Is(err, dist.ErrGroupBroken) || errors.Is(err, errDiverged)
+	return errors.Is(err, dist.ErrGroupBroken) || errors.Is(err, dist.ErrMismatch) || errors.Is(err, errDiverged)
 }
 
 // stallReason tells a stalled collective: which ranks did not arrive at

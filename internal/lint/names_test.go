@@ -302,7 +302,7 @@ func TestNameViolations(t *testing.T) {
 		{"ok doc", "a fault switch such as stall-last-rank holds a rank; the faults drop-kv-chunk and delay-heartbeat; " +
 			"the fault-switch-on rule; the fault switch on: pd-loop-exit; a rank-divergence finding; the mass-abort drill; " +
 			"pdctl fault on hicache-indexk-ungated"},
-		{"stale remedy", "switch off the faults overlap-local-decision and stall-last-rank if one is on (fault-switch-on), " +
+		{"stale remedy", "switch off the faults overlap-local-decisions and stall-last-rank if one is on (fault-switch-on), " +
 			"restart the server and run it with the lock-step (non-overlap) loop"},
 		{"stale help", "turn it on with `pdctl fault on hicache-indexk-unguarded` or --fault=made-up-switch, see its `no-such` fault"},
 		{"stale flags", "run pdserve decode --no-such-flag, or pdctl diagnose --overlap"},
@@ -310,7 +310,7 @@ func TestNameViolations(t *testing.T) {
 	}
 	got := nameViolations(texts, faultExists, flags)
 	want := []string{
-		"stale remedy names the fault switch overlap-local-decision, which the fault registry (engine/serve) does not have",
+		"stale remedy names the fault switch overlap-local-decisions, which the fault registry (engine/serve) does not have",
 		"stale help names the fault switch hicache-indexk-unguarded, which the fault registry (engine/serve) does not have",
 		"stale help names the fault switch made-up-switch, which the fault registry (engine/serve) does not have",
 		"stale help names the fault switch no-such, which the fault registry (engine/serve) does not have",
