@@ -49,8 +49,8 @@ over ZeroMQ; router: the OpenAI-compatible front of a PD cluster; launch: a
 router, prefill and decode servers as supervised child processes), and the
 tools around them (model init|info: write a built-in model, inspect a GGUF
 file; generate: one generation without a server; bench and
-bench serve|pd|load|hicache: the model, serving, PD, cluster-load and
-HiCache benchmarks;
+bench serve|overlap|pd|load|hicache: the model, serving, overlap against
+lock-step, PD, cluster-load and HiCache benchmarks;
 config: the effective settings of a command and where each comes from).
 
 Without --model, commands use the built-in model: a llama-family GGUF whose

@@ -1,0 +1,679 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/pdkit/pdkit/engine/model"
+	"github.com/pdkit/pdkit/engine/model/builtin"
+	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/server"
+	"github.com/pdkit/pdkit/kernels"
+	"github.com/pdkit/pdkit/kernels/cpu"
+)
+
+// OverlapConfig chooses what the overlap benchmark measures: the serving
+// benchmark's workload (ServingConfig) run on a lock-step and an overlap
+// engine side by side. Zero values take the defaults noted per field.
+type OverlapConfig struct {
+	Home        string        // cache folder for the built-in models
+	Arch        string        // built-in architecture (default llama)
+	Size        string        // built-in size (default small)
+	Type        kernels.DType // weight type (the zero value is F32)
+	Threads     []int         // kernel thread counts, one pair of engines each; 0 is every CPU (default 0, 1)
+	MaxRunning  int           // requests each engine admits at once (default 64)
+	Concurrency []int         // client concurrency levels (default 1, 8, 32, 64)
+	PromptLen   int           // prompt tokens per request (default 128)
+	MaxTokens   int           // tokens generated per request, EOS ignored (default 64)
+	// Requests is the number of requests per level, per round and loop
+	// (default max(2×C, 8)).
+	Requests int
+	// Rounds is how many times each level runs on each loop (default 4).
+	// Rounds alternate which loop goes first (lock-step, overlap; then
+	// overlap, lock-step; ...), so that a drift of the machine's speed
+	// weighs on both alike.
+	Rounds int
+	// RequestTimeout bounds each request (default 10 minutes).
+	RequestTimeout time.Duration
+	// Seed chooses the prompts (default 1).
+	Seed uint64
+}
+
+func (c *OverlapConfig) setDefaults() {
+	setDefault(&c.Arch, model.ArchLlama)
+	setDefault(&c.Size, builtin.SizeSmall)
+	if len(c.Threads) == 0 {
+		c.Threads = []int{0, 1}
+	}
+	c.Threads = slices.Clone(c.Threads)
+	for i, th := range c.Threads {
+		if th <= 0 {
+			c.Threads[i] = runtime.NumCPU()
+		}
+	}
+	setDefault(&c.MaxRunning, 64)
+	if len(c.Concurrency) == 0 {
+		c.Concurrency = []int{1, 8, 32, 64}
+	}
+	setDefault(&c.PromptLen, 128)
+	setDefault(&c.MaxTokens, 64)
+	setDefault(&c.Rounds, 4)
+	setDefault(&c.RequestTimeout, 10*time.Minute)
+	setDefault(&c.Seed, 1)
+}
+
+// requestsAt is the number of requests of one round of concurrency conc.
+func (c *OverlapConfig) requestsAt(conc int) int {
+	if c.Requests > 0 {
+		return c.Requests
+	}
+	return max(2*conc, 8)
+}
+
+// LoopFigures is what one loop measured at one level, over every round.
+type LoopFigures struct {
+	Requests     int
+	OutputTokens int
+	Elapsed      time.Duration // the rounds' wall times added up
+	TokPerSec    float64       // output tokens over Elapsed
+	// ITL in milliseconds, as the serving benchmark measures it: the gaps
+	// between successive text chunks a client reads, over every round.
+	ITLP50, ITLP99 float64
+	// EngineITL in milliseconds: the gaps between successive tokens of a
+	// request as the engine emits them (Observer.TokenEmitted), without
+	// the HTTP stream in between.
+	EngineITLP50, EngineITLP99 float64
+	Steps                      StepFigures
+}
+
+// StepFigures dissect the engine's decode iterations. A pair is two
+// decode-only steps in a row (step numbers N and N+1); its period is the
+// time from step N's iteration start to step N+1's, the loop's cadence
+// (in the overlap loop, the iteration that launches a step also lands the
+// one before). Forward is step N's forward pass: from the first kernel
+// call of its forward to the last kernel call's return, timed by a
+// wrapper around rank 0's kernel backend (the engine exposes no time of
+// the forward pass itself; nothing but the forward pass calls kernels in
+// this workload).
+type StepFigures struct {
+	Pairs   int
+	Batch   float64       // mean tokens of step N
+	Period  time.Duration // mean period
+	Forward time.Duration // mean forward pass of step N
+	// Before is the mean time from step N's iteration start to its first
+	// kernel call (the step input, the votes, admissions, room, plan and
+	// the batch's preparation); After, from its last kernel call's return
+	// to step N+1's iteration start (sampling, the results broadcast,
+	// streaming and finishing, the next input). Under lock-step, Period is
+	// Before + Forward + After; under overlap Before also holds the
+	// landing of the step before.
+	Before, After time.Duration
+}
+
+// Outside is the mean time of a decode iteration spent outside the
+// forward pass: scheduling, sampling, streaming, the collectives.
+func (s StepFigures) Outside() time.Duration { return s.Period - s.Forward }
+
+// OverlapLevel is one concurrency level on both loops.
+type OverlapLevel struct {
+	Concurrency       int
+	Lockstep, Overlap LoopFigures
+}
+
+// TokRatio is overlap's output tokens/s over lock-step's: above 1 is faster.
+func (l OverlapLevel) TokRatio() float64 { return div(l.Overlap.TokPerSec, l.Lockstep.TokPerSec) }
+
+// ITLRatios are overlap's client inter-token p50 and p99 over lock-step's:
+// below 1 is faster.
+func (l OverlapLevel) ITLRatios() (p50, p99 float64) {
+	return div(l.Overlap.ITLP50, l.Lockstep.ITLP50), div(l.Overlap.ITLP99, l.Lockstep.ITLP99)
+}
+
+// EngineITLRatios are the same ratios of the engine's token gaps.
+func (l OverlapLevel) EngineITLRatios() (p50, p99 float64) {
+	return div(l.Overlap.EngineITLP50, l.Lockstep.EngineITLP50), div(l.Overlap.EngineITLP99, l.Lockstep.EngineITLP99)
+}
+
+// OutsideShare is the share of a lock-step decode iteration's wall time
+// spent outside the forward pass.
+func (l OverlapLevel) OutsideShare() float64 {
+	s := l.Lockstep.Steps
+	return div(s.Outside().Seconds(), s.Period.Seconds())
+}
+
+// Hidden is the share of lock-step's time outside the forward pass that
+// the overlap loop took off the decode period: (lock-step period −
+// overlap period) / (lock-step period − lock-step forward). 1 is all of
+// it; below 0, overlap's period is the longer.
+func (l OverlapLevel) Hidden() float64 {
+	ls, ov := l.Lockstep.Steps, l.Overlap.Steps
+	return div((ls.Period - ov.Period).Seconds(), ls.Outside().Seconds())
+}
+
+func div(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+// OverlapRun is every level at one thread count.
+type OverlapRun struct {
+	Threads int
+	Levels  []OverlapLevel
+}
+
+// OverlapReport is a whole overlap benchmark.
+type OverlapReport struct {
+	Config    OverlapConfig // with its defaults filled in
+	Model     model.Config
+	ModelFile string
+	Runs      []OverlapRun
+	Took      time.Duration
+}
+
+// Goal is one of issue 14's speed goals and whether the run met it.
+type Goal struct {
+	Name   string
+	Met    bool
+	Detail string
+}
+
+// Goals judges the run against the speed goals: overlap's output rate at
+// least lock-step's at every level and thread count, and at one thread
+// and concurrency 32 at least 70% of the time outside the forward pass
+// hidden. A goal whose level did not run is left out.
+func (r *OverlapReport) Goals() []Goal {
+	var goals []Goal
+	g := Goal{Name: "overlap never slower than lock-step (output tok/s ratio ≥ 1 at every level)", Met: true}
+	worst, at := 0.0, ""
+	for _, run := range r.Runs {
+		for _, l := range run.Levels {
+			if x := l.TokRatio(); at == "" || x < worst {
+				worst, at = x, fmt.Sprintf("threads %d, concurrency %d", run.Threads, l.Concurrency)
+			}
+		}
+	}
+	if at != "" {
+		g.Met = worst >= 1
+		g.Detail = fmt.Sprintf("lowest ratio %.3f (%s)", worst, at)
+		goals = append(goals, g)
+	}
+	for _, run := range r.Runs {
+		if run.Threads != 1 {
+			continue
+		}
+		for _, l := range run.Levels {
+			if l.Concurrency == 32 {
+				h := l.Hidden()
+				goals = append(goals, Goal{
+					Name: "threads 1, concurrency 32: overlap hides ≥ 70% of the time outside the forward pass",
+					Met:  h >= 0.7, Detail: fmt.Sprintf("hid %.0f%% of a %.0f%% share", 100*h, 100*l.OutsideShare()),
+				})
+			}
+		}
+	}
+	return goals
+}
+
+// DefaultOK says whether the run supports making overlap the default:
+// at least as fast as lock-step everywhere it ran.
+func (r *OverlapReport) DefaultOK() bool {
+	g := r.Goals()
+	return len(g) > 0 && g[0].Met
+}
+
+// RunOverlap measures the overlap loop against the lock-step loop on the
+// serving benchmark's workload. For each thread count it starts two
+// in-process servers over one built-in model, identical but for
+// serve.Config.Schedule, warms each with one request, and runs every
+// concurrency level Rounds times on each, interleaved: a round runs the
+// level on one loop and then the other, with the same prompts (each
+// engine has its own prefix cache, so both see fresh prompts), and the
+// next round swaps the order. Every figure is over all rounds.
+func RunOverlap(ctx context.Context, cfg OverlapConfig, progress io.Writer) (rep OverlapReport, err error) {
+	began := time.Now()
+	cfg.setDefaults()
+	for _, c := range cfg.Concurrency {
+		if c < 1 {
+			return rep, fmt.Errorf("bench: concurrency %d must be ≥ 1", c)
+		}
+	}
+	mc, err := builtin.Shape(cfg.Arch, cfg.Size)
+	if err != nil {
+		return rep, err
+	}
+	if n := cfg.PromptLen + cfg.MaxTokens; n > mc.ContextLen {
+		return rep, fmt.Errorf("bench: prompt of %d tokens plus %d to generate exceeds the context length %d", cfg.PromptLen, cfg.MaxTokens, mc.ContextLen)
+	}
+	m, path, err := openBuiltin(cfg.Home, builtin.Spec{Arch: cfg.Arch, Size: cfg.Size, Seed: builtin.DefaultSeed, Type: cfg.Type})
+	if err != nil {
+		return rep, err
+	}
+	defer m.Close()
+	rep = OverlapReport{Config: cfg, Model: m.Config, ModelFile: path}
+	for _, th := range cfg.Threads {
+		run, err := runOverlapThreads(ctx, cfg, m, path, th, progress)
+		if err != nil {
+			return rep, err
+		}
+		rep.Runs = append(rep.Runs, run)
+	}
+	rep.Took = time.Since(began)
+	return rep, nil
+}
+
+// loopSide is one of a pair of engines, behind its own server.
+type loopSide struct {
+	schedule string
+	probe    *stepProbe
+	cl       *client
+	stop     func() error
+	tr       *http.Transport
+}
+
+// startSide starts an engine on schedule with threads kernel threads, and
+// its server.
+func startSide(cfg OverlapConfig, m *model.Model, path, schedule string, threads int, progress io.Writer) (*loopSide, error) {
+	const pageSize = 16
+	perReq := (cfg.PromptLen + cfg.MaxTokens + pageSize - 1) / pageSize * pageSize
+	probe := &stepProbe{}
+	backend := func(rank int) kernels.Backend {
+		b := kernels.Backend(cpu.New(threads))
+		if rank == 0 {
+			probe.clock = &forwardClock{Backend: b}
+			b = probe.clock
+		}
+		return b
+	}
+	eng, err := serve.New(m, serve.Config{
+		Backend: backend, MaxRunning: cfg.MaxRunning, PageSize: pageSize, KVTokens: cfg.MaxRunning * perReq,
+		Observer: probe, Schedule: schedule, Name: "bench-" + schedule,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if probe.clock == nil {
+		eng.Close()
+		return nil, fmt.Errorf("bench: the engine built no rank 0 backend")
+	}
+	log := warnLog(progress)
+	h := server.New(eng, m, server.Options{ModelPath: path, Logger: log})
+	base, stop, err := listen(h, eng, log)
+	if err != nil {
+		eng.Close()
+		return nil, err
+	}
+	maxConc := slices.Max(cfg.Concurrency)
+	tr := &http.Transport{MaxIdleConns: maxConc + 1, MaxIdleConnsPerHost: maxConc + 1, DisableCompression: true}
+	cl := &client{http: &http.Client{Transport: tr}, url: base + "/v1/completions", model: h.ModelName(), maxTokens: cfg.MaxTokens, timeout: cfg.RequestTimeout}
+	return &loopSide{schedule: schedule, probe: probe, cl: cl, stop: stop, tr: tr}, nil
+}
+
+func (s *loopSide) close() error {
+	s.tr.CloseIdleConnections()
+	return s.stop()
+}
+
+// sideTally adds up one loop's rounds at a level.
+type sideTally struct {
+	fig      LoopFigures
+	itl, eng []float64
+	steps    pairTally
+}
+
+func (t *sideTally) figures() LoopFigures {
+	f := t.fig
+	if sec := f.Elapsed.Seconds(); sec > 0 {
+		f.TokPerSec = float64(f.OutputTokens) / sec
+	}
+	slices.Sort(t.itl)
+	slices.Sort(t.eng)
+	f.ITLP50, f.ITLP99 = percentile(t.itl, 50), percentile(t.itl, 99)
+	f.EngineITLP50, f.EngineITLP99 = percentile(t.eng, 50), percentile(t.eng, 99)
+	f.Steps = t.steps.figures()
+	return f
+}
+
+func runOverlapThreads(ctx context.Context, cfg OverlapConfig, m *model.Model, path string, threads int, progress io.Writer) (run OverlapRun, err error) {
+	run.Threads = threads
+	var sides [2]*loopSide // lock-step, overlap
+	defer func() {
+		for _, s := range sides {
+			if s == nil {
+				continue
+			}
+			if cerr := s.close(); cerr != nil && err == nil {
+				err = cerr
+			}
+		}
+	}()
+	for i, sch := range []string{serve.ScheduleLockstep, serve.ScheduleOverlap} {
+		if sides[i], err = startSide(cfg, m, path, sch, threads, progress); err != nil {
+			return run, err
+		}
+	}
+	fmt.Fprintf(progress, "overlap vs lock-step: %s %s (%v), %d thread(s), %d round(s) per level\n", cfg.Arch, cfg.Size, cfg.Type, threads, cfg.Rounds)
+	prompts := promptSource{seed: cfg.Seed, n: cfg.PromptLen, vocab: m.Config.VocabSize}
+	for _, s := range sides {
+		if _, err := s.cl.do(ctx, prompts.at(0, 0)); err != nil {
+			return run, fmt.Errorf("bench: %s warm-up request: %w", s.schedule, err)
+		}
+	}
+	for li, conc := range cfg.Concurrency {
+		var tallies [2]sideTally
+		n := cfg.requestsAt(conc)
+		for r := range cfg.Rounds {
+			level := 1 + li*cfg.Rounds + r // the same prompts on both loops, fresh ones each round
+			order := []int{0, 1}
+			if r%2 == 1 {
+				order = []int{1, 0}
+			}
+			for _, i := range order {
+				s, t := sides[i], &tallies[i]
+				s.probe.reset()
+				samples, err := runSamples(ctx, s.cl, conc, n, func(k int) []int { return prompts.at(level, k) })
+				if err != nil {
+					return run, fmt.Errorf("bench: %s, concurrency %d: %w", s.schedule, conc, err)
+				}
+				lv := summarize(conc, samples)
+				t.fig.Requests += lv.Requests
+				t.fig.OutputTokens += lv.OutputTokens
+				t.fig.Elapsed += lv.Elapsed
+				for _, smp := range samples {
+					for _, d := range smp.itl {
+						t.itl = append(t.itl, ms(d))
+					}
+				}
+				st, gaps := s.probe.take()
+				t.steps.add(st)
+				for _, d := range gaps {
+					t.eng = append(t.eng, ms(d))
+				}
+			}
+		}
+		l := OverlapLevel{Concurrency: conc, Lockstep: tallies[0].figures(), Overlap: tallies[1].figures()}
+		run.Levels = append(run.Levels, l)
+		fmt.Fprintf(progress, "threads %d, c=%d: lock-step %.1f tok/s, overlap %.1f tok/s (%.3fx); decode period %.2f → %.2f ms, forward %.2f ms, hid %.0f%% of a %.0f%% share\n",
+			threads, conc, l.Lockstep.TokPerSec, l.Overlap.TokPerSec, l.TokRatio(),
+			ms(l.Lockstep.Steps.Period), ms(l.Overlap.Steps.Period), ms(l.Lockstep.Steps.Forward), 100*l.Hidden(), 100*l.OutsideShare())
+	}
+	return run, nil
+}
+
+// runSamples runs n requests with conc clients and returns what each
+// measured (runLevel's loop, without the summary: the overlap benchmark
+// pools the samples of several rounds).
+func runSamples(ctx context.Context, cl *client, conc, n int, prompt func(int) []int) ([]result, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	samples := make([]result, n)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var errOnce sync.Once
+	var firstErr error
+	for range conc {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				s, err := cl.do(ctx, prompt(i))
+				if err != nil {
+					errOnce.Do(func() { firstErr = fmt.Errorf("request %d: %w", i, err) })
+					cancel()
+					return
+				}
+				samples[i] = s
+			}
+		})
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return samples, nil
+}
+
+// pairTally adds up decode pairs.
+type pairTally struct {
+	pairs                          int
+	tokens                         int
+	period, forward, before, after time.Duration
+}
+
+func (t *pairTally) add(o pairTally) {
+	t.pairs += o.pairs
+	t.tokens += o.tokens
+	t.period += o.period
+	t.forward += o.forward
+	t.before += o.before
+	t.after += o.after
+}
+
+func (t pairTally) figures() StepFigures {
+	if t.pairs == 0 {
+		return StepFigures{}
+	}
+	n := time.Duration(t.pairs)
+	return StepFigures{Pairs: t.pairs, Batch: float64(t.tokens) / float64(t.pairs), Period: t.period / n, Forward: t.forward / n, Before: t.before / n, After: t.after / n}
+}
+
+// stepProbe is an engine's Observer during the overlap benchmark: it
+// pairs consecutive decode steps and attributes each step its forward
+// pass, as rank 0's forwardClock timed it. Both loops call StepFinished
+// for step N after N's forward pass returned and before N+1's began
+// (the overlap loop lands N before it launches N+1), so the kernel calls
+// since the last StepFinished are N's forward pass.
+type stepProbe struct {
+	clock *forwardClock // rank 0's backend; set before the engine runs
+
+	mu          sync.Mutex
+	prev        serve.StepRecord
+	first, last time.Time // the previous step's kernel calls
+	have        bool
+	t           pairTally
+	gaps        []time.Duration
+}
+
+func (p *stepProbe) TokenEmitted(_ uint64, gen int, since time.Duration) {
+	if gen < 2 {
+		return // the first token's gap runs from the submission
+	}
+	p.mu.Lock()
+	p.gaps = append(p.gaps, since)
+	p.mu.Unlock()
+}
+
+func (p *stepProbe) RequestFinished(uint64, serve.Finish) {}
+
+func (p *stepProbe) StepFinished(rec serve.StepRecord) {
+	first, last, ok := p.clock.take()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.have && rec.Phase == "decode" && p.prev.Phase == "decode" && rec.Step == p.prev.Step+1 {
+		p.t.pairs++
+		p.t.tokens += p.prev.BatchTokens
+		p.t.period += rec.Start.Sub(p.prev.Start)
+		p.t.forward += p.last.Sub(p.first)
+		p.t.before += p.first.Sub(p.prev.Start)
+		p.t.after += rec.Start.Sub(p.last)
+	}
+	p.prev, p.first, p.last, p.have = rec, first, last, ok
+}
+
+// reset forgets the last step, so that no pair spans two runs.
+func (p *stepProbe) reset() {
+	p.mu.Lock()
+	p.have = false
+	p.mu.Unlock()
+}
+
+// take returns what was tallied since the last take and starts over.
+func (p *stepProbe) take() (pairTally, []time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, g := p.t, p.gaps
+	p.t, p.gaps, p.have = pairTally{}, nil, false
+	return t, g
+}
+
+// forwardClock is a kernel backend that notes when the first kernel call
+// since the last take began and when the latest one returned. Two clock
+// readings per call: tens of nanoseconds against kernels of microseconds.
+type forwardClock struct {
+	kernels.Backend
+	first, last atomic.Int64 // unix nanoseconds; first is 0 when none since take
+}
+
+func (c *forwardClock) begin() int64 {
+	t := time.Now().UnixNano()
+	c.first.CompareAndSwap(0, t)
+	return t
+}
+
+func (c *forwardClock) end(int64) { c.last.Store(time.Now().UnixNano()) }
+
+// take returns when the first kernel call since the last take began and
+// when the latest returned; false when there was none.
+func (c *forwardClock) take() (first, last time.Time, ok bool) {
+	f := c.first.Swap(0)
+	if f == 0 {
+		return first, last, false
+	}
+	return time.Unix(0, f), time.Unix(0, max(c.last.Load(), f)), true
+}
+
+// Close closes the wrapped backend (the engine closes its backends).
+func (c *forwardClock) Close() {
+	switch b := c.Backend.(type) {
+	case interface{ Close() }:
+		b.Close()
+	case interface{ Close() error }:
+		_ = b.Close()
+	}
+}
+
+func (c *forwardClock) MatMul(dst, x []float32, w *kernels.Matrix, m int) {
+	defer c.end(c.begin())
+	c.Backend.MatMul(dst, x, w, m)
+}
+
+func (c *forwardClock) RMSNorm(dst, x, weight []float32, rows int, eps float32) {
+	defer c.end(c.begin())
+	c.Backend.RMSNorm(dst, x, weight, rows, eps)
+}
+
+func (c *forwardClock) RoPE(x []float32, pos []int32, nHeads, headDim, ropeDim int, theta float32) {
+	defer c.end(c.begin())
+	c.Backend.RoPE(x, pos, nHeads, headDim, ropeDim, theta)
+}
+
+func (c *forwardClock) SwiGLU(dst, gate, up []float32) {
+	defer c.end(c.begin())
+	c.Backend.SwiGLU(dst, gate, up)
+}
+
+func (c *forwardClock) Softmax(x []float32, rows, cols int) {
+	defer c.end(c.begin())
+	c.Backend.Softmax(x, rows, cols)
+}
+
+func (c *forwardClock) Attention(a *kernels.AttentionArgs) {
+	defer c.end(c.begin())
+	c.Backend.Attention(a)
+}
+
+func (c *forwardClock) IndexScore(a *kernels.IndexScoreArgs) {
+	defer c.end(c.begin())
+	c.Backend.IndexScore(a)
+}
+
+func (c *forwardClock) TopK(dst []int32, scores []float32, k int) []int32 {
+	defer c.end(c.begin())
+	return c.Backend.TopK(dst, scores, k)
+}
+
+func (c *forwardClock) QuantizeFP8(dst []uint8, src []float32) float32 {
+	defer c.end(c.begin())
+	return c.Backend.QuantizeFP8(dst, src)
+}
+
+func (c *forwardClock) DequantizeFP8(dst []float32, src []uint8, scale float32) {
+	defer c.end(c.begin())
+	c.Backend.DequantizeFP8(dst, src, scale)
+}
+
+func (c *forwardClock) ToBF16(dst []uint16, src []float32) {
+	defer c.end(c.begin())
+	c.Backend.ToBF16(dst, src)
+}
+
+func (c *forwardClock) FromBF16(dst []float32, src []uint16) {
+	defer c.end(c.begin())
+	c.Backend.FromBF16(dst, src)
+}
+
+// Print writes the report: per thread count and level, both loops'
+// figures and overlap's ratios, then the dissection of the decode
+// iteration, then the goals.
+func (r *OverlapReport) Print(w io.Writer) {
+	c, mc := r.Config, r.Model
+	fmt.Fprintf(w, "\noverlap vs lock-step: built-in %s %s model, %v (dim %d, %d layers, vocab %d), max %d running; %d-token prompts, %d output tokens each (ignore_eos, temperature 0), streamed /v1/completions; %d interleaved round(s) per level and loop; took %s\n\n",
+		c.Arch, c.Size, c.Type, mc.Dim, mc.Layers, mc.VocabSize, c.MaxRunning, c.PromptLen, c.MaxTokens, c.Rounds, r.Took.Round(100*time.Millisecond))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "threads\tconcurrency\trequests\tlock-step tok/s\toverlap tok/s\ttok/s ratio\tITL p50 ratio\tITL p99 ratio\tengine ITL p50 ratio\tengine ITL p99 ratio\t\n")
+	for _, run := range r.Runs {
+		for _, l := range run.Levels {
+			p50, p99 := l.ITLRatios()
+			e50, e99 := l.EngineITLRatios()
+			fmt.Fprintf(tw, "%d\t%d\t%d\t%.1f\t%.1f\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t\n",
+				run.Threads, l.Concurrency, l.Lockstep.Requests, l.Lockstep.TokPerSec, l.Overlap.TokPerSec, l.TokRatio(), p50, p99, e50, e99)
+		}
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "threads\tconcurrency\tdecode batch\tlock-step period ms\tforward ms\toutside ms\tbefore ms\tafter ms\toutside share\toverlap period ms\toverlap forward ms\thidden\t\n")
+	for _, run := range r.Runs {
+		for _, l := range run.Levels {
+			ls, ov := l.Lockstep.Steps, l.Overlap.Steps
+			fmt.Fprintf(tw, "%d\t%d\t%.1f/%.1f\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.0f%%\t%.3f\t%.3f\t%.0f%%\t\n",
+				run.Threads, l.Concurrency, ls.Batch, ov.Batch, ms(ls.Period), ms(ls.Forward), ms(ls.Outside()), ms(ls.Before), ms(ls.After), 100*l.OutsideShare(),
+				ms(ov.Period), ms(ov.Forward), 100*l.Hidden())
+		}
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "ratios: overlap over lock-step, in the same run; tok/s above 1 and ITL below 1 favour overlap")
+	fmt.Fprintln(w, "ITL: between successive text chunks a client reads; engine ITL: between successive tokens of a request as the engine emits them")
+	fmt.Fprintln(w, "period: from a decode step's iteration start to the next decode step's (mean over pairs of decode-only steps); decode batch: lock-step/overlap")
+	fmt.Fprintln(w, "forward: a step's first kernel call to its last kernel call's return on rank 0; outside = lock-step period − forward (scheduling, sampling, streaming, collectives)")
+	fmt.Fprintln(w, "before/after (lock-step): outside split at the forward pass: the step input, votes, admissions, plan and batch before it; sampling, results, streaming and the next input after")
+	fmt.Fprintln(w, "hidden: (lock-step period − overlap period) / outside")
+	fmt.Fprintln(w)
+	for _, g := range r.Goals() {
+		met := "met"
+		if !g.Met {
+			met = "NOT met"
+		}
+		fmt.Fprintf(w, "goal %s: %s (%s)\n", met, g.Name, g.Detail)
+	}
+	if r.DefaultOK() {
+		fmt.Fprintln(w, "verdict: overlap was at least as fast as lock-step at every level: it may become the default")
+	} else {
+		fmt.Fprintln(w, "verdict: overlap was slower than lock-step somewhere: lock-step stays the default")
+	}
+}

@@ -1,0 +1,104 @@
+package bench
+
+import (
+	"context"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/pdkit/pdkit/engine/model"
+	"github.com/pdkit/pdkit/engine/model/builtin"
+	"github.com/pdkit/pdkit/engine/serve"
+)
+
+// TestRunOverlapTiny runs the overlap benchmark end to end on the tiny
+// model: a lock-step and an overlap server on loopback, two interleaved
+// rounds at two concurrency levels. It checks the structure of the
+// figures, never their speed.
+func TestRunOverlapTiny(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cfg := OverlapConfig{
+		Home: t.TempDir(), Arch: model.ArchLlama, Size: builtin.SizeTiny, Threads: []int{1}, MaxRunning: 8,
+		Concurrency: []int{1, 4}, PromptLen: 24, MaxTokens: 6, Requests: 4, Rounds: 2, RequestTimeout: time.Minute,
+	}
+	rep, err := RunOverlap(ctx, cfg, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Runs) != 1 || rep.Runs[0].Threads != 1 || len(rep.Runs[0].Levels) != 2 {
+		t.Fatalf("runs %+v, want one at 1 thread with 2 levels", rep.Runs)
+	}
+	for i, l := range rep.Runs[0].Levels {
+		if l.Concurrency != cfg.Concurrency[i] {
+			t.Errorf("level %d has concurrency %d, want %d", i, l.Concurrency, cfg.Concurrency[i])
+		}
+		for name, f := range map[string]LoopFigures{"lock-step": l.Lockstep, "overlap": l.Overlap} {
+			if want := cfg.Rounds * cfg.Requests; f.Requests != want {
+				t.Errorf("c=%d %s: %d requests, want %d", l.Concurrency, name, f.Requests, want)
+			}
+			if want := cfg.Rounds * cfg.Requests * cfg.MaxTokens; f.OutputTokens != want {
+				t.Errorf("c=%d %s: %d output tokens, want %d", l.Concurrency, name, f.OutputTokens, want)
+			}
+			if !(f.Elapsed > 0 && f.TokPerSec > 0 && f.EngineITLP50 > 0 && f.EngineITLP50 <= f.EngineITLP99 && f.ITLP50 <= f.ITLP99) {
+				t.Errorf("c=%d %s: a non-positive rate or percentiles out of order: %+v", l.Concurrency, name, f)
+			}
+			// Six tokens a request: the first from the prefill, five decode
+			// steps, so every run has decode pairs.
+			if s := f.Steps; s.Pairs == 0 || s.Batch < 1 || s.Period <= 0 || s.Forward <= 0 {
+				t.Errorf("c=%d %s: step figures %+v", l.Concurrency, name, s)
+			}
+		}
+		// Lock-step runs each forward pass inside its iteration.
+		if s := l.Lockstep.Steps; s.Forward > s.Period {
+			t.Errorf("c=%d: lock-step forward %v longer than its period %v", l.Concurrency, s.Forward, s.Period)
+		}
+		if l.TokRatio() <= 0 || l.OutsideShare() <= 0 || l.OutsideShare() >= 1 {
+			t.Errorf("c=%d: ratio %v, outside share %v", l.Concurrency, l.TokRatio(), l.OutsideShare())
+		}
+	}
+	if g := rep.Goals(); len(g) != 1 {
+		t.Errorf("goals %+v, want only the never-slower one (concurrency 32 did not run)", g)
+	}
+	checkReport(t, rep.Print, "built-in llama tiny model", "tok/s ratio", "ITL p99 ratio", "outside share", "hidden", "goal ", "verdict: ")
+}
+
+// TestStepProbePairs checks the step probe's pairing: only consecutive decode
+// steps pair, and each period carries the forward pass of its first step.
+func TestStepProbePairs(t *testing.T) {
+	p := &stepProbe{clock: &forwardClock{}}
+	t0 := time.Unix(100, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	fwd := func(start int, d time.Duration) { // a forward pass of d from 1 ms after start, as the kernel calls would note it
+		f := at(start).Add(time.Millisecond).UnixNano()
+		p.clock.first.Store(f)
+		p.clock.last.Store(f + int64(d))
+	}
+	steps := []struct {
+		step  uint64
+		phase string
+		start int
+		fwd   time.Duration
+	}{
+		{1, "prefill", 0, 5 * time.Millisecond},
+		{2, "decode", 10, 2 * time.Millisecond}, // after a prefill: no pair
+		{3, "decode", 13, 3 * time.Millisecond}, // pair (2, 3): period 3 ms, forward 2 ms
+		{5, "decode", 20, 1 * time.Millisecond}, // step 4 missing: no pair
+		{6, "decode", 24, 1 * time.Millisecond}, // pair (5, 6): period 4 ms, forward 1 ms
+	}
+	for _, s := range steps {
+		fwd(s.start, s.fwd)
+		p.StepFinished(serve.StepRecord{Step: s.step, Phase: s.phase, Start: at(s.start), BatchTokens: 4})
+	}
+	got, _ := p.take()
+	want := pairTally{pairs: 2, tokens: 8, period: 7 * time.Millisecond, forward: 3 * time.Millisecond, before: 2 * time.Millisecond, after: 2 * time.Millisecond}
+	if got != want {
+		t.Errorf("tally %+v, want %+v", got, want)
+	}
+	if f := got.figures(); f.Period != 3500*time.Microsecond || f.Forward != 1500*time.Microsecond || f.Batch != 4 {
+		t.Errorf("figures %+v", f)
+	}
+	if _, _, ok := p.clock.take(); ok {
+		t.Error("the clock noted kernel calls after its take")
+	}
+}
