@@ -409,44 +409,6 @@ func runOverlapThreads(ctx context.Context, cfg OverlapConfig, m *model.Model, p
 	return run, nil
 }
 
-// runSamples runs n requests with conc clients and returns what each
-// measured (runLevel's loop, without the summary: the overlap benchmark
-// pools the samples of several rounds).
-func runSamples(ctx context.Context, cl *client, conc, n int, prompt func(int) []int) ([]result, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	samples := make([]result, n)
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	var errOnce sync.Once
-	var firstErr error
-	for range conc {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				s, err := cl.do(ctx, prompt(i))
-				if err != nil {
-					errOnce.Do(func() { firstErr = fmt.Errorf("request %d: %w", i, err) })
-					cancel()
-					return
-				}
-				samples[i] = s
-			}
-		})
-	}
-	wg.Wait()
-	if firstErr != nil {
-		return nil, firstErr
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	return samples, nil
-}
-
 // pairTally adds up decode pairs.
 type pairTally struct {
 	pairs                          int

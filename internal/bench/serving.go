@@ -300,8 +300,18 @@ type result struct {
 	tokens            int
 }
 
-// runLevel runs n requests with conc clients.
+// runLevel runs n requests with conc clients and summarizes them.
 func runLevel(ctx context.Context, cl *client, conc, n int, prompt func(int) []int) (ServingLevel, error) {
+	samples, err := runSamples(ctx, cl, conc, n, prompt)
+	if err != nil {
+		return ServingLevel{}, err
+	}
+	return summarize(conc, samples), nil
+}
+
+// runSamples runs n requests with conc clients and returns what each
+// measured; the first failure cancels the rest.
+func runSamples(ctx context.Context, cl *client, conc, n int, prompt func(int) []int) ([]result, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	samples := make([]result, n)
@@ -328,12 +338,12 @@ func runLevel(ctx context.Context, cl *client, conc, n int, prompt func(int) []i
 	}
 	wg.Wait() // every request is bounded by the client's timeout
 	if firstErr != nil {
-		return ServingLevel{}, firstErr
+		return nil, firstErr
 	}
 	if err := ctx.Err(); err != nil {
-		return ServingLevel{}, err
+		return nil, err
 	}
-	return summarize(conc, samples), nil
+	return samples, nil
 }
 
 // summarize turns the samples of a level into its figures.
