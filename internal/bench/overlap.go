@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"runtime"
 	"slices"
 	"sync"
@@ -242,19 +241,7 @@ func (r *OverlapReport) DefaultOK() bool {
 func RunOverlap(ctx context.Context, cfg OverlapConfig, progress io.Writer) (rep OverlapReport, err error) {
 	began := time.Now()
 	cfg.setDefaults()
-	for _, c := range cfg.Concurrency {
-		if c < 1 {
-			return rep, fmt.Errorf("bench: concurrency %d must be ≥ 1", c)
-		}
-	}
-	mc, err := builtin.Shape(cfg.Arch, cfg.Size)
-	if err != nil {
-		return rep, err
-	}
-	if n := cfg.PromptLen + cfg.MaxTokens; n > mc.ContextLen {
-		return rep, fmt.Errorf("bench: prompt of %d tokens plus %d to generate exceeds the context length %d", cfg.PromptLen, cfg.MaxTokens, mc.ContextLen)
-	}
-	m, path, err := openBuiltin(cfg.Home, builtin.Spec{Arch: cfg.Arch, Size: cfg.Size, Seed: builtin.DefaultSeed, Type: cfg.Type})
+	m, path, err := openWorkload(cfg.Home, builtin.Spec{Arch: cfg.Arch, Size: cfg.Size, Seed: builtin.DefaultSeed, Type: cfg.Type}, cfg.Concurrency, cfg.PromptLen, cfg.MaxTokens)
 	if err != nil {
 		return rep, err
 	}
@@ -277,14 +264,11 @@ type loopSide struct {
 	probe    *stepProbe
 	cl       *client
 	stop     func() error
-	tr       *http.Transport
 }
 
 // startSide starts an engine on schedule with threads kernel threads, and
 // its server.
 func startSide(cfg OverlapConfig, m *model.Model, path, schedule string, threads int, progress io.Writer) (*loopSide, error) {
-	const pageSize = 16
-	perReq := (cfg.PromptLen + cfg.MaxTokens + pageSize - 1) / pageSize * pageSize
 	probe := &stepProbe{}
 	backend := func(rank int) kernels.Backend {
 		b := kernels.Backend(cpu.New(threads))
@@ -295,7 +279,7 @@ func startSide(cfg OverlapConfig, m *model.Model, path, schedule string, threads
 		return b
 	}
 	eng, err := serve.New(m, serve.Config{
-		Backend: backend, MaxRunning: cfg.MaxRunning, PageSize: pageSize, KVTokens: cfg.MaxRunning * perReq,
+		Backend: backend, MaxRunning: cfg.MaxRunning, PageSize: pageSize, KVTokens: kvTokens(cfg.MaxRunning, cfg.PromptLen+cfg.MaxTokens),
 		Observer: probe, Schedule: schedule, Name: "bench-" + schedule,
 	})
 	if err != nil {
@@ -312,14 +296,12 @@ func startSide(cfg OverlapConfig, m *model.Model, path, schedule string, threads
 		eng.Close()
 		return nil, err
 	}
-	maxConc := slices.Max(cfg.Concurrency)
-	tr := &http.Transport{MaxIdleConns: maxConc + 1, MaxIdleConnsPerHost: maxConc + 1, DisableCompression: true}
-	cl := &client{http: &http.Client{Transport: tr}, url: base + "/v1/completions", model: h.ModelName(), maxTokens: cfg.MaxTokens, timeout: cfg.RequestTimeout}
-	return &loopSide{schedule: schedule, probe: probe, cl: cl, stop: stop, tr: tr}, nil
+	cl := newClient(base, h.ModelName(), slices.Max(cfg.Concurrency), cfg.MaxTokens, cfg.RequestTimeout)
+	return &loopSide{schedule: schedule, probe: probe, cl: cl, stop: stop}, nil
 }
 
 func (s *loopSide) close() error {
-	s.tr.CloseIdleConnections()
+	s.cl.http.CloseIdleConnections()
 	return s.stop()
 }
 

@@ -153,11 +153,9 @@ func RunPD(ctx context.Context, cfg PDConfig, progress io.Writer) (rep PDReport,
 	defer m.Close()
 	rep = PDReport{Config: cfg, Model: m.Config, ModelFile: path}
 
-	const pageSize = 16
 	const maxRunning = 4
 	longest := slices.Max(cfg.Prompts)
-	perReq := (longest + cfg.MaxTokens + pageSize - 1) / pageSize * pageSize
-	ecfg := serve.Config{TP: cfg.TP, Backend: cpuBackends(cfg.Threads), PageSize: pageSize, MaxRunning: maxRunning, KVTokens: maxRunning * perReq}
+	ecfg := serve.Config{TP: cfg.TP, Backend: cpuBackends(cfg.Threads), PageSize: pageSize, MaxRunning: maxRunning, KVTokens: kvTokens(maxRunning, longest+cfg.MaxTokens)}
 
 	var engines []*serve.Engine
 	defer func() {

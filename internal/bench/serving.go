@@ -173,31 +173,15 @@ func (c *ServingConfig) requestsAt(conc int) int {
 // first. The server and the engine are shut down before it returns.
 func RunServing(ctx context.Context, cfg ServingConfig, progress io.Writer) (rep ServingReport, err error) {
 	cfg.setDefaults()
-	for _, c := range cfg.Concurrency {
-		if c < 1 {
-			return rep, fmt.Errorf("bench: concurrency %d must be ≥ 1", c)
-		}
-	}
-	mc, err := builtin.Shape(cfg.Arch, cfg.Size)
-	if err != nil {
-		return rep, err
-	}
-	if n := cfg.PromptLen + cfg.MaxTokens; n > mc.ContextLen {
-		return rep, fmt.Errorf("bench: prompt of %d tokens plus %d to generate exceeds the context length %d", cfg.PromptLen, cfg.MaxTokens, mc.ContextLen)
-	}
-	m, path, err := openBuiltin(cfg.Home, builtin.Spec{Arch: cfg.Arch, Size: cfg.Size, Seed: builtin.DefaultSeed, Type: cfg.Type})
+	m, path, err := openWorkload(cfg.Home, builtin.Spec{Arch: cfg.Arch, Size: cfg.Size, Seed: builtin.DefaultSeed, Type: cfg.Type}, cfg.Concurrency, cfg.PromptLen, cfg.MaxTokens)
 	if err != nil {
 		return rep, err
 	}
 	defer m.Close()
 	rep = ServingReport{Config: cfg, Model: m.Config, ModelFile: path}
 
-	// KV for MaxRunning requests of the benchmark's shape, not for
-	// MaxRunning full contexts (the engine's default).
-	const pageSize = 16
-	perReq := (cfg.PromptLen + cfg.MaxTokens + pageSize - 1) / pageSize * pageSize
 	tally := &decodeTally{}
-	eng, err := serve.New(m, serve.Config{Backend: cpuBackends(cfg.Threads), MaxRunning: cfg.MaxRunning, PageSize: pageSize, KVTokens: cfg.MaxRunning * perReq, Observer: tally})
+	eng, err := serve.New(m, serve.Config{Backend: cpuBackends(cfg.Threads), MaxRunning: cfg.MaxRunning, PageSize: pageSize, KVTokens: kvTokens(cfg.MaxRunning, cfg.PromptLen+cfg.MaxTokens), Observer: tally})
 	if err != nil {
 		return rep, err
 	}
@@ -215,10 +199,8 @@ func RunServing(ctx context.Context, cfg ServingConfig, progress io.Writer) (rep
 		}
 	}()
 
-	maxConc := slices.Max(cfg.Concurrency)
-	tr := &http.Transport{MaxIdleConns: maxConc + 1, MaxIdleConnsPerHost: maxConc + 1, DisableCompression: true}
-	defer tr.CloseIdleConnections()
-	cl := &client{http: &http.Client{Transport: tr}, url: base + "/v1/completions", model: h.ModelName(), maxTokens: cfg.MaxTokens, timeout: cfg.RequestTimeout}
+	cl := newClient(base, h.ModelName(), slices.Max(cfg.Concurrency), cfg.MaxTokens, cfg.RequestTimeout)
+	defer cl.http.CloseIdleConnections()
 
 	fmt.Fprintf(progress, "serving %s (%v, %d thread(s)) on %s\n", h.ModelName(), cfg.Type, cfg.Threads, base)
 	prompts := promptSource{seed: cfg.Seed, n: cfg.PromptLen, vocab: m.Config.VocabSize}

@@ -2,9 +2,12 @@ package bench
 
 import (
 	"cmp"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
+	"time"
 
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
@@ -31,6 +34,42 @@ func openBuiltin(home string, spec builtin.Spec) (m *model.Model, path string, e
 		return nil, "", err
 	}
 	return m, path, nil
+}
+
+// openWorkload checks a serving workload (client concurrency levels,
+// prompts of promptLen tokens, maxTokens generated each) against the
+// model of spec and opens that model.
+func openWorkload(home string, spec builtin.Spec, conc []int, promptLen, maxTokens int) (m *model.Model, path string, err error) {
+	for _, c := range conc {
+		if c < 1 {
+			return nil, "", fmt.Errorf("bench: concurrency %d must be ≥ 1", c)
+		}
+	}
+	mc, err := builtin.Shape(spec.Arch, spec.Size)
+	if err != nil {
+		return nil, "", err
+	}
+	if promptLen+maxTokens > mc.ContextLen {
+		return nil, "", fmt.Errorf("bench: prompt of %d tokens plus %d to generate exceeds the context length %d", promptLen, maxTokens, mc.ContextLen)
+	}
+	return openBuiltin(home, spec)
+}
+
+// pageSize is the KV page size of the benchmarks' engines.
+const pageSize = 16
+
+// kvTokens is the KV to give an engine for running requests of at most
+// perReq tokens each, not for running full contexts (the engine's
+// default).
+func kvTokens(running, perReq int) int {
+	return running * ((perReq + pageSize - 1) / pageSize * pageSize)
+}
+
+// newClient is a client of the completions endpoint under base that keeps
+// a connection for each of conns concurrent requests.
+func newClient(base, model string, conns, maxTokens int, timeout time.Duration) *client {
+	tr := &http.Transport{MaxIdleConns: conns + 1, MaxIdleConnsPerHost: conns + 1, DisableCompression: true}
+	return &client{http: &http.Client{Transport: tr}, url: base + "/v1/completions", model: model, maxTokens: maxTokens, timeout: timeout}
 }
 
 // warnLog is a benchmark's logger: warnings and errors only, written to
