@@ -23,12 +23,7 @@ fault of every server (only those named, or only those on with --on);
 "fault on NAME" and "fault off NAME" switch one live through the admin
 API (with --token when the servers require one). A fault that does not apply
 to a server's role is reported for that server and leaves it alone.`,
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return newUsageError(cmd, "fault needs a command: list, on or off")
-			}
-			return newUsageError(cmd, "unknown command %q for %q", args[0], cmd.CommandPath())
-		},
+		Args: needsCommand("list, on or off"),
 		RunE: func(cmd *cobra.Command, args []string) error { return nil },
 	}
 	cmd.AddCommand(newCmdFaultList(f, nil))

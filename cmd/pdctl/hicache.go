@@ -21,12 +21,7 @@ live on every server through the admin API (with --token when the servers
 require one); a server without a prefix cache is reported as skipped, and
 any server that refuses the switch or cannot be reached makes the exit
 status 1.`,
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return newUsageError(cmd, "hicache needs a command: status, on or off")
-			}
-			return newUsageError(cmd, "unknown command %q for %q", args[0], cmd.CommandPath())
-		},
+		Args: needsCommand("status, on or off"),
 		RunE: func(cmd *cobra.Command, args []string) error { return nil },
 	}
 	cmd.AddCommand(newCmdHiCacheStatus(f, nil))

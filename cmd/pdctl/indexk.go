@@ -33,12 +33,7 @@ a decode has switched it would refuse them. A colocated server has no peer
 and switches with the prefill servers. Between the two rounds, requests
 routed to a switched prefill and an unswitched decode fail, naming the
 precisions; once both rounds are done the pairs agree again.`,
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return newUsageError(cmd, "indexk needs a command: status, set or ab")
-			}
-			return newUsageError(cmd, "unknown command %q for %q", args[0], cmd.CommandPath())
-		},
+		Args: needsCommand("status, set or ab"),
 		RunE: func(cmd *cobra.Command, args []string) error { return nil },
 	}
 	cmd.AddCommand(newCmdIndexKStatus(f, nil))

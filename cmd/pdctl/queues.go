@@ -20,13 +20,8 @@ func newCmdQueues(f *factory) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "queues <command>",
 		Short: "Show the PD queues of the prefill and decode servers",
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return newUsageError(cmd, "queues needs a command: dump")
-			}
-			return newUsageError(cmd, "unknown command %q for %q", args[0], cmd.CommandPath())
-		},
-		RunE: func(cmd *cobra.Command, args []string) error { return nil },
+		Args:  needsCommand("dump"),
+		RunE:  func(cmd *cobra.Command, args []string) error { return nil },
 	}
 	cmd.AddCommand(newCmdQueuesDump(f, nil))
 	return cmd

@@ -65,6 +65,18 @@ func noArgs(cmd *cobra.Command, args []string) error {
 	return nil
 }
 
+// needsCommand is the Args of a command that only groups others: run
+// bare or with an unknown command it is a usage error naming the commands
+// (commands, as "list, on or off").
+func needsCommand(commands string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return newUsageError(cmd, "%s needs a command: %s", cmd.Name(), commands)
+		}
+		return newUsageError(cmd, "unknown command %q for %q", args[0], cmd.CommandPath())
+	}
+}
+
 // buildInfo describes the running binary.
 type buildInfo struct {
 	Version   string `json:"version"`
