@@ -298,21 +298,29 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	}
 	// The overlap loop lands the step in flight now, with N+1 planned
 	// (overlap.go); what stopped or was cut in it leaves N+1's batch.
-	landed := l.flight != nil
-	voided, err := l.land()
+	landed, err := l.landFront()
 	if err != nil {
 		return false, err
 	}
-	dropVoided(&plan, voided)
-	if landed && len(plan.Run) > 0 && l.r == 0 {
-		l.e.totals.PlannedAhead++
-	}
-	if landed && len(plan.Run) == 0 && l.sched.Len() > 0 {
-		// Nothing was planned ahead (the scheduler does not retract
-		// with a step in flight): plan again now that none is, as the
-		// lock-step loop would, rather than wait for the next input.
-		if plan, err = l.replan(&rec); err != nil {
-			return false, err
+	if landed != nil {
+		dropVoided(&plan, landed.voided)
+		if len(plan.Run) > 0 && l.r == 0 {
+			l.e.totals.PlannedAhead++
+		}
+		if len(plan.Run) == 0 {
+			// Nothing to start next: end the landed step now, and if
+			// nothing could be planned ahead (the scheduler does not
+			// retract with a step in flight), plan again as the
+			// lock-step loop would rather than wait for the next input.
+			if err := l.landBack(landed); err != nil {
+				return false, err
+			}
+			landed = nil
+			if l.sched.Len() > 0 {
+				if plan, err = l.replan(&rec); err != nil {
+					return false, err
+				}
+			}
 		}
 	}
 	if err := l.finish(plan.Finished); err != nil {
@@ -330,6 +338,9 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	}
 	rec.Retracted = len(plan.Retract)
 	if len(plan.Run) == 0 {
+		if err := l.landBack(landed); err != nil {
+			return false, err
+		}
 		l.publish(rec)
 		return false, nil
 	}
@@ -340,6 +351,10 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	}
 	if overlap {
 		if err := l.launch(plan, batch, rec); err != nil {
+			return false, err
+		}
+		// The landed step's outcome, while this one flies.
+		if err := l.landBack(landed); err != nil {
 			return false, err
 		}
 		l.publish(rec)
@@ -797,6 +812,41 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 
 // apply ends the step on this rank: the cuts, then the tokens.
 func (l *rankLoop) apply(plan sched.Plan, out stepOutput) error {
+	return l.applyFrom(plan, out, false)
+}
+
+// appendTokens is the part of apply the next step's batch needs first: each
+// sampled token appended to its request (those cut in the step get none);
+// stopped is told each request whose token ends it.
+func (l *rankLoop) appendTokens(plan sched.Plan, out stepOutput, cut map[uint64]bool, stopped func(uint64)) error {
+	j := 0
+	for _, it := range plan.Run {
+		s := l.seqs[it.ID]
+		if !it.WantLogits || s.cut || cut[it.ID] {
+			continue
+		}
+		if j == len(out.toks) {
+			return fmt.Errorf("%w: rank %d: %d sampled tokens for more items", errWire, l.r, len(out.toks))
+		}
+		t := out.toks[j]
+		j += 1 + l.forks[it.ID]
+		s.all = append(s.all, t.tok)
+		s.decoding = true
+		if t.stop {
+			stopped(it.ID)
+		}
+	}
+	return nil
+}
+
+// applyRest is apply once appendTokens has run.
+func (l *rankLoop) applyRest(plan sched.Plan, out stepOutput) error {
+	return l.applyFrom(plan, out, true)
+}
+
+// applyFrom is apply; appended says appendTokens has already appended the
+// step's tokens to their requests.
+func (l *rankLoop) applyFrom(plan sched.Plan, out stepOutput, appended bool) error {
 	l.now = max(l.now, out.now)
 	for _, a := range out.cuts {
 		if err := l.cut(a.id, a.by.String()); err != nil {
@@ -821,8 +871,10 @@ func (l *rankLoop) apply(plan sched.Plan, out stepOutput) error {
 			}
 			t := out.toks[j]
 			j++
-			s.all = append(s.all, t.tok)
-			s.decoding = true
+			if !appended {
+				s.all = append(s.all, t.tok)
+				s.decoding = true
+			}
 			if toks == nil {
 				toks = make(map[uint64]int32)
 			}

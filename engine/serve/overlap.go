@@ -56,11 +56,22 @@ func (l *rankLoop) launch(plan sched.Plan, batch []tp.Input, rec StepRecord) err
 	return nil
 }
 
-// land ends the step in flight, if any: it waits for its forward pass,
-// commits it, settles its HiCache loads, samples and broadcasts its tokens
-// and applies them. It returns the requests whose items in the plan made
-// ahead of it were voided (they stopped or were cut in the landed step).
-func (l *rankLoop) land() ([]uint64, error) {
+// landing is a step whose forward pass has ended and whose tokens every
+// rank holds, but whose outcome the scheduler has not been told yet: the
+// overlap loop starts the next step in between (landFront, then landBack).
+type landing struct {
+	plan   sched.Plan
+	out    stepOutput
+	rec    StepRecord
+	voided []uint64 // the requests whose items in the plan made ahead go
+}
+
+// landFront ends the step in flight, if any, as far as the next step needs:
+// it waits for the forward pass, commits it, settles its HiCache loads,
+// samples and broadcasts its tokens and appends them to the requests; it
+// returns the requests whose items in the plan made ahead must go (they
+// stopped or were cut in it: the scheduler's StepDone voids the same).
+func (l *rankLoop) landFront() (*landing, error) {
 	f := l.flight
 	if f == nil {
 		return nil, nil
@@ -83,16 +94,39 @@ func (l *rankLoop) land() ([]uint64, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := l.apply(f.plan, out); err != nil {
+	ld := &landing{plan: f.plan, out: out, rec: f.rec}
+	cut := make(map[uint64]bool, len(out.cuts))
+	for _, a := range out.cuts {
+		cut[a.id] = true
+		ld.voided = append(ld.voided, a.id)
+	}
+	if err := l.appendTokens(f.plan, out, cut, func(id uint64) { ld.voided = append(ld.voided, id) }); err != nil {
 		return nil, err
 	}
-	voided := l.sched.Voided()
+	return ld, nil
+}
+
+// landBack tells the scheduler the landed step's outcome and does the rest
+// of apply (streams' ends, PD chunks, forks, releases), while the next
+// step's forward pass may already run: nothing here touches its batch.
+func (l *rankLoop) landBack(ld *landing) error {
+	if ld == nil {
+		return nil
+	}
+	if err := l.applyRest(ld.plan, ld.out); err != nil {
+		return err
+	}
+	for _, id := range l.sched.Voided() {
+		if !slices.Contains(ld.voided, id) {
+			return fmt.Errorf("serve: rank %d: the scheduler voided request %d, which neither stopped nor was cut", l.r, id)
+		}
+	}
 	if o := l.e.cfg.Observer; o != nil && l.r == 0 {
-		rec := f.rec
+		rec := ld.rec
 		rec.End = time.Now()
 		o.StepFinished(rec)
 	}
-	return voided, nil
+	return nil
 }
 
 // waitFlight waits for a step in flight without landing it: the loop is
