@@ -138,10 +138,8 @@ level, and the aggregate output rate at concurrency 32 against concurrency 1.`,
 			if len(cfg.Concurrency) == 0 {
 				return usagef("--concurrency needs at least one level")
 			}
-			for _, c := range cfg.Concurrency {
-				if c < 1 {
-					return usagef("--concurrency %d must be ≥ 1", c)
-				}
+			if err := checkConcurrency(cfg.Concurrency); err != nil {
+				return err
 			}
 			if cfg.Threads < 0 || cfg.Requests < 0 {
 				return usagef("--threads and --requests must not be negative (0: the default)")
@@ -149,8 +147,8 @@ level, and the aggregate output rate at concurrency 32 against concurrency 1.`,
 			if cfg.PromptLen < 1 || cfg.MaxTokens < 1 || cfg.MaxRunning < 1 {
 				return usagef("--prompt, --max-tokens and --max-running must be positive")
 			}
-			if cfg.PromptLen+cfg.MaxTokens > shape.ContextLen {
-				return usagef("--prompt %d plus --max-tokens %d exceed the model's context length %d", cfg.PromptLen, cfg.MaxTokens, shape.ContextLen)
+			if err := checkFits(cfg.PromptLen, cfg.MaxTokens, shape.ContextLen); err != nil {
+				return err
 			}
 			return runReport(cmd, func(home string) (printer, error) {
 				cfg.Home = home
@@ -206,10 +204,8 @@ hidden; it does not fail on a goal missed.`,
 			if len(cfg.Concurrency) == 0 || len(cfg.Threads) == 0 {
 				return usagef("--concurrency and --threads need at least one value each")
 			}
-			for _, c := range cfg.Concurrency {
-				if c < 1 {
-					return usagef("--concurrency %d must be ≥ 1", c)
-				}
+			if err := checkConcurrency(cfg.Concurrency); err != nil {
+				return err
 			}
 			for _, th := range cfg.Threads {
 				if th < 0 {
@@ -222,8 +218,8 @@ hidden; it does not fail on a goal missed.`,
 			if cfg.PromptLen < 1 || cfg.MaxTokens < 1 || cfg.MaxRunning < 1 || cfg.Rounds < 1 {
 				return usagef("--prompt, --max-tokens, --max-running and --rounds must be positive")
 			}
-			if cfg.PromptLen+cfg.MaxTokens > shape.ContextLen {
-				return usagef("--prompt %d plus --max-tokens %d exceed the model's context length %d", cfg.PromptLen, cfg.MaxTokens, shape.ContextLen)
+			if err := checkFits(cfg.PromptLen, cfg.MaxTokens, shape.ContextLen); err != nil {
+				return err
 			}
 			return runReport(cmd, func(home string) (printer, error) {
 				cfg.Home = home
@@ -242,6 +238,25 @@ hidden; it does not fail on a goal missed.`,
 	f.IntVar(&cfg.Rounds, "rounds", 4, "interleaved rounds of each level on each loop")
 	f.IntVar(&cfg.MaxRunning, "max-running", 64, "requests each engine admits at once")
 	return cmd
+}
+
+// checkConcurrency checks the levels of --concurrency.
+func checkConcurrency(levels []int) error {
+	for _, c := range levels {
+		if c < 1 {
+			return usagef("--concurrency %d must be ≥ 1", c)
+		}
+	}
+	return nil
+}
+
+// checkFits checks that a prompt of --prompt tokens and the --max-tokens
+// it generates fit the model's context length.
+func checkFits(promptLen, maxTokens, contextLen int) error {
+	if promptLen+maxTokens > contextLen {
+		return usagef("--prompt %d plus --max-tokens %d exceed the model's context length %d", promptLen, maxTokens, contextLen)
+	}
+	return nil
 }
 
 // defaultHiCachePacings are bench hicache's loader pacings of the incident

@@ -48,8 +48,8 @@ Retry-After), and nothing admitted may fail inside the cluster.`,
 			if err != nil {
 				return err
 			}
-			if cfg.PromptLen+cfg.MaxTokens > shape.ContextLen {
-				return usagef("--prompt %d plus --max-tokens %d exceed the model's context length %d", cfg.PromptLen, cfg.MaxTokens, shape.ContextLen)
+			if err := checkFits(cfg.PromptLen, cfg.MaxTokens, shape.ContextLen); err != nil {
+				return err
 			}
 			cfg.Vocab = shape.VocabSize
 			if overloadBound < 0 {
