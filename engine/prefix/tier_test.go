@@ -118,14 +118,10 @@ func writeKV(pool *kvcache.Pool, s *kvcache.Seq, tokens []int32, from, to int) {
 	}
 }
 
-// scribble fills every free page with KV and index keys no token has, so
-// that a page allocated next shows whether a load wrote it.
-func (r *tierRig) scribble() {
+// takePages starts a sequence that holds n free pages, so that nothing
+// else can have them until it is released.
+func (r *tierRig) takePages(n int) *kvcache.Seq {
 	r.t.Helper()
-	n := r.pool.FreePages()
-	if n == 0 {
-		return
-	}
 	r.nextID++
 	s, err := r.pool.NewSeq(r.nextID)
 	if err != nil {
@@ -134,6 +130,18 @@ func (r *tierRig) scribble() {
 	if err := r.pool.Reserve(s, n*tierPS); err != nil {
 		r.t.Fatal(err)
 	}
+	return s
+}
+
+// scribble fills every free page with KV and index keys no token has, so
+// that a page allocated next shows whether a load wrote it.
+func (r *tierRig) scribble() {
+	r.t.Helper()
+	n := r.pool.FreePages()
+	if n == 0 {
+		return
+	}
+	s := r.takePages(n)
 	b := ref.New()
 	k, v, key := make([]float32, tierKVDim), make([]float32, tierKVDim), make([]float32, 4)
 	for _, slot := range s.Slots()[:n*tierPS] {
@@ -745,14 +753,7 @@ func TestLoadBackUpTo(t *testing.T) {
 		}
 	}
 	// No room: a sequence holds 6 of the 8 pages.
-	r.nextID++
-	hog, err := r.pool.NewSeq(r.nextID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.pool.Reserve(hog, 6*tierPS); err != nil {
-		t.Fatal(err)
-	}
+	hog := r.takePages(6)
 	hm := r.c.MatchHost(a)
 	if r.c.Free() != 2 {
 		t.Fatalf("Free = %d, want 2", r.c.Free())
