@@ -17,16 +17,20 @@ import (
 // lock-step loop does (the step input, the PD machine's votes, the
 // admissions, the room) and plans N+1 against N's predicted outcome (the
 // scheduler's plan-ahead: every decoding sequence emits one token and does
-// not stop). Then it lands N: waits for the flight, commits, samples and
-// broadcasts N's tokens, applies them (streams, finishes, PD chunks); a
-// request that stopped or was cut in N has its item in N+1 voided by the
-// scheduler, and the loop drops it before N+1 starts. Every decision is the
-// lock-step loop's, on the same agreed values, in a fixed order of
-// collectives:
+// not stop). Then it lands N in two halves. Before N+1 starts: wait for
+// the flight, commit, settle its HiCache loads, sample and broadcast N's
+// tokens and append them; a request that stopped or was cut in N leaves
+// N+1's batch (the scheduler voids the same items). After N+1 starts, while
+// it flies: N's StepDone, the finishes and releases, the PD chunks and the
+// forks, none of which touches N+1's batch. Every decision is the lock-step
+// loop's, on the same agreed values, in a fixed order of collectives:
 //
 //	receive, poll, admit, room, pd fork, agree (N+1) on the control
 //	communicator while N's forward collectives run on the forward one;
-//	then results (N), fork (N), and N+1's Begin on the forward one.
+//	then results (N), N+1's Begin on the forward one, fork (N).
+//
+// The fault overlap-local-decision puts the incident's bug into this loop:
+// see localIdle.
 
 // Schedules a rank loop runs.
 const (
