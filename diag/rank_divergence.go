@@ -83,12 +83,18 @@ func checkRankDivergence(c Config, w Window) []Finding {
 			}
 		}
 	}
-	// A rank waiting in a collective too long while a peer is not in it.
+	// A communicator broken (a collective mismatch: the ranks took
+	// different branches), or a rank waiting in a collective too long
+	// while a peer is not in it.
 	for _, s := range w.Last().Servers {
 		if !s.Reachable || s.Collectives == nil {
 			continue
 		}
-		out = append(out, collectiveWaits(c.LimitsOf(&s).CollectiveWait, s)...)
+		ws := collectiveWaits(c.LimitsOf(&s).CollectiveWait, s)
+		if f, ok := brokenGroup(s); ok && len(ws) == 0 {
+			out = append(out, f) // a wait's finding names the broken communicator too
+		}
+		out = append(out, ws...)
 	}
 	return out
 }
@@ -302,6 +308,58 @@ func collectiveWaits(limit time.Duration, s ServerSample) []Finding {
 		}
 	}
 	return out
+}
+
+// brokenGroup names a server whose TP group broke on a communicator (the
+// collective layer's mismatch when ranks enter different calls at one
+// seq, as in the overlap-schedule desync): each rank's loop, step and
+// phase and where it stopped, the broken communicators with the mismatch,
+// and the fault switches on. A server that recovers in place
+// (--collective-timeout) rebuilds its group at once, so one still broken
+// when sampled has stopped.
+func brokenGroup(s ServerSample) (Finding, bool) {
+	col := s.Collectives
+	var broken []string
+	var evidence []Evidence
+	for _, g := range col.Comms {
+		if g.Broken {
+			broken = append(broken, g.Name)
+			evidence = append(evidence, ev(g.Name+" communicator", "broken: %s", g.BrokenReason))
+		}
+	}
+	if len(broken) == 0 {
+		return Finding{}, false
+	}
+	var ranks []int
+	if s.Steps != nil {
+		for _, r := range s.Steps.Ranks {
+			ranks = append(ranks, r.Rank)
+		}
+	} else if len(col.Comms) > 0 {
+		for _, r := range col.Comms[0].Ranks {
+			ranks = append(ranks, r.Rank)
+		}
+	}
+	var where []Evidence
+	for _, r := range ranks {
+		at := "not in a collective (" + lastSeqs(col, r) + ")"
+		if ws := waitsOf(col, r); len(ws) > 0 {
+			at = waitsText(ws)
+		}
+		where = append(where, ev(fmt.Sprintf("rank %d", r), "%s", rankWhere(s.Steps, r)+at))
+	}
+	what := "communicator is"
+	if len(broken) > 1 {
+		what = "communicators are"
+	}
+	remedy := strings.TrimSuffix(desyncRemedy(s), " (the group does not recover in place).") +
+		"; a server started with --collective-timeout above 0 (pdserve's default) rebuilds a broken group itself and serves on."
+	return Finding{
+		Rule: "rank-divergence", Severity: Critical, Server: s.URL,
+		Summary:  fmt.Sprintf("the rank group of the %s server is broken: its %s %s broken (the ranks entered different collectives)", s.Role, strings.Join(broken, " and "), what),
+		Evidence: append(append(where, evidence...), faultEvidence(s)...),
+		Remedy:   remedy,
+	}, true
 }
 
 // rankWhere is a rank's loop, step and phase, as its evidence line
