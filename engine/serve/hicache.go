@@ -280,6 +280,12 @@ func (l *rankLoop) publishTier() {
 	if l.cache == nil {
 		return
 	}
+	if prev := l.tier.snap.Load(); prev != nil && !prev.On && !l.cache.Attached() &&
+		prev.LoadBandwidth == l.e.hicacheBandwidth.Load() {
+		// Off, and published so: nothing in the snapshot moves until
+		// the tier comes back (its totals only change while it is on).
+		return
+	}
 	t := l.tier.base
 	l.addTotals(&t)
 	st := l.cache.TierStats()
