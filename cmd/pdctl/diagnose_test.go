@@ -120,10 +120,15 @@ func TestDiagnoseUsage(t *testing.T) {
 // prefill, the mass-abort drill kills the prefill's control loop; with new
 // requests still arriving, diagnose names the dead loop on the dead
 // ranks, the decode's stuck transfer queue and the remedy, and exits 1.
-// The servers' PD timeouts (a minute) outlast the window, so the stuck
-// rooms stay put while they are sampled.
+// The servers' PD timeouts (a minute, the heartbeat's included: a dead
+// control loop answers no heartbeat, and the decode would otherwise fail
+// the rooms as peer-lost within 3s, mid-window on a busy machine) outlast
+// the window, so the stuck rooms stay put while they are sampled.
 func TestDiagnoseBootstrapAbortCrash(t *testing.T) {
+	saved := testConfig
+	testConfig.PD.HeartbeatTimeout = time.Minute
 	c := newClusterKV(t, 4096)
+	testConfig = saved
 	ctx := t.Context()
 	if _, err := client.New(c.prefill.ts.URL, "", nil).SetFault(ctx, "bootstrap-abort-crash", true); err != nil {
 		t.Fatal(err)
