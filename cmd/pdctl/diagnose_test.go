@@ -173,8 +173,18 @@ func TestDiagnoseBootstrapAbortCrash(t *testing.T) {
 		send(t, c.router, map[string]any{"prompt": fmt.Sprintf("new %d: once upon a time", i), "max_tokens": 4,
 			"temperature": 0, "ignore_eos": true, "stream": true})
 	}
-	poll(t, "new requests in the decode's transfer queue", 10*time.Second, func() bool {
-		return pdCounts(t, c.decode, debug.PDQueueTransfer) > 0
+	// All four on every decode rank, and the queue settled, before the
+	// window opens: a drill room whose KV was still arriving (the prefill
+	// sends chunks with its control loop dead) would leave the queue during
+	// the window and make it look as if it moved.
+	var settled int
+	var since time.Time
+	poll(t, "the decode's transfer queue holding the new requests, settled", 15*time.Second, func() bool {
+		n := pdCounts(t, c.decode, debug.PDQueueTransfer)
+		if n != settled {
+			settled, since = n, time.Now()
+		}
+		return n >= 4*c.decode.eng.Ranks() && time.Since(since) >= time.Second
 	})
 
 	start := time.Now()
