@@ -45,6 +45,8 @@ type Exec struct {
 	shard              Shard
 	layers             []Layer
 	output             *kernels.Matrix
+	chunks             map[int][]*kernels.Matrix // output row chunks by width (greedy.go)
+	chunkBytes         int                       // the chunks' logits bound; 0: greedyChunkBytes
 	heads, kvHeads     int
 	qDim, kvDim        int
 	dim, hidden, vocab int
@@ -115,6 +117,8 @@ type workspace struct {
 	iq, ik, iw           []float32
 	logitRows            []int
 	lx, lLocal           []float32
+	lChunk, greedyMax    []float32 // output projection chunks (greedy.go)
+	greedy               []int32   // each logits row's greedy choice (greedy.go)
 	aFull, oFull, hFull  []float32 // gathered activations (tensor parallelism)
 	// indexer selection scratch
 	selTok   []int       // tokens whose context exceeds top-k
@@ -283,6 +287,7 @@ func (e *Exec) Commit(batch []SeqInput) error {
 // reserved (Reserve), and it is committed afterwards (Commit).
 func (e *Exec) ForwardReserved(ctx context.Context, batch []SeqInput, logits []float32) error {
 	e.ctx = ctx
+	e.ws.greedy = e.ws.greedy[:0]
 	defer func() { e.ctx = nil; clear(e.ws.gated); e.ws.gated = e.ws.gated[:0] }()
 	c := &e.m.Config
 	n, err := e.check(batch, logits, true)
@@ -523,6 +528,7 @@ func (e *Exec) logits(dst []float32) error {
 	c := &e.m.Config
 	ws := &e.ws
 	r := len(ws.logitRows)
+	ws.greedy = ws.greedy[:0]
 	if r == 0 {
 		return nil
 	}
@@ -533,9 +539,9 @@ func (e *Exec) logits(dst []float32) error {
 	xn := ws.xn[:r*c.Dim]
 	e.b.RMSNorm(xn, ws.lx, e.m.OutputNorm, r, c.NormEps)
 	if e.shard.Size == 1 {
-		e.b.MatMul(dst[:r*c.VocabSize], xn, e.output, r)
-		return nil
+		return e.projectGreedy(dst, xn, r)
 	}
+	ws.greedy = nil
 	ws.lLocal = grow(ws.lLocal, r*e.vocab)
 	e.b.MatMul(ws.lLocal, xn, e.output, r)
 	return e.shard.Gather.Gather(ws.lLocal, r, e.vocab, dst[:r*c.VocabSize])

@@ -44,8 +44,12 @@ func New(p Params) *Sampler {
 }
 
 // Greedy returns the index of the largest logit (the lowest index on ties;
-// NaN never wins).
-func Greedy(logits []float32) int32 {
+// NaN never wins). It runs once per sequence per step over the whole
+// vocabulary on the step's critical path, so amd64 has a vector version.
+func Greedy(logits []float32) int32 { return greedy(logits) }
+
+// greedyGo is Greedy in plain Go: the reference and the fallback.
+func greedyGo(logits []float32) int32 {
 	best := -1
 	for i, v := range logits {
 		if v != v {
@@ -57,6 +61,10 @@ func Greedy(logits []float32) int32 {
 	}
 	return int32(max(best, 0))
 }
+
+// IsGreedy says Sample picks the largest logit (temperature 0), so a
+// caller holding that choice already need not call it.
+func (s *Sampler) IsGreedy() bool { return s.p.Temperature == 0 }
 
 // Sample picks the next token.
 func (s *Sampler) Sample(logits []float32) int32 {

@@ -2,6 +2,7 @@ package sample
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -64,4 +65,67 @@ func TestValidate(t *testing.T) {
 	if err := (Params{Temperature: 0.7, TopP: 0.9}).Validate(); err != nil {
 		t.Error(err)
 	}
+}
+
+// TestGreedyMatchesReference checks the vector Greedy against the plain
+// one on seeded logits of every length around the vector blocks, with
+// ties, NaNs and infinities planted.
+func TestGreedyMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	for n := 1; n <= 300; n++ {
+		for trial := range 20 {
+			x := make([]float32, n)
+			for i := range x {
+				x[i] = float32(rng.NormFloat64())
+			}
+			switch trial % 5 {
+			case 1: // a tie for the maximum, late then early
+				x[rng.IntN(n)], x[rng.IntN(n)] = 9, 9
+			case 2: // NaNs everywhere, one of them at the maximum's place
+				for i := range x {
+					if rng.IntN(3) == 0 {
+						x[i] = nan
+					}
+				}
+			case 3: // only NaN and −Inf
+				for i := range x {
+					x[i] = nan
+					if rng.IntN(4) == 0 {
+						x[i] = -inf
+					}
+				}
+			case 4:
+				x[rng.IntN(n)] = inf
+			}
+			if got, want := Greedy(x), greedyGo(x); got != want {
+				t.Fatalf("n %d trial %d: Greedy = %d, plain Go = %d (%v)", n, trial, got, want, x)
+			}
+		}
+	}
+	all := make([]float32, 1000)
+	for i := range all {
+		all[i] = nan
+	}
+	if got := Greedy(all); got != 0 {
+		t.Fatalf("all NaN: Greedy = %d, want 0", got)
+	}
+}
+
+func BenchmarkGreedy(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	x := make([]float32, 32000)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	b.Run("vector", func(b *testing.B) {
+		for b.Loop() {
+			Greedy(x)
+		}
+	})
+	b.Run("plain", func(b *testing.B) {
+		for b.Loop() {
+			greedyGo(x)
+		}
+	})
 }

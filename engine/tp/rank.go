@@ -135,6 +135,11 @@ func (rk *Rank) End() error { return rk.exec.Commit(rk.inputs) }
 // Logits are the logits of the rank's last Forward, valid until the next.
 func (rk *Rank) Logits() []float32 { return rk.last }
 
+// Greedy is each logits row's greedy choice from the rank's last Forward,
+// found with the output projection (model.Exec.Greedy); nil in a group of
+// more than one rank.
+func (rk *Rank) Greedy() []int32 { return rk.exec.Greedy() }
+
 // begin finds (or starts) every sequence and reserves room for its tokens,
 // then agrees with the other ranks that all of them could: a rank that
 // failed must not leave its peers waiting in the next collective. On failure
