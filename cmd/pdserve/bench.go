@@ -182,11 +182,11 @@ so that a noisy machine weighs on both alike, and every figure is a ratio overla
 the same run: output tokens/s, inter-token latency p50 and p99 as the clients read it and as the
 engine emits it.
 
-It also dissects the decode iteration: the forward pass is timed by a wrapper around rank 0's
-kernel backend (first kernel call to last kernel return of a step), the period is the time
-between the starts of consecutive decode steps; their difference under lock-step is the time
-outside the forward pass (scheduling, sampling, streaming), and the share of it overlap took off
-the period is what it hid. The report ends with issue 14's goals, met or not: overlap never
+It also dissects the decode iteration from rank 0's step records: the forward pass is the
+record's ForwardStart..ForwardEnd, the period the time between the forward passes' starts of
+consecutive decode steps; their difference under lock-step is the time outside the forward pass
+(scheduling, sampling, streaming), and the share of it overlap took off the period is what it
+hid. The report ends with the overlap loop's goals, met or not: overlap never
 slower than lock-step, and at one thread and concurrency 32 at least 70% of the outside time
 hidden; it does not fail on a goal missed.`,
 		Example: `  # The default: small model, every CPU and one thread, concurrency 1, 8, 32 and 64

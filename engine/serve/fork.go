@@ -260,11 +260,7 @@ func (e *Engine) sampleForks(parent uint64, n int, lg []float32, stops func(int3
 		tok := r.sampler.Sample(lg)
 		e.totals.Sampled++
 		r.gen++
-		e.observeToken(r, at)
-		select {
-		case r.events <- Event{Token: tok}:
-		default:
-		}
+		e.emit(r, tok, at)
 		out = append(out, sampled{tok: tok, stop: stops(tok)})
 	}
 	return out

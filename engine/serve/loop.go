@@ -95,6 +95,9 @@ func (l *rankLoop) run() error {
 		if ran, err = l.iterate(in, start); err != nil {
 			return err
 		}
+		if l.r == 0 {
+			l.e.streamHeld() // what the overlap loop held back (emit.go)
+		}
 	}
 }
 
@@ -217,6 +220,9 @@ func (e *Engine) takeAborts() []abortMsg {
 			keep = append(keep, a)
 		case r.cut == "":
 			r.cut = ReasonAbort
+			if a.by == AbortBySlowReader {
+				r.cut = ReasonSlowReader
+			}
 			cuts = append(cuts, a)
 		}
 	}
@@ -296,6 +302,9 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	if err := l.agree(rec.Digest); err != nil {
 		return false, err
 	}
+	if overlap && l.flight != nil {
+		l.evictFor(plan)
+	}
 	// The overlap loop lands the step in flight now, with N+1 planned
 	// (overlap.go); what stopped or was cut in it leaves N+1's batch.
 	landed, err := l.landFront()
@@ -360,7 +369,7 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 		l.publish(rec)
 		return true, nil
 	}
-	if err := l.rk.Forward(ctx, batch, nil); err != nil {
+	if err := l.forward(batch, &rec); err != nil {
 		return false, fmt.Errorf("serve: rank %d: step %d: %w", l.r, rec.Step, err)
 	}
 	if err := l.settle(); err != nil {
@@ -702,12 +711,7 @@ func (l *rankLoop) prepare(plan sched.Plan, rec *StepRecord) ([]tp.Input, error)
 			}
 		}
 	}
-	if short := plan.PagesNeeded - pool.FreePages(); short > 0 && l.cache != nil {
-		n := l.cache.Evict(short)
-		if l.r == 0 {
-			l.e.totals.PrefixEvictions += uint64(n)
-		}
-	}
+	l.evictFor(plan)
 	if l.r == 0 {
 		now := time.Now()
 		for _, it := range plan.Run {
@@ -748,6 +752,19 @@ func (l *rankLoop) prepare(plan sched.Plan, rec *StepRecord) ([]tp.Input, error)
 	return batch, nil
 }
 
+// evictFor evicts cached prefixes until plan's pages fit in the free pool.
+// Evict takes only pages no sequence uses, so the overlap loop calls it
+// while the step before flies too, off the path between two forward
+// passes; prepare calls it again for what the finishes left short.
+func (l *rankLoop) evictFor(plan sched.Plan) {
+	if short := plan.PagesNeeded - l.rk.Pool().FreePages(); short > 0 && l.cache != nil {
+		n := l.cache.Evict(short)
+		if l.r == 0 {
+			l.e.totals.PrefixEvictions += uint64(n)
+		}
+	}
+}
+
 // results gets the step's outcome: rank 0 takes the aborts that came during
 // the step, samples every other item that wants logits, streams the tokens
 // and broadcasts all of it; every rank decodes the broadcast bytes.
@@ -763,7 +780,8 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 			cut[a.id] = true
 		}
 		logits := l.rk.Logits()
-		emitted := time.Now() // one timestamp for every token of the step
+		greedy := l.rk.Greedy() // the greedy choices the forward found, when it did
+		emitted := time.Now()   // one timestamp for every token of the step
 		j := 0
 		for _, it := range plan.Run {
 			if !it.WantLogits {
@@ -775,14 +793,18 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 				continue
 			}
 			r := e.front[it.ID]
-			tok := r.sampler.Sample(lg)
+			var tok int32
+			if greedy != nil && r.sampler.IsGreedy() {
+				tok = greedy[j-1]
+			} else {
+				tok = r.sampler.Sample(lg)
+			}
 			e.totals.Sampled++
 			r.gen++
-			e.observeToken(r, emitted) // counted even if the reader proves too slow, as CompletionTokens does
-			select {
-			case r.events <- Event{Token: tok}:
-			default:
-				// Never blocks: the request goes instead.
+			// Counted even if the reader proves too slow, as
+			// CompletionTokens does; never blocks: the request goes
+			// instead.
+			if !e.emit(r, tok, emitted) {
 				r.cut = ReasonSlowReader
 				out.cuts = append(out.cuts, abortMsg{id: it.ID, by: AbortBySlowReader})
 				continue
@@ -808,6 +830,21 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 		return out, fmt.Errorf("serve: rank %d: %w", l.r, err)
 	}
 	return out, nil
+}
+
+// forward runs the step's forward pass in line (the lock-step loop),
+// noting when the pass itself ran.
+func (l *rankLoop) forward(batch []tp.Input, rec *StepRecord) error {
+	if err := l.rk.Begin(ctx, batch, nil); err != nil {
+		return err
+	}
+	rec.ForwardStart = time.Now()
+	err := l.rk.Run(ctx)
+	rec.ForwardEnd = time.Now()
+	if err != nil {
+		return err
+	}
+	return l.rk.End()
 }
 
 // apply ends the step on this rank: the cuts, then the tokens.

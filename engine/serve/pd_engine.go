@@ -269,9 +269,5 @@ func (e *Engine) emitFirst(id uint64, tok int32) {
 	}
 	r.gen++
 	e.totals.Sampled++
-	e.observeToken(r, time.Now())
-	select {
-	case r.events <- Event{Token: tok}:
-	default:
-	}
+	e.emit(r, tok, time.Now())
 }

@@ -249,8 +249,7 @@ func (s *Stream) AbortSample() {
 // after each iteration.
 type StepRecord struct {
 	Rank int
-	// Loop is the event loop the rank runs: LoopLockstep (the only one
-	// today).
+	// Loop is the event loop the rank runs: LoopLockstep or LoopOverlap.
 	Loop        string
 	Step        uint64
 	Phase       string // idle, prefill, decode or mixed
@@ -263,6 +262,10 @@ type StepRecord struct {
 	// last collective on each communicator when the iteration ended.
 	ControlSeq, ForwardSeq uint64
 	Start, End             time.Time
+	// ForwardStart and ForwardEnd bound the step's forward pass on this
+	// rank (zero when none ran): in the overlap loop it runs while the
+	// next iteration has started, so it is not inside Start..End.
+	ForwardStart, ForwardEnd time.Time
 }
 
 // EngineSnapshot is the engine's state as the loop last published it.
@@ -331,6 +334,9 @@ type Engine struct {
 	epoch  time.Time
 	vocab  int
 	loops  []*rankLoop
+	// held are the tokens the overlap loop sampled but has not streamed
+	// yet (emit.go); rank 0's loop owns them.
+	held []heldToken
 	// skew is added to the engine's clock: the tests move it forward to
 	// reach a timeout without waiting for it.
 	skew atomic.Int64
@@ -866,22 +872,23 @@ func (e *Engine) observeServed(id uint64, now time.Time) {
 }
 
 // observeToken tells the observer of r's latest token, emitted at t.
-func (e *Engine) observeToken(r *request, t time.Time) {
+func (e *Engine) observeToken(r *request, gen int, t time.Time) {
 	o := e.cfg.Observer
 	if o == nil {
 		return
 	}
 	prev := r.lastTok
-	if r.gen == 1 || prev.IsZero() {
+	if gen == 1 || prev.IsZero() {
 		prev = r.submit
 	}
 	r.lastTok = t
-	o.TokenEmitted(r.id, r.gen, t.Sub(prev))
+	o.TokenEmitted(r.id, gen, t.Sub(prev))
 }
 
 // deliver sends the Finish and closes the stream. The buffer always has
 // room for it: a slot per possible token plus one.
 func (e *Engine) deliver(r *request, f Finish) {
+	e.streamHeld()
 	if r.stop != nil {
 		r.stop()
 	}

@@ -7,7 +7,6 @@ import (
 	"runtime"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -93,27 +92,25 @@ type LoopFigures struct {
 	Steps                      StepFigures
 }
 
-// StepFigures dissect the engine's decode iterations. A pair is two
-// decode-only steps in a row (step numbers N and N+1); its period is the
-// time from step N's iteration start to step N+1's, the loop's cadence
-// (in the overlap loop, the iteration that launches a step also lands the
-// one before). Forward is step N's forward pass: from the first kernel
-// call of its forward to the last kernel call's return, timed by a
-// wrapper around rank 0's kernel backend (the engine exposes no time of
-// the forward pass itself; nothing but the forward pass calls kernels in
-// this workload).
+// StepFigures dissect the engine's decode iterations from rank 0's step
+// records. A pair is two decode-only steps in a row (step numbers N and
+// N+1); its period is the time from step N's forward pass's start to step
+// N+1's, the cadence of the forward passes whichever loop runs them, and
+// Forward is step N's forward pass (the records' ForwardStart..ForwardEnd:
+// the model's forward and the greedy choice found with its output
+// projection).
 type StepFigures struct {
 	Pairs   int
 	Batch   float64       // mean tokens of step N
 	Period  time.Duration // mean period
 	Forward time.Duration // mean forward pass of step N
-	// Before is the mean time from step N's iteration start to its first
-	// kernel call (the step input, the votes, admissions, room, plan and
-	// the batch's preparation); After, from its last kernel call's return
-	// to step N+1's iteration start (sampling, the results broadcast,
-	// streaming and finishing, the next input). Under lock-step, Period is
-	// Before + Forward + After; under overlap Before also holds the
-	// landing of the step before.
+	// Before is the mean time from step N's iteration start to its forward
+	// pass (the step input, the votes, admissions, room, plan and the
+	// batch's preparation); After, from its forward pass's end to step
+	// N+1's iteration start (sampling, the results broadcast, streaming
+	// and finishing). Under lock-step, Period is Before + Forward + After;
+	// under overlap an iteration starts while the step before flies, so
+	// they do not add up.
 	Before, After time.Duration
 }
 
@@ -270,24 +267,13 @@ type loopSide struct {
 // its server.
 func startSide(cfg OverlapConfig, m *model.Model, path, schedule string, threads int, progress io.Writer) (*loopSide, error) {
 	probe := &stepProbe{}
-	backend := func(rank int) kernels.Backend {
-		b := kernels.Backend(cpu.New(threads))
-		if rank == 0 {
-			probe.clock = &forwardClock{Backend: b}
-			b = probe.clock
-		}
-		return b
-	}
 	eng, err := serve.New(m, serve.Config{
-		Backend: backend, MaxRunning: cfg.MaxRunning, PageSize: pageSize, KVTokens: kvTokens(cfg.MaxRunning, cfg.PromptLen+cfg.MaxTokens),
+		Backend:    func(int) kernels.Backend { return cpu.New(threads) },
+		MaxRunning: cfg.MaxRunning, PageSize: pageSize, KVTokens: kvTokens(cfg.MaxRunning, cfg.PromptLen+cfg.MaxTokens),
 		Observer: probe, Schedule: schedule, Name: "bench-" + schedule,
 	})
 	if err != nil {
 		return nil, err
-	}
-	if probe.clock == nil {
-		eng.Close()
-		return nil, fmt.Errorf("bench: the engine built no rank 0 backend")
 	}
 	log := warnLog(progress)
 	h := server.New(eng, m, server.Options{ModelPath: path, Logger: log})
@@ -416,20 +402,14 @@ func (t pairTally) figures() StepFigures {
 }
 
 // stepProbe is an engine's Observer during the overlap benchmark: it
-// pairs consecutive decode steps and attributes each step its forward
-// pass, as rank 0's forwardClock timed it. Both loops call StepFinished
-// for step N after N's forward pass returned and before N+1's began
-// (the overlap loop lands N before it launches N+1), so the kernel calls
-// since the last StepFinished are N's forward pass.
+// pairs consecutive decode steps of rank 0 by their records, which carry
+// when each step's forward pass ran.
 type stepProbe struct {
-	clock *forwardClock // rank 0's backend; set before the engine runs
-
-	mu          sync.Mutex
-	prev        serve.StepRecord
-	first, last time.Time // the previous step's kernel calls
-	have        bool
-	t           pairTally
-	gaps        []time.Duration
+	mu   sync.Mutex
+	prev serve.StepRecord
+	have bool
+	t    pairTally
+	gaps []time.Duration
 }
 
 func (p *stepProbe) TokenEmitted(_ uint64, gen int, since time.Duration) {
@@ -444,18 +424,19 @@ func (p *stepProbe) TokenEmitted(_ uint64, gen int, since time.Duration) {
 func (p *stepProbe) RequestFinished(uint64, serve.Finish) {}
 
 func (p *stepProbe) StepFinished(rec serve.StepRecord) {
-	first, last, ok := p.clock.take()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.have && rec.Phase == "decode" && p.prev.Phase == "decode" && rec.Step == p.prev.Step+1 {
+	prev := p.prev
+	if p.have && rec.Phase == "decode" && prev.Phase == "decode" && rec.Step == prev.Step+1 &&
+		!rec.ForwardStart.IsZero() && !prev.ForwardStart.IsZero() {
 		p.t.pairs++
-		p.t.tokens += p.prev.BatchTokens
-		p.t.period += rec.Start.Sub(p.prev.Start)
-		p.t.forward += p.last.Sub(p.first)
-		p.t.before += p.first.Sub(p.prev.Start)
-		p.t.after += rec.Start.Sub(p.last)
+		p.t.tokens += prev.BatchTokens
+		p.t.period += rec.ForwardStart.Sub(prev.ForwardStart)
+		p.t.forward += prev.ForwardEnd.Sub(prev.ForwardStart)
+		p.t.before += prev.ForwardStart.Sub(prev.Start)
+		p.t.after += rec.Start.Sub(prev.ForwardEnd)
 	}
-	p.prev, p.first, p.last, p.have = rec, first, last, ok
+	p.prev, p.have = rec, true
 }
 
 // reset forgets the last step, so that no pair spans two runs.
@@ -472,102 +453,6 @@ func (p *stepProbe) take() (pairTally, []time.Duration) {
 	t, g := p.t, p.gaps
 	p.t, p.gaps, p.have = pairTally{}, nil, false
 	return t, g
-}
-
-// forwardClock is a kernel backend that notes when the first kernel call
-// since the last take began and when the latest one returned. Two clock
-// readings per call: tens of nanoseconds against kernels of microseconds.
-type forwardClock struct {
-	kernels.Backend
-	first, last atomic.Int64 // unix nanoseconds; first is 0 when none since take
-}
-
-func (c *forwardClock) begin() int64 {
-	t := time.Now().UnixNano()
-	c.first.CompareAndSwap(0, t)
-	return t
-}
-
-func (c *forwardClock) end(int64) { c.last.Store(time.Now().UnixNano()) }
-
-// take returns when the first kernel call since the last take began and
-// when the latest returned; false when there was none.
-func (c *forwardClock) take() (first, last time.Time, ok bool) {
-	f := c.first.Swap(0)
-	if f == 0 {
-		return first, last, false
-	}
-	return time.Unix(0, f), time.Unix(0, max(c.last.Load(), f)), true
-}
-
-// Close closes the wrapped backend (the engine closes its backends).
-func (c *forwardClock) Close() {
-	switch b := c.Backend.(type) {
-	case interface{ Close() }:
-		b.Close()
-	case interface{ Close() error }:
-		_ = b.Close()
-	}
-}
-
-func (c *forwardClock) MatMul(dst, x []float32, w *kernels.Matrix, m int) {
-	defer c.end(c.begin())
-	c.Backend.MatMul(dst, x, w, m)
-}
-
-func (c *forwardClock) RMSNorm(dst, x, weight []float32, rows int, eps float32) {
-	defer c.end(c.begin())
-	c.Backend.RMSNorm(dst, x, weight, rows, eps)
-}
-
-func (c *forwardClock) RoPE(x []float32, pos []int32, nHeads, headDim, ropeDim int, theta float32) {
-	defer c.end(c.begin())
-	c.Backend.RoPE(x, pos, nHeads, headDim, ropeDim, theta)
-}
-
-func (c *forwardClock) SwiGLU(dst, gate, up []float32) {
-	defer c.end(c.begin())
-	c.Backend.SwiGLU(dst, gate, up)
-}
-
-func (c *forwardClock) Softmax(x []float32, rows, cols int) {
-	defer c.end(c.begin())
-	c.Backend.Softmax(x, rows, cols)
-}
-
-func (c *forwardClock) Attention(a *kernels.AttentionArgs) {
-	defer c.end(c.begin())
-	c.Backend.Attention(a)
-}
-
-func (c *forwardClock) IndexScore(a *kernels.IndexScoreArgs) {
-	defer c.end(c.begin())
-	c.Backend.IndexScore(a)
-}
-
-func (c *forwardClock) TopK(dst []int32, scores []float32, k int) []int32 {
-	defer c.end(c.begin())
-	return c.Backend.TopK(dst, scores, k)
-}
-
-func (c *forwardClock) QuantizeFP8(dst []uint8, src []float32) float32 {
-	defer c.end(c.begin())
-	return c.Backend.QuantizeFP8(dst, src)
-}
-
-func (c *forwardClock) DequantizeFP8(dst []float32, src []uint8, scale float32) {
-	defer c.end(c.begin())
-	c.Backend.DequantizeFP8(dst, src, scale)
-}
-
-func (c *forwardClock) ToBF16(dst []uint16, src []float32) {
-	defer c.end(c.begin())
-	c.Backend.ToBF16(dst, src)
-}
-
-func (c *forwardClock) FromBF16(dst []float32, src []uint16) {
-	defer c.end(c.begin())
-	c.Backend.FromBF16(dst, src)
 }
 
 // Print writes the report: per thread count and level, both loops'
@@ -603,8 +488,8 @@ func (r *OverlapReport) Print(w io.Writer) {
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "ratios: overlap over lock-step, in the same run; tok/s above 1 and ITL below 1 favour overlap")
 	fmt.Fprintln(w, "ITL: between successive text chunks a client reads; engine ITL: between successive tokens of a request as the engine emits them")
-	fmt.Fprintln(w, "period: from a decode step's iteration start to the next decode step's (mean over pairs of decode-only steps); decode batch: lock-step/overlap")
-	fmt.Fprintln(w, "forward: a step's first kernel call to its last kernel call's return on rank 0; outside = lock-step period − forward (scheduling, sampling, streaming, collectives)")
+	fmt.Fprintln(w, "period: from a decode step's forward pass's start to the next decode step's (mean over pairs of decode-only steps, rank 0); decode batch: lock-step/overlap")
+	fmt.Fprintln(w, "forward: a step's forward pass on rank 0 (the model and the greedy choice found with its output projection); outside = lock-step period − forward (scheduling, sampling, streaming, collectives)")
 	fmt.Fprintln(w, "before/after (lock-step): outside split at the forward pass: the step input, votes, admissions, plan and batch before it; sampling, results, streaming and the next input after")
 	fmt.Fprintln(w, "hidden: (lock-step period − overlap period) / outside")
 	fmt.Fprintln(w)
