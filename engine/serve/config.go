@@ -95,8 +95,8 @@ type Config struct {
 	Logger *slog.Logger `json:"-"`
 
 	// Observer, when set, is told of every emitted token, finished
-	// request and forward step. The loop calls it on its own goroutine
-	// with timestamps it took itself, so it must return at once and never
+	// request and forward step. Rank 0's loop calls it, never from two
+	// goroutines at once, with timestamps it took itself, so it must return at once and never
 	// block (updating counters and histograms is fine).
 	Observer Observer `json:"-"`
 }

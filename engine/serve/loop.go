@@ -49,7 +49,7 @@ type rankLoop struct {
 	quit     chan struct{} // closed when the group is given up or the engine stops (recover.go)
 	dbuf     []byte        // the step input re-encoded for its digest
 	gated    hicache.Loads // the loads the step's forward pass reads through gates
-	flight   *flight       // the step whose forward pass runs on its own goroutine (overlap.go)
+	flight   *flight       // the step whose forward pass ran and has not landed (overlap.go)
 	mailSeen uint64        // the mailbox's filed count at the last localIdle (overlap.go)
 	now      time.Duration
 	finished int // requests finished in the current iteration
@@ -82,23 +82,60 @@ func (l *rankLoop) comm() *dist.Comm { return l.e.control.Rank(l.r) }
 func (l *rankLoop) run() error {
 	defer l.waitFlight()
 	ran := true
+	var ahead *iteration // the next front half, run beside a forward pass (overlap)
 	for {
-		in, err := l.receive(ran)
-		if err != nil {
-			return err
+		it := ahead
+		if it == nil {
+			it = l.begin(ran)
 		}
-		if in.stop {
+		ahead = nil
+		if it.err != nil {
+			return it.err
+		}
+		if it.stop {
 			return nil
 		}
-		start := time.Now()
-		l.beat.Store(start.UnixNano())
-		if ran, err = l.iterate(in, start); err != nil {
-			return err
+		ran = false
+		if it.p != nil {
+			var err error
+			if ran, ahead, err = l.back(it.p); err != nil {
+				return err
+			}
 		}
 		if l.r == 0 {
 			l.e.streamHeld() // what the overlap loop held back (emit.go)
 		}
 	}
+}
+
+// iteration is an iteration's front half as the loop takes it up: the
+// agreed plan (nil when there is nothing to run), or the stop, or the error
+// that ends the loop.
+type iteration struct {
+	p    *planned
+	stop bool
+	err  error
+}
+
+// planned is an iteration up to its agreed plan.
+type planned struct {
+	rec  StepRecord
+	plan sched.Plan
+}
+
+// begin takes the next step input and runs the iteration's front half.
+func (l *rankLoop) begin(ran bool) *iteration {
+	in, err := l.receive(ran)
+	if err != nil {
+		return &iteration{err: err}
+	}
+	if in.stop {
+		return &iteration{stop: true}
+	}
+	start := time.Now()
+	l.beat.Store(start.UnixNano())
+	p, err := l.front(in, start)
+	return &iteration{p: p, err: err}
 }
 
 // receive gets the iteration's input: rank 0 takes it from the inbox (after
@@ -248,6 +285,21 @@ func (e *Engine) takeAborts() []abortMsg {
 //	results  BroadcastBytes   the sampled tokens and the aborts that came during the step
 //	fork     AllReduceMinInt  free pages and rows, when a request of n > 1 samples its first tokens (fork.go)
 func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
+	p, err := l.front(in, start)
+	if err != nil || p == nil {
+		return false, err
+	}
+	ran, ahead, err := l.back(p)
+	if ahead != nil && err == nil {
+		return ran, errors.New("serve: the overlap loop's iterations run through run, not iterate")
+	}
+	return ran, err
+}
+
+// front is an iteration up to the plan every rank agreed on: the step
+// input applied, the votes, admissions, room and plan; nil when the
+// iteration has nothing to run (it is published then).
+func (l *rankLoop) front(in stepInput, start time.Time) (*planned, error) {
 	l.now, l.finished = in.now, 0
 	l.noteInput(in)
 	rec := StepRecord{Rank: l.r, Loop: LoopLockstep, Step: l.step + 1, Phase: "idle", Start: start}
@@ -257,59 +309,69 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	}
 	adds, err := l.arrive(in)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	if len(adds) == 0 && l.sched.Len() == 0 && l.pdRooms() == 0 {
 		l.publish(rec)
-		return false, nil
+		return nil, nil
 	}
 	if overlap && l.localIdle() {
 		// The fault overlap-local-decision (overlap.go): this rank goes
 		// idle on its own view while its peers go on to the poll.
 		l.publish(rec)
-		return false, nil
+		return nil, nil
 	}
 	if err := l.poll(); err != nil {
-		return false, err
+		return nil, err
 	}
 	if l.pd != nil {
 		adds, l.pd.joins = append(adds, l.pd.joins...), nil
 	}
 	if err := l.admit(adds); err != nil {
-		return false, err
+		return nil, err
 	}
 	free, err := l.room()
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	if free, err = l.pdForkAll(free); err != nil {
-		return false, err
+		return nil, err
 	}
 	if l.sched.Len() == 0 {
 		l.publish(rec)
-		return false, nil
+		return nil, nil
 	}
 	plan, err := l.sched.Schedule(l.now, free)
 	if err != nil {
-		return false, fmt.Errorf("serve: rank %d: schedule: %w", l.r, err)
+		return nil, fmt.Errorf("serve: rank %d: schedule: %w", l.r, err)
 	}
 	if len(plan.Run) == 0 && l.sched.Admitted() == 0 {
 		if err := l.unstall(); err != nil {
-			return false, err
+			return nil, err
 		}
 	}
 	rec.Digest = digest(rec.Step, plan.Run)
 	if err := l.agree(rec.Digest); err != nil {
-		return false, err
+		return nil, err
 	}
 	if overlap && l.flight != nil {
 		l.evictFor(plan)
 	}
+	return &planned{rec: rec, plan: plan}, nil
+}
+
+// back is the rest of an iteration from its agreed plan: the lock-step
+// loop runs the step and ends it; the overlap loop lands the step before
+// and flies this one (fly), returning the next iteration's front half,
+// which ran beside it.
+func (l *rankLoop) back(p *planned) (bool, *iteration, error) {
+	rec, plan := p.rec, p.plan
+	overlap := l.e.cfg.Schedule == ScheduleOverlap
 	// The overlap loop lands the step in flight now, with N+1 planned
 	// (overlap.go); what stopped or was cut in it leaves N+1's batch.
 	landed, err := l.landFront()
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	if landed != nil {
 		dropVoided(&plan, landed.voided)
@@ -322,23 +384,23 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 			// retract with a step in flight), plan again as the
 			// lock-step loop would rather than wait for the next input.
 			if err := l.landBack(landed); err != nil {
-				return false, err
+				return false, nil, err
 			}
 			landed = nil
 			if l.sched.Len() > 0 {
 				if plan, err = l.replan(&rec); err != nil {
-					return false, err
+					return false, nil, err
 				}
 			}
 		}
 	}
 	if err := l.finish(plan.Finished); err != nil {
-		return false, err
+		return false, nil, err
 	}
 	for _, rt := range plan.Retract {
 		s := l.seqs[rt.ID]
 		if err := l.release(rt.ID, s); err != nil {
-			return false, fmt.Errorf("serve: rank %d: release retracted %d: %w", l.r, rt.ID, err)
+			return false, nil, fmt.Errorf("serve: rank %d: release retracted %d: %w", l.r, rt.ID, err)
 		}
 		s.decoding = false
 		if l.r == 0 {
@@ -348,32 +410,25 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	rec.Retracted = len(plan.Retract)
 	if len(plan.Run) == 0 {
 		if err := l.landBack(landed); err != nil {
-			return false, err
+			return false, nil, err
 		}
 		l.publish(rec)
-		return false, nil
+		return false, nil, nil
 	}
 
 	batch, err := l.prepare(plan, &rec)
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	if overlap {
-		if err := l.launch(plan, batch, rec); err != nil {
-			return false, err
-		}
-		// The landed step's outcome, while this one flies.
-		if err := l.landBack(landed); err != nil {
-			return false, err
-		}
-		l.publish(rec)
-		return true, nil
+		ahead, err := l.fly(plan, batch, rec, landed)
+		return true, ahead, err
 	}
 	if err := l.forward(batch, &rec); err != nil {
-		return false, fmt.Errorf("serve: rank %d: step %d: %w", l.r, rec.Step, err)
+		return false, nil, fmt.Errorf("serve: rank %d: step %d: %w", l.r, rec.Step, err)
 	}
 	if err := l.settle(); err != nil {
-		return false, err
+		return false, nil, err
 	}
 	if l.r == 0 {
 		l.e.totals.Steps++
@@ -381,16 +436,16 @@ func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
 	}
 	out, err := l.results(plan)
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	if err := l.apply(plan, out); err != nil {
-		return false, err
+		return false, nil, err
 	}
 	rec = l.publish(rec)
 	if o := l.e.cfg.Observer; o != nil && l.r == 0 {
 		o.StepFinished(rec)
 	}
-	return true, nil
+	return true, nil, nil
 }
 
 // arrive applies the step input without a collective: PD requests go to
@@ -754,7 +809,7 @@ func (l *rankLoop) prepare(plan sched.Plan, rec *StepRecord) ([]tp.Input, error)
 
 // evictFor evicts cached prefixes until plan's pages fit in the free pool.
 // Evict takes only pages no sequence uses, so the overlap loop calls it
-// while the step before flies too, off the path between two forward
+// while the step before runs too, off the path between two forward
 // passes; prepare calls it again for what the finishes left short.
 func (l *rankLoop) evictFor(plan sched.Plan) {
 	if short := plan.PagesNeeded - l.rk.Pool().FreePages(); short > 0 && l.cache != nil {

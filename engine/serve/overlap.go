@@ -2,7 +2,6 @@ package serve
 
 import (
 	"fmt"
-	"runtime"
 	"slices"
 	"time"
 
@@ -10,21 +9,22 @@ import (
 	"github.com/pdkit/pdkit/engine/tp"
 )
 
-// The overlap loop (Config.Schedule = ScheduleOverlap). Each rank's
-// forward pass runs on a goroutine of its own (a flight), between the
-// loop's tp.Rank.Begin and End, touching only the batch's own pages; every
-// allocator, pool-table, cache and scheduler change stays on the loop. While
-// step N flies, the loop runs iteration N+1's front half exactly as the
-// lock-step loop does (the step input, the PD machine's votes, the
-// admissions, the room) and plans N+1 against N's predicted outcome (the
+// The overlap loop (Config.Schedule = ScheduleOverlap). While a rank's
+// loop goroutine runs step N's forward pass (fly), which touches only the
+// batch's own pages, a goroutine beside it holds the rest of the loop's
+// state: it ends step N−1 and runs iteration N+1's front half exactly as
+// the lock-step loop does (the step input, the PD machine's votes, the
+// admissions, the room), planning N+1 against N's predicted outcome (the
 // scheduler's plan-ahead: every decoding sequence emits one token and does
-// not stop). Then it lands N in two halves. Before N+1 starts: wait for
-// the flight, commit, settle its HiCache loads, sample and broadcast N's
-// tokens and append them; a request that stopped or was cut in N leaves
-// N+1's batch (the scheduler voids the same items). After N+1 starts, while
-// it flies: N's StepDone, the finishes and releases, the PD chunks and the
-// forks, none of which touches N+1's batch. Every decision is the lock-step
-// loop's, on the same agreed values, in a fixed order of collectives:
+// not stop); every allocator, pool-table, cache and scheduler change is
+// made by one goroutine at a time. Then the loop lands N in two halves.
+// Before N+1 starts: commit, settle its HiCache loads, sample and
+// broadcast N's tokens and append them; a request that stopped or was cut
+// in N leaves N+1's batch (the scheduler voids the same items). While N+1
+// runs, beside it: N's StepDone, the finishes and releases, the PD chunks,
+// the forks and the streaming, none of which touches N+1's batch. Every
+// decision is the lock-step loop's, on the same agreed values, in a fixed
+// order of collectives:
 //
 //	receive, poll, admit, room, pd fork, agree (N+1) on the control
 //	communicator while N's forward collectives run on the forward one;
@@ -42,33 +42,51 @@ const (
 // LoopOverlap names the overlap loop in step records.
 const LoopOverlap = ScheduleOverlap
 
-// flight is a step whose forward pass runs on its own goroutine.
+// flight is a step whose forward pass has run and which has not landed.
 type flight struct {
 	plan sched.Plan
 	rec  StepRecord
 	done chan error // the forward pass's outcome; buffered
 }
 
-// launch starts plan's forward pass over batch on its own goroutine, after
-// Begin on the loop.
-func (l *rankLoop) launch(plan sched.Plan, batch []tp.Input, rec StepRecord) error {
+// fly runs plan's forward pass over batch on the loop's goroutine and,
+// beside it on a goroutine of its own, what the loop does meanwhile: the
+// landed step's outcome (landBack), then the next step input and the next
+// iteration's front half, which it returns. The loop's state is the
+// helper's until it returns, the forward pass touching only the batch's
+// own pages; so no hand-over between goroutines lies on the path from one
+// forward pass to the next (the front half has almost always ended by the
+// time the forward pass does), where a flight goroutine cost two wake-ups
+// (~10 to 25 µs each measured here).
+func (l *rankLoop) fly(plan sched.Plan, batch []tp.Input, rec StepRecord, landed *landing) (*iteration, error) {
 	if err := l.rk.Begin(ctx, batch, nil); err != nil {
-		return fmt.Errorf("serve: rank %d: step %d: %w", l.r, rec.Step, err)
+		return nil, fmt.Errorf("serve: rank %d: step %d: %w", l.r, rec.Step, err)
 	}
 	f := &flight{plan: plan, rec: rec, done: make(chan error, 1)}
-	go func() {
-		// The record is the flight's until done is received.
-		f.rec.ForwardStart = time.Now()
-		err := l.rk.Run(ctx)
-		f.rec.ForwardEnd = time.Now()
-		f.done <- err
-	}()
 	l.flight = f
-	// The new goroutine waits in this processor's run queue; yielding
-	// starts the forward pass now rather than after this goroutine's next
-	// block (measured: the flight started ~100 µs after Begin without).
-	runtime.Gosched()
-	return nil
+	beside := make(chan *iteration, 1)
+	go func() {
+		if err := l.landBack(landed); err != nil {
+			beside <- &iteration{err: err}
+			return
+		}
+		l.publish(rec)
+		if l.r == 0 {
+			l.e.streamHeld()
+		}
+		next := l.begin(true)
+		if l.r == 0 {
+			l.e.streamHeld() // tokens the front half emitted (a PD first token)
+		}
+		beside <- next
+	}()
+	f.rec.ForwardStart = time.Now()
+	err := l.rk.Run(ctx)
+	f.rec.ForwardEnd = time.Now()
+	f.done <- err
+	// Every collective the helper waits in ends: it completes, or the
+	// collective timeout breaks the group.
+	return <-beside, nil
 }
 
 // landing is a step whose forward pass has ended and whose tokens every
@@ -82,7 +100,7 @@ type landing struct {
 }
 
 // landFront ends the step in flight, if any, as far as the next step needs:
-// it waits for the forward pass, commits it, settles its HiCache loads,
+// it takes the forward pass's outcome, commits it, settles its HiCache loads,
 // samples and broadcasts its tokens and appends them to the requests; it
 // returns the requests whose items in the plan made ahead must go (they
 // stopped or were cut in it: the scheduler's StepDone voids the same).
@@ -147,9 +165,8 @@ func (l *rankLoop) landBack(ld *landing) error {
 	return nil
 }
 
-// waitFlight waits for a step in flight without landing it: the loop is
-// leaving (stop, a broken group), and whoever releases the sequences next
-// must not find a forward pass still writing them.
+// waitFlight forgets a step that ran but did not land: the loop is leaving
+// (stop, a broken group).
 func (l *rankLoop) waitFlight() {
 	if f := l.flight; f != nil {
 		<-f.done

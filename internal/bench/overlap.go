@@ -146,12 +146,18 @@ func (l OverlapLevel) OutsideShare() float64 {
 }
 
 // Hidden is the share of lock-step's time outside the forward pass that
-// the overlap loop took off the decode period: (lock-step period −
-// overlap period) / (lock-step period − lock-step forward). 1 is all of
-// it; below 0, overlap's period is the longer.
+// the overlap loop took off the decode period, each loop's outside time
+// against its own forward pass: 1 − (overlap period − overlap forward) /
+// (lock-step period − lock-step forward). 1 is all of it; below 0,
+// overlap spent the longer outside. (Comparing the two periods directly
+// would weigh the two runs' forward passes, which differ by more than the
+// 1 to 2% the outside time is of a step on a busy machine.)
 func (l OverlapLevel) Hidden() float64 {
 	ls, ov := l.Lockstep.Steps, l.Overlap.Steps
-	return div((ls.Period - ov.Period).Seconds(), ls.Outside().Seconds())
+	if ls.Outside() <= 0 {
+		return 0
+	}
+	return 1 - div(ov.Outside().Seconds(), ls.Outside().Seconds())
 }
 
 func div(a, b float64) float64 {
@@ -491,7 +497,7 @@ func (r *OverlapReport) Print(w io.Writer) {
 	fmt.Fprintln(w, "period: from a decode step's forward pass's start to the next decode step's (mean over pairs of decode-only steps, rank 0); decode batch: lock-step/overlap")
 	fmt.Fprintln(w, "forward: a step's forward pass on rank 0 (the model and the greedy choice found with its output projection); outside = lock-step period − forward (scheduling, sampling, streaming, collectives)")
 	fmt.Fprintln(w, "before/after (lock-step): outside split at the forward pass: the step input, votes, admissions, plan and batch before it; sampling, results, streaming and the next input after")
-	fmt.Fprintln(w, "hidden: (lock-step period − overlap period) / outside")
+	fmt.Fprintln(w, "hidden: 1 − overlap's outside / lock-step's outside (each loop's period less its own forward pass)")
 	fmt.Fprintln(w)
 	for _, g := range r.Goals() {
 		met := "met"
