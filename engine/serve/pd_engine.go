@@ -164,7 +164,7 @@ func (e *Engine) RankInfos() []pdproto.RankInfo {
 	var out []pdproto.RankInfo
 	inc := e.cur() // its instance id and start change with each rebuild (recover.go)
 	for r, l := range inc.loops {
-		out = append(out, pdproto.RankInfo{Rank: r, TPSize: d.TPSize, Endpoint: l.pd.inbox.Endpoint(), PageSize: d.PageSize,
+		out = append(out, pdproto.RankInfo{Rank: r, TPSize: d.TPSize, Endpoint: l.pd.endpoint, PageSize: d.PageSize,
 			KVDType: d.KVDType, IndexKDType: d.IndexKDType, Model: d.Model, Layers: d.Layers, KVHeads: d.KVHeads, HeadDim: d.HeadDim,
 			InstanceID: inc.instance, StartedAt: inc.started})
 	}

@@ -19,6 +19,11 @@ type PDConfig struct {
 	// Host is the address the ranks' ZeroMQ sockets bind (default
 	// 127.0.0.1).
 	Host string
+	// AdvertiseHost is the host peers dial the ranks' sockets at, put in
+	// every endpoint the ranks hand out (registry entries, TRANSFER_INFO,
+	// heartbeats). Default Host; required when Host is a wildcard such as
+	// 0.0.0.0, which binds every address but names none a peer can dial.
+	AdvertiseHost string
 	// BootstrapTimeout bounds the bootstrap (prefill: waiting for the
 	// decode's TRANSFER_INFO; decode: resolving the prefill's registry and
 	// waiting for pages). Default 10s.
@@ -73,6 +78,9 @@ func (c *PDConfig) setDefaults() {
 }
 
 func (c PDConfig) validate() error {
+	if isWildcardHost(c.advertiseHost()) {
+		return fmt.Errorf("PD host %q binds every address and names none a peer can dial: set the advertise host", c.advertiseHost())
+	}
 	if c.BootstrapTimeout < 0 || c.TransferTimeout < 0 || c.InflightTimeout < 0 || c.AbortAckTimeout < 0 || c.SendTimeout < 0 {
 		return errors.New("PD timeouts must not be negative")
 	}

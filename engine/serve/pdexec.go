@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -27,15 +28,18 @@ import (
 
 // rankPD is one rank's PD machinery.
 type rankPD struct {
-	inbox   *zmqlink.Inbox
-	outbox  *zmqlink.Outbox
-	mb      *mailbox
-	machine *rooms.Machine
-	reqs    map[uint64]*pdReq         // what the executor keeps per room
-	snap    atomic.Pointer[[]PDEntry] // published after every iteration
-	boot    uint64                    // this server's boot number, in heartbeats
-	cfg     *PDConfig
-	bytes   atomic.Uint64 // KV payload bytes this rank sent or applied
+	inbox  *zmqlink.Inbox
+	outbox *zmqlink.Outbox
+	// endpoint is the inbox's endpoint as peers dial it (advertised), its
+	// host the advertise host; inbox.Endpoint() is where it is bound.
+	endpoint string
+	mb       *mailbox
+	machine  *rooms.Machine
+	reqs     map[uint64]*pdReq         // what the executor keeps per room
+	snap     atomic.Pointer[[]PDEntry] // published after every iteration
+	boot     uint64                    // this server's boot number, in heartbeats
+	cfg      *PDConfig
+	bytes    atomic.Uint64 // KV payload bytes this rank sent or applied
 	// joins are the prefill requests whose TRANSFER_INFO the ranks agreed
 	// on in this iteration's poll: the iteration's admit adds them.
 	joins []addMsg
@@ -103,7 +107,7 @@ func newRankPD(e *Engine, rank int, boot uint64, endpoint string) (*rankPD, erro
 	}
 	pd.mb.self = pdproto.Heartbeat{Boot: pd.boot}
 	if endpoint == "" {
-		endpoint = "tcp://" + e.cfg.PD.Host + ":0"
+		endpoint = "tcp://" + net.JoinHostPort(e.cfg.PD.Host, "0")
 	}
 	in, err := zmqlink.Listen(endpoint, pd.mb.handle, &zmqlink.InboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: !prefill}})
 	if err != nil {
@@ -111,8 +115,13 @@ func newRankPD(e *Engine, rank int, boot uint64, endpoint string) (*rankPD, erro
 		return nil, err
 	}
 	pd.inbox = in
+	if pd.endpoint, err = advertisedEndpoint(in.Endpoint(), e.cfg.PD.advertiseHost()); err != nil {
+		in.Close()
+		out.Close()
+		return nil, err
+	}
 	pd.mb.mu.Lock()
-	pd.mb.self.Sender = in.Endpoint()
+	pd.mb.self.Sender = pd.endpoint
 	pd.mb.mu.Unlock()
 	return pd, nil
 }
@@ -245,7 +254,7 @@ func (l *rankLoop) pdExec(acts []rooms.Action) error {
 		case rooms.SendChunk:
 			l.sendChunk(a)
 		case rooms.SendQueued:
-			l.sendChecked(a.ID, "queued", a.Peer, &pdproto.Queued{Room: a.Room, Endpoint: pd.inbox.Endpoint(), Rank: uint32(l.r), Position: uint32(a.Position)})
+			l.sendChecked(a.ID, "queued", a.Peer, &pdproto.Queued{Room: a.Room, Endpoint: pd.endpoint, Rank: uint32(l.r), Position: uint32(a.Position)})
 		case rooms.ApplyChunk:
 			if werr := l.applyChunk(a); werr != nil {
 				pd.machine.Failed(a.ID, rooms.Reason{Kind: rooms.KindBadChunk, Text: werr.Error()}) // it can only be failing already otherwise
@@ -253,7 +262,7 @@ func (l *rankLoop) pdExec(acts []rooms.Action) error {
 		case rooms.SendStatus:
 			l.sendChecked(a.ID, "status", a.Peer, &pdproto.Status{Room: a.Room, Rank: uint32(l.r), State: a.State, Error: a.Error})
 		case rooms.SendAbort:
-			l.sendChecked(a.ID, "abort", a.Peer, &pdproto.Abort{Room: a.Room, Endpoint: pd.inbox.Endpoint(), Rank: uint32(l.r), Reason: a.Reason})
+			l.sendChecked(a.ID, "abort", a.Peer, &pdproto.Abort{Room: a.Room, Endpoint: pd.endpoint, Rank: uint32(l.r), Reason: a.Reason})
 		case rooms.SendAbortAck:
 			l.sendChecked(a.ID, "abort ack", a.To, &pdproto.AbortAck{Room: a.Room, Rank: uint32(l.r), Known: true})
 		case rooms.Admit:
@@ -317,7 +326,7 @@ func (l *rankLoop) reserve(id uint64, tokens int) error {
 // transferInfo is a decode room's TRANSFER_INFO: where its KV goes.
 func (l *rankLoop) transferInfo(a rooms.SendTransferInfo) *pdproto.TransferInfo {
 	q := l.pd.reqs[a.ID]
-	info := &pdproto.TransferInfo{Room: a.Room, Endpoint: l.pd.inbox.Endpoint(), Rank: uint32(l.r),
+	info := &pdproto.TransferInfo{Room: a.Room, Endpoint: l.pd.endpoint, Rank: uint32(l.r),
 		Tokens: uint32(len(q.slots)), IndexKDType: l.e.indexKName(), RequestID: strconv.FormatUint(a.ID, 10)}
 	pageSize := int32(l.e.cfg.PageSize)
 	for i := 0; i < len(q.slots); i += int(pageSize) {
