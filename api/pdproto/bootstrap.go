@@ -31,6 +31,8 @@ const (
 // Error codes carried in BootstrapError.Code.
 const (
 	CodeInvalidRequest   = "invalid_request"    // 400: malformed JSON, wrong type, bad value
+	CodeUnauthorized     = "unauthorized"       // 401: a registration not signed with the cluster secret
+	CodeForbidden        = "forbidden"          // 403: registration over HTTP on a server with no cluster secret
 	CodeNotFound         = "not_found"          // 404: no such route
 	CodeMethodNotAllowed = "method_not_allowed" // 405
 	CodeTooLarge         = "request_too_large"  // 413

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/pd/clusterauth"
 )
 
 // Client defaults.
@@ -45,6 +46,9 @@ type Client struct {
 	// MinBackoff and MaxBackoff bound the wait between attempts; zero means
 	// DefaultMinBackoff and DefaultMaxBackoff.
 	MinBackoff, MaxBackoff time.Duration
+	// Secret signs registrations (a registry with a secret takes no other);
+	// nil sends them unsigned.
+	Secret *clusterauth.Secret
 	// OnRetry, when set, is called after each attempt that will be retried,
 	// with its 1-based number and its error (a *pdproto.BootstrapError for
 	// a 503). Tests and logs use it; it must not block for long.
@@ -219,6 +223,7 @@ func (c *Client) do(ctx context.Context, method, url string, body []byte, out an
 	req.Header.Set("Accept", "application/json")
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+		c.Secret.SignRequest(req, body, time.Now())
 	}
 	resp, err := c.http().Do(req)
 	if err != nil {

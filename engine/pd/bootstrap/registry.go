@@ -8,6 +8,11 @@
 // Registry rules, in the order they are checked on PUT
 // /bootstrap/v1/ranks/{rank}:
 //
+//   - Only a member of the cluster may register over HTTP: the request must
+//     be signed with the cluster secret (clusterauth.Secret.SignRequest),
+//     else 401 (counted: Stats); a registry without a secret refuses every
+//     registration over HTTP with 403. (The prefill server registers its
+//     own ranks in process, through Register.)
 //   - The body must be one JSON object with fields of the right types, the
 //     rank in the body must equal the rank in the path, and the fields must
 //     pass pdproto.RankInfo.Validate (rank < tp_size and so on): else 400.
@@ -20,6 +25,9 @@
 //   - Same rank, same instance_id: identical information is an idempotent
 //     retry (200, nothing changes); different information is refused with
 //     409 (an instance cannot change what it registered; restart it).
+//   - started_at more than clusterauth.MaxSkew ahead of the registry's
+//     clock: 409. A far-future start would otherwise keep the rank from
+//     its real restarts for good (they are "older").
 //   - Same rank, different instance_id: a restart. The registration replaces
 //     the entry unless its started_at is earlier than the registered
 //     instance's, which is refused with 409: an older process still alive
@@ -35,6 +43,7 @@
 package bootstrap
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -44,9 +53,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/pd/clusterauth"
 )
 
 // MaxBodyBytes bounds a registration body.
@@ -66,6 +77,16 @@ type Options struct {
 	// RetryAfter is sent in the Retry-After header of a 503 lookup, rounded
 	// up to whole seconds (at least 1). Zero means DefaultRetryAfter.
 	RetryAfter time.Duration
+	// Secret verifies registrations over HTTP; nil refuses them all.
+	Secret *clusterauth.Secret
+	// Now is the registry's clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Stats count what the registry refused.
+type Stats struct {
+	Unauthenticated uint64 // registrations over HTTP without a valid signature, or with no secret to check one
+	FutureStart     uint64 // registrations whose started_at is ahead of the registry's clock
 }
 
 // Registry is the bootstrap registry, an http.Handler for the routes under
@@ -76,6 +97,8 @@ type Registry struct {
 
 	mu    sync.Mutex
 	ranks map[int]pdproto.RankInfo
+
+	unauthenticated, futureStart atomic.Uint64
 }
 
 // NewRegistry returns an empty registry.
@@ -83,7 +106,15 @@ func NewRegistry(opts Options) *Registry {
 	if opts.RetryAfter <= 0 {
 		opts.RetryAfter = DefaultRetryAfter
 	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	return &Registry{opts: opts, ranks: map[int]pdproto.RankInfo{}}
+}
+
+// Stats returns the registry's refusal counts.
+func (g *Registry) Stats() Stats {
+	return Stats{Unauthenticated: g.unauthenticated.Load(), FutureStart: g.futureStart.Load()}
 }
 
 // ServeHTTP serves PUT /bootstrap/v1/ranks/{rank}, GET /bootstrap/v1/ranks
@@ -138,10 +169,20 @@ func (g *Registry) serveRegister(w http.ResponseWriter, r *http.Request, rankTex
 		bad("rank", "rank %q in the path is not a rank (0..%d)", rankText, pdproto.MaxTPSize-1)
 		return
 	}
+	data, e := readBody(w, r)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	if e := g.authenticate(r, data); e != nil {
+		g.unauthenticated.Add(1)
+		writeError(w, e)
+		return
+	}
 	// A RegisterRequest is a RankInfo's fields; decoding into the RankInfo
 	// itself makes type errors name the JSON field alone.
 	var req pdproto.RegisterRequest
-	if e := decodeBody(w, r, &req.RankInfo); e != nil {
+	if e := decodeJSON(data, &req.RankInfo); e != nil {
 		writeError(w, e)
 		return
 	}
@@ -157,14 +198,43 @@ func (g *Registry) serveRegister(w http.ResponseWriter, r *http.Request, rankTex
 	writeJSON(w, http.StatusOK, resp)
 }
 
-// decodeBody reads exactly one JSON object of at most MaxBodyBytes into v.
-// Unknown fields are ignored (a newer rank may send more); a wrong type is
-// a 400 naming the field.
-func decodeBody(w http.ResponseWriter, r *http.Request, v any) *pdproto.BootstrapError {
+// authenticate checks that a registration over HTTP comes from a member of
+// the cluster.
+func (g *Registry) authenticate(r *http.Request, body []byte) *pdproto.BootstrapError {
+	if !g.opts.Secret.Set() {
+		return &pdproto.BootstrapError{Status: http.StatusForbidden, Code: pdproto.CodeForbidden,
+			Message: "this prefill server has no cluster secret, so it takes no registration over HTTP"}
+	}
+	if err := g.opts.Secret.VerifyRequest(r, body, g.opts.Now()); err != nil {
+		return &pdproto.BootstrapError{Status: http.StatusUnauthorized, Code: pdproto.CodeUnauthorized,
+			Message: "registration refused: " + err.Error()}
+	}
+	return nil
+}
+
+// readBody reads a body of at most MaxBodyBytes.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *pdproto.BootstrapError) {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		return nil, &pdproto.BootstrapError{Status: http.StatusRequestEntityTooLarge, Code: pdproto.CodeTooLarge,
+			Message: fmt.Sprintf("body larger than %d bytes", MaxBodyBytes)}
+	case err != nil:
+		return nil, &pdproto.BootstrapError{Status: http.StatusBadRequest, Code: pdproto.CodeInvalidRequest,
+			Message: "reading the body: " + err.Error()}
+	}
+	return data, nil
+}
+
+// decodeJSON decodes exactly one JSON object from data into v. Unknown
+// fields are ignored (a newer rank may send more); a wrong type is a 400
+// naming the field.
+func decodeJSON(data []byte, v any) *pdproto.BootstrapError {
 	bad := func(field, msg string) *pdproto.BootstrapError {
 		return &pdproto.BootstrapError{Status: http.StatusBadRequest, Code: pdproto.CodeInvalidRequest, Field: field, Message: msg}
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	dec := json.NewDecoder(bytes.NewReader(data))
 	err := dec.Decode(v)
 	if err == nil {
 		if _, err2 := dec.Token(); err2 != io.EOF {
@@ -173,14 +243,10 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) *pdproto.Bootstra
 		return nil
 	}
 	var (
-		tooBig *http.MaxBytesError
-		typ    *json.UnmarshalTypeError
-		syn    *json.SyntaxError
+		typ *json.UnmarshalTypeError
+		syn *json.SyntaxError
 	)
 	switch {
-	case errors.As(err, &tooBig):
-		return &pdproto.BootstrapError{Status: http.StatusRequestEntityTooLarge, Code: pdproto.CodeTooLarge,
-			Message: fmt.Sprintf("body larger than %d bytes", MaxBodyBytes)}
 	case errors.As(err, &typ):
 		return bad(typ.Field, fmt.Sprintf("field %s: JSON %s where %s was expected", typ.Field, typ.Value, typ.Type))
 	case errors.As(err, &syn), errors.Is(err, io.ErrUnexpectedEOF):
@@ -206,6 +272,12 @@ func (g *Registry) Register(info pdproto.RankInfo) (*pdproto.RegisterResponse, *
 	conflict := func(field, format string, args ...any) *pdproto.BootstrapError {
 		return &pdproto.BootstrapError{Status: http.StatusConflict, Code: pdproto.CodeConflict, Field: field,
 			Message: fmt.Sprintf(format, args...)}
+	}
+	if ahead := info.StartedAt.Sub(g.opts.Now()); ahead > clusterauth.MaxSkew {
+		g.futureStart.Add(1)
+		return nil, conflict("started_at", "rank %d registers started_at %s, %v ahead of this server's clock: "+
+			"a start in the future would keep the rank from its real restarts", info.Rank,
+			info.StartedAt.Format(time.RFC3339Nano), ahead.Round(time.Second))
 	}
 	if g.opts.TPSize > 0 && info.TPSize != g.opts.TPSize {
 		return nil, conflict("tp_size", "rank %d registers tp_size %d but this prefill server runs tp_size %d",

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/pd/clusterauth"
 )
 
 var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
@@ -33,8 +34,15 @@ func decodeInfo(tp int) pdproto.DecodeInfo {
 		Model: "pdkit-builtin-llama-dsa-tiny-seed1", Layers: 4, KVHeads: 2, HeadDim: 64}
 }
 
+// testSecret is the cluster secret of the tests' registries and clients.
+var testSecret, _ = clusterauth.New("registry tests' cluster secret")
+
+// newServer starts a registry (with testSecret unless opts has a secret).
 func newServer(t *testing.T, opts Options) (*Registry, *httptest.Server) {
 	t.Helper()
+	if opts.Secret == nil {
+		opts.Secret = testSecret
+	}
 	g := NewRegistry(opts)
 	mux := http.NewServeMux()
 	mux.Handle(pdproto.BootstrapPrefix, g)
@@ -45,7 +53,7 @@ func newServer(t *testing.T, opts Options) (*Registry, *httptest.Server) {
 
 // fastClient retries quickly so that tests do not wait for backoffs.
 func fastClient() *Client {
-	return &Client{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond, AttemptTimeout: 5 * time.Second}
+	return &Client{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond, AttemptTimeout: 5 * time.Second, Secret: testSecret}
 }
 
 type answer struct {
@@ -66,11 +74,21 @@ func (a answer) err(t *testing.T) pdproto.BootstrapError {
 	return b.Error
 }
 
+// send sends a request, a PUT signed with testSecret.
 func send(t *testing.T, method, url string, body []byte) answer {
+	t.Helper()
+	return sendAs(t, testSecret, method, url, body)
+}
+
+// sendAs sends a request, a PUT signed with secret (nil: unsigned).
+func sendAs(t *testing.T, secret *clusterauth.Secret, method, url string, body []byte) answer {
 	t.Helper()
 	req, err := http.NewRequest(method, url, bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if method == http.MethodPut {
+		secret.SignRequest(req, body, time.Now())
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -517,4 +535,78 @@ func FuzzRegister(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestRedTeamRegistryHijack: a stranger who reaches the bootstrap port
+// tries to take rank 0 over with a newer started_at and its own endpoint,
+// unsigned, signed with another secret, and replaying a real signature
+// over another body; each is refused with 401 and counted, and lookups
+// still give the real rank.
+func TestRedTeamRegistryHijack(t *testing.T) {
+	g, srv := newServer(t, Options{TPSize: 1})
+	t0 := time.Now().Add(-time.Minute)
+	real := info(0, 1, "real", t0)
+	if a := put(t, srv, real); a.status != 200 {
+		t.Fatalf("real registration: %d %s", a.status, a.body)
+	}
+	fake := info(0, 1, "impostor", t0.Add(30*time.Second))
+	fake.Endpoint = "tcp://203.0.113.9:5555"
+	body, _ := json.Marshal(pdproto.RegisterRequest{RankInfo: fake})
+	url := srv.URL + "/bootstrap/v1/ranks/0"
+	other, _ := clusterauth.New("a secret of another cluster")
+	for name, a := range map[string]answer{
+		"unsigned":       sendAs(t, nil, http.MethodPut, url, body),
+		"another secret": sendAs(t, other, http.MethodPut, url, body),
+	} {
+		if a.status != http.StatusUnauthorized || a.err(t).Code != pdproto.CodeUnauthorized {
+			t.Errorf("%s: %d %s, want 401 unauthorized", name, a.status, a.body)
+		}
+	}
+	// A real signature over the real body, replayed with the fake body.
+	req, _ := http.NewRequest(http.MethodPut, url, bytes.NewReader(body))
+	realBody, _ := json.Marshal(pdproto.RegisterRequest{RankInfo: real})
+	testSecret.SignRequest(req, realBody, time.Now())
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("replayed signature: %d, want 401", resp.StatusCode)
+	}
+	if got := g.Stats().Unauthenticated; got != 3 {
+		t.Errorf("counted %d unauthenticated registrations, want 3", got)
+	}
+	var lr pdproto.LookupResponse
+	if a := lookup(t, srv); a.status != 200 || json.Unmarshal(a.body, &lr) != nil || lr.Ranks[0].InstanceID != "real" {
+		t.Fatalf("lookup after the hijack attempts: %d %s", a.status, a.body)
+	}
+}
+
+// TestRedTeamRegistrySquat: a far-future started_at would keep the rank
+// from every real restart; it is refused even when signed, the real
+// restart is taken, and a registry without a secret takes no HTTP
+// registration at all.
+func TestRedTeamRegistrySquat(t *testing.T) {
+	now := time.Now() // the registry's clock stands still; signing uses the real one
+	g, srv := newServer(t, Options{TPSize: 1, Now: func() time.Time { return now }})
+	squat := info(0, 1, "squatter", now.Add(24*time.Hour))
+	if a := put(t, srv, squat); a.status != http.StatusConflict || a.err(t).Field != "started_at" {
+		t.Fatalf("far-future started_at: %d %s, want 409 on started_at", a.status, a.body)
+	}
+	if g.Stats().FutureStart != 1 {
+		t.Errorf("future starts counted %d, want 1", g.Stats().FutureStart)
+	}
+	// Within the allowed skew, a real restart is taken.
+	if _, e := g.Register(info(0, 1, "real", now.Add(clusterauth.MaxSkew/2))); e != nil {
+		t.Fatalf("a restart within the clock skew: %v", e)
+	}
+	noSecret := NewRegistry(Options{TPSize: 1})
+	mux := http.NewServeMux()
+	mux.Handle(pdproto.BootstrapPrefix, noSecret)
+	plain := httptest.NewServer(mux)
+	defer plain.Close()
+	if a := put(t, plain, info(0, 1, "x", time.Now())); a.status != http.StatusForbidden || a.err(t).Code != pdproto.CodeForbidden {
+		t.Fatalf("HTTP registration without a cluster secret: %d %s, want 403", a.status, a.body)
+	}
 }
