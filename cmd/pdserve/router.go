@@ -13,6 +13,7 @@ import (
 
 type routerOptions struct {
 	host           string
+	advertise      string // --advertise-host
 	port           int
 	prefill        []string
 	decode         []string
@@ -33,6 +34,7 @@ func newRouterCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.host, "host", "127.0.0.1", "address to listen on")
+	f.StringVar(&o.advertise, "advertise-host", "", advertiseUsage)
 	f.IntVar(&o.port, "port", 8000, "port to listen on (0: pick a free one)")
 	f.StringSliceVar(&o.prefill, "prefill", nil, "prefill servers' base URLs (comma-separated, repeatable)")
 	f.StringSliceVar(&o.decode, "decode", nil, "decode servers' base URLs (comma-separated, repeatable)")
@@ -54,6 +56,9 @@ func routerRun(cmd *cobra.Command, o routerOptions) error {
 		if _, err := router.ParseServerURL(u); err != nil {
 			return usageError{err}
 		}
+	}
+	if err := checkAdvertise(o.advertise); err != nil {
+		return err
 	}
 	if o.healthInterval <= 0 || o.shutdown <= 0 {
 		return usagef("--health-interval and --shutdown-timeout must be positive")
@@ -77,7 +82,7 @@ func routerRun(cmd *cobra.Command, o routerOptions) error {
 		return err
 	}
 	srv := &http.Server{Handler: rt, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	fmt.Fprintf(stderr, "routing on http://%s (prefill %v, decode %v)\n", ln.Addr(), o.prefill, o.decode)
+	fmt.Fprintf(stderr, "routing on %s (prefill %v, decode %v)\n", clientURL(ln, o.host, o.advertise), o.prefill, o.decode)
 
 	// At the shutdown deadline every request still in flight is cut: a
 	// stream ends with an error event, so its client knows.

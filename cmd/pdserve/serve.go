@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"runtime"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,6 +30,7 @@ import (
 type serveOptions struct {
 	engine      engineFlags
 	host        string
+	advertise   string // --advertise-host
 	port        int
 	modelName   string
 	cfg         serve.Config
@@ -95,6 +95,7 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 	}
 	o.engine.register(f)
 	f.StringVar(&o.host, "host", "127.0.0.1", "address to listen on")
+	f.StringVar(&o.advertise, "advertise-host", "", advertiseUsage)
 	f.IntVar(&o.port, "port", 8000, "port to listen on (0: pick a free one)")
 	f.StringVar(&o.modelName, "model-name", "", "model name served by the API (default: the model's general.name, else the file name)")
 	f.IntVar(&o.cfg.TP, "tp", def.TP, "tensor-parallel ranks; must divide the model's head counts")
@@ -147,6 +148,10 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 		return err
 	}
 	cfg.Backend = backend
+	httpHost, err := o.advertisedHosts(&cfg.PD)
+	if err != nil {
+		return err
+	}
 	path, err := resolveModel(o.engine.model, stderr)
 	if err != nil {
 		return err
@@ -199,7 +204,7 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	}
 	var bootstrapURL string
 	if cfg.Role == pdproto.RolePrefill {
-		stop, url, err := serveRegistry(eng, o, log, &reg)
+		stop, url, err := serveRegistry(eng, o, httpHost, log, &reg)
 		if err != nil {
 			return err
 		}
@@ -227,7 +232,11 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 		h.ServeHTTP(w, r)
 	})
 	srv := &http.Server{Handler: counted, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	fmt.Fprintf(stderr, "serving %s (%s) on http://%s\n", h.ModelName(), cfg.Role, ln.Addr())
+	served := clientURL(ln, o.host, o.advertise)
+	if httpHost != "" {
+		served = httpURL(httpHost, listenPort(ln))
+	}
+	fmt.Fprintf(stderr, "serving %s (%s) on %s\n", h.ModelName(), cfg.Role, served)
 
 	// At the shutdown deadline the engine closes first: it ends every
 	// stream still running with an error event, so its client knows.
@@ -241,8 +250,9 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 }
 
 // serveRegistry registers a prefill engine's ranks in a bootstrap registry
-// and serves it on --bootstrap-port; stop shuts it down.
-func serveRegistry(eng *serve.Engine, o serveOptions, log *slog.Logger, published *atomic.Pointer[bootstrap.Registry]) (stop func(), url string, err error) {
+// and serves it on --bootstrap-port; url is where decodes reach it, at host.
+// stop shuts it down.
+func serveRegistry(eng *serve.Engine, o serveOptions, host string, log *slog.Logger, published *atomic.Pointer[bootstrap.Registry]) (stop func(), url string, err error) {
 	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: eng.Ranks()})
 	for _, info := range eng.RankInfos() {
 		if _, berr := reg.Register(info); berr != nil {
@@ -262,8 +272,6 @@ func serveRegistry(eng *serve.Engine, o serveOptions, log *slog.Logger, publishe
 		defer close(done)
 		srv.Serve(ln)
 	}()
-	port := ln.Addr().(*net.TCPAddr).Port
-	host := o.cfg.PD.Host // an address peers reach, unlike 0.0.0.0
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -271,7 +279,23 @@ func serveRegistry(eng *serve.Engine, o serveOptions, log *slog.Logger, publishe
 			srv.Close()
 		}
 		<-done
-	}, "http://" + net.JoinHostPort(host, strconv.Itoa(port)), nil
+	}, httpURL(host, listenPort(ln)), nil
+}
+
+// advertisedHosts resolves what a PD server advertises: its ranks' ZeroMQ
+// endpoints (into pd.AdvertiseHost) and its HTTP URLs (httpHost: the
+// bootstrap URL, logs). A PD server hands both to peers, so a wildcard
+// bind without --advertise-host is refused. A colocated server hands
+// nothing to peers: httpHost is "" (a wildcard --advertise-host is still
+// refused).
+func (o serveOptions) advertisedHosts(pd *serve.PDConfig) (httpHost string, err error) {
+	if o.cfg.Role == pdproto.RoleColocated {
+		return "", checkAdvertise(o.advertise)
+	}
+	if pd.AdvertiseHost, err = advertiseHost(pd.Host, o.advertise, "--pd-host"); err != nil {
+		return "", err
+	}
+	return advertiseHost(o.host, o.advertise, "--host")
 }
 
 // isLoopback reports whether a listener's address is a loopback one (an
