@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/debug"
+	"github.com/pdkit/pdkit/api/pdproto"
 )
 
 // Severity says how urgently a finding needs an operator.
@@ -70,6 +71,10 @@ type ServerSample struct {
 	// the rules judge its queues by its own timeouts and heartbeat. Nil
 	// from a server that publishes none.
 	Settings *debug.Settings `json:"settings,omitempty"`
+	// Registry is a prefill server's bootstrap registry as a decode would
+	// look it up (GET /bootstrap/v1/ranks at its bootstrap URL); nil on
+	// other roles, or when it did not answer a whole group.
+	Registry *pdproto.LookupResponse `json:"registry,omitempty"`
 	// TookMS is the time the answers took, all together.
 	TookMS float64 `json:"took_ms"`
 }
@@ -281,6 +286,7 @@ func RulesWith(c Config) []Rule {
 		faultSwitchOn(),
 		controlLoopDead(),
 		peerUnreachable(),
+		registryMismatch(),
 		engineStalled(c),
 		rankDivergence(c),
 		pdQueueStuck(),

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/debug"
+	"github.com/pdkit/pdkit/api/pdproto"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden findings in testdata")
@@ -388,5 +389,26 @@ func TestLimitsOf(t *testing.T) {
 	if got := c.LimitsOf(&ServerSample{}); got != (Limits{Timeouts: Timeouts{AbortAck: time.Second}, Grace: c.Grace,
 		CollectiveWait: c.CollectiveWait, LoopStall: c.LoopStall}) {
 		t.Errorf("limits without settings %+v", got)
+	}
+}
+
+// TestRegistryMismatch: a prefill rank registered at another endpoint than
+// its socket's is named; the same endpoint, or a wildcard bind on the
+// registered port, is not.
+func TestRegistryMismatch(t *testing.T) {
+	sample := func(registered, own string) Window {
+		s := ServerSample{Server: Server{URL: "http://p", Role: "prefill", TPSize: 1}, Reachable: true,
+			PD:       &debug.PDResponse{Role: "prefill", Ranks: []debug.PDRank{{Rank: 0, Socket: debug.PDSocket{Endpoint: own}}}},
+			Registry: &pdproto.LookupResponse{Complete: true, TPSize: 1, Ranks: []pdproto.RankInfo{{Rank: 0, Endpoint: registered}}}}
+		return Window{Samples: []Sample{{Servers: []ServerSample{s}}}}
+	}
+	fs := checkRegistryMismatch(sample("tcp://203.0.113.9:5555", "tcp://10.0.0.2:41000"))
+	if len(fs) != 1 || fs[0].Rank == nil || *fs[0].Rank != 0 || !strings.Contains(fs[0].Summary, "203.0.113.9:5555") {
+		t.Fatalf("hijacked registration: %+v", fs)
+	}
+	for _, c := range [][2]string{{"tcp://10.0.0.2:41000", "tcp://10.0.0.2:41000"}, {"tcp://10.0.0.2:41000", "tcp://0.0.0.0:41000"}} {
+		if fs := checkRegistryMismatch(sample(c[0], c[1])); len(fs) != 0 {
+			t.Errorf("registered %s, listening %s: %+v", c[0], c[1], fs)
+		}
 	}
 }

@@ -47,6 +47,9 @@
 //   - peer-unreachable (critical): a server that did not answer in the last
 //     sample, or a decode rank whose PD entries say their prefill peer went
 //     silent past the heartbeat timeout.
+//   - registry-mismatch (critical): a prefill server's bootstrap registry
+//     lists a rank at an endpoint the rank does not listen on (a
+//     registration by someone else, or a stale one).
 //   - engine-stalled (critical): no rank of a server finished a step
 //     between the first and the last sample, over a window of at least
 //     LoopStall (a loop iterates every heartbeat even idle): each rank's

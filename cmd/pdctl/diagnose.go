@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"time"
@@ -344,6 +346,9 @@ func sampleServer(ctx context.Context, t *target, bound time.Duration) diag.Serv
 	}
 	s.Reachable = true
 	s.Steps, s.Collectives, s.Requests, s.Faults = &steps, &colls, &reqs, &flts
+	if info.Role == pdproto.RolePrefill && info.BootstrapURL != "" {
+		s.Registry = lookupRegistry(ctx, info.BootstrapURL)
+	}
 	if hasPD {
 		s.PD = &pd
 	}
@@ -351,6 +356,25 @@ func sampleServer(ctx context.Context, t *target, bound time.Duration) diag.Serv
 		s.Settings = &sets
 	}
 	return s
+}
+
+// lookupRegistry reads a prefill server's bootstrap registry once, as a
+// decode would look it up; nil unless it answers a whole group.
+func lookupRegistry(ctx context.Context, bootstrapURL string) *pdproto.LookupResponse {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(bootstrapURL, "/")+pdproto.BootstrapRanksPath, nil)
+	if err != nil {
+		return nil
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	var lr pdproto.LookupResponse
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&lr) != nil || !lr.Complete {
+		return nil
+	}
+	return &lr
 }
 
 // printFindings writes the findings for a terminal (a block each, a blank
