@@ -71,7 +71,10 @@ func TestMultiHost(t *testing.T) {
 	prefillArgs := []string{"prefill", "--model", model, "--host", "0.0.0.0", "--pd-host", "0.0.0.0",
 		"--advertise-host", prefillNS.addr, "--port", fmt.Sprint(prefillPort), "--bootstrap-port", fmt.Sprint(bootstrapPort)}
 	prefill := startProc(t, "prefill", prefillNS.name, env, pdserve, prefillArgs...)
-	startProc(t, "decode", decodeNS.name, env, pdserve, "decode", "--model", model, "--host", "0.0.0.0", "--pd-host", "0.0.0.0",
+	// The decode takes requests only for the prefill's registry; set
+	// through its variable (--prefill-bootstrap).
+	decodeEnv := append(env[:len(env):len(env)], "PD_PREFILL_BOOTSTRAP="+hostURL(prefillNS.addr, bootstrapPort))
+	startProc(t, "decode", decodeNS.name, decodeEnv, pdserve, "decode", "--model", model, "--host", "0.0.0.0", "--pd-host", "0.0.0.0",
 		"--advertise-host", decodeNS.addr, "--port", fmt.Sprint(decodePort))
 	startProc(t, "router", routerNS.name, env, pdserve, "router", "--host", routerNS.addr, "--port", fmt.Sprint(routerPort),
 		"--prefill", hostURL(prefillNS.addr, prefillPort), "--decode", hostURL(decodeNS.addr, decodePort))
