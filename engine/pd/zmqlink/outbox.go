@@ -1,6 +1,7 @@
 package zmqlink
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -35,9 +36,24 @@ type OutboxOptions struct {
 	RetryInterval time.Duration
 	// CloseTimeout bounds Close and Forget (default 5s).
 	CloseTimeout time.Duration
+	// MaxPeers bounds the open peer sockets (default 256): a message for a
+	// new peer beyond it closes the least recently used one first, dropping
+	// what it still held (counted in Evicted and Dropped). Peers come from
+	// what other processes name (a reply endpoint), so without a bound
+	// every endpoint ever named would keep a socket open.
+	MaxPeers int
+	// PeerIdle closes a peer socket nothing was sent on for this long and
+	// that holds nothing (default 1m; counted in IdleClosed); the next
+	// message connects again.
+	PeerIdle time.Duration
 }
 
-const defaultOutboxHWM = 64
+const (
+	defaultOutboxHWM = 64
+	// DefaultMaxPeers and DefaultPeerIdle are OutboxOptions' defaults.
+	DefaultMaxPeers = 256
+	DefaultPeerIdle = time.Minute
+)
 
 // OutboxStats is a snapshot of an Outbox's counters.
 type OutboxStats struct {
@@ -49,7 +65,9 @@ type OutboxStats struct {
 	Bytes      uint64 `json:"bytes"`       // payload bytes of those messages
 	SendErrors uint64 `json:"send_errors"` // connect or send failures (message dropped)
 	Dropped    uint64 `json:"dropped"`     // backlog overflow or timeout, forgotten peer, or Close
-	QueueFull  uint64 `json:"queue_full"`  // Send calls refused because the queue stayed full
+	QueueFull  uint64 `json:"queue_full"`  // Send or Offer calls refused: the queue or the peer's pending slots stayed full
+	Evicted    uint64 `json:"evicted"`     // peer sockets closed to stay within MaxPeers
+	IdleClosed uint64 `json:"idle_closed"` // peer sockets closed after PeerIdle without a message
 	LastError  string `json:"last_error,omitempty"`
 }
 
@@ -67,8 +85,11 @@ type forgetReq struct {
 }
 
 type peer struct {
-	sock    zSocket
-	backlog []outItem
+	endpoint string
+	sock     zSocket
+	backlog  []outItem
+	used     time.Time     // the last message for the peer
+	lru      *list.Element // the peer's place in sender.lru
 }
 
 // Outbox sends multipart messages to peers over PUSH sockets, all owned by
@@ -94,6 +115,8 @@ type Outbox struct {
 	sendErrors atomic.Uint64
 	dropped    atomic.Uint64
 	queueFull  atomic.Uint64
+	evicted    atomic.Uint64
+	idleClosed atomic.Uint64
 	lastError  atomic.Pointer[string]
 }
 
@@ -125,6 +148,12 @@ func NewOutbox(opts *OutboxOptions) (*Outbox, error) {
 	if d.CloseTimeout <= 0 {
 		d.CloseTimeout = 5 * time.Second
 	}
+	if d.MaxPeers <= 0 {
+		d.MaxPeers = DefaultMaxPeers
+	}
+	if d.PeerIdle <= 0 {
+		d.PeerIdle = DefaultPeerIdle
+	}
 	o.freed = newFreeBox()
 	ctx, err := newContext(d.SocketOptions, o.freed)
 	if err != nil {
@@ -148,6 +177,22 @@ func NewOutbox(opts *OutboxOptions) (*Outbox, error) {
 // read them until it has written them out, after Stats counts them as
 // sent). A nil error means queued, not delivered.
 func (o *Outbox) Send(ctx context.Context, endpoint string, frames [][]byte) error {
+	return o.enqueue(ctx, endpoint, frames, true)
+}
+
+// Offer is Send for a message that must never hold up its caller on one
+// peer, such as a reply to an endpoint another process named: when
+// endpoint already has MaxPending messages pending it fails at once
+// (ErrQueueFull, counted), where Send would wait. It still waits, up to
+// ctx, for room in the queue, which the sender goroutine drains without
+// ever blocking on a peer.
+func (o *Outbox) Offer(ctx context.Context, endpoint string, frames [][]byte) error {
+	return o.enqueue(ctx, endpoint, frames, false)
+}
+
+// enqueue takes one of endpoint's pending slots, waiting up to ctx for one
+// when waitPeer, and queues the message.
+func (o *Outbox) enqueue(ctx context.Context, endpoint string, frames [][]byte, waitPeer bool) error {
 	if len(frames) == 0 {
 		return errors.New("zmqlink: empty message")
 	}
@@ -160,6 +205,10 @@ func (o *Outbox) Send(ctx context.Context, endpoint string, frames [][]byte) err
 	select {
 	case credit <- struct{}{}:
 	default:
+		if !waitPeer {
+			o.queueFull.Add(1)
+			return fmt.Errorf("%w: %d messages pending for %s", ErrQueueFull, cap(credit), endpoint)
+		}
 		select {
 		case credit <- struct{}{}:
 		case <-ctx.Done():
@@ -257,6 +306,8 @@ func (o *Outbox) Stats() OutboxStats {
 		SendErrors: o.sendErrors.Load(),
 		Dropped:    o.dropped.Load(),
 		QueueFull:  o.queueFull.Load(),
+		Evicted:    o.evicted.Load(),
+		IdleClosed: o.idleClosed.Load(),
 	}
 	if p := o.lastError.Load(); p != nil {
 		s.LastError = *p
@@ -274,12 +325,15 @@ type sender struct {
 	o      *Outbox
 	ctx    zContext
 	peers  map[string]*peer
-	nBlock int // peers with a non-empty backlog
+	lru    *list.List // the peers, most recently used first
+	nBlock int        // peers with a non-empty backlog
 }
 
 func (o *Outbox) run(ctx zContext) {
 	defer close(o.done)
-	s := &sender{o: o, ctx: ctx, peers: map[string]*peer{}}
+	s := &sender{o: o, ctx: ctx, peers: map[string]*peer{}, lru: list.New()}
+	sweep := time.NewTicker(sweepInterval(o.opts.PeerIdle))
+	defer sweep.Stop()
 	defer func() {
 		s.shutdown()
 		o.alive.Store(false)
@@ -291,6 +345,8 @@ func (o *Outbox) run(ctx zContext) {
 				s.handle(it)
 			case req := <-o.forget:
 				s.forget(req)
+			case now := <-sweep.C:
+				s.closeIdle(now)
 			case <-o.freed.notify:
 				o.freed.drain()
 			case <-o.closing:
@@ -303,6 +359,8 @@ func (o *Outbox) run(ctx zContext) {
 		select {
 		case req := <-o.forget:
 			s.forget(req)
+		case now := <-sweep.C:
+			s.closeIdle(now)
 		case <-o.freed.notify:
 			o.freed.drain()
 		case <-o.closing:
@@ -322,9 +380,24 @@ func (o *Outbox) run(ctx zContext) {
 	}
 }
 
+// sweepInterval is how often the sender looks for idle peers: often
+// enough that a peer closes within a fraction of idle past it.
+func sweepInterval(idle time.Duration) time.Duration {
+	return min(max(idle/4, time.Millisecond), time.Second)
+}
+
+// peer returns endpoint's peer, connecting when there is none (after
+// evicting the least recently used peer at MaxPeers), as just used.
 func (s *sender) peer(endpoint string) (*peer, error) {
 	if p := s.peers[endpoint]; p != nil {
+		p.used = time.Now()
+		s.lru.MoveToFront(p.lru)
 		return p, nil
+	}
+	for len(s.peers) >= s.o.opts.MaxPeers {
+		old := s.lru.Back().Value.(*peer)
+		s.o.evicted.Add(1)
+		s.closeNow(old)
 	}
 	sock, err := s.ctx.socket(kindPUSH)
 	if err != nil {
@@ -343,7 +416,8 @@ func (s *sender) peer(endpoint string) (*peer, error) {
 	if err := sock.connect(endpoint); err != nil {
 		return fail(fmt.Errorf("zmqlink: connect %s: %w", endpoint, err))
 	}
-	p := &peer{sock: sock}
+	p := &peer{endpoint: endpoint, sock: sock, used: time.Now()}
+	p.lru = s.lru.PushFront(p)
 	s.peers[endpoint] = p
 	s.o.peers.Add(1)
 	return p, nil
@@ -464,7 +538,45 @@ func (s *sender) closePeer(endpoint string, p *peer) {
 		s.o.noteError(err)
 	}
 	delete(s.peers, endpoint)
+	s.lru.Remove(p.lru)
 	s.o.peers.Add(-1)
+	s.o.dropCredit(endpoint)
+}
+
+// dropCredit forgets endpoint's semaphore when nothing holds a slot, so
+// that the semaphores stay as bounded as the sockets. A Send racing with it
+// may make a fresh one: the peer's bound is then briefly doubled, never
+// lost.
+func (o *Outbox) dropCredit(endpoint string) {
+	if c, ok := o.credits.Load(endpoint); ok && len(c.(chan struct{})) == 0 {
+		o.credits.CompareAndDelete(endpoint, c)
+	}
+}
+
+// closeNow closes p without lingering: an evicted or idle peer's socket
+// must free its slot at once, or a stream of new peers would keep as many
+// sockets lingering as it opens.
+func (s *sender) closeNow(p *peer) {
+	if err := p.sock.setLinger(0); err != nil {
+		s.o.noteError(err)
+	}
+	s.closePeer(p.endpoint, p)
+}
+
+// closeIdle closes the peers unused for PeerIdle that hold nothing, least
+// recently used first.
+func (s *sender) closeIdle(now time.Time) {
+	for e := s.lru.Back(); e != nil; {
+		p := e.Value.(*peer)
+		if now.Sub(p.used) < s.o.opts.PeerIdle {
+			return // the rest were used later
+		}
+		e = e.Prev()
+		if len(p.backlog) == 0 {
+			s.o.idleClosed.Add(1)
+			s.closeNow(p)
+		}
+	}
 }
 
 func (s *sender) forget(req forgetReq) {

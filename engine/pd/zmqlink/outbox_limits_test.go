@@ -1,0 +1,129 @@
+package zmqlink
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+)
+
+// openFDs counts the process's open file descriptors.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc/self/fd: %v", err)
+	}
+	return len(ents)
+}
+
+// TestRedTeamPeerSocketsBounded: messages to 3,000 distinct endpoints (as a
+// flood of ABORTs or heartbeats naming a fresh reply endpoint each makes a
+// prefill send) keep the open peer sockets within MaxPeers: the least
+// recently used peers are evicted and counted, the process's descriptors
+// come back to a bound, and a real peer is served afterwards. Nothing
+// listens on the endpoints. (libzmq frees a closed socket's slot on its
+// reaper thread a little later, so during the burst a few messages may
+// fail on its socket cap, counted as send errors; the cap never stays
+// reached.)
+func TestRedTeamPeerSocketsBounded(t *testing.T) {
+	checkGoroutines(t)
+	const endpoints, maxPeers = 3000, 64
+	eachBackend(t, func(t *testing.T, zc bool) {
+		fds := openFDs(t)
+		out, err := NewOutbox(&OutboxOptions{SocketOptions: SocketOptions{ZeroCopy: zc}, MaxPeers: maxPeers})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer out.Close()
+		most := 0
+		for i := range endpoints {
+			ep := fmt.Sprintf("tcp://127.0.0.1:%d", 1+i) // privileged ports: refused
+			if err := out.Send(context.Background(), ep, [][]byte{[]byte("ack")}); err != nil {
+				t.Fatal(err)
+			}
+			most = max(most, out.Stats().Peers)
+		}
+		waitFor(t, 30*time.Second, "every message handed to ZeroMQ or failed", func() bool {
+			s := out.Stats()
+			return s.Sent+s.SendErrors+s.Dropped == endpoints
+		})
+		s := out.Stats()
+		if most > maxPeers || s.Peers > maxPeers {
+			t.Errorf("open peer sockets: at most %d seen, %d now; the cap is %d", most, s.Peers, maxPeers)
+		}
+		if s.Evicted < endpoints-maxPeers-s.SendErrors {
+			t.Errorf("evicted %d peers, want %d (%d send errors)", s.Evicted, endpoints-maxPeers, s.SendErrors)
+		}
+		// Each libzmq socket holds a descriptor or two; 3,000 would be far
+		// past this.
+		waitFor(t, 30*time.Second, "the closed sockets' descriptors freed", func() bool { return openFDs(t)-fds <= 4*maxPeers })
+		got := make(chan string, 1)
+		in, err := Listen("tcp://127.0.0.1:0", func(f [][]byte) error { got <- string(f[0]); return nil }, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer in.Close()
+		if err := out.Send(context.Background(), in.Endpoint(), [][]byte{[]byte("real")}); err != nil {
+			t.Fatal(err)
+		}
+		if m := <-got; m != "real" {
+			t.Fatalf("the real peer got %q", m)
+		}
+		t.Logf("peers at most %d, evicted %d, send errors during the burst %d", most, s.Evicted, s.SendErrors)
+	})
+}
+
+// TestOutboxClosesIdlePeers: a peer nothing was sent to for PeerIdle is
+// closed and counted; the next message connects again and arrives.
+func TestOutboxClosesIdlePeers(t *testing.T) {
+	checkGoroutines(t)
+	got := make(chan string, 4)
+	in, err := Listen("tcp://127.0.0.1:0", func(f [][]byte) error { got <- string(f[0]); return nil }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := NewOutbox(&OutboxOptions{PeerIdle: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	for _, msg := range []string{"one", "two"} {
+		if err := out.Send(context.Background(), in.Endpoint(), [][]byte{[]byte(msg)}); err != nil {
+			t.Fatal(err)
+		}
+		if m := <-got; m != msg {
+			t.Fatalf("got %q, want %q", m, msg)
+		}
+		waitFor(t, 5*time.Second, "the idle peer closed", func() bool { return out.Stats().Peers == 0 })
+	}
+	if s := out.Stats(); s.IdleClosed != 2 {
+		t.Errorf("idle closed %d peers, want 2", s.IdleClosed)
+	}
+}
+
+// TestOutboxOfferNeverWaitsOnAPeer: Offer to a peer with MaxPending
+// messages pending fails at once, counted, while Send would wait.
+func TestOutboxOfferNeverWaitsOnAPeer(t *testing.T) {
+	checkGoroutines(t)
+	out, err := NewOutbox(&OutboxOptions{SocketOptions: SocketOptions{HWM: 1}, MaxPending: 2, SendTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	const dead = "tcp://127.0.0.1:1"
+	for range 10 { // one to libzmq's pipe, two held: the rest refused
+		_ = out.Offer(context.Background(), dead, [][]byte{[]byte("ack")})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // Offer must not need ctx to refuse
+	waitFor(t, 5*time.Second, "the peer's slots full", func() bool {
+		return out.Offer(ctx, dead, [][]byte{[]byte("ack")}) != nil && out.Stats().Backlog == 2
+	})
+	if s := out.Stats(); s.QueueFull == 0 {
+		t.Errorf("refused offers not counted: %+v", s)
+	}
+}
+
