@@ -135,7 +135,7 @@ func (rt *Router) pick(role string, avoid *upstream, admit bool) (*upstream, *re
 // refuse answers a request no server of a role admits: 429 with
 // Retry-After, counted by role.
 func (rt *Router) refuse(w http.ResponseWriter, f *refusal) {
-	rt.metrics.requests.WithLabelValues(outcomeOverloaded).Inc()
+	rt.count(outcomeOverloaded)
 	rt.metrics.refusals.WithLabelValues(f.role).Inc()
 	rt.log.Debug("refused at the edge", "role", f.role, "server", f.server, "queued", f.depth, "busy", f.busy)
 	w.Header().Set("Retry-After", retryAfterSeconds(rt.opts.HealthInterval))
@@ -145,7 +145,7 @@ func (rt *Router) refuse(w http.ResponseWriter, f *refusal) {
 // unavailable answers 503 with Retry-After: the router is starting, or no
 // server of a role is healthy.
 func (rt *Router) unavailable(w http.ResponseWriter, outcome string, e *openai.Error) {
-	rt.metrics.requests.WithLabelValues(outcome).Inc()
+	rt.count(outcome)
 	w.Header().Set("Retry-After", retryAfterSeconds(rt.opts.HealthInterval))
 	e.WriteJSON(w)
 }

@@ -53,6 +53,7 @@ func (rt *Router) healthLoop(ctx context.Context) {
 	t := time.NewTicker(rt.opts.HealthInterval)
 	defer t.Stop()
 	for {
+		rt.round.Store(time.Now().UnixNano())
 		rt.CheckNow(ctx)
 		if ctx.Err() == nil {
 			rt.ready.Store(true)

@@ -11,7 +11,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -21,8 +20,15 @@ import (
 )
 
 // RequestIDHeader carries the router's id of a request in its response; POST
-// /abort_request accepts it as the rid.
+// /abort_request accepts it, and only it, as the rid.
 const RequestIDHeader = "X-Request-Id"
+
+// newRequestID returns a request id no one can guess: "router-" and 128
+// random bits in hex. Holding it is what lets a client abort the request,
+// so it must never be sequential or derived from anything a client sees.
+func newRequestID() string {
+	return "router-" + rand.Text()
+}
 
 var (
 	errAborted    = errors.New("request aborted")
@@ -74,14 +80,13 @@ func (rs *rooms) count() int {
 
 // tracked is a request in flight, as /abort_request finds it.
 type tracked struct {
-	id     string // the router's id
+	id     string // the router's id (newRequestID)
 	cancel context.CancelCauseFunc
-	mu     sync.Mutex
-	rid    string // the decode side's response id, once seen
 }
 
-// requests indexes the requests in flight by the router's id and by the
-// decode side's response id.
+// requests indexes the requests in flight by the router's id. The decode
+// side's response id is not an index: servers number their requests in
+// sequence, so anyone could guess another client's.
 type requests struct {
 	mu   sync.Mutex
 	byID map[string]*tracked
@@ -93,29 +98,10 @@ func (q *requests) add(t *tracked) {
 	q.mu.Unlock()
 }
 
-// alias makes rid, the decode side's id, find t too.
-func (q *requests) alias(t *tracked, rid string) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if _, taken := q.byID[rid]; taken {
-		return
-	}
-	t.mu.Lock()
-	t.rid = rid
-	t.mu.Unlock()
-	q.byID[rid] = t
-}
-
 func (q *requests) remove(t *tracked) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	delete(q.byID, t.id)
-	t.mu.Lock()
-	rid := t.rid
-	t.mu.Unlock()
-	if rid != "" && q.byID[rid] == t {
-		delete(q.byID, rid)
-	}
 }
 
 func (q *requests) find(id string) *tracked {
@@ -129,14 +115,10 @@ func (q *requests) find(id string) *tracked {
 func (q *requests) cancelAll(cause error) int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	seen := map[*tracked]bool{}
 	for _, t := range q.byID {
-		if !seen[t] {
-			seen[t] = true
-			t.cancel(cause)
-		}
+		t.cancel(cause)
 	}
-	return len(seen)
+	return len(q.byID)
 }
 
 // AbortRequest is the body of POST /abort_request.
@@ -144,6 +126,11 @@ type AbortRequest struct {
 	RID string `json:"rid"`
 }
 
+// abort serves POST /abort_request. The rid must be a router id the
+// client was given (X-Request-Id): possession of that unguessable id is
+// the authorization. Any other rid, a server's response id included, is
+// answered 404 like a finished request, so that the answer tells a guesser
+// nothing.
 func (rt *Router) abort(w http.ResponseWriter, r *http.Request) {
 	var req AbortRequest
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
@@ -164,6 +151,19 @@ func (rt *Router) abort(w http.ResponseWriter, r *http.Request) {
 	rt.log.Info("abort", "rid", req.RID, "request_id", t.id)
 	t.cancel(errAborted)
 	writeJSON(w, http.StatusOK, map[string]any{"success": true, "rid": req.RID})
+}
+
+// count records a routed request's outcome: its counter and, for the
+// outcomes that say whether the cluster served it (ok, upstream_error),
+// the readiness window.
+func (rt *Router) count(outcome string) {
+	rt.metrics.requests.WithLabelValues(outcome).Inc()
+	switch outcome {
+	case outcomeOK:
+		rt.recent.Record(false)
+	case outcomeUpstreamError:
+		rt.recent.Record(true)
+	}
 }
 
 // readObject reads a JSON object body into its fields, bounded in size.
@@ -239,7 +239,7 @@ func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
 	arrived := time.Now()
 	fields, oerr := readObject(w, r, rt.opts.MaxBodyBytes)
 	if oerr != nil {
-		rt.metrics.requests.WithLabelValues(outcomeInvalid).Inc()
+		rt.count(outcomeInvalid)
 		oerr.WriteJSON(w)
 		return
 	}
@@ -308,7 +308,7 @@ func (rt *Router) route(w http.ResponseWriter, r *http.Request, fields map[strin
 
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
-	t := &tracked{id: "router-" + strconv.FormatUint(rt.seq.Add(1), 10), cancel: cancel}
+	t := &tracked{id: newRequestID(), cancel: cancel}
 	rt.reqs.add(t)
 	defer rt.reqs.remove(t)
 	w.Header().Set(RequestIDHeader, t.id)
@@ -381,10 +381,10 @@ func (rt *Router) route(w http.ResponseWriter, r *http.Request, fields map[strin
 			// The request's fault (a bad parameter): the client learns
 			// why; nothing failed in the cluster.
 			log.Debug("prefill refused the request", "status", e.Status, "err", e.Message)
-			rt.metrics.requests.WithLabelValues(outcomeClientError).Inc()
+			rt.count(outcomeClientError)
 		} else {
 			log.Warn("prefill failed before decode output", "status", e.Status, "err", e.Message)
-			rt.metrics.requests.WithLabelValues(outcomeUpstreamError).Inc()
+			rt.count(outcomeUpstreamError)
 		}
 		e.WriteJSON(w)
 	}
@@ -526,7 +526,6 @@ func (rt *Router) route(w http.ResponseWriter, r *http.Request, fields map[strin
 				writeHeader()
 			}
 			if id := sniff.add(c.b); id != "" {
-				rt.reqs.alias(t, id)
 				log = log.With("rid", id)
 			}
 			if _, err := w.Write(c.b); err != nil {
@@ -562,7 +561,7 @@ func (rt *Router) route(w http.ResponseWriter, r *http.Request, fields map[strin
 // client knows it was cut).
 func (rt *Router) ended(w http.ResponseWriter, log *slog.Logger, d *upstream, status int, meter *streamMeter) bool {
 	fail := func(msg string, args ...any) {
-		rt.metrics.requests.WithLabelValues(outcomeUpstreamError).Inc()
+		rt.count(outcomeUpstreamError)
 		rt.metrics.upstreamErrors.WithLabelValues(d.role, d.url).Inc()
 		log.Warn(msg, args...)
 	}
@@ -570,7 +569,7 @@ func (rt *Router) ended(w http.ResponseWriter, log *slog.Logger, d *upstream, st
 	case status >= 500:
 		fail("decode failed", "status", status)
 	case status < 200 || status > 299:
-		rt.metrics.requests.WithLabelValues(outcomeClientError).Inc()
+		rt.count(outcomeClientError)
 		log.Debug("decode refused the request", "status", status)
 	case meter.errored:
 		fail("decode stream ended with an error event", "err", meter.errMsg)
@@ -578,7 +577,7 @@ func (rt *Router) ended(w http.ResponseWriter, log *slog.Logger, d *upstream, st
 		writeCut(w, fmt.Sprintf("decode server %s ended the stream before its end", d.url))
 		fail("decode stream ended without [DONE]")
 	default:
-		rt.metrics.requests.WithLabelValues(outcomeOK).Inc()
+		rt.count(outcomeOK)
 		return true
 	}
 	return false
@@ -629,20 +628,20 @@ func (rt *Router) prefillError(p *upstream, res upResult) *openai.Error {
 func (rt *Router) endEarly(ctx context.Context, w http.ResponseWriter, r *http.Request, log *slog.Logger, d *upstream, err error) {
 	switch {
 	case r.Context().Err() != nil:
-		rt.metrics.requests.WithLabelValues(outcomeClientGone).Inc()
+		rt.count(outcomeClientGone)
 		log.Info("client went away")
 	case context.Cause(ctx) == errAborted:
-		rt.metrics.requests.WithLabelValues(outcomeAborted).Inc()
+		rt.count(outcomeAborted)
 		log.Info("aborted")
 		(&openai.Error{Status: 499, Type: openai.TypeInvalidRequest, Message: "the request was aborted"}).WriteJSON(w)
 	case context.Cause(ctx) == errShutdown:
-		rt.metrics.requests.WithLabelValues(outcomeShutdown).Inc()
+		rt.count(outcomeShutdown)
 		log.Info("cut by the shutdown")
 		w.Header().Set("Retry-After", retryAfterSeconds(rt.opts.HealthInterval))
 		(&openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeServer,
 			Message: "the router shut down before the request was answered"}).WriteJSON(w)
 	default:
-		rt.metrics.requests.WithLabelValues(outcomeUpstreamError).Inc()
+		rt.count(outcomeUpstreamError)
 		rt.metrics.upstreamErrors.WithLabelValues(d.role, d.url).Inc()
 		log.Warn("decode failed", "err", err)
 		(&openai.Error{Status: http.StatusBadGateway, Type: openai.TypeServer,
@@ -657,19 +656,19 @@ func (rt *Router) cutShort(ctx context.Context, w http.ResponseWriter, r *http.R
 	var msg string
 	switch {
 	case r.Context().Err() != nil:
-		rt.metrics.requests.WithLabelValues(outcomeClientGone).Inc()
+		rt.count(outcomeClientGone)
 		log.Info("client went away")
 		return
 	case context.Cause(ctx) == errAborted:
-		rt.metrics.requests.WithLabelValues(outcomeAborted).Inc()
+		rt.count(outcomeAborted)
 		log.Info("aborted")
 		msg = "the request was aborted"
 	case context.Cause(ctx) == errShutdown:
-		rt.metrics.requests.WithLabelValues(outcomeShutdown).Inc()
+		rt.count(outcomeShutdown)
 		log.Info("cut by the shutdown")
 		msg = "the router shut down before the response ended"
 	default:
-		rt.metrics.requests.WithLabelValues(outcomeUpstreamError).Inc()
+		rt.count(outcomeUpstreamError)
 		rt.metrics.upstreamErrors.WithLabelValues(d.role, d.url).Inc()
 		log.Warn("decode stream cut", "err", err)
 		msg = fmt.Sprintf("decode server %s failed mid-stream: %v", d.url, err)

@@ -8,9 +8,14 @@
 // client.
 //
 // Aborts fan out: when the client disconnects, or on POST /abort_request
-// with the decode side's response id or the router's own request id (the
-// X-Request-Id response header), both upstream requests are cancelled, and
-// the servers abort a request whose client went away.
+// with the router's request id, both upstream requests are cancelled, and
+// the servers abort a request whose client went away. The router's id (the
+// X-Request-Id response header) is 128 random bits, and possession of it
+// is the authorization to abort: /abort_request accepts no other id (not
+// the decode side's response id, which servers number in sequence), so a
+// client cannot cancel another's request. Operators abort any request on
+// the servers' admin API (POST /admin/v1/requests/{id}/abort, behind
+// --admin-token).
 //
 // A goroutine owned by the Router checks every server's /health and
 // /pd/v1/info at an interval; a server that fails FailThreshold checks in a
@@ -28,10 +33,18 @@
 // early, an abort, the router's shutdown) ends with an SSE error event,
 // data: {"error": {...}}, so that the client knows it was cut.
 //
+// Liveness is not readiness (probes.go): GET /livez answers 200 while the
+// router serves HTTP and its health loop runs, whatever its servers do, so
+// that an orchestrator never restarts a router because its upstreams
+// fail; GET /readyz answers 503 with a reason while it should get no
+// traffic: no healthy prefill or decode server, or more than
+// Options.ReadyFailureRate of its recent proxied requests failed upstream.
+//
 // Routes: POST /v1/completions, /v1/chat/completions and /generate (proxied),
 // POST /abort_request, GET /v1/models (from a healthy decode server),
-// GET /health, GET /metrics (Prometheus, namespace pdkit), GET
-// /debug/v1/cluster (api/debug.ClusterResponse) and GET /pd/v1/info.
+// GET /health, /livez and /readyz, GET /metrics (Prometheus, namespace
+// pdkit), GET /debug/v1/cluster (api/debug.ClusterResponse) and GET
+// /pd/v1/info.
 package router
 
 import (
@@ -76,6 +89,17 @@ type Options struct {
 	// bound). When every healthy server of a role is at it, requests are
 	// answered 429 with Retry-After.
 	MaxQueued int
+	// ReadyFailureRate, ReadyWindow and ReadyMinRequests judge readiness
+	// by the recent proxied requests: GET /readyz answers 503 while at
+	// least ReadyMinRequests requests ended within ReadyWindow and more
+	// than ReadyFailureRate of them failed upstream (defaults: the
+	// httpx.DefaultReady* values; a rate of 1 turns it off).
+	ReadyFailureRate float64
+	ReadyWindow      time.Duration
+	ReadyMinRequests int
+	// Guard, when set, is the listener guard the router is served behind;
+	// GET /metrics exports its limit hits.
+	Guard *httpx.Guard
 	// Logger receives the router's logs (default slog.Default()).
 	Logger *slog.Logger
 	// Client sends the upstream requests (default: a client with dial,
@@ -100,10 +124,11 @@ type Router struct {
 	pickMu sync.Mutex // makes choosing a server and counting it one step
 	rr     [2]uint64  // round-robin offsets: prefill, decode
 
-	rooms rooms
-	reqs  requests
-	seq   atomic.Uint64 // the router's request ids
-	ready atomic.Bool   // the first round of health checks has ended
+	rooms  rooms
+	reqs   requests
+	ready  atomic.Bool  // the first round of health checks has ended
+	round  atomic.Int64 // when the health loop last began a round (unix ns)
+	recent *httpx.RecentFailures
 
 	stop   context.CancelFunc
 	done   chan struct{} // closed when the health loop has returned
@@ -145,10 +170,12 @@ func New(opts Options) (*Router, error) {
 		opts: opts, log: opts.Logger, client: opts.Client,
 		mux:     httpx.NewMux(opts.Logger),
 		metrics: newMetrics(), created: time.Now().Unix(),
-		rooms: rooms{live: map[uint64]struct{}{}},
-		reqs:  requests{byID: map[string]*tracked{}},
-		done:  make(chan struct{}),
+		rooms:  rooms{live: map[uint64]struct{}{}},
+		reqs:   requests{byID: map[string]*tracked{}},
+		recent: httpx.NewRecentFailures(opts.ReadyFailureRate, opts.ReadyWindow, opts.ReadyMinRequests),
+		done:   make(chan struct{}),
 	}
+	rt.round.Store(time.Now().UnixNano())
 	seen := map[string]bool{}
 	for _, role := range []string{pdproto.RolePrefill, pdproto.RoleDecode} {
 		urls := opts.Prefill
@@ -175,12 +202,17 @@ func New(opts Options) (*Router, error) {
 		}
 	}
 	rt.metrics.reg.MustRegister(queueCollector{rt})
+	if opts.Guard != nil {
+		rt.metrics.reg.MustRegister(opts.Guard)
+	}
 	rt.handle("POST", "/v1/completions", rt.proxy)
 	rt.handle("POST", "/v1/chat/completions", rt.proxy)
 	rt.handle("POST", "/generate", rt.proxy)
 	rt.handle("POST", "/abort_request", rt.abort)
 	rt.handle("GET", "/v1/models", rt.models)
 	rt.handle("GET", "/health", rt.health)
+	rt.handle("GET", "/livez", rt.livez)
+	rt.handle("GET", "/readyz", rt.readyz)
 	rt.handle("GET", "/metrics", rt.metrics.handler().ServeHTTP)
 	rt.handle("GET", "/debug/v1/cluster", rt.cluster)
 	rt.handle("GET", pdproto.InfoPath, rt.info)

@@ -520,39 +520,32 @@ func TestClientDisconnectCancelsBoth(t *testing.T) {
 }
 
 func TestAbortRequest(t *testing.T) {
-	for _, byHeader := range []bool{false, true} {
-		t.Run(fmt.Sprintf("header=%v", byHeader), func(t *testing.T) {
-			p := newStub(t, pdproto.RolePrefill, blocking)
-			d := newStub(t, pdproto.RoleDecode, blocking)
-			c := start(t, []*stub{p}, []*stub{d})
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			resp := c.post(t, ctx, "/v1/completions", `{"prompt":"x","stream":true}`)
-			defer resp.Body.Close()
-			br := bufio.NewReader(resp.Body)
-			if _, err := br.ReadString('\n'); err != nil {
-				t.Fatal(err)
-			}
-			p.waitRequests(t, 1)
-			rid := "cmpl-77"
-			if byHeader {
-				rid = resp.Header.Get(RequestIDHeader)
-			}
-			aresp := c.post(t, context.Background(), "/abort_request", fmt.Sprintf(`{"rid":%q}`, rid))
-			if body := readAll(t, aresp); aresp.StatusCode != 200 {
-				t.Fatalf("abort %s: %d %q", rid, aresp.StatusCode, body)
-			}
-			p.waitCancel(t, "abort")
-			d.waitCancel(t, "abort")
-			if _, err := io.ReadAll(br); err != nil && ctx.Err() != nil {
-				t.Fatalf("the client's stream did not end after the abort: %v", err)
-			}
-			c.waitFor(t, "no room live", func(cr debug.ClusterResponse) bool { return cr.LiveRooms == 0 })
-			aresp = c.post(t, context.Background(), "/abort_request", fmt.Sprintf(`{"rid":%q}`, rid))
-			if body := readAll(t, aresp); aresp.StatusCode != 404 || !strings.Contains(body, `"error"`) {
-				t.Fatalf("abort of a finished request: %d %q", aresp.StatusCode, body)
-			}
-		})
+	p := newStub(t, pdproto.RolePrefill, blocking)
+	d := newStub(t, pdproto.RoleDecode, blocking)
+	c := start(t, []*stub{p}, []*stub{d})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp := c.post(t, ctx, "/v1/completions", `{"prompt":"x","stream":true}`)
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	p.waitRequests(t, 1)
+	rid := resp.Header.Get(RequestIDHeader)
+	aresp := c.post(t, context.Background(), "/abort_request", fmt.Sprintf(`{"rid":%q}`, rid))
+	if body := readAll(t, aresp); aresp.StatusCode != 200 {
+		t.Fatalf("abort %s: %d %q", rid, aresp.StatusCode, body)
+	}
+	p.waitCancel(t, "abort")
+	d.waitCancel(t, "abort")
+	if _, err := io.ReadAll(br); err != nil && ctx.Err() != nil {
+		t.Fatalf("the client's stream did not end after the abort: %v", err)
+	}
+	c.waitFor(t, "no room live", func(cr debug.ClusterResponse) bool { return cr.LiveRooms == 0 })
+	aresp = c.post(t, context.Background(), "/abort_request", fmt.Sprintf(`{"rid":%q}`, rid))
+	if body := readAll(t, aresp); aresp.StatusCode != 404 || !strings.Contains(body, `"error"`) {
+		t.Fatalf("abort of a finished request: %d %q", aresp.StatusCode, body)
 	}
 }
 

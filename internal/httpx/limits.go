@@ -1,0 +1,292 @@
+package httpx
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pdkit/pdkit/api/openai"
+)
+
+// Limits bound what a client can hold of a listener, so that slow or
+// idle connections cannot take all of a server's connections or goroutines:
+// how long reading a request's headers and body may take, and how many
+// connections may be open at once. A zero field is no limit.
+type Limits struct {
+	// HeaderTimeout bounds reading a request's headers, from the first
+	// byte (or the connection's opening) to the blank line.
+	HeaderTimeout time.Duration
+	// BodyTimeout bounds reading a request's body. It is a read deadline
+	// set around the body only and cleared before the handler runs: a
+	// response, a long SSE stream included, is never cut by it.
+	BodyTimeout time.Duration
+	// MaxConns caps the connections open at once on one listener; one
+	// past the cap is answered 503 and closed at once.
+	MaxConns int
+	// MaxBodyBytes is how much of a body is read under BodyTimeout before
+	// the handler runs (default openai.DefaultMaxBodyBytes); the rest of a
+	// larger body stays under the deadline for the handler, whose own
+	// bound refuses it.
+	MaxBodyBytes int64
+}
+
+// Defaults of the listener limits, the flags' defaults.
+const (
+	DefaultHeaderTimeout = 10 * time.Second
+	DefaultBodyTimeout   = 30 * time.Second
+	DefaultMaxConns      = 4096
+)
+
+// IdleTimeout is how long a kept-alive connection may wait for its next
+// request: longer than the routers' idle pool (90s), so that a pooled
+// connection is closed by its client first.
+const IdleTimeout = 2 * time.Minute
+
+// Limit names, the limit label of pdkit_http_limit_hits_total.
+const (
+	LimitHeaderTimeout = "header_timeout"
+	LimitBodyTimeout   = "body_timeout"
+	LimitConnections   = "connections"
+)
+
+var limitNames = []string{LimitHeaderTimeout, LimitBodyTimeout, LimitConnections}
+
+var hitsDesc = prometheus.NewDesc("pdkit_http_limit_hits_total",
+	"Requests or connections cut by a listener limit: header_timeout (headers not read within --header-timeout), body_timeout (body not read within --body-timeout, answered 408), connections (a connection past --max-connections, answered 503 and closed).",
+	[]string{"limit"}, nil)
+
+// Guard enforces Limits on the listeners and servers it wraps and counts
+// each limit hit. Safe for concurrent use.
+type Guard struct {
+	limits Limits
+	hits   [3]atomic.Uint64 // by limitNames' order
+}
+
+// NewGuard returns a Guard of l.
+func NewGuard(l Limits) *Guard {
+	if l.MaxBodyBytes <= 0 {
+		l.MaxBodyBytes = openai.DefaultMaxBodyBytes
+	}
+	return &Guard{limits: l}
+}
+
+// Limits returns the guard's limits.
+func (g *Guard) Limits() Limits { return g.limits }
+
+// Hits returns how many times limit (a Limit* name) was hit.
+func (g *Guard) Hits(limit string) uint64 {
+	for i, n := range limitNames {
+		if n == limit {
+			return g.hits[i].Load()
+		}
+	}
+	return 0
+}
+
+func (g *Guard) hit(limit string) {
+	for i, n := range limitNames {
+		if n == limit {
+			g.hits[i].Add(1)
+		}
+	}
+}
+
+// Describe and Collect make the Guard a Prometheus collector of
+// pdkit_http_limit_hits_total; register it on the server's /metrics.
+func (g *Guard) Describe(ch chan<- *prometheus.Desc) { ch <- hitsDesc }
+
+func (g *Guard) Collect(ch chan<- prometheus.Metric) {
+	for i, n := range limitNames {
+		ch <- prometheus.MustNewConstMetric(hitsDesc, prometheus.CounterValue, float64(g.hits[i].Load()), n)
+	}
+}
+
+// Server returns an http.Server that serves h under the limits: the
+// header timeout, the body timeout (around reading the body, see
+// Limits.BodyTimeout) and IdleTimeout. It has no WriteTimeout, which
+// would cut long streams. Serve it on Listener's wrapper, which enforces
+// the connection cap and counts header timeouts.
+func (g *Guard) Server(h http.Handler, errorLog *log.Logger) *http.Server {
+	return &http.Server{
+		Handler:           g.readBodyFirst(h),
+		ReadHeaderTimeout: g.limits.HeaderTimeout,
+		IdleTimeout:       IdleTimeout,
+		ErrorLog:          errorLog,
+		ConnState:         trackConnState,
+	}
+}
+
+// Listener wraps ln: a connection past Limits.MaxConns is answered 503
+// with Retry-After and closed without its request being read (a client
+// whose request is already on the wire may see a reset instead), so that
+// it costs neither a goroutine nor a wait; a client or load balancer
+// learns to retry elsewhere. Each connection also reports a header
+// timeout to the guard.
+func (g *Guard) Listener(ln net.Listener) net.Listener {
+	return &capListener{Listener: ln, g: g}
+}
+
+type capListener struct {
+	net.Listener
+	g    *Guard
+	open atomic.Int64
+}
+
+// refusal is the whole answer to a connection past the cap.
+var refusal = func() []byte {
+	b, _ := json.Marshal(openai.ServerError("too many connections to this server; retry later").Body())
+	b = append(b, '\n')
+	return append(fmt.Appendf(nil, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"+
+		"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n", len(b)), b...)
+}()
+
+func (l *capListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if n := l.open.Add(1); l.g.limits.MaxConns > 0 && n > int64(l.g.limits.MaxConns) {
+			l.open.Add(-1)
+			l.g.hit(LimitConnections)
+			c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+			c.Write(refusal)
+			c.Close()
+			continue
+		}
+		return &guardedConn{Conn: c, g: l.g, release: sync.OnceFunc(func() { l.open.Add(-1) })}, nil
+	}
+}
+
+// guardedConn is a connection of a capListener: its Close frees its place
+// under the cap, and a read that times out while the server waits for a
+// request's headers counts as a header timeout.
+type guardedConn struct {
+	net.Conn
+	g       *Guard
+	release func()
+	// active is set while the server handles a request on the conn (the
+	// http.Server's StateActive): its reads are then the body's, timed by
+	// the body timeout.
+	active atomic.Bool
+	// served says a request was read; readSince that bytes came since the
+	// conn last went idle. A kept-alive connection that idles out is not
+	// a hit; one that began a request, or never sent one, is.
+	served, readSince atomic.Bool
+	counted           atomic.Bool // its header timeout is counted
+}
+
+func (c *guardedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.readSince.Store(true)
+	}
+	if err != nil && !c.active.Load() && isTimeout(err) && (c.readSince.Load() || !c.served.Load()) &&
+		c.counted.CompareAndSwap(false, true) {
+		c.g.hit(LimitHeaderTimeout)
+	}
+	return n, err
+}
+
+func (c *guardedConn) Close() error {
+	c.release()
+	return c.Conn.Close()
+}
+
+// trackConnState follows a guarded connection's state (http.Server.ConnState).
+func trackConnState(nc net.Conn, s http.ConnState) {
+	c, ok := nc.(*guardedConn)
+	if !ok {
+		return
+	}
+	switch s {
+	case http.StateActive:
+		c.served.Store(true)
+		c.active.Store(true)
+	case http.StateIdle:
+		c.readSince.Store(false)
+		c.active.Store(false)
+	case http.StateClosed, http.StateHijacked:
+		c.release()
+	}
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// readBodyFirst reads a request's body (up to Limits.MaxBodyBytes) under
+// a read deadline of Limits.BodyTimeout, clears the deadline, and hands
+// the handler the body read. A body not read in time is answered 408 and
+// counted; the connection is then closed.
+func (g *Guard) readBodyFirst(h http.Handler) http.Handler {
+	if g.limits.BodyTimeout <= 0 {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+			h.ServeHTTP(w, r)
+			return
+		}
+		rc := http.NewResponseController(w)
+		if err := rc.SetReadDeadline(time.Now().Add(g.limits.BodyTimeout)); err != nil {
+			h.ServeHTTP(w, r) // a writer without deadlines: nothing to enforce with
+			return
+		}
+		body, err := io.ReadAll(io.LimitReader(r.Body, g.limits.MaxBodyBytes+1))
+		switch {
+		case err != nil && isTimeout(err):
+			g.hit(LimitBodyTimeout)
+			w.Header().Set("Connection", "close")
+			(&openai.Error{Status: http.StatusRequestTimeout, Type: openai.TypeInvalidRequest,
+				Message: "the request body was not received within " + g.limits.BodyTimeout.String()}).WriteJSON(w)
+			return
+		case err != nil:
+			(&openai.Error{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest,
+				Message: "reading the body: " + err.Error()}).WriteJSON(w)
+			return
+		case int64(len(body)) > g.limits.MaxBodyBytes:
+			// Larger than any handler takes: the rest stays under the
+			// deadline, and the handler's own bound answers.
+			r.Body = readCloser{io.MultiReader(bytes.NewReader(body), &countTimeouts{r.Body, g}), r.Body}
+		default:
+			rc.SetReadDeadline(time.Time{})
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+type readCloser struct {
+	io.Reader
+	io.Closer
+}
+
+// countTimeouts counts a read that hits the body deadline.
+type countTimeouts struct {
+	r io.Reader
+	g *Guard
+}
+
+func (c *countTimeouts) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	if err != nil && isTimeout(err) {
+		c.g.hit(LimitBodyTimeout)
+	}
+	return n, err
+}

@@ -1,0 +1,10 @@
+//go:build redteam
+
+package router
+
+import "testing"
+
+// The flood of the hostile-user round: 1,000 slow-body connections at once.
+func TestRedTeamSlowBodyFlood(t *testing.T) {
+	testSlowBody(t, 1000)
+}

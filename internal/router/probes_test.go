@@ -1,0 +1,106 @@
+package router
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pdkit/pdkit/api/debug"
+	"github.com/pdkit/pdkit/api/pdproto"
+)
+
+// probe GETs path and decodes its body into v.
+func (c *cluster) probe(t *testing.T, path string, v any) int {
+	t.Helper()
+	resp := c.get(t, path)
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return resp.StatusCode
+}
+
+// When every request fails upstream while the health checks pass, /readyz
+// goes 503 with the reason and /livez stays 200 (restarting the router
+// would mend nothing); /health is unchanged. Once requests succeed again,
+// /readyz recovers.
+func TestReadinessFollowsFailures(t *testing.T) {
+	var failing atomic.Bool
+	failing.Store(true)
+	p := newStub(t, pdproto.RolePrefill, nil)
+	d := newStub(t, pdproto.RoleDecode, func(s *stub) {
+		s.gen = func(w http.ResponseWriter, r *http.Request, _ map[string]any) {
+			if failing.Load() {
+				http.Error(w, `{"error":{"message":"decode broke","type":"server_error"}}`, http.StatusInternalServerError)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.Write([]byte(`{"id":"cmpl-1","choices":[{"text":"ok"}]}`))
+		}
+	})
+	c := start(t, []*stub{p}, []*stub{d}, func(o *Options) { o.ReadyMinRequests = 4 })
+	var ready ReadyResponse
+	if code := c.probe(t, "/readyz", &ready); code != 200 || ready.Status != "ok" {
+		t.Fatalf("readyz before any request: %d %+v", code, ready)
+	}
+	for range 6 {
+		resp := c.post(t, t.Context(), "/v1/completions", `{"prompt":"x"}`)
+		if body := readAll(t, resp); resp.StatusCode < 500 {
+			t.Fatalf("a request to the failing decode: %d %s", resp.StatusCode, body)
+		}
+	}
+	if code := c.probe(t, "/readyz", &ready); code != 503 || ready.Status != "not_ready" ||
+		!strings.Contains(ready.Reason, "6 of the last 6 requests") || ready.RecentFailed != 6 {
+		t.Fatalf("readyz with every request failing: %d %+v", code, ready)
+	}
+	var live LiveResponse
+	if code := c.probe(t, "/livez", &live); code != 200 || live.Status != "ok" {
+		t.Fatalf("livez with every request failing: %d %+v", code, live)
+	}
+	var health HealthResponse
+	if code := c.probe(t, "/health", &health); code != 200 {
+		t.Fatalf("health with every request failing: %d %+v", code, health)
+	}
+
+	failing.Store(false)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp := c.post(t, t.Context(), "/v1/completions", `{"prompt":"x"}`)
+		if body := readAll(t, resp); resp.StatusCode != 200 {
+			t.Fatalf("a request to the mended decode: %d %s", resp.StatusCode, body)
+		}
+		if code := c.probe(t, "/readyz", &ready); code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readyz did not recover: %+v", ready)
+		}
+	}
+	if ready.RecentFailed != 6 || ready.RecentRequests != 12 {
+		t.Errorf("recovered at %d failed of %d, want 6 of 12 (not above half)", ready.RecentFailed, ready.RecentRequests)
+	}
+}
+
+// Readiness needs a healthy server of each role; liveness does not.
+func TestReadinessNeedsServers(t *testing.T) {
+	p := newStub(t, pdproto.RolePrefill, nil)
+	d := newStub(t, pdproto.RoleDecode, nil)
+	c := start(t, []*stub{p}, []*stub{d})
+	d.healthy.Store(false)
+	c.waitFor(t, "decode down", func(cr debug.ClusterResponse) bool { return cr.HealthyDecode == 0 })
+	var ready ReadyResponse
+	if code := c.probe(t, "/readyz", &ready); code != 503 || ready.Reason != "no healthy decode server" {
+		t.Fatalf("readyz without a decode server: %d %+v", code, ready)
+	}
+	var live LiveResponse
+	if code := c.probe(t, "/livez", &live); code != 200 {
+		t.Fatalf("livez without a decode server: %d %+v", code, live)
+	}
+	c.rt.Close()
+	if code := c.probe(t, "/livez", &live); code != 503 || !strings.Contains(live.Reason, "stopped") {
+		t.Fatalf("livez of a closed router: %d %+v", code, live)
+	}
+}
