@@ -40,9 +40,11 @@ build: ## build bin/pdserve and bin/pdctl
 run: deps build ## a PD cluster on loopback (router on :8000, one prefill, one decode) with the built-in model; ARGS="..." adds launch flags
 	bin/pdserve launch $(ARGS)
 
-test: deps ## go vet, then the whole test suite with the race detector
+test: deps ## go vet, the whole test suite with the race detector, the multi-host test (as root), the deploy module's (Kubernetes manifests)
 	$(GO) vet ./...
 	$(GO) test $(GOTESTFLAGS) ./...
+	$(GO) test -tags netns -run '^TestMultiHost$$' ./internal/clustertest/
+	cd deploy && $(GO) vet ./... && $(GO) test ./...
 
 soak: deps ## make run's cluster under 60 greedy sessions for SOAK_DURATION (10m): outputs against references, pdctl diagnose every 30s, RSS and goroutines flat
 	$(GO) test -tags soak -run '^TestSoak$$' -v -timeout $(SOAK_TIMEOUT) ./internal/soak/ -args -soak.duration=$(SOAK_DURATION)
