@@ -109,6 +109,11 @@ func requireNetns(t *testing.T) {
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("the multi-host test needs the ip command (iproute2)")
 	}
+	probe := fmt.Sprintf("pdkit-%d-probe", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", probe).CombinedOutput(); err != nil {
+		t.Skipf("the multi-host test cannot make a network namespace here (a container without CAP_NET_ADMIN?): %v: %s", err, out)
+	}
+	ip(t, "netns", "del", probe)
 }
 
 // bridgeNet is a bridge in this namespace, with the first address of its
