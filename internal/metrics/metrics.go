@@ -125,6 +125,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -153,7 +154,13 @@ type Metrics struct {
 	queue        prometheus.Histogram
 
 	hicacheSwitches *prometheus.CounterVec
+	onFinish        atomic.Pointer[func(reason string)] // OnFinish's
 }
+
+// OnFinish has f told the reason of every request the engine finishes,
+// after it is counted (a server's readiness window); a later call
+// replaces f.
+func (m *Metrics) OnFinish(f func(reason string)) { m.onFinish.Store(&f) }
 
 var (
 	_ serve.Observer      = (*Metrics)(nil)
@@ -287,6 +294,9 @@ func (m *Metrics) TokenEmitted(_ uint64, n int, since time.Duration) {
 func (m *Metrics) RequestFinished(_ uint64, f serve.Finish) {
 	m.promptTokens.Add(float64(f.PromptTokens))
 	m.requests.WithLabelValues(Reason(f.Reason)).Inc()
+	if on := m.onFinish.Load(); on != nil {
+		(*on)(f.Reason)
+	}
 }
 
 // StepFinished implements serve.Observer.

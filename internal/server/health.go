@@ -89,7 +89,12 @@ const (
 var pdWaitQueue = map[string]string{pdproto.RolePrefill: "bootstrap", pdproto.RoleDecode: "prealloc"}
 
 func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
-	now := time.Now()
+	resp, status := s.judge(time.Now())
+	writeJSON(w, status, resp)
+}
+
+// judge is the /health verdict at now: the answer and its status.
+func (s *Server) judge(now time.Time) (HealthResponse, int) {
 	h := s.eng.Health(now)
 	resp := HealthResponse{Status: HealthOK, Step: h.Step, LoopAgeMS: ms(h.LoopAge), Waiting: h.Waiting,
 		Running: h.Running, Pending: h.Pending, Queued: h.Waiting + h.Pending, OldestWaitingMS: ms(h.OldestWaiting)}
@@ -109,7 +114,7 @@ func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 		// Busy is not dead: the loop iterates, requests wait their turn.
 		resp.Status, resp.Reason = HealthBusy, fmt.Sprintf("a request has waited %v for admission (limit %v)", h.OldestWaiting.Round(time.Millisecond), s.opts.MaxQueueAge)
 	}
-	writeJSON(w, status, resp)
+	return resp, status
 }
 
 // judgeHealth fills in resp's status, reason, ranks, stalls and broken

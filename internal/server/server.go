@@ -63,6 +63,8 @@ type Options struct {
 	// BootstrapURL is a prefill server's bootstrap registry, which
 	// GET /pd/v1/info reports to routers.
 	BootstrapURL string
+	// Probes configure GET /livez and /readyz (probes.go).
+	Probes Probes
 	// GPU backs GET /debug/v1/gpu and the pdkit_gpu_* metrics (default:
 	// off, "no GPU" with the reason). The caller closes it.
 	GPU *gpu.Telemetry
@@ -84,6 +86,7 @@ type Server struct {
 	log     *slog.Logger
 	mux     *httpx.Mux
 	created int64
+	recent  *httpx.RecentFailures // the readiness window (probes.go)
 
 	// The index-K switch the admin API started and the engine has not
 	// finished: its precision, empty when none (under indexKMu).
@@ -146,6 +149,7 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 	s.handle("POST", "/generate", arrival(s.generateNative))
 	s.handle("POST", "/abort_request", s.abort)
 	s.handle("GET", "/health", s.health)
+	s.registerProbes()
 	s.handle("GET", "/metrics", opts.Metrics.Handler().ServeHTTP)
 	s.handle("GET", debug.StatePath, s.state)
 	s.handle("GET", debug.SettingsPath, s.settings)
