@@ -78,7 +78,7 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 	f := cmd.Flags()
 	f.StringSliceVar(&o.cfg.Faults, "fault", nil, "fault switch to turn on at start (repeatable; see GET /debug/v1/faults)")
 	if role != pdproto.RoleColocated {
-		f.StringVar(&o.cfg.PD.Host, "pd-host", def.PD.Host, "address the ranks' ZeroMQ sockets bind and advertise")
+		f.StringVar(&o.cfg.PD.Host, "pd-host", def.PD.Host, "address the ranks' ZeroMQ sockets bind (and advertise, without --advertise-host)")
 		f.DurationVar(&o.cfg.PD.BootstrapTimeout, "bootstrap-timeout", def.PD.BootstrapTimeout, "longest a PD request may wait without a word from its peer (a prefill: TRANSFER_INFO or QUEUED from the decode; a decode: the prefill's registry); a room queued for memory waits on, within --request-timeout")
 		f.DurationVar(&o.cfg.PD.SendTimeout, "send-timeout", def.PD.SendTimeout, "longest handing one PD message to the transport may take")
 	}
