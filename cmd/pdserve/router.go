@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"net/http"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -20,6 +19,7 @@ type routerOptions struct {
 	healthInterval time.Duration
 	maxQueued      int
 	shutdown       time.Duration
+	http           httpFlags
 }
 
 func newRouterCmd() *cobra.Command {
@@ -41,6 +41,7 @@ func newRouterCmd() *cobra.Command {
 	f.DurationVar(&o.healthInterval, "health-interval", time.Second, "time between two health checks of a server; two failed checks in a row mark it down")
 	f.IntVar(&o.maxQueued, "max-queued", router.DefaultMaxQueued, "admission bound: a server whose queue depth (its queued requests at the last health check plus the router's sent since) reaches this gets no new request; when no server of a role has room, requests are answered 429 with Retry-After (0: no bound)")
 	f.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a shutdown lets requests in flight, streams included, finish; those still running then end with an error event")
+	o.http.register(f)
 	return cmd
 }
 
@@ -66,12 +67,17 @@ func routerRun(cmd *cobra.Command, o routerOptions) error {
 	if o.maxQueued < 0 {
 		return usagef("--max-queued %d: want 0 (no bound) or more", o.maxQueued)
 	}
+	guard, err := o.http.guard()
+	if err != nil {
+		return err
+	}
 	maxQueued := o.maxQueued
 	if maxQueued == 0 {
 		maxQueued = -1 // router.Options: negative is no bound
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	rt, err := router.New(router.Options{Prefill: o.prefill, Decode: o.decode, HealthInterval: o.healthInterval, MaxQueued: maxQueued, Logger: log})
+	rt, err := router.New(router.Options{Prefill: o.prefill, Decode: o.decode, HealthInterval: o.healthInterval, MaxQueued: maxQueued, Logger: log,
+		ReadyFailureRate: o.http.readyFailureRate, ReadyWindow: o.http.readyWindow, Guard: guard})
 	if err != nil {
 		return usageError{err} // only a bad server list is refused
 	}
@@ -81,10 +87,10 @@ func routerRun(cmd *cobra.Command, o routerOptions) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: rt, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	srv := guard.Server(rt, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 	fmt.Fprintf(stderr, "routing on %s (prefill %v, decode %v)\n", clientURL(ln, o.host, o.advertise), o.prefill, o.decode)
 
 	// At the shutdown deadline every request still in flight is cut: a
 	// stream ends with an error event, so its client knows.
-	return serveUntilDone(cmd.Context(), srv, ln, log, o.shutdown, func() { rt.Cut() })
+	return serveUntilDone(cmd.Context(), srv, guard.Listener(ln), log, o.shutdown, func() { rt.Cut() })
 }

@@ -38,6 +38,7 @@ type serveOptions struct {
 	collTimeout time.Duration
 	maxQueue    time.Duration
 	shutdown    time.Duration
+	http        httpFlags
 
 	noPrefixCache bool
 	hicache       hicacheFlags
@@ -115,6 +116,7 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 	f.DurationVar(&o.maxQueue, "max-queue-age", 0, "/health reports the server busy (still 200: queued is not dead) while a request has waited longer than this for admission, and routers send it no new requests (0: never)")
 	f.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a shutdown lets requests in flight, streams included, finish; those still running then end with an error")
 	f.StringVar(&o.adminToken, "admin-token", "", "bearer token the /admin/v1/ API requires (empty: admin calls only when listening on loopback)")
+	o.http.register(f)
 	return cmd
 }
 
@@ -136,6 +138,10 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	}
 	if o.stallAfter <= 0 || o.shutdown <= 0 || o.maxQueue < 0 {
 		return usagef("--stall-after and --shutdown-timeout must be positive, --max-queue-age not negative")
+	}
+	guard, err := o.http.guard()
+	if err != nil {
+		return err
 	}
 	ik, err := kernels.ParseIndexKDType(o.engine.indexK)
 	if err != nil {
@@ -222,7 +228,10 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 		log.Info("gpu telemetry", "state", r.Reason)
 	}
 	h := server.New(eng, m, server.Options{ModelName: o.modelName, ModelPath: path, StallAfter: o.stallAfter, MaxQueueAge: o.maxQueue, Logger: log, Metrics: met,
-		AdminToken: o.adminToken, Loopback: loopback, BootstrapURL: bootstrapURL, GPU: tel})
+		AdminToken: o.adminToken, Loopback: loopback, BootstrapURL: bootstrapURL, GPU: tel,
+		// /livez waits out a collective's recovery before it fails.
+		Probes: server.Probes{LiveAfter: max(server.DefaultLiveAfter, 2*o.collTimeout), ReadyFailureRate: o.http.readyFailureRate, ReadyWindow: o.http.readyWindow}})
+	met.Registry().MustRegister(guard)
 	// In-flight handlers are waited for before the model is closed: a
 	// handler cut off by the shutdown timeout may still be detokenizing.
 	var inflight sync.WaitGroup
@@ -231,7 +240,7 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 		defer inflight.Done()
 		h.ServeHTTP(w, r)
 	})
-	srv := &http.Server{Handler: counted, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	srv := guard.Server(counted, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 	served := clientURL(ln, o.host, o.advertise)
 	if httpHost != "" {
 		served = httpURL(httpHost, listenPort(ln))
@@ -240,7 +249,7 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 
 	// At the shutdown deadline the engine closes first: it ends every
 	// stream still running with an error event, so its client knows.
-	serr := serveUntilDone(cmd.Context(), srv, ln, log, o.shutdown, func() { eng.Close() })
+	serr := serveUntilDone(cmd.Context(), srv, guard.Listener(ln), log, o.shutdown, func() { eng.Close() })
 	cerr := eng.Close() // finishes the streams of any handler still running
 	inflight.Wait()
 	if serr != nil {
@@ -266,11 +275,11 @@ func serveRegistry(eng *serve.Engine, o serveOptions, host string, log *slog.Log
 	}
 	mux := http.NewServeMux()
 	mux.Handle(pdproto.BootstrapPrefix, reg)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	srv := o.http.g.Server(mux, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		srv.Serve(ln)
+		srv.Serve(o.http.g.Listener(ln))
 	}()
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
