@@ -58,6 +58,7 @@ const (
 	optRcvHWM
 	optSndBuf
 	optRcvBuf
+	optMaxMsgSize // ZMQ_MAXMSGSIZE, an int64 in libzmq
 )
 
 // newBackendContext makes a context of the backend o selects, with

@@ -42,6 +42,11 @@ type InboxOptions struct {
 	// MaxBatch is how many messages are read after one poll before the
 	// goroutine checks for Close again. Default 64.
 	MaxBatch int
+	// MaxMsgSize bounds each frame a peer may send, in bytes
+	// (ZMQ_MAXMSGSIZE; 0: no bound). libzmq drops the connection of a
+	// peer that declares a larger frame when it reads the frame's header,
+	// before it allocates the frame, and the handler never sees it.
+	MaxMsgSize int64
 }
 
 const defaultInboxHWM = 1000
@@ -207,6 +212,11 @@ func (in *Inbox) bind(ctx zContext, endpoint string) (zSocket, error) {
 	}
 	if err := in.opts.apply(sock, false); err != nil {
 		return fail(err)
+	}
+	if in.opts.MaxMsgSize > 0 {
+		if err := sock.setOpt(optMaxMsgSize, int(in.opts.MaxMsgSize)); err != nil {
+			return fail(fmt.Errorf("zmqlink: max message size: %w", err))
+		}
 	}
 	if err := sock.bind(bindAddress(endpoint)); err != nil {
 		return fail(fmt.Errorf("zmqlink: bind %s: %w", endpoint, err))

@@ -73,6 +73,8 @@ func (s *pebbeSocket) setOpt(o sockOpt, v int) error {
 		return s.s.SetSndbuf(v)
 	case optRcvBuf:
 		return s.s.SetRcvbuf(v)
+	case optMaxMsgSize:
+		return s.s.SetMaxmsgsize(int64(v))
 	}
 	return fmt.Errorf("unknown option %d", o)
 }

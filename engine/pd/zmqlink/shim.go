@@ -125,6 +125,10 @@ static int zl_setint(void *s, int opt, int v) {
 	return zmq_setsockopt(s, opt, &v, sizeof v) == 0 ? 0 : errno;
 }
 
+static int zl_setint64(void *s, int opt, int64_t v) {
+	return zmq_setsockopt(s, opt, &v, sizeof v) == 0 ? 0 : errno;
+}
+
 static int zl_last_endpoint(void *s, char *buf, size_t cap) {
 	size_t n = cap;
 	return zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, buf, &n) == 0 ? 0 : errno;
@@ -277,6 +281,8 @@ func (s *shimSocket) setOpt(o sockOpt, v int) error {
 		return s.setInt(C.ZMQ_SNDBUF, v)
 	case optRcvBuf:
 		return s.setInt(C.ZMQ_RCVBUF, v)
+	case optMaxMsgSize:
+		return zerr(C.zl_setint64(s.p, C.ZMQ_MAXMSGSIZE, C.int64_t(v)))
 	}
 	return zErr(syscall.EINVAL)
 }
