@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/spf13/cobra"
 )
@@ -26,11 +28,14 @@ func newCmdStatus(f *factory, runF func(context.Context, *statusOptions) error) 
 	opts := &statusOptions{f: f, Attach: &f.attach, Now: time.Now}
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show every server and rank: role, index-K, health, loop liveness, queue depths, KV pages, host tier",
-		Long: `Show the servers behind the router (or the --server ones) with their role,
-TP size, model, index-K precision (fp8 or bf16, "n/a" for a model without a
-sparse indexer, "fp8 (switching to bf16)" while a live switch drains),
-health, request queues and GPUs (none, or count, model, mean utilization
+		Short: "Show every server and rank: role, index-K, health, readiness, loop liveness, queue depths, KV pages, host tier",
+		Long: `Show the router (when the servers were discovered through it) and the servers
+behind it (or the --server ones) with their role, TP size, model, index-K
+precision (fp8 or bf16, "n/a" for a model without a sparse indexer, "fp8
+(switching to bf16)" while a live switch drains), health (GET /health),
+readiness (GET /readyz: "not ready" with the reason while the process
+should get no traffic, e.g. when most of its recent requests failed though
+every health check passes), request queues and GPUs (none, or count, model, mean utilization
 and memory used), then one line per rank: its last step (number,
 phase, age: the time since it ended), its PD queue depths on a prefill or
 decode server, its KV pages (used by sequences/cached by the prefix cache/total,
@@ -61,6 +66,10 @@ type serverStatus struct {
 	Model   string `json:"model"`
 	Healthy bool   `json:"healthy"`
 	Reason  string `json:"reason,omitempty"`
+	// Ready is GET /readyz's verdict, ReadyReason why not; null when the
+	// server did not say.
+	Ready       *bool  `json:"ready,omitempty"`
+	ReadyReason string `json:"ready_reason,omitempty"`
 	// Error says why the server could not be read; its other fields are
 	// what discovery knew.
 	Error string `json:"error,omitempty"`
@@ -99,8 +108,45 @@ type rankHiCache struct {
 }
 
 type statusOutput struct {
-	Router  string         `json:"router,omitempty"` // empty with --server
-	Servers []serverStatus `json:"servers"`
+	Router string `json:"router,omitempty"` // empty with --server
+	// RouterStatus is the router's health and readiness (its URL, role
+	// "router"); null with --server.
+	RouterStatus *serverStatus  `json:"router_status,omitempty"`
+	Servers      []serverStatus `json:"servers"`
+}
+
+// readReadiness asks GET /readyz: ready, or not with the reason; nil when
+// the process did not say (no /readyz, or not reached).
+func readReadiness(ctx context.Context, c *client.Client) (*bool, string) {
+	err := c.GetJSON(ctx, "/readyz", nil)
+	ready := err == nil
+	var ae *client.APIError
+	switch {
+	case err == nil:
+	case errors.As(err, &ae) && ae.Status == http.StatusServiceUnavailable:
+		return &ready, ae.Message
+	default:
+		return nil, ""
+	}
+	return &ready, ""
+}
+
+// readRouter reads the router's health and readiness.
+func readRouter(ctx context.Context, url string, c *client.Client) *serverStatus {
+	s := &serverStatus{URL: url, Role: "router"}
+	switch err := c.Health(ctx); {
+	case err == nil:
+		s.Healthy = true
+	case client.StatusOf(err) != 0:
+		var ae *client.APIError
+		errors.As(err, &ae)
+		s.Reason = ae.Message
+	default:
+		s.Error = err.Error()
+		return s
+	}
+	s.Ready, s.ReadyReason = readReadiness(ctx, c)
+	return s
 }
 
 // readStatus reads one server's steps, requests and (PD roles) PD state.
@@ -126,6 +172,7 @@ func readStatus(ctx context.Context, t *target, now func() time.Time) serverStat
 	wg.Go(func() { gpu, gerr = t.c.GPU(ctx) })       // optional: a failure leaves the column blank
 	wg.Go(func() { hc, herr = t.c.HiCache(ctx) })    // optional too
 	wg.Go(func() { sets, serr = t.c.Settings(ctx) }) // and so
+	wg.Go(func() { s.Ready, s.ReadyReason = readReadiness(ctx, t.c) })
 	wg.Go(func() { steps, errs[0] = t.c.Steps(ctx) })
 	wg.Go(func() { reqs, errs[1] = t.c.Requests(ctx, "") })
 	if isPD(t.Role) {
@@ -194,6 +241,9 @@ func statusRun(ctx context.Context, opts *statusOptions) error {
 	for i, t := range targets {
 		wg.Go(func() { out.Servers[i] = readStatus(ctx, t, opts.Now) })
 	}
+	if rc := opts.Attach.routerClient(f); rc != nil {
+		wg.Go(func() { out.RouterStatus = readRouter(ctx, opts.Attach.Router, rc) })
+	}
 	wg.Wait()
 	unreachable := 0
 	for _, s := range out.Servers {
@@ -216,19 +266,13 @@ func statusRun(ctx context.Context, opts *statusOptions) error {
 }
 
 func statusTables(out statusOutput) []*table {
-	servers := newTable([]string{"SERVER", "ROLE", "TP", "MODEL", "INDEX-K", "HEALTH", "WAITING", "PREFILLING", "RUNNING", "ABORTING", "PENDING", "GPU"})
+	servers := newTable([]string{"SERVER", "ROLE", "TP", "MODEL", "INDEX-K", "HEALTH", "READY", "WAITING", "PREFILLING", "RUNNING", "ABORTING", "PENDING", "GPU"})
 	ranks := newTable([]string{"SERVER", "RANK", "STEP", "PHASE", "AGE", "PD QUEUES", "KV USED/CACHED/TOTAL", "HICACHE TOKENS"}, "STEP", "AGE")
+	if r := out.RouterStatus; r != nil {
+		servers.add(r.URL, r.Role, "", "", "", healthCell(*r), readyCell(*r))
+	}
 	for _, s := range out.Servers {
-		health := "healthy"
-		switch {
-		case s.Error != "":
-			health = "unreachable: " + s.Error
-		case !s.Healthy && s.Reason != "":
-			health = "unhealthy: " + s.Reason
-		case !s.Healthy:
-			health = "unhealthy"
-		}
-		row := []string{s.URL, s.Role, tpCell(s.TPSize), s.Model, indexKCell(s.IndexK, s.IndexKSwitch), health}
+		row := []string{s.URL, s.Role, tpCell(s.TPSize), s.Model, indexKCell(s.IndexK, s.IndexKSwitch), healthCell(s), readyCell(s)}
 		if s.Requests != nil {
 			for _, q := range append(slices.Clone(debug.Queues), "pending") {
 				row = append(row, itoa(s.Requests[q]))
@@ -248,6 +292,32 @@ func statusTables(out statusOutput) []*table {
 		}
 	}
 	return []*table{servers, ranks}
+}
+
+// healthCell is a process's HEALTH cell.
+func healthCell(s serverStatus) string {
+	switch {
+	case s.Error != "":
+		return "unreachable: " + s.Error
+	case !s.Healthy && s.Reason != "":
+		return "unhealthy: " + s.Reason
+	case !s.Healthy:
+		return "unhealthy"
+	}
+	return "healthy"
+}
+
+// readyCell is a process's READY cell: blank when it did not say.
+func readyCell(s serverStatus) string {
+	switch {
+	case s.Ready == nil:
+		return ""
+	case *s.Ready:
+		return "ready"
+	case s.ReadyReason != "":
+		return "not ready: " + s.ReadyReason
+	}
+	return "not ready"
 }
 
 // gpuCell sums up a server's GPUs: "none", or the count and model with

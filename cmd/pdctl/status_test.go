@@ -2,8 +2,12 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 
+	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/internal/gpu"
 	"github.com/pdkit/pdkit/internal/gpu/gputest"
@@ -21,8 +25,9 @@ func TestStatus(t *testing.T) {
 		{
 			name: "discovered through the router",
 			args: []string{"status"},
-			stdout: "PREFILL\tprefill\t2\ttiny\tfp8\thealthy\t0\t0\t0\t0\t0\tnone\n" +
-				"DECODE\tdecode\t2\ttiny\tfp8\thealthy\t0\t0\t0\t0\t0\tnone\n" +
+			stdout: "ROUTER\trouter\t-\t-\t-\thealthy\tready\t-\t-\t-\t-\t-\t-\n" +
+				"PREFILL\tprefill\t2\ttiny\tfp8\thealthy\tready\t0\t0\t0\t0\t0\tnone\n" +
+				"DECODE\tdecode\t2\ttiny\tfp8\thealthy\tready\t0\t0\t0\t0\t0\tnone\n" +
 				"\n" +
 				"PREFILL\t0\t*\tidle\t*\tbootstrap=0 active=0 inflight=0\t0/0/32\toff\n" +
 				"PREFILL\t1\t*\tidle\t*\tbootstrap=0 active=0 inflight=0\t0/0/32\toff\n" +
@@ -33,8 +38,8 @@ func TestStatus(t *testing.T) {
 			name: "an unreachable server among the others",
 			args: []string{"--server", c.decode.ts.URL, "--server", "http://127.0.0.1:1", "status"},
 			code: exitFindings,
-			stdout: "DECODE\tdecode\t2\ttiny\tfp8\thealthy\t0\t0\t0\t0\t0\tnone\n" +
-				"http://127.0.0.1:1\t-\t-\t-\t-\tunreachable: GET http://127.0.0.1:1/pd/v1/info: dial tcp 127.0.0.1:1: connect: connection refused\t-\t-\t-\t-\t-\t-\n" +
+			stdout: "DECODE\tdecode\t2\ttiny\tfp8\thealthy\tready\t0\t0\t0\t0\t0\tnone\n" +
+				"http://127.0.0.1:1\t-\t-\t-\t-\tunreachable: GET http://127.0.0.1:1/pd/v1/info: dial tcp 127.0.0.1:1: connect: connection refused\t-\t-\t-\t-\t-\t-\t-\n" +
 				"\n" +
 				"DECODE\t0\t*\tidle\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\toff\n" +
 				"DECODE\t1\t*\tidle\t*\tprealloc=0 transfer=0 aborting=0\t0/0/32\toff\n",
@@ -63,6 +68,7 @@ func TestStatus(t *testing.T) {
       "tp_size": 2,
       "model": "tiny",
       "healthy": true,
+      "ready": true,
       "requests": {
         "aborting": 0,
         "pending": 0,
@@ -148,8 +154,11 @@ func TestStatus(t *testing.T) {
 // TestStatusTerminal checks the aligned tables of a terminal, on fixed
 // data (live servers' URLs and ages would move the columns).
 func TestStatusTerminal(t *testing.T) {
-	out := statusOutput{Servers: []serverStatus{
-		{URL: "http://p:1", Role: "prefill", TPSize: 2, Model: "tiny", Healthy: true, IndexK: "fp8", IndexKSwitch: "bf16",
+	// Every health check passes while the router's requests all fail: its
+	// READY cell says so.
+	out := statusOutput{RouterStatus: &serverStatus{URL: "http://r:8000", Role: "router", Healthy: true, Ready: ptr(false),
+		ReadyReason: "6 of the last 6 requests (within 1m0s) failed, above the limit of 50%"}, Servers: []serverStatus{
+		{URL: "http://p:1", Role: "prefill", TPSize: 2, Model: "tiny", Healthy: true, Ready: ptr(true), IndexK: "fp8", IndexKSwitch: "bf16",
 			Requests: map[string]int{"waiting": 3, "running": 1},
 			GPU: &debug.GPUResponse{Available: true, Devices: []debug.GPU{
 				{Name: "NVIDIA H200", MemoryUsedBytes: 40 << 30, MemoryTotalBytes: 141 << 30, UtilizationPercent: ptr(uint32(60))},
@@ -171,10 +180,11 @@ func TestStatusTerminal(t *testing.T) {
 	if err := printTables(f, statusTables(out)...); err != nil {
 		t.Fatal(err)
 	}
-	want := `SERVER                ROLE     TP  MODEL  INDEX-K                  HEALTH                                                     WAITING  PREFILLING  RUNNING  ABORTING  PENDING  GPU
-http://p:1            prefill  2   tiny   fp8 (switching to bf16)  healthy                                                    3        0           1        0         0        2× NVIDIA H200 55% busy 78/282 GiB
-http://decode-1:8001  decode   1   tiny   fp8                      unhealthy: engine loop has not iterated for 6s (limit 5s)  0        0           0        0         7        none
-http://decode-2:8001  decode   -   -      -                        unreachable: connection refused                            -        -           -        -         -        -
+	want := `SERVER                ROLE     TP  MODEL  INDEX-K                  HEALTH                                                     READY                                                                             WAITING  PREFILLING  RUNNING  ABORTING  PENDING  GPU
+http://r:8000         router   -   -      -                        healthy                                                    not ready: 6 of the last 6 requests (within 1m0s) failed, above the limit of 50%  -        -           -        -         -        -
+http://p:1            prefill  2   tiny   fp8 (switching to bf16)  healthy                                                    ready                                                                             3        0           1        0         0        2× NVIDIA H200 55% busy 78/282 GiB
+http://decode-1:8001  decode   1   tiny   fp8                      unhealthy: engine loop has not iterated for 6s (limit 5s)  -                                                                                 0        0           0        0         7        none
+http://decode-2:8001  decode   -   -      -                        unreachable: connection refused                            -                                                                                 -        -           -        -         -        -
 
 SERVER                RANK  STEP  PHASE   AGE   PD QUEUES                         KV USED/CACHED/TOTAL  HICACHE TOKENS
 http://p:1            0     812   decode  4ms   bootstrap=2 active=0 inflight=0   6/4/32                on 1.2k/8.2k
@@ -225,3 +235,33 @@ func TestHiCacheCell(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// A router whose health checks pass while its requests fail answers
+// /readyz 503 with the reason; status reads it as not ready, and a process
+// without /readyz as not saying.
+func TestReadRouterReadiness(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(`{"status":"ok"}`)) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		w.Write([]byte(`{"status":"not_ready","reason":"6 of the last 6 requests failed"}`))
+	})
+	ts := httptest.NewServer(mux)
+	defer ts.Close()
+	s := readRouter(context.Background(), ts.URL, client.New(ts.URL, "", nil))
+	if !s.Healthy || s.Ready == nil || *s.Ready || s.ReadyReason != "6 of the last 6 requests failed" {
+		t.Errorf("router failing its requests: %+v", s)
+	}
+	if cell := readyCell(*s); cell != "not ready: 6 of the last 6 requests failed" {
+		t.Errorf("READY cell %q", cell)
+	}
+	old := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/health" {
+			http.NotFound(w, r)
+		}
+	}))
+	defer old.Close()
+	if s := readRouter(context.Background(), old.URL, client.New(old.URL, "", nil)); s.Ready != nil || readyCell(*s) != "" {
+		t.Errorf("a router without /readyz: %+v", s)
+	}
+}
