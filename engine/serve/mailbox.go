@@ -14,8 +14,10 @@ import (
 // mailbox is what a rank's socket received, per room, for its loop: the
 // one structure of the PD path that two goroutines share. The receive
 // goroutine files messages into it and the loop takes them out; mu guards
-// everything but the counters. Replies (ABORT_ACK, heartbeat answers) go
-// out after mu is released, so a slow peer never holds the loop's lock.
+// everything but the counters. Replies (ABORT_ACK, heartbeat answers) are
+// posted after mu is released, to the rank's reply queue (pdlimits.go),
+// which never waits: a slow or dead peer holds neither the lock nor the
+// receive goroutine.
 type mailbox struct {
 	mu      sync.Mutex
 	rooms   map[uint64]*mail
@@ -39,6 +41,12 @@ type mailbox struct {
 	ended      map[uint64]string
 	endedOrder []uint64
 	early      int // rooms with mail the loop does not have yet
+	// earlyFrom counts the early rooms by their sender, which perSender
+	// bounds (0: only the table's bound): one sender cannot fill the table
+	// and starve the others' rooms.
+	earlyFrom map[string]int
+	perSender int
+	overQuota atomic.Uint64 // messages for a new room past their sender's quota, dropped
 }
 
 // peerState is a decode rank's view of one prefill rank's liveness.
@@ -52,7 +60,8 @@ type peerState struct {
 // mail is one room's messages waiting for the loop.
 type mail struct {
 	at       time.Time
-	infoSeen bool // a TRANSFER_INFO was filed: a second one is refused
+	infoSeen bool   // a TRANSFER_INFO was filed: a second one is refused
+	from     string // the sender of the room's first mail, while the room is early
 	rooms.Mail
 }
 
@@ -62,7 +71,7 @@ const maxUnknownRooms = 4096
 
 func newMailbox(prefill bool, rank int, wake func(), faults *faultSet) *mailbox {
 	return &mailbox{rooms: map[uint64]*mail{}, known: map[uint64]bool{}, prefill: prefill, rank: uint32(rank), wake: wake,
-		faults: faults, peers: map[string]*peerState{}, ended: map[uint64]string{}}
+		faults: faults, peers: map[string]*peerState{}, ended: map[uint64]string{}, earlyFrom: map[string]int{}}
 }
 
 // handle is the receive goroutine's handler: it files each message under
@@ -118,10 +127,15 @@ func (mb *mailbox) file(m pdproto.Message) (to string, answer pdproto.Message, e
 	}
 	x := mb.rooms[room]
 	if x == nil {
+		from := senderOf(m)
+		if !mb.known[room] && mb.perSender > 0 && mb.earlyFrom[from] >= mb.perSender {
+			mb.overQuota.Add(1)
+			return "", nil, nil
+		}
 		x = &mail{at: time.Now()}
 		mb.rooms[room] = x
 		if !mb.known[room] {
-			mb.early++
+			mb.addEarly(x, from)
 		}
 	}
 	switch m := m.(type) {
@@ -152,6 +166,35 @@ func (mb *mailbox) file(m pdproto.Message) (to string, answer pdproto.Message, e
 	mb.filed.Add(1)
 	mb.wake()
 	return to, answer, nil
+}
+
+// senderOf is who m says sent it: the endpoint it names for answers
+// ("" for a message that names none).
+func senderOf(m pdproto.Message) string {
+	switch m := m.(type) {
+	case *pdproto.TransferInfo:
+		return m.Endpoint
+	case *pdproto.Queued:
+		return m.Endpoint
+	case *pdproto.Abort:
+		return m.Endpoint
+	}
+	return ""
+}
+
+// addEarly counts x, a room the loop does not have, against from's quota.
+func (mb *mailbox) addEarly(x *mail, from string) {
+	mb.early++
+	x.from = from
+	mb.earlyFrom[from]++
+}
+
+// dropEarly uncounts x, an early room that the loop took up or that went.
+func (mb *mailbox) dropEarly(x *mail) {
+	mb.early--
+	if mb.earlyFrom[x.from]--; mb.earlyFrom[x.from] <= 0 {
+		delete(mb.earlyFrom, x.from)
+	}
 }
 
 // endedAnswer answers mail about a room this prefill failed and forgot:
@@ -285,10 +328,10 @@ func (mb *mailbox) take(room uint64) rooms.Mail {
 func (mb *mailbox) admit(room uint64) {
 	mb.mu.Lock()
 	defer mb.mu.Unlock()
-	mb.known[room] = true
-	if mb.rooms[room] != nil {
-		mb.early--
+	if x := mb.rooms[room]; x != nil && !mb.known[room] {
+		mb.dropEarly(x)
 	}
+	mb.known[room] = true
 	delete(mb.ended, room) // a new request for the room; the FIFO entry expires on its own
 }
 
@@ -304,8 +347,8 @@ func (mb *mailbox) forget(room uint64, why string) (to string, ack *pdproto.Abor
 	if x := mb.rooms[room]; x != nil && x.Abort != nil && mb.prefill {
 		to, ack = x.Abort.Endpoint, &pdproto.AbortAck{Room: room, Rank: mb.rank, Known: true}
 	}
-	if mb.rooms[room] != nil && !mb.known[room] {
-		mb.early--
+	if x := mb.rooms[room]; x != nil && !mb.known[room] {
+		mb.dropEarly(x)
 	}
 	delete(mb.known, room)
 	delete(mb.rooms, room)
@@ -329,7 +372,7 @@ func (mb *mailbox) expire(older time.Time) {
 	for room, x := range mb.rooms {
 		if !mb.known[room] && x.at.Before(older) {
 			delete(mb.rooms, room)
-			mb.early--
+			mb.dropEarly(x)
 			mb.late.Add(1)
 		}
 	}

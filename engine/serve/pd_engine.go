@@ -217,7 +217,7 @@ func (e *Engine) PDLinks() []PDLink {
 	out := make([]PDLink, len(loops))
 	for r, l := range loops {
 		out[r] = PDLink{Rank: r, Inbox: l.pd.inbox.Stats(), Outbox: l.pd.outbox.Stats(), Late: l.pd.mb.late.Load(), Misplaced: l.pd.mb.bad.Load(), Faulted: l.pd.mb.faulted.Load(),
-			KVBytes: l.pd.bytes.Load()}
+			KVBytes: l.pd.bytes.Load(), OverQuota: l.pd.mb.overQuota.Load(), RepliesDropped: l.pd.replies.dropped.Load()}
 	}
 	return out
 }
@@ -256,6 +256,11 @@ type PDLink struct {
 	Misplaced uint64 // messages of a type the rank's role never receives
 	Faulted   uint64 // messages a drop-* fault switch dropped
 	KVBytes   uint64 // KV payload bytes the rank sent (prefill) or applied (decode)
+	// OverQuota counts messages for a new early room dropped because their
+	// sender held PDConfig.EarlyRoomsPerSender rooms already;
+	// RepliesDropped the replies dropped for a full reply queue or a peer
+	// with a full backlog.
+	OverQuota, RepliesDropped uint64
 }
 
 func (e *Engine) pdBytes(n int) { e.pd.bytes.Add(uint64(n)) }

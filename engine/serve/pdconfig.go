@@ -7,6 +7,7 @@ import (
 
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/pd/rooms"
+	"github.com/pdkit/pdkit/engine/pd/zmqlink"
 )
 
 // PDConfig configures the PD roles. Zero values take the defaults noted.
@@ -56,6 +57,28 @@ type PDConfig struct {
 	// retracted, and a retracted request can wait for ever behind the
 	// parked transfers. Default 512; negative: no reserve.
 	ReservedDecodeTokens int
+	// MaxMessageBytes bounds each frame a rank's PD socket accepts
+	// (ZMQ_MAXMSGSIZE): a peer that declares a larger one is dropped
+	// (counted in the Inbox's Disconnects). 0: derived from the model's
+	// shapes, the largest legal KV_CHUNK frame (decode) or TRANSFER_INFO
+	// (prefill), and 64 KiB more.
+	MaxMessageBytes int64
+	// MaxPeerSockets bounds the peer sockets a rank keeps open, the least
+	// recently used closed first (default zmqlink.DefaultMaxPeers), and
+	// PeerSocketIdle closes one unused for that long (default
+	// zmqlink.DefaultPeerIdle): peers are endpoints other processes name.
+	MaxPeerSockets int
+	PeerSocketIdle time.Duration
+	// ReplyQueue bounds the replies waiting to be sent (ABORT_ACK,
+	// heartbeats, STATUS for a forgotten room); one that finds it full,
+	// or its peer's backlog full, is dropped and counted
+	// (PDLink.RepliesDropped). Default DefaultReplyQueue.
+	ReplyQueue int
+	// EarlyRoomsPerSender bounds the rooms one sender (the endpoint its
+	// messages name) may hold in a prefill rank's mailbox before their
+	// requests arrive, of the 4,096 all senders share; more are dropped
+	// and counted (PDLink.OverQuota). Default DefaultEarlyRoomsPerSender.
+	EarlyRoomsPerSender int
 }
 
 func (c *PDConfig) setDefaults() {
@@ -67,13 +90,23 @@ func (c *PDConfig) setDefaults() {
 		def time.Duration
 	}{{&c.BootstrapTimeout, 10 * time.Second}, {&c.TransferTimeout, 30 * time.Second},
 		{&c.InflightTimeout, 10 * time.Second}, {&c.AbortAckTimeout, 5 * time.Second}, {&c.SendTimeout, 2 * time.Second},
-		{&c.HeartbeatInterval, 500 * time.Millisecond}, {&c.HeartbeatTimeout, 3 * time.Second}} {
+		{&c.HeartbeatInterval, 500 * time.Millisecond}, {&c.HeartbeatTimeout, 3 * time.Second},
+		{&c.PeerSocketIdle, zmqlink.DefaultPeerIdle}} {
 		if *d.v == 0 {
 			*d.v = d.def
 		}
 	}
 	if c.ReservedDecodeTokens == 0 {
 		c.ReservedDecodeTokens = 512
+	}
+	for _, d := range []struct {
+		v   *int
+		def int
+	}{{&c.MaxPeerSockets, zmqlink.DefaultMaxPeers},
+		{&c.ReplyQueue, DefaultReplyQueue}, {&c.EarlyRoomsPerSender, DefaultEarlyRoomsPerSender}} {
+		if *d.v == 0 {
+			*d.v = d.def
+		}
 	}
 }
 
@@ -83,6 +116,9 @@ func (c PDConfig) validate() error {
 	}
 	if c.BootstrapTimeout < 0 || c.TransferTimeout < 0 || c.InflightTimeout < 0 || c.AbortAckTimeout < 0 || c.SendTimeout < 0 {
 		return errors.New("PD timeouts must not be negative")
+	}
+	if c.MaxMessageBytes < 0 || c.MaxPeerSockets < 0 || c.PeerSocketIdle < 0 || c.ReplyQueue < 0 || c.EarlyRoomsPerSender < 0 {
+		return errors.New("PD limits must not be negative")
 	}
 	if c.HeartbeatInterval <= 0 || c.HeartbeatTimeout <= c.HeartbeatInterval {
 		return fmt.Errorf("PD heartbeat timeout %v must exceed its interval %v", c.HeartbeatTimeout, c.HeartbeatInterval)

@@ -43,6 +43,9 @@ type rankPD struct {
 	// joins are the prefill requests whose TRANSFER_INFO the ranks agreed
 	// on in this iteration's poll: the iteration's admit adds them.
 	joins []addMsg
+	// replies sends what the rank owes to endpoints that others named,
+	// off the receive goroutine and the loop (pdlimits.go).
+	replies *replies
 }
 
 // pdReq is what the executor keeps of one room: the request as it arrived
@@ -95,29 +98,31 @@ func newRankPD(e *Engine, rank int, boot uint64, endpoint string) (*rankPD, erro
 	prefill := e.cfg.Role == pdproto.RolePrefill
 	pd := &rankPD{mb: newMailbox(prefill, rank, e.poke, &e.faults), machine: machine, reqs: map[uint64]*pdReq{},
 		boot: boot, cfg: &e.cfg.PD}
-	out, err := zmqlink.NewOutbox(&zmqlink.OutboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: prefill}})
+	out, err := zmqlink.NewOutbox(&zmqlink.OutboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: prefill},
+		MaxPeers: e.cfg.PD.MaxPeerSockets, PeerIdle: e.cfg.PD.PeerSocketIdle})
 	if err != nil {
 		return nil, err
 	}
 	pd.outbox = out
-	pd.mb.reply = func(endpoint string, m pdproto.Message) {
-		if err := pd.send(endpoint, m); err != nil {
-			e.cfg.Logger.Warn("pd: reply not sent", "server", e.cfg.Name, "rank", rank, "to", endpoint, "type", fmt.Sprint(m.Type()), "err", err)
-		}
-	}
+	pd.replies = newReplies(out, e.cfg.PD.ReplyQueue, e.cfg.PD.SendTimeout, func(to string, m pdproto.Message, err error) {
+		e.cfg.Logger.Debug("pd: reply not sent", "server", e.cfg.Name, "rank", rank, "to", to, "type", fmt.Sprint(m.Type()), "err", err)
+	})
+	pd.mb.reply = pd.replies.post
+	pd.mb.perSender = e.cfg.PD.EarlyRoomsPerSender
 	pd.mb.self = pdproto.Heartbeat{Boot: pd.boot}
 	if endpoint == "" {
 		endpoint = "tcp://" + net.JoinHostPort(e.cfg.PD.Host, "0")
 	}
-	in, err := zmqlink.Listen(endpoint, pd.mb.handle, &zmqlink.InboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: !prefill}})
+	in, err := zmqlink.Listen(endpoint, pd.mb.handle, &zmqlink.InboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: !prefill},
+		MaxMsgSize: e.maxMessageBytes()})
 	if err != nil {
+		pd.replies.stop()
 		out.Close()
 		return nil, err
 	}
 	pd.inbox = in
 	if pd.endpoint, err = advertisedEndpoint(in.Endpoint(), e.cfg.PD.advertiseHost()); err != nil {
-		in.Close()
-		out.Close()
+		pd.close()
 		return nil, err
 	}
 	pd.mb.mu.Lock()
@@ -137,8 +142,12 @@ func (pd *rankPD) send(endpoint string, m pdproto.Message) error {
 	return pd.outbox.Send(ctx, endpoint, frames)
 }
 
+// close closes the socket, then stops the replies (the receive goroutine
+// posts them), then the Outbox.
 func (pd *rankPD) close() error {
-	return errors.Join(pd.inbox.Close(), pd.outbox.Close())
+	err := pd.inbox.Close()
+	pd.replies.stop()
+	return errors.Join(err, pd.outbox.Close())
 }
 
 // pdAdmit takes in a new PD request on this rank (an agreed event).
@@ -180,10 +189,9 @@ func (l *rankLoop) pdObserve() error {
 	for _, peer := range pd.machine.Peers() {
 		if hb := pd.mb.probe(peer, pd.boot, pd.cfg.HeartbeatInterval); hb != nil {
 			// A probe that cannot go out leaves the peer unanswered:
-			// the heartbeat timeout then judges it.
-			if err := pd.send(peer, hb); err != nil {
-				l.e.cfg.Logger.Debug("pd: heartbeat not sent", "server", l.e.cfg.Name, "rank", l.r, "peer", peer, "err", err)
-			}
+			// the heartbeat timeout then judges it. It never waits on
+			// the peer: a dead one must not hold up the loop.
+			pd.replies.post(peer, hb)
 		}
 		pd.machine.Peer(peer, pd.mb.liveness(peer))
 	}
@@ -264,7 +272,7 @@ func (l *rankLoop) pdExec(acts []rooms.Action) error {
 		case rooms.SendAbort:
 			l.sendChecked(a.ID, "abort", a.Peer, &pdproto.Abort{Room: a.Room, Endpoint: pd.endpoint, Rank: uint32(l.r), Reason: a.Reason})
 		case rooms.SendAbortAck:
-			l.sendChecked(a.ID, "abort ack", a.To, &pdproto.AbortAck{Room: a.Room, Rank: uint32(l.r), Known: true})
+			pd.replies.post(a.To, &pdproto.AbortAck{Room: a.Room, Rank: uint32(l.r), Known: true}) // to an endpoint the ABORT named
 		case rooms.Admit:
 			pd.joins = append(pd.joins, pd.reqs[a.ID].add)
 		case rooms.Cut:
@@ -278,7 +286,7 @@ func (l *rankLoop) pdExec(acts []rooms.Action) error {
 		case rooms.Forget:
 			delete(pd.reqs, a.ID)
 			if to, ack := pd.mb.forget(a.Room, a.Why); ack != nil {
-				l.sendChecked(a.ID, "abort ack", to, ack)
+				pd.replies.post(to, ack)
 			}
 		default:
 			err = fmt.Errorf("unknown PD action %T", act)

@@ -1,0 +1,150 @@
+package serve
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/pd/zmqlink"
+	"github.com/pdkit/pdkit/internal/testmodel"
+)
+
+// forger sends a hostile peer's messages to every prefill rank's control
+// socket, from one Outbox of its own.
+type forger struct {
+	t   *testing.T
+	pp  *pdPair
+	out *zmqlink.Outbox
+}
+
+func newForger(t *testing.T, pp *pdPair) *forger {
+	t.Helper()
+	out, err := zmqlink.NewOutbox(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { out.Close() })
+	return &forger{t: t, pp: pp, out: out}
+}
+
+// flood sends n messages msg(rank, i) to every prefill rank and returns a
+// wait for each rank's socket to have taken them in.
+func (f *forger) flood(n int, msg func(r, i int) pdproto.Message) (taken func()) {
+	f.t.Helper()
+	links := f.pp.prefill.PDLinks()
+	for _, l := range links {
+		for i := range n {
+			frames, err := pdproto.Encode(msg(l.Rank, i))
+			if err != nil {
+				f.t.Fatal(err)
+			}
+			if err := f.out.Send(context.Background(), l.Inbox.Endpoint, frames); err != nil {
+				f.t.Fatal(err)
+			}
+		}
+	}
+	return func() {
+		f.t.Helper()
+		poll(f.t, "the flood taken in by every prefill rank", 30*time.Second, func() bool {
+			for r, l := range f.pp.prefill.PDLinks() {
+				if l.Inbox.Messages < links[r].Inbox.Messages+uint64(n) {
+					return false
+				}
+			}
+			return true
+		})
+	}
+}
+
+// deadEndpoint is a TCP endpoint nothing listens on.
+func deadEndpoint(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := "tcp://" + l.Addr().String()
+	l.Close()
+	return ep
+}
+
+// runReal runs n real requests through pp at once and checks that each
+// completes.
+func (pp *pdPair) runReal(t *testing.T, n int) {
+	t.Helper()
+	vocab := pp.prefill.m.Config.VocabSize
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			p := testmodel.Prompts(uint64(i)+11, 1, 6, 12, vocab)[0]
+			toks, dfin, pfin := pp.run(t, context.Background(), Request{Prompt: p, MaxTokens: 3, IgnoreEOS: true}, newAbortRoom())
+			if len(toks) != 3 || dfin.Reason != ReasonLength || pfin.Reason != ReasonLength {
+				t.Errorf("request %d: %d tokens, decode %q, prefill %q", i, len(toks), dfin.Reason, pfin.Reason)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// TestRedTeamAbortBurstDeadEndpoint: a burst of forged ABORTs whose ack
+// endpoint is dead leaves serving working. The prefill owes an ABORT_ACK
+// for each (their rooms are unknown to it), and none can be delivered; the
+// acks go out through the bounded reply queue and the Outbox's per-peer
+// backlog, the rest dropped and counted, so the receive goroutine goes on
+// reading: real requests, sent right behind the burst, complete while the
+// acks are still undeliverable. (The per-sender quota, which would cap the
+// acks one endpoint can cause, is lifted here.)
+func TestRedTeamAbortBurstDeadEndpoint(t *testing.T) {
+	pc := abortCfg()
+	pc.PD.EarlyRoomsPerSender = maxUnknownRooms
+	pp := newPDPairCfg(t, pc, abortCfg())
+	dead := deadEndpoint(t)
+	const burst = 1500
+	taken := newForger(t, pp).flood(burst, func(r, i int) pdproto.Message {
+		return &pdproto.Abort{Room: 9_000_000 + uint64(i), Endpoint: dead, Rank: uint32(r), Reason: "forged"}
+	})
+	pp.runReal(t, 8)
+	taken()
+	for _, l := range pp.prefill.PDLinks() {
+		if l.RepliesDropped == 0 {
+			t.Errorf("rank %d: no ack to the dead endpoint was dropped: %+v", l.Rank, l.Outbox)
+		}
+		t.Logf("rank %d: replies dropped %d, early rooms over quota %d, outbox %+v", l.Rank, l.RepliesDropped, l.OverQuota, l.Outbox)
+	}
+	pp.settle(t, 10*time.Second)
+}
+
+// TestRedTeamPendingFlood: one sender floods the prefill with TRANSFER_INFO
+// for rooms that never come, more than the pending table holds. Its rooms
+// stop at its quota (counted), so the other senders' TRANSFER_INFO, which
+// arrives before the prefill has the room, still finds a place, and their
+// requests are served.
+func TestRedTeamPendingFlood(t *testing.T) {
+	pp := newPDPairCfg(t, abortCfg(), abortCfg())
+	ik := pp.prefill.RankInfos()[0].IndexKDType
+	flooder := deadEndpoint(t)
+	newForger(t, pp).flood(maxUnknownRooms+500, func(r, i int) pdproto.Message {
+		return &pdproto.TransferInfo{Room: 8_000_000 + uint64(i), Endpoint: flooder, Rank: uint32(r), Tokens: 8,
+			IndexKDType: ik, RequestID: "flood"}
+	})()
+	for _, l := range pp.prefill.PDLinks() {
+		if l.OverQuota == 0 {
+			t.Errorf("rank %d: the flood never hit its sender's quota", l.Rank)
+		}
+	}
+	vocab := pp.prefill.m.Config.VocabSize
+	for i := range 4 {
+		// The decode first: its TRANSFER_INFO reaches the prefill before
+		// the prefill has the room, and needs a place in the table.
+		q := Request{Prompt: testmodel.Prompts(uint64(i)+31, 1, 6, 12, vocab)[0], MaxTokens: 3, IgnoreEOS: true}
+		room := newAbortRoom()
+		d := pp.decodeHalf(t, q, room)
+		poll(t, "the decode's TRANSFER_INFO sent", 10*time.Second, func() bool { return inQueue(pp.decode, d.s.ID, "transfer") })
+		p := pp.prefillHalf(t, q, room)
+		expectEnd(t, "decode", d.s, finishIs(ReasonLength))
+		expectEnd(t, "prefill", p.s, finishIs(ReasonLength))
+	}
+}
