@@ -1,7 +1,8 @@
 // Package server is pdkit's HTTP front end over a colocated serve.Engine:
 // the OpenAI-compatible API (POST /v1/completions, POST
 // /v1/chat/completions, GET /v1/models), a native POST /generate, POST
-// /abort_request, GET /health, GET /metrics (Prometheus text, see
+// /abort_request, GET /health, GET /livez and /readyz (probes.go), GET
+// /metrics (Prometheus text, see
 // internal/metrics), a versioned read-only debug API (GET /debug/v1/...)
 // and an admin API (POST /admin/v1/...).
 //
