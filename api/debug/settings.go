@@ -102,6 +102,16 @@ type PDSettings struct {
 	// ReservedDecodeTokens is the decode's room for growth: output tokens
 	// per request held that new transfers may not take; negative: none.
 	ReservedDecodeTokens int `json:"reserved_decode_tokens"`
+	// The PD plane's limits (docs/protocol.md, "Limits"): the largest
+	// frame a rank's socket accepts as set (0: derived from the model's
+	// shapes), the peer sockets a rank keeps open and how long an unused
+	// one stays, the reply queue, and the rooms one sender may hold in a
+	// prefill's mailbox before their requests arrive.
+	MaxMessageBytes     int64   `json:"max_message_bytes"`
+	MaxPeerSockets      int     `json:"max_peer_sockets"`
+	PeerSocketIdleMS    float64 `json:"peer_socket_idle_ms"`
+	ReplyQueue          int     `json:"reply_queue"`
+	EarlyRoomsPerSender int     `json:"early_rooms_per_sender"`
 }
 
 // Duration converts a float milliseconds field to a time.Duration.

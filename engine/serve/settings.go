@@ -76,6 +76,11 @@ func settingsOf(cfg Config, indexer bool, faultsOn []string) debug.Settings {
 			HeartbeatIntervalMS:  msOf(p.HeartbeatInterval),
 			HeartbeatTimeoutMS:   msOf(p.HeartbeatTimeout),
 			ReservedDecodeTokens: p.ReservedDecodeTokens,
+			MaxMessageBytes:      p.MaxMessageBytes,
+			MaxPeerSockets:       p.MaxPeerSockets,
+			PeerSocketIdleMS:     msOf(p.PeerSocketIdle),
+			ReplyQueue:           p.ReplyQueue,
+			EarlyRoomsPerSender:  p.EarlyRoomsPerSender,
 		}
 	}
 	return s

@@ -44,6 +44,9 @@ var published = map[string]string{
 	"PD.InflightTimeout": "pd.inflight_timeout_ms", "PD.AbortAckTimeout": "pd.abort_ack_timeout_ms",
 	"PD.SendTimeout": "pd.send_timeout_ms", "PD.HeartbeatInterval": "pd.heartbeat_interval_ms",
 	"PD.HeartbeatTimeout": "pd.heartbeat_timeout_ms", "PD.ReservedDecodeTokens": "pd.reserved_decode_tokens",
+	"PD.MaxMessageBytes": "pd.max_message_bytes", "PD.MaxPeerSockets": "pd.max_peer_sockets",
+	"PD.PeerSocketIdle": "pd.peer_socket_idle_ms", "PD.ReplyQueue": "pd.reply_queue",
+	"PD.EarlyRoomsPerSender": "pd.early_rooms_per_sender",
 
 	"HiCache.Enabled": "hicache.enabled_at_start", "HiCache.Bytes": "hicache.size_bytes", "HiCache.Ratio": "hicache.ratio",
 	"HiCache.Policy": "hicache.write_policy", "HiCache.LoadBandwidth": "hicache.load_bandwidth_bytes_per_second",
@@ -111,7 +114,7 @@ func TestSettingsOf(t *testing.T) {
 		DisablePrefixCache: true, Name: "p0", Role: pdproto.RoleDecode, CollectiveWatchdog: -1,
 		WaitingTimeout: 3 * time.Second, Heartbeat: 20 * time.Millisecond,
 		PD: PDConfig{TransferTimeout: 7 * time.Second, AbortAckTimeout: 1500 * time.Millisecond, HeartbeatTimeout: 4 * time.Second,
-			ReservedDecodeTokens: -1},
+			ReservedDecodeTokens: -1, ReplyQueue: 64},
 	}
 	cfg.setDefaults(nil)
 	got := settingsOf(cfg, true, []string{FaultStallLastRank})
@@ -120,7 +123,8 @@ func TestSettingsOf(t *testing.T) {
 		PrefillChunk: 32, PrefixCache: false, Schedule: "lockstep", IndexK: "bf16", Indexer: true, HeartbeatMS: 20, CollectiveWatchdogMS: 0,
 		FlightRecorderLen: 256, DecisionLogLen: DefaultDecisionLogLen, CloseTimeoutMS: 5000, WaitingTimeoutMS: 3000, RequestTimeoutMS: 600000,
 		PD: &debug.PDSettings{Host: "127.0.0.1", BootstrapTimeoutMS: 10000, TransferTimeoutMS: 7000, InflightTimeoutMS: 10000,
-			AbortAckTimeoutMS: 1500, SendTimeoutMS: 2000, HeartbeatIntervalMS: 500, HeartbeatTimeoutMS: 4000, ReservedDecodeTokens: -1},
+			AbortAckTimeoutMS: 1500, SendTimeoutMS: 2000, HeartbeatIntervalMS: 500, HeartbeatTimeoutMS: 4000, ReservedDecodeTokens: -1,
+			MaxPeerSockets: 256, PeerSocketIdleMS: 60000, ReplyQueue: 64, EarlyRoomsPerSender: 512},
 		FaultsOn: []string{FaultStallLastRank},
 	}
 	if !reflect.DeepEqual(got, want) {
