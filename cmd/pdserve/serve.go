@@ -82,11 +82,16 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 		f.StringVar(&o.cfg.PD.Host, "pd-host", def.PD.Host, "address the ranks' ZeroMQ sockets bind (and advertise, without --advertise-host)")
 		f.DurationVar(&o.cfg.PD.BootstrapTimeout, "bootstrap-timeout", def.PD.BootstrapTimeout, "longest a PD request may wait without a word from its peer (a prefill: TRANSFER_INFO or QUEUED from the decode; a decode: the prefill's registry); a room queued for memory waits on, within --request-timeout")
 		f.DurationVar(&o.cfg.PD.SendTimeout, "send-timeout", def.PD.SendTimeout, "longest handing one PD message to the transport may take")
+		f.Int64Var(&o.cfg.PD.MaxMessageBytes, "max-message-bytes", 0, "largest frame a rank's PD socket accepts; a peer that sends a larger one is dropped and counted (0: derived from the model, the largest KV chunk frame on a decode or TRANSFER_INFO on a prefill, plus 64 KiB)")
+		f.IntVar(&o.cfg.PD.MaxPeerSockets, "max-peer-sockets", def.PD.MaxPeerSockets, "peer sockets a rank keeps open, the least recently used closed first (counted)")
+		f.DurationVar(&o.cfg.PD.PeerSocketIdle, "peer-socket-idle", def.PD.PeerSocketIdle, "a peer socket unused this long is closed (counted); the next message reconnects")
+		f.IntVar(&o.cfg.PD.ReplyQueue, "reply-queue", def.PD.ReplyQueue, "replies (ABORT_ACK, heartbeats) a rank holds for sending; one that finds the queue or its peer's backlog full is dropped and counted")
 	}
 	switch role {
 	case pdproto.RolePrefill:
 		f.IntVar(&o.bootstrapPort, "bootstrap-port", 8998, "port of the bootstrap registry (0: pick a free one)")
 		f.DurationVar(&o.cfg.PD.InflightTimeout, "inflight-timeout", def.PD.InflightTimeout, "longest a prefill waits for the decode to acknowledge the KV")
+		f.IntVar(&o.cfg.PD.EarlyRoomsPerSender, "early-rooms-per-sender", def.PD.EarlyRoomsPerSender, "rooms one sender (the endpoint its messages name) may hold in a rank's mailbox before their requests arrive, of the 4096 all share; more are dropped and counted")
 	case pdproto.RoleDecode:
 		f.DurationVar(&o.cfg.PD.TransferTimeout, "transfer-timeout", def.PD.TransferTimeout, "longest a decode waits for a prompt's KV")
 		f.DurationVar(&o.cfg.PD.AbortAckTimeout, "abort-ack-timeout", def.PD.AbortAckTimeout, "longest an aborted room's pages stay reserved waiting for the prefill's ABORT_ACK")
