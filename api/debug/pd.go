@@ -102,7 +102,13 @@ type PDSocket struct {
 	Late        uint64     `json:"late"`      // for rooms the rank does not have, dropped
 	Misplaced   uint64     `json:"misplaced"` // of a type the role never receives, dropped
 	Faulted     uint64     `json:"faulted"`   // dropped by a drop-* fault switch
-	Outbox      PDOutbox   `json:"outbox"`
+	// OverQuota counts messages for a new room dropped because their
+	// sender held its quota of early rooms (prefill); RepliesDropped the
+	// replies (ABORT_ACK, heartbeats) dropped for a full reply queue or a
+	// peer with a full backlog.
+	OverQuota      uint64   `json:"over_quota"`
+	RepliesDropped uint64   `json:"replies_dropped"`
+	Outbox         PDOutbox `json:"outbox"`
 }
 
 // PDOutbox is a rank's sending side.
@@ -115,6 +121,12 @@ type PDOutbox struct {
 	Bytes      uint64 `json:"bytes"`
 	SendErrors uint64 `json:"send_errors"`
 	Dropped    uint64 `json:"dropped"` // backlog overflow or timeout, forgotten peer, close
+	// QueueFull counts messages refused because the queue or the peer's
+	// backlog stayed full; Evicted and IdleClosed the peer sockets closed
+	// to stay within --max-peer-sockets and after --peer-socket-idle.
+	QueueFull  uint64 `json:"queue_full"`
+	Evicted    uint64 `json:"evicted"`
+	IdleClosed uint64 `json:"idle_closed"`
 	LastError  string `json:"last_error,omitempty"`
 }
 
