@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -62,11 +61,11 @@ func listenPort(ln net.Listener) int {
 
 // clientURL is what a router or colocated server logs as where it serves:
 // the advertised URL, or, bound to every address without --advertise-host,
-// the listen address said as such (nothing is handed to peers, so nothing
-// is refused).
+// the listen address said to be one (nothing is handed to peers, so
+// nothing is refused).
 func clientURL(ln net.Listener, bind, advertise string) string {
 	if host, err := advertiseHost(bind, advertise, "--host"); err == nil {
 		return httpURL(host, listenPort(ln))
 	}
-	return fmt.Sprintf("%s (every address; --advertise-host names one)", ln.Addr())
+	return "every address (--advertise-host names the one to reach), listening on http://" + ln.Addr().String()
 }
