@@ -37,6 +37,8 @@ const (
 	DropLate         = "late"          // for a room the rank does not have
 	DropMisplaced    = "misplaced"     // of a type the rank's role never receives
 	DropFault        = "fault"         // by a drop-* fault switch
+	DropOverQuota    = "over_quota"    // prefill: for a new room past its sender's quota of early rooms
+	DropReply        = "reply"         // a reply the rank owed (ABORT_ACK, heartbeat): its queue or its peer's backlog was full
 )
 
 // newPDDescs returns the PD metrics of role; nil for a colocated engine.
@@ -71,7 +73,7 @@ func newPDDescs(role string) *pdDescs {
 		rankBytes:  d("kv_transfer_rank_bytes_total", "KV payload bytes the rank sent (prefill) or applied (decode).", "rank"),
 		bytes:      d("kv_transfer_bytes_total", "KV payload bytes sent (prefill) or received (decode), rank 0's share."),
 		received:   d("pd_messages_received_total", "Messages the rank's PD socket received.", "rank"),
-		dropped:    d("pd_dropped_messages_total", "Messages the rank's PD socket dropped, by reason (malformed, handler_panic, late, misplaced, fault).", "rank", "reason"),
+		dropped:    d("pd_dropped_messages_total", "Messages the rank's PD socket dropped, by reason (malformed, handler_panic, late, misplaced, fault, over_quota, reply).", "rank", "reason"),
 		sent:       d("pd_messages_sent_total", "Messages the rank handed to ZeroMQ for its peers.", "rank"),
 		sendErrors: d("pd_send_errors_total", "Messages the rank failed to connect or send (dropped).", "rank"),
 		loopUp:     d("pd_receive_loop_up", "1 while the rank's PD receive loop runs, 0 once it has exited.", "rank"),
@@ -121,6 +123,8 @@ func (p *pdDescs) collect(eng *serve.Engine, ch chan<- prometheus.Metric) {
 		val(p.dropped, prometheus.CounterValue, float64(l.Late), rank, DropLate)
 		val(p.dropped, prometheus.CounterValue, float64(l.Misplaced), rank, DropMisplaced)
 		val(p.dropped, prometheus.CounterValue, float64(l.Faulted), rank, DropFault)
+		val(p.dropped, prometheus.CounterValue, float64(l.OverQuota), rank, DropOverQuota)
+		val(p.dropped, prometheus.CounterValue, float64(l.RepliesDropped), rank, DropReply)
 		val(p.sent, prometheus.CounterValue, float64(l.Outbox.Sent), rank)
 		val(p.sendErrors, prometheus.CounterValue, float64(l.Outbox.SendErrors), rank)
 		up := 0.0
