@@ -10,6 +10,7 @@ package clustertest_test
 
 import (
 	"bytes"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -52,7 +53,7 @@ func TestMultiHost(t *testing.T) {
 	if out, err := exec.Command(pdserve, "model", "init", "--arch", "llama", "--size", "tiny", "-o", model).CombinedOutput(); err != nil {
 		t.Fatalf("pdserve model init: %v\n%s", err, out)
 	}
-	env := append(os.Environ(), "PD_CLUSTER_SECRET=multihost-test-"+fmt.Sprint(os.Getpid()))
+	env := append(os.Environ(), "PD_CLUSTER_SECRET="+rand.Text())
 
 	lan := newBridgeNet(t)
 	routerNS, prefillNS, decodeNS := lan.addHost(t, "router"), lan.addHost(t, "prefill"), lan.addHost(t, "decode")
