@@ -102,6 +102,9 @@ $ pdserve prefill --port 30000 --bootstrap-port 8998
 
 # The same with the bootstrap-abort-crash fault on (the mass-abort wedge, for drills)
 $ pdserve prefill --port 30000 --bootstrap-port 8998 --fault bootstrap-abort-crash
+
+# On a host of its own: bound to every address, advertising the one its peers reach (docs/deploy.md)
+$ PD_CLUSTER_SECRET_FILE=/etc/pdkit/cluster-secret pdserve prefill --host 0.0.0.0 --pd-host 0.0.0.0 --advertise-host 10.0.0.11 --port 30000 --bootstrap-port 8998
 `,
 	"decode": `
 # A decode server on :30001
@@ -116,6 +119,9 @@ $ pdserve router --port 8000 --prefill http://127.0.0.1:30000 --decode http://12
 
 # Two of each, health-checked every 500ms
 $ pdserve router --prefill http://10.0.0.1:30000,http://10.0.0.2:30000 --decode http://10.0.0.3:30001,http://10.0.0.4:30001 --health-interval 500ms
+
+# On a host of its own: bound to every address, logging the one clients reach
+$ pdserve router --host 0.0.0.0 --advertise-host 10.0.0.10 --prefill http://10.0.0.11:30000 --decode http://10.0.0.12:30001
 `,
 	"launch": `
 # What make run starts: a router on :8000, one prefill, one decode, the built-in model
