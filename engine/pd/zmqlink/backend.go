@@ -8,12 +8,15 @@ import "time"
 // the same ZMTP through the same libzmq, so a PUSH socket of one talks to
 // a PULL socket of the other.
 
-// sockKind is the socket type (PUSH or PULL).
+// sockKind is the socket type: PUSH or PULL, or REP and PAIR for an
+// Inbox's ZAP handler and handshake monitor (auth.go).
 type sockKind int
 
 const (
 	kindPUSH sockKind = iota
 	kindPULL
+	kindREP
+	kindPAIR
 )
 
 // zContext is a ZeroMQ context of one backend. It and its sockets are used
@@ -32,11 +35,16 @@ type zContext interface {
 // zSocket is a socket of one backend.
 type zSocket interface {
 	setLinger(d time.Duration) error
-	// setOpt sets one of the integer options optSndHWM ... optRcvBuf.
+	// setOpt sets one of the integer options optSndHWM ... optCurveServer.
 	setOpt(o sockOpt, v int) error
+	// setStrOpt sets one of the string options optZapDomain ... optCurveServerKey.
+	setStrOpt(o sockOpt, v string) error
 	bind(endpoint string) error
 	connect(endpoint string) error
 	lastEndpoint() (string, error)
+	// monitor publishes the socket's events (a ZMQ_EVENT_* mask) on a PAIR
+	// socket bound to the inproc endpoint ep.
+	monitor(ep string, events int) error
 	// send sends frames as one multipart message without waiting; EAGAIN
 	// means nothing was sent (try again later). pin is the message's
 	// pinning state across attempts (used by the shim only): the caller
@@ -50,7 +58,8 @@ type zSocket interface {
 	close() error
 }
 
-// sockOpt names the integer socket options the package sets.
+// sockOpt names the socket options the package sets: integers, then
+// strings.
 type sockOpt int
 
 const (
@@ -59,6 +68,15 @@ const (
 	optSndBuf
 	optRcvBuf
 	optMaxMsgSize // ZMQ_MAXMSGSIZE, an int64 in libzmq
+	optPlainServer
+	optCurveServer
+
+	optZapDomain
+	optPlainUsername
+	optPlainPassword
+	optCurvePublicKey
+	optCurveSecretKey
+	optCurveServerKey
 )
 
 // newBackendContext makes a context of the backend o selects, with

@@ -54,6 +54,11 @@ func isIntr(err error) bool { return isErrno(err, syscall.EINTR) }
 // newContext makes a ZeroMQ context of the backend o selects, with
 // o.IOThreads I/O threads (0: libzmq's default).
 func newContext(o SocketOptions, box *freeBox) (zContext, error) {
+	if o.Auth != nil {
+		if err := o.Auth.validate(); err != nil {
+			return nil, err
+		}
+	}
 	ctx, err := newBackendContext(o, box)
 	if err != nil {
 		return nil, fmt.Errorf("zmqlink: new context: %w", err)
@@ -82,12 +87,25 @@ type SocketOptions struct {
 	// Handler's frames are valid only until it returns, and an Outbox owns
 	// the frames given to Send.
 	ZeroCopy bool
+	// Auth turns on connection authentication (auth.go), nil leaves it
+	// off: an Inbox admits only peers that present exactly this PLAIN
+	// credential, checked once per connection by a ZAP handler, and
+	// counts the refused ones (InboxStats.AuthDenied); an Outbox presents
+	// it to every peer. Either backend may talk to the other with it.
+	Auth *PlainAuth
+
+	curve *curveKeys // CURVE instead of PLAIN: benchmarks only
 }
 
-func (o SocketOptions) apply(s zSocket, hwmSend bool) error {
+// apply sets o's options on s, an Outbox's socket (outbox: HWM is the
+// send high-water mark, and s presents o's credential) or an Inbox's.
+func (o SocketOptions) apply(s zSocket, outbox bool) error {
+	if err := o.applyAuth(s, !outbox); err != nil {
+		return err
+	}
 	if o.HWM > 0 {
 		var err error
-		if hwmSend {
+		if outbox {
 			err = s.setOpt(optSndHWM, o.HWM)
 		} else {
 			err = s.setOpt(optRcvHWM, o.HWM)

@@ -64,6 +64,14 @@ type InboxStats struct {
 	RecvErrors    uint64    `json:"recv_errors"`    // socket errors while receiving
 	LastMessage   time.Time `json:"last_message"`   // zero if none yet
 	LastError     string    `json:"last_error,omitempty"`
+	// With SocketOptions.Auth: connections admitted, and refused for a
+	// wrong or missing credential (none of their messages is delivered);
+	// handshakes that failed for another protocol error; why the last
+	// refusal was made, with the peer's address when libzmq gives it.
+	AuthAdmitted    uint64 `json:"auth_admitted"`
+	AuthDenied      uint64 `json:"auth_denied"`
+	HandshakeErrors uint64 `json:"handshake_errors"`
+	LastAuthDenied  string `json:"last_auth_denied,omitempty"`
 }
 
 // Inbox receives multipart messages on a bound PULL socket.
@@ -86,6 +94,7 @@ type Inbox struct {
 	lastMessage   atomic.Int64 // unix nanoseconds
 	exitReason    atomic.Pointer[string]
 	lastError     atomic.Pointer[string]
+	auth          authStats
 }
 
 // Listen binds a PULL socket on endpoint (for example "tcp://127.0.0.1:0";
@@ -152,6 +161,7 @@ func (in *Inbox) Stats() InboxStats {
 	if p := in.lastError.Load(); p != nil {
 		s.LastError = *p
 	}
+	in.auth.fill(&s)
 	return s
 }
 
@@ -185,6 +195,15 @@ func (in *Inbox) run(endpoint string, ready chan<- error) {
 		return
 	}
 	defer ctx.term()
+	auth, err := in.startAuth(ctx)
+	if err != nil {
+		in.setExit(err.Error())
+		ready <- err
+		return
+	}
+	if auth != nil {
+		defer auth.stop() // after the socket closes, before ctx.term
+	}
 	sock, err := in.bind(ctx, endpoint)
 	if err != nil {
 		in.setExit(err.Error())
@@ -196,6 +215,20 @@ func (in *Inbox) run(endpoint string, ready chan<- error) {
 
 	reason := in.loop(ctx, sock)
 	in.setExit(reason)
+}
+
+// startAuth starts the handler that checks the credentials of every
+// connection (auth.go), before the socket binds; nil without
+// authentication.
+func (in *Inbox) startAuth(ctx zContext) (*authHandler, error) {
+	o := in.opts.SocketOptions
+	switch {
+	case o.Auth != nil:
+		return startAuthHandler(ctx, admitPlain(*o.Auth), &in.auth, in.opts.PollInterval)
+	case o.curve != nil:
+		return startAuthHandler(ctx, o.curve.admit(), &in.auth, in.opts.PollInterval)
+	}
+	return nil, nil
 }
 
 func (in *Inbox) bind(ctx zContext, endpoint string) (zSocket, error) {

@@ -32,8 +32,13 @@ func newPebbeContext(ioThreads int) (*pebbeContext, error) {
 
 func (c *pebbeContext) socket(k sockKind) (zSocket, error) {
 	t := zmq.PUSH
-	if k == kindPULL {
+	switch k {
+	case kindPULL:
 		t = zmq.PULL
+	case kindREP:
+		t = zmq.REP
+	case kindPAIR:
+		t = zmq.PAIR
 	}
 	s, err := c.ctx.NewSocket(t)
 	if err != nil {
@@ -75,16 +80,39 @@ func (s *pebbeSocket) setOpt(o sockOpt, v int) error {
 		return s.s.SetRcvbuf(v)
 	case optMaxMsgSize:
 		return s.s.SetMaxmsgsize(int64(v))
+	case optPlainServer:
+		return s.s.SetPlainServer(v)
+	case optCurveServer:
+		return s.s.SetCurveServer(v)
 	}
 	return fmt.Errorf("unknown option %d", o)
 }
 
-func (s *pebbeSocket) bind(ep string) error          { return s.s.Bind(ep) }
-func (s *pebbeSocket) connect(ep string) error       { return s.s.Connect(ep) }
-func (s *pebbeSocket) lastEndpoint() (string, error) { return s.s.GetLastEndpoint() }
-func (s *pebbeSocket) recv() ([][]byte, error)       { return s.s.RecvMessageBytes(zmq.DONTWAIT) }
-func (s *pebbeSocket) release()                      {}
-func (s *pebbeSocket) close() error                  { return s.s.Close() }
+func (s *pebbeSocket) setStrOpt(o sockOpt, v string) error {
+	switch o {
+	case optZapDomain:
+		return s.s.SetZapDomain(v)
+	case optPlainUsername:
+		return s.s.SetPlainUsername(v)
+	case optPlainPassword:
+		return s.s.SetPlainPassword(v)
+	case optCurvePublicKey:
+		return s.s.SetCurvePublickey(v)
+	case optCurveSecretKey:
+		return s.s.SetCurveSecretkey(v)
+	case optCurveServerKey:
+		return s.s.SetCurveServerkey(v)
+	}
+	return fmt.Errorf("unknown option %d", o)
+}
+
+func (s *pebbeSocket) bind(ep string) error            { return s.s.Bind(ep) }
+func (s *pebbeSocket) connect(ep string) error         { return s.s.Connect(ep) }
+func (s *pebbeSocket) lastEndpoint() (string, error)   { return s.s.GetLastEndpoint() }
+func (s *pebbeSocket) monitor(ep string, ev int) error { return s.s.Monitor(ep, zmq.Event(ev)) }
+func (s *pebbeSocket) recv() ([][]byte, error)         { return s.s.RecvMessageBytes(zmq.DONTWAIT) }
+func (s *pebbeSocket) release()                        {}
+func (s *pebbeSocket) close() error                    { return s.s.Close() }
 
 func (s *pebbeSocket) send(frames [][]byte, _ **pinned) error {
 	_, err := s.s.SendMessageDontwait(frames)

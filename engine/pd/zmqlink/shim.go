@@ -147,6 +147,14 @@ static int zl_poll(zmq_pollitem_t *items, int n, long timeout_ms) {
 	return rc >= 0 ? rc : -errno;
 }
 
+static int zl_setstr(void *s, int opt, const char *v, size_t n) {
+	return zmq_setsockopt(s, opt, v, n) == 0 ? 0 : errno;
+}
+
+static int zl_monitor(void *s, const char *ep, int events) {
+	return zmq_socket_monitor(s, ep, events) == 0 ? 0 : errno;
+}
+
 static int zl_close(void *s) { return zmq_close(s) == 0 ? 0 : errno; }
 static int zl_bind(void *s, const char *ep) { return zmq_bind(s, ep) == 0 ? 0 : errno; }
 static int zl_connect(void *s, const char *ep) { return zmq_connect(s, ep) == 0 ? 0 : errno; }
@@ -178,18 +186,20 @@ func zerr(rc C.int) error {
 	return zErr(rc)
 }
 
-// shimContext is a libzmq context of the shim backend, with the owner
-// goroutine's send scratch and the box that collects released messages.
+// shimContext is a libzmq context of the shim backend, with the box that
+// collects released messages.
 type shimContext struct {
 	p   unsafe.Pointer
 	box *freeBox
-	sc  scratch
 }
 
-// shimSocket is a socket of the shim backend, with its receive buffer.
+// shimSocket is a socket of the shim backend, with its send scratch and
+// receive buffer: each socket is used by one goroutine, but an Inbox's
+// PULL socket and its ZAP handler's REP socket share a context.
 type shimSocket struct {
 	p  unsafe.Pointer
 	c  *shimContext
+	sc scratch
 	rb recvBuf
 }
 
@@ -220,14 +230,18 @@ func newShimContext(ioThreads int, box *freeBox) (*shimContext, error) {
 func (c *shimContext) term() error {
 	err := zerr(C.zl_ctx_term(c.p))
 	c.box.drain()
-	c.sc.free()
 	return err
 }
 
 func (c *shimContext) socket(k sockKind) (zSocket, error) {
 	typ := C.int(C.ZMQ_PUSH)
-	if k == kindPULL {
+	switch k {
+	case kindPULL:
 		typ = C.ZMQ_PULL
+	case kindREP:
+		typ = C.ZMQ_REP
+	case kindPAIR:
+		typ = C.ZMQ_PAIR
 	}
 	p, err := C.zmq_socket(c.p, typ)
 	if p == nil {
@@ -266,6 +280,7 @@ func (c *shimContext) poll(socks []zSocket, out bool, d time.Duration) (int, err
 
 func (s *shimSocket) close() error {
 	s.rb.free()
+	s.sc.free()
 	return zerr(C.zl_close(s.p))
 }
 
@@ -283,8 +298,32 @@ func (s *shimSocket) setOpt(o sockOpt, v int) error {
 		return s.setInt(C.ZMQ_RCVBUF, v)
 	case optMaxMsgSize:
 		return zerr(C.zl_setint64(s.p, C.ZMQ_MAXMSGSIZE, C.int64_t(v)))
+	case optPlainServer:
+		return s.setInt(C.ZMQ_PLAIN_SERVER, v)
+	case optCurveServer:
+		return s.setInt(C.ZMQ_CURVE_SERVER, v)
 	}
 	return zErr(syscall.EINVAL)
+}
+
+// shimStrOpts maps the string options to libzmq's.
+var shimStrOpts = map[sockOpt]C.int{
+	optZapDomain:      C.ZMQ_ZAP_DOMAIN,
+	optPlainUsername:  C.ZMQ_PLAIN_USERNAME,
+	optPlainPassword:  C.ZMQ_PLAIN_PASSWORD,
+	optCurvePublicKey: C.ZMQ_CURVE_PUBLICKEY,
+	optCurveSecretKey: C.ZMQ_CURVE_SECRETKEY,
+	optCurveServerKey: C.ZMQ_CURVE_SERVERKEY,
+}
+
+func (s *shimSocket) setStrOpt(o sockOpt, v string) error {
+	opt, ok := shimStrOpts[o]
+	if !ok {
+		return zErr(syscall.EINVAL)
+	}
+	cs := C.CString(v) // C.CString copies, so v may hold NUL bytes (a raw key)
+	defer C.free(unsafe.Pointer(cs))
+	return zerr(C.zl_setstr(s.p, opt, cs, C.size_t(len(v))))
 }
 
 func (s *shimSocket) setLinger(d time.Duration) error {
@@ -301,6 +340,12 @@ func (s *shimSocket) connect(ep string) error {
 	cs := C.CString(ep)
 	defer C.free(unsafe.Pointer(cs))
 	return zerr(C.zl_connect(s.p, cs))
+}
+
+func (s *shimSocket) monitor(ep string, events int) error {
+	cs := C.CString(ep)
+	defer C.free(unsafe.Pointer(cs))
+	return zerr(C.zl_monitor(s.p, cs, C.int(events)))
 }
 
 func (s *shimSocket) lastEndpoint() (string, error) {
@@ -430,7 +475,7 @@ func (sc *scratch) free() {
 // them (p, made on the first attempt) for as long as libzmq references
 // them. EAGAIN means nothing was sent: try again later.
 func (s *shimSocket) send(frames [][]byte, p **pinned) error {
-	sc := &s.c.sc
+	sc := &s.sc
 	if *p == nil {
 		q := &pinned{box: s.c.box}
 		livePins.Add(1)

@@ -1,0 +1,291 @@
+package zmqlink
+
+import (
+	"crypto/subtle"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// Connection authentication (SocketOptions.Auth): ZeroMQ's PLAIN mechanism,
+// checked by a ZAP handler (RFC 27) that the Inbox runs in its own
+// ZeroMQ context. libzmq asks the handler once per incoming connection,
+// during the handshake, before any message of that connection reaches
+// the socket; a refused connection is closed and none of its messages is
+// ever delivered. Messages on an admitted connection cost nothing more.
+
+// PlainAuth is the credential of ZeroMQ's PLAIN mechanism. An Inbox with
+// it admits only peers that present exactly this username and password;
+// an Outbox with it presents them to every peer. Both are at most 255
+// bytes and not empty.
+type PlainAuth struct {
+	Username, Password string
+}
+
+func (a *PlainAuth) validate() error {
+	if a.Username == "" || a.Password == "" {
+		return errors.New("zmqlink: auth: empty username or password")
+	}
+	if len(a.Username) > 255 || len(a.Password) > 255 {
+		return errors.New("zmqlink: auth: username or password over 255 bytes")
+	}
+	return nil
+}
+
+// zapDomain is the ZAP domain of authenticated Inboxes.
+const zapDomain = "pdkit"
+
+// zapEndpoint is where libzmq sends its ZAP requests, in the same context.
+const zapEndpoint = "inproc://zeromq.zap.01"
+
+// applyAuth makes s a PLAIN server (server: an Inbox's socket) or client
+// (an Outbox's), or a CURVE one (benchmarks only). No credential: NULL.
+func (o SocketOptions) applyAuth(s zSocket, server bool) error {
+	var err error
+	switch {
+	case o.Auth != nil && server:
+		err = setOpts(s, []sockOpt{optZapDomain}, []string{zapDomain})
+		if err == nil {
+			err = s.setOpt(optPlainServer, 1)
+		}
+		if err == nil {
+			err = s.monitor(monitorEndpoint, authEvents)
+		}
+	case o.Auth != nil:
+		err = setOpts(s, []sockOpt{optPlainUsername, optPlainPassword}, []string{o.Auth.Username, o.Auth.Password})
+	case o.curve != nil:
+		err = o.curve.apply(s, server)
+	}
+	if err != nil {
+		return fmt.Errorf("zmqlink: auth: %w", err)
+	}
+	return nil
+}
+
+// setOpts sets string options in order.
+func setOpts(s zSocket, opts []sockOpt, vals []string) error {
+	for i, o := range opts {
+		if err := s.setStrOpt(o, vals[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// authStats counts an Inbox's refused and admitted connections.
+type authStats struct {
+	admitted        atomic.Uint64
+	denied          atomic.Uint64
+	handshakeErrors atomic.Uint64
+	lastDenied      atomic.Pointer[string] // why, and the peer's address if known
+}
+
+func (st *authStats) fill(s *InboxStats) {
+	s.AuthAdmitted = st.admitted.Load()
+	s.AuthDenied = st.denied.Load()
+	s.HandshakeErrors = st.handshakeErrors.Load()
+	if p := st.lastDenied.Load(); p != nil {
+		s.LastAuthDenied = *p
+	}
+}
+
+func (st *authStats) deny(why string) {
+	st.denied.Add(1)
+	st.lastDenied.Store(&why)
+}
+
+// admitFunc decides one ZAP request from its mechanism and credential
+// frames.
+type admitFunc func(mechanism string, creds [][]byte) bool
+
+// admitPlain admits the PLAIN credential a, comparing in constant time.
+func admitPlain(a PlainAuth) admitFunc {
+	user, pass := []byte(a.Username), []byte(a.Password)
+	return func(mech string, creds [][]byte) bool {
+		if mech != "PLAIN" || len(creds) != 2 {
+			return false
+		}
+		ok := subtle.ConstantTimeCompare(creds[0], user) & subtle.ConstantTimeCompare(creds[1], pass)
+		return ok == 1
+	}
+}
+
+// monitorEndpoint is where an authenticating socket publishes its failed
+// handshakes, in its own context.
+const monitorEndpoint = "inproc://zmqlink.auth.monitor"
+
+// libzmq's monitor events and protocol errors that the monitor reads
+// (zmq.h; stable since libzmq 4.3).
+const (
+	eventHandshakeFailedNoDetail = 0x0800
+	eventHandshakeFailedProtocol = 0x2000
+	authEvents                   = eventHandshakeFailedNoDetail | eventHandshakeFailedProtocol
+	protoErrCryptographic        = 0x11000001
+	protoErrMechanismMismatch    = 0x11000002
+)
+
+// authHandler is an Inbox's authentication: a REP socket bound to
+// zapEndpoint answers libzmq's ZAP request for every connection that
+// presents a credential, and a PAIR socket reads the failed handshakes
+// of the Inbox's socket (monitorEndpoint), which is how a peer that
+// presents no credential, or one of another mechanism, is counted: libzmq
+// refuses it before asking ZAP. Both sockets belong to one goroutine, from
+// startAuthHandler until stop, which must come before the context's term.
+type authHandler struct {
+	ctx     zContext
+	zap     zSocket
+	mon     zSocket
+	admit   admitFunc
+	stats   *authStats
+	poll    time.Duration
+	closing chan struct{}
+	done    chan struct{}
+}
+
+// startAuthHandler binds the ZAP handler of ctx, connects the monitor
+// and starts their goroutine. It must run before the Inbox's socket binds.
+func startAuthHandler(ctx zContext, admit admitFunc, stats *authStats, poll time.Duration) (*authHandler, error) {
+	h := &authHandler{ctx: ctx, admit: admit, stats: stats, poll: poll,
+		closing: make(chan struct{}), done: make(chan struct{})}
+	var err error
+	if h.zap, err = innerSocket(ctx, kindREP, zapEndpoint, true); err != nil {
+		return nil, fmt.Errorf("zmqlink: zap handler: %w", err)
+	}
+	if h.mon, err = innerSocket(ctx, kindPAIR, monitorEndpoint, false); err != nil {
+		h.zap.close()
+		return nil, fmt.Errorf("zmqlink: auth monitor: %w", err)
+	}
+	go h.run()
+	return h, nil
+}
+
+// innerSocket makes an inproc socket of kind k, bound to or connected to ep.
+func innerSocket(ctx zContext, k sockKind, ep string, bind bool) (zSocket, error) {
+	s, err := ctx.socket(k)
+	if err != nil {
+		return nil, err
+	}
+	err = s.setLinger(0)
+	if err == nil && bind {
+		err = s.bind(ep)
+	} else if err == nil {
+		err = s.connect(ep)
+	}
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// stop ends the goroutine and waits for it to close its sockets.
+func (h *authHandler) stop() {
+	close(h.closing)
+	<-h.done
+}
+
+func (h *authHandler) run() {
+	defer close(h.done)
+	defer h.mon.close()
+	defer h.zap.close()
+	socks := []zSocket{h.zap, h.mon}
+	for {
+		select {
+		case <-h.closing:
+			return
+		default:
+		}
+		n, err := h.ctx.poll(socks, false, h.poll)
+		if isTerm(err) {
+			return
+		}
+		if err != nil || n == 0 {
+			continue
+		}
+		if !h.serveZAP() || !h.readEvents() {
+			return
+		}
+	}
+}
+
+// serveZAP answers one ZAP request, if there is one; false when the
+// context is terminated.
+func (h *authHandler) serveZAP() bool {
+	req, err := h.zap.recv()
+	if err != nil {
+		return !isTerm(err)
+	}
+	reply := h.decide(req)
+	h.zap.release()
+	var pin *pinned
+	err = h.zap.send(reply, &pin)
+	if pin != nil {
+		pin.release()
+	}
+	return !isTerm(err)
+}
+
+// decide makes the reply to one ZAP request: version, request id,
+// domain, address, identity, mechanism, then the mechanism's credentials.
+// The reply's frames are fresh: the request's are lent.
+func (h *authHandler) decide(req [][]byte) [][]byte {
+	var id []byte
+	if len(req) > 1 {
+		id = append([]byte{}, req[1]...)
+	}
+	ok := len(req) >= 6 && string(req[0]) == "1.0" && string(req[2]) == zapDomain &&
+		h.admit(string(req[5]), req[6:])
+	if ok {
+		h.stats.admitted.Add(1)
+		return zapReply(id, "200", "OK")
+	}
+	addr := "unknown"
+	if len(req) > 3 {
+		addr = string(req[3])
+	}
+	h.stats.deny("credentials refused: " + addr)
+	return zapReply(id, "400", "credentials refused")
+}
+
+func zapReply(id []byte, code, text string) [][]byte {
+	return [][]byte{[]byte("1.0"), id, []byte(code), []byte(text), {}, {}}
+}
+
+// readEvents counts the failed handshakes the monitor has published; false
+// when the context is terminated.
+func (h *authHandler) readEvents() bool {
+	for {
+		ev, err := h.mon.recv()
+		if err != nil {
+			return !isTerm(err)
+		}
+		h.countEvent(ev)
+		h.mon.release()
+	}
+}
+
+// countEvent counts one monitor event: its first frame is the event (16
+// bits) and its value (32 bits), in host byte order. A peer with no
+// credential fails in one of two ways, by a race between the two ends:
+// the Inbox sees its greeting name another mechanism, or the peer, which
+// saw the Inbox's greeting first, hangs up (a handshake failed with no
+// detail, which a port scan also gives). Both are refusals.
+func (h *authHandler) countEvent(ev [][]byte) {
+	if len(ev) == 0 || len(ev[0]) < 6 {
+		return
+	}
+	event, value := binary.NativeEndian.Uint16(ev[0]), binary.NativeEndian.Uint32(ev[0][2:])
+	switch {
+	case event == eventHandshakeFailedNoDetail:
+		h.stats.deny("connection ended before it authenticated")
+	case event != eventHandshakeFailedProtocol:
+	case value == protoErrMechanismMismatch:
+		h.stats.deny("no credential, or another security mechanism")
+	case value == protoErrCryptographic:
+		h.stats.deny("cryptographic failure")
+	default:
+		h.stats.handshakeErrors.Add(1)
+	}
+}
