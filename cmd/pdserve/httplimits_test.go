@@ -1,8 +1,20 @@
 package main
 
 import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/pdkit/pdkit/engine/model"
+	"github.com/pdkit/pdkit/engine/model/builtin"
+	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/kernels"
 )
 
 // The listener limits and readiness flags exist on the router and every
@@ -32,6 +44,93 @@ func TestHTTPLimitFlags(t *testing.T) {
 		_, stderr, code := run(t, tc.args...)
 		if code != 2 || !strings.Contains(stderr, tc.want) {
 			t.Errorf("%v: exit %d, stderr %q; want exit 2 and %q", tc.args, code, stderr, tc.want)
+		}
+	}
+}
+
+// A real pdserve serve enforces its flags' limits on its listener, counts
+// the hits on its /metrics, and answers /livez and /readyz.
+func TestServeListenerLimits(t *testing.T) {
+	path := testmodel.Path(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
+	s := startServe(t, "--model", path, "--threads", "1", "--shutdown-timeout", "1ms",
+		"--body-timeout", "200ms", "--max-connections", "2")
+	addr := strings.TrimPrefix(s.url, "http://")
+	once := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	for _, p := range []string{"/livez", "/readyz"} {
+		resp, err := once.Get(s.url + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(b), `"status":"ok"`) {
+			t.Errorf("%s: %d %s", p, resp.StatusCode, b)
+		}
+	}
+
+	// A body that never comes: 408 at the body timeout.
+	slow, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	fmt.Fprintf(slow, "POST /v1/completions HTTP/1.1\r\nHost: s\r\nContent-Length: 100\r\n\r\n{")
+	slow.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if line, err := bufio.NewReader(slow).ReadString('\n'); err != nil || !strings.Contains(line, " 408 ") {
+		t.Fatalf("a body that never comes: %q %v", line, err)
+	}
+	slow.Close()
+
+	// Two held connections fill the cap (once the server has closed the
+	// ones before); the third is refused with 503.
+	var held []net.Conn
+	for range 2 {
+		for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(c, "GET /livez HTTP/1.1\r\nHost: s\r\n\r\n") // answered, then kept alive
+			line, err := bufio.NewReader(c).ReadString('\n')
+			if err == nil && strings.Contains(line, " 200 ") {
+				held = append(held, c)
+				break
+			}
+			c.Close()
+			if time.Now().After(end) {
+				t.Fatalf("a connection under the cap: %q %v", line, err)
+			}
+		}
+	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, _ := io.ReadAll(c)
+	c.Close()
+	if !strings.HasPrefix(string(got), "HTTP/1.1 503 ") {
+		t.Fatalf("a connection past the cap: %q", got)
+	}
+
+	// Both hits are on /metrics once a place is free.
+	for _, c := range held {
+		c.Close()
+	}
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		resp, err := once.Get(s.url + "/metrics")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if strings.Contains(string(b), `pdkit_http_limit_hits_total{limit="body_timeout"} 1`) &&
+				regexp.MustCompile(`pdkit_http_limit_hits_total\{limit="connections"\} [1-9]`).Match(b) {
+				break
+			}
+			if time.Now().After(end) {
+				t.Fatalf("metrics without the hits: %s", b)
+			}
+		} else if time.Now().After(end) {
+			t.Fatal(err)
 		}
 	}
 }
