@@ -80,12 +80,14 @@ type authStats struct {
 	denied          atomic.Uint64
 	handshakeErrors atomic.Uint64
 	lastDenied      atomic.Pointer[string] // why, and the peer's address if known
+	disconnects     atomic.Uint64          // the Inbox's Disconnects, while this monitor holds its socket's
 }
 
 func (st *authStats) fill(s *InboxStats) {
 	s.AuthAdmitted = st.admitted.Load()
 	s.AuthDenied = st.denied.Load()
 	s.HandshakeErrors = st.handshakeErrors.Load()
+	s.Disconnects += st.disconnects.Load()
 	if p := st.lastDenied.Load(); p != nil {
 		s.LastAuthDenied = *p
 	}
@@ -121,7 +123,7 @@ const monitorEndpoint = "inproc://zmqlink.auth.monitor"
 const (
 	eventHandshakeFailedNoDetail = 0x0800
 	eventHandshakeFailedProtocol = 0x2000
-	authEvents                   = eventHandshakeFailedNoDetail | eventHandshakeFailedProtocol
+	authEvents                   = eventHandshakeFailedNoDetail | eventHandshakeFailedProtocol | eventDisconnected
 	protoErrCryptographic        = 0x11000001
 	protoErrMechanismMismatch    = 0x11000002
 )
@@ -278,6 +280,8 @@ func (h *authHandler) countEvent(ev [][]byte) {
 	}
 	event, value := binary.NativeEndian.Uint16(ev[0]), binary.NativeEndian.Uint32(ev[0][2:])
 	switch {
+	case event == eventDisconnected:
+		h.stats.disconnects.Add(1)
 	case event == eventHandshakeFailedNoDetail:
 		h.stats.deny("connection ended before it authenticated")
 	case event != eventHandshakeFailedProtocol:

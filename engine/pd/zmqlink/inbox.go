@@ -1,6 +1,7 @@
 package zmqlink
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -45,7 +46,8 @@ type InboxOptions struct {
 	// MaxMsgSize bounds each frame a peer may send, in bytes
 	// (ZMQ_MAXMSGSIZE; 0: no bound). libzmq drops the connection of a
 	// peer that declares a larger frame when it reads the frame's header,
-	// before it allocates the frame, and the handler never sees it.
+	// before it allocates the frame; the drop shows as a disconnect
+	// (InboxStats.Disconnects).
 	MaxMsgSize int64
 }
 
@@ -64,6 +66,13 @@ type InboxStats struct {
 	RecvErrors    uint64    `json:"recv_errors"`    // socket errors while receiving
 	LastMessage   time.Time `json:"last_message"`   // zero if none yet
 	LastError     string    `json:"last_error,omitempty"`
+	// Disconnects counts peer connections that ended, as libzmq's socket
+	// monitor reports them. libzmq drops a peer that declares a frame over
+	// MaxMsgSize and reports only that it disconnected, the same event as
+	// a peer that closed, so a count that rises while no peer restarts is
+	// oversized frames. With Auth the handshake monitor (auth.go), which
+	// holds the socket's one monitor, counts them.
+	Disconnects uint64 `json:"disconnects"`
 	// With SocketOptions.Auth: connections admitted, and refused for a
 	// wrong or missing credential (none of their messages is delivered);
 	// handshakes that failed for another protocol error; why the last
@@ -91,6 +100,7 @@ type Inbox struct {
 	handlerErrors atomic.Uint64
 	handlerPanics atomic.Uint64
 	recvErrors    atomic.Uint64
+	disconnects   atomic.Uint64
 	lastMessage   atomic.Int64 // unix nanoseconds
 	exitReason    atomic.Pointer[string]
 	lastError     atomic.Pointer[string]
@@ -156,6 +166,7 @@ func (in *Inbox) Stats() InboxStats {
 		HandlerErrors: in.handlerErrors.Load(),
 		HandlerPanics: in.handlerPanics.Load(),
 		RecvErrors:    in.recvErrors.Load(),
+		Disconnects:   in.disconnects.Load(),
 		LastMessage:   fromUnixNano(in.lastMessage.Load()),
 	}
 	if p := in.lastError.Load(); p != nil {
@@ -211,9 +222,18 @@ func (in *Inbox) run(endpoint string, ready chan<- error) {
 		return
 	}
 	defer sock.close() // runs before ctx.term
+	var mon zSocket
+	if auth == nil { // else the handshake monitor counts disconnects
+		if mon, err = in.monitorDisconnects(ctx, sock); err != nil {
+			in.setExit(err.Error())
+			ready <- err
+			return
+		}
+		defer mon.close() // runs before sock.close
+	}
 	ready <- nil
 
-	reason := in.loop(ctx, sock)
+	reason := in.loop(ctx, sock, mon)
 	in.setExit(reason)
 }
 
@@ -262,10 +282,48 @@ func (in *Inbox) bind(ctx zContext, endpoint string) (zSocket, error) {
 	return sock, nil
 }
 
+// The socket monitor that counts an Inbox's ended connections.
+const (
+	disconnectMonitorEndpoint = "inproc://zmqlink.inbox.monitor"
+	eventDisconnected         = 0x0200 // ZMQ_EVENT_DISCONNECTED (zmq.h)
+)
+
+// monitorDisconnects has libzmq publish sock's disconnects on a PAIR
+// socket, which the receive loop reads between messages.
+func (in *Inbox) monitorDisconnects(ctx zContext, sock zSocket) (zSocket, error) {
+	if err := sock.monitor(disconnectMonitorEndpoint, eventDisconnected); err != nil {
+		return nil, fmt.Errorf("zmqlink: monitor: %w", err)
+	}
+	mon, err := innerSocket(ctx, kindPAIR, disconnectMonitorEndpoint, false)
+	if err != nil {
+		return nil, fmt.Errorf("zmqlink: monitor: %w", err)
+	}
+	return mon, nil
+}
+
+// readDisconnects counts the events the monitor has published: each one's
+// first frame is the event (16 bits) and its value (32 bits).
+func (in *Inbox) readDisconnects(mon zSocket) {
+	for {
+		ev, err := mon.recv()
+		if err != nil {
+			return
+		}
+		if len(ev) > 0 && len(ev[0]) >= 2 && binary.NativeEndian.Uint16(ev[0]) == eventDisconnected {
+			in.disconnects.Add(1)
+		}
+		mon.release()
+	}
+}
+
 // loop polls and receives until Close; it returns the exit reason. Errors
-// on one message never end it; only a terminated context does.
-func (in *Inbox) loop(ctx zContext, sock zSocket) string {
+// on one message never end it; only a terminated context does. mon, when
+// not nil, is the disconnect monitor.
+func (in *Inbox) loop(ctx zContext, sock, mon zSocket) string {
 	socks := []zSocket{sock}
+	if mon != nil {
+		socks = append(socks, mon)
+	}
 	for {
 		select {
 		case <-in.closing:
@@ -286,6 +344,9 @@ func (in *Inbox) loop(ctx zContext, sock zSocket) string {
 		}
 		if polled == 0 {
 			continue
+		}
+		if mon != nil {
+			in.readDisconnects(mon)
 		}
 		for range in.opts.MaxBatch {
 			frames, err := sock.recv()

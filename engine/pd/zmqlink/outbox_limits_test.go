@@ -126,4 +126,3 @@ func TestOutboxOfferNeverWaitsOnAPeer(t *testing.T) {
 		t.Errorf("refused offers not counted: %+v", s)
 	}
 }
-
