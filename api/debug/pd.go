@@ -96,6 +96,9 @@ type PDSocket struct {
 	HandlerErrors uint64 `json:"handler_errors"` // malformed: refused by the handler, dropped
 	HandlerPanics uint64 `json:"handler_panics"` // recovered, dropped
 	RecvErrors    uint64 `json:"recv_errors"`
+	// Disconnects counts peer connections that ended: a peer that sends a
+	// frame over --max-message-bytes is dropped and shows only here.
+	Disconnects uint64 `json:"disconnects"`
 	// LastMessage is when the last message arrived; null before the first.
 	LastMessage *time.Time `json:"last_message"`
 	LastError   string     `json:"last_error,omitempty"`

@@ -148,3 +148,34 @@ func TestRedTeamPendingFlood(t *testing.T) {
 		expectEnd(t, "prefill", p.s, finishIs(ReasonLength))
 	}
 }
+
+// TestPDLongestChunkFitsDerivedBound: the derived frame bound of a decode's
+// KV socket takes the largest legal KV_CHUNK, a whole context's prompt in
+// one chunk, and a prefill's control socket a TRANSFER_INFO of a context's
+// pages at page size 1.
+func TestPDLongestChunkFitsDerivedBound(t *testing.T) {
+	m := tinyModel(t)
+	ctxLen := m.Config.ContextLen
+	cfg := Config{TP: 2, PageSize: 1, KVTokens: 2 * ctxLen, MaxRunning: 2, MaxBatchTokens: ctxLen, PrefillChunk: ctxLen}
+	pp := newPDPairCfg(t, cfg, cfg)
+	c := &m.Config
+	wantKV := int64(ctxLen*max(c.KVDim()/cfg.TP*4, c.Indexer.Dim*2)) + messageHeadroom
+	if got := pp.decode.maxMessageBytes(); got != wantKV {
+		t.Errorf("decode bound %d, want %d", got, wantKV)
+	}
+	if got, want := pp.prefill.maxMessageBytes(), int64(4*ctxLen)+messageHeadroom; got != want {
+		t.Errorf("prefill bound %d, want %d", got, want)
+	}
+	q := Request{Prompt: testmodel.Prompts(3, 1, ctxLen-1, ctxLen-1, c.VocabSize)[0], MaxTokens: 1, IgnoreEOS: true}
+	toks, dfin, pfin := pp.run(t, context.Background(), q, newAbortRoom())
+	if len(toks) != 1 || dfin.Reason != ReasonLength || pfin.Reason != ReasonLength {
+		t.Fatalf("a context-long prompt in one chunk: %d tokens, decode %q, prefill %q", len(toks), dfin.Reason, pfin.Reason)
+	}
+	for _, e := range []*Engine{pp.prefill, pp.decode} {
+		for _, l := range e.PDLinks() {
+			if l.Inbox.Disconnects != 0 {
+				t.Errorf("%s rank %d dropped a peer: %+v", e.cfg.Role, l.Rank, l.Inbox)
+			}
+		}
+	}
+}
