@@ -179,3 +179,31 @@ func TestPDLongestChunkFitsDerivedBound(t *testing.T) {
 		}
 	}
 }
+
+// TestRepliesDropWhatCannotGo: replies to a dead endpoint go out within
+// its backlog in the Outbox; every one past it, or past a full queue, is
+// dropped and counted, and posting never waits. Stopping twice is
+// harmless.
+func TestRepliesDropWhatCannotGo(t *testing.T) {
+	out, err := zmqlink.NewOutbox(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	r := newReplies(out, 8, time.Second, func(string, pdproto.Message, error) {})
+	dead := deadEndpoint(t)
+	const n = 2000
+	for i := range n {
+		r.post(dead, &pdproto.AbortAck{Room: uint64(i)})
+	}
+	poll(t, "every reply sent, held or dropped", 10*time.Second, func() bool {
+		s := out.Stats()
+		return r.dropped.Load()+s.Sent+uint64(s.Backlog) == n
+	})
+	if s := out.Stats(); s.Backlog > 256 || r.dropped.Load() == 0 {
+		t.Errorf("backlog %d (the per-peer bound is 256), dropped %d", s.Backlog, r.dropped.Load())
+	}
+	r.stop()
+	r.stop()
+	r.post(dead, &pdproto.AbortAck{}) // after stop: queued, never sent, never blocks
+}

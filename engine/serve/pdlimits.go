@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -63,6 +64,7 @@ type replies struct {
 	dropped atomic.Uint64
 	closing chan struct{}
 	done    chan struct{}
+	stopped sync.Once
 	warn    func(to string, m pdproto.Message, err error)
 }
 
@@ -113,8 +115,9 @@ func (r *replies) send(rp reply) {
 }
 
 // stop ends the goroutine; what is still queued is dropped. The Outbox
-// closes after it.
+// closes after it. Calling it again does nothing, as closing a socket
+// twice does nothing.
 func (r *replies) stop() {
-	close(r.closing)
+	r.stopped.Do(func() { close(r.closing) })
 	<-r.done
 }
