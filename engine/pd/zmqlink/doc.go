@@ -40,13 +40,17 @@
 //     (CloneFrames, bytes.Clone).
 //     A handler that returns an error, or panics, has its message counted
 //     and dropped; the loop goes on. The loop never exits for a bad
-//     message.
-//   - An Outbox owns PUSH sockets to any number of peers, all on one sender
-//     goroutine. Send enqueues into a bounded queue and returns an error when
-//     the queue stays full past its context; the sender connects lazily,
-//     never blocks on a slow or dead peer (it sends without waiting and
-//     keeps a short per-peer backlog that expires), and Close never hangs
-//     because sockets linger only briefly. With ZeroCopy, frames of 32 KiB
+//     message. MaxMsgSize bounds the frames a peer may send: libzmq drops
+//     a peer that declares a larger one, counted as a disconnect.
+//   - An Outbox owns PUSH sockets to its peers, all on one sender
+//     goroutine: at most MaxPeers (the least recently used is closed for a
+//     new one) and none unused for PeerIdle, since peers are endpoints that
+//     other processes name. Send enqueues into a bounded queue and returns
+//     an error when the queue stays full past its context (Offer fails at
+//     once instead when the peer's own backlog is full); the sender
+//     connects lazily, never blocks on a slow or dead peer (it sends
+//     without waiting and keeps a short per-peer backlog that expires), and
+//     Close never hangs because sockets linger only briefly. With ZeroCopy, frames of 32 KiB
 //     or more are handed to libzmq without a copy: they stay pinned
 //     (runtime.Pinner) until libzmq's free callback, which runs on a
 //     libzmq I/O thread and only queues the message for the sender
