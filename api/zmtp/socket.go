@@ -23,6 +23,20 @@ type Push struct {
 // Dial connects to the PULL socket at endpoint (tcp://host:port) and
 // completes the handshake, within ctx and DefaultHandshakeTimeout.
 func Dial(ctx context.Context, endpoint string) (*Push, error) {
+	return DialAuth(ctx, endpoint, nil)
+}
+
+// DialAuth is Dial presenting auth with the PLAIN mechanism, as an
+// authenticated PD socket requires; nil auth is Dial. A peer that refuses
+// the credential gives an error matching ErrAuthRefused; a peer that
+// requires PLAIN when auth is nil, or NULL when it is not, one matching
+// ErrAuthRequired.
+func DialAuth(ctx context.Context, endpoint string, auth *PlainAuth) (*Push, error) {
+	if auth != nil {
+		if err := auth.validate(); err != nil {
+			return nil, err
+		}
+	}
 	addr, err := tcpAddress(endpoint)
 	if err != nil {
 		return nil, err
@@ -34,16 +48,16 @@ func Dial(ctx context.Context, endpoint string) (*Push, error) {
 	if err != nil {
 		return nil, fmt.Errorf("zmtp: connecting to %s: %w", endpoint, err)
 	}
-	return newPush(ctx, c)
+	return newPush(ctx, c, auth)
 }
 
 // newPush runs the PUSH side's handshake on c (closed on failure).
-func newPush(ctx context.Context, c net.Conn) (*Push, error) {
+func newPush(ctx context.Context, c net.Conn, auth *PlainAuth) (*Push, error) {
 	deadline, _ := ctx.Deadline()
 	if deadline.IsZero() {
 		deadline = time.Now().Add(DefaultHandshakeTimeout)
 	}
-	zc, err := handshake(c, TypePUSH, false, deadline)
+	zc, err := handshake(c, TypePUSH, false, auth, deadline)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -76,7 +90,12 @@ func (p *Push) Close() error { return p.zc.c.Close() }
 // Send dials the PULL socket at endpoint, sends frames as one multipart
 // message and closes the connection.
 func Send(ctx context.Context, endpoint string, frames [][]byte) error {
-	p, err := Dial(ctx, endpoint)
+	return SendAuth(ctx, endpoint, nil, frames)
+}
+
+// SendAuth is Send presenting auth (DialAuth).
+func SendAuth(ctx context.Context, endpoint string, auth *PlainAuth, frames [][]byte) error {
+	p, err := DialAuth(ctx, endpoint, auth)
 	if err != nil {
 		return err
 	}
@@ -94,6 +113,7 @@ var ErrClosed = errors.New("zmtp: socket closed")
 type Pull struct {
 	ln       net.Listener
 	endpoint string
+	auth     *PlainAuth // nil: the NULL mechanism
 	msgs     chan [][]byte
 	closing  chan struct{}
 	wg       sync.WaitGroup
@@ -106,6 +126,21 @@ type Pull struct {
 // Listen binds a PULL socket to endpoint, tcp://host:port; port 0 picks a
 // free port, and Endpoint reports the one bound.
 func Listen(endpoint string) (*Pull, error) {
+	return ListenAuth(endpoint, nil)
+}
+
+// ListenAuth is Listen admitting only peers that present auth with the
+// PLAIN mechanism (as an authenticated PD socket does); nil auth is
+// Listen. A refused peer's error, in Errors, matches ErrAuthRefused or
+// ErrAuthRequired.
+func ListenAuth(endpoint string, auth *PlainAuth) (*Pull, error) {
+	if auth != nil {
+		if err := auth.validate(); err != nil {
+			return nil, err
+		}
+		a := *auth
+		auth = &a
+	}
 	addr, err := tcpAddress(endpoint)
 	if err != nil {
 		return nil, err
@@ -114,7 +149,7 @@ func Listen(endpoint string) (*Pull, error) {
 	if err != nil {
 		return nil, fmt.Errorf("zmtp: binding %s: %w", endpoint, err)
 	}
-	p := &Pull{ln: ln, endpoint: "tcp://" + ln.Addr().String(), msgs: make(chan [][]byte, 64),
+	p := &Pull{ln: ln, endpoint: "tcp://" + ln.Addr().String(), auth: auth, msgs: make(chan [][]byte, 64),
 		closing: make(chan struct{}), conns: map[net.Conn]bool{}}
 	p.wg.Add(1)
 	go p.accept()
@@ -155,7 +190,7 @@ func (p *Pull) serve(c net.Conn) {
 		delete(p.conns, c)
 		p.mu.Unlock()
 	}()
-	zc, err := handshake(c, TypePULL, true, time.Now().Add(DefaultHandshakeTimeout))
+	zc, err := handshake(c, TypePULL, true, p.auth, time.Now().Add(DefaultHandshakeTimeout))
 	if err != nil {
 		p.noteError(err)
 		return

@@ -1,23 +1,33 @@
 // Package zmtp is a minimal, pure-Go ZeroMQ peer: exactly what pdctl needs
 // to speak to the PD sockets of a pdkit cluster without cgo. It implements
-// ZMTP 3.0 (https://rfc.zeromq.org/spec/23/) with the NULL security
-// mechanism over TCP, for two socket types only:
+// ZMTP 3.0 (https://rfc.zeromq.org/spec/23/) over TCP with the NULL and
+// PLAIN security mechanisms, for two socket types only:
 //
 //   - a PUSH socket that dials one PULL peer and sends multipart messages
-//     (Dial, Push.Send), as a decode rank does to a prefill rank's control
-//     socket;
+//     (Dial, DialAuth, Push.Send), as a decode rank does to a prefill
+//     rank's control socket;
 //   - a PULL socket that binds a TCP port, accepts any number of PUSH peers
 //     and hands their multipart messages out one at a time (Listen,
-//     Pull.Recv), as a decode rank's KV socket does.
+//     ListenAuth, Pull.Recv), as a decode rank's KV socket does.
 //
-// The greeting (signature 0xFF 00*8 0x7F, version 3.0, mechanism "NULL",
-// as-server flag) and the READY command (Socket-Type, an empty Identity) are
-// exchanged in full; data and command frames use the MORE, LONG and COMMAND
-// flags. Anything else (another major version, another mechanism, an
+// The greeting (signature 0xFF 00*8 0x7F, version 3.0, the mechanism,
+// as-server flag) is sent as libzmq sends it, the mechanism only once the
+// peer's signature is in, so that a libzmq peer that refuses the
+// mechanism has said which one it wanted. With NULL (no credential) the
+// READY commands (Socket-Type, an empty Identity) follow. With PLAIN
+// (a PlainAuth; https://rfc.zeromq.org/spec/24/) the dialing side
+// presents a username and password in HELLO, the accepting side answers
+// WELCOME or ERROR, then INITIATE and READY carry the metadata; this is
+// what a pdkit Inbox with zmqlink's SocketOptions.Auth requires. The
+// password crosses the wire in the clear. Data and command frames use
+// the MORE, LONG and COMMAND flags.
+//
+// Anything else (another major version, another mechanism, an
 // incompatible socket type, an ERROR command, an unknown command, a reserved
 // flag bit, a frame over the size limit) ends the connection with an error
-// that says what was refused. PING is answered with PONG; no other socket
-// type, transport or option is implemented.
+// that says what was refused; a mechanism the two ends disagree on matches
+// ErrAuthRequired, a refused credential ErrAuthRefused. PING is answered
+// with PONG; no other socket type, transport or option is implemented.
 package zmtp
 
 import (
@@ -65,31 +75,43 @@ func (e *protoError) Is(target error) bool { return target == ErrProtocol }
 
 func protof(format string, a ...any) error { return &protoError{msg: fmt.Sprintf(format, a...)} }
 
-// greeting returns this side's 64-byte greeting.
-func greeting(asServer bool) []byte {
+// Security mechanisms.
+const (
+	mechNULL  = "NULL"
+	mechPLAIN = "PLAIN"
+)
+
+// greeting returns this side's 64-byte greeting for mechanism mech.
+func greeting(mech string, asServer bool) []byte {
 	g := make([]byte, greetingLen)
 	g[0], g[9] = 0xFF, 0x7F
 	g[10], g[11] = 3, 0 // version 3.0
-	copy(g[12:32], "NULL")
+	copy(g[12:32], mech)
 	if asServer {
 		g[32] = 1
 	}
 	return g
 }
 
-// checkGreeting validates a peer's greeting.
-func checkGreeting(g []byte) error {
+// checkGreeting validates a peer's greeting, which must name mechanism
+// mech.
+func checkGreeting(g []byte, mech string) error {
 	if g[0] != 0xFF || g[9]&1 != 1 {
 		return protof("not a ZMTP 3 greeting: signature % x", g[:10])
 	}
 	if g[10] < 3 {
 		return protof("peer speaks ZMTP %d.%d, only 3.x is supported", g[10], g[11])
 	}
-	mech := string(bytes.TrimRight(g[12:32], "\x00"))
-	if mech != "NULL" {
-		return protof("peer asks for security mechanism %q, only NULL is supported", mech)
+	peer := string(bytes.TrimRight(g[12:32], "\x00"))
+	switch {
+	case peer == mech:
+		return nil
+	case peer == mechPLAIN && mech == mechNULL:
+		return &authError{ErrAuthRequired, "the peer requires the PLAIN mechanism: connect with credentials (a PlainAuth)"}
+	case peer == mechNULL && mech == mechPLAIN:
+		return &authError{ErrAuthRequired, "the peer speaks NULL, without authentication, and this side requires PLAIN"}
 	}
-	return nil
+	return protof("peer asks for security mechanism %q, only NULL and PLAIN are supported", peer)
 }
 
 // compatible says whether a socket of type mine may talk to one of type peer.
@@ -129,22 +151,26 @@ func appendFrame(b []byte, flags byte, body []byte) []byte {
 }
 
 // handshake exchanges greetings and READY commands as a socket of type
-// mine, by deadline. The greeting is written while the peer's is read, so
-// that an unbuffered connection (net.Pipe) cannot deadlock.
-func handshake(c net.Conn, mine string, asServer bool, deadline time.Time) (*conn, error) {
+// mine, by deadline; with auth, it runs the PLAIN mechanism instead
+// (plain.go).
+func handshake(c net.Conn, mine string, asServer bool, auth *PlainAuth, deadline time.Time) (*conn, error) {
 	if err := c.SetDeadline(deadline); err != nil {
 		return nil, err
 	}
 	zc := &conn{c: c, r: bufio.NewReaderSize(c, 64<<10)}
-	werr := make(chan error, 1)
-	go func() {
-		_, err := c.Write(greeting(asServer))
-		if err == nil {
-			_, err = c.Write(appendFrame(nil, flagCommand, command("READY", [2]string{"Socket-Type", mine}, [2]string{"Identity", ""})))
-		}
-		werr <- err
-	}()
-	err := zc.readHandshake(mine)
+	mech, after := mechNULL, appendFrame(nil, flagCommand, metadata("READY", mine))
+	if auth != nil {
+		mech, after = mechPLAIN, nil
+	}
+	_, werr, err := zc.greet(mech, asServer, after)
+	if err != nil {
+		return nil, err
+	}
+	if auth != nil {
+		err = zc.plainHandshake(mine, asServer, auth, werr)
+	} else {
+		err = zc.readReady(mine)
+	}
 	if err != nil {
 		c.Close() // unblocks the writer
 		<-werr
@@ -159,41 +185,116 @@ func handshake(c net.Conn, mine string, asServer bool, deadline time.Time) (*con
 	return zc, nil
 }
 
-func (zc *conn) readHandshake(mine string) error {
+// greetingHead is the part of a greeting sent before the peer's is read:
+// the signature and the major version.
+const greetingHead = 11
+
+// greet writes this side's greeting for mech, then after, while it reads
+// the peer's greeting, which it returns, with the channel that tells how
+// the writing ended. It sends the mechanism only once the peer's head is
+// in, as libzmq does: libzmq sends its own mechanism only then, and a
+// libzmq peer that refuses ours hangs up at once, so a side that sent its
+// whole greeting first would never learn which mechanism the peer wanted.
+// The writing runs beside the reading, so that an unbuffered connection
+// (net.Pipe) cannot deadlock. On error the connection is closed.
+func (zc *conn) greet(mech string, asServer bool, after []byte) ([]byte, <-chan error, error) {
+	mine := greeting(mech, asServer)
+	headIn := make(chan bool, 1) // true: the peer's head is in, go on
+	werr := make(chan error, 1)
+	go func() {
+		_, err := zc.c.Write(mine[:greetingHead])
+		if err == nil && <-headIn {
+			_, err = zc.c.Write(append(mine[greetingHead:], after...))
+		}
+		werr <- err
+		close(werr) // later receives see nil: the outcome is taken once
+	}()
+	g, err := zc.readGreeting(mech, headIn)
+	if err != nil {
+		var ae *authError
+		if errors.As(err, &ae) {
+			// Let this side's mechanism out, so the peer can say why.
+			_ = zc.c.SetWriteDeadline(time.Now().Add(greetingLinger))
+			<-werr
+		}
+		zc.c.Close() // unblocks the writer
+		<-werr
+		return nil, nil, err
+	}
+	return g, werr, nil
+}
+
+// greetingLinger bounds how long a refused greeting waits for this side's
+// own to be written out.
+const greetingLinger = 100 * time.Millisecond
+
+func (zc *conn) readReady(mine string) error {
+	props, err := zc.readCommand("READY")
+	if err != nil {
+		return err
+	}
+	return checkSocketType(mine, "READY", props)
+}
+
+// readGreeting reads the peer's greeting, which must name mechanism mech.
+// Once its head is in and valid it sends true on headIn (false if not).
+func (zc *conn) readGreeting(mech string, headIn chan<- bool) ([]byte, error) {
 	g := make([]byte, greetingLen)
+	if err := zc.readGreetingHead(g); err != nil {
+		headIn <- false
+		return nil, err
+	}
+	headIn <- true
+	if _, err := io.ReadFull(zc.r, g[greetingHead:]); err != nil {
+		return nil, fmt.Errorf("zmtp: reading the greeting: %w", err)
+	}
+	return g, checkGreeting(g, mech)
+}
+
+// readGreetingHead reads the signature, which it checks, and the major
+// version.
+func (zc *conn) readGreetingHead(g []byte) error {
 	if _, err := io.ReadFull(zc.r, g[:10]); err != nil {
 		return fmt.Errorf("zmtp: reading the greeting: %w", err)
 	}
 	if g[0] != 0xFF || g[9]&1 != 1 {
 		return protof("not a ZMTP 3 greeting: signature % x", g[:10])
 	}
-	if _, err := io.ReadFull(zc.r, g[10:]); err != nil {
+	if _, err := io.ReadFull(zc.r, g[10:greetingHead]); err != nil {
 		return fmt.Errorf("zmtp: reading the greeting: %w", err)
 	}
-	if err := checkGreeting(g); err != nil {
-		return err
-	}
+	return nil
+}
+
+// readCommand reads one command frame, which must be want (an ERROR is
+// the peer refusing the handshake), and returns its properties.
+func (zc *conn) readCommand(want string) (map[string]string, error) {
 	flags, body, err := zc.readFrame()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if flags&flagCommand == 0 {
-		return protof("expected the READY command, got a data frame")
+		return nil, protof("expected the %s command, got a data frame", want)
 	}
 	name, props, err := parseCommand(body)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	switch name {
-	case "READY":
+	case want:
+		return props, nil
 	case "ERROR":
-		return protof("peer refused the handshake: %s", errorReason(body))
-	default:
-		return protof("expected the READY command, got %q", name)
+		return nil, &handshakeRefused{reason: errorReason(body), after: want}
 	}
+	return nil, protof("expected the %s command, got %q", want, name)
+}
+
+// checkSocketType checks the Socket-Type property of the peer's command
+// cmd against mine.
+func checkSocketType(mine, cmd string, props map[string]string) error {
 	st, ok := props["socket-type"]
 	if !ok {
-		return protof("READY without a Socket-Type property")
+		return protof("%s without a Socket-Type property", cmd)
 	}
 	if !compatible(mine, st) {
 		return protof("peer is a %s socket, a %s socket only talks to %s", st, mine, map[string]string{TypePUSH: TypePULL, TypePULL: TypePUSH}[mine])
@@ -213,14 +314,14 @@ func errorReason(body []byte) string {
 
 // parseCommand splits a command body into its name and its properties
 // (names lower-cased: they are case-insensitive). A body that is not a
-// well-formed command, or whose properties do not parse (READY), is an
-// error.
+// well-formed command, or whose properties do not parse (READY,
+// INITIATE), is an error.
 func parseCommand(body []byte) (string, map[string]string, error) {
 	if len(body) < 1 || len(body) < 1+int(body[0]) {
 		return "", nil, protof("command frame too short for its name")
 	}
 	name := string(body[1 : 1+int(body[0])])
-	if name != "READY" {
+	if name != "READY" && name != "INITIATE" {
 		return name, nil, nil
 	}
 	props := map[string]string{}
@@ -228,14 +329,14 @@ func parseCommand(body []byte) (string, map[string]string, error) {
 	for len(p) > 0 {
 		n := int(p[0])
 		if n == 0 || len(p) < 1+n+4 {
-			return "", nil, protof("READY property cut short")
+			return "", nil, protof("%s property cut short", name)
 		}
 		key := strings.ToLower(string(p[1 : 1+n]))
 		p = p[1+n:]
 		vl := binary.BigEndian.Uint32(p)
 		p = p[4:]
 		if uint64(vl) > uint64(len(p)) {
-			return "", nil, protof("READY property %q: value of %d bytes, %d left", key, vl, len(p))
+			return "", nil, protof("%s property %q: value of %d bytes, %d left", name, key, vl, len(p))
 		}
 		props[key] = string(p[:vl])
 		p = p[vl:]
@@ -276,8 +377,16 @@ func (zc *conn) readFrame() (byte, []byte, error) {
 	if _, err := io.ReadFull(zc.r, body); err != nil {
 		return 0, nil, eofIsUnexpected(err)
 	}
+	if flags&flagCommand != 0 && bytes.HasPrefix(body, libzmqErrorName) {
+		body = append([]byte("\x05ERROR"), body[len(libzmqErrorName):]...)
+	}
 	return flags, body, nil
 }
+
+// libzmqErrorName is how libzmq 4.3 names its ERROR command: its source
+// writes "\x5ERROR", which C reads as the byte 0x5E then "RROR", so the
+// name's length byte is lost. readFrame turns it back into ERROR.
+var libzmqErrorName = []byte("\x5eRROR")
 
 func eofIsUnexpected(err error) error {
 	if err == io.EOF {

@@ -83,7 +83,7 @@ func pipePush(t *testing.T, peerGreeting []byte) (*Push, error, *rawPeer) {
 		err error
 	}, 1)
 	go func() {
-		p, err := newPush(context.Background(), a)
+		p, err := newPush(context.Background(), a, nil)
 		res <- struct {
 			p   *Push
 			err error
@@ -105,14 +105,14 @@ func TestPushSendsMultipart(t *testing.T) {
 	var push *Push
 	go func() {
 		var err error
-		push, err = newPush(context.Background(), a)
+		push, err = newPush(context.Background(), a, nil)
 		if err == nil {
 			long := bytes.Repeat([]byte{'x'}, 300)
 			err = push.Send(context.Background(), [][]byte{[]byte("PDKIT\x02"), {}, long})
 		}
 		got <- err
 	}()
-	w := peer.write(append(greeting(true), ready(TypePULL)...))
+	w := peer.write(append(greeting(mechNULL, true), ready(TypePULL)...))
 	peer.expectHandshake(false, TypePUSH)
 	if f, body := peer.frame(); f != flagMore || string(body) != "PDKIT\x02" {
 		t.Fatalf("frame 0: %#x %q", f, body)
@@ -133,7 +133,9 @@ func TestPushSendsMultipart(t *testing.T) {
 }
 
 func TestHandshakeRefusals(t *testing.T) {
-	bad := func(mutate func(g []byte) []byte) []byte { return mutate(append(greeting(true), ready(TypePULL)...)) }
+	bad := func(mutate func(g []byte) []byte) []byte {
+		return mutate(append(greeting(mechNULL, true), ready(TypePULL)...))
+	}
 	tests := []struct {
 		name  string
 		input []byte
@@ -141,15 +143,15 @@ func TestHandshakeRefusals(t *testing.T) {
 	}{
 		{"signature", bad(func(g []byte) []byte { g[9] = 0; return g }), "not a ZMTP 3 greeting: signature ff 00 00 00 00 00 00 00 00 00"},
 		{"zmtp 2", bad(func(g []byte) []byte { g[10], g[11] = 2, 0; return g }), "peer speaks ZMTP 2.0, only 3.x is supported"},
-		{"curve", bad(func(g []byte) []byte { copy(g[12:32], "CURVE\x00\x00\x00"); return g }), `peer asks for security mechanism "CURVE", only NULL is supported`},
-		{"socket type", append(greeting(true), ready("PUB")...), "peer is a PUB socket, a PUSH socket only talks to PULL"},
-		{"push to push", append(greeting(true), ready(TypePUSH)...), "peer is a PUSH socket, a PUSH socket only talks to PULL"},
-		{"no socket type", append(greeting(true), appendFrame(nil, flagCommand, command("READY"))...), "READY without a Socket-Type property"},
-		{"error command", append(greeting(true), appendFrame(nil, flagCommand, append(command("ERROR"), 4, 'n', 'o', 'p', 'e'))...), "peer refused the handshake: nope"},
-		{"data before ready", append(greeting(true), appendFrame(nil, 0, []byte("hi"))...), "expected the READY command, got a data frame"},
-		{"other command", append(greeting(true), appendFrame(nil, flagCommand, command("HELLO"))...), `expected the READY command, got "HELLO"`},
-		{"reserved flags", append(greeting(true), 0x84, 0), "frame flags 0x84: reserved bits set"},
-		{"cut property", append(greeting(true), appendFrame(nil, flagCommand, append(command("READY"), 11, 'S'))...), "READY property cut short"},
+		{"curve", bad(func(g []byte) []byte { copy(g[12:32], "CURVE\x00\x00\x00"); return g }), `peer asks for security mechanism "CURVE", only NULL and PLAIN are supported`},
+		{"socket type", append(greeting(mechNULL, true), ready("PUB")...), "peer is a PUB socket, a PUSH socket only talks to PULL"},
+		{"push to push", append(greeting(mechNULL, true), ready(TypePUSH)...), "peer is a PUSH socket, a PUSH socket only talks to PULL"},
+		{"no socket type", append(greeting(mechNULL, true), appendFrame(nil, flagCommand, command("READY"))...), "READY without a Socket-Type property"},
+		{"error command", append(greeting(mechNULL, true), appendFrame(nil, flagCommand, append(command("ERROR"), 4, 'n', 'o', 'p', 'e'))...), "peer refused the handshake: nope"},
+		{"data before ready", append(greeting(mechNULL, true), appendFrame(nil, 0, []byte("hi"))...), "expected the READY command, got a data frame"},
+		{"other command", append(greeting(mechNULL, true), appendFrame(nil, flagCommand, command("HELLO"))...), `expected the READY command, got "HELLO"`},
+		{"reserved flags", append(greeting(mechNULL, true), 0x84, 0), "frame flags 0x84: reserved bits set"},
+		{"cut property", append(greeting(mechNULL, true), appendFrame(nil, flagCommand, append(command("READY"), 11, 'S'))...), "READY property cut short"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -185,7 +187,7 @@ func TestPullReceives(t *testing.T) {
 		t.Fatalf("endpoint %q", p.Endpoint())
 	}
 	var msg []byte
-	msg = append(msg, greeting(false)...)
+	msg = append(msg, greeting(mechNULL, false)...)
 	msg = append(msg, ready(TypePUSH)...)
 	// A PING between messages is answered, then two messages: one of
 	// three frames (one long) and one of a single empty frame.
@@ -239,7 +241,7 @@ func TestPullRefuses(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p, peer := pipePull(t)
-			w := peer.write(append(greeting(false), tt.msg...))
+			w := peer.write(append(greeting(mechNULL, false), tt.msg...))
 			if tt.name != "pull peer" { // refused before the Pull's READY is sent
 				peer.read(greetingLen)
 				peer.frame()
