@@ -429,6 +429,7 @@ func (s *sender) handle(it outItem) {
 		s.o.sendErrors.Add(1)
 		s.o.noteError(err)
 		it.done()
+		s.o.dropCredit(it.endpoint) // no socket: nothing else will
 		return
 	}
 	if len(p.backlog) > 0 {

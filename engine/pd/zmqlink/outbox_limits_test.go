@@ -126,3 +126,29 @@ func TestOutboxOfferNeverWaitsOnAPeer(t *testing.T) {
 		t.Errorf("refused offers not counted: %+v", s)
 	}
 }
+
+// TestOutboxForgetsClosedPeersSemaphores: the per-peer semaphores go with
+// their sockets, so 3,000 endpoints leave no more of them than sockets.
+func TestOutboxForgetsClosedPeersSemaphores(t *testing.T) {
+	checkGoroutines(t)
+	const endpoints, maxPeers = 3000, 16
+	out, err := NewOutbox(&OutboxOptions{MaxPeers: maxPeers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	for i := range endpoints {
+		if err := out.Send(context.Background(), fmt.Sprintf("tcp://127.0.0.1:%d", 1+i), [][]byte{[]byte("ack")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 30*time.Second, "every message handed to ZeroMQ or failed", func() bool {
+		s := out.Stats()
+		return s.Sent+s.SendErrors+s.Dropped == endpoints
+	})
+	n := 0
+	out.credits.Range(func(any, any) bool { n++; return true })
+	if n > maxPeers {
+		t.Errorf("%d per-peer semaphores kept for %d open peers", n, out.Stats().Peers)
+	}
+}
