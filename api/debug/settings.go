@@ -112,6 +112,11 @@ type PDSettings struct {
 	PeerSocketIdleMS    float64 `json:"peer_socket_idle_ms"`
 	ReplyQueue          int     `json:"reply_queue"`
 	EarlyRoomsPerSender int     `json:"early_rooms_per_sender"`
+	// A decode's prefill registries (--prefill-bootstrap, comma-separated),
+	// the only bootstrap URLs it takes, and how many lookups of them it
+	// keeps.
+	PrefillBootstrap   string `json:"prefill_bootstrap"`
+	BootstrapCacheSize int    `json:"bootstrap_cache_size"`
 }
 
 // Duration converts a float milliseconds field to a time.Duration.

@@ -10,7 +10,7 @@ import (
 // Version is the protocol version carried in the guard frame. A change to
 // any message's layout bumps it; a receiver drops messages of any other
 // version (ErrVersion). docs/protocol.md lists what each version changed.
-const Version byte = 3
+const Version byte = 4
 
 // guardMagic starts frame 0; Version follows it.
 const guardMagic = "PDKIT"
@@ -164,11 +164,12 @@ func encodeTransferInfo(m *TransferInfo) ([][]byte, error) {
 			return nil, err
 		}
 	}
-	n := 8 + 4 + 4 + 4 + len(m.Endpoint) + 4 + len(m.IndexKDType) + 4 + len(m.RequestID) + 4 + 4*len(m.Pages)
+	n := 8 + 4 + 4 + len(m.Prompt) + 4 + len(m.Endpoint) + 4 + len(m.IndexKDType) + 4 + len(m.RequestID) + 4 + 4*len(m.Pages)
 	buf, frames := start(TypeTransferInfo, n, 0)
 	buf = appendU64(buf, m.Room)
 	buf = appendU32(buf, m.Rank)
 	buf = appendU32(buf, m.Tokens)
+	buf = append(buf, m.Prompt[:]...)
 	buf = appendStr(buf, m.Endpoint)
 	buf = appendStr(buf, m.IndexKDType)
 	buf = appendStr(buf, m.RequestID)
@@ -186,7 +187,7 @@ func encodeKVChunk(m *KVChunk) ([][]byte, error) {
 	if err := checkLen("layers", len(m.Layers)); err != nil {
 		return nil, err
 	}
-	n := 8 + 4 + 4 + 4 + 1 + 4 + 16*len(m.Layers)
+	n := 8 + 4 + 4 + 4 + len(m.Prompt) + 1 + 4 + 16*len(m.Layers)
 	if m.Final != nil {
 		n += 12
 	}
@@ -195,6 +196,7 @@ func encodeKVChunk(m *KVChunk) ([][]byte, error) {
 	buf = appendU32(buf, m.Chunk)
 	buf = appendU32(buf, m.Start)
 	buf = appendU32(buf, m.End)
+	buf = append(buf, m.Prompt[:]...)
 	var flags byte
 	if m.Final != nil {
 		flags |= flagLast
@@ -406,6 +408,11 @@ func (r *reader) u64(field string) uint64 {
 	return 0
 }
 
+func (r *reader) fingerprint(field string) (f Fingerprint) {
+	copy(f[:], r.take(field, len(f)))
+	return f
+}
+
 func (r *reader) str(field string) string {
 	n := r.u32(field + ".len")
 	if r.err == nil && uint64(n) > uint64(len(r.b)) {
@@ -428,6 +435,7 @@ func (r *reader) transferInfo() *TransferInfo {
 	m.Room = r.u64("room")
 	m.Rank = r.u32("rank")
 	m.Tokens = r.u32("tokens")
+	m.Prompt = r.fingerprint("prompt")
 	m.Endpoint = r.str("endpoint")
 	m.IndexKDType = r.str("index_k_dtype")
 	m.RequestID = r.str("request_id")
@@ -453,6 +461,7 @@ func (r *reader) kvChunk(frames [][]byte) *KVChunk {
 	if r.err == nil && m.Start > m.End {
 		r.fail(frameHeader, "end", fmt.Sprintf("token range [%d, %d) is reversed", m.Start, m.End))
 	}
+	m.Prompt = r.fingerprint("prompt")
 	flags := r.flags("flags", flagLast)
 	n := r.u32("layers")
 	if r.err != nil {

@@ -25,6 +25,7 @@ func samples() []Message {
 		&TransferInfo{
 			Room: 0x7fff_ffff_ffff_fff1, Endpoint: "tcp://127.0.0.1:41003", Rank: 1,
 			Pages: []uint32{7, 8, 9, 0xffff_ffff}, Tokens: 200, IndexKDType: "fp8", RequestID: "cmpl-42",
+			Prompt: PromptFingerprint([]int32{1, 2, 3}),
 		},
 		&TransferInfo{Room: 1, Pages: make([]uint32, 100_000), IndexKDType: "bf16", RequestID: "é\x00\xff"},
 		&KVChunk{},
@@ -32,7 +33,7 @@ func samples() []Message {
 			{K: filled(64, 1), V: filled(64, 2), IndexK: filled(16, 3), IndexKScales: filled(4, 4)},
 			{K: filled(64, 5), V: filled(64, 6)},
 		}},
-		&KVChunk{Room: 3, Chunk: 1, Start: 64, End: 100, Layers: []LayerKV{{}, {K: []byte{1}}},
+		&KVChunk{Room: 3, Chunk: 1, Start: 64, End: 100, Prompt: Fingerprint{0: 1, 15: 0xff}, Layers: []LayerKV{{}, {K: []byte{1}}},
 			Final: &ChunkFinal{FirstToken: -1, PromptTokens: 100, CachedTokens: 32}},
 		&KVChunk{Room: 4, Chunk: 9, Start: 5, End: 5, Final: &ChunkFinal{}},
 		bigChunk(4, 1<<20),
@@ -87,7 +88,7 @@ func TestRoundTrip(t *testing.T) {
 	for _, m := range samples() {
 		seen[m.Type()] = true
 		frames := mustEncode(t, m)
-		if string(frames[0]) != "PDKIT\x03" || string(frames[1]) != string(m.Type()) {
+		if string(frames[0]) != "PDKIT\x04" || string(frames[1]) != string(m.Type()) {
 			t.Fatalf("%T: frames 0 and 1 are %q %q", m, frames[0], frames[1])
 		}
 		got, err := Decode(cloneFrames(frames))
@@ -249,12 +250,14 @@ func TestDecodeErrors(t *testing.T) {
 		{"known not a bool", with(ack, 2, set(13, 2)), ErrMalformed, "known"},
 		{"ABORT_ACK without known (version 2's layout)", with(ack, 2, func(b []byte) []byte { return b[:13] }), ErrMalformed, "known"},
 		{"unknown heartbeat flag", with(hb, 2, set(24, 2)), ErrMalformed, "flags"},
-		{"unknown chunk flag", with(chunk, 2, set(20, 0x80)), ErrMalformed, "flags"},
+		{"unknown chunk flag", with(chunk, 2, set(36, 0x80)), ErrMalformed, "flags"},
+		{"chunk cut in its fingerprint", with(chunk, 2, func(b []byte) []byte { return b[:30] }), ErrMalformed, "prompt"},
 		{"reversed range", with(chunk, 2, set(12, 9)), ErrMalformed, "end"},
 		{"payload longer than announced", with(chunk, 3, func(b []byte) []byte { return append(b, 'k') }), ErrMalformed, "layer[0].k"},
 		{"huge page count", mustEncodeWith(t, &TransferInfo{}, func(h []byte) { h[len(h)-1] = 0xff }), ErrMalformed, "pages"},
 		{"huge string", mustEncodeWith(t, &Abort{}, func(h []byte) { h[15] = 0xff }), ErrMalformed, "endpoint"},
-		{"huge layer count", with(chunk, 2, set(24, 0xff)), ErrMalformed, "layers"},
+		{"huge layer count", with(chunk, 2, set(40, 0xff)), ErrMalformed, "layers"},
+		{"transfer info cut in its fingerprint", with(mustEncode(t, &TransferInfo{}), 2, func(b []byte) []byte { return b[:20] }), ErrMalformed, "prompt"},
 	}
 	for _, tt := range tests {
 		m, err := decodeNoPanic(t, tt.frames)
@@ -329,7 +332,42 @@ func TestAbortAckLayout(t *testing.T) {
 }
 
 func TestGuard(t *testing.T) {
-	if g := Guard(); string(g) != "PDKIT\x03" {
+	if g := Guard(); string(g) != "PDKIT\x04" {
 		t.Fatalf("Guard() = %q", g)
+	}
+}
+
+// TestFingerprintLayout pins where the prompt fingerprint sits, as
+// docs/protocol.md says: TRANSFER_INFO bytes 16–31, after tokens; KV_CHUNK
+// bytes 20–35, after end.
+func TestFingerprintLayout(t *testing.T) {
+	f := PromptFingerprint([]int32{5, 6, 7})
+	info := mustEncode(t, &TransferInfo{Room: 1, Tokens: 3, Prompt: f})
+	if got := info[frameHeader][16:32]; !bytes.Equal(got, f[:]) {
+		t.Errorf("TRANSFER_INFO bytes 16-31 % x, want the fingerprint % x", got, f[:])
+	}
+	chunk := mustEncode(t, &KVChunk{Room: 1, Start: 0, End: 3, Prompt: f})
+	if got := chunk[frameHeader][20:36]; !bytes.Equal(got, f[:]) {
+		t.Errorf("KV_CHUNK bytes 20-35 % x, want the fingerprint % x", got, f[:])
+	}
+	if len(chunk[frameHeader]) != 41 {
+		t.Errorf("KV_CHUNK header of no layers: %d bytes, want 41", len(chunk[frameHeader]))
+	}
+}
+
+// A prompt's fingerprint changes with any token, its order and its length.
+func TestPromptFingerprint(t *testing.T) {
+	base := []int32{1, 2, 3, 4}
+	long := make([]int32, 1000) // across the hashing buffer
+	seen := map[Fingerprint][]int32{}
+	for _, p := range [][]int32{base, {1, 2, 3, 5}, {2, 1, 3, 4}, {1, 2, 3}, {1, 2, 3, 4, 0}, {}, long, append(slices.Clone(long), 0)} {
+		f := PromptFingerprint(p)
+		if q, dup := seen[f]; dup {
+			t.Errorf("prompts %v and %v share fingerprint %v", p, q, f)
+		}
+		seen[f] = p
+	}
+	if PromptFingerprint(base) != PromptFingerprint(slices.Clone(base)) {
+		t.Error("one prompt, two fingerprints")
 	}
 }

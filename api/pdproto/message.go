@@ -40,6 +40,9 @@ type TransferInfo struct {
 	Pages []uint32
 	// Tokens is the number of prompt tokens whose KV the decode expects.
 	Tokens uint32
+	// Prompt is the fingerprint of the decode's prompt; the prefill
+	// refuses a room whose prompt has another.
+	Prompt Fingerprint
 	// IndexKDType is the decode pool's index-K precision ("fp8", "bf16");
 	// the prefill refuses a room whose precision differs from its own.
 	IndexKDType string
@@ -72,7 +75,11 @@ type KVChunk struct {
 	Room       uint64
 	Chunk      uint32 // index of this chunk within the room, from 0
 	Start, End uint32 // token range [Start, End), Start ≤ End
-	Layers     []LayerKV
+	// Prompt is the fingerprint of the prompt the prefill computed the KV
+	// of; the decode applies no chunk whose fingerprint differs from its
+	// own prompt's.
+	Prompt Fingerprint
+	Layers []LayerKV
 	// Final is set on the last chunk and only there; it is what is_last
 	// means on the wire.
 	Final *ChunkFinal

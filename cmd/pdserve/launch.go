@@ -103,15 +103,18 @@ func (p launchPlan) specs() []launch.Spec {
 		return args
 	}
 	tp := strconv.Itoa(p.tp)
-	var prefillURLs, decodeURLs []string
+	var prefillURLs, decodeURLs, registries []string
 	for i, pp := range p.prefill {
 		add(fmt.Sprintf("prefill-%d", i), "prefill", pp.http, faults("prefill", []string{"prefill", "--model", p.model,
 			"--port", strconv.Itoa(pp.http), "--bootstrap-port", strconv.Itoa(pp.bootstrap), "--tp", tp})...)
 		prefillURLs = append(prefillURLs, loopbackURL(pp.http))
+		registries = append(registries, loopbackURL(pp.bootstrap))
 	}
+	// A decode takes requests only for the registries of this cluster's
+	// prefills.
 	for j, port := range p.decode {
 		add(fmt.Sprintf("decode-%d", j), "decode", port, faults("decode", []string{"decode", "--model", p.model,
-			"--port", strconv.Itoa(port), "--tp", tp})...)
+			"--port", strconv.Itoa(port), "--tp", tp, "--prefill-bootstrap", strings.Join(registries, ",")})...)
 		decodeURLs = append(decodeURLs, loopbackURL(port))
 	}
 	add("router", "router", p.routerPort, "router", "--port", strconv.Itoa(p.routerPort),

@@ -60,7 +60,7 @@ func TestLaunchSpecs(t *testing.T) {
 	want := []string{
 		"prefill prefill-0 /bin/pdserve prefill --model /m.gguf --port 101 --bootstrap-port 201 --tp 2 --hicache=true --fault bootstrap-abort-crash http://127.0.0.1:101/health",
 		"prefill prefill-1 /bin/pdserve prefill --model /m.gguf --port 102 --bootstrap-port 202 --tp 2 --hicache=true --fault bootstrap-abort-crash http://127.0.0.1:102/health",
-		"decode decode-0 /bin/pdserve decode --model /m.gguf --port 301 --tp 2 --hicache=true http://127.0.0.1:301/health",
+		"decode decode-0 /bin/pdserve decode --model /m.gguf --port 301 --tp 2 --prefill-bootstrap http://127.0.0.1:201,http://127.0.0.1:202 --hicache=true http://127.0.0.1:301/health",
 		"router router /bin/pdserve router --port 8000 --prefill http://127.0.0.1:101,http://127.0.0.1:102 --decode http://127.0.0.1:301 http://127.0.0.1:8000/health",
 	}
 	if !slices.Equal(got, want) {

@@ -98,6 +98,8 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 		f.DurationVar(&o.cfg.PD.HeartbeatInterval, "heartbeat-interval", def.PD.HeartbeatInterval, "how often each rank probes the prefill ranks it waits on")
 		f.DurationVar(&o.cfg.PD.HeartbeatTimeout, "heartbeat-timeout", def.PD.HeartbeatTimeout, "how long a prefill rank may leave probes unanswered before its rooms fail")
 		f.IntVar(&o.cfg.PD.ReservedDecodeTokens, "reserved-decode-tokens", def.PD.ReservedDecodeTokens, "output tokens of room kept per request held before pages go to a new transfer (negative: none)")
+		f.StringSliceVar(&o.cfg.PD.PrefillBootstrap, "prefill-bootstrap", nil, "bootstrap registry URL of a prefill server this decode takes requests for (repeatable or comma-separated); a request's bootstrap_url must be one of them, else it is refused before anything is fetched")
+		f.IntVar(&o.cfg.PD.BootstrapCacheSize, "bootstrap-cache-size", def.PD.BootstrapCacheSize, "prefill registry lookups kept, the least recently used dropped first")
 	}
 	o.engine.register(f)
 	f.StringVar(&o.host, "host", "127.0.0.1", "address to listen on")
@@ -200,6 +202,9 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 		return usageError{err}
 	}
 	defer eng.Close()
+	if cfg.Role == pdproto.RoleDecode && len(cfg.PD.PrefillBootstrap) == 0 {
+		log.Warn("no --prefill-bootstrap: every PD request is refused until a prefill registry is allowed")
+	}
 	if ts := eng.HiCache(); len(ts) > 0 && ts[0].On {
 		log.Info("hicache on", "host_tokens_per_rank", ts[0].HostPages*ts[0].PageSize, "policy", ts[0].Policy,
 			"load_bandwidth", config.FormatRate(ts[0].LoadBandwidth))

@@ -172,9 +172,7 @@ func (l *rankLoop) applyIndexK(dt kernels.IndexKDType, tierPages int) error {
 	e.indexK.Store(int32(dt))
 	e.totals.IndexKSwitches++
 	if e.pd != nil {
-		e.pd.mu.Lock()
-		clear(e.pd.res) // our handshakes now say the new precision
-		e.pd.mu.Unlock()
+		e.pd.reg.clear() // our handshakes now say the new precision
 	}
 	e.mu.Lock()
 	op := e.indexKOp

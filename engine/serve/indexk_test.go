@@ -175,6 +175,7 @@ func switchPair(t *testing.T, cfg Config) *pdPair {
 	mux.Handle(pdproto.BootstrapPrefix, r)
 	ts := httptest.NewServer(mux)
 	t.Cleanup(ts.Close)
+	allowRegistry(t, d, ts.URL)
 	return &pdPair{prefill: p, decode: d, url: ts.URL}
 }
 

@@ -55,7 +55,9 @@ func newPDPairCfg(t *testing.T, pc, dc Config) *pdPair {
 	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
 	p := newEngine(t, m, pc)
 	d := newEngine(t, m, dc)
-	return &pdPair{prefill: p, decode: d, url: serveRegistry(t, p, pc.TP)}
+	url := serveRegistry(t, p, pc.TP)
+	allowRegistry(t, d, url)
+	return &pdPair{prefill: p, decode: d, url: url}
 }
 
 // serveRegistry serves a bootstrap registry of tpSize ranks with e's ranks
@@ -96,6 +98,9 @@ func submitHalf(t *testing.T, e *Engine, q Request, room uint64, url string) hal
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	q.PD = &PDRequest{Room: room, BootstrapURL: url}
+	if e.cfg.Role == pdproto.RoleDecode {
+		allowRegistry(t, e, url)
+	}
 	s, err := e.Submit(ctx, q)
 	if err != nil {
 		t.Fatal(err)
@@ -321,7 +326,7 @@ func (f *fakeDecode) inflight(q Request, room uint64) half {
 	ik := f.pp.prefill.RankInfos()[0].IndexKDType
 	f.toEach(func(r int) pdproto.Message {
 		return &pdproto.TransferInfo{Room: room, Endpoint: f.inbox[r].Endpoint(), Rank: uint32(r), Tokens: uint32(len(q.Prompt)),
-			IndexKDType: ik, RequestID: "fake"}
+			Prompt: pdproto.PromptFingerprint(q.Prompt), IndexKDType: ik, RequestID: "fake"}
 	})
 	poll(f.t, "prefill inflight", abortFinishWithin, func() bool {
 		return f.count(f.finals, room) == len(f.inbox) && inQueue(f.pp.prefill, h.s.ID, "inflight")
@@ -547,16 +552,17 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 		{side: "decode", state: "prealloc", cause: "timeout", dc: func(c *Config) { c.PD.BootstrapTimeout = ms300 }, run: func(t *testing.T, pp *pdPair) {
 			d := preallocating(t, pp)
 			// The lookup gives up by the same deadline the queue judges.
-			expectEnd(t, "decode", d.s, finishHas("not resolved within 300ms", "context deadline exceeded"))
+			expectEnd(t, "decode", d.s, finishHas("not resolved within 300ms", "did not answer within 300ms"))
 		}},
 		{side: "decode", state: "prealloc", cause: "peer", run: func(t *testing.T, pp *pdPair) {
 			// The prefill group refuses the decode's layout (another page
-			// size): the handshake fails at once, naming the prefill.
+			// size): the handshake fails at once, naming the prefill and
+			// the field.
 			oc := abortCfg()
 			oc.Role, oc.PageSize = pdproto.RolePrefill, 8
 			other := newEngine(t, pp.prefill.m, oc)
 			d := submitHalf(t, pp.decode, short, newAbortRoom(), serveRegistry(t, other, oc.TP))
-			expectEnd(t, "decode", d.s, finishHas("error: pd: bootstrap: prefill at"))
+			expectEnd(t, "decode", d.s, finishHas("does not fit this decode (page_size differs"))
 		}},
 
 		// Decode: transfer.

@@ -10,15 +10,13 @@ import (
 	"github.com/pdkit/pdkit/engine/pd/rooms"
 
 	"github.com/pdkit/pdkit/api/pdproto"
-	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/pd/zmqlink"
 )
 
 // pdEngine is the Engine's PD state outside the rank loops: the decode
-// side's registry resolutions and the counters the metrics read.
+// side's registry lookups and the counters the metrics read.
 type pdEngine struct {
-	mu       sync.Mutex
-	res      map[string]*resolution
+	reg      *registries // decode: the prefill registries it may look up, and their lookups
 	ctx      context.Context
 	stop     context.CancelFunc
 	wg       sync.WaitGroup
@@ -26,6 +24,9 @@ type pdEngine struct {
 	fails    atomic.Uint64
 	failsIn  [8]atomic.Uint64  // by the queue (rooms.Phase) the request failed in
 	failsFor [16]atomic.Uint64 // by the kind (rooms.Kind) of its reason
+	// roomsInUse counts requests refused for naming a room a live request
+	// of this server has.
+	roomsInUse atomic.Uint64
 }
 
 // The machine's names, indexed by its phases and failure kinds.
@@ -65,6 +66,15 @@ func (e *Engine) PDFailuresByReason() map[string]uint64 {
 	return out
 }
 
+// PDRoomsInUse counts PD requests refused (ErrRoomInUse) for naming the
+// bootstrap room of a live request of this server.
+func (e *Engine) PDRoomsInUse() uint64 {
+	if e.pd == nil {
+		return 0
+	}
+	return e.pd.roomsInUse.Load()
+}
+
 // PDObserver is implemented by a Config.Observer that also wants the PD
 // transfers: a decode rank reports each request's KV as it completes, with
 // its payload bytes and the time from TRANSFER_INFO to the last chunk. It
@@ -89,54 +99,13 @@ func (e *Engine) PDFailuresByQueue() map[string]uint64 {
 	return out
 }
 
-// resolution is one prefill registry as the decode side knows it.
-type resolution struct {
-	done  bool
-	infos []pdproto.RankInfo
-	err   error
-	at    time.Time
-}
-
-// retryFailedAfter is how soon a failed registry lookup may be tried again.
-const retryFailedAfter = time.Second
-
-func newPDEngine() *pdEngine {
+func newPDEngine(c PDConfig) (*pdEngine, error) {
+	reg, err := newRegistries(c)
+	if err != nil {
+		return nil, err
+	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &pdEngine{res: map[string]*resolution{}, ctx: ctx, stop: stop}
-}
-
-// resolved reports the registry at url: its ranks (checked compatible), or
-// why not, and whether the lookup has ended. It starts a lookup when none is
-// under way (or the last one failed a while ago). Safe from any goroutine.
-func (e *Engine) resolved(url string) ([]pdproto.RankInfo, error, bool) {
-	p := e.pd
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	r := p.res[url]
-	if r == nil || (r.done && r.err != nil && time.Since(r.at) > retryFailedAfter) {
-		r = &resolution{at: time.Now()}
-		p.res[url] = r
-		local := e.decodeInfo()
-		p.wg.Go(func() {
-			ctx, cancel := context.WithTimeout(p.ctx, e.cfg.PD.BootstrapTimeout)
-			defer cancel()
-			infos, err := (&bootstrap.Client{}).Handshake(ctx, url, local)
-			p.mu.Lock()
-			r.done, r.infos, r.err, r.at = true, infos, err, time.Now()
-			p.mu.Unlock()
-		})
-	}
-	return r.infos, r.err, r.done
-}
-
-// forgetResolution drops what is known of url, so that the next request
-// looks it up again (a prefill that restarted has new endpoints).
-func (e *Engine) forgetResolution(url string) {
-	e.pd.mu.Lock()
-	defer e.pd.mu.Unlock()
-	if r := e.pd.res[url]; r != nil && r.done {
-		delete(e.pd.res, url)
-	}
+	return &pdEngine{reg: reg, ctx: ctx, stop: stop}, nil
 }
 
 func (e *Engine) indexKName() string {

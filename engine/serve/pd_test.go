@@ -38,7 +38,17 @@ func newPDPair(t *testing.T, cfg Config) *pdPair {
 	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
 	p := newEngine(t, m, pc)
 	d := newEngine(t, m, dc)
-	return &pdPair{prefill: p, decode: d, url: serveRegistry(t, p, p.Ranks())}
+	url := serveRegistry(t, p, p.Ranks())
+	allowRegistry(t, d, url)
+	return &pdPair{prefill: p, decode: d, url: url}
+}
+
+// allowRegistry lets decode e take requests for the registry at url.
+func allowRegistry(t *testing.T, e *Engine, url string) {
+	t.Helper()
+	if err := e.AllowPrefillBootstrap(url); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // run sends one request to both sides under a fresh room, as a router does,
@@ -266,6 +276,7 @@ func TestPDPrefillDeathAndRestart(t *testing.T) {
 	ts := httptest.NewServer(mux)
 	t.Cleanup(ts.Close)
 	pp := &pdPair{prefill: prefill, decode: decode, url: ts.URL}
+	allowRegistry(t, decode, ts.URL)
 
 	// The decode side alone: it reserves, sends its info and waits.
 	ps := testmodel.Prompts(41, 2, 10, 20, m.Config.VocabSize)
@@ -390,6 +401,7 @@ func TestPDHandshakeRefusesMismatch(t *testing.T) {
 	p := newEngine(t, m, pc)
 	d := newEngine(t, m, dc)
 	url := serveRegistry(t, p, 1)
+	allowRegistry(t, d, url)
 	s, err := d.Submit(context.Background(), Request{Prompt: []int32{5, 6, 7}, MaxTokens: 2, PD: &PDRequest{Room: 3, BootstrapURL: url}})
 	if err != nil {
 		t.Fatal(err)

@@ -57,6 +57,15 @@ type PDConfig struct {
 	// retracted, and a retracted request can wait for ever behind the
 	// parked transfers. Default 512; negative: no reserve.
 	ReservedDecodeTokens int
+	// PrefillBootstrap lists the bootstrap registries (http://host:port)
+	// of the prefill servers a decode takes requests for. A request whose
+	// bootstrap_url is not among them is refused (ErrBootstrapURL) before
+	// anything is fetched: the URL comes from a client. A decode without
+	// any refuses every request until AllowPrefillBootstrap adds one.
+	PrefillBootstrap []string
+	// BootstrapCacheSize bounds the registry lookups a decode keeps, the
+	// least recently used dropped first. Default 64.
+	BootstrapCacheSize int
 	// MaxMessageBytes bounds each frame a rank's PD socket accepts
 	// (ZMQ_MAXMSGSIZE): a peer that declares a larger one is dropped
 	// (counted in the Inbox's Disconnects). 0: derived from the model's
@@ -99,6 +108,9 @@ func (c *PDConfig) setDefaults() {
 	if c.ReservedDecodeTokens == 0 {
 		c.ReservedDecodeTokens = 512
 	}
+	if c.BootstrapCacheSize == 0 {
+		c.BootstrapCacheSize = 64
+	}
 	for _, d := range []struct {
 		v   *int
 		def int
@@ -120,6 +132,9 @@ func (c PDConfig) validate() error {
 	if c.MaxMessageBytes < 0 || c.MaxPeerSockets < 0 || c.PeerSocketIdle < 0 || c.ReplyQueue < 0 || c.EarlyRoomsPerSender < 0 {
 		return errors.New("PD limits must not be negative")
 	}
+	if c.BootstrapCacheSize < 0 {
+		return fmt.Errorf("PD bootstrap cache size %d must not be negative", c.BootstrapCacheSize)
+	}
 	if c.HeartbeatInterval <= 0 || c.HeartbeatTimeout <= c.HeartbeatInterval {
 		return fmt.Errorf("PD heartbeat timeout %v must exceed its interval %v", c.HeartbeatTimeout, c.HeartbeatInterval)
 	}
@@ -129,7 +144,8 @@ func (c PDConfig) validate() error {
 // PDRequest is the PD part of a Request.
 type PDRequest struct {
 	Room uint64
-	// BootstrapURL is the prefill server's registry (decode role only).
+	// BootstrapURL is the prefill server's registry (decode role only): one
+	// of PDConfig.PrefillBootstrap.
 	BootstrapURL string
 }
 

@@ -51,8 +51,9 @@ type rankPD struct {
 // pdReq is what the executor keeps of one room: the request as it arrived
 // and, on a decode, the destination slots it reserved.
 type pdReq struct {
-	add   addMsg
-	slots []int32
+	add    addMsg
+	slots  []int32
+	prompt pdproto.Fingerprint // what each TRANSFER_INFO and KV chunk of the room says of its prompt
 }
 
 // PDEntry is one PD request on one rank as the rank last published it.
@@ -152,13 +153,14 @@ func (pd *rankPD) close() error {
 
 // pdAdmit takes in a new PD request on this rank (an agreed event).
 func (l *rankLoop) pdAdmit(a addMsg) error {
-	err := l.pd.machine.Admit(l.now, rooms.Request{ID: a.id, Room: a.room, PromptLen: len(a.prompt), MaxTokens: a.maxTokens, URL: a.url})
+	fp := pdproto.PromptFingerprint(a.prompt)
+	err := l.pd.machine.Admit(l.now, rooms.Request{ID: a.id, Room: a.room, PromptLen: len(a.prompt), MaxTokens: a.maxTokens, URL: a.url, Prompt: fp})
 	if err != nil {
 		// Submit checked the request (and refuses a room in use): an
 		// error here is a broken invariant, the same on every rank.
 		return fmt.Errorf("admit room %d: %w", a.room, err)
 	}
-	l.pd.reqs[a.id] = &pdReq{add: a}
+	l.pd.reqs[a.id] = &pdReq{add: a, prompt: fp}
 	l.pd.mb.admit(a.room)
 	return nil
 }
@@ -285,6 +287,9 @@ func (l *rankLoop) pdExec(acts []rooms.Action) error {
 			l.pdEnded(a)
 		case rooms.Forget:
 			delete(pd.reqs, a.ID)
+			if l.r == 0 {
+				l.e.rooms.CompareAndDelete(a.Room, a.ID) // the room may serve a new request now
+			}
 			if to, ack := pd.mb.forget(a.Room, a.Why); ack != nil {
 				pd.replies.post(to, ack)
 			}
@@ -335,7 +340,7 @@ func (l *rankLoop) reserve(id uint64, tokens int) error {
 func (l *rankLoop) transferInfo(a rooms.SendTransferInfo) *pdproto.TransferInfo {
 	q := l.pd.reqs[a.ID]
 	info := &pdproto.TransferInfo{Room: a.Room, Endpoint: l.pd.endpoint, Rank: uint32(l.r),
-		Tokens: uint32(len(q.slots)), IndexKDType: l.e.indexKName(), RequestID: strconv.FormatUint(a.ID, 10)}
+		Tokens: uint32(len(q.slots)), Prompt: q.prompt, IndexKDType: l.e.indexKName(), RequestID: strconv.FormatUint(a.ID, 10)}
 	pageSize := int32(l.e.cfg.PageSize)
 	for i := 0; i < len(q.slots); i += int(pageSize) {
 		info.Pages = append(info.Pages, uint32(q.slots[i]/pageSize))
@@ -372,7 +377,7 @@ func (l *rankLoop) sendChunk(a rooms.SendChunk) {
 		return
 	}
 	slots := seq.Slots()[a.Start:a.End]
-	ch := &pdproto.KVChunk{Room: a.Room, Chunk: uint32(a.Index), Start: uint32(a.Start), End: uint32(a.End), Final: a.Final}
+	ch := &pdproto.KVChunk{Room: a.Room, Chunk: uint32(a.Index), Start: uint32(a.Start), End: uint32(a.End), Prompt: l.pd.reqs[a.ID].prompt, Final: a.Final}
 	for layer := range l.e.m.Config.Layers {
 		var kv pdproto.LayerKV
 		kv.K, kv.V = pool.AppendKV(layer, slots, nil, nil)
@@ -484,6 +489,14 @@ func (l *rankLoop) releaseReserved(id uint64) error {
 func (l *rankLoop) pdEnded(a rooms.End) {
 	o := a.Outcome
 	q := l.pd.reqs[a.ID]
+	if l.r == 0 && l.pd.machine.Has(a.ID) {
+		// Its room outlives the stream (pages held until the abort is
+		// acknowledged): a new request for it would share the room's
+		// mail with this one.
+		if r := l.e.front[a.ID]; r != nil {
+			r.roomHeld = true
+		}
+	}
 	switch {
 	case o.OK:
 		l.end(a.ID, ending{reason: sched.ReasonLength, pd: true})
@@ -523,4 +536,13 @@ func (l *rankLoop) publishPD() {
 		}
 	}
 	l.pd.snap.Store(&out)
+}
+
+// releaseRooms frees the bootstrap rooms of every request rank 0's
+// machine still holds, whose Forget will never come: the rank group is
+// being given up.
+func (l *rankLoop) releaseRooms() {
+	for _, en := range l.pd.machine.Entries() {
+		l.e.rooms.CompareAndDelete(en.Room, en.ID)
+	}
 }

@@ -198,6 +198,9 @@ func (e *Engine) build(endpoints []string) error {
 
 // closeRankPD closes the ranks' PD sockets.
 func (e *Engine) closeRankPD() error {
+	if len(e.loops) > 0 && e.loops[0].pd != nil {
+		e.loops[0].releaseRooms()
+	}
 	var errs []error
 	for _, l := range e.loops {
 		if l.pd != nil {

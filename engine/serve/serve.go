@@ -404,6 +404,10 @@ type request struct {
 	lastTok time.Time  // when the previous token was emitted
 	served  bool       // its queue wait was reported (QueueObserver)
 	forks   []*request // the later samples (Request.N > 1), first sample only
+	// roomHeld: the stream ended while the PD machine still holds the
+	// room (a decode waiting for its abort's ack); the room stays taken
+	// until the machine forgets it (pdexec.go).
+	roomHeld bool
 }
 
 // New builds the ranks (cfg.TP of them, each with the kernels of
@@ -434,7 +438,11 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 	e.hicacheBandwidth.Store(cfg.HiCache.LoadBandwidth)
 	e.indexK.Store(int32(cfg.IndexK))
 	if cfg.Role != pdproto.RoleColocated {
-		e.pd = newPDEngine()
+		pd, err := newPDEngine(cfg.PD)
+		if err != nil {
+			return nil, err
+		}
+		e.pd = pd
 	}
 	if err := e.build(nil); err != nil {
 		if e.pd != nil {
@@ -555,12 +563,18 @@ func (e *Engine) SubmitN(ctx context.Context, q Request) ([]*Stream, error) {
 		return nil, errors.New("serve: a PD request to a decode server needs the prefill's bootstrap URL")
 	case role == pdproto.RolePrefill && q.PD.BootstrapURL != "":
 		return nil, errors.New("serve: a prefill server takes no bootstrap URL")
-	case role == pdproto.RoleDecode:
-		e.resolved(q.PD.BootstrapURL) // start the lookup now
 	}
 	if q.PD != nil {
 		pd := *q.PD
 		q.PD = &pd
+	}
+	if role := e.cfg.Role; role == pdproto.RoleDecode {
+		url, err := e.checkBootstrapURL(q.PD.BootstrapURL)
+		if err != nil {
+			return nil, err
+		}
+		q.PD.BootstrapURL = url
+		e.resolved(url) // start the lookup now
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -597,6 +611,7 @@ func (e *Engine) SubmitN(ctx context.Context, q Request) ([]*Stream, error) {
 		// share one mailbox, and one's KV could land in the other.
 		if other, taken := e.rooms.LoadOrStore(q.PD.Room, r.id); taken {
 			e.mu.Unlock()
+			e.pd.roomsInUse.Add(1)
 			return nil, fmt.Errorf("%w: bootstrap room %d belongs to live request %d", ErrRoomInUse, q.PD.Room, other)
 		}
 	}
@@ -892,7 +907,7 @@ func (e *Engine) deliver(r *request, f Finish) {
 	if r.stop != nil {
 		r.stop()
 	}
-	if r.req.PD != nil {
+	if r.req.PD != nil && !r.roomHeld {
 		e.rooms.CompareAndDelete(r.req.PD.Room, r.id)
 	}
 	if o := e.cfg.Observer; o != nil {

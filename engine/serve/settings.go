@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"strings"
 	"time"
 
 	"github.com/pdkit/pdkit/api/debug"
@@ -81,6 +82,8 @@ func settingsOf(cfg Config, indexer bool, faultsOn []string) debug.Settings {
 			PeerSocketIdleMS:     msOf(p.PeerSocketIdle),
 			ReplyQueue:           p.ReplyQueue,
 			EarlyRoomsPerSender:  p.EarlyRoomsPerSender,
+			PrefillBootstrap:     strings.Join(p.PrefillBootstrap, ","),
+			BootstrapCacheSize:   p.BootstrapCacheSize,
 		}
 	}
 	return s

@@ -46,7 +46,8 @@ var published = map[string]string{
 	"PD.HeartbeatTimeout": "pd.heartbeat_timeout_ms", "PD.ReservedDecodeTokens": "pd.reserved_decode_tokens",
 	"PD.MaxMessageBytes": "pd.max_message_bytes", "PD.MaxPeerSockets": "pd.max_peer_sockets",
 	"PD.PeerSocketIdle": "pd.peer_socket_idle_ms", "PD.ReplyQueue": "pd.reply_queue",
-	"PD.EarlyRoomsPerSender": "pd.early_rooms_per_sender",
+	"PD.EarlyRoomsPerSender": "pd.early_rooms_per_sender", "PD.PrefillBootstrap": "pd.prefill_bootstrap",
+	"PD.BootstrapCacheSize": "pd.bootstrap_cache_size",
 
 	"HiCache.Enabled": "hicache.enabled_at_start", "HiCache.Bytes": "hicache.size_bytes", "HiCache.Ratio": "hicache.ratio",
 	"HiCache.Policy": "hicache.write_policy", "HiCache.LoadBandwidth": "hicache.load_bandwidth_bytes_per_second",
@@ -124,7 +125,7 @@ func TestSettingsOf(t *testing.T) {
 		FlightRecorderLen: 256, DecisionLogLen: DefaultDecisionLogLen, CloseTimeoutMS: 5000, WaitingTimeoutMS: 3000, RequestTimeoutMS: 600000,
 		PD: &debug.PDSettings{Host: "127.0.0.1", BootstrapTimeoutMS: 10000, TransferTimeoutMS: 7000, InflightTimeoutMS: 10000,
 			AbortAckTimeoutMS: 1500, SendTimeoutMS: 2000, HeartbeatIntervalMS: 500, HeartbeatTimeoutMS: 4000, ReservedDecodeTokens: -1,
-			MaxPeerSockets: 256, PeerSocketIdleMS: 60000, ReplyQueue: 64, EarlyRoomsPerSender: 512},
+			MaxPeerSockets: 256, PeerSocketIdleMS: 60000, ReplyQueue: 64, EarlyRoomsPerSender: 512, BootstrapCacheSize: 64},
 		FaultsOn: []string{FaultStallLastRank},
 	}
 	if !reflect.DeepEqual(got, want) {

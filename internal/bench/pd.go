@@ -193,6 +193,9 @@ func RunPD(ctx context.Context, cfg PDConfig, progress io.Writer) (rep PDReport,
 		return rep, err
 	}
 	defer stop()
+	if err := dec.AllowPrefillBootstrap(url); err != nil {
+		return rep, err
+	}
 	pd := &pdSetup{prefill: pre, decode: dec, url: url, room: uint64(time.Now().UnixNano()) & (1<<48 - 1)}
 
 	fmt.Fprintf(progress, "PD bench: %s %s (%v), TP %d, %d thread(s) per rank; registry %s\n", cfg.Arch, cfg.Size, cfg.Type, cfg.TP, cfg.Threads, url)

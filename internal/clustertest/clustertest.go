@@ -127,6 +127,7 @@ func New(t testing.TB, o Options) *Cluster {
 
 	pc, dc := o.Config, o.Config
 	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
+	dc.PD.PrefillBootstrap = append(dc.PD.PrefillBootstrap, c.Registry)
 	pc.PD.OnRankInfos = func(infos []pdproto.RankInfo) { // after a live index-K switch
 		regMu.Lock()
 		r := reg

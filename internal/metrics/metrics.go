@@ -75,6 +75,11 @@
 //	pdkit_pd_messages_sent_total{rank}            messages handed to ZeroMQ
 //	pdkit_pd_send_errors_total{rank}              connect or send failures
 //	pdkit_pd_receive_loop_up{rank}                1 while the rank's receive loop runs, else 0
+//	pdkit_pd_refused_reqs_total{reason}           refused on arrival: room_in_use (a live request has
+//	                                              the room), bootstrap_url (not a prefill registry
+//	                                              of the decode's --prefill-bootstrap)
+//	pdkit_pd_bootstrap_lookups_evicted_total      decode: registry lookups dropped from its bounded
+//	                                              cache (--bootstrap-cache-size)
 //
 // The queue gauges use the reference system's names; each rank's count is
 // taken from the queues the rank last published (after its last loop

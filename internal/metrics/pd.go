@@ -28,7 +28,15 @@ type pdDescs struct {
 	sent          *prometheus.Desc
 	sendErrors    *prometheus.Desc
 	loopUp        *prometheus.Desc
+	refused       *prometheus.Desc // requests refused at the door, by reason
+	evicted       *prometheus.Desc // decode: registry lookups dropped from the bounded cache
 }
+
+// Reasons of pdkit_pd_refused_reqs_total.
+const (
+	RefusedRoomInUse    = "room_in_use"   // the room belongs to a live request of the server
+	RefusedBootstrapURL = "bootstrap_url" // decode: bootstrap_url is not one of its prefill registries
+)
 
 // Reasons of pdkit_pd_dropped_messages_total.
 const (
@@ -77,6 +85,8 @@ func newPDDescs(role string) *pdDescs {
 		sent:       d("pd_messages_sent_total", "Messages the rank handed to ZeroMQ for its peers.", "rank"),
 		sendErrors: d("pd_send_errors_total", "Messages the rank failed to connect or send (dropped).", "rank"),
 		loopUp:     d("pd_receive_loop_up", "1 while the rank's PD receive loop runs, 0 once it has exited.", "rank"),
+		refused:    d("pd_refused_reqs_total", "PD requests refused on arrival, by reason (room_in_use: the room belongs to a live request; bootstrap_url: not one of the decode's prefill registries).", "reason"),
+		evicted:    d("pd_bootstrap_lookups_evicted_total", "Prefill registry lookups a decode dropped to keep its cache within --bootstrap-cache-size."),
 	}
 }
 
@@ -87,7 +97,7 @@ func (p *pdDescs) describe(ch chan<- *prometheus.Desc) {
 	for _, q := range p.queues {
 		ch <- q.desc
 	}
-	for _, d := range []*prometheus.Desc{p.failed, p.bytes, p.rankBytes, p.received, p.dropped, p.sent, p.sendErrors, p.loopUp} {
+	for _, d := range []*prometheus.Desc{p.failed, p.bytes, p.rankBytes, p.received, p.dropped, p.sent, p.sendErrors, p.loopUp, p.refused, p.evicted} {
 		ch <- d
 	}
 }
@@ -114,6 +124,9 @@ func (p *pdDescs) collect(eng *serve.Engine, ch chan<- prometheus.Metric) {
 		val(p.failed, prometheus.CounterValue, float64(fails[q]), q)
 	}
 	val(p.bytes, prometheus.CounterValue, float64(eng.PDTransferBytes()))
+	val(p.refused, prometheus.CounterValue, float64(eng.PDRoomsInUse()), RefusedRoomInUse)
+	val(p.refused, prometheus.CounterValue, float64(eng.PDBootstrapRefused()), RefusedBootstrapURL)
+	val(p.evicted, prometheus.CounterValue, float64(eng.PDLookupsEvicted()))
 	for _, l := range eng.PDLinks() {
 		rank := strconv.Itoa(l.Rank)
 		val(p.received, prometheus.CounterValue, float64(l.Inbox.Messages), rank)

@@ -74,6 +74,9 @@ func TestPDEngines(t *testing.T) {
 	pq, dq := q, q
 	pq.PD = &serve.PDRequest{Room: 77}
 	dq.PD = &serve.PDRequest{Room: 77, BootstrapURL: ts.URL}
+	if err := engines[pdproto.RoleDecode].AllowPrefillBootstrap(ts.URL); err != nil {
+		t.Fatal(err)
+	}
 	ps, err := engines[pdproto.RolePrefill].Submit(ctx, pq)
 	if err != nil {
 		t.Fatal(err)

@@ -40,6 +40,9 @@ func newPDServers(t *testing.T, cfg serve.Config) (prefill, decode *env, registr
 	mux.Handle(pdproto.BootstrapPrefix, reg)
 	ts := httptest.NewServer(mux)
 	t.Cleanup(ts.Close)
+	if err := decode.eng.AllowPrefillBootstrap(ts.URL); err != nil {
+		t.Fatal(err)
+	}
 	return prefill, decode, ts.URL
 }
 

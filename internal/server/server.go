@@ -249,6 +249,8 @@ func (s *Server) submit(r *http.Request, j *job) ([]*serve.Stream, *openai.Error
 		return nil, &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: err.Error()}
 	case errors.Is(err, serve.ErrRoomInUse):
 		return nil, &openai.Error{Status: http.StatusConflict, Type: openai.TypeInvalidRequest, Param: "bootstrap_room", Message: err.Error()}
+	case errors.Is(err, serve.ErrBootstrapURL):
+		return nil, &openai.Error{Status: http.StatusForbidden, Type: openai.TypeInvalidRequest, Param: "bootstrap_url", Message: err.Error()}
 	case r.Context().Err() != nil:
 		return nil, &openai.Error{Status: 499, Type: openai.TypeInvalidRequest, Message: "client closed the request"}
 	}

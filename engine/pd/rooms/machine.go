@@ -167,6 +167,8 @@ func (m *Machine) File(now time.Duration, id uint64, mail Mail) []Action {
 			m.stats.Misplaced++
 		case q.phase != Transfer || !q.local.IsZero():
 			// Late chunks of a failed room: nothing is written.
+		case ch.Prompt != q.req.Prompt:
+			q.local = because(KindPromptMismatch, "KV chunk %d is for another prompt (fingerprint %v, this request's %v): is the room shared?", ch.Chunk, ch.Prompt, q.req.Prompt)
 		case int(ch.Chunk) != q.chunks || int(ch.Start) != q.sent || ch.Start > ch.End || int(ch.End) > q.req.PromptLen:
 			q.local = because(KindBadChunk, "bad KV chunk %d [%d,%d) for %d prompt tokens (expected chunk %d from token %d)", ch.Chunk, ch.Start, ch.End, q.req.PromptLen, q.chunks, q.sent)
 		case ch.Final != nil && (int(ch.End) != q.req.PromptLen || int(ch.Final.PromptTokens) != q.req.PromptLen):
@@ -308,8 +310,8 @@ func (m *Machine) judge(now time.Duration, q *room) pdproto.KVPoll {
 	case Bootstrap:
 		switch {
 		case q.info != nil:
-			if err := m.checkInfo(q); err != nil {
-				return fail(Reason{Kind: KindRefused, Text: err.Error()})
+			if r := m.checkInfo(q); !r.IsZero() {
+				return fail(r)
 			}
 			return pdproto.WaitingForInput
 		case now-q.lastWord > c.BootstrapTimeout:
@@ -379,18 +381,21 @@ func (m *Machine) lost(q *room) Reason {
 	return Reason{}
 }
 
-// checkInfo checks a decode rank's TRANSFER_INFO against the request.
-func (m *Machine) checkInfo(q *room) error {
+// checkInfo checks a decode rank's TRANSFER_INFO against the request: why
+// it does not fit, if it does not.
+func (m *Machine) checkInfo(q *room) Reason {
 	i := q.info
 	switch {
 	case int(i.Tokens) != q.req.PromptLen:
-		return fmt.Errorf("the decode expects %d prompt tokens, the prefill has %d", i.Tokens, q.req.PromptLen)
+		return because(KindRefused, "the decode expects %d prompt tokens, the prefill has %d", i.Tokens, q.req.PromptLen)
+	case i.Prompt != q.req.Prompt:
+		return because(KindPromptMismatch, "the decode's prompt is not this request's (fingerprint %v, this request's %v): is the room shared?", i.Prompt, q.req.Prompt)
 	case i.Rank != uint32(m.cfg.Rank):
-		return fmt.Errorf("transfer info from decode rank %d reached prefill rank %d", i.Rank, m.cfg.Rank)
+		return because(KindRefused, "transfer info from decode rank %d reached prefill rank %d", i.Rank, m.cfg.Rank)
 	case i.IndexKDType != m.cfg.IndexKDType:
-		return fmt.Errorf("decode index-K %q, prefill %q", i.IndexKDType, m.cfg.IndexKDType)
+		return because(KindRefused, "decode index-K %q, prefill %q", i.IndexKDType, m.cfg.IndexKDType)
 	}
-	return nil
+	return Reason{}
 }
 
 // Apply moves every room by its agreed vote (the MIN of every rank's), at

@@ -52,22 +52,23 @@ func (p Phase) String() string {
 type Kind uint8
 
 const (
-	KindNone          Kind = iota
-	KindAborted            // an abort was asked: the client, the router or an operator
-	KindTimeout            // the phase's deadline passed
-	KindPeerAborted        // the decode sent ABORT
-	KindPeerFailed         // the peer sent STATUS Failed
-	KindPeerLost           // the prefill peer left heartbeats unanswered
-	KindPeerRestarted      // the prefill peer answers with a new boot number
-	KindSend               // handing a message to the transport failed on this rank
-	KindRefused            // the peer's TRANSFER_INFO or registry does not fit this server
-	KindBadChunk           // a KV chunk out of order, out of range or not writable
-	KindScheduler          // the prefill's scheduler ended the request (its timeout, an error)
-	KindOtherRank          // another rank voted Failed; this one saw nothing wrong yet
+	KindNone           Kind = iota
+	KindAborted             // an abort was asked: the client, the router or an operator
+	KindTimeout             // the phase's deadline passed
+	KindPeerAborted         // the decode sent ABORT
+	KindPeerFailed          // the peer sent STATUS Failed
+	KindPeerLost            // the prefill peer left heartbeats unanswered
+	KindPeerRestarted       // the prefill peer answers with a new boot number
+	KindSend                // handing a message to the transport failed on this rank
+	KindRefused             // the peer's TRANSFER_INFO or registry does not fit this server
+	KindBadChunk            // a KV chunk out of order, out of range or not writable
+	KindScheduler           // the prefill's scheduler ended the request (its timeout, an error)
+	KindOtherRank           // another rank voted Failed; this one saw nothing wrong yet
+	KindPromptMismatch      // the peer's prompt fingerprint is not this request's: two requests share the room
 )
 
 var kindNames = [...]string{"none", "aborted", "timeout", "peer-aborted", "peer-failed", "peer-lost", "peer-restarted",
-	"send", "refused", "bad-chunk", "scheduler", "other-rank"}
+	"send", "refused", "bad-chunk", "scheduler", "other-rank", "prompt-mismatch"}
 
 func (k Kind) String() string {
 	if int(k) < len(kindNames) {
@@ -78,7 +79,7 @@ func (k Kind) String() string {
 
 // Kinds lists every failure kind but KindNone, for metrics.
 var Kinds = []Kind{KindAborted, KindTimeout, KindPeerAborted, KindPeerFailed, KindPeerLost, KindPeerRestarted,
-	KindSend, KindRefused, KindBadChunk, KindScheduler, KindOtherRank}
+	KindSend, KindRefused, KindBadChunk, KindScheduler, KindOtherRank, KindPromptMismatch}
 
 // Reason says why a room failed.
 type Reason struct {
@@ -148,6 +149,9 @@ type Request struct {
 	PromptLen int
 	MaxTokens int    // tokens to generate (prefill: 1)
 	URL       string // decode: the prefill's bootstrap registry
+	// Prompt is the prompt's fingerprint: a TRANSFER_INFO (prefill) or a
+	// KV chunk (decode) with another is for another request's prompt.
+	Prompt pdproto.Fingerprint
 }
 
 // Mail is what this rank's socket received for a room since it was last

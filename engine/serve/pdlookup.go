@@ -1,0 +1,230 @@
+package serve
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/pd/bootstrap"
+)
+
+// A decode fetches only the bootstrap registries of its own cluster's
+// prefill servers: a request's bootstrap_url comes from a client, and a
+// decode that fetched any URL it was given would be a proxy into its
+// network. The registries it may fetch are an allowlist
+// (PDConfig.PrefillBootstrap, AllowPrefillBootstrap); what it learnt of
+// them is kept in a bounded LRU; and what went wrong in a lookup is logged,
+// never handed back to the client.
+
+// ErrBootstrapURL is returned by Submit for a decode request whose
+// bootstrap_url is not one of the decode's prefill registries: nothing is
+// fetched for it.
+var ErrBootstrapURL = errors.New("serve: bootstrap_url is not a prefill registry of this decode server")
+
+// lookupClient fetches registries; it follows no redirect, which would take
+// a lookup off the allowlist.
+var lookupClient = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+// canonicalRegistry is the form a registry URL is compared in: scheme and
+// host lower case, no trailing slash. It refuses what no registry URL has
+// (another scheme, user info, a query or a fragment).
+func canonicalRegistry(raw string) (string, error) {
+	u, err := url.Parse(strings.TrimSpace(raw))
+	switch {
+	case err != nil:
+		return "", err
+	case u.Scheme != "http" && u.Scheme != "https":
+		return "", fmt.Errorf("scheme %q: want http or https", u.Scheme)
+	case u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "":
+		return "", errors.New("want scheme://host:port[/path] and nothing else")
+	}
+	return strings.ToLower(u.Scheme) + "://" + strings.ToLower(u.Host) + strings.TrimRight(u.EscapedPath(), "/"), nil
+}
+
+// registries is a decode's allowlist and its bounded lookup cache.
+type registries struct {
+	mu      sync.Mutex
+	allowed map[string]bool          // canonical URLs
+	byURL   map[string]*list.Element // of *resolution, most recently used first in lru
+	lru     *list.List
+	size    int
+	evicted atomic.Uint64 // lookups dropped to keep the cache within size
+	refused atomic.Uint64 // requests refused for a bootstrap_url off the allowlist
+}
+
+func newRegistries(c PDConfig) (*registries, error) {
+	r := &registries{allowed: map[string]bool{}, byURL: map[string]*list.Element{}, lru: list.New(), size: max(1, c.BootstrapCacheSize)}
+	for _, u := range c.PrefillBootstrap {
+		if err := r.allow(u); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+func (r *registries) allow(raw string) error {
+	u, err := canonicalRegistry(raw)
+	if err != nil {
+		return fmt.Errorf("prefill bootstrap URL %q: %w", raw, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.allowed[u] = true
+	return nil
+}
+
+// admit returns the canonical form of a request's bootstrap_url, or
+// ErrBootstrapURL (counted) when it is off the allowlist.
+func (r *registries) admit(raw string) (string, error) {
+	u, err := canonicalRegistry(raw)
+	r.mu.Lock()
+	ok := err == nil && r.allowed[u]
+	r.mu.Unlock()
+	if !ok {
+		r.refused.Add(1)
+		return "", ErrBootstrapURL
+	}
+	return u, nil
+}
+
+// get returns the cached resolution of u, marking it used; nil when none.
+func (r *registries) get(u string) *resolution {
+	if el := r.byURL[u]; el != nil {
+		r.lru.MoveToFront(el)
+		return el.Value.(*resolution)
+	}
+	return nil
+}
+
+// put caches res under u, evicting the least recently used beyond size.
+func (r *registries) put(u string, res *resolution) {
+	if el := r.byURL[u]; el != nil {
+		el.Value = res
+		r.lru.MoveToFront(el)
+		return
+	}
+	r.byURL[u] = r.lru.PushFront(res)
+	for r.lru.Len() > r.size {
+		old := r.lru.Back()
+		r.lru.Remove(old)
+		delete(r.byURL, old.Value.(*resolution).url)
+		r.evicted.Add(1)
+	}
+}
+
+// clear forgets every lookup (the allowlist stays).
+func (r *registries) clear() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	clear(r.byURL)
+	r.lru.Init()
+}
+
+// resolution is one prefill registry as the decode side knows it.
+type resolution struct {
+	url   string
+	done  bool
+	infos []pdproto.RankInfo
+	err   error // what the room is told: never the registry's own words
+	at    time.Time
+}
+
+// retryFailedAfter is how soon a failed registry lookup may be tried again.
+const retryFailedAfter = time.Second
+
+// checkBootstrapURL refuses a decode request whose bootstrap_url is not an
+// allowed registry, before anything is fetched; it returns the URL in the
+// form the lookups are keyed by.
+func (e *Engine) checkBootstrapURL(raw string) (string, error) {
+	return e.pd.reg.admit(raw)
+}
+
+// AllowPrefillBootstrap adds a prefill registry to those a decode accepts
+// in requests (PDConfig.PrefillBootstrap), for a cluster that learns its
+// prefill servers as it runs.
+func (e *Engine) AllowPrefillBootstrap(url string) error {
+	if e.cfg.Role != pdproto.RoleDecode {
+		return errors.New("serve: only a decode server takes prefill registries")
+	}
+	return e.pd.reg.allow(url)
+}
+
+// PDBootstrapRefused counts decode requests refused for a bootstrap_url off
+// the allowlist.
+func (e *Engine) PDBootstrapRefused() uint64 {
+	if e.pd == nil {
+		return 0
+	}
+	return e.pd.reg.refused.Load()
+}
+
+// PDLookupsEvicted counts registry lookups the decode's bounded cache
+// dropped (PDConfig.BootstrapCacheSize).
+func (e *Engine) PDLookupsEvicted() uint64 {
+	if e.pd == nil {
+		return 0
+	}
+	return e.pd.reg.evicted.Load()
+}
+
+// resolved reports the registry at url (canonical, allowed): its ranks
+// (checked compatible), or why not, and whether the lookup has ended. It
+// starts a lookup when none is under way (or the last one failed a while
+// ago). Safe from any goroutine.
+func (e *Engine) resolved(url string) ([]pdproto.RankInfo, error, bool) {
+	p := e.pd
+	p.reg.mu.Lock()
+	defer p.reg.mu.Unlock()
+	r := p.reg.get(url)
+	if r == nil || (r.done && r.err != nil && time.Since(r.at) > retryFailedAfter) {
+		r = &resolution{url: url, at: time.Now()}
+		p.reg.put(url, r)
+		local := e.decodeInfo()
+		p.wg.Go(func() {
+			ctx, cancel := context.WithTimeout(p.ctx, e.cfg.PD.BootstrapTimeout)
+			defer cancel()
+			infos, err := (&bootstrap.Client{HTTP: lookupClient}).Handshake(ctx, url, local)
+			if err != nil {
+				e.cfg.Logger.Warn("pd: prefill registry lookup failed", "server", e.cfg.Name, "registry", url, "err", err)
+				err = lookupFailure(url, e.cfg.PD.BootstrapTimeout, err)
+			}
+			p.reg.mu.Lock()
+			r.done, r.infos, r.err, r.at = true, infos, err, time.Now()
+			p.reg.mu.Unlock()
+		})
+	}
+	return r.infos, r.err, r.done
+}
+
+// lookupFailure is what a room is told of a failed lookup: the registry's
+// own words (its error text, its ranks' fields) go to the log only.
+func lookupFailure(url string, timeout time.Duration, err error) error {
+	var inc *pdproto.IncompatibleError
+	switch {
+	case errors.As(err, &inc):
+		return fmt.Errorf("the prefill at %s does not fit this decode (%s differs; see the decode's log)", url, inc.Field)
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("the prefill's registry %s did not answer within %v", url, timeout)
+	}
+	return fmt.Errorf("the prefill's registry %s could not be looked up (see the decode's log)", url)
+}
+
+// forgetResolution drops what is known of url, so that the next request
+// looks it up again (a prefill that restarted has new endpoints).
+func (e *Engine) forgetResolution(url string) {
+	reg := e.pd.reg
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	if el := reg.byURL[url]; el != nil && el.Value.(*resolution).done {
+		reg.lru.Remove(el)
+		delete(reg.byURL, url)
+	}
+}
