@@ -214,7 +214,7 @@ func (h *harness) admit(a targs) error {
 		return err
 	}
 	for _, m := range h.ms {
-		if err := m.Admit(t, Request{ID: uint64(id), Room: uint64(rm), PromptLen: prompt, MaxTokens: mx, URL: a["url"]}); err != nil {
+		if err := m.Admit(t, Request{ID: uint64(id), Room: uint64(rm), PromptLen: prompt, MaxTokens: mx, URL: a["url"], Prompt: a.fingerprint()}); err != nil {
 			return err
 		}
 	}
@@ -250,7 +250,8 @@ func (h *harness) mail(a targs, rest []string, out *strings.Builder) error {
 			if v, ok := a["dtype"]; ok {
 				dtype = v
 			}
-			mail.Info = &pdproto.TransferInfo{Room: id, Endpoint: onRank(or(a["endpoint"], "tcp://decode"), r), Rank: uint32(from), Tokens: uint32(tokens), IndexKDType: dtype}
+			mail.Info = &pdproto.TransferInfo{Room: id, Endpoint: onRank(or(a["endpoint"], "tcp://decode"), r), Rank: uint32(from), Tokens: uint32(tokens), IndexKDType: dtype,
+				Prompt: a.fingerprint()}
 		case "abort":
 			mail.Abort = &pdproto.Abort{Room: id, Endpoint: onRank(or(a["endpoint"], "tcp://decode"), r), Rank: uint32(r), Reason: or(a["reason"], "client gone")}
 		case "chunk":
@@ -263,7 +264,7 @@ func (h *harness) mail(a targs, rest []string, out *strings.Builder) error {
 			if start < 0 || end < 0 || idx < 0 {
 				return errors.New("chunk: negative field")
 			}
-			ch := &pdproto.KVChunk{Room: id, Chunk: uint32(idx), Start: uint32(start), End: uint32(end),
+			ch := &pdproto.KVChunk{Room: id, Chunk: uint32(idx), Start: uint32(start), End: uint32(end), Prompt: a.fingerprint(),
 				Layers: []pdproto.LayerKV{{K: make([]byte, 4*max(0, end-start))}}}
 			if v, ok := a["first"]; ok {
 				tok, err := strconv.Atoi(v)
@@ -293,6 +294,20 @@ func (h *harness) mail(a targs, rest []string, out *strings.Builder) error {
 		h.print(out, r, m.File(t, id, mail))
 	}
 	return nil
+}
+
+// fingerprint is the fingerprint of the prompt named by fp= (its bytes as
+// tokens); none (zero) without.
+func (a targs) fingerprint() pdproto.Fingerprint {
+	name, ok := a["fp"]
+	if !ok {
+		return pdproto.Fingerprint{}
+	}
+	var toks []int32
+	for _, c := range []byte(name) {
+		toks = append(toks, int32(c))
+	}
+	return pdproto.PromptFingerprint(toks)
 }
 
 func or(v, def string) string {
