@@ -191,7 +191,7 @@ func TestLaunchEndToEnd(t *testing.T) {
 	}
 	for _, re := range []string{
 		`prefill --model \S+model\.gguf --port \d+ --bootstrap-port \d+ --tp 2 --hicache=true --hicache-size=64MiB --hicache-write-policy=write-back --fault bootstrap-abort-crash\n`,
-		`decode --model \S+model\.gguf --port \d+ --tp 2 --hicache=true --hicache-size=64MiB --hicache-write-policy=write-back\n`,
+		`decode --model \S+model\.gguf --port \d+ --tp 2 --prefill-bootstrap http://127\.0\.0\.1:\d+,http://127\.0\.0\.1:\d+ --hicache=true --hicache-size=64MiB --hicache-write-policy=write-back\n`,
 		`router --port \d+ --prefill http://127\.0\.0\.1:\d+,http://127\.0\.0\.1:\d+ --decode http://127\.0\.0\.1:\d+\n`,
 	} {
 		if !regexp.MustCompile(re).MatchString(all) {
