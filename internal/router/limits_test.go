@@ -278,7 +278,7 @@ func TestBodyTimeoutSparesStreams(t *testing.T) {
 			openai.WriteDone(w)
 		}
 	})
-	g := httpx.NewGuard(httpx.Limits{HeaderTimeout: 100 * time.Millisecond, BodyTimeout: 100 * time.Millisecond, MaxConns: 8})
+	g := httpx.NewGuard(httpx.Limits{HeaderTimeout: 5 * time.Second, BodyTimeout: 100 * time.Millisecond, MaxConns: 8})
 	c := start(t, []*stub{p}, []*stub{d}, func(o *Options) { o.Guard = g })
 	base := guarded(t, c, g)
 	for range 2 { // the second on the kept-alive connection
