@@ -395,9 +395,7 @@ func (s *sender) peer(endpoint string) (*peer, error) {
 		return p, nil
 	}
 	for len(s.peers) >= s.o.opts.MaxPeers {
-		old := s.lru.Back().Value.(*peer)
-		s.o.evicted.Add(1)
-		s.closeNow(old)
+		s.evict()
 	}
 	sock, err := s.ctx.socket(kindPUSH)
 	if err != nil {
@@ -552,6 +550,22 @@ func (o *Outbox) dropCredit(endpoint string) {
 	if c, ok := o.credits.Load(endpoint); ok && len(c.(chan struct{})) == 0 {
 		o.credits.CompareAndDelete(endpoint, c)
 	}
+}
+
+// evict closes the least recently used peer that holds no backlog, or the
+// least recently used of all when every one holds some: a peer at its
+// high-water mark is a busy one (a decode taking KV), whose held messages
+// eviction would drop.
+func (s *sender) evict() {
+	victim := s.lru.Back()
+	for e := victim; e != nil; e = e.Prev() {
+		if len(e.Value.(*peer).backlog) == 0 {
+			victim = e
+			break
+		}
+	}
+	s.o.evicted.Add(1)
+	s.closeNow(victim.Value.(*peer))
 }
 
 // closeNow closes p without lingering: an evicted or idle peer's socket

@@ -152,3 +152,32 @@ func TestOutboxForgetsClosedPeersSemaphores(t *testing.T) {
 		t.Errorf("%d per-peer semaphores kept for %d open peers", n, out.Stats().Peers)
 	}
 }
+
+// TestOutboxEvictionSparesBusyPeers: at MaxPeers a new peer evicts the
+// least recently used peer that holds no backlog, not an older one at its
+// high-water mark, whose held messages eviction would drop.
+func TestOutboxEvictionSparesBusyPeers(t *testing.T) {
+	checkGoroutines(t)
+	out, err := NewOutbox(&OutboxOptions{SocketOptions: SocketOptions{HWM: 1}, MaxPeers: 2, SendTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	send := func(ep string) {
+		t.Helper()
+		if err := out.Send(context.Background(), ep, [][]byte{[]byte("m")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	busy, idle := "tcp://127.0.0.1:1", "tcp://127.0.0.1:2"
+	for range 4 { // one in libzmq's pipe, the rest held
+		send(busy)
+	}
+	waitFor(t, 5*time.Second, "the busy peer's backlog", func() bool { return out.Stats().Backlog > 0 })
+	send(idle)
+	send("tcp://127.0.0.1:3")
+	waitFor(t, 5*time.Second, "an eviction", func() bool { return out.Stats().Evicted == 1 })
+	if s := out.Stats(); s.Dropped != 0 || s.Backlog == 0 || s.Peers != 2 {
+		t.Errorf("the busy peer was evicted: %+v", s)
+	}
+}
