@@ -215,7 +215,11 @@ func syntheticAbortRun(ctx context.Context, opts *abortOptions) error {
 		return nil
 	}
 
-	pull, err := zmtp.Listen(opts.Listen)
+	auth, err := opts.Attach.zmtpAuth(f)
+	if err != nil {
+		return err
+	}
+	pull, err := zmtp.ListenAuth(opts.Listen, auth)
 	if err != nil {
 		return err
 	}
@@ -233,7 +237,7 @@ func syntheticAbortRun(ctx context.Context, opts *abortOptions) error {
 	waitCtx, cancel := context.WithTimeout(ctx, opts.Wait)
 	defer cancel()
 	for _, ep := range endpoints {
-		sendAborts(waitCtx, pull.Endpoint(), ep, byEndpoint[ep], pending)
+		sendAborts(waitCtx, auth, pull.Endpoint(), ep, byEndpoint[ep], pending)
 	}
 	for len(pending) > 0 {
 		frames, err := pull.Recv(waitCtx)
@@ -332,10 +336,22 @@ const (
 	resultEnded   = "acked, room already ended"
 )
 
+// authHint is err's text, with what to do when the rank's socket refused
+// pdctl's credential or wants one.
+func authHint(err error) string {
+	switch {
+	case errors.Is(err, zmtp.ErrAuthRequired):
+		return err.Error() + " (give pdctl the cluster secret the servers run with, or none when they run without one: --cluster-secret-file or PD_CLUSTER_SECRET)"
+	case errors.Is(err, zmtp.ErrAuthRefused):
+		return err.Error() + " (the cluster secret given differs from the servers')"
+	}
+	return err.Error()
+}
+
 // sendAborts sends the ABORTs of targets to one prefill rank's control
 // endpoint over one connection, each asking for its ack at ackEndpoint.
-func sendAborts(ctx context.Context, ackEndpoint, endpoint string, targets []*abortTarget, pending map[ackKey]*abortTarget) {
-	p, err := zmtp.Dial(ctx, endpoint)
+func sendAborts(ctx context.Context, auth *zmtp.PlainAuth, ackEndpoint, endpoint string, targets []*abortTarget, pending map[ackKey]*abortTarget) {
+	p, err := zmtp.DialAuth(ctx, endpoint, auth)
 	if err == nil {
 		defer p.Close()
 	}
@@ -349,7 +365,7 @@ func sendAborts(ctx context.Context, ackEndpoint, endpoint string, targets []*ab
 			}
 		}
 		if err != nil {
-			t.Result = "send failed: " + err.Error()
+			t.Result = "send failed: " + authHint(err)
 			continue
 		}
 		pending[ackKey{t.Room, t.Rank}] = t

@@ -7,6 +7,9 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/pdkit/pdkit/api/zmtp"
+	"github.com/pdkit/pdkit/engine/pd/clusterauth"
+
 	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/spf13/cobra"
@@ -21,7 +24,11 @@ type attachOptions struct {
 	Router  string   // --router, PDCTL_ROUTER
 	Servers []string // --server, repeatable: skip discovery
 	Token   string   // --token, PDCTL_TOKEN
-	HTTP    *http.Client
+	// Secret and SecretFile are the cluster secret (--cluster-secret,
+	// PD_CLUSTER_SECRET; --cluster-secret-file, PD_CLUSTER_SECRET_FILE),
+	// for the PD frames pdctl sends itself.
+	Secret, SecretFile string
+	HTTP               *http.Client
 }
 
 func addAttachFlags(cmd *cobra.Command, f *factory, o *attachOptions) {
@@ -33,6 +40,26 @@ func addAttachFlags(cmd *cobra.Command, f *factory, o *attachOptions) {
 	fl.StringVar(&o.Router, "router", router, "the router whose servers to discover (env PDCTL_ROUTER)")
 	fl.StringArrayVar(&o.Servers, "server", nil, "address this server directly, skipping discovery (repeatable)")
 	fl.StringVar(&o.Token, "token", "", "bearer token for the admin calls (env PDCTL_TOKEN)")
+	fl.StringVar(&o.Secret, "cluster-secret", "", "the PD cluster's shared secret, for the PD frames pdctl sends itself (env PD_CLUSTER_SECRET)")
+	fl.StringVar(&o.SecretFile, "cluster-secret-file", "", "file holding the cluster secret, mode 600 (env PD_CLUSTER_SECRET_FILE; pdserve launch prints its own)")
+}
+
+// zmtpAuth is the PLAIN credential of the cluster secret, from the flags
+// or the environment; nil without a secret.
+func (o *attachOptions) zmtpAuth(f *factory) (*zmtp.PlainAuth, error) {
+	value, file := o.Secret, o.SecretFile
+	if value == "" && file == "" {
+		value, file = f.getenv("PD_CLUSTER_SECRET"), f.getenv("PD_CLUSTER_SECRET_FILE")
+	}
+	secret, err := clusterauth.Load(value, file)
+	if err != nil {
+		return nil, err
+	}
+	user, password, ok := secret.ZMQ()
+	if !ok {
+		return nil, nil
+	}
+	return &zmtp.PlainAuth{Username: user, Password: password}, nil
 }
 
 // token is --token, else PDCTL_TOKEN.

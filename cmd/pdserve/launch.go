@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/pdkit/pdkit/engine/pd/clusterauth"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/config"
 	"github.com/pdkit/pdkit/internal/launch"
@@ -46,7 +47,10 @@ in front of them, each a child process of this one listening on 127.0.0.1
 prints the endpoints. Ctrl-C or SIGTERM stops them all; when one of them
 dies, the others are stopped too and launch exits 1, quoting its last output.
 The --hicache flags go to every prefill and decode server. Other PD_*
-variables in the environment reach the servers.`,
+variables in the environment reach the servers. The servers share a cluster
+secret: PD_CLUSTER_SECRET (or PD_CLUSTER_SECRET_FILE) from the environment,
+else a fresh one, written to a file (mode 600) whose path launch prints
+for pdctl's --cluster-secret-file and removes when it ends.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return launchRun(cmd, o)
@@ -198,6 +202,14 @@ func launchRun(cmd *cobra.Command, o launchOptions) error {
 		return usagef("--model: %v", err)
 	}
 	env := childEnv(cmd.Flags(), os.Environ())
+	env, secretFile, err := withClusterSecret(env)
+	if err != nil {
+		return err
+	}
+	if secretFile != "" {
+		defer os.RemoveAll(filepath.Dir(secretFile))
+		fmt.Fprintf(stderr, "launch: cluster secret generated for the servers; pdctl reads it with --cluster-secret-file %s\n", secretFile)
+	}
 
 	var plan launchPlan
 	build := func() ([]launch.Spec, error) {
@@ -254,4 +266,28 @@ func printEndpoints(w io.Writer, plan launchPlan, children []launch.Child) error
 	}
 	_, err := fmt.Fprintf(w, "\ncurl -s %s/v1/completions -d '{\"prompt\": \"Once upon a time\", \"max_tokens\": 32}'\n", loopbackURL(plan.routerPort))
 	return err
+}
+
+// withClusterSecret gives the servers a cluster secret: the one in the
+// environment (PD_CLUSTER_SECRET or PD_CLUSTER_SECRET_FILE) if set, else a
+// fresh one, also written to a file of its own (mode 600, removed when
+// launch ends) for pdctl; file is that file's path, "" when the secret
+// came from the environment.
+func withClusterSecret(env []string) (_ []string, file string, err error) {
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "PD_CLUSTER_SECRET=") || strings.HasPrefix(kv, "PD_CLUSTER_SECRET_FILE=") {
+			return env, "", nil
+		}
+	}
+	_, text := clusterauth.Generate()
+	dir, err := os.MkdirTemp("", "pdkit-launch-")
+	if err != nil {
+		return nil, "", err
+	}
+	file = filepath.Join(dir, "cluster-secret")
+	if err := os.WriteFile(file, []byte(text+"\n"), 0o600); err != nil {
+		os.RemoveAll(dir)
+		return nil, "", err
+	}
+	return append(env, "PD_CLUSTER_SECRET="+text), file, nil
 }

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/pdkit/pdkit/api/pdproto"
@@ -44,6 +45,7 @@ type serveOptions struct {
 	hicache       hicacheFlags
 	adminToken    string
 	bootstrapPort int // prefill: the registry's port
+	secret        secretFlags
 }
 
 func newServeCmd() *cobra.Command {
@@ -86,6 +88,7 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 		f.IntVar(&o.cfg.PD.MaxPeerSockets, "max-peer-sockets", def.PD.MaxPeerSockets, "peer sockets a rank keeps open, the least recently used closed first (counted)")
 		f.DurationVar(&o.cfg.PD.PeerSocketIdle, "peer-socket-idle", def.PD.PeerSocketIdle, "a peer socket unused this long is closed (counted); the next message reconnects")
 		f.IntVar(&o.cfg.PD.ReplyQueue, "reply-queue", def.PD.ReplyQueue, "replies (ABORT_ACK, heartbeats) a rank holds for sending; one that finds the queue or its peer's backlog full is dropped and counted")
+		o.secret.register(f)
 	}
 	switch role {
 	case pdproto.RolePrefill:
@@ -179,6 +182,12 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	met := metrics.New(nil)
 	cfg.Observer = met
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	if cfg.Role != pdproto.RoleColocated {
+		if cfg.PD.Secret, err = o.secret.load(log, o.host, cfg.PD.Host, cfg.PD.AdvertiseHost); err != nil {
+			return err
+		}
+		o.cfg.PD.Secret = cfg.PD.Secret // the registry's
+	}
 	cfg.CollectiveWatchdog = o.stallAfter
 	cfg.CollectiveTimeout = o.collTimeout
 	cfg.OnStall = func(s dist.Stall) { log.Warn("collective stalled", "seq", s.Seq, "stall", s.String()) }
@@ -220,7 +229,7 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	}
 	var bootstrapURL string
 	if cfg.Role == pdproto.RolePrefill {
-		stop, url, err := serveRegistry(eng, o, httpHost, log, &reg)
+		stop, url, err := serveRegistry(eng, o, httpHost, log, &reg, met.Registry())
 		if err != nil {
 			return err
 		}
@@ -271,14 +280,17 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 // serveRegistry registers a prefill engine's ranks in a bootstrap registry
 // and serves it on --bootstrap-port; url is where decodes reach it, at host.
 // stop shuts it down.
-func serveRegistry(eng *serve.Engine, o serveOptions, host string, log *slog.Logger, published *atomic.Pointer[bootstrap.Registry]) (stop func(), url string, err error) {
-	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: eng.Ranks()})
+func serveRegistry(eng *serve.Engine, o serveOptions, host string, log *slog.Logger, published *atomic.Pointer[bootstrap.Registry], met prometheus.Registerer) (stop func(), url string, err error) {
+	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: eng.Ranks(), Secret: o.cfg.PD.Secret})
 	for _, info := range eng.RankInfos() {
 		if _, berr := reg.Register(info); berr != nil {
 			return nil, "", berr
 		}
 	}
 	published.Store(reg)
+	if err := watchRegistry(met, reg); err != nil {
+		return nil, "", err
+	}
 	ln, err := listen(o.host, o.bootstrapPort, "--bootstrap-port")
 	if err != nil {
 		return nil, "", fmt.Errorf("bootstrap registry: %w", err)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/pd/clusterauth"
 	"github.com/pdkit/pdkit/engine/pd/rooms"
 	"github.com/pdkit/pdkit/engine/pd/zmqlink"
 )
@@ -17,6 +18,11 @@ type PDConfig struct {
 	// index-K precision switch), for the server to re-register them in its
 	// bootstrap registry. It is called on rank 0's loop and must not block.
 	OnRankInfos func([]pdproto.RankInfo) `json:"-"`
+	// Secret is the cluster's shared secret: every PD socket admits only
+	// peers presenting the credential derived from it, and presents it
+	// (docs/protocol.md, "Authentication"). Nil: any peer is admitted, as
+	// a loopback-only cluster may allow.
+	Secret *clusterauth.Secret `json:"-"`
 	// Host is the address the ranks' ZeroMQ sockets bind (default
 	// 127.0.0.1).
 	Host string
@@ -139,6 +145,16 @@ func (c PDConfig) validate() error {
 		return fmt.Errorf("PD heartbeat timeout %v must exceed its interval %v", c.HeartbeatTimeout, c.HeartbeatInterval)
 	}
 	return nil
+}
+
+// zmqAuth is the PD sockets' credential, derived from the cluster secret;
+// nil without one.
+func (c *PDConfig) zmqAuth() *zmqlink.PlainAuth {
+	user, password, ok := c.Secret.ZMQ()
+	if !ok {
+		return nil
+	}
+	return &zmqlink.PlainAuth{Username: user, Password: password}
 }
 
 // PDRequest is the PD part of a Request.

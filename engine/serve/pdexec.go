@@ -99,7 +99,7 @@ func newRankPD(e *Engine, rank int, boot uint64, endpoint string) (*rankPD, erro
 	prefill := e.cfg.Role == pdproto.RolePrefill
 	pd := &rankPD{mb: newMailbox(prefill, rank, e.poke, &e.faults), machine: machine, reqs: map[uint64]*pdReq{},
 		boot: boot, cfg: &e.cfg.PD}
-	out, err := zmqlink.NewOutbox(&zmqlink.OutboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: prefill},
+	out, err := zmqlink.NewOutbox(&zmqlink.OutboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: prefill, Auth: e.cfg.PD.zmqAuth()},
 		MaxPeers: e.cfg.PD.MaxPeerSockets, PeerIdle: e.cfg.PD.PeerSocketIdle})
 	if err != nil {
 		return nil, err
@@ -114,7 +114,7 @@ func newRankPD(e *Engine, rank int, boot uint64, endpoint string) (*rankPD, erro
 	if endpoint == "" {
 		endpoint = "tcp://" + net.JoinHostPort(e.cfg.PD.Host, "0")
 	}
-	in, err := zmqlink.Listen(endpoint, pd.mb.handle, &zmqlink.InboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: !prefill},
+	in, err := zmqlink.Listen(endpoint, pd.mb.handle, &zmqlink.InboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: !prefill, Auth: e.cfg.PD.zmqAuth()},
 		MaxMsgSize: e.maxMessageBytes()})
 	if err != nil {
 		pd.replies.stop()

@@ -1,0 +1,72 @@
+package serve
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/pd/clusterauth"
+	"github.com/pdkit/pdkit/engine/pd/zmqlink"
+	"github.com/pdkit/pdkit/internal/testmodel"
+)
+
+// TestRedTeamPDForgedWithoutCredentials: a PD pair sharing a cluster
+// secret; strangers (no credential, and one derived from another secret)
+// send well-formed KV_CHUNK, STATUS and ABORT frames for a room to both
+// servers' sockets. Their connections are refused at the handshake and
+// counted, nothing of theirs reaches a handler, and the pair serves a real
+// request in that room afterwards.
+func TestRedTeamPDForgedWithoutCredentials(t *testing.T) {
+	secret, _ := clusterauth.Generate()
+	pp := newPDPair(t, Config{PageSize: 4, KVTokens: 512, MaxRunning: 4, PD: PDConfig{Secret: secret}})
+	other, _ := clusterauth.Generate()
+	user, password, _ := other.ZMQ()
+	forgers := []*zmqlink.SocketOptions{nil, {Auth: &zmqlink.PlainAuth{Username: user, Password: password}}}
+	const room = 77
+	forged := [][][]byte{}
+	for _, m := range []pdproto.Message{
+		&pdproto.KVChunk{Room: room, End: 4},
+		&pdproto.Status{Room: room, State: pdproto.Failed, Error: "forged"},
+		&pdproto.Abort{Room: room, Endpoint: "tcp://127.0.0.1:1", Reason: "forged"},
+	} {
+		f, err := pdproto.Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		forged = append(forged, f)
+	}
+	endpoints := []string{pp.prefill.PDLinks()[0].Inbox.Endpoint, pp.decode.PDLinks()[0].Inbox.Endpoint}
+	for _, so := range forgers {
+		opts := &zmqlink.OutboxOptions{}
+		if so != nil {
+			opts.SocketOptions = *so
+		}
+		out, err := zmqlink.NewOutbox(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer out.Close()
+		for _, ep := range endpoints {
+			for _, f := range forged {
+				if err := out.Send(context.Background(), ep, zmqlink.CloneFrames(f)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	poll(t, "the forgers refused on both servers", 10*time.Second, func() bool {
+		return pp.prefill.PDLinks()[0].Inbox.AuthDenied >= 2 && pp.decode.PDLinks()[0].Inbox.AuthDenied >= 2
+	})
+	for _, e := range []*Engine{pp.prefill, pp.decode} {
+		if l := e.PDLinks()[0]; l.Inbox.Messages != 0 || l.Inbox.HandlerErrors != 0 {
+			t.Errorf("%s: forged frames reached the handler: %+v", e.cfg.Role, l.Inbox)
+		}
+	}
+	m := tinyModel(t)
+	p := testmodel.Prompts(44, 1, 10, 20, m.Config.VocabSize)[0]
+	toks, dfin, pfin := pp.run(t, context.Background(), Request{Prompt: p, MaxTokens: 3, IgnoreEOS: true}, room)
+	if len(toks) != 3 || dfin.Reason != ReasonLength || pfin.Reason == "" {
+		t.Fatalf("the real request after the forgery: %d tokens, decode %q, prefill %q", len(toks), dfin.Reason, pfin.Reason)
+	}
+}
