@@ -37,8 +37,9 @@ type OutboxOptions struct {
 	// CloseTimeout bounds Close and Forget (default 5s).
 	CloseTimeout time.Duration
 	// MaxPeers bounds the open peer sockets (default 256): a message for a
-	// new peer beyond it closes the least recently used one first, dropping
-	// what it still held (counted in Evicted and Dropped). Peers come from
+	// new peer beyond it closes the least recently used one first (one at
+	// its high-water mark only when all are), dropping what it still held
+	// (counted in Evicted and Dropped). Peers come from
 	// what other processes name (a reply endpoint), so without a bound
 	// every endpoint ever named would keep a socket open.
 	MaxPeers int
