@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -81,6 +82,16 @@ func TestPDEngines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Refused at the door, and counted: a second request for the live
+	// room, a decode request for a registry not listed.
+	if _, err := engines[pdproto.RolePrefill].Submit(ctx, pq); !errors.Is(err, serve.ErrRoomInUse) {
+		t.Fatalf("a duplicate room: %v", err)
+	}
+	stray := dq
+	stray.PD = &serve.PDRequest{Room: 78, BootstrapURL: "http://169.254.169.254"}
+	if _, err := engines[pdproto.RoleDecode].Submit(ctx, stray); !errors.Is(err, serve.ErrBootstrapURL) {
+		t.Fatalf("an unlisted registry: %v", err)
+	}
 	ds, err := engines[pdproto.RoleDecode].Submit(ctx, dq)
 	if err != nil {
 		t.Fatal(err)
@@ -135,6 +146,15 @@ func TestPDEngines(t *testing.T) {
 					t.Errorf("%s: %s = %v (present %v), want 0", role, k, got, ok)
 				}
 			}
+		}
+		refused := map[string]float64{pdproto.RolePrefill + "/" + RefusedRoomInUse: 1, pdproto.RoleDecode + "/" + RefusedBootstrapURL: 1}
+		for _, reason := range []string{RefusedRoomInUse, RefusedBootstrapURL} {
+			if got, ok := v["pdkit_pd_refused_reqs_total/"+reason]; !ok || got != refused[role+"/"+reason] {
+				t.Errorf("%s: refused %s = %v (present %v), want %v", role, reason, got, ok, refused[role+"/"+reason])
+			}
+		}
+		if got, ok := v["pdkit_pd_bootstrap_lookups_evicted_total"]; !ok || got != 0 {
+			t.Errorf("%s: lookups evicted %v (present %v)", role, got, ok)
 		}
 		if got := v["pdkit_kv_transfer_bytes_total"]; got <= 0 {
 			t.Errorf("%s: kv transfer bytes %v", role, got)
