@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -206,4 +207,32 @@ func TestRepliesDropWhatCannotGo(t *testing.T) {
 	r.stop()
 	r.stop()
 	r.post(dead, &pdproto.AbortAck{}) // after stop: queued, never sent, never blocks
+}
+
+// TestRedTeamAbortEndpointsBounded: 3,000 forged ABORTs, each naming an ack
+// endpoint of its own where nothing listens (as 3,000 runs of a tool that
+// sends one ABORT each would), leave each prefill rank with no more peer
+// sockets open than its bound, and serving working.
+func TestRedTeamAbortEndpointsBounded(t *testing.T) {
+	const endpoints, maxPeers = 3000, 32
+	pc := abortCfg()
+	pc.PD.MaxPeerSockets = maxPeers
+	pp := newPDPairCfg(t, pc, abortCfg())
+	newForger(t, pp).flood(endpoints, func(r, i int) pdproto.Message {
+		return &pdproto.Abort{Room: 7_000_000 + uint64(i), Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 1+i), Rank: uint32(r), Reason: "forged"}
+	})()
+	poll(t, "every ack sent, evicted with its peer, or dropped", 30*time.Second, func() bool {
+		for _, l := range pp.prefill.PDLinks() {
+			if l.Outbox.Sent+l.Outbox.SendErrors+l.Outbox.QueueFull+l.RepliesDropped < endpoints {
+				return false
+			}
+		}
+		return true
+	})
+	for _, l := range pp.prefill.PDLinks() {
+		if l.Outbox.Peers > maxPeers || l.Outbox.Evicted == 0 {
+			t.Errorf("rank %d: %d peer sockets open (bound %d), %d evicted", l.Rank, l.Outbox.Peers, maxPeers, l.Outbox.Evicted)
+		}
+	}
+	pp.runReal(t, 4)
 }
