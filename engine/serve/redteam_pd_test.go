@@ -158,3 +158,41 @@ func TestRoomHeldWhileAborting(t *testing.T) {
 	s.Abort()
 	collect(t, s, 10*time.Second)
 }
+
+// A rebuild of the rank group forgets every room the old machines held,
+// those whose streams had ended included (an aborted decode room waiting
+// for its ack): their rooms are free again, not taken for ever.
+func TestRebuildFreesHeldRooms(t *testing.T) {
+	cfg := Config{TP: 2, PageSize: 4, KVTokens: 512, MaxRunning: 4,
+		PD: PDConfig{AbortAckTimeout: time.Minute, HeartbeatTimeout: time.Minute}}
+	pc, dc := cfg, cfg
+	dc.Heartbeat, dc.CollectiveWatchdog, dc.CollectiveTimeout = 10*time.Millisecond, 50*time.Millisecond, 500*time.Millisecond
+	pp := newPDPairCfg(t, pc, dc)
+	if err := pp.prefill.SetFault(FaultBootstrapAbortCrash, true); err != nil { // no ABORT_ACK ever comes
+		t.Fatal(err)
+	}
+	const room = 9200
+	q := Request{Prompt: []int32{5, 6, 7, 8, 9}, MaxTokens: 4}
+	d := submitHalf(t, pp.decode, q, room, pp.url)
+	poll(t, "in transfer", 10*time.Second, func() bool { return inQueue(pp.decode, d.s.ID, "transfer") })
+	d.cancel()
+	collect(t, d.s, 10*time.Second)
+	q.PD = &PDRequest{Room: room, BootstrapURL: pp.url}
+	if _, err := pp.decode.Submit(context.Background(), q); !errors.Is(err, ErrRoomInUse) {
+		t.Fatalf("a request for the aborting room: %v, want ErrRoomInUse", err)
+	}
+
+	if err := pp.decode.SetFault(FaultStallLastRank, true); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "the decode rebuilt", 10*time.Second, func() bool { return pp.decode.Restarts() >= 1 })
+	if err := pp.decode.SetFault(FaultStallLastRank, false); err != nil {
+		t.Fatal(err)
+	}
+	s, err := pp.decode.Submit(context.Background(), q)
+	if err != nil {
+		t.Fatalf("the room after the rebuild: %v", err)
+	}
+	s.Abort()
+	collect(t, s, 10*time.Second)
+}
