@@ -42,7 +42,11 @@
 // {"error": {...}} (an OpenAI error object), before its finish chunk and
 // [DONE], so that the client knows it was cut. A PD router's
 // bootstrap_room and bootstrap_url are read from /generate's body as from
-// the OpenAI requests'. Each generation the engine took is timed from its
+// the OpenAI requests'. A request naming a room that a live request of the
+// server holds is refused with 409 (param bootstrap_room), the live one
+// untouched; on a decode, a bootstrap_url that is not one of its prefill
+// registries (--prefill-bootstrap) with 403 (param bootstrap_url), before
+// anything is fetched. Each generation the engine took is timed from its
 // arrival to the end of its answer (pdkit_e2e_request_latency_seconds).
 //
 // # Chat template
