@@ -70,6 +70,7 @@ func newRegistries(c PDConfig) (*registries, error) {
 	return r, nil
 }
 
+// allow adds a registry to the allowlist.
 func (r *registries) allow(raw string) error {
 	u, err := canonicalRegistry(raw)
 	if err != nil {
@@ -96,6 +97,7 @@ func (r *registries) admit(raw string) (string, error) {
 }
 
 // get returns the cached resolution of u, marking it used; nil when none.
+// r.mu is held.
 func (r *registries) get(u string) *resolution {
 	if el := r.byURL[u]; el != nil {
 		r.lru.MoveToFront(el)
@@ -105,6 +107,7 @@ func (r *registries) get(u string) *resolution {
 }
 
 // put caches res under u, evicting the least recently used beyond size.
+// r.mu is held.
 func (r *registries) put(u string, res *resolution) {
 	if el := r.byURL[u]; el != nil {
 		el.Value = res
