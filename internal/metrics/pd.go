@@ -30,7 +30,15 @@ type pdDescs struct {
 	loopUp        *prometheus.Desc
 	refused       *prometheus.Desc // requests refused at the door, by reason
 	evicted       *prometheus.Desc // decode: registry lookups dropped from the bounded cache
+	lost          *prometheus.Desc // peer connections the socket lost
+	closed        *prometheus.Desc // peer sockets closed by the Outbox's bounds, by reason
 }
+
+// Reasons of pdkit_pd_peer_sockets_closed_total.
+const (
+	PeerClosedEvicted = "evicted" // to stay within --max-peer-sockets
+	PeerClosedIdle    = "idle"    // unused for --peer-socket-idle
+)
 
 // Reasons of pdkit_pd_refused_reqs_total.
 const (
@@ -87,6 +95,8 @@ func newPDDescs(role string) *pdDescs {
 		loopUp:     d("pd_receive_loop_up", "1 while the rank's PD receive loop runs, 0 once it has exited.", "rank"),
 		refused:    d("pd_refused_reqs_total", "PD requests refused on arrival, by reason (room_in_use: the room belongs to a live request; bootstrap_url: not one of the decode's prefill registries).", "reason"),
 		evicted:    d("pd_bootstrap_lookups_evicted_total", "Prefill registry lookups a decode dropped to keep its cache within --bootstrap-cache-size."),
+		lost:       d("pd_peer_disconnects_total", "Peer connections the rank's PD socket lost, among them peers dropped for a frame over --max-message-bytes.", "rank"),
+		closed:     d("pd_peer_sockets_closed_total", "Peer sockets the rank closed, by reason (evicted: to stay within --max-peer-sockets; idle: unused for --peer-socket-idle).", "rank", "reason"),
 	}
 }
 
@@ -97,7 +107,7 @@ func (p *pdDescs) describe(ch chan<- *prometheus.Desc) {
 	for _, q := range p.queues {
 		ch <- q.desc
 	}
-	for _, d := range []*prometheus.Desc{p.failed, p.bytes, p.rankBytes, p.received, p.dropped, p.sent, p.sendErrors, p.loopUp, p.refused, p.evicted} {
+	for _, d := range []*prometheus.Desc{p.failed, p.bytes, p.rankBytes, p.received, p.dropped, p.sent, p.sendErrors, p.loopUp, p.refused, p.evicted, p.lost, p.closed} {
 		ch <- d
 	}
 }
@@ -140,6 +150,9 @@ func (p *pdDescs) collect(eng *serve.Engine, ch chan<- prometheus.Metric) {
 		val(p.dropped, prometheus.CounterValue, float64(l.RepliesDropped), rank, DropReply)
 		val(p.sent, prometheus.CounterValue, float64(l.Outbox.Sent), rank)
 		val(p.sendErrors, prometheus.CounterValue, float64(l.Outbox.SendErrors), rank)
+		val(p.lost, prometheus.CounterValue, float64(l.Inbox.Disconnects), rank)
+		val(p.closed, prometheus.CounterValue, float64(l.Outbox.Evicted), rank, PeerClosedEvicted)
+		val(p.closed, prometheus.CounterValue, float64(l.Outbox.IdleClosed), rank, PeerClosedIdle)
 		up := 0.0
 		if l.Inbox.Alive {
 			up = 1

@@ -141,7 +141,9 @@ func TestPDEngines(t *testing.T) {
 			}
 			for _, k := range []string{"pdkit_pd_send_errors_total" + rank,
 				"pdkit_pd_dropped_messages_total" + rank + "/" + DropMalformed, "pdkit_pd_dropped_messages_total" + rank + "/" + DropHandlerPanic,
-				"pdkit_pd_dropped_messages_total" + rank + "/" + DropLate, "pdkit_pd_dropped_messages_total" + rank + "/" + DropMisplaced} {
+				"pdkit_pd_dropped_messages_total" + rank + "/" + DropLate, "pdkit_pd_dropped_messages_total" + rank + "/" + DropMisplaced,
+				"pdkit_pd_dropped_messages_total" + rank + "/" + DropOverQuota, "pdkit_pd_dropped_messages_total" + rank + "/" + DropReply,
+				"pdkit_pd_peer_sockets_closed_total" + rank + "/" + PeerClosedEvicted, "pdkit_pd_peer_sockets_closed_total" + rank + "/" + PeerClosedIdle} {
 				if got, ok := v[k]; !ok || got != 0 {
 					t.Errorf("%s: %s = %v (present %v), want 0", role, k, got, ok)
 				}
