@@ -131,6 +131,10 @@ func TestAdminAuth(t *testing.T) {
 		{"no token, not loopback, token sent", Options{}, "POST", "/admin/v1/abort_all", "Bearer s3cret", 403, "admin API disabled"},
 		{"no token, loopback", Options{Loopback: true}, "POST", "/admin/v1/abort_all", "", 200, ""},
 		{"no token, loopback, unknown id", Options{Loopback: true}, "POST", "/admin/v1/requests/cmpl-12345/abort", "", 404, "not known"},
+		// TestRedTeamServerAbort: /abort_request takes sequential ids, so
+		// it is under the admin rule too.
+		{"abort_request, token, none given", tok, "POST", "/abort_request", "", 401, "missing bearer token"},
+		{"abort_request, no token, not loopback", Options{}, "POST", "/abort_request", "", 403, "admin API disabled"},
 	} {
 		code, body, h := call(c.opts, c.method, c.path, c.auth)
 		if code != c.want || !strings.Contains(body.Error.Message, c.msg) {

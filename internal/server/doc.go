@@ -245,6 +245,11 @@
 //
 // # Admin
 //
+// POST /abort_request ({"rid": "cmpl-N"}) is under the admin rule below
+// too: the engine's ids are sequential, so without it anyone who reaches
+// the port could cancel anyone's stream. Clients abort their own streams
+// through the router, whose ids are unguessable.
+//
 // POST /admin/v1/requests/{id}/abort aborts one request, by the engine's
 // id N or the response's cmpl-N / chatcmpl-N: 200 {"aborted": "N"}, 404 when
 // the id is in no queue of the engine's latest snapshot. A request

@@ -763,7 +763,18 @@ type AbortRequest struct {
 	RID string `json:"rid"`
 }
 
+// abort serves POST /abort_request under the admin rule (authorize): the
+// engine's ids are sequential, so anyone else could cancel any stream. A
+// client reaches its own streams' abort through the router, whose ids are
+// unguessable.
 func (s *Server) abort(w http.ResponseWriter, r *http.Request) {
+	if oerr := s.authorize(r); oerr != nil {
+		if oerr.Status == http.StatusUnauthorized {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="pdkit admin"`)
+		}
+		oerr.WriteJSON(w)
+		return
+	}
 	var req AbortRequest
 	if oerr := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); oerr != nil {
 		oerr.WriteJSON(w)

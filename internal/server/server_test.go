@@ -436,8 +436,11 @@ func TestDisconnectFreesKV(t *testing.T) {
 }
 
 func TestAbortRequest(t *testing.T) {
-	e := newEnv(t)
-	b, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": 200, "ignore_eos": true, "stream": true})
+	// Loopback without a token: the admin rule lets /abort_request in.
+	e := newEnvWith(t, serve.Config{PageSize: 4, MaxRunning: 8}, Options{Loopback: true})
+	// As long as the context allows, so that the abort lands first even on
+	// a loaded machine (200 tokens could all be out by then).
+	b, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": 480, "ignore_eos": true, "stream": true})
 	resp, err := e.ts.Client().Post(e.ts.URL+"/v1/completions", "application/json", bytes.NewReader(b))
 	if err != nil {
 		t.Fatal(err)
