@@ -112,6 +112,9 @@ $ pdserve decode --port 30001
 
 # More patience with a slow network: longer KV transfer and heartbeat timeouts
 $ pdserve decode --port 30001 --transfer-timeout 60s --heartbeat-timeout 10s
+
+# On a host of its own, taking requests for one prefill server's registry (docs/deploy.md)
+$ PD_CLUSTER_SECRET_FILE=/etc/pdkit/cluster-secret pdserve decode --host 0.0.0.0 --pd-host 0.0.0.0 --advertise-host 10.0.0.12 --port 30001 --prefill-bootstrap http://10.0.0.11:8998
 `,
 	"router": `
 # The router on :8000 in front of the prefill and decode servers above
