@@ -117,6 +117,11 @@ type PDSettings struct {
 	// keeps.
 	PrefillBootstrap   string `json:"prefill_bootstrap"`
 	BootstrapCacheSize int    `json:"bootstrap_cache_size"`
+	// AdvertiseHost is the host the ranks' endpoints are handed out at;
+	// Authenticated says the PD plane runs with a cluster secret (the
+	// secret itself is never published).
+	AdvertiseHost string `json:"advertise_host"`
+	Authenticated bool   `json:"authenticated"`
 }
 
 // Duration converts a float milliseconds field to a time.Duration.

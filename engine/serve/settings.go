@@ -84,6 +84,8 @@ func settingsOf(cfg Config, indexer bool, faultsOn []string) debug.Settings {
 			EarlyRoomsPerSender:  p.EarlyRoomsPerSender,
 			PrefillBootstrap:     strings.Join(p.PrefillBootstrap, ","),
 			BootstrapCacheSize:   p.BootstrapCacheSize,
+			AdvertiseHost:        p.advertiseHost(),
+			Authenticated:        p.Secret.Set(),
 		}
 	}
 	return s

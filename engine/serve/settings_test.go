@@ -10,6 +10,7 @@ import (
 
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/pd/clusterauth"
 	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/kernels"
 )
@@ -47,6 +48,7 @@ var published = map[string]string{
 	"PD.MaxMessageBytes": "pd.max_message_bytes", "PD.MaxPeerSockets": "pd.max_peer_sockets",
 	"PD.PeerSocketIdle": "pd.peer_socket_idle_ms", "PD.ReplyQueue": "pd.reply_queue",
 	"PD.EarlyRoomsPerSender": "pd.early_rooms_per_sender", "PD.PrefillBootstrap": "pd.prefill_bootstrap",
+	"PD.AdvertiseHost": "pd.advertise_host", "PD.Secret": "pd.authenticated",
 	"PD.BootstrapCacheSize": "pd.bootstrap_cache_size",
 
 	"HiCache.Enabled": "hicache.enabled_at_start", "HiCache.Bytes": "hicache.size_bytes", "HiCache.Ratio": "hicache.ratio",
@@ -125,7 +127,7 @@ func TestSettingsOf(t *testing.T) {
 		FlightRecorderLen: 256, DecisionLogLen: DefaultDecisionLogLen, CloseTimeoutMS: 5000, WaitingTimeoutMS: 3000, RequestTimeoutMS: 600000,
 		PD: &debug.PDSettings{Host: "127.0.0.1", BootstrapTimeoutMS: 10000, TransferTimeoutMS: 7000, InflightTimeoutMS: 10000,
 			AbortAckTimeoutMS: 1500, SendTimeoutMS: 2000, HeartbeatIntervalMS: 500, HeartbeatTimeoutMS: 4000, ReservedDecodeTokens: -1,
-			MaxPeerSockets: 256, PeerSocketIdleMS: 60000, ReplyQueue: 64, EarlyRoomsPerSender: 512, BootstrapCacheSize: 64},
+			MaxPeerSockets: 256, PeerSocketIdleMS: 60000, ReplyQueue: 64, EarlyRoomsPerSender: 512, BootstrapCacheSize: 64, AdvertiseHost: "127.0.0.1"},
 		FaultsOn: []string{FaultStallLastRank},
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -147,5 +149,23 @@ func TestSettingsOf(t *testing.T) {
 	wantHC := debug.HiCacheSettings{EnabledAtStart: true, SizeBytes: 64 << 20, Ratio: 3, WritePolicy: "write-back", LoadBandwidthBytesPerSecond: 2e9}
 	if h := settingsOf(hc, false, nil).HiCache; h == nil || *h != wantHC {
 		t.Errorf("hicache settings %+v, want %+v", h, wantHC)
+	}
+}
+
+// TestSettingsHideTheSecret: the settings say a PD server runs with a
+// cluster secret, and never publish it.
+func TestSettingsHideTheSecret(t *testing.T) {
+	secret, text := clusterauth.Generate()
+	cfg := DefaultConfig()
+	cfg.Role = pdproto.RolePrefill
+	cfg.PD.Secret = secret
+	s := settingsOf(cfg, false, nil)
+	b, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, password, _ := secret.ZMQ()
+	if !s.PD.Authenticated || strings.Contains(string(b), text) || strings.Contains(string(b), password) || strings.Contains(string(b), user) {
+		t.Fatalf("settings: %s", b)
 	}
 }
