@@ -117,3 +117,47 @@ func TestAuthValidated(t *testing.T) {
 		}
 	}
 }
+
+// CURVE (benchmarks only) works over both backends and between them, and
+// its ZAP handler refuses a client key it was not given.
+func TestCurveRoundTrip(t *testing.T) {
+	keys, err := curveKeysFrom("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := curveKeysFrom("other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger := *keys
+	stranger.clientPublic, stranger.clientSecret = other.clientPublic, other.clientSecret
+	for _, in := range backends {
+		for _, out := range backends {
+			t.Run(in.name+"-inbox/"+out.name+"-outbox", func(t *testing.T) {
+				var c collector
+				inbox, err := Listen("tcp://127.0.0.1:0", c.handle, &InboxOptions{SocketOptions: SocketOptions{ZeroCopy: in.zc, curve: keys}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer inbox.Close()
+				for _, k := range []*curveKeys{&stranger, keys} {
+					o, err := NewOutbox(&OutboxOptions{SocketOptions: SocketOptions{ZeroCopy: out.zc, curve: k}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer o.Close()
+					if err := o.Send(context.Background(), inbox.Endpoint(), bigMsg(1)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				waitFor(t, 20*time.Second, "the message and the refusal", func() bool {
+					st := inbox.Stats()
+					return c.len() == 1 && st.AuthDenied >= 1
+				})
+				if st := inbox.Stats(); st.Messages != 1 || st.AuthAdmitted != 1 {
+					t.Fatalf("inbox stats %+v", st)
+				}
+			})
+		}
+	}
+}

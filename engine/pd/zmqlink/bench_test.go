@@ -6,13 +6,16 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // The throughput benchmarks move b.N messages one way over loopback TCP and
-// report MB/s. BenchmarkZMQ runs every case over both backends
+// report MB/s; the cost of connection authentication is 4MiB/plain (and
+// 4MiB/curve) against 4MiB/default. BenchmarkZMQ runs every case over both backends
 // (BenchmarkZMQ/pebbe/...: pebbe/zmq4, a copy per send, an allocation and
 // a copy per receive; BenchmarkZMQ/shim/...: the zero-copy shim), and
 // BenchmarkRawTCP is the yardstick they are compared with (run them in the
@@ -45,6 +48,25 @@ var zmqCases = []zmqCase{
 	{name: "1KiB/default", size: 1 << 10, frames: 1, conns: 1},
 	{name: "1KiB/hwm8", size: 1 << 10, frames: 1, conns: 1, opts: SocketOptions{HWM: 8}},
 	{name: "4MiB/buf4MiB", size: 4 * mib, frames: 1, conns: 1, opts: SocketOptions{SndBuf: 4 * mib, RcvBuf: 4 * mib}},
+	// Connection authentication, beside 4MiB/default (none): PLAIN with a
+	// ZAP handler (SocketOptions.Auth), checked once per connection, and
+	// CURVE, which also encrypts every byte.
+	{name: "4MiB/plain", size: 4 * mib, frames: 1, conns: 1, opts: SocketOptions{Auth: &benchAuth}},
+	{name: "4MiB/curve", size: 4 * mib, frames: 1, conns: 1, opts: SocketOptions{curve: benchCurve}},
+	{name: "1MiB/plain", size: mib, frames: 1, conns: 1, opts: SocketOptions{Auth: &benchAuth}},
+}
+
+var (
+	benchAuth  = PlainAuth{Username: "pdkit", Password: strings.Repeat("c3", 32)}
+	benchCurve = mustCurveKeys("pdkit-bench")
+)
+
+func mustCurveKeys(seed string) *curveKeys {
+	k, err := curveKeysFrom(seed)
+	if err != nil {
+		panic(err)
+	}
+	return k
 }
 
 func BenchmarkZMQ(b *testing.B) {
@@ -180,4 +202,77 @@ func benchRawTCP(b *testing.B, size int, alloc bool) {
 		b.Fatal(err)
 	}
 	b.StopTimer()
+}
+
+// BenchmarkAuthCost measures what connection authentication costs the
+// KV path, with the two sides interleaved so that both see the same
+// machine: each round sends a burst of 4 MiB messages over a pair without
+// authentication, then over a pair with PLAIN (the order alternates), and
+// times each. It reports each side's MB/s and their ratio (plain/none).
+func BenchmarkAuthCost(b *testing.B) {
+	for _, be := range backends {
+		b.Run(be.name, func(b *testing.B) {
+			none := newBenchPair(b, SocketOptions{ZeroCopy: be.zc})
+			plain := newBenchPair(b, SocketOptions{ZeroCopy: be.zc, Auth: &benchAuth})
+			frames := [][]byte{make([]byte, 4*mib)}
+			const burst = 8
+			b.SetBytes(2 * burst * 4 * mib)
+			b.ResetTimer()
+			var tNone, tPlain time.Duration
+			for i := range b.N {
+				if i%2 == 0 {
+					tNone += none.burst(b, burst, frames)
+					tPlain += plain.burst(b, burst, frames)
+				} else {
+					tPlain += plain.burst(b, burst, frames)
+					tNone += none.burst(b, burst, frames)
+				}
+			}
+			b.StopTimer()
+			bytes := float64(b.N) * burst * 4 * mib / 1e6
+			b.ReportMetric(bytes/tNone.Seconds(), "none-MB/s")
+			b.ReportMetric(bytes/tPlain.Seconds(), "plain-MB/s")
+			b.ReportMetric(tNone.Seconds()/tPlain.Seconds(), "plain/none")
+		})
+	}
+}
+
+// benchPair is an Outbox connected to an Inbox that counts what it gets.
+type benchPair struct {
+	in   *Inbox
+	out  *Outbox
+	got  atomic.Int64
+	sent int64
+}
+
+func newBenchPair(b *testing.B, o SocketOptions) *benchPair {
+	p := &benchPair{}
+	in, err := Listen("tcp://127.0.0.1:0", func([][]byte) error { p.got.Add(1); return nil }, &InboxOptions{SocketOptions: o})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { in.Close() })
+	out, err := NewOutbox(&OutboxOptions{SocketOptions: o})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { out.Close() })
+	p.in, p.out = in, out
+	p.burst(b, 1, [][]byte{{0}}) // connect (and authenticate) before timing
+	return p
+}
+
+// burst sends n messages and waits until the Inbox has them all.
+func (p *benchPair) burst(b *testing.B, n int, frames [][]byte) time.Duration {
+	start := time.Now()
+	for range n {
+		if err := p.out.Send(context.Background(), p.in.Endpoint(), frames); err != nil {
+			b.Fatal(err)
+		}
+	}
+	p.sent += int64(n)
+	for p.got.Load() < p.sent {
+		runtime.Gosched()
+	}
+	return time.Since(start)
 }
