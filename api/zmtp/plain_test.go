@@ -6,6 +6,7 @@ package zmtp
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -154,5 +155,57 @@ func TestPlainPushToPull(t *testing.T) {
 	defer open.Close()
 	if err := SendAuth(ctx, open.Endpoint(), &testAuth, [][]byte{[]byte("x")}); !errors.Is(err, ErrAuthRequired) {
 		t.Fatalf("PLAIN to NULL: %v", err)
+	}
+}
+
+// A PLAIN Pull refuses a malformed or wrong HELLO with an error that
+// says what was wrong, never delivers, and answers a wrong credential
+// with ERROR 400.
+func TestPlainPullRefusesHello(t *testing.T) {
+	good := hello(&testAuth)
+	tests := []struct {
+		name  string
+		hello []byte
+		want  string
+	}{
+		{"wrong password", hello(&wrongAuth), `zmtp: refused the credentials of user "pdkit"`},
+		{"username past the end", append(command("HELLO"), 200, 'u'), "zmtp: HELLO cut short in its username"},
+		{"password past the end", append(command("HELLO"), 1, 'u', 9, 'p'), "zmtp: HELLO's password is cut short or followed by other bytes"},
+		{"trailing bytes", append(append([]byte{}, good...), 'x'), "zmtp: HELLO's password is cut short or followed by other bytes"},
+		{"other command", command("READY"), `zmtp: expected the HELLO command, got "READY"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := ListenAuth("tcp://127.0.0.1:0", &testAuth)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			c, err := net.Dial("tcp", strings.TrimPrefix(p.Endpoint(), "tcp://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			peer := &rawPeer{t: t, c: c}
+			<-peer.write(append(greeting(mechPLAIN, false), appendFrame(nil, flagCommand, tt.hello)...))
+			if g := peer.read(greetingLen); string(g[12:17]) != mechPLAIN {
+				t.Fatalf("greeting % x", g)
+			}
+			if tt.name == "wrong password" {
+				if _, body := peer.frame(); string(body) != "\x05ERROR\x03400" {
+					t.Fatalf("reply %q, want ERROR 400", body)
+				}
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for len(p.Errors()) == 0 {
+				if time.Now().After(deadline) {
+					t.Fatal("no error recorded")
+				}
+				time.Sleep(time.Millisecond) // poll interval
+			}
+			if got := p.Errors()[0].Error(); got != tt.want {
+				t.Fatalf("error %q, want %q", got, tt.want)
+			}
+		})
 	}
 }
