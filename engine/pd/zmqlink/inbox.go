@@ -73,10 +73,12 @@ type InboxStats struct {
 	// oversized frames. With Auth the handshake monitor (auth.go), which
 	// holds the socket's one monitor, counts them.
 	Disconnects uint64 `json:"disconnects"`
-	// With SocketOptions.Auth: connections admitted, and refused for a
-	// wrong or missing credential (none of their messages is delivered);
-	// handshakes that failed for another protocol error; why the last
-	// refusal was made, with the peer's address when libzmq gives it.
+	// With SocketOptions.Auth: connections admitted; connections refused
+	// (none of their messages is delivered) for a wrong credential, none,
+	// another mechanism, or for ending before they authenticated, as a
+	// peer without a credential or a port scan may; handshakes that failed
+	// for another protocol error; why the last refusal was made, with the
+	// peer's address when ZAP had it.
 	AuthAdmitted    uint64 `json:"auth_admitted"`
 	AuthDenied      uint64 `json:"auth_denied"`
 	HandshakeErrors uint64 `json:"handshake_errors"`
