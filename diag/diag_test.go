@@ -406,6 +406,17 @@ func TestRegistryMismatch(t *testing.T) {
 	if len(fs) != 1 || fs[0].Rank == nil || *fs[0].Rank != 0 || !strings.Contains(fs[0].Summary, "203.0.113.9:5555") {
 		t.Fatalf("hijacked registration: %+v", fs)
 	}
+	// The rank advertises a name while it binds an address: the registry
+	// is compared with what it advertises.
+	w := sample("tcp://prefill-0.pdkit-prefill:41000", "tcp://10.0.0.2:41000")
+	w.Samples[0].Servers[0].PD.Ranks[0].Socket.Advertised = "tcp://prefill-0.pdkit-prefill:41000"
+	if fs := checkRegistryMismatch(w); len(fs) != 0 {
+		t.Errorf("an advertised name: %+v", fs)
+	}
+	w.Samples[0].Servers[0].PD.Ranks[0].Socket.Advertised = "tcp://prefill-1.pdkit-prefill:41000"
+	if fs := checkRegistryMismatch(w); len(fs) != 1 {
+		t.Errorf("registered another name than the advertised one: %+v", fs)
+	}
 	for _, c := range [][2]string{{"tcp://10.0.0.2:41000", "tcp://10.0.0.2:41000"}, {"tcp://10.0.0.2:41000", "tcp://0.0.0.0:41000"}} {
 		if fs := checkRegistryMismatch(sample(c[0], c[1])); len(fs) != 0 {
 			t.Errorf("registered %s, listening %s: %+v", c[0], c[1], fs)

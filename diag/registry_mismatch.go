@@ -24,7 +24,12 @@ func checkRegistryMismatch(w Window) []Finding {
 			continue
 		}
 		for _, r := range s.PD.Ranks {
-			own := r.Socket.Endpoint
+			// The endpoint the rank hands out (a server before it
+			// published one: the bound one, a wildcard matching its port).
+			own := r.Socket.Advertised
+			if own == "" {
+				own = r.Socket.Endpoint
+			}
 			var listed string
 			for _, ri := range s.Registry.Ranks {
 				if ri.Rank == r.Rank {

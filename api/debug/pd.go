@@ -88,6 +88,13 @@ type PDRank struct {
 // on a prefill rank, KV on a decode rank) and its outbox.
 type PDSocket struct {
 	Endpoint string `json:"endpoint"`
+	// Advertised is the endpoint the rank hands to its peers (a prefill
+	// registers it); it differs from Endpoint when the socket binds every
+	// address or --advertise-host names another.
+	Advertised string `json:"advertised,omitempty"`
+	// AuthDenied counts peer connections the socket refused at the
+	// handshake: no cluster credential, or another cluster's.
+	AuthDenied uint64 `json:"auth_denied"`
 	// Alive: the receive loop runs; ExitReason says why it ended.
 	Alive         bool   `json:"alive"`
 	ExitReason    string `json:"exit_reason,omitempty"`

@@ -185,7 +185,7 @@ func (e *Engine) PDLinks() []PDLink {
 	loops := e.cur().loops
 	out := make([]PDLink, len(loops))
 	for r, l := range loops {
-		out[r] = PDLink{Rank: r, Inbox: l.pd.inbox.Stats(), Outbox: l.pd.outbox.Stats(), Late: l.pd.mb.late.Load(), Misplaced: l.pd.mb.bad.Load(), Faulted: l.pd.mb.faulted.Load(),
+		out[r] = PDLink{Rank: r, Advertised: l.pd.endpoint, Inbox: l.pd.inbox.Stats(), Outbox: l.pd.outbox.Stats(), Late: l.pd.mb.late.Load(), Misplaced: l.pd.mb.bad.Load(), Faulted: l.pd.mb.faulted.Load(),
 			KVBytes: l.pd.bytes.Load(), OverQuota: l.pd.mb.overQuota.Load(), RepliesDropped: l.pd.replies.dropped.Load()}
 	}
 	return out
@@ -218,13 +218,16 @@ func (e *Engine) RoomRequest(room uint64) (uint64, bool) {
 
 // PDLink is one rank's PD socket state.
 type PDLink struct {
-	Rank      int
-	Inbox     zmqlink.InboxStats
-	Outbox    zmqlink.OutboxStats
-	Late      uint64 // messages for rooms the rank does not have
-	Misplaced uint64 // messages of a type the rank's role never receives
-	Faulted   uint64 // messages a drop-* fault switch dropped
-	KVBytes   uint64 // KV payload bytes the rank sent (prefill) or applied (decode)
+	Rank int
+	// Advertised is the endpoint the rank hands to its peers (and a
+	// prefill registers); Inbox.Endpoint is the one it bound.
+	Advertised string
+	Inbox      zmqlink.InboxStats
+	Outbox     zmqlink.OutboxStats
+	Late       uint64 // messages for rooms the rank does not have
+	Misplaced  uint64 // messages of a type the rank's role never receives
+	Faulted    uint64 // messages a drop-* fault switch dropped
+	KVBytes    uint64 // KV payload bytes the rank sent (prefill) or applied (decode)
 	// OverQuota counts messages for a new early room dropped because their
 	// sender held PDConfig.EarlyRoomsPerSender rooms already;
 	// RepliesDropped the replies dropped for a full reply queue or a peer

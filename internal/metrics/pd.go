@@ -30,6 +30,7 @@ type pdDescs struct {
 	loopUp        *prometheus.Desc
 	refused       *prometheus.Desc // requests refused at the door, by reason
 	evicted       *prometheus.Desc // decode: registry lookups dropped from the bounded cache
+	authDenied    *prometheus.Desc // connections refused at the handshake
 	lost          *prometheus.Desc // peer connections the socket lost
 	closed        *prometheus.Desc // peer sockets closed by the Outbox's bounds, by reason
 }
@@ -95,6 +96,7 @@ func newPDDescs(role string) *pdDescs {
 		loopUp:     d("pd_receive_loop_up", "1 while the rank's PD receive loop runs, 0 once it has exited.", "rank"),
 		refused:    d("pd_refused_reqs_total", "PD requests refused on arrival, by reason (room_in_use: the room belongs to a live request; bootstrap_url: not one of the decode's prefill registries).", "reason"),
 		evicted:    d("pd_bootstrap_lookups_evicted_total", "Prefill registry lookups a decode dropped to keep its cache within --bootstrap-cache-size."),
+		authDenied: d("pd_auth_denied_total", "Peer connections the rank's PD socket refused at the handshake: no cluster credential, or another cluster's.", "rank"),
 		lost:       d("pd_peer_disconnects_total", "Peer connections the rank's PD socket lost, among them peers dropped for a frame over --max-message-bytes.", "rank"),
 		closed:     d("pd_peer_sockets_closed_total", "Peer sockets the rank closed, by reason (evicted: to stay within --max-peer-sockets; idle: unused for --peer-socket-idle).", "rank", "reason"),
 	}
@@ -107,7 +109,7 @@ func (p *pdDescs) describe(ch chan<- *prometheus.Desc) {
 	for _, q := range p.queues {
 		ch <- q.desc
 	}
-	for _, d := range []*prometheus.Desc{p.failed, p.bytes, p.rankBytes, p.received, p.dropped, p.sent, p.sendErrors, p.loopUp, p.refused, p.evicted, p.lost, p.closed} {
+	for _, d := range []*prometheus.Desc{p.failed, p.bytes, p.rankBytes, p.received, p.dropped, p.sent, p.sendErrors, p.loopUp, p.refused, p.evicted, p.lost, p.closed, p.authDenied} {
 		ch <- d
 	}
 }
@@ -151,6 +153,7 @@ func (p *pdDescs) collect(eng *serve.Engine, ch chan<- prometheus.Metric) {
 		val(p.sent, prometheus.CounterValue, float64(l.Outbox.Sent), rank)
 		val(p.sendErrors, prometheus.CounterValue, float64(l.Outbox.SendErrors), rank)
 		val(p.lost, prometheus.CounterValue, float64(l.Inbox.Disconnects), rank)
+		val(p.authDenied, prometheus.CounterValue, float64(l.Inbox.AuthDenied), rank)
 		val(p.closed, prometheus.CounterValue, float64(l.Outbox.Evicted), rank, PeerClosedEvicted)
 		val(p.closed, prometheus.CounterValue, float64(l.Outbox.IdleClosed), rank, PeerClosedIdle)
 		up := 0.0

@@ -470,7 +470,7 @@ func TestAbortRequest(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
-	e := newEnv(t)
+	e := newEnvWith(t, serve.Config{PageSize: 4, MaxRunning: 8}, Options{Loopback: true}) // /abort_request is under the admin rule
 	ctxLen := e.m.Config.ContextLen
 	long := strings.Repeat("robot ", ctxLen)
 	for _, tc := range []struct {
