@@ -17,7 +17,10 @@
 //   - client: the Go client of a server's or router's debug and admin APIs
 //     (/debug/v1/..., /pd/v1/info, /health, /admin/v1/...) and cluster
 //     discovery through a router; pdctl's only way to the servers.
-//   - zmtp: a minimal pure-Go ZeroMQ peer (ZMTP 3.0, NULL mechanism, PUSH
-//     and PULL over TCP), with which pdctl sends PD frames such as a
-//     synthetic ABORT and receives the ABORT_ACK without cgo.
+//   - zmtp: a minimal pure-Go ZeroMQ peer (ZMTP 3.0, NULL and PLAIN
+//     mechanisms, PUSH and PULL over TCP), with which pdctl sends PD frames
+//     such as a synthetic ABORT and receives the ABORT_ACK without cgo.
+//   - clusterauth: a PD cluster's shared secret and the keys derived from
+//     it (the PD sockets' credential, the registry's request signatures),
+//     which servers and pdctl alike hold.
 package api

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdkit/pdkit/api/clusterauth"
 	"github.com/pdkit/pdkit/api/debug"
-	"github.com/pdkit/pdkit/engine/pd/clusterauth"
 )
 
 // TestAbortAuthenticated: on a cluster with a secret, pdctl's synthetic

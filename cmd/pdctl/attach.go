@@ -7,8 +7,8 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/pdkit/pdkit/api/clusterauth"
 	"github.com/pdkit/pdkit/api/zmtp"
-	"github.com/pdkit/pdkit/engine/pd/clusterauth"
 
 	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/pdproto"

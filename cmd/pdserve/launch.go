@@ -15,7 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/pdkit/pdkit/engine/pd/clusterauth"
+	"github.com/pdkit/pdkit/api/clusterauth"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/config"
 	"github.com/pdkit/pdkit/internal/launch"

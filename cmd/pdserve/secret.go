@@ -7,8 +7,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 
+	"github.com/pdkit/pdkit/api/clusterauth"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
-	"github.com/pdkit/pdkit/engine/pd/clusterauth"
 )
 
 // secretFlags are the cluster secret's flags, on every PD role.

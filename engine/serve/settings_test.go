@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdkit/pdkit/api/clusterauth"
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/pdproto"
-	"github.com/pdkit/pdkit/engine/pd/clusterauth"
 	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/kernels"
 )

@@ -13,8 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pdkit/pdkit/api/clusterauth"
 	"github.com/pdkit/pdkit/api/pdproto"
-	"github.com/pdkit/pdkit/engine/pd/clusterauth"
 )
 
 // Client defaults.

@@ -56,8 +56,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pdkit/pdkit/api/clusterauth"
 	"github.com/pdkit/pdkit/api/pdproto"
-	"github.com/pdkit/pdkit/engine/pd/clusterauth"
 )
 
 // MaxBodyBytes bounds a registration body.
