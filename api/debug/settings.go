@@ -112,6 +112,7 @@ type PDSettings struct {
 	PeerSocketIdleMS    float64 `json:"peer_socket_idle_ms"`
 	ReplyQueue          int     `json:"reply_queue"`
 	EarlyRoomsPerSender int     `json:"early_rooms_per_sender"`
+	HandshakeTimeoutMS  float64 `json:"handshake_timeout_ms"`
 	// A decode's prefill registries (--prefill-bootstrap, comma-separated),
 	// the only bootstrap URLs it takes, and how many lookups of them it
 	// keeps.

@@ -87,6 +87,7 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 		f.Int64Var(&o.cfg.PD.MaxMessageBytes, "max-message-bytes", 0, "largest frame a rank's PD socket accepts; a peer that sends a larger one is dropped and counted (0: derived from the model, the largest KV chunk frame on a decode or TRANSFER_INFO on a prefill, plus 64 KiB)")
 		f.IntVar(&o.cfg.PD.MaxPeerSockets, "max-peer-sockets", def.PD.MaxPeerSockets, "peer sockets a rank keeps open, the least recently used closed first (counted)")
 		f.DurationVar(&o.cfg.PD.PeerSocketIdle, "peer-socket-idle", def.PD.PeerSocketIdle, "a peer socket unused this long is closed (counted); the next message reconnects")
+		f.DurationVar(&o.cfg.PD.HandshakeTimeout, "pd-handshake-timeout", def.PD.HandshakeTimeout, "a connection to a PD socket that has not authenticated within this is closed (counted with the refused ones), so silent connections cannot pile up")
 		f.IntVar(&o.cfg.PD.ReplyQueue, "reply-queue", def.PD.ReplyQueue, "replies (ABORT_ACK, heartbeats) a rank holds for sending; one that finds the queue or its peer's backlog full is dropped and counted")
 		o.secret.register(f)
 	}

@@ -84,6 +84,11 @@ type PDConfig struct {
 	// zmqlink.DefaultPeerIdle): peers are endpoints other processes name.
 	MaxPeerSockets int
 	PeerSocketIdle time.Duration
+	// HandshakeTimeout bounds how long a connection to a rank's PD socket
+	// may take to authenticate (to complete its ZMTP handshake): one that
+	// says nothing is closed then, so silent connections cannot pile up
+	// (default 5s; libzmq's own is 30s).
+	HandshakeTimeout time.Duration
 	// ReplyQueue bounds the replies waiting to be sent (ABORT_ACK,
 	// heartbeats, STATUS for a forgotten room); one that finds it full,
 	// or its peer's backlog full, is dropped and counted
@@ -106,7 +111,7 @@ func (c *PDConfig) setDefaults() {
 	}{{&c.BootstrapTimeout, 10 * time.Second}, {&c.TransferTimeout, 30 * time.Second},
 		{&c.InflightTimeout, 10 * time.Second}, {&c.AbortAckTimeout, 5 * time.Second}, {&c.SendTimeout, 2 * time.Second},
 		{&c.HeartbeatInterval, 500 * time.Millisecond}, {&c.HeartbeatTimeout, 3 * time.Second},
-		{&c.PeerSocketIdle, zmqlink.DefaultPeerIdle}} {
+		{&c.PeerSocketIdle, zmqlink.DefaultPeerIdle}, {&c.HandshakeTimeout, 5 * time.Second}} {
 		if *d.v == 0 {
 			*d.v = d.def
 		}
@@ -135,7 +140,7 @@ func (c PDConfig) validate() error {
 	if c.BootstrapTimeout < 0 || c.TransferTimeout < 0 || c.InflightTimeout < 0 || c.AbortAckTimeout < 0 || c.SendTimeout < 0 {
 		return errors.New("PD timeouts must not be negative")
 	}
-	if c.MaxMessageBytes < 0 || c.MaxPeerSockets < 0 || c.PeerSocketIdle < 0 || c.ReplyQueue < 0 || c.EarlyRoomsPerSender < 0 {
+	if c.MaxMessageBytes < 0 || c.MaxPeerSockets < 0 || c.PeerSocketIdle < 0 || c.HandshakeTimeout < 0 || c.ReplyQueue < 0 || c.EarlyRoomsPerSender < 0 {
 		return errors.New("PD limits must not be negative")
 	}
 	if c.BootstrapCacheSize < 0 {

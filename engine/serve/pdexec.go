@@ -115,7 +115,7 @@ func newRankPD(e *Engine, rank int, boot uint64, endpoint string) (*rankPD, erro
 		endpoint = "tcp://" + net.JoinHostPort(e.cfg.PD.Host, "0")
 	}
 	in, err := zmqlink.Listen(endpoint, pd.mb.handle, &zmqlink.InboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: !prefill, Auth: e.cfg.PD.zmqAuth()},
-		MaxMsgSize: e.maxMessageBytes()})
+		MaxMsgSize: e.maxMessageBytes(), HandshakeTimeout: e.cfg.PD.HandshakeTimeout})
 	if err != nil {
 		pd.replies.stop()
 		out.Close()

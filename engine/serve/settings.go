@@ -82,6 +82,7 @@ func settingsOf(cfg Config, indexer bool, faultsOn []string) debug.Settings {
 			PeerSocketIdleMS:     msOf(p.PeerSocketIdle),
 			ReplyQueue:           p.ReplyQueue,
 			EarlyRoomsPerSender:  p.EarlyRoomsPerSender,
+			HandshakeTimeoutMS:   msOf(p.HandshakeTimeout),
 			PrefillBootstrap:     strings.Join(p.PrefillBootstrap, ","),
 			BootstrapCacheSize:   p.BootstrapCacheSize,
 			AdvertiseHost:        p.advertiseHost(),

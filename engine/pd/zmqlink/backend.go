@@ -67,7 +67,8 @@ const (
 	optRcvHWM
 	optSndBuf
 	optRcvBuf
-	optMaxMsgSize // ZMQ_MAXMSGSIZE, an int64 in libzmq
+	optMaxMsgSize   // ZMQ_MAXMSGSIZE, an int64 in libzmq
+	optHandshakeIvl // ZMQ_HANDSHAKE_IVL, milliseconds
 	optPlainServer
 	optCurveServer
 

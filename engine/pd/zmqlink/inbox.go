@@ -49,6 +49,12 @@ type InboxOptions struct {
 	// before it allocates the frame; the drop shows as a disconnect
 	// (InboxStats.Disconnects).
 	MaxMsgSize int64
+	// HandshakeTimeout bounds how long a connection may take to complete
+	// its ZMTP handshake (ZMQ_HANDSHAKE_IVL; 0: libzmq's 30s): a
+	// connection that says nothing holds a descriptor until then, so a
+	// stranger opening many of them is bounded by rate × this. With Auth
+	// the dropped ones are counted in AuthDenied.
+	HandshakeTimeout time.Duration
 }
 
 const defaultInboxHWM = 1000
@@ -267,6 +273,11 @@ func (in *Inbox) bind(ctx zContext, endpoint string) (zSocket, error) {
 	}
 	if err := in.opts.apply(sock, false); err != nil {
 		return fail(err)
+	}
+	if d := in.opts.HandshakeTimeout; d > 0 {
+		if err := sock.setOpt(optHandshakeIvl, max(1, int(d/time.Millisecond))); err != nil {
+			return fail(fmt.Errorf("zmqlink: handshake timeout: %w", err))
+		}
 	}
 	if in.opts.MaxMsgSize > 0 {
 		if err := sock.setOpt(optMaxMsgSize, int(in.opts.MaxMsgSize)); err != nil {

@@ -80,6 +80,8 @@ func (s *pebbeSocket) setOpt(o sockOpt, v int) error {
 		return s.s.SetRcvbuf(v)
 	case optMaxMsgSize:
 		return s.s.SetMaxmsgsize(int64(v))
+	case optHandshakeIvl:
+		return s.s.SetHandshakeIvl(time.Duration(v) * time.Millisecond)
 	case optPlainServer:
 		return s.s.SetPlainServer(v)
 	case optCurveServer:

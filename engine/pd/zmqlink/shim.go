@@ -298,6 +298,8 @@ func (s *shimSocket) setOpt(o sockOpt, v int) error {
 		return s.setInt(C.ZMQ_RCVBUF, v)
 	case optMaxMsgSize:
 		return zerr(C.zl_setint64(s.p, C.ZMQ_MAXMSGSIZE, C.int64_t(v)))
+	case optHandshakeIvl:
+		return s.setInt(C.ZMQ_HANDSHAKE_IVL, v)
 	case optPlainServer:
 		return s.setInt(C.ZMQ_PLAIN_SERVER, v)
 	case optCurveServer:

@@ -1,0 +1,58 @@
+package zmqlink
+
+import (
+	"errors"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRedTeamSilentConnections: a stranger opens connections to an
+// authenticated Inbox and says nothing, to hold the server's descriptors.
+// Each is closed once the handshake timeout passes, and counted; both
+// backends. (libzmq's own timeout is 30 s: without the bound the
+// connections are still open when the test gives up.)
+func TestRedTeamSilentConnections(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			checkGoroutines(t)
+			var c collector
+			in, err := Listen("tcp://127.0.0.1:0", c.handle, &InboxOptions{SocketOptions: SocketOptions{ZeroCopy: b.zc, Auth: &testAuth},
+				HandshakeTimeout: 200 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer in.Close()
+			const n = 20
+			addr := strings.TrimPrefix(in.Endpoint(), "tcp://")
+			closed := make(chan error, n)
+			for range n {
+				conn, err := net.Dial("tcp", addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Close()
+				go func() {
+					// Read the server's greeting, then wait for the close;
+					// the deadline only ends a test that failed.
+					conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+					buf := make([]byte, 64)
+					for {
+						if _, err := conn.Read(buf); err != nil {
+							closed <- err
+							return
+						}
+					}
+				}()
+			}
+			for range n {
+				if err := <-closed; errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Fatalf("a silent connection was still open after 5s: %v", err)
+				}
+			}
+			waitFor(t, 5*time.Second, "the silent connections counted", func() bool { return in.Stats().AuthDenied >= n })
+		})
+	}
+}
