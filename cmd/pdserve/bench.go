@@ -368,7 +368,7 @@ The fault-on cells are a data race by design: a binary built with -race refuses 
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&size, "size", builtin.SizeSmall, "built-in llama-dsa size: tiny or small")
+	f.StringVar(&size, "size", builtin.SizeSmall, "built-in llama-dsa size: "+builtin.SizeList())
 	f.StringVar(&typ, "type", "f32", "weight type")
 	f.IntVar(&cfg.TP, "tp", 1, "tensor-parallel ranks of every engine")
 	f.IntVar(&cfg.Threads, "threads", 0, "kernel threads per rank (0: every CPU / tp)")
@@ -438,7 +438,7 @@ type modelFlags struct{ arch, size, typ string }
 // register adds --arch, --size and, with weightType, --type.
 func (m *modelFlags) register(f *pflag.FlagSet, weightType bool) {
 	f.StringVar(&m.arch, "arch", model.ArchLlama, "built-in architecture: llama or llama-dsa")
-	f.StringVar(&m.size, "size", builtin.SizeSmall, "built-in size: tiny or small")
+	f.StringVar(&m.size, "size", builtin.SizeSmall, "built-in size: "+builtin.SizeList())
 	if weightType {
 		f.StringVar(&m.typ, "type", "f32", "weight type")
 	}

@@ -31,14 +31,18 @@ func newModelInitCmd() *cobra.Command {
 the seed, so the same flags always give the same file. The llama architecture
 loads in llama.cpp; llama-dsa adds a sparse-attention indexer (docs/llama-dsa.md).
 
-Sizes: tiny (dim 64, 2 layers, vocab 512; for tests) and small (the shape of
-stories15M: dim 288, 6 layers, 6 heads, hidden 768, vocab 32000).`,
+Sizes: tiny (dim 64, 2 layers, vocab 512; for tests), small (the shape of
+stories15M: dim 288, 6 layers, 6 heads, hidden 768, vocab 32000; 62 MB as F32)
+and medium (the shape of stories110M: dim 768, 12 layers, 12 heads, hidden 2048,
+vocab 32000; 460 MB as F32, generated in a few seconds). Small and medium have
+context 2048 and tie the output projection to the embedding, as the stories
+models do.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error { return modelInitRun(cmd.ErrOrStderr(), o) },
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.arch, "arch", model.ArchLlamaDSA, "architecture: llama or llama-dsa")
-	f.StringVar(&o.size, "size", builtin.SizeSmall, "size: tiny or small")
+	f.StringVar(&o.size, "size", builtin.SizeSmall, "size: "+builtin.SizeList())
 	f.StringVar(&o.typ, "type", "f32", "weight type: f32, f16, bf16 or q8_0")
 	f.Uint64Var(&o.seed, "seed", builtin.DefaultSeed, "seed of the weights")
 	f.StringVarP(&o.out, "output", "o", "", "GGUF file to write (required)")

@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/pdkit/pdkit/engine/gguf"
 	"github.com/pdkit/pdkit/engine/model"
@@ -24,7 +25,13 @@ import (
 const (
 	SizeTiny  = "tiny"  // for tests: generated in milliseconds
 	SizeSmall = "small" // the shape of llama2.c's stories15M plus the indexer: demo and benchmarks
+	// SizeMedium is the shape of llama2.c's stories110M plus the indexer:
+	// weights far beyond the caches, so decode is bandwidth-bound.
+	SizeMedium = "medium"
 )
+
+// Sizes lists the built-in sizes, smallest first.
+var Sizes = []string{SizeTiny, SizeSmall, SizeMedium}
 
 // DefaultSeed is the seed of the default model.
 const DefaultSeed = 1
@@ -32,7 +39,7 @@ const DefaultSeed = 1
 // Spec names one built-in model.
 type Spec struct {
 	Arch string // model.ArchLlama or model.ArchLlamaDSA
-	Size string // SizeTiny or SizeSmall
+	Size string // one of Sizes
 	Seed uint64
 	Type kernels.DType // weight type of the matrices (norms stay F32)
 }
@@ -54,8 +61,12 @@ func Shape(arch, size string) (model.Config, error) {
 	case SizeSmall:
 		c = model.Config{VocabSize: 32000, Dim: 288, Layers: 6, Hidden: 768, Heads: 6, KVHeads: 6, HeadDim: 48, ContextLen: 2048, TiedOutput: true}
 		c.Indexer = &model.IndexerConfig{Heads: 4, Dim: 32, TopK: 128}
+	case SizeMedium:
+		// stories110M ties the output to the embedding as stories15M does.
+		c = model.Config{VocabSize: 32000, Dim: 768, Layers: 12, Hidden: 2048, Heads: 12, KVHeads: 12, HeadDim: 64, ContextLen: 2048, TiedOutput: true}
+		c.Indexer = &model.IndexerConfig{Heads: 8, Dim: 64, TopK: 256}
 	default:
-		return c, fmt.Errorf("builtin: unknown size %q (want %s or %s)", size, SizeTiny, SizeSmall)
+		return c, fmt.Errorf("builtin: unknown size %q (want %s)", size, SizeList())
 	}
 	c.Arch = arch
 	c.RopeDim = c.HeadDim
@@ -69,6 +80,12 @@ func Shape(arch, size string) (model.Config, error) {
 		return c, fmt.Errorf("builtin: unknown architecture %q (want %s or %s)", arch, model.ArchLlama, model.ArchLlamaDSA)
 	}
 	return c, c.Validate()
+}
+
+// SizeList names the sizes for messages and help: "tiny, small or medium".
+func SizeList() string {
+	n := len(Sizes)
+	return strings.Join(Sizes[:n-1], ", ") + " or " + Sizes[n-1]
 }
 
 // Version numbers the generator: it is part of the cache file name, so a
@@ -135,7 +152,10 @@ func ggufType(t kernels.DType) gguf.Type {
 	return gguf.TypeF32
 }
 
-// Build generates the model described by s as a GGUF writer.
+// Build generates the model described by s as a GGUF writer. The writer
+// holds each tensor's encoded bytes once (it does not copy them), so a model
+// costs its file size in memory plus the largest tensor as F32 while it is
+// drawn.
 func Build(s Spec) (*gguf.Writer, error) {
 	c, err := Shape(s.Arch, s.Size)
 	if err != nil {
@@ -144,6 +164,23 @@ func Build(s Spec) (*gguf.Writer, error) {
 	if _, err := kernels.RowBytes(s.Type, c.Dim); err != nil {
 		return nil, fmt.Errorf("builtin: %w", err)
 	}
+	w, err := newWriter(s, c)
+	if err != nil {
+		return nil, err
+	}
+	g := &gen{rng: rand.New(rand.NewPCG(s.Seed, 0x9e3779b97f4a7c15)), w: w, typ: s.Type}
+	for _, t := range tensors(c) {
+		g.draw(t)
+	}
+	if g.err != nil {
+		return nil, g.err
+	}
+	return w, nil
+}
+
+// newWriter starts the file of s: its metadata, named as llama.cpp's
+// converters name them, so the llama variant loads there.
+func newWriter(s Spec, c model.Config) (*gguf.Writer, error) {
 	vocab, err := tokenizer.BuiltinVocab(c.VocabSize)
 	if err != nil {
 		return nil, err
@@ -177,39 +214,69 @@ func Build(s Spec) (*gguf.Writer, error) {
 	w.Add("tokenizer.ggml.unknown_token_id", uint32(vocab.UNK))
 	w.Add("tokenizer.ggml.add_bos_token", true)
 	w.Add("tokenizer.ggml.add_space_prefix", true)
+	return w, nil
+}
 
-	g := &gen{rng: rand.New(rand.NewPCG(s.Seed, 0x9e3779b97f4a7c15)), w: w, typ: s.Type}
-	// Variance-preserving init: projections draw from N(0, 1/fan_in); the
-	// projections that write into the residual stream are scaled down by the
-	// depth so activations stay bounded across layers.
+// tensorKind says how a tensor's values are drawn.
+type tensorKind int
+
+const (
+	normWeight tensorKind = iota // F32 vector near 1
+	embedding                    // rows of equal norm
+	projection                   // N(0, std²), in the spec's weight type
+)
+
+// tensorPlan is one tensor of a model: what Build draws, in file order.
+type tensorPlan struct {
+	name       string
+	kind       tensorKind
+	rows, cols int // a vector has one row
+	std        float64
+}
+
+// tensors lists the tensors of a model of shape c in the order Build writes
+// them (the order fixes the random stream, so it must not change without a
+// Version bump).
+//
+// Variance-preserving init: projections draw from N(0, 1/fan_in); the
+// projections that write into the residual stream are scaled down by the
+// depth so activations stay bounded across layers.
+func tensors(c model.Config) []tensorPlan {
 	resid := 1 / math.Sqrt(2*float64(c.Layers))
-	g.embedding("token_embd.weight", c.VocabSize, c.Dim, 0.02)
-	g.vector("output_norm.weight", c.Dim)
+	in := 1 / math.Sqrt(float64(c.Dim))
+	vec := func(name string) tensorPlan { return tensorPlan{name: name, kind: normWeight, rows: 1, cols: c.Dim} }
+	proj := func(name string, rows, cols int, std float64) tensorPlan {
+		return tensorPlan{name: name, kind: projection, rows: rows, cols: cols, std: std}
+	}
+	ts := []tensorPlan{
+		{name: "token_embd.weight", kind: embedding, rows: c.VocabSize, cols: c.Dim, std: 0.02},
+		vec("output_norm.weight"),
+	}
 	if !c.TiedOutput {
-		g.matrix("output.weight", c.VocabSize, c.Dim, 1/math.Sqrt(float64(c.Dim)))
+		ts = append(ts, proj("output.weight", c.VocabSize, c.Dim, in))
 	}
 	for l := range c.Layers {
 		p := fmt.Sprintf("blk.%d.", l)
-		in := 1 / math.Sqrt(float64(c.Dim))
-		g.vector(p+"attn_norm.weight", c.Dim)
-		g.matrix(p+"attn_q.weight", c.QDim(), c.Dim, in)
-		g.matrix(p+"attn_k.weight", c.KVDim(), c.Dim, in)
-		g.matrix(p+"attn_v.weight", c.KVDim(), c.Dim, in)
-		g.matrix(p+"attn_output.weight", c.Dim, c.QDim(), resid/math.Sqrt(float64(c.QDim())))
-		g.vector(p+"ffn_norm.weight", c.Dim)
-		g.matrix(p+"ffn_gate.weight", c.Hidden, c.Dim, in)
-		g.matrix(p+"ffn_up.weight", c.Hidden, c.Dim, in)
-		g.matrix(p+"ffn_down.weight", c.Dim, c.Hidden, resid/math.Sqrt(float64(c.Hidden)))
+		ts = append(ts,
+			vec(p+"attn_norm.weight"),
+			proj(p+"attn_q.weight", c.QDim(), c.Dim, in),
+			proj(p+"attn_k.weight", c.KVDim(), c.Dim, in),
+			proj(p+"attn_v.weight", c.KVDim(), c.Dim, in),
+			proj(p+"attn_output.weight", c.Dim, c.QDim(), resid/math.Sqrt(float64(c.QDim()))),
+			vec(p+"ffn_norm.weight"),
+			proj(p+"ffn_gate.weight", c.Hidden, c.Dim, in),
+			proj(p+"ffn_up.weight", c.Hidden, c.Dim, in),
+			proj(p+"ffn_down.weight", c.Dim, c.Hidden, resid/math.Sqrt(float64(c.Hidden))),
+		)
 		if ix := c.Indexer; ix != nil {
-			g.matrix(p+"indexer.attn_q.weight", ix.Heads*ix.Dim, c.Dim, in)
-			g.matrix(p+"indexer.attn_k.weight", ix.Dim, c.Dim, in)
-			g.matrix(p+"indexer.proj.weight", ix.Heads, c.Dim, in)
+			ts = append(ts,
+				proj(p+"indexer.attn_q.weight", ix.Heads*ix.Dim, c.Dim, in),
+				proj(p+"indexer.attn_k.weight", ix.Dim, c.Dim, in),
+				proj(p+"indexer.proj.weight", ix.Heads, c.Dim, in),
+			)
 		}
 	}
-	if g.err != nil {
-		return nil, g.err
-	}
-	return w, nil
+	return ts
 }
 
 // WriteFile generates s into path (atomically).
@@ -254,6 +321,18 @@ type gen struct {
 	w   *gguf.Writer
 	typ kernels.DType
 	err error
+}
+
+// draw generates one planned tensor and adds it to the writer.
+func (g *gen) draw(t tensorPlan) {
+	switch t.kind {
+	case normWeight:
+		g.vector(t.name, t.cols)
+	case embedding:
+		g.embedding(t.name, t.rows, t.cols, t.std)
+	default:
+		g.matrix(t.name, t.rows, t.cols, t.std)
+	}
 }
 
 func (g *gen) normals(n int, std float64) []float32 {
@@ -312,7 +391,9 @@ func (g *gen) encode(name string, rows, cols int, v []float32) {
 		src, dst := v[r*cols:(r+1)*cols], data[r*rb:(r+1)*rb]
 		switch g.typ {
 		case kernels.F32:
-			copy(dst, f32le(src))
+			for i, x := range src {
+				binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(x))
+			}
 		case kernels.F16:
 			for i, x := range src {
 				binary.LittleEndian.PutUint16(dst[2*i:], kernels.F32ToF16(x))

@@ -3,8 +3,11 @@ package builtin
 import (
 	"bytes"
 	"os"
+	"reflect"
+	"slices"
 	"testing"
 
+	"github.com/pdkit/pdkit/engine/gguf"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/kernels"
 )
@@ -44,6 +47,113 @@ func TestSmallHasStories15MShape(t *testing.T) {
 	}
 	if c, _ := Shape(model.ArchLlamaDSA, SizeSmall); c.Indexer == nil {
 		t.Fatal("small llama-dsa has no indexer")
+	}
+}
+
+// TestMediumHasStories110MShape checks medium against llama2.c's
+// stories110M: the shape, and about 110M parameters (output tied).
+func TestMediumHasStories110MShape(t *testing.T) {
+	c, err := Shape(model.ArchLlama, SizeMedium)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Dim != 768 || c.Layers != 12 || c.Heads != 12 || c.KVHeads != 12 || c.HeadDim != 64 || c.Hidden != 2048 ||
+		c.VocabSize != 32000 || c.ContextLen != 2048 || !c.TiedOutput || c.Indexer != nil {
+		t.Fatalf("medium is %+v", c)
+	}
+	if n := parameters(tensors(c)); n < 109e6 || n > 110e6 {
+		t.Fatalf("medium llama has %d parameters, want about 110M", n)
+	}
+	dsa, err := Shape(model.ArchLlamaDSA, SizeMedium)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ix := dsa.Indexer; ix == nil || ix.Heads != 8 || ix.Dim != 64 || ix.TopK != 256 {
+		t.Fatalf("medium llama-dsa indexer is %+v", dsa.Indexer)
+	}
+}
+
+func parameters(ts []tensorPlan) int {
+	n := 0
+	for _, t := range ts {
+		n += t.rows * t.cols
+	}
+	return n
+}
+
+// TestMediumMetadata reads medium's metadata back as the loader does,
+// without drawing its 110M weights.
+func TestMediumMetadata(t *testing.T) {
+	for _, arch := range []string{model.ArchLlama, model.ArchLlamaDSA} {
+		s := Spec{Arch: arch, Size: SizeMedium, Seed: 1, Type: kernels.Q8_0}
+		want, err := Shape(arch, SizeMedium)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := newWriter(s, want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		if _, err := w.WriteTo(&buf); err != nil {
+			t.Fatal(err)
+		}
+		f, err := gguf.Parse(buf.Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := model.ReadConfig(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.TiedOutput = want.TiedOutput // the loader infers it from the tensors
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: metadata reads back as %+v, want %+v", arch, got, want)
+		}
+		if name, _ := f.String("general.name"); name != "pdkit-builtin-"+arch+"-medium-seed1" {
+			t.Errorf("%s: general.name %q", arch, name)
+		}
+		if ft, _ := f.Uint("general.file_type"); ft != 7 {
+			t.Errorf("%s: general.file_type %d, want 7 (Q8_0)", arch, ft)
+		}
+	}
+}
+
+// TestPlanIsWhatBuildWrites ties tensors to the file: every planned tensor,
+// in order, with its shape, and nothing else.
+func TestPlanIsWhatBuildWrites(t *testing.T) {
+	s := Spec{Arch: model.ArchLlamaDSA, Size: SizeTiny, Seed: 1, Type: kernels.F32}
+	f, err := gguf.Parse(encode(t, s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := Shape(s.Arch, s.Size)
+	plan := tensors(c)
+	if len(f.Tensors) != len(plan) {
+		t.Fatalf("file has %d tensors, plan %d", len(f.Tensors), len(plan))
+	}
+	for i, p := range plan {
+		got := f.Tensors[i]
+		want := []uint64{uint64(p.cols), uint64(p.rows)}
+		if p.kind == normWeight {
+			want = want[:1]
+		}
+		if got.Name != p.name || !slices.Equal(got.Shape, want) {
+			t.Errorf("tensor %d is %s %v, plan %s %v", i, got.Name, got.Shape, p.name, want)
+		}
+	}
+}
+
+func TestEveryShapeValid(t *testing.T) {
+	for _, size := range Sizes {
+		for _, arch := range []string{model.ArchLlama, model.ArchLlamaDSA} {
+			if _, err := Shape(arch, size); err != nil {
+				t.Errorf("%s %s: %v", arch, size, err)
+			}
+		}
+	}
+	if got := SizeList(); got != "tiny, small or medium" {
+		t.Errorf("SizeList() = %q", got)
 	}
 }
 
