@@ -837,6 +837,8 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 		logits := l.rk.Logits()
 		greedy := l.rk.Greedy() // the greedy choices the forward found, when it did
 		emitted := time.Now()   // one timestamp for every token of the step
+		e.holding = e.cfg.Schedule == ScheduleOverlap && len(logits) >= holdFromTokens*e.vocab
+		defer func() { e.holding = false }()
 		j := 0
 		for _, it := range plan.Run {
 			if !it.WantLogits {

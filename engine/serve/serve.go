@@ -336,7 +336,8 @@ type Engine struct {
 	loops  []*rankLoop
 	// held are the tokens the overlap loop sampled but has not streamed
 	// yet (emit.go); rank 0's loop owns them.
-	held []heldToken
+	held    []heldToken
+	holding bool // the step being sampled holds its tokens (emit.go)
 	// skew is added to the engine's clock: the tests move it forward to
 	// reach a timeout without waiting for it.
 	skew atomic.Int64
