@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/pdkit/pdkit/engine/gguf"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
 	"github.com/pdkit/pdkit/engine/prefix"
@@ -20,31 +21,36 @@ func newBenchCmd() *cobra.Command {
 	cfg := bench.Config{Arch: model.ArchLlama, Types: []kernels.DType{kernels.F32, kernels.Q8_0}, Threads: []int{1, 2}}
 	var mf modelFlags
 	var types []string
+	var dramMiB int
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Measure prefill and decode speed of a built-in model against the memory-bandwidth bound",
-		Args:  usageArgs(cobra.NoArgs),
+		Short: "Measure prefill and decode speed of a built-in model or a GGUF file against the memory-bandwidth bound",
+		Long: `bench measures, for each weight type and thread count: prefill tokens/s on a --prompt-token
+prompt, decode tokens/s of one sequence and of --batch sequences at once, each decoding
+--decode tokens after a --depth-token prompt (prefilled first, not timed), against the
+memory-bandwidth bound measured in the same run. Each figure is the median of --repeats runs.
+The decode runs prefill all their prompts in one step, so that every sequence decodes from
+the depth on; that step holds --batch × --depth tokens, and its memory grows with both.
+
+The model is a built-in one (--arch, --size, one file per --types), or the GGUF file of
+--model, whose architecture, shape and weight type are read from it.`,
+		Example: `  # The built-in small model, F32 and Q8_0, one and two threads
+  $ pdserve bench
+
+  # The built-in medium model (stories110M's shape), a single run per figure
+  $ pdserve bench --size medium --repeats 1
+
+  # A GGUF file, decode at a context of 1024 tokens
+  $ pdserve bench --model path/to/model.gguf --depth 1024 --batch 4`,
+		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg.Types = cfg.Types[:0]
-			for _, t := range types {
-				dt, err := builtin.ParseType(t)
-				if err != nil {
-					return usageError{err}
-				}
-				cfg.Types = append(cfg.Types, dt)
+			if err := checkBenchFlags(cmd, &cfg, &mf, types); err != nil {
+				return err
 			}
-			for _, th := range cfg.Threads {
-				if th < 1 {
-					return usagef("--threads %d must be ≥ 1", th)
-				}
+			if dramMiB < 1 {
+				return usagef("--dram-buffer must be positive")
 			}
-			if cfg.PromptLen < 1 || cfg.DecodeTokens < 1 || cfg.Batch < 1 || cfg.Repeats < 1 {
-				return usagef("--prompt, --decode, --batch and --repeats must be positive")
-			}
-			if _, err := mf.shape(); err != nil {
-				return usageError{err}
-			}
-			cfg.Arch, cfg.Size = mf.arch, mf.size
+			cfg.DRAMBytes = dramMiB << 20
 			return runReport(cmd, func(home string) (printer, error) {
 				cfg.Home = home
 				return bench.Run(cmd.Context(), cfg, cmd.ErrOrStderr())
@@ -53,14 +59,76 @@ func newBenchCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	mf.register(f, false)
-	f.StringSliceVar(&types, "types", []string{"f32", "q8_0"}, "weight types")
+	f.StringSliceVar(&types, "types", []string{"f32", "q8_0"}, "weight types of the built-in model")
+	f.StringVar(&cfg.ModelPath, "model", "", "GGUF file to measure instead of a built-in model (its type and shape are read from it)")
 	f.IntSliceVar(&cfg.Threads, "threads", []int{1, 2}, "thread counts")
 	f.IntVar(&cfg.PromptLen, "prompt", 512, "prefill prompt length")
 	f.IntVar(&cfg.DecodeTokens, "decode", 128, "tokens to decode per sequence")
+	f.IntVar(&cfg.Depth, "depth", 16, "context length decode starts at: each sequence's prompt, prefilled before decode is timed")
 	f.IntVar(&cfg.Batch, "batch", 32, "sequences in the aggregate decode run")
 	f.IntVar(&cfg.Repeats, "repeats", 3, "runs per figure (the median is reported)")
+	f.IntVar(&dramMiB, "dram-buffer", 1024, "MiB read to measure DRAM bandwidth: far beyond the caches")
 	cmd.AddCommand(newBenchServeCmd(), newBenchOverlapCmd(), newBenchPDCmd(), newBenchLoadCmd(), newBenchHiCacheCmd())
 	return cmd
+}
+
+// checkBenchFlags checks bench's flags and fills cfg's model and types.
+func checkBenchFlags(cmd *cobra.Command, cfg *bench.Config, mf *modelFlags, types []string) error {
+	cfg.Types = cfg.Types[:0]
+	for _, t := range types {
+		dt, err := builtin.ParseType(t)
+		if err != nil {
+			return usageError{err}
+		}
+		cfg.Types = append(cfg.Types, dt)
+	}
+	for _, th := range cfg.Threads {
+		if th < 1 {
+			return usagef("--threads %d must be ≥ 1", th)
+		}
+	}
+	if cfg.PromptLen < 1 || cfg.DecodeTokens < 1 || cfg.Batch < 1 || cfg.Repeats < 1 || cfg.Depth < 1 {
+		return usagef("--prompt, --decode, --depth, --batch and --repeats must be positive")
+	}
+	shape, err := benchShape(cmd, cfg.ModelPath, mf)
+	if err != nil {
+		return err
+	}
+	cfg.Arch, cfg.Size = mf.arch, mf.size
+	if cfg.PromptLen+1 > shape.ContextLen {
+		return usagef("--prompt %d and the token it generates exceed the model's context length %d", cfg.PromptLen, shape.ContextLen)
+	}
+	if cfg.Depth+cfg.DecodeTokens+1 > shape.ContextLen {
+		return usagef("--depth %d plus --decode %d and the token prefill generates exceed the model's context length %d", cfg.Depth, cfg.DecodeTokens, shape.ContextLen)
+	}
+	return nil
+}
+
+// benchShape is the configuration of the model bench measures: the file of
+// --model, read without its weights, or the built-in one.
+func benchShape(cmd *cobra.Command, path string, mf *modelFlags) (model.Config, error) {
+	if path == "" {
+		shape, err := mf.shape()
+		if err != nil {
+			return shape, usageError{err}
+		}
+		return shape, nil
+	}
+	for _, name := range []string{"arch", "size", "types"} {
+		if cmd.Flags().Changed(name) {
+			return model.Config{}, usagef("--model reads the architecture, shape and weight type from the file: drop --%s", name)
+		}
+	}
+	f, err := gguf.Open(path)
+	if err != nil {
+		return model.Config{}, err
+	}
+	defer f.Close()
+	shape, err := model.ReadConfig(f)
+	if err != nil {
+		return shape, fmt.Errorf("%s: %w", path, err)
+	}
+	return shape, nil
 }
 
 func newBenchPDCmd() *cobra.Command {

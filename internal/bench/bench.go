@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"path/filepath"
 	"slices"
 	"text/tabwriter"
 	"time"
@@ -23,16 +24,23 @@ import (
 
 // Config chooses what to measure.
 type Config struct {
-	Home         string          // cache folder for the built-in models
-	Arch         string          // built-in architecture (llama compares with llama.cpp on the same file)
-	Size         string          // built-in size (default small)
-	Types        []kernels.DType // weight types
+	Home  string          // cache folder for the built-in models
+	Arch  string          // built-in architecture (llama compares with llama.cpp on the same file)
+	Size  string          // built-in size (default small)
+	Types []kernels.DType // weight types of the built-in model
+	// ModelPath, when set, is a GGUF file measured instead of a built-in
+	// model: Arch, Size and Types are ignored, the file says its shape and
+	// weight type.
+	ModelPath    string
 	Threads      []int
 	PromptLen    int // prefill benchmark prompt
 	DecodeTokens int // tokens generated per sequence in the decode benchmarks
-	Batch        int // sequences in the aggregate decode benchmark
-	Repeats      int // each figure is the median of this many runs
-	DRAMBytes    int // buffer for the DRAM bandwidth (default 1 GiB: far beyond the caches)
+	// Depth is the context length the decode benchmarks start at: each
+	// sequence's prompt, prefilled before decode is timed (default 16).
+	Depth     int
+	Batch     int // sequences in the aggregate decode benchmark
+	Repeats   int // each figure is the median of this many runs
+	DRAMBytes int // buffer for the DRAM bandwidth (default 1 GiB: far beyond the caches)
 }
 
 // Row is one line of the report.
@@ -52,6 +60,8 @@ type Row struct {
 // Report is a whole run.
 type Report struct {
 	Config        Config
+	Model         string          // what was measured: "built-in llama small model", "llama model FILE"
+	Shape         model.Config    // its configuration, read from the file
 	BandwidthGBs  map[int]float64 // read bandwidth by thread count
 	Rows          []Row
 	WeightBytes   map[kernels.DType]int64
@@ -66,6 +76,9 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	if cfg.DRAMBytes == 0 {
 		cfg.DRAMBytes = 1 << 30
 	}
+	if cfg.Depth == 0 {
+		cfg.Depth = 16
+	}
 	rep := &Report{Config: cfg, BandwidthGBs: map[int]float64{}, WeightBytes: map[kernels.DType]int64{}, ModelFileName: map[kernels.DType]string{}}
 	for _, th := range cfg.Threads {
 		b := cpu.New(th)
@@ -74,31 +87,68 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 		rep.BandwidthGBs[th] = bw / 1e9
 		fmt.Fprintf(progress, "read bandwidth, %d thread(s): %.1f GB/s\n", th, bw/1e9)
 	}
+	if cfg.ModelPath != "" {
+		m, err := model.Open(cfg.ModelPath)
+		if err != nil {
+			return nil, err
+		}
+		defer m.Close()
+		typ := m.Layers[0].Q.DType
+		rep.Config.Types = []kernels.DType{typ}
+		rep.Model = fmt.Sprintf("%s model %s", m.Config.Arch, filepath.Base(cfg.ModelPath))
+		return rep, measureModel(ctx, rep, m, typ, cfg.ModelPath, progress)
+	}
+	rep.Model = fmt.Sprintf("built-in %s %s model", cfg.Arch, cfg.Size)
 	for _, typ := range cfg.Types {
 		spec := builtin.Spec{Arch: cfg.Arch, Size: cfg.Size, Seed: builtin.DefaultSeed, Type: typ}
 		m, path, err := openBuiltin(cfg.Home, spec)
 		if err != nil {
 			return nil, err
 		}
-		rep.ModelFileName[typ] = path
-		wb := StepWeightBytes(m)
-		rep.WeightBytes[typ] = wb
-		for _, th := range cfg.Threads {
-			row, err := measure(ctx, m, typ, th, cfg)
-			if err != nil {
-				m.Close()
-				return nil, err
-			}
-			row.Bound = rep.BandwidthGBs[th] * 1e9 / float64(wb)
-			b := cpu.New(th)
-			row.BoundResident = Bandwidth(b, int(wb), cfg.Repeats) / float64(wb)
-			b.Close()
-			rep.Rows = append(rep.Rows, row)
-			fmt.Fprintf(progress, "%v, %d thread(s): prefill %.0f, decode %.1f, batch %d %.1f tokens/s\n", typ, th, row.Prefill, row.Decode1, cfg.Batch, row.DecodeBatch)
-		}
+		err = measureModel(ctx, rep, m, typ, path, progress)
 		m.Close()
+		if err != nil {
+			return nil, err
+		}
 	}
 	return rep, nil
+}
+
+// measureModel adds the rows of one model file, one per thread count.
+func measureModel(ctx context.Context, rep *Report, m *model.Model, typ kernels.DType, path string, progress io.Writer) error {
+	cfg := rep.Config
+	if err := checkLengths(cfg, m.Config.ContextLen); err != nil {
+		return err
+	}
+	rep.Shape = m.Config
+	rep.ModelFileName[typ] = path
+	wb := StepWeightBytes(m)
+	rep.WeightBytes[typ] = wb
+	for _, th := range cfg.Threads {
+		row, err := measure(ctx, m, typ, th, cfg)
+		if err != nil {
+			return err
+		}
+		row.Bound = rep.BandwidthGBs[th] * 1e9 / float64(wb)
+		b := cpu.New(th)
+		row.BoundResident = Bandwidth(b, int(wb), cfg.Repeats) / float64(wb)
+		b.Close()
+		rep.Rows = append(rep.Rows, row)
+		fmt.Fprintf(progress, "%v, %d thread(s): prefill %.0f, decode %.1f, batch %d %.1f tokens/s\n", typ, th, row.Prefill, row.Decode1, cfg.Batch, row.DecodeBatch)
+	}
+	return nil
+}
+
+// checkLengths checks that the prefill prompt and a decode at the depth fit
+// the model's context.
+func checkLengths(cfg Config, contextLen int) error {
+	if cfg.PromptLen+1 > contextLen {
+		return fmt.Errorf("bench: a %d-token prompt and the token it generates exceed the model's context length %d", cfg.PromptLen, contextLen)
+	}
+	if cfg.Depth+cfg.DecodeTokens+1 > contextLen {
+		return fmt.Errorf("bench: depth %d plus %d decoded tokens and the token prefill generates exceed the model's context length %d", cfg.Depth, cfg.DecodeTokens, contextLen)
+	}
+	return nil
 }
 
 func measure(ctx context.Context, m *model.Model, typ kernels.DType, threads int, cfg Config) (Row, error) {
@@ -107,12 +157,15 @@ func measure(ctx context.Context, m *model.Model, typ kernels.DType, threads int
 	row := Row{Type: typ, Threads: threads}
 	rng := rand.New(rand.NewPCG(7, 7))
 	prompt := func(n int) []int32 { return randTokens(rng, n, m.Config.VocabSize) }
-	run := func(reqs []runner.Request) (runner.Stats, error) {
+	// run prefills chunk prompt tokens per step. The decode runs prefill
+	// every prompt in one step, so each sequence starts decoding at the
+	// depth together and the decode time holds decode steps only.
+	run := func(reqs []runner.Request, chunk int) (runner.Stats, error) {
 		kv := 0
 		for _, q := range reqs {
 			kv += len(q.Prompt) + q.MaxTokens
 		}
-		r, err := runner.New(m, b, runner.Options{MaxSeqs: len(reqs), KVTokens: kv + 16*len(reqs), PrefillChunk: cfg.PromptLen})
+		r, err := runner.New(m, b, runner.Options{MaxSeqs: len(reqs), KVTokens: kv + 16*len(reqs), PrefillChunk: chunk})
 		if err != nil {
 			return runner.Stats{}, err
 		}
@@ -121,13 +174,13 @@ func measure(ctx context.Context, m *model.Model, typ kernels.DType, threads int
 	}
 	var pre, d1, db []float64
 	for range cfg.Repeats {
-		st, err := run([]runner.Request{{Prompt: prompt(cfg.PromptLen), MaxTokens: 1, IgnoreEOS: true}})
+		st, err := run([]runner.Request{{Prompt: prompt(cfg.PromptLen), MaxTokens: 1, IgnoreEOS: true}}, cfg.PromptLen)
 		if err != nil {
 			return row, err
 		}
 		pre = append(pre, float64(st.PromptTokens)/st.Prefill.Seconds())
 
-		st, err = run([]runner.Request{{Prompt: prompt(16), MaxTokens: cfg.DecodeTokens + 1, IgnoreEOS: true}})
+		st, err = run([]runner.Request{{Prompt: prompt(cfg.Depth), MaxTokens: cfg.DecodeTokens + 1, IgnoreEOS: true}}, cfg.Depth)
 		if err != nil {
 			return row, err
 		}
@@ -135,9 +188,9 @@ func measure(ctx context.Context, m *model.Model, typ kernels.DType, threads int
 
 		reqs := make([]runner.Request, cfg.Batch)
 		for i := range reqs {
-			reqs[i] = runner.Request{Prompt: prompt(16), MaxTokens: cfg.DecodeTokens + 1, IgnoreEOS: true}
+			reqs[i] = runner.Request{Prompt: prompt(cfg.Depth), MaxTokens: cfg.DecodeTokens + 1, IgnoreEOS: true}
 		}
-		st, err = run(reqs)
+		st, err = run(reqs, cfg.Batch*cfg.Depth)
 		if err != nil {
 			return row, err
 		}
@@ -203,9 +256,9 @@ func median(v []float64) float64 {
 // Print writes the report as a table.
 func (r *Report) Print(w io.Writer) {
 	c := r.Config
-	mc, _ := builtin.Shape(c.Arch, c.Size)
-	fmt.Fprintf(w, "\nbuilt-in %s %s model (dim %d, %d layers, vocab %d); prefill: %d-token prompt; decode: %d tokens after a 16-token prompt; batch: %d sequences; median of %d\n\n",
-		c.Arch, c.Size, mc.Dim, mc.Layers, mc.VocabSize, c.PromptLen, c.DecodeTokens, c.Batch, c.Repeats)
+	mc := r.Shape
+	fmt.Fprintf(w, "\n%s (dim %d, %d layers, vocab %d); prefill: %d-token prompt; decode: %d tokens after a %d-token prompt (depth %d); batch: %d sequences; median of %d\n\n",
+		r.Model, mc.Dim, mc.Layers, mc.VocabSize, c.PromptLen, c.DecodeTokens, c.Depth, c.Depth, c.Batch, c.Repeats)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "weights\tthreads\tprefill tok/s\tdecode tok/s\tDRAM bound\tresident bound\tof resident\tbatch-%d tok/s\tbatch/single\t\n", c.Batch)
 	for _, row := range r.Rows {

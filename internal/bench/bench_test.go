@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -34,6 +35,32 @@ func TestRunTiny(t *testing.T) {
 		}
 	}
 	checkReport(t, rep.Print, "built-in llama-dsa tiny model (dim 64, 2 layers, vocab 512)", "Q8_0", "batch-4 tok/s", "DRAM read bandwidth")
+}
+
+// TestRunModelFileAtDepth measures a GGUF file given by path, its type and
+// shape read from it, with decode at a depth.
+func TestRunModelFileAtDepth(t *testing.T) {
+	path, err := builtin.Ensure(t.TempDir(), builtin.Spec{Arch: model.ArchLlama, Size: builtin.SizeTiny, Seed: 1, Type: kernels.Q8_0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{
+		ModelPath: path, Types: []kernels.DType{kernels.F32}, Threads: []int{1},
+		PromptLen: 40, DecodeTokens: 8, Depth: 300, Batch: 2, Repeats: 1, DRAMBytes: 4 << 20,
+	}
+	rep, err := Run(context.Background(), cfg, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Rows) != 1 || rep.Rows[0].Type != kernels.Q8_0 || !(rep.Rows[0].Decode1 > 0 && rep.Rows[0].DecodeBatch > 0) {
+		t.Fatalf("rows %+v, want one Q8_0 row with positive figures", rep.Rows)
+	}
+	checkReport(t, rep.Print, "llama model "+filepath.Base(path)+" (dim 64, 2 layers, vocab 512)", "after a 300-token prompt (depth 300)", "Q8_0: ")
+
+	cfg.Depth = 510
+	if _, err := Run(context.Background(), cfg, io.Discard); err == nil || !strings.Contains(err.Error(), "depth 510") {
+		t.Fatalf("depth 510 plus 8 decoded tokens beyond the context 512: %v", err)
+	}
 }
 
 // checkReport prints a report through print, logs it and checks that it
