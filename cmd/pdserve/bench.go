@@ -34,14 +34,6 @@ the depth on; that step holds --batch × --depth tokens, and its memory grows wi
 
 The model is a built-in one (--arch, --size, one file per --types), or the GGUF file of
 --model, whose architecture, shape and weight type are read from it.`,
-		Example: `  # The built-in small model, F32 and Q8_0, one and two threads
-  $ pdserve bench
-
-  # The built-in medium model (stories110M's shape), a single run per figure
-  $ pdserve bench --size medium --repeats 1
-
-  # A GGUF file, decode at a context of 1024 tokens
-  $ pdserve bench --model path/to/model.gguf --depth 1024 --batch 4`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkBenchFlags(cmd, &cfg, &mf, types); err != nil {

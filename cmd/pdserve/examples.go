@@ -57,6 +57,12 @@ $ pdserve bench
 
 # Q8_0 only, on 4 threads, with a shorter prompt
 $ pdserve bench --types q8_0 --threads 4 --prompt 128
+
+# The built-in medium model (stories110M's shape), one run per figure
+$ pdserve bench --size medium --repeats 1
+
+# A GGUF file of your own, decode at a context of 1024 tokens
+$ pdserve bench --model path/to/model.gguf --depth 1024 --batch 4
 `,
 	"bench serve": `
 # Streamed completions at concurrency 1, 8, 32 and 64
