@@ -1,9 +1,12 @@
 package main
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/pdkit/pdkit/engine/model/builtin"
 )
 
 // benchQuick are bench flags that keep a run on the tiny model short.
@@ -73,5 +76,29 @@ func TestBenchUsageErrors(t *testing.T) {
 	_, stderr, code := run(t, "bench", "--model", filepath.Join(dir, "missing.gguf"))
 	if code != 1 || !strings.Contains(stderr, "no such file") {
 		t.Errorf("missing --model file: exit %d, stderr %q: want exit 1", code, stderr)
+	}
+}
+
+// TestReadmeNamesEverySize keeps README's Models section in step with the
+// built-in sizes: model init's usage line and the table name each one.
+func TestReadmeNamesEverySize(t *testing.T) {
+	data, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(data)
+	usage := "--size " + strings.Join(builtin.Sizes, "|")
+	if !strings.Contains(readme, "pdserve model init --arch llama|llama-dsa "+usage) {
+		t.Errorf("README's model init line lacks %q", usage)
+	}
+	for _, size := range builtin.Sizes {
+		if !strings.Contains(readme, "| `"+size+"` |") {
+			t.Errorf("README's size table lacks %s", size)
+		}
+	}
+	for _, flag := range []string{"bench --model", "--depth N", "--size medium --repeats 1"} {
+		if !strings.Contains(readme, flag) {
+			t.Errorf("README lacks %q", flag)
+		}
 	}
 }
