@@ -25,9 +25,9 @@ func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure prefill and decode speed of a built-in model or a GGUF file against the memory-bandwidth bound",
-		Long: `bench measures, for each weight type and thread count: prefill tokens/s on a --prompt-token
-prompt, decode tokens/s of one sequence and of --batch sequences at once, each decoding
---decode tokens after a --depth-token prompt (prefilled first, not timed), against the
+		Long: `bench measures, for each weight type and thread count: prefill tokens/s on a prompt of --prompt
+tokens, decode tokens/s of one sequence and of --batch sequences at once, each decoding
+--decode tokens after a prompt of --depth tokens (prefilled first, not timed), against the
 memory-bandwidth bound measured in the same run. Each figure is the median of --repeats runs.
 The decode runs prefill all their prompts in one step, so that every sequence decodes from
 the depth on; that step holds --batch × --depth tokens, and its memory grows with both.
