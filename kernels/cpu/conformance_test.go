@@ -22,6 +22,13 @@ func TestConformance(t *testing.T) {
 		b.minWork = 1
 		kerneltest.Run(t, b)
 	})
+	// The AVX2 kernels alone, as machines without AVX-512 run them.
+	t.Run("avx2/threads=2", func(t *testing.T) {
+		b := testBackend(2, "avx2")
+		defer b.Close()
+		b.minWork = 1
+		kerneltest.Run(t, b)
+	})
 	// The portable kernels that non-AVX2 machines run.
 	t.Run("portable/threads=2", func(t *testing.T) {
 		b := newBackend(2, true)

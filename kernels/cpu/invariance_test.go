@@ -15,24 +15,22 @@ import (
 // bit: an output computed for one row (token) alone equals the same output
 // computed inside a batch of 33, for 1, 2 and 3 threads, with calls split
 // as usual and split as finely as allowed. Each kernel set is checked on
-// its own (the assembly and the portable kernels round differently).
+// its own (the assembly and the portable kernels round differently), and
+// the AVX2 kernels alone too where AVX-512 ones replace some of them.
 func TestInvariance(t *testing.T) {
-	for _, portable := range []bool{false, true} {
+	for _, set := range kernelSetsUnderTest() {
+		portable := set == "portable"
 		var variants []*Backend
 		for _, threads := range []int{1, 2, 3} {
 			for _, split := range []bool{false, true} {
-				b := newBackend(threads, portable)
+				b := testBackend(threads, set)
 				if split {
 					b.minWork = 1
 				}
 				variants = append(variants, b)
 			}
 		}
-		name := variants[0].Kernels()
-		if portable {
-			name = "portable"
-		}
-		t.Run(name, func(t *testing.T) {
+		t.Run(set, func(t *testing.T) {
 			t.Run("MatMul", func(t *testing.T) { invMatMul(t, variants, portable) })
 			t.Run("Attention", func(t *testing.T) { invAttention(t, variants) })
 			t.Run("IndexScore", func(t *testing.T) { invIndexScore(t, variants) })

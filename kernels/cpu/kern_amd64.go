@@ -45,6 +45,19 @@ func dot1x8Q8(x *float32, w *[8]unsafe.Pointer, n8 int, out *[8]float32)
 //go:noescape
 func dot3x4F32(x *float32, xstride, ntiles int, w *[4]unsafe.Pointer, n8 int, out *float32, ostride int)
 
+// dot6x8Z computes ntiles tiles of 6 x rows by a panel of 8 float32 W rows
+// packed by packPanel8 (gemm_avx512_amd64.s): tile t reads x rows at
+// x + (6t+i)·xstride bytes and stores eight sums at out + (6t+i)·ostride
+// bytes, for i < 6, each the canonical dot as dot1x8F32 computes it.
+//
+//go:noescape
+func dot6x8Z(x *float32, xstride, ntiles int, wp *float32, n8 int, out *float32, ostride int)
+
+// fmaPeakZ and fmaPeakY run n iterations of 24 independent FMAs on zmm or
+// ymm registers: the machine's FMA peak, for benchmarks.
+func fmaPeakZ(n int)
+func fmaPeakY(n int)
+
 // dotQ8PairsZ is the AVX-512 Q8_0 decode kernel (kern_avx512_amd64.s):
 // groups of four pairs of dot products, each pair a lo W row against x0
 // and a hi W row against x1, every dot computed exactly as dot1x8Q8 does
@@ -140,6 +153,9 @@ var hasAVX2 = cpu.X86.HasAVX && cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.Has
 // hasAVX512 reports whether the AVX-512 decode kernel runs here as well.
 var hasAVX512 = hasAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VBMI
 
+// hasAVX512GEMM reports whether the AVX-512 prefill kernel runs here.
+var hasAVX512GEMM = hasAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512DQ && cpu.X86.HasAVX512VL
+
 // q8ScaleTable holds, for every IEEE half d (widened by VCVTPH2PS, as
 // the AVX2 kernels widen scales), d' = d·2^-8 at [d] and K = d'·(2^23+2^15)
 // at [1<<16 + d], both exact (see kern_avx512_amd64.s).
@@ -178,8 +194,13 @@ func asmKernels() *kernelSet {
 	}
 	k := avx2Kernels()
 	if hasAVX512 {
-		k.name = "avx2+avx512"
 		k.q8Pairs = asmQ8Pairs
+	}
+	if hasAVX512GEMM {
+		k.dot6x8 = dot6x8Z
+	}
+	if hasAVX512 || hasAVX512GEMM {
+		k.name = "avx2+avx512"
 	}
 	return k
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/pdkit/pdkit/kernels"
+	"github.com/pdkit/pdkit/kernels/kerneltest"
 )
 
 // TestExpAccuracy measures the vectorised exp against math.Exp over every
@@ -75,10 +76,10 @@ func TestExpAccuracy(t *testing.T) {
 	}
 }
 
-// avx2Only makes b use the AVX2 kernels alone (no AVX-512 decode kernel).
+// avx2Only makes b use the AVX2 kernels alone (no AVX-512 kernel).
 func avx2Only(b *Backend) *Backend {
 	k := *b.k
-	k.name, k.q8Pairs = "avx2", nil
+	k.name, k.q8Pairs, k.dot6x8 = "avx2", nil, nil
 	b.k = &k
 	return b
 }
@@ -198,6 +199,50 @@ func TestQ8ScaleTable(t *testing.T) {
 		if k := float64(tab[1<<16+h]); k != d/256*(1<<23+1<<15) {
 			t.Fatalf("half %#04x: K = %v, want %v", h, k, d/256*(1<<23+1<<15))
 		}
+	}
+}
+
+// TestGEMMAVX512MatchesAVX2: the AVX-512 prefill kernel gives the bits of
+// the AVX2 3×4 tiles and of the 1×8 kernel alone (one x row at a time),
+// for every weight type, k not a multiple of 8 or 16, and m and n that
+// leave x rows and W rows over from the 6×8 tile.
+func TestGEMMAVX512MatchesAVX2(t *testing.T) {
+	if !hasAVX512GEMM {
+		t.Skip("no AVX-512 (F, DQ, VL)")
+	}
+	r := rand.New(rand.NewPCG(13, 14))
+	for _, threads := range []int{1, 2} {
+		fast, slow := newBackend(threads, false), avx2Only(newBackend(threads, false))
+		if fast.k.dot6x8 == nil {
+			t.Fatal("AVX-512 GEMM kernel not selected")
+		}
+		fast.minWork, slow.minWork = 1, 1
+		for _, d := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0} {
+			ks := []int{3, 8, 16, 29, 40, 100, 288}
+			if d == kernels.Q8_0 {
+				ks = []int{32, 96, 288}
+			}
+			for _, k := range ks {
+				for _, n := range []int{1, 5, 8, 13, 24, 203} {
+					w := kerneltest.EncodeMatrix(d, n, k, randVec(r, n*k, 1))
+					for _, m := range []int{3, 6, 7, 11, 12, 17, 40} {
+						x := randVec(r, m*k, 2)
+						what := fmt.Sprintf("%v threads=%d k=%d n=%d m=%d", d, threads, k, n, m)
+						got, want := make([]float32, m*n), make([]float32, m*n)
+						fast.MatMul(got, x, w, m)
+						slow.MatMul(want, x, w, m)
+						sameBits(t, what+" vs avx2", got, want)
+						one := make([]float32, n)
+						for i := range m {
+							fast.MatMul(one, x[i*k:(i+1)*k], w, 1)
+							sameBits(t, fmt.Sprintf("%s row %d vs 1×8", what, i), got[i*n:(i+1)*n], one)
+						}
+					}
+				}
+			}
+		}
+		fast.Close()
+		slow.Close()
 	}
 }
 

@@ -17,8 +17,10 @@ import (
 //     decoded in registers), so decode reads the fewest bytes; Q8_0 uses
 //     the paired AVX-512 kernel instead where there is one (q8Pairs);
 //   - otherwise (prefill): a panel of 8 W rows is decoded to float32 once
-//     (F32 is used in place) and 3×4 register tiles sweep a cache-sized block
-//     of x rows over it; leftover x rows use the 1×8 kernel on the panel.
+//     (F32 is used in place) and register tiles sweep a cache-sized block
+//     of x rows over it: 6×8 tiles on a packed copy of the panel where
+//     the CPU has AVX-512 (dot6x8), then 3×4 tiles, and the 1×8 kernel on
+//     the panel for the rows left over.
 //
 // Every kernel accumulates a dot product the same way (kernelSet), and a
 // decoded weight is the same float32 in every path, so all paths give the
@@ -41,10 +43,10 @@ func (b *Backend) MatMul(dst, x []float32, w *kernels.Matrix, m int) {
 	pn, pm := parts, 1
 	if panels < parts {
 		pn = panels
-		pm = min(ceilDiv(parts, panels), ceilDiv(m, 3))
+		pm = min(ceilDiv(parts, panels), ceilDiv(m, tileRows))
 	}
 	nChunk := ceilDiv(panels, pn) * panel
-	mChunk := ceilDiv(ceilDiv(m, 3), pm) * 3
+	mChunk := ceilDiv(ceilDiv(m, tileRows), pm) * tileRows
 	pn, pm = ceilDiv(n, nChunk), ceilDiv(m, mChunk)
 	b.pool.run(pm*pn, func(p int) {
 		i0, r0 := p/pn*mChunk, p%pn*nChunk
@@ -140,7 +142,7 @@ func (mm *matmul) rows(i0, i1, r0, r1 int) {
 	}
 }
 
-// tiles is the prefill path: float32 panels and 3×4 register tiles.
+// tiles is the prefill path: float32 panels swept by register tiles.
 func (mm *matmul) tiles(i0, i1, r0, r1 int) {
 	k, n := mm.k, mm.n
 	k8 := k &^ 7
@@ -154,15 +156,18 @@ func (mm *matmul) tiles(i0, i1, r0, r1 int) {
 		sc = mm.b.getScratch(panel * ks)
 		defer mm.b.putScratch(sc)
 	}
-	mb := max(3, xBlockBytes/(4*k)/3*3)
+	var packed []float32
+	if mm.b.k.dot6x8 != nil && k8 > 0 {
+		ps := mm.b.getScratch(panel * k8)
+		defer mm.b.putScratch(ps)
+		packed = *ps
+	}
+	mb := max(tileRows, xBlockBytes/(4*k)/tileRows*tileRows)
 	kern := mm.b.k
 	var rowp [panel]unsafe.Pointer
 	var rows [panel][]float32 // the panel's rows as float32
-	var out [panel]float32
-	var tmp [12]float32
 	for b0 := i0; b0 < i1; b0 += mb {
 		b1 := min(i1, b0+mb)
-		nt := (b1 - b0) / 3
 		for r := r0; r < r1; r += panel {
 			nr := min(panel, r1-r)
 			for j := range nr {
@@ -179,26 +184,12 @@ func (mm *matmul) tiles(i0, i1, r0, r1 int) {
 			for j := range panel {
 				rowp[j] = unsafe.Pointer(&rows[min(j, nr-1)][0])
 			}
-			for h := 0; h < nr; h += 4 {
-				w4 := (*[4]unsafe.Pointer)(rowp[h : h+4])
-				if nr-h >= 4 {
-					if nt > 0 {
-						kern.dot3x4(&mm.x[b0*k], 4*k, nt, w4, k8/8, &mm.dst[b0*n+r+h], 4*n)
-					}
-					continue
-				}
-				for t := range nt {
-					i := b0 + 3*t
-					kern.dot3x4(&mm.x[i*k], 4*k, 1, w4, k8/8, &tmp[0], 16)
-					for ii := range 3 {
-						copy(mm.dst[(i+ii)*n+r+h:(i+ii)*n+r+nr], tmp[4*ii:4*ii+nr-h])
-					}
-				}
+			s0 := b0
+			if packed != nil {
+				packPanel8(packed, &rows, nr, k8)
+				s0 = mm.sweep6x8(b0, b1, r, nr, packed)
 			}
-			for i := b0 + 3*nt; i < b1; i++ {
-				kern.dot1x8[kernels.F32](&mm.x[i*k], &rowp, k8/8, &out)
-				copy(mm.dst[i*n+r:i*n+r+nr], out[:nr])
-			}
+			mm.sweep3x4(s0, b1, r, nr, &rowp)
 			if k8 < k {
 				for i := b0; i < b1; i++ {
 					xt := mm.x[i*k+k8 : (i+1)*k]
@@ -209,6 +200,81 @@ func (mm *matmul) tiles(i0, i1, r0, r1 int) {
 				}
 			}
 		}
+	}
+}
+
+// tileRows is the x rows of the largest register tile: the blocks of x
+// rows are cut in multiples of it so that only a call's last block has
+// leftover rows.
+const tileRows = 6
+
+// packPanel8 lays out the first k8 columns of the panel's rows (the last
+// repeated when nr < 8) for dot6x8: per 8 columns, rows 0 and 4, 1 and 5,
+// 2 and 6, 3 and 7, 8 floats of each.
+func packPanel8(dst []float32, rows *[panel][]float32, nr, k8 int) {
+	dst = dst[:panel*k8]
+	for p := range 4 {
+		lo, hi := rows[min(p, nr-1)][:k8], rows[min(p+4, nr-1)][:k8]
+		for c := 0; c < k8; c += 8 {
+			o := 8*c + 16*p
+			copy(dst[o:o+8], lo[c:c+8])
+			copy(dst[o+8:o+16], hi[c:c+8])
+		}
+	}
+}
+
+// sweep6x8 computes the sums over the first 8·⌊k/8⌋ columns of x rows
+// from b0 in 6×8 tiles against the packed panel at W row r (nr rows), and
+// returns the first x row it left.
+func (mm *matmul) sweep6x8(b0, b1, r, nr int, packed []float32) int {
+	k, n := mm.k, mm.n
+	nt := (b1 - b0) / 6
+	if nt == 0 {
+		return b0
+	}
+	if nr == panel {
+		mm.b.k.dot6x8(&mm.x[b0*k], 4*k, nt, &packed[0], k/8, &mm.dst[b0*n+r], 4*n)
+		return b0 + 6*nt
+	}
+	var tmp [6 * panel]float32
+	for t := range nt {
+		i := b0 + 6*t
+		mm.b.k.dot6x8(&mm.x[i*k], 4*k, 1, &packed[0], k/8, &tmp[0], 4*panel)
+		for ii := range 6 {
+			copy(mm.dst[(i+ii)*n+r:(i+ii)*n+r+nr], tmp[panel*ii:panel*ii+nr])
+		}
+	}
+	return b0 + 6*nt
+}
+
+// sweep3x4 computes the same sums for x rows [b0,b1) in 3×4 tiles, and
+// the rows left over with the 1×8 kernel.
+func (mm *matmul) sweep3x4(b0, b1, r, nr int, rowp *[panel]unsafe.Pointer) {
+	k, n := mm.k, mm.n
+	k8 := k &^ 7
+	kern := mm.b.k
+	nt := (b1 - b0) / 3
+	var tmp [12]float32
+	for h := 0; h < nr; h += 4 {
+		w4 := (*[4]unsafe.Pointer)(rowp[h : h+4])
+		if nr-h >= 4 {
+			if nt > 0 {
+				kern.dot3x4(&mm.x[b0*k], 4*k, nt, w4, k8/8, &mm.dst[b0*n+r+h], 4*n)
+			}
+			continue
+		}
+		for t := range nt {
+			i := b0 + 3*t
+			kern.dot3x4(&mm.x[i*k], 4*k, 1, w4, k8/8, &tmp[0], 16)
+			for ii := range 3 {
+				copy(mm.dst[(i+ii)*n+r+h:(i+ii)*n+r+nr], tmp[4*ii:4*ii+nr-h])
+			}
+		}
+	}
+	var out [panel]float32
+	for i := b0 + 3*nt; i < b1; i++ {
+		kern.dot1x8[kernels.F32](&mm.x[i*k], rowp, k8/8, &out)
+		copy(mm.dst[i*n+r:i*n+r+nr], out[:nr])
 	}
 }
 
