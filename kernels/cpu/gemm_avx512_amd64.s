@@ -11,7 +11,7 @@
 //
 // What changes is the packing: one zmm holds the accumulators of two W
 // rows, p in the low 256 bits and p+4 in the high, against one x row. The
-// panel of 8 W rows is packed (packPanel8) so that the four zmm of an
+// panel of 8 W rows is packed (pack8Z) so that the four zmm of an
 // 8-column step are 256 consecutive bytes, and x's 8 floats are broadcast
 // to both halves by VBROADCASTF32X8. A tile of 6 x rows × 8 W rows holds
 // 24 accumulators; per step it makes 4 loads of W, 6 broadcasts of x and
@@ -54,16 +54,42 @@
 	VADDPS    Y29, Y28, Y28; \
 	VMOVUPS   Y28, (AX)
 
-// func dot6x8Z(x *float32, xstride, ntiles int, wp *float32, n8 int, out *float32, ostride int)
+// ACC24(op) applies op(offset, Zi) to the 24 accumulators and their
+// slots at (R13).
+#define ACC24(op) \
+	op(0, Z0); op(64, Z1); op(128, Z2); op(192, Z3); op(256, Z4); op(320, Z5); \
+	op(384, Z6); op(448, Z7); op(512, Z8); op(576, Z9); op(640, Z10); op(704, Z11); \
+	op(768, Z12); op(832, Z13); op(896, Z14); op(960, Z15); op(1024, Z16); op(1088, Z17); \
+	op(1152, Z18); op(1216, Z19); op(1280, Z20); op(1344, Z21); op(1408, Z22); op(1472, Z23)
+
+// LOADW8 loads the eight row pointers of *w (in DI) into R8..R14, DX.
+#define LOADW8 \
+	MOVQ 0(DI), R8; \
+	MOVQ 8(DI), R9; \
+	MOVQ 16(DI), R10; \
+	MOVQ 24(DI), R11; \
+	MOVQ 32(DI), R12; \
+	MOVQ 40(DI), R13; \
+	MOVQ 48(DI), R14; \
+	MOVQ 56(DI), DX
+
+#define LOADACC(off, z) VMOVUPS off(R13), z
+#define SAVEACC(off, z) VMOVUPS z, off(R13)
+
+// func dot6x8Z(x *float32, xstride, ntiles int, wp *float32, n8 int, out *float32, ostride int, acc *float32, mode int)
 // Tile t covers x rows 6t..6t+5 (x + (6t+i)·xstride bytes) and writes 8
-// sums at out + (6t+i)·ostride bytes.
-TEXT ·dot6x8Z(SB), NOSPLIT, $0-56
+// sums at out + (6t+i)·ostride bytes. Its 24 accumulators start from +0,
+// or from acc + 1536t bytes if mode&1; if mode&2 they are saved there
+// instead of reduced, so that a dot product can run over consecutive
+// column ranges in several calls with the bits of one.
+TEXT ·dot6x8Z(SB), NOSPLIT, $0-72
 	MOVQ x+0(FP), R9
 	MOVQ xstride+8(FP), BX
 	MOVQ ntiles+16(FP), DX
 	MOVQ wp+24(FP), R12
 	MOVQ out+40(FP), R10
 	MOVQ ostride+48(FP), R11
+	MOVQ acc+56(FP), R13
 	TESTQ DX, DX
 	JZ   done
 
@@ -72,7 +98,15 @@ tile:
 	LEAQ  (R9)(BX*2), R8
 	ADDQ  BX, R8
 	MOVQ  R12, DI
+	TESTQ $1, mode+64(FP)
+	JNZ   resume
 	ZERO24
+	JMP   start
+
+resume:
+	ACC24(LOADACC)
+
+start:
 	MOVQ  n8+32(FP), CX
 	TESTQ CX, CX
 	JZ    reduce
@@ -95,6 +129,12 @@ loop:
 	JNZ     loop
 
 reduce:
+	TESTQ $2, mode+64(FP)
+	JZ    sums
+	ACC24(SAVEACC)
+	JMP   next
+
+sums:
 	MOVQ R10, AX
 	STORE8Z(Z0, Z1, Z2, Z3)
 	ADDQ R11, AX
@@ -109,6 +149,9 @@ reduce:
 	STORE8Z(Z20, Z21, Z22, Z23)
 	ADDQ R11, AX
 	MOVQ AX, R10
+
+next:
+	ADDQ $1536, R13
 	LEAQ (R9)(BX*4), R9
 	LEAQ (R9)(BX*2), R9
 	DECQ DX
@@ -156,6 +199,43 @@ loop:
 	FMAS12(Y12, Y0, Y1, Y2, Y3, Y4, Y5, Y6, Y7, Y8, Y9, Y10, Y11)
 	DECQ CX
 	JNZ  loop
+
+done:
+	VZEROUPPER
+	RET
+
+// func pack8Z(dst *float32, w *[8]unsafe.Pointer, n8 int)
+// Per 8 columns: rows 0 and 4, 1 and 5, 2 and 6, 3 and 7, 8 floats each.
+TEXT ·pack8Z(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ n8+16(FP), CX
+	LOADW8
+	XORQ AX, AX
+	TESTQ CX, CX
+	JZ   done
+
+loop:
+	VMOVUPS (R8)(AX*1), Y0
+	VMOVUPS (R12)(AX*1), Y1
+	VMOVUPS (R9)(AX*1), Y2
+	VMOVUPS (R13)(AX*1), Y3
+	VMOVUPS (R10)(AX*1), Y4
+	VMOVUPS (R14)(AX*1), Y5
+	VMOVUPS (R11)(AX*1), Y6
+	VMOVUPS (DX)(AX*1), Y7
+	VMOVUPS Y0, 0(SI)
+	VMOVUPS Y1, 32(SI)
+	VMOVUPS Y2, 64(SI)
+	VMOVUPS Y3, 96(SI)
+	VMOVUPS Y4, 128(SI)
+	VMOVUPS Y5, 160(SI)
+	VMOVUPS Y6, 192(SI)
+	VMOVUPS Y7, 224(SI)
+	ADDQ    $32, AX
+	ADDQ    $256, SI
+	DECQ    CX
+	JNZ     loop
 
 done:
 	VZEROUPPER

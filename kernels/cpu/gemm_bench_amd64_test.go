@@ -49,30 +49,37 @@ var gemmShapes = []struct{ n, k int }{
 }
 
 // BenchmarkGEMM compares the AVX-512 prefill kernel with the AVX2 one at
-// m = 512, F32 weights, side by side in the same run.
+// m = 512 (a prompt) and 32 (a decode batch), F32 weights, side by side in
+// the same run.
 func BenchmarkGEMM(b *testing.B) {
 	if !hasAVX512GEMM {
 		b.Skip("no AVX-512 (F, DQ, VL)")
 	}
-	const m = 512
 	for _, s := range gemmShapes {
 		w := benchMatrix(kernels.F32, s.n, s.k)
-		x := randVec(rand.New(rand.NewPCG(9, 9)), m*s.k, 1)
-		dst := make([]float32, m*s.n)
-		for _, threads := range []int{1, 2} {
-			for _, set := range []string{"avx2", "avx512"} {
-				b.Run(fmt.Sprintf("%dx%d/threads=%d/%s", s.n, s.k, threads, set), func(b *testing.B) {
-					be := New(threads)
-					defer be.Close()
-					if set == "avx2" {
-						avx2Only(be)
-					}
-					for b.Loop() {
-						be.MatMul(dst, x, w, m)
-					}
-					reportMatMul(b, w, m)
-				})
-			}
+		for _, m := range []int{32, 512} {
+			benchGEMM(b, w, m)
+		}
+	}
+}
+
+// benchGEMM runs both kernel sets on w at m rows, 1 and 2 threads.
+func benchGEMM(b *testing.B, w *kernels.Matrix, m int) {
+	x := randVec(rand.New(rand.NewPCG(9, 9)), m*w.Cols, 1)
+	dst := make([]float32, m*w.Rows)
+	for _, threads := range []int{1, 2} {
+		for _, set := range []string{"avx2", "avx512"} {
+			b.Run(fmt.Sprintf("%dx%d/m=%d/threads=%d/%s", w.Rows, w.Cols, m, threads, set), func(b *testing.B) {
+				be := New(threads)
+				defer be.Close()
+				if set == "avx2" {
+					avx2Only(be)
+				}
+				for b.Loop() {
+					be.MatMul(dst, x, w, m)
+				}
+				reportMatMul(b, w, m)
+			})
 		}
 	}
 }

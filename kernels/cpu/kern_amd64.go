@@ -46,12 +46,20 @@ func dot1x8Q8(x *float32, w *[8]unsafe.Pointer, n8 int, out *[8]float32)
 func dot3x4F32(x *float32, xstride, ntiles int, w *[4]unsafe.Pointer, n8 int, out *float32, ostride int)
 
 // dot6x8Z computes ntiles tiles of 6 x rows by a panel of 8 float32 W rows
-// packed by packPanel8 (gemm_avx512_amd64.s): tile t reads x rows at
+// packed by pack8Z (gemm_avx512_amd64.s): tile t reads x rows at
 // x + (6t+i)·xstride bytes and stores eight sums at out + (6t+i)·ostride
-// bytes, for i < 6, each the canonical dot as dot1x8F32 computes it.
+// bytes, for i < 6, each the canonical dot as dot1x8F32 computes it. acc
+// holds 384 floats per tile: the accumulators to start from (mode&1) and
+// to save instead of the sums (mode&2), to cut k into ranges.
 //
 //go:noescape
-func dot6x8Z(x *float32, xstride, ntiles int, wp *float32, n8 int, out *float32, ostride int)
+func dot6x8Z(x *float32, xstride, ntiles int, wp *float32, n8 int, out *float32, ostride int, acc *float32, mode int)
+
+// pack8Z lays out 8·n8 columns of the eight float32 rows w[0..7] for
+// dot6x8Z: per 8 columns, rows 0 and 4, 1 and 5, 2 and 6, 3 and 7.
+//
+//go:noescape
+func pack8Z(dst *float32, w *[8]unsafe.Pointer, n8 int)
 
 // fmaPeakZ and fmaPeakY run n iterations of 24 independent FMAs on zmm or
 // ymm registers: the machine's FMA peak, for benchmarks.
@@ -197,7 +205,7 @@ func asmKernels() *kernelSet {
 		k.q8Pairs = asmQ8Pairs
 	}
 	if hasAVX512GEMM {
-		k.dot6x8 = dot6x8Z
+		k.dot6x8, k.pack8 = dot6x8Z, pack8Z
 	}
 	if hasAVX512 || hasAVX512GEMM {
 		k.name = "avx2+avx512"

@@ -218,9 +218,9 @@ func TestGEMMAVX512MatchesAVX2(t *testing.T) {
 		}
 		fast.minWork, slow.minWork = 1, 1
 		for _, d := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0} {
-			ks := []int{3, 8, 16, 29, 40, 100, 288}
+			ks := []int{3, 8, 16, 29, 40, 100, 288, 520, 1100}
 			if d == kernels.Q8_0 {
-				ks = []int{32, 96, 288}
+				ks = []int{32, 96, 288, 544}
 			}
 			for _, k := range ks {
 				for _, n := range []int{1, 5, 8, 13, 24, 203} {

@@ -36,8 +36,9 @@ type kernelSet struct {
 	dot3x4 func(x *float32, xstride, ntiles int, w *[4]unsafe.Pointer, n8 int, out *float32, ostride int)
 	// dot6x8, when not nil, is a faster prefill kernel computing the same
 	// dots: ntiles tiles of 6 float32 x rows by a panel of 8 W rows packed
-	// by packPanel8.
-	dot6x8 func(x *float32, xstride, ntiles int, wp *float32, n8 int, out *float32, ostride int)
+	// by pack8, resumable over ranges of k (acc, mode: see dot6x8Z).
+	dot6x8 func(x *float32, xstride, ntiles int, wp *float32, n8 int, out *float32, ostride int, acc *float32, mode int)
+	pack8  func(dst *float32, w *[8]unsafe.Pointer, n8 int)
 	// cvt is indexed by kernels.DType (no F32 entry): exact widening.
 	cvt [4]cvtFunc
 	// cvtFP8 sets dst[i] = FP8ToF32(src[i])·scale.
