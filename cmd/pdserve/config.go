@@ -48,7 +48,7 @@ func newConfigCmd() *cobra.Command {
 			}
 			entries := config.Effective(fs)
 			for i := range entries {
-				if strings.HasSuffix(entries[i].Name, "token") && entries[i].Value != "" {
+				if secretFlag(entries[i].Name) && entries[i].Value != "" {
 					entries[i].Value = "***" // a secret: shown as set, never printed
 				}
 			}
@@ -61,4 +61,10 @@ func newConfigCmd() *cobra.Command {
 		},
 	}
 	return cmd
+}
+
+// secretFlag reports whether a flag holds a secret, which config shows as
+// set but never prints: the admin token, the cluster secret.
+func secretFlag(name string) bool {
+	return strings.HasSuffix(name, "token") || name == "cluster-secret"
 }

@@ -275,7 +275,8 @@ func printEndpoints(w io.Writer, plan launchPlan, children []launch.Child) error
 // came from the environment.
 func withClusterSecret(env []string) (_ []string, file string, err error) {
 	for _, kv := range env {
-		if strings.HasPrefix(kv, "PD_CLUSTER_SECRET=") || strings.HasPrefix(kv, "PD_CLUSTER_SECRET_FILE=") {
+		k, v, _ := strings.Cut(kv, "=")
+		if (k == "PD_CLUSTER_SECRET" || k == "PD_CLUSTER_SECRET_FILE") && v != "" {
 			return env, "", nil
 		}
 	}

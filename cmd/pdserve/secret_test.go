@@ -59,4 +59,26 @@ func TestLaunchGeneratesClusterSecret(t *testing.T) {
 	if len(other) != 1 {
 		t.Fatalf("a secret from the environment was replaced: %q", other)
 	}
+	// An empty variable is no secret: launch makes one.
+	empty, f, err := withClusterSecret([]string{"PD_CLUSTER_SECRET="})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(filepath.Dir(f))
+	if f == "" || len(empty) != 2 {
+		t.Fatalf("an empty PD_CLUSTER_SECRET: env %q, file %q", empty, f)
+	}
+}
+
+// TestConfigHidesTheClusterSecret: pdserve config shows that the secret is
+// set, from the flag or the environment, and never prints it.
+func TestConfigHidesTheClusterSecret(t *testing.T) {
+	const secret = "0123456789abcdef-supersecret"
+	t.Setenv("PD_CLUSTER_SECRET", secret)
+	for _, args := range [][]string{{"config", "prefill"}, {"config", "decode", "--json"}, {"config", "prefill", "--cluster-secret", secret + "2"}} {
+		out, stderr, code := run(t, args...)
+		if code != 0 || strings.Contains(out, secret) || !strings.Contains(out, "***") {
+			t.Errorf("%q: exit %d, stderr %q\n%s", args, code, stderr, out)
+		}
+	}
 }
