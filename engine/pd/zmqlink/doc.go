@@ -43,9 +43,11 @@
 //     message. MaxMsgSize bounds the frames a peer may send: libzmq drops
 //     a peer that declares a larger one, counted as a disconnect.
 //   - An Outbox owns PUSH sockets to its peers, all on one sender
-//     goroutine: at most MaxPeers (the least recently used is closed for a
-//     new one) and none unused for PeerIdle, since peers are endpoints that
-//     other processes name. Send enqueues into a bounded queue and returns
+//     goroutine: at most MaxPeers (the least recently used that Send did not
+//     feed within PeerIdle is closed for a new one; a stream's socket is
+//     never closed for a new peer, since libzmq may still hold its
+//     messages) and none unused for PeerIdle, since peers are endpoints
+//     that other processes name. Send enqueues into a bounded queue and returns
 //     an error when the queue stays full past its context (Offer fails at
 //     once instead when the peer's own backlog is full); the sender
 //     connects lazily, never blocks on a slow or dead peer (it sends

@@ -78,6 +78,7 @@ type outItem struct {
 	at       time.Time
 	credit   chan struct{} // the peer's semaphore; released when the item is done
 	pin      *pinned       // the frames, pinned from the first send attempt
+	sent     bool          // from Send (a stream the caller waits on), not Offer
 }
 
 type forgetReq struct {
@@ -90,6 +91,7 @@ type peer struct {
 	sock     zSocket
 	backlog  []outItem
 	used     time.Time     // the last message for the peer
+	sent     time.Time     // the last message Send (not Offer) gave it
 	lru      *list.Element // the peer's place in sender.lru
 }
 
@@ -219,7 +221,7 @@ func (o *Outbox) enqueue(ctx context.Context, endpoint string, frames [][]byte, 
 			return ErrClosed
 		}
 	}
-	it := outItem{endpoint: endpoint, frames: frames, at: time.Now(), credit: credit}
+	it := outItem{endpoint: endpoint, frames: frames, at: time.Now(), credit: credit, sent: waitPeer}
 	select {
 	case o.queue <- it:
 		return nil
@@ -230,6 +232,7 @@ func (o *Outbox) enqueue(ctx context.Context, endpoint string, frames [][]byte, 
 		return nil
 	case <-ctx.Done():
 		<-credit
+		o.dropCredit(endpoint) // no socket was made for it: nothing else will
 		o.queueFull.Add(1)
 		return fmt.Errorf("%w: %w", ErrQueueFull, ctx.Err())
 	case <-o.closing:
@@ -396,7 +399,9 @@ func (s *sender) peer(endpoint string) (*peer, error) {
 		return p, nil
 	}
 	for len(s.peers) >= s.o.opts.MaxPeers {
-		s.evict()
+		if !s.evict() {
+			break // every peer streams: go over the bound rather than drop a stream
+		}
 	}
 	sock, err := s.ctx.socket(kindPUSH)
 	if err != nil {
@@ -430,6 +435,9 @@ func (s *sender) handle(it outItem) {
 		it.done()
 		s.o.dropCredit(it.endpoint) // no socket: nothing else will
 		return
+	}
+	if it.sent {
+		p.sent = p.used
 	}
 	if len(p.backlog) > 0 {
 		s.hold(p, it)
@@ -553,20 +561,24 @@ func (o *Outbox) dropCredit(endpoint string) {
 	}
 }
 
-// evict closes the least recently used peer that holds no backlog, or the
-// least recently used of all when every one holds some: a peer at its
-// high-water mark is a busy one (a decode taking KV), whose held messages
-// eviction would drop.
-func (s *sender) evict() {
-	victim := s.lru.Back()
-	for e := victim; e != nil; e = e.Prev() {
-		if len(e.Value.(*peer).backlog) == 0 {
-			victim = e
-			break
+// evict closes the least recently used peer that holds no backlog and
+// streamed nothing through Send within PeerIdle, and reports whether there
+// was one. A peer Send fed recently is a stream (a decode taking KV):
+// libzmq may still hold messages for it that the socket's close, which
+// does not linger, would drop although Send counted them sent; peers that
+// only Offer reached (replies to endpoints other processes named) are the
+// ones a flood makes, and the ones to close.
+func (s *sender) evict() bool {
+	now := time.Now()
+	for e := s.lru.Back(); e != nil; e = e.Prev() {
+		p := e.Value.(*peer)
+		if len(p.backlog) == 0 && now.Sub(p.sent) >= s.o.opts.PeerIdle {
+			s.o.evicted.Add(1)
+			s.closeNow(p)
+			return true
 		}
 	}
-	s.o.evicted.Add(1)
-	s.closeNow(victim.Value.(*peer))
+	return false
 }
 
 // closeNow closes p without lingering: an evicted or idle peer's socket

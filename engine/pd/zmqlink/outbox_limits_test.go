@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -40,7 +41,8 @@ func TestRedTeamPeerSocketsBounded(t *testing.T) {
 		most := 0
 		for i := range endpoints {
 			ep := fmt.Sprintf("tcp://127.0.0.1:%d", 1+i) // privileged ports: refused
-			if err := out.Send(context.Background(), ep, [][]byte{[]byte("ack")}); err != nil {
+			// Replies to endpoints the attacker names go through Offer.
+			if err := out.Offer(context.Background(), ep, [][]byte{[]byte("ack")}); err != nil {
 				t.Fatal(err)
 			}
 			most = max(most, out.Stats().Peers)
@@ -138,7 +140,7 @@ func TestOutboxForgetsClosedPeersSemaphores(t *testing.T) {
 	}
 	defer out.Close()
 	for i := range endpoints {
-		if err := out.Send(context.Background(), fmt.Sprintf("tcp://127.0.0.1:%d", 1+i), [][]byte{[]byte("ack")}); err != nil {
+		if err := out.Offer(context.Background(), fmt.Sprintf("tcp://127.0.0.1:%d", 1+i), [][]byte{[]byte("ack")}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -169,15 +171,62 @@ func TestOutboxEvictionSparesBusyPeers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	offer := func(ep string) {
+		t.Helper()
+		if err := out.Offer(context.Background(), ep, [][]byte{[]byte("m")}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	busy, idle := "tcp://127.0.0.1:1", "tcp://127.0.0.1:2"
 	for range 4 { // one in libzmq's pipe, the rest held
 		send(busy)
 	}
 	waitFor(t, 5*time.Second, "the busy peer's backlog", func() bool { return out.Stats().Backlog > 0 })
-	send(idle)
-	send("tcp://127.0.0.1:3")
+	offer(idle)
+	offer("tcp://127.0.0.1:3")
 	waitFor(t, 5*time.Second, "an eviction", func() bool { return out.Stats().Evicted == 1 })
 	if s := out.Stats(); s.Dropped != 0 || s.Backlog == 0 || s.Peers != 2 {
 		t.Errorf("the busy peer was evicted: %+v", s)
+	}
+}
+
+// TestOutboxEvictionSparesStreams: a peer Send has been streaming to keeps
+// its socket when a flood of Offers to new endpoints reaches MaxPeers, even
+// with no backlog of its own: libzmq may still hold messages for it that
+// closing the socket would drop although Send counted them sent. The
+// Outbox goes over its bound instead, and the stream arrives whole.
+func TestOutboxEvictionSparesStreams(t *testing.T) {
+	checkGoroutines(t)
+	release := make(chan struct{})
+	var got atomic.Int64
+	in, err := Listen("tcp://127.0.0.1:0", func([][]byte) error {
+		<-release
+		got.Add(1)
+		return nil
+	}, &InboxOptions{SocketOptions: SocketOptions{HWM: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := NewOutbox(&OutboxOptions{MaxPeers: 1, SendTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	const n = 40
+	for range n {
+		if err := out.Send(context.Background(), in.Endpoint(), [][]byte{make([]byte, 64<<10)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "the stream handed to ZeroMQ", func() bool { s := out.Stats(); return s.Sent+uint64(s.Backlog) >= n })
+	if err := out.Offer(context.Background(), "tcp://127.0.0.1:1", [][]byte{[]byte("ack")}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the offer handed over", func() bool { s := out.Stats(); return s.Sent+s.SendErrors+uint64(s.Backlog) > n })
+	close(release)
+	waitFor(t, 20*time.Second, "the whole stream received", func() bool { return got.Load() == n })
+	if s := out.Stats(); s.Evicted != 0 {
+		t.Errorf("the stream's peer was evicted: %+v", s)
 	}
 }
