@@ -46,7 +46,12 @@ type mailbox struct {
 	// and starve the others' rooms.
 	earlyFrom map[string]int
 	perSender int
-	overQuota atomic.Uint64 // messages for a new room past their sender's quota, dropped
+	overQuota atomic.Uint64 // messages past a quota, dropped: a new room past its sender's, a room's chunks past roomBytes
+	// roomBytes bounds the KV bytes filed for one room and not yet taken
+	// by the loop (0: no bound): a whole context's KV for the rank, which
+	// no legal transfer exceeds, so that a peer replaying chunks for a
+	// room, while the loop is held, cannot grow the heap without end.
+	roomBytes int64
 }
 
 // peerState is a decode rank's view of one prefill rank's liveness.
@@ -62,6 +67,7 @@ type mail struct {
 	at       time.Time
 	infoSeen bool   // a TRANSFER_INFO was filed: a second one is refused
 	from     string // the sender of the room's first mail, while the room is early
+	kvBytes  int64  // the KV payload of the chunks filed and not yet taken
 	rooms.Mail
 }
 
@@ -155,6 +161,12 @@ func (mb *mailbox) file(m pdproto.Message) (to string, answer pdproto.Message, e
 		}
 		x.Abort = m
 	case *pdproto.KVChunk:
+		n := int64(m.PayloadBytes())
+		if mb.roomBytes > 0 && x.kvBytes+n > mb.roomBytes {
+			mb.overQuota.Add(1) // the room then fails on the missing chunk
+			return "", nil, nil
+		}
+		x.kvBytes += n
 		x.Chunks = append(x.Chunks, ownChunk(m))
 	case *pdproto.Status:
 		x.Status = m
@@ -320,7 +332,7 @@ func (mb *mailbox) take(room uint64) rooms.Mail {
 		return rooms.Mail{}
 	}
 	out := x.Mail
-	x.Mail = rooms.Mail{}
+	x.Mail, x.kvBytes = rooms.Mail{}, 0
 	return out
 }
 

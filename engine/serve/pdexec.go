@@ -110,6 +110,11 @@ func newRankPD(e *Engine, rank int, boot uint64, endpoint string) (*rankPD, erro
 	})
 	pd.mb.reply = pd.replies.post
 	pd.mb.perSender = e.cfg.PD.EarlyRoomsPerSender
+	if !prefill {
+		// Each layer's K, V, index-K and scales frame is within the
+		// frame bound, which covers a whole context.
+		pd.mb.roomBytes = 4 * int64(e.m.Config.Layers) * e.maxMessageBytes()
+	}
 	pd.mb.self = pdproto.Heartbeat{Boot: pd.boot}
 	if endpoint == "" {
 		endpoint = "tcp://" + net.JoinHostPort(e.cfg.PD.Host, "0")

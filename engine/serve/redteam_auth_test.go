@@ -70,3 +70,26 @@ func TestRedTeamPDForgedWithoutCredentials(t *testing.T) {
 		t.Fatalf("the real request after the forgery: %d tokens, decode %q, prefill %q", len(toks), dfin.Reason, pfin.Reason)
 	}
 }
+
+// TestMailboxBoundsARoomsChunks: chunks replayed for a room the loop has
+// not taken yet stop being filed at the room's bound (a whole context's
+// KV), counted; after the loop takes them the room files again.
+func TestMailboxBoundsARoomsChunks(t *testing.T) {
+	mb := newMailbox(false, 0, func() {}, &faultSet{})
+	mb.roomBytes = 10 << 10
+	mb.admit(5)
+	chunk := func() *pdproto.KVChunk {
+		return &pdproto.KVChunk{Room: 5, End: 1, Layers: []pdproto.LayerKV{{K: make([]byte, 1<<10), V: make([]byte, 1<<10)}}}
+	}
+	for range 100 {
+		if _, _, err := mb.file(chunk()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := len(mb.take(5).Chunks); got != 5 || mb.overQuota.Load() != 95 {
+		t.Fatalf("filed %d chunks of 2 KiB under a 10 KiB bound, %d dropped", got, mb.overQuota.Load())
+	}
+	if _, _, err := mb.file(chunk()); err != nil || len(mb.take(5).Chunks) != 1 {
+		t.Fatal("the room files no more after the loop took its chunks")
+	}
+}
