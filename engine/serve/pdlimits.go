@@ -56,11 +56,15 @@ func (e *Engine) maxMessageBytes() int64 {
 // that neither the receive goroutine nor the loop ever waits on a peer. A
 // message that finds the queue full, or its peer with a full backlog in
 // the Outbox (zmqlink.Outbox.Offer), is dropped and counted: its sender
-// times out or probes again, as for a lost message.
+// times out or probes again, as for a lost message. Heartbeats have a lane
+// of their own, served first: a flood of ABORTs naming new endpoints,
+// each acknowledged, must not hold a prefill's heartbeat replies past its
+// decodes' heartbeat timeout, which would fail every room with them.
 type replies struct {
 	out     *zmqlink.Outbox
 	timeout time.Duration // for room in the Outbox's queue, never for a peer
 	queue   chan reply
+	beats   chan reply // heartbeat probes and replies
 	dropped atomic.Uint64
 	closing chan struct{}
 	done    chan struct{}
@@ -74,16 +78,24 @@ type reply struct {
 }
 
 func newReplies(out *zmqlink.Outbox, size int, timeout time.Duration, warn func(string, pdproto.Message, error)) *replies {
-	r := &replies{out: out, timeout: timeout, queue: make(chan reply, size), closing: make(chan struct{}),
+	r := &replies{out: out, timeout: timeout, queue: make(chan reply, size), beats: make(chan reply, heartbeatLane), closing: make(chan struct{}),
 		done: make(chan struct{}), warn: warn}
 	go r.run()
 	return r
 }
 
+// heartbeatLane bounds the heartbeats waiting to be sent: a rank probes
+// and answers a few peers a few times a second.
+const heartbeatLane = 256
+
 // post queues m for to without waiting; a full queue drops it, counted.
 func (r *replies) post(to string, m pdproto.Message) {
+	q := r.queue
+	if _, ok := m.(*pdproto.Heartbeat); ok {
+		q = r.beats
+	}
 	select {
-	case r.queue <- reply{to: to, m: m}:
+	case q <- reply{to: to, m: m}:
 	default:
 		r.dropped.Add(1)
 	}
@@ -92,12 +104,29 @@ func (r *replies) post(to string, m pdproto.Message) {
 func (r *replies) run() {
 	defer close(r.done)
 	for {
-		select {
-		case rp := <-r.queue:
-			r.send(rp)
-		case <-r.closing:
+		rp, ok := r.next()
+		if !ok {
 			return
 		}
+		r.send(rp)
+	}
+}
+
+// next waits for the next message to send, a heartbeat first; false once
+// stop was called.
+func (r *replies) next() (reply, bool) {
+	select {
+	case rp := <-r.beats:
+		return rp, true
+	default:
+	}
+	select {
+	case rp := <-r.beats:
+		return rp, true
+	case rp := <-r.queue:
+		return rp, true
+	case <-r.closing:
+		return reply{}, false
 	}
 }
 

@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -91,5 +92,25 @@ func TestMailboxBoundsARoomsChunks(t *testing.T) {
 	}
 	if _, _, err := mb.file(chunk()); err != nil || len(mb.take(5).Chunks) != 1 {
 		t.Fatal("the room files no more after the loop took its chunks")
+	}
+}
+
+// TestRepliesHeartbeatsFirst: a reply queue full of ABORT_ACKs (a flood of
+// ABORTs naming endpoints) still takes a heartbeat, and hands it over
+// before them.
+func TestRepliesHeartbeatsFirst(t *testing.T) {
+	r := &replies{queue: make(chan reply, 4), beats: make(chan reply, heartbeatLane), closing: make(chan struct{})}
+	for i := range 10 {
+		r.post(fmt.Sprintf("tcp://127.0.0.1:%d", 1+i), &pdproto.AbortAck{Room: uint64(i)})
+	}
+	r.post("tcp://127.0.0.1:9999", &pdproto.Heartbeat{Sender: "tcp://127.0.0.1:9998", Reply: true})
+	if r.dropped.Load() != 6 {
+		t.Fatalf("dropped %d, want the 6 acks past the queue", r.dropped.Load())
+	}
+	if rp, ok := r.next(); !ok || rp.to != "tcp://127.0.0.1:9999" {
+		t.Fatalf("first handed over: %+v", rp)
+	}
+	if rp, _ := r.next(); rp.to != "tcp://127.0.0.1:1" {
+		t.Fatalf("then: %+v", rp)
 	}
 }
