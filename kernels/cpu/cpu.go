@@ -4,7 +4,9 @@
 // inner loop (kern_generic.go) for other architectures and for x86 CPUs
 // without AVX2, FMA or F16C, chosen at run time (golang.org/x/sys/cpu).
 // On CPUs with AVX-512 (F, BW, VL, VBMI), Q8_0 decode (one or two x rows)
-// runs a 512-bit kernel (kern_avx512_amd64.s) that gives the same bits.
+// runs a 512-bit kernel (kern_avx512_amd64.s) that gives the same bits, and
+// with F, DQ and VL prefill runs 6×8 tiles of 512-bit registers
+// (gemm_avx512_amd64.s), again with the same bits.
 //
 // Why assembly rather than the simd/archsimd package: archsimd needs the
 // GOEXPERIMENT=simd toolchain flag, so a default `go build` would not get
@@ -91,7 +93,7 @@ func (b *Backend) Threads() int { return b.threads }
 func (b *Backend) Name() string { return "cpu" }
 
 // Kernels names the inner loops in use: "avx2" (assembly), "avx2+avx512"
-// (the same, with an AVX-512 Q8_0 decode kernel) or "go".
+// (the same, with AVX-512 Q8_0 decode and prefill kernels) or "go".
 func (b *Backend) Kernels() string { return b.k.name }
 
 // parts is how many pieces to cut work into.

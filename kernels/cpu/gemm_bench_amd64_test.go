@@ -18,7 +18,7 @@ func BenchmarkFMAPeak(b *testing.B) {
 	if !hasAVX512GEMM {
 		b.Skip("no AVX-512 (F, DQ, VL)")
 	}
-	const iters = 1 << 16
+	const iters = 1 << 18
 	for _, reg := range []struct {
 		name  string
 		lanes int
