@@ -127,11 +127,12 @@ func (g *Guard) Server(h http.Handler, errorLog *log.Logger) *http.Server {
 	}
 }
 
-// Listener wraps ln: a connection past Limits.MaxConns is answered 503
-// with Retry-After and closed without its request being read (a client
-// whose request is already on the wire may see a reset instead), so that
-// it costs neither a goroutine nor a wait; a client or load balancer
-// learns to retry elsewhere. Each connection also reports a header
+// Listener wraps ln: a connection past Limits.MaxConns takes the place of
+// the kept-alive connection idle the longest, closed for it; when none is
+// idle it is answered 503 with Retry-After and closed without its request
+// being read (a client whose request is already on the wire may see a
+// reset instead), so that it costs neither a goroutine nor a wait; a
+// client or load balancer learns to retry elsewhere. Both are counted. Each connection also reports a header
 // timeout to the guard.
 func (g *Guard) Listener(ln net.Listener) net.Listener {
 	return &capListener{Listener: ln, g: g}
@@ -141,6 +142,45 @@ type capListener struct {
 	net.Listener
 	g    *Guard
 	open atomic.Int64
+
+	mu   sync.Mutex
+	idle map[*guardedConn]time.Time // kept-alive connections between requests, since when
+}
+
+// markIdle records whether c waits between requests.
+func (l *capListener) markIdle(c *guardedConn, idle bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !idle {
+		delete(l.idle, c)
+		return
+	}
+	if l.idle == nil {
+		l.idle = map[*guardedConn]time.Time{}
+	}
+	l.idle[c] = time.Now()
+}
+
+// reclaimIdle closes the connection idle the longest, if any, to make
+// room for a new one: a kept-alive connection between requests holds a
+// place under the cap and nothing else, so a flood of them must not keep
+// a health probe, or anyone, out.
+func (l *capListener) reclaimIdle() bool {
+	l.mu.Lock()
+	var oldest *guardedConn
+	var since time.Time
+	for c, t := range l.idle {
+		if oldest == nil || t.Before(since) {
+			oldest, since = c, t
+		}
+	}
+	delete(l.idle, oldest)
+	l.mu.Unlock()
+	if oldest == nil {
+		return false
+	}
+	oldest.Close()
+	return true
 }
 
 // refusal is the whole answer to a connection past the cap.
@@ -158,15 +198,28 @@ func (l *capListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		if n := l.open.Add(1); l.g.limits.MaxConns > 0 && n > int64(l.g.limits.MaxConns) {
-			l.open.Add(-1)
 			l.g.hit(LimitConnections)
+			if l.reclaimIdle() {
+				return l.guard(c), nil
+			}
+			l.open.Add(-1)
 			c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 			c.Write(refusal)
 			c.Close()
 			continue
 		}
-		return &guardedConn{Conn: c, g: l.g, release: sync.OnceFunc(func() { l.open.Add(-1) })}, nil
+		return l.guard(c), nil
 	}
+}
+
+// guard wraps an accepted connection, counted in open.
+func (l *capListener) guard(c net.Conn) *guardedConn {
+	gc := &guardedConn{Conn: c, g: l.g, l: l}
+	gc.release = sync.OnceFunc(func() {
+		l.markIdle(gc, false)
+		l.open.Add(-1)
+	})
+	return gc
 }
 
 // guardedConn is a connection of a capListener: its Close frees its place
@@ -175,6 +228,7 @@ func (l *capListener) Accept() (net.Conn, error) {
 type guardedConn struct {
 	net.Conn
 	g       *Guard
+	l       *capListener
 	release func()
 	// active is set while the server handles a request on the conn (the
 	// http.Server's StateActive): its reads are then the body's, timed by
@@ -214,9 +268,11 @@ func trackConnState(nc net.Conn, s http.ConnState) {
 	case http.StateActive:
 		c.served.Store(true)
 		c.active.Store(true)
+		c.l.markIdle(c, false)
 	case http.StateIdle:
 		c.readSince.Store(false)
 		c.active.Store(false)
+		c.l.markIdle(c, true)
 	case http.StateClosed, http.StateHijacked:
 		c.release()
 	}
