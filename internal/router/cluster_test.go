@@ -433,9 +433,13 @@ func holdMarked(h http.Handler) http.Handler {
 // TestClusterMassAbortDrill.)
 func TestClusterBootstrapAbortCrashWedges(t *testing.T) {
 	m := tinyModel(t)
+	// The heartbeat timeout is long: once the prefill's control loop is
+	// dead its heartbeats go unanswered, and a decode that declared the
+	// peer lost would refuse the held session below before its transfer,
+	// however slowly the drill ran on a loaded machine.
 	cfg := serve.Config{PageSize: 4, KVTokens: 4096, MaxRunning: 4, MaxBatchTokens: 64, PrefillChunk: 16,
 		PD: serve.PDConfig{BootstrapTimeout: 2 * time.Second, TransferTimeout: 2 * time.Second, InflightTimeout: 2 * time.Second,
-			AbortAckTimeout: time.Second}}
+			AbortAckTimeout: time.Second, HeartbeatTimeout: time.Minute}}
 	c := newClusterWrapped(t, m, cfg, holdMarked)
 	resp, err := c.client.Post(c.prefill.TS.URL+"/admin/v1/faults/"+serve.FaultBootstrapAbortCrash+"/on", "application/json", nil)
 	if err != nil {
