@@ -1148,3 +1148,122 @@ tail:
 done:
 	VZEROUPPER
 	RET
+
+// The streaming 1×8 kernels: dot1x8F32, dot1x8F16 and dot1x8BF16 with the
+// same FMAs in the same order, plus software prefetches of pf: each 8
+// columns, the next bytes of W the eight rows take (256 for F32, 128 for
+// halves), so that a call prefetches a region as long as the rows it reads.
+// The caller points pf at the rows that follow the panel (the matrix is
+// one sequential stream read 8 rows at a time); a prefetch changes no
+// result and never faults.
+
+// func dot1x8F32P(x *float32, w *[8]unsafe.Pointer, n8 int, out *[8]float32, pf unsafe.Pointer)
+TEXT ·dot1x8F32P(SB), NOSPLIT, $0-40
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ n8+16(FP), CX
+	MOVQ pf+32(FP), BX
+	LOADW8
+	ZERO8
+	XORQ AX, AX
+	TESTQ CX, CX
+	JZ   reduce
+
+loop:
+	PREFETCHT0  (BX)
+	PREFETCHT0  64(BX)
+	PREFETCHT0  128(BX)
+	PREFETCHT0  192(BX)
+	VMOVUPS     (SI)(AX*1), Y8
+	VFMADD231PS (R8)(AX*1), Y8, Y0
+	VFMADD231PS (R9)(AX*1), Y8, Y1
+	VFMADD231PS (R10)(AX*1), Y8, Y2
+	VFMADD231PS (R11)(AX*1), Y8, Y3
+	VFMADD231PS (R12)(AX*1), Y8, Y4
+	VFMADD231PS (R13)(AX*1), Y8, Y5
+	VFMADD231PS (R14)(AX*1), Y8, Y6
+	VFMADD231PS (DX)(AX*1), Y8, Y7
+	ADDQ        $256, BX
+	ADDQ        $32, AX
+	DECQ        CX
+	JNZ         loop
+
+reduce:
+	MOVQ out+24(FP), DI
+	STORE8
+	VZEROUPPER
+	RET
+
+// func dot1x8F16P(x *float32, w *[8]unsafe.Pointer, n8 int, out *[8]float32, pf unsafe.Pointer)
+TEXT ·dot1x8F16P(SB), NOSPLIT, $0-40
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ n8+16(FP), CX
+	MOVQ pf+32(FP), R15
+	LOADW8
+	ZERO8
+	XORQ AX, AX
+	XORQ BX, BX
+	TESTQ CX, CX
+	JZ   reduce
+
+loop:
+	PREFETCHT0 (R15)
+	PREFETCHT0 64(R15)
+	VMOVUPS (SI)(AX*1), Y8
+	F16ROW(R8, Y9, Y0)
+	F16ROW(R9, Y10, Y1)
+	F16ROW(R10, Y11, Y2)
+	F16ROW(R11, Y12, Y3)
+	F16ROW(R12, Y9, Y4)
+	F16ROW(R13, Y10, Y5)
+	F16ROW(R14, Y11, Y6)
+	F16ROW(DX, Y12, Y7)
+	ADDQ    $128, R15
+	ADDQ    $32, AX
+	ADDQ    $16, BX
+	DECQ    CX
+	JNZ     loop
+
+reduce:
+	MOVQ out+24(FP), DI
+	STORE8
+	VZEROUPPER
+	RET
+
+// func dot1x8BF16P(x *float32, w *[8]unsafe.Pointer, n8 int, out *[8]float32, pf unsafe.Pointer)
+TEXT ·dot1x8BF16P(SB), NOSPLIT, $0-40
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ n8+16(FP), CX
+	MOVQ pf+32(FP), R15
+	LOADW8
+	ZERO8
+	XORQ AX, AX
+	XORQ BX, BX
+	TESTQ CX, CX
+	JZ   reduce
+
+loop:
+	PREFETCHT0 (R15)
+	PREFETCHT0 64(R15)
+	VMOVUPS (SI)(AX*1), Y8
+	BF16ROW(R8, Y9, Y0)
+	BF16ROW(R9, Y10, Y1)
+	BF16ROW(R10, Y11, Y2)
+	BF16ROW(R11, Y12, Y3)
+	BF16ROW(R12, Y9, Y4)
+	BF16ROW(R13, Y10, Y5)
+	BF16ROW(R14, Y11, Y6)
+	BF16ROW(DX, Y12, Y7)
+	ADDQ    $128, R15
+	ADDQ    $32, AX
+	ADDQ    $16, BX
+	DECQ    CX
+	JNZ     loop
+
+reduce:
+	MOVQ out+24(FP), DI
+	STORE8
+	VZEROUPPER
+	RET

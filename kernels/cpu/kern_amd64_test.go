@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 
 	"github.com/pdkit/pdkit/kernels"
 	"github.com/pdkit/pdkit/kernels/kerneltest"
@@ -274,4 +275,62 @@ func BenchmarkMatMulQ8Decode(b *testing.B) {
 			}
 		}
 	}
+}
+
+// TestDot1x8PrefetchSameBits checks that the prefetching 1×8 kernels give
+// the bits of the plain ones, kernel by kernel and through MatMul's decode
+// path (one and two x rows, one and two threads, W rows not a multiple of
+// 8 and fewer than 8, the prefetch clamped at the end of a part).
+func TestDot1x8PrefetchSameBits(t *testing.T) {
+	if !hasAVX2 {
+		t.Skip("no AVX2/FMA")
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, d := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16} {
+		for _, n8 := range []int{1, 2, 5, 37, 128} {
+			k := 8 * n8
+			w := benchMatrixRand(r, d, 8, k)
+			x := randVec(r, k+1, 1)
+			var ptrs [8]unsafe.Pointer
+			for j := range ptrs {
+				ptrs[j] = unsafe.Pointer(unsafe.SliceData(w.Data[j*len(w.Data)/8:]))
+			}
+			var want, got [8]float32
+			avx2Kernels().dot1x8[d](&x[0], &ptrs, n8, &want)
+			avx2Kernels().dot1x8P[d](&x[0], &ptrs, n8, &got, ptrs[0])
+			for j := range want {
+				if math.Float32bits(want[j]) != math.Float32bits(got[j]) {
+					t.Errorf("%v n8=%d row %d: %v with the prefetch, %v without", d, n8, j, got[j], want[j])
+				}
+			}
+		}
+		for _, n := range []int{3, 8, 13, 64, 203} {
+			for _, k := range []int{5, 64, 300, 1030} {
+				w := benchMatrixRand(r, d, n, k)
+				x := randVec(r, 2*k, 1)
+				for _, threads := range []int{1, 2} {
+					be := New(threads)
+					for m := 1; m <= 2; m++ {
+						want := make([]float32, m*n)
+						got := make([]float32, m*n)
+						saved := streamAhead
+						streamAhead = 0
+						be.MatMul(want, x, w, m)
+						streamAhead = saved
+						be.MatMul(got, x, w, m)
+						for i := range want {
+							if math.Float32bits(want[i]) != math.Float32bits(got[i]) {
+								t.Fatalf("%v %d×%d m=%d threads=%d: out[%d] = %v with the prefetch, %v without", d, n, k, m, threads, i, got[i], want[i])
+							}
+						}
+					}
+					be.Close()
+				}
+			}
+		}
+	}
+}
+
+func benchMatrixRand(r *rand.Rand, d kernels.DType, n, k int) *kernels.Matrix {
+	return kerneltest.EncodeMatrix(d, n, k, randVec(r, n*k, 1))
 }

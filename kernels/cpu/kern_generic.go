@@ -12,6 +12,10 @@ import (
 // rows w[0..7] of one weight encoding (the first 8·n8 elements of each).
 type dot1x8Func func(x *float32, w *[8]unsafe.Pointer, n8 int, out *[8]float32)
 
+// dot1x8PFunc is a dot1x8Func that also prefetches, per 8 columns, the
+// next bytes the eight rows take from pf on (see dot1x8F32P).
+type dot1x8PFunc func(x *float32, w *[8]unsafe.Pointer, n8 int, out *[8]float32, pf unsafe.Pointer)
+
 // cvtFunc decodes 8·n8 weights of one encoding to float32.
 type cvtFunc func(dst *float32, src unsafe.Pointer, n8 int)
 
@@ -32,6 +36,9 @@ type kernelSet struct {
 	// dot1x8 is indexed by kernels.DType. The Q8_0 kernel needs whole
 	// 32-element blocks (n8 a multiple of 4).
 	dot1x8 [4]dot1x8Func
+	// dot1x8P, where not nil, is dot1x8 with a software prefetch of the
+	// weights that follow (decode streams the matrix through it).
+	dot1x8P [4]dot1x8PFunc
 	// dot3x4 computes ntiles tiles of 3 float32 x rows by 4 float32 w rows.
 	dot3x4 func(x *float32, xstride, ntiles int, w *[4]unsafe.Pointer, n8 int, out *float32, ostride int)
 	// dot6x8, when not nil, is a faster prefill kernel computing the same

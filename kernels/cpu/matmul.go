@@ -15,7 +15,8 @@ import (
 //   - fewer than 3 x rows (decode): each x row meets 8 W rows at a time in a
 //     1×8 kernel that reads the weights in their own encoding (F16/BF16/Q8_0
 //     decoded in registers), so decode reads the fewest bytes; Q8_0 uses
-//     the paired AVX-512 kernel instead where there is one (q8Pairs);
+//     the paired AVX-512 kernel instead where there is one (q8Pairs); the
+//     F32/F16/BF16 kernels prefetch the next panel as they go (prefetch);
 //   - otherwise (prefill): a panel of 8 W rows is decoded to float32 once
 //     (F32 is used in place) and register tiles sweep a cache-sized block
 //     of x rows over it: 6×8 tiles on a packed copy of the panel where
@@ -120,6 +121,7 @@ func (mm *matmul) rows(i0, i1, r0, r1 int) {
 	k, n := mm.k, mm.n
 	k8 := k &^ 7
 	dot := mm.b.k.dot1x8[mm.w.DType]
+	dotP := mm.b.k.dot1x8P[mm.w.DType]
 	var ptrs [panel]unsafe.Pointer
 	var out [panel]float32
 	var tails [panel][7]float32
@@ -135,13 +137,42 @@ func (mm *matmul) rows(i0, i1, r0, r1 int) {
 		}
 		for i := i0; i < i1; i++ {
 			xi := mm.x[i*k : (i+1)*k]
-			dot(&xi[0], &ptrs, k8/8, &out)
+			if pf := mm.prefetch(dotP != nil && i == i0, r, r1, k8/8); pf != nil {
+				dotP(&xi[0], &ptrs, k8/8, &out, pf)
+			} else {
+				dot(&xi[0], &ptrs, k8/8, &out)
+			}
 			d := mm.dst[i*n+r : i*n+r+nr]
 			for j := range d {
 				d[j] = addTail(out[j], xi[k8:], tails[j][:])
 			}
 		}
 	}
+}
+
+// streamAhead is how far ahead of the panel it reads, in W rows, the 1×8
+// kernel prefetches: the hardware prefetchers follow eight short row
+// streams badly, and a software prefetch of the next panel, one sequential
+// region as long as the panel, keeps DRAM busy (see docs/kernels.md).
+var streamAhead = 8
+
+// prefetch returns where the 1×8 kernel on the panel at W row r (a part
+// ending at row r1, n8 steps of 8 columns) prefetches from, or nil for no
+// prefetch: only on the first x row, and only inside the part's rows.
+func (mm *matmul) prefetch(first bool, r, r1, n8 int) unsafe.Pointer {
+	if !first || n8 == 0 || streamAhead == 0 {
+		return nil
+	}
+	span := n8 * 8 * panel * 4 // F32
+	if mm.w.DType != kernels.F32 {
+		span /= 2 // F16, BF16
+	}
+	end := r1 * mm.rb
+	off := min((r+streamAhead)*mm.rb, end-span)
+	if off < r*mm.rb {
+		return nil
+	}
+	return unsafe.Pointer(&mm.w.Data[off])
 }
 
 // tiles is the prefill path: float32 panels swept by register tiles.
