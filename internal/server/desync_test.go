@@ -46,6 +46,9 @@ func TestHealthNamesTheStalledCollective(t *testing.T) {
 	const stallAfter = 300 * time.Millisecond
 	e := newEnvWith(t, serve.Config{TP: 2, PageSize: 4, MaxRunning: 2}, Options{StallAfter: stallAfter})
 	pollHealth(t, e, "healthy at start", 10*time.Second, func(code int, h HealthResponse) bool { return code == 200 })
+	// Rank 1 must have completed a control collective before it stalls, so
+	// the reason names its last one; /health is 200 before the first.
+	waitControlCompleted(t, e, 10*time.Second)
 	if err := e.eng.SetFault(serve.FaultStallLastRank, true); err != nil {
 		t.Fatal(err)
 	}
@@ -87,6 +90,31 @@ func TestHealthNamesTheStalledCollective(t *testing.T) {
 	_, h = pollHealth(t, e, "200 once the switch is off", 10*time.Second, func(code int, h HealthResponse) bool { return code == 200 })
 	if h.Status != HealthOK || h.Reason != "" || h.Ranks != nil || h.Stalls != nil {
 		t.Errorf("healthy again: %+v", h)
+	}
+}
+
+// waitControlCompleted polls until every rank has completed at least one
+// collective on the control communicator.
+func waitControlCompleted(t *testing.T, e *env, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		for _, g := range e.eng.Collectives() {
+			if g.Name != debug.CommControl {
+				continue
+			}
+			done := len(g.Ranks) > 0
+			for _, r := range g.Ranks {
+				done = done && r.LastCompleted > 0
+			}
+			if done {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no control collective completed on every rank within %v", within)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
