@@ -149,6 +149,74 @@ func ParseIndexKDType(s string) (IndexKDType, error) {
 	return 0, fmt.Errorf("index-K dtype %q: want fp8 or bf16", s)
 }
 
+// KVTypes are the element types a KV pool may store, by their flag names.
+var KVTypes = map[string]DType{"f32": F32, "bf16": BF16, "f16": F16}
+
+// ParseKVType reads a KV element type by its flag name (f32, bf16, f16).
+func ParseKVType(s string) (DType, error) {
+	if d, ok := KVTypes[s]; ok {
+		return d, nil
+	}
+	return 0, fmt.Errorf("kernels: unknown KV dtype %q (want f32, bf16 or f16)", s)
+}
+
+// KVName is the flag name of a KV element type: f32, bf16 or f16.
+func KVName(d DType) string {
+	for n, t := range KVTypes {
+		if t == d {
+			return n
+		}
+	}
+	return d.String()
+}
+
+// KVElemBytes is the size of one stored KV element of type d: 4 for F32, 2
+// for F16 and BF16, 0 for a type a pool cannot store.
+func KVElemBytes(d DType) int {
+	switch d {
+	case F32:
+		return 4
+	case F16, BF16:
+		return 2
+	}
+	return 0
+}
+
+// EncodeKV rounds src to nearest even in the 16-bit type d (F16 or BF16)
+// into dst, as a 16-bit pool stores a K or V row.
+func EncodeKV(dst []uint16, src []float32, d DType) {
+	dst = dst[:len(src)]
+	switch d {
+	case BF16:
+		for i, v := range src {
+			dst[i] = F32ToBF16(v)
+		}
+	case F16:
+		for i, v := range src {
+			dst[i] = F32ToF16(v)
+		}
+	default:
+		panic(fmt.Sprintf("kernels: EncodeKV to %v", d))
+	}
+}
+
+// DecodeKV widens the 16-bit elements of src (type d) into dst, exactly.
+func DecodeKV(dst []float32, src []uint16, d DType) {
+	dst = dst[:len(src)]
+	switch d {
+	case BF16:
+		for i, h := range src {
+			dst[i] = BF16ToF32(h)
+		}
+	case F16:
+		for i, h := range src {
+			dst[i] = F16ToF32(h)
+		}
+	default:
+		panic(fmt.Sprintf("kernels: DecodeKV from %v", d))
+	}
+}
+
 // IndexKeys is one layer's index-K buffer: one key of Dim elements per KV
 // slot, stored in FP8 (with Scales) or BF16, as the indexer reads it.
 type IndexKeys struct {
@@ -164,8 +232,12 @@ type IndexKeys struct {
 type AttentionArgs struct {
 	Out   []float32 // [token][NHeads*HeadDim]
 	Q     []float32 // [token][NHeads*HeadDim]
-	K, V  []float32 // one layer of the pool: [slot][NKVHeads*HeadDim]
-	Slots [][]int32 // Slots[t]: the slots token t attends to, in position order
+	K, V  []float32 // one layer of an F32 pool: [slot][NKVHeads*HeadDim]
+	// K16 and V16 are one layer of a 16-bit pool, laid out as K and V, when
+	// KVType is F16 or BF16; K and V are then unused.
+	K16, V16 []uint16
+	KVType   DType     // the pool's element type: F32 (the zero value), F16 or BF16
+	Slots    [][]int32 // Slots[t]: the slots token t attends to, in position order
 	// NHeads must be a multiple of NKVHeads (grouped-query attention).
 	NHeads, NKVHeads, HeadDim int
 	Scale                     float32 // usually 1/sqrt(HeadDim)
