@@ -230,9 +230,9 @@ type IndexKeys struct {
 // AttentionArgs describes attention of a batch of query tokens over KV rows
 // gathered from a paged pool.
 type AttentionArgs struct {
-	Out   []float32 // [token][NHeads*HeadDim]
-	Q     []float32 // [token][NHeads*HeadDim]
-	K, V  []float32 // one layer of an F32 pool: [slot][NKVHeads*HeadDim]
+	Out  []float32 // [token][NHeads*HeadDim]
+	Q    []float32 // [token][NHeads*HeadDim]
+	K, V []float32 // one layer of an F32 pool: [slot][NKVHeads*HeadDim]
 	// K16 and V16 are one layer of a 16-bit pool, laid out as K and V, when
 	// KVType is F16 or BF16; K and V are then unused.
 	K16, V16 []uint16
