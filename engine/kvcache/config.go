@@ -43,6 +43,11 @@ type Config struct {
 	IndexK     *IndexKConfig
 	MaxSeqs    int // rows in the request-to-token table
 	MaxContext int // longest sequence (tokens) a row can hold
+	// KVType is the element type K and V are stored in: kernels.F32 (the
+	// zero value), kernels.BF16 or kernels.F16. A 16-bit pool rounds each
+	// written row to nearest even (kernels.EncodeKV) and takes half the
+	// bytes per token, in memory and in transfer.
+	KVType kernels.DType
 }
 
 // IndexKConfig describes the sparse indexer's per-layer key buffer; nil in a
@@ -56,6 +61,14 @@ type IndexKConfig struct {
 // meaningful for a valid Config.
 func (c Config) Slots() int { return c.Pages * c.PageSize }
 
+// KVElemBytes is the size of one stored K or V element: 4 for F32, 2 for
+// BF16 and F16.
+func (c Config) KVElemBytes() int { return kernels.KVElemBytes(c.KVType) }
+
+// KVRowBytes is the size of one token's K row (or V row) as stored and as
+// moved by AppendKV and PutKV: KVDim elements of KVElemBytes.
+func (c Config) KVRowBytes() int { return c.KVDim * c.KVElemBytes() }
+
 // PagesFor is the number of pages that hold tokens tokens.
 func (c Config) PagesFor(tokens int) int {
 	if tokens <= 0 {
@@ -65,7 +78,8 @@ func (c Config) PagesFor(tokens int) int {
 }
 
 // Validate rejects every configuration NewPool could not honour: non-positive
-// sizes, a page size out of range, an unknown index-K dtype, a MaxContext that
+// sizes, a page size out of range, a KV type other than F32, BF16 and F16,
+// an unknown index-K dtype, a MaxContext that
 // the pool's pages cannot cover, and sizes whose slot count, slice lengths or
 // byte totals overflow.
 func (c Config) Validate() error {
@@ -89,6 +103,13 @@ func (c Config) Validate() error {
 	if c.PageSize < 1 || c.PageSize > MaxPageSize {
 		bad("PageSize must be in 1..%d, got %d", MaxPageSize, c.PageSize)
 		okPS = false
+	}
+	okType := true
+	switch c.KVType {
+	case kernels.F32, kernels.BF16, kernels.F16:
+	default:
+		bad("KVType %v is none of f32, bf16, f16", c.KVType)
+		okType = false
 	}
 	okIdx := true
 	if c.IndexK != nil {
@@ -124,7 +145,7 @@ func (c Config) Validate() error {
 			bad("request-to-token table MaxSeqs*MaxContext = %d*%d overflows", c.MaxSeqs, c.MaxContext)
 		}
 	}
-	if okSlots && okDim && okLayers && okIdx {
+	if okSlots && okDim && okLayers && okIdx && okType {
 		if _, err := c.bytes(); err != nil {
 			errs = append(errs, err)
 		}
@@ -144,7 +165,7 @@ func (c Config) bytes() (int64, error) {
 	if !ok || kvLen > math.MaxInt/4 {
 		return 0, overflow("per-layer K/V length")
 	}
-	perLayer := int64(kvLen) * 4 * 2 // K and V, float32
+	perLayer := int64(kvLen) * int64(c.KVElemBytes()) * 2 // K and V
 	if c.IndexK != nil {
 		n, ok := mul(slots, c.IndexK.Dim)
 		if !ok || n > math.MaxInt/2 {

@@ -8,7 +8,8 @@ import (
 )
 
 // Pool is one rank's KV memory: per-layer K and V arrays of Pages*PageSize
-// slots × KVDim float32, per-layer index-K buffers, a page allocator and the
+// slots × KVDim elements of the Config's KVType (float32, or the 16-bit
+// codes of BF16 or F16), per-layer index-K buffers, a page allocator and the
 // request-to-token table (MaxSeqs rows × MaxContext slots).
 //
 // A Pool belongs to its rank's loop and is not safe for concurrent use.
@@ -17,7 +18,9 @@ import (
 // even while the loop is stuck.
 type Pool struct {
 	cfg   Config
-	k, v  [][]float32          // [layer][slot*KVDim]
+	k, v  [][]float32 // [layer][slot*KVDim] of an F32 pool
+	k16   [][]uint16  // [layer][slot*KVDim] of a BF16 or F16 pool
+	v16   [][]uint16
 	idx   []*kernels.IndexKeys // [layer]; nil without an indexer
 	alloc *PageAllocator
 	bytes int64
@@ -112,8 +115,6 @@ func NewPool(cfg Config) (*Pool, error) {
 	slots := cfg.Slots()
 	p := &Pool{
 		cfg:      cfg,
-		k:        make([][]float32, cfg.Layers),
-		v:        make([][]float32, cfg.Layers),
 		alloc:    NewPageAllocator(cfg.Pages),
 		bytes:    bytes,
 		total:    cfg.Pages,
@@ -124,9 +125,18 @@ func NewPool(cfg Config) (*Pool, error) {
 		refs:     make([]int32, cfg.Pages),
 		cached:   make([]bool, cfg.Pages),
 	}
-	for l := range cfg.Layers {
-		p.k[l] = make([]float32, slots*cfg.KVDim)
-		p.v[l] = make([]float32, slots*cfg.KVDim)
+	if cfg.KVType == kernels.F32 {
+		p.k, p.v = make([][]float32, cfg.Layers), make([][]float32, cfg.Layers)
+		for l := range cfg.Layers {
+			p.k[l] = make([]float32, slots*cfg.KVDim)
+			p.v[l] = make([]float32, slots*cfg.KVDim)
+		}
+	} else {
+		p.k16, p.v16 = make([][]uint16, cfg.Layers), make([][]uint16, cfg.Layers)
+		for l := range cfg.Layers {
+			p.k16[l] = make([]uint16, slots*cfg.KVDim)
+			p.v16[l] = make([]uint16, slots*cfg.KVDim)
+		}
 	}
 	if ic := cfg.IndexK; ic != nil {
 		p.idx = newIndexKeys(cfg.Layers, slots, *ic)
@@ -193,11 +203,67 @@ func (p *Pool) Config() Config {
 	return c
 }
 
-// K is layer's key array, [slot*KVDim].
-func (p *Pool) K(layer int) []float32 { return p.k[layer] }
+// KVType is the element type the pool stores K and V in.
+func (p *Pool) KVType() kernels.DType { return p.cfg.KVType }
 
-// V is layer's value array, [slot*KVDim].
-func (p *Pool) V(layer int) []float32 { return p.v[layer] }
+// K is layer's key array, [slot*KVDim], of an F32 pool; nil for a 16-bit
+// pool (see K16).
+func (p *Pool) K(layer int) []float32 {
+	if p.k == nil {
+		return nil
+	}
+	return p.k[layer]
+}
+
+// V is layer's value array, [slot*KVDim], of an F32 pool; nil for a 16-bit
+// pool (see V16).
+func (p *Pool) V(layer int) []float32 {
+	if p.v == nil {
+		return nil
+	}
+	return p.v[layer]
+}
+
+// K16 is layer's key array, [slot*KVDim] codes of KVType, of a BF16 or F16
+// pool; nil for an F32 pool.
+func (p *Pool) K16(layer int) []uint16 {
+	if p.k16 == nil {
+		return nil
+	}
+	return p.k16[layer]
+}
+
+// V16 is layer's value array as K16 is its key array.
+func (p *Pool) V16(layer int) []uint16 {
+	if p.v16 == nil {
+		return nil
+	}
+	return p.v16[layer]
+}
+
+// AttentionKV points a at layer's K and V arrays, whatever their type: K
+// and V for an F32 pool, K16 and V16 for a 16-bit one, and KVType.
+func (p *Pool) AttentionKV(layer int, a *kernels.AttentionArgs) {
+	a.KVType = p.cfg.KVType
+	a.K, a.V, a.K16, a.V16 = p.K(layer), p.V(layer), p.K16(layer), p.V16(layer)
+}
+
+// ReadKV widens the K and V rows stored at slot of layer into k and v
+// (KVDim each): exactly what attention reads.
+func (p *Pool) ReadKV(layer int, slot int32, k, v []float32) {
+	d := p.cfg.KVDim
+	if len(k) != d || len(v) != d {
+		panic(fmt.Sprintf("kvcache: ReadKV: K row of %d and V row of %d, want %d", len(k), len(v), d))
+	}
+	off := int(slot) * d
+	if p.k != nil {
+		copy(k, p.k[layer][off:off+d])
+		copy(v, p.v[layer][off:off+d])
+		return
+	}
+	kernels.DecodeKV(k, p.k16[layer][off:off+d], p.cfg.KVType)
+	kernels.DecodeKV(v, p.v16[layer][off:off+d], p.cfg.KVType)
+}
 
 // IndexKeys is layer's index-K buffer, nil when the model has no indexer.
 func (p *Pool) IndexKeys(layer int) *kernels.IndexKeys {
@@ -452,7 +518,8 @@ func (p *Pool) row(s *Seq) []int32 {
 	return p.table[s.row*mc : (s.row+1)*mc]
 }
 
-// WriteKV stores one token's K and V rows (KVDim each) into slot of layer.
+// WriteKV stores one token's K and V rows (KVDim each) into slot of layer,
+// rounded to nearest even in a 16-bit pool.
 func (p *Pool) WriteKV(layer int, slot int32, k, v []float32) {
 	d := p.cfg.KVDim
 	if len(k) != d || len(v) != d {
@@ -462,8 +529,13 @@ func (p *Pool) WriteKV(layer int, slot int32, k, v []float32) {
 		p.checkSlot("WriteKV", slot)
 	}
 	off := int(slot) * d
-	copy(p.k[layer][off:off+d], k)
-	copy(p.v[layer][off:off+d], v)
+	if p.k != nil {
+		copy(p.k[layer][off:off+d], k)
+		copy(p.v[layer][off:off+d], v)
+		return
+	}
+	kernels.EncodeKV(p.k16[layer][off:off+d], k, p.cfg.KVType)
+	kernels.EncodeKV(p.v16[layer][off:off+d], v, p.cfg.KVType)
 }
 
 // WriteIndexK stores one token's index key into slot of layer, quantized by

@@ -11,11 +11,14 @@ import (
 
 // Moving KV between pools of two processes (PD disaggregation): the sender
 // appends the rows of some slots as bytes, the receiver puts them into its
-// own slots. K and V rows are little-endian float32, KVDim per token;
+// own slots. K and V rows are the stored elements, KVDim per token:
+// little-endian float32 in an F32 pool, the little-endian 16-bit codes in a
+// BF16 or F16 pool (half the bytes);
 // index-K rows are the stored codes (one byte per element for fp8, two
 // little-endian bytes for bf16) and, for fp8, one little-endian float32
-// scale per token. Both pools must have the same KV shape and index-K
-// precision; Put refuses bytes of the wrong size.
+// scale per token. Both pools must have the same KV shape, KV type and
+// index-K precision; Put refuses bytes of the wrong size (the peers agree
+// on the types before any row moves: api/pdproto's bootstrap).
 
 // AppendKV appends the K and V rows of slots in layer to k and v.
 func (p *Pool) AppendKV(layer int, slots []int32, k, v []byte) ([]byte, []byte) {
@@ -23,8 +26,13 @@ func (p *Pool) AppendKV(layer int, slots []int32, k, v []byte) ([]byte, []byte) 
 	for i := 0; i < len(slots); {
 		n := run(slots[i:])
 		off := int(slots[i]) * d
-		k = appendF32(k, p.k[layer][off:off+n*d])
-		v = appendF32(v, p.v[layer][off:off+n*d])
+		if p.k != nil {
+			k = appendF32(k, p.k[layer][off:off+n*d])
+			v = appendF32(v, p.v[layer][off:off+n*d])
+		} else {
+			k = appendU16(k, p.k16[layer][off:off+n*d])
+			v = appendU16(v, p.v16[layer][off:off+n*d])
+		}
 		i += n
 	}
 	return k, v
@@ -78,9 +86,10 @@ func (p *Pool) FillKV(layer int, slots []int32, k, v []byte) error {
 
 // putKV checks each slot's holders under op's name (none when op is empty).
 func (p *Pool) putKV(layer int, slots []int32, k, v []byte, op string) error {
-	d := p.cfg.KVDim
-	if len(k) != len(slots)*d*4 || len(v) != len(k) {
-		return fmt.Errorf("kvcache: put KV of layer %d: %d K and %d V bytes for %d tokens of %d", layer, len(k), len(v), len(slots), d)
+	d, rb := p.cfg.KVDim, p.cfg.KVRowBytes()
+	if len(k) != len(slots)*rb || len(v) != len(k) {
+		return fmt.Errorf("kvcache: put %s KV of layer %d: %d K and %d V bytes for %d tokens of %d bytes",
+			kernels.KVName(p.cfg.KVType), layer, len(k), len(v), len(slots), rb)
 	}
 	if err := p.checkSlots(slots); err != nil {
 		return fmt.Errorf("kvcache: put KV of layer %d: %w", layer, err)
@@ -93,8 +102,13 @@ func (p *Pool) putKV(layer int, slots []int32, k, v []byte, op string) error {
 	for i := 0; i < len(slots); {
 		n := run(slots[i:])
 		off := int(slots[i]) * d
-		getF32(p.k[layer][off:off+n*d], k[i*d*4:])
-		getF32(p.v[layer][off:off+n*d], v[i*d*4:])
+		if p.k != nil {
+			getF32(p.k[layer][off:off+n*d], k[i*rb:])
+			getF32(p.v[layer][off:off+n*d], v[i*rb:])
+		} else {
+			getU16(p.k16[layer][off:off+n*d], k[i*rb:])
+			getU16(p.v16[layer][off:off+n*d], v[i*rb:])
+		}
 		i += n
 	}
 	return nil
