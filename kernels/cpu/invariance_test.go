@@ -102,15 +102,27 @@ func invMatMul(t *testing.T, variants []*Backend, portable bool) {
 }
 
 func invAttention(t *testing.T, variants []*Backend) {
+	for _, kt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
+		t.Run(kernels.KVName(kt), func(t *testing.T) { invAttentionKV(t, variants, kt) })
+	}
+}
+
+func invAttentionKV(t *testing.T, variants []*Backend, kt kernels.DType) {
 	r := rand.New(rand.NewPCG(3, 4))
 	const tokens, pool = 33, 150
-	for _, shape := range []struct{ kv, group, hd int }{{2, 3, 48}, {1, 4, 20}, {2, 1, 64}} {
+	for _, shape := range []struct{ kv, group, hd int }{{2, 3, 48}, {1, 4, 20}, {2, 1, 64}, {1, 2, 3}} {
 		H := shape.kv * shape.group
 		qDim, kvDim := H*shape.hd, shape.kv*shape.hd
 		a := kernels.AttentionArgs{
 			Q: randVec(r, tokens*qDim, 2), K: randVec(r, pool*kvDim, 2), V: randVec(r, pool*kvDim, 1),
 			Slots: make([][]int32, tokens), NHeads: H, NKVHeads: shape.kv, HeadDim: shape.hd,
 			Scale: float32(1 / math.Sqrt(float64(shape.hd))),
+		}
+		if kt != kernels.F32 {
+			a.K16, a.V16 = make([]uint16, len(a.K)), make([]uint16, len(a.V))
+			kernels.EncodeKV(a.K16, a.K, kt)
+			kernels.EncodeKV(a.V16, a.V, kt)
+			a.K, a.V, a.KVType = nil, nil, kt
 		}
 		for i := range a.Slots {
 			a.Slots[i] = make([]int32, 1+r.IntN(pool))
@@ -122,7 +134,7 @@ func invAttention(t *testing.T, variants []*Backend) {
 		a.Out = want
 		variants[0].Attention(&a)
 		for _, b := range variants {
-			what := fmt.Sprintf("heads=%d/%d hd=%d %s", H, shape.kv, shape.hd, vname(b))
+			what := fmt.Sprintf("%v heads=%d/%d hd=%d %s", kt, H, shape.kv, shape.hd, vname(b))
 			got := make([]float32, tokens*qDim)
 			a2 := a
 			a2.Out = got

@@ -210,6 +210,24 @@ func asmQ8Pairs(xd, x0, x1 []float32, w []byte, rb, pstride, hoff, gstride, ngro
 	return dotQ8PairsZ(&xd[0], &x0[0], &x1[0], nb, unsafe.Pointer(&w[0]), pstride, hoff, gstride, ngroups, &out[0], ostep, ohi, &tab[0], 34*gstride/rb) == 0
 }
 
+// asmAttnQK16 scores blocks of 8 slots with a 16-bit 1×8 kernel.
+func asmAttnQK16(dot dot1x8Func) attnQK16Func {
+	return func(scores, q *float32, k unsafe.Pointer, slots *int32, nblk, stride, n8 int, scale float32) {
+		ss, sl := unsafe.Slice(scores, 8*nblk), unsafe.Slice(slots, 8*nblk)
+		var ptrs [8]unsafe.Pointer
+		var dd [8]float32
+		for b := range nblk {
+			for l := range 8 {
+				ptrs[l] = unsafe.Add(k, int(sl[8*b+l])*stride)
+			}
+			dot(q, &ptrs, n8, &dd)
+			for l, v := range dd {
+				ss[8*b+l] = v * scale
+			}
+		}
+	}
+}
+
 func asmKernels() *kernelSet {
 	if !hasAVX2 {
 		return nil
@@ -230,16 +248,18 @@ func asmKernels() *kernelSet {
 // avx2Kernels is the AVX2 set alone.
 func avx2Kernels() *kernelSet {
 	return &kernelSet{
-		name:    "avx2",
-		dot1x8:  [4]dot1x8Func{dot1x8F32, dot1x8F16, dot1x8BF16, dot1x8Q8},
-		dot1x8P: [4]dot1x8PFunc{dot1x8F32P, dot1x8F16P, dot1x8BF16P, nil},
-		dot3x4:  dot3x4F32,
-		cvt:     [4]cvtFunc{nil, cvtF16, cvtBF16, cvtQ8},
-		cvtFP8:  cvtFP8,
-		attnPV:  attnPV,
-		attnQK:  attnQK,
-		softmax: asmSoftmax,
-		swiglu:  asmSwiGLU,
+		name:     "avx2",
+		dot1x8:   [4]dot1x8Func{dot1x8F32, dot1x8F16, dot1x8BF16, dot1x8Q8},
+		dot1x8P:  [4]dot1x8PFunc{dot1x8F32P, dot1x8F16P, dot1x8BF16P, nil},
+		dot3x4:   dot3x4F32,
+		cvt:      [4]cvtFunc{nil, cvtF16, cvtBF16, cvtQ8},
+		cvtFP8:   cvtFP8,
+		attnPV:   attnPV,
+		attnQK:   attnQK,
+		attnQK16: [4]attnQK16Func{nil, asmAttnQK16(dot1x8F16), asmAttnQK16(dot1x8BF16), nil},
+		attnPV16: [4]attnPV16Func{nil, goAttnPV16(kernels.F16), goAttnPV16(kernels.BF16), nil},
+		softmax:  asmSoftmax,
+		swiglu:   asmSwiGLU,
 		decodeKeys: func(dst []float32, keys *kernels.IndexKeys, slots []int32) {
 			d8 := keys.Dim / 8
 			if len(slots) == 0 || d8 == 0 {

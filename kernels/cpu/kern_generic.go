@@ -16,6 +16,14 @@ type dot1x8Func func(x *float32, w *[8]unsafe.Pointer, n8 int, out *[8]float32)
 // next bytes the eight rows take from pf on (see dot1x8F32P).
 type dot1x8PFunc func(x *float32, w *[8]unsafe.Pointer, n8 int, out *[8]float32, pf unsafe.Pointer)
 
+// attnQK16Func is attnQK over 16-bit K rows: k points at the head's first
+// element of slot 0, stride is the row stride in bytes.
+type attnQK16Func func(scores, q *float32, k unsafe.Pointer, slots *int32, nblk, stride, n8 int, scale float32)
+
+// attnPV16Func is attnPV over 16-bit V rows (v and stride as for
+// attnQK16Func).
+type attnPV16Func func(out, p *float32, v unsafe.Pointer, slots *int32, nslots, stride, n8 int)
+
 // cvtFunc decodes 8·n8 weights of one encoding to float32.
 type cvtFunc func(dst *float32, src unsafe.Pointer, n8 int)
 
@@ -55,6 +63,13 @@ type kernelSet struct {
 	// attnQK scores blocks of 8 slots: the scaled canonical dot of q with
 	// each slot's K row (see kern_amd64.go).
 	attnQK func(scores, q, k *float32, slots *int32, nblk, stride, n8 int, scale float32)
+	// attnQK16 and attnPV16, indexed by kernels.DType (F16 and BF16
+	// entries), are attnQK and attnPV over a 16-bit KV pool: each K or V
+	// element is widened exactly, then meets the same arithmetic in the
+	// same order as in attnQK and attnPV, so that a 16-bit pool gives the
+	// bits an F32 pool holding the widened values gives.
+	attnQK16 [4]attnQK16Func
+	attnPV16 [4]attnPV16Func
 	// softmax normalises one row in place; swiglu is silu(gate)·up. The
 	// assembly uses a vectorised exp and an 8-lane sum, the Go set
 	// math.Exp and a sequential sum exactly like the reference.
@@ -89,6 +104,8 @@ func genericKernels() *kernelSet {
 		cvtFP8:      goCvtFP8,
 		attnPV:      goAttnPV,
 		attnQK:      goAttnQK,
+		attnQK16:    [4]attnQK16Func{nil, goAttnQK16(kernels.F16), goAttnQK16(kernels.BF16), nil},
+		attnPV16:    [4]attnPV16Func{nil, goAttnPV16(kernels.F16), goAttnPV16(kernels.BF16), nil},
 		softmax:     ref.SoftmaxRow,
 		swiglu:      goSwiGLU,
 		decodeKeys:  goDecodeKeys,
@@ -234,6 +251,50 @@ func goAttnPV(out, p, v *float32, slots *int32, nslots, stride, n8 int) {
 		pj := ps[j]
 		for c, vc := range row {
 			o[c] += float32(pj * vc)
+		}
+	}
+}
+
+// goAttnQK16 is goAttnQK over 16-bit rows of type d: the 1×8 kernel of d
+// widens the elements exactly, then accumulates as goDot1x8F32.
+func goAttnQK16(d kernels.DType) attnQK16Func {
+	dot := goDot1x8Enc(d)
+	return func(scores, q *float32, k unsafe.Pointer, slots *int32, nblk, stride, n8 int, scale float32) {
+		ss, sl := unsafe.Slice(scores, 8*nblk), unsafe.Slice(slots, 8*nblk)
+		var ptrs [8]unsafe.Pointer
+		var dd [8]float32
+		for b := range nblk {
+			for l := range 8 {
+				ptrs[l] = unsafe.Add(k, int(sl[8*b+l])*stride)
+			}
+			dot(q, &ptrs, n8, &dd)
+			for l, v := range dd {
+				ss[8*b+l] = v * scale
+			}
+		}
+	}
+}
+
+// goAttnPV16 is goAttnPV over 16-bit rows of type d, a run of columns at a
+// time: each slot's run is widened exactly into a buffer, then added as
+// goAttnPV adds it (every output element sums its terms in slot order, so
+// the runs give goAttnPV's bits).
+func goAttnPV16(d kernels.DType) attnPV16Func {
+	return func(out, p *float32, v unsafe.Pointer, slots *int32, nslots, stride, n8 int) {
+		o := unsafe.Slice(out, 8*n8)
+		ps, ss := unsafe.Slice(p, nslots), unsafe.Slice(slots, nslots)
+		clear(o)
+		var buf [64]float32
+		for c0 := 0; c0 < len(o); c0 += len(buf) {
+			oc := o[c0:min(len(o), c0+len(buf))]
+			row := buf[:len(oc)]
+			for j, s := range ss {
+				decodeAt(d, row, unsafe.Add(v, int(s)*stride), c0)
+				pj := ps[j]
+				for c, vc := range row {
+					oc[c] += float32(pj * vc)
+				}
+			}
 		}
 	}
 }

@@ -129,7 +129,15 @@ func (b *Backend) Attention(a *kernels.AttentionArgs) {
 	if len(a.Q) < nt*qDim || len(a.Out) < nt*qDim {
 		panic(fmt.Sprintf("kernels/cpu: Attention: %d tokens of %d: len(Q) = %d, len(Out) = %d", nt, qDim, len(a.Q), len(a.Out)))
 	}
-	nSlots := min(len(a.K), len(a.V)) / kvDim
+	var nSlots int
+	switch a.KVType {
+	case kernels.F32:
+		nSlots = min(len(a.K), len(a.V)) / kvDim
+	case kernels.F16, kernels.BF16:
+		nSlots = min(len(a.K16), len(a.V16)) / kvDim
+	default:
+		panic(fmt.Sprintf("kernels/cpu: Attention: KV element type %v (want F32, F16 or BF16)", a.KVType))
+	}
 	total := 0
 	for t, slots := range a.Slots {
 		for _, s := range slots {
@@ -150,6 +158,9 @@ func (b *Backend) Attention(a *kernels.AttentionArgs) {
 	})
 }
 
+// attnHead computes one (token, head). An F32 pool and a 16-bit one run
+// the same arithmetic in the same order: the 16-bit kernels widen each K
+// and V element exactly before it meets the F32 path's multiply-add.
 func (b *Backend) attnHead(a *kernels.AttentionArgs, t, h int, sc *[]float32) {
 	hd := a.HeadDim
 	qDim, kvDim := a.NHeads*hd, a.NKVHeads*hd
@@ -167,44 +178,81 @@ func (b *Backend) attnHead(a *kernels.AttentionArgs, t, h int, sc *[]float32) {
 	scores := (*sc)[:ns]
 	q := a.Q[t*qDim+h*hd : t*qDim+(h+1)*hd]
 	hd8 := hd &^ 7
-	dot := b.k.dot1x8[kernels.F32]
+	kt := a.KVType
+	// The head's first element of slot 0 in K and V, and the row stride.
+	var kBase, vBase unsafe.Pointer
+	stride := kernels.KVElemBytes(kt) * kvDim
+	if kt == kernels.F32 {
+		kBase, vBase = unsafe.Pointer(&a.K[kvOff]), unsafe.Pointer(&a.V[kvOff])
+	} else {
+		kBase, vBase = unsafe.Pointer(&a.K16[kvOff]), unsafe.Pointer(&a.V16[kvOff])
+	}
+	dot := b.k.dot1x8[kt]
 	var ptrs [8]unsafe.Pointer
-	var d [8]float32
+	var d, tail [8]float32
 	j0 := 0
 	if hd8 == hd {
 		// Whole blocks of 8 slots in one call.
 		nb := ns / 8
 		if nb > 0 {
-			b.k.attnQK(&scores[0], &q[0], &a.K[kvOff], &slots[0], nb, 4*kvDim, hd/8, a.Scale)
+			if kt == kernels.F32 {
+				b.k.attnQK(&scores[0], &q[0], (*float32)(kBase), &slots[0], nb, stride, hd/8, a.Scale)
+			} else {
+				b.k.attnQK16[kt](&scores[0], &q[0], kBase, &slots[0], nb, stride, hd/8, a.Scale)
+			}
 		}
 		j0 = 8 * nb
 	}
 	for ; j0 < ns; j0 += 8 {
 		nj := min(8, ns-j0)
 		for l := range 8 {
-			ptrs[l] = unsafe.Pointer(&a.K[int(slots[j0+min(l, nj-1)])*kvDim+kvOff])
+			ptrs[l] = unsafe.Add(kBase, int(slots[j0+min(l, nj-1)])*stride)
 		}
 		dot(&q[0], &ptrs, hd8/8, &d)
 		for l := range nj {
 			s := d[l]
 			if hd8 < hd {
 				row := int(slots[j0+l])*kvDim + kvOff
-				s = addTail(s, q[hd8:], a.K[row+hd8:row+hd])
+				s = addTail(s, q[hd8:], kvTail(&tail, a.K, a.K16, kt, row+hd8, hd-hd8))
 			}
 			scores[j0+l] = s * a.Scale
 		}
 	}
 	b.k.softmax(scores)
 	if hd8 > 0 {
-		b.k.attnPV(&out[0], &scores[0], &a.V[kvOff], &slots[0], ns, 4*kvDim, hd8/8)
+		if kt == kernels.F32 {
+			b.k.attnPV(&out[0], &scores[0], (*float32)(vBase), &slots[0], ns, stride, hd8/8)
+		} else {
+			b.k.attnPV16[kt](&out[0], &scores[0], vBase, &slots[0], ns, stride, hd8/8)
+		}
 	}
 	for c := hd8; c < hd; c++ {
 		var s float32
 		for j, sl := range slots {
-			s += float32(scores[j] * a.V[int(sl)*kvDim+kvOff+c])
+			i := int(sl)*kvDim + kvOff + c
+			s += float32(scores[j] * kvTail(&tail, a.V, a.V16, kt, i, 1)[0])
 		}
 		out[c] = s
 	}
+}
+
+// kvTail returns the n (≤ 8) elements of a K or V layer from element off on
+// as float32: the F32 layer's own, or the 16-bit layer's widened exactly
+// into buf.
+func kvTail(buf *[8]float32, f []float32, h []uint16, kt kernels.DType, off, n int) []float32 {
+	switch kt {
+	case kernels.F32:
+		return f[off : off+n]
+	case kernels.BF16:
+		for i, v := range h[off : off+n] {
+			buf[i] = kernels.BF16ToF32(v)
+		}
+	default:
+		for i, v := range h[off : off+n] {
+			buf[i] = kernels.F16ToF32(v)
+		}
+	}
+	return buf[:n]
 }
 
 // weightedCuts splits units [0,n) into at most parts contiguous ranges of

@@ -34,21 +34,54 @@ type attnCase struct{ tokens, kvHeads, group, headDim, pool, maxSlots int }
 func attentionCases(r *rand.Rand) []attnCase {
 	var cs []attnCase
 	for _, group := range []int{1, 2, 4} {
-		for _, hd := range []int{1, 3, 8, 16, 20, 48, 64} {
+		for _, hd := range []int{1, 3, 8, 12, 16, 20, 48, 64} {
 			pool := 1 + r.IntN(40)
 			cs = append(cs, attnCase{1 + r.IntN(5), 1 + r.IntN(2), group, hd, pool, pool})
 		}
 	}
-	// One slot only; then cases large enough to be split over threads.
-	return append(cs, attnCase{2, 1, 2, 8, 1, 1}, attnCase{3, 2, 3, 48, 300, 300}, attnCase{40, 1, 4, 32, 64, 64})
+	// One slot only; then cases large enough to be split over threads,
+	// whole blocks of 8 slots and a remainder, head dims with a tail.
+	return append(cs, attnCase{2, 1, 2, 8, 1, 1}, attnCase{3, 2, 3, 48, 300, 300}, attnCase{40, 1, 4, 32, 64, 64},
+		attnCase{4, 2, 2, 100, 200, 200}, attnCase{3, 1, 1, 136, 90, 90})
 }
 
+// attnKVTypes are the KV pool element types Attention is checked with.
+var attnKVTypes = []kernels.DType{kernels.F32, kernels.BF16, kernels.F16}
+
+// testAttention checks Attention over F32, BF16 and F16 pools. The pool
+// values are drawn in float32 and stored as the pool stores them
+// (kernels.EncodeKV); the reference reads the same stored values, and the
+// bounds use them widened.
 func testAttention(t *testing.T, b kernels.Backend) {
+	for _, kt := range attnKVTypes {
+		t.Run(kernels.KVName(kt), func(t *testing.T) { testAttentionKV(t, b, kt) })
+	}
+	t.Run("bad-type", func(t *testing.T) {
+		for _, kt := range []kernels.DType{kernels.Q8_0, kernels.DType(9)} {
+			a := kernels.AttentionArgs{
+				Out: make([]float32, 8), Q: make([]float32, 8), K: make([]float32, 8), V: make([]float32, 8),
+				K16: make([]uint16, 8), V16: make([]uint16, 8), KVType: kt,
+				Slots: [][]int32{{0}}, NHeads: 1, NKVHeads: 1, HeadDim: 8, Scale: 1,
+			}
+			if !panics(func() { b.Attention(&a) }) {
+				t.Errorf("Attention with KV type %v did not panic", kt)
+			}
+		}
+	})
+}
+
+func panics(f func()) (p bool) {
+	defer func() { p = recover() != nil }()
+	f()
+	return false
+}
+
+func testAttentionKV(t *testing.T, b kernels.Backend, kt kernels.DType) {
 	rb := ref.New()
 	r := newRand(21)
 	for ci, tc := range attentionCases(r) {
 		H, hd := tc.kvHeads*tc.group, tc.headDim
-		c := newChecker(t, "case %d (tokens=%d heads=%d/%d headDim=%d pool=%d)", ci, tc.tokens, H, tc.kvHeads, hd, tc.pool)
+		c := newChecker(t, "%s case %d (tokens=%d heads=%d/%d headDim=%d pool=%d)", kernels.KVName(kt), ci, tc.tokens, H, tc.kvHeads, hd, tc.pool)
 		kvDim, qDim := tc.kvHeads*hd, H*hd
 		a := kernels.AttentionArgs{
 			Q: make([]float32, tc.tokens*qDim), K: make([]float32, tc.pool*kvDim), V: make([]float32, tc.pool*kvDim),
@@ -59,24 +92,55 @@ func testAttention(t *testing.T, b kernels.Backend) {
 		uniform(r, a.K, 2)
 		uniform(r, a.V, 1)
 		for i := range a.Slots {
+			// Now and then a token with no slots (its output is zero).
+			if tc.tokens > 1 && r.IntN(6) == 0 {
+				a.Slots[i] = []int32{}
+				continue
+			}
 			a.Slots[i] = randomSlots(r, 1+r.IntN(tc.maxSlots), tc.pool)
+		}
+		// f32 is the pool as float32: drawn, or stored and widened.
+		f32 := a
+		if kt != kernels.F32 {
+			a.K16, a.V16 = make([]uint16, len(a.K)), make([]uint16, len(a.V))
+			kernels.EncodeKV(a.K16, a.K, kt)
+			kernels.EncodeKV(a.V16, a.V, kt)
+			kernels.DecodeKV(f32.K, a.K16, kt)
+			kernels.DecodeKV(f32.V, a.V16, kt)
+			a.K, a.V, a.KVType = nil, nil, kt
 		}
 		want := make([]float32, tc.tokens*qDim)
 		a.Out = want
 		rb.Attention(&a)
+		if kt != kernels.F32 {
+			// The reference reads a 16-bit pool as the F32 pool of its
+			// widened values.
+			w32 := make([]float32, len(want))
+			f32.Out = w32
+			rb.Attention(&f32)
+			for i := range want {
+				c.same("ref 16-bit vs widened F32", i, want[i], w32[i])
+			}
+		}
 		// Σ_j p_j·|v_jc|: the reference over |V| (the same probabilities).
 		mag := make([]float32, len(want))
-		av := a
-		av.V, av.Out = absAll(a.V), mag
+		av := f32
+		av.V, av.Out = absAll(f32.V), mag
 		rb.Attention(&av)
 
 		q, k, v := slices.Clone(a.Q), slices.Clone(a.K), slices.Clone(a.V)
+		k16, v16 := slices.Clone(a.K16), slices.Clone(a.V16)
 		got := make([]float32, len(want))
+		for i := range got {
+			got[i] = float32(math.NaN()) // every element must be written
+		}
 		a.Out = got
 		b.Attention(&a)
 		unchanged(c, "Q", a.Q, q)
 		unchanged(c, "K", a.K, k)
 		unchanged(c, "V", a.V, v)
+		unchanged(c, "K16", a.K16, k16)
+		unchanged(c, "V16", a.V16, v16)
 		for tok, slots := range a.Slots {
 			for h := range H {
 				// δ: the score bound.
@@ -85,13 +149,17 @@ func testAttention(t *testing.T, b kernels.Backend) {
 				for _, s := range slots {
 					var sum float64
 					for cc := range hd {
-						sum += math.Abs(float64(a.Q[tok*qDim+h*hd+cc]) * float64(a.K[int(s)*kvDim+kvOff+cc]))
+						sum += math.Abs(float64(a.Q[tok*qDim+h*hd+cc]) * float64(f32.K[int(s)*kvDim+kvOff+cc]))
 					}
 					smax = max(smax, sum)
 				}
 				delta := matMulRel[kernels.F32] * math.Sqrt(float64(hd)) * float64(a.Scale) * smax
 				for cc := range hd {
 					i := tok*qDim + h*hd + cc
+					if len(slots) == 0 {
+						c.same("out (no slots)", i, got[i], 0)
+						continue
+					}
 					tol := (2*delta+attnRel*math.Sqrt(float64(len(slots))))*float64(mag[i]) + tinyAbs
 					c.near("out", i, got[i], want[i], tol)
 				}

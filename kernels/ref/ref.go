@@ -5,6 +5,7 @@ package ref
 
 import (
 	"cmp"
+	"fmt"
 	"math"
 	"slices"
 
@@ -101,13 +102,18 @@ func (*Backend) Attention(a *kernels.AttentionArgs) {
 	hd := a.HeadDim
 	qDim, kvDim := a.NHeads*hd, a.NKVHeads*hd
 	group := a.NHeads / a.NKVHeads
+	kt := a.KVType
+	if kernels.KVElemBytes(kt) == 0 {
+		panic(fmt.Sprintf("kernels/ref: Attention: KV element type %v (want F32, F16 or BF16)", kt))
+	}
+	kbuf, vbuf := make([]float32, hd), make([]float32, hd)
 	for t, slots := range a.Slots {
 		scores := make([]float32, len(slots))
 		for h := range a.NHeads {
 			q := a.Q[t*qDim+h*hd : t*qDim+(h+1)*hd]
 			kvOff := (h / group) * hd
 			for j, s := range slots {
-				k := a.K[int(s)*kvDim+kvOff : int(s)*kvDim+kvOff+hd]
+				k := kvRow(kbuf, a.K, a.K16, kt, int(s)*kvDim+kvOff)
 				var d float32
 				for c := range hd {
 					d += q[c] * k[c]
@@ -118,13 +124,24 @@ func (*Backend) Attention(a *kernels.AttentionArgs) {
 			out := a.Out[t*qDim+h*hd : t*qDim+(h+1)*hd]
 			clear(out)
 			for j, s := range slots {
-				v := a.V[int(s)*kvDim+kvOff : int(s)*kvDim+kvOff+hd]
+				v := kvRow(vbuf, a.V, a.V16, kt, int(s)*kvDim+kvOff)
 				for c := range hd {
 					out[c] += scores[j] * v[c]
 				}
 			}
 		}
 	}
+}
+
+// kvRow returns the len(buf) elements of a K or V layer from element off
+// on as float32: the F32 layer's own, or the 16-bit layer's decoded
+// exactly into buf.
+func kvRow(buf, f []float32, h []uint16, kt kernels.DType, off int) []float32 {
+	if kt == kernels.F32 {
+		return f[off : off+len(buf)]
+	}
+	kernels.DecodeKV(buf, h[off:off+len(buf)], kt)
+	return buf
 }
 
 // IndexKey decodes the index key stored in slot into dst (len dst = keys.Dim).
