@@ -122,6 +122,19 @@ func (s StepFigures) Outside() time.Duration { return s.Period - s.Forward }
 type OverlapLevel struct {
 	Concurrency       int
 	Lockstep, Overlap LoopFigures
+	// RoundRatios are overlap's output tok/s over lock-step's in each
+	// round, the two loops' runs of a round back to back: their spread is
+	// the run's noise, against which TokRatio's distance from 1 is read.
+	RoundRatios []float64
+}
+
+// RoundSpread is the lowest, median and highest of RoundRatios.
+func (l OverlapLevel) RoundSpread() (lo, med, hi float64) {
+	r := slices.Sorted(slices.Values(l.RoundRatios))
+	if len(r) == 0 {
+		return 0, 0, 0
+	}
+	return r[0], r[len(r)/2], r[len(r)-1]
 }
 
 // TokRatio is overlap's output tokens/s over lock-step's: above 1 is faster.
@@ -344,6 +357,7 @@ func runOverlapThreads(ctx context.Context, cfg OverlapConfig, m *model.Model, p
 	}
 	for li, conc := range cfg.Concurrency {
 		var tallies [2]sideTally
+		var ratios []float64
 		n := cfg.requestsAt(conc)
 		for r := range cfg.Rounds {
 			level := 1 + li*cfg.Rounds + r // the same prompts on both loops, fresh ones each round
@@ -351,6 +365,7 @@ func runOverlapThreads(ctx context.Context, cfg OverlapConfig, m *model.Model, p
 			if r%2 == 1 {
 				order = []int{1, 0}
 			}
+			var rate [2]float64
 			for _, i := range order {
 				s, t := sides[i], &tallies[i]
 				s.probe.reset()
@@ -359,6 +374,7 @@ func runOverlapThreads(ctx context.Context, cfg OverlapConfig, m *model.Model, p
 					return run, fmt.Errorf("bench: %s, concurrency %d: %w", s.schedule, conc, err)
 				}
 				lv := summarize(conc, samples)
+				rate[i] = lv.TokPerSec
 				t.fig.Requests += lv.Requests
 				t.fig.OutputTokens += lv.OutputTokens
 				t.fig.Elapsed += lv.Elapsed
@@ -373,8 +389,9 @@ func runOverlapThreads(ctx context.Context, cfg OverlapConfig, m *model.Model, p
 					t.eng = append(t.eng, ms(d))
 				}
 			}
+			ratios = append(ratios, div(rate[1], rate[0]))
 		}
-		l := OverlapLevel{Concurrency: conc, Lockstep: tallies[0].figures(), Overlap: tallies[1].figures()}
+		l := OverlapLevel{Concurrency: conc, Lockstep: tallies[0].figures(), Overlap: tallies[1].figures(), RoundRatios: ratios}
 		run.Levels = append(run.Levels, l)
 		fmt.Fprintf(progress, "threads %d, c=%d: lock-step %.1f tok/s, overlap %.1f tok/s (%.3fx); decode period %.2f → %.2f ms, forward %.2f ms, hid %.0f%% of a %.0f%% share\n",
 			threads, conc, l.Lockstep.TokPerSec, l.Overlap.TokPerSec, l.TokRatio(),
@@ -469,13 +486,14 @@ func (r *OverlapReport) Print(w io.Writer) {
 	fmt.Fprintf(w, "\noverlap vs lock-step: built-in %s %s model, %v (dim %d, %d layers, vocab %d), max %d running; %d-token prompts, %d output tokens each (ignore_eos, temperature 0), streamed /v1/completions; %d interleaved round(s) per level and loop; took %s\n\n",
 		c.Arch, c.Size, c.Type, mc.Dim, mc.Layers, mc.VocabSize, c.MaxRunning, c.PromptLen, c.MaxTokens, c.Rounds, r.Took.Round(100*time.Millisecond))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "threads\tconcurrency\trequests\tlock-step tok/s\toverlap tok/s\ttok/s ratio\tITL p50 ratio\tITL p99 ratio\tengine ITL p50 ratio\tengine ITL p99 ratio\t\n")
+	fmt.Fprintf(tw, "threads\tconcurrency\trequests\tlock-step tok/s\toverlap tok/s\ttok/s ratio\tper round (min med max)\tITL p50 ratio\tITL p99 ratio\tengine ITL p50 ratio\tengine ITL p99 ratio\t\n")
 	for _, run := range r.Runs {
 		for _, l := range run.Levels {
 			p50, p99 := l.ITLRatios()
 			e50, e99 := l.EngineITLRatios()
-			fmt.Fprintf(tw, "%d\t%d\t%d\t%.1f\t%.1f\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t\n",
-				run.Threads, l.Concurrency, l.Lockstep.Requests, l.Lockstep.TokPerSec, l.Overlap.TokPerSec, l.TokRatio(), p50, p99, e50, e99)
+			lo, med, hi := l.RoundSpread()
+			fmt.Fprintf(tw, "%d\t%d\t%d\t%.1f\t%.1f\t%.3f\t%.3f %.3f %.3f\t%.3f\t%.3f\t%.3f\t%.3f\t\n",
+				run.Threads, l.Concurrency, l.Lockstep.Requests, l.Lockstep.TokPerSec, l.Overlap.TokPerSec, l.TokRatio(), lo, med, hi, p50, p99, e50, e99)
 		}
 	}
 	tw.Flush()
@@ -492,7 +510,7 @@ func (r *OverlapReport) Print(w io.Writer) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "ratios: overlap over lock-step, in the same run; tok/s above 1 and ITL below 1 favour overlap")
+	fmt.Fprintln(w, "ratios: overlap over lock-step, in the same run; tok/s above 1 and ITL below 1 favour overlap; per round: each round's ratio, its two runs back to back")
 	fmt.Fprintln(w, "ITL: between successive text chunks a client reads; engine ITL: between successive tokens of a request as the engine emits them")
 	fmt.Fprintln(w, "period: from a decode step's forward pass's start to the next decode step's (mean over pairs of decode-only steps, rank 0); decode batch: lock-step/overlap")
 	fmt.Fprintln(w, "forward: a step's forward pass on rank 0 (the model and the greedy choice found with its output projection); outside = lock-step period − forward (scheduling, sampling, streaming, collectives)")

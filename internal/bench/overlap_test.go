@@ -53,6 +53,9 @@ func TestRunOverlapTiny(t *testing.T) {
 		if s := l.Lockstep.Steps; s.Forward > s.Period {
 			t.Errorf("c=%d: lock-step forward %v longer than its period %v", l.Concurrency, s.Forward, s.Period)
 		}
+		if lo, med, hi := l.RoundSpread(); len(l.RoundRatios) != cfg.Rounds || !(lo > 0 && lo <= med && med <= hi) {
+			t.Errorf("c=%d: round ratios %v, want %d positive ones", l.Concurrency, l.RoundRatios, cfg.Rounds)
+		}
 		if l.TokRatio() <= 0 || l.OutsideShare() <= 0 || l.OutsideShare() >= 1 {
 			t.Errorf("c=%d: ratio %v, outside share %v", l.Concurrency, l.TokRatio(), l.OutsideShare())
 		}
@@ -60,7 +63,7 @@ func TestRunOverlapTiny(t *testing.T) {
 	if g := rep.Goals(); len(g) != 1 {
 		t.Errorf("goals %+v, want only the never-slower one (concurrency 32 did not run)", g)
 	}
-	checkReport(t, rep.Print, "built-in llama tiny model", "tok/s ratio", "ITL p99 ratio", "outside share", "hidden", "goal ", "verdict: ")
+	checkReport(t, rep.Print, "built-in llama tiny model", "tok/s ratio", "per round (min med max)", "ITL p99 ratio", "outside share", "hidden", "goal ", "verdict: ")
 }
 
 // TestStepProbePairs checks the step probe's pairing: only consecutive decode
