@@ -199,7 +199,8 @@ func (e *Exec) gather(local []float32, rows, width int, full *[]float32) ([]floa
 }
 
 // PoolConfig is the pool shape this model needs, for the given page size,
-// page count and index-K precision. A sequence can grow to the model's
+// page count and index-K precision, with K and V in float32 (set the
+// Config's KVType for a 16-bit pool). A sequence can grow to the model's
 // context length or the pool's capacity, whichever is smaller.
 func (m *Model) PoolConfig(pageSize, pages, maxSeqs int, indexK kernels.IndexKDType) kvcache.Config {
 	return m.ShardPoolConfig(1, pageSize, pages, maxSeqs, indexK)
@@ -418,11 +419,13 @@ func (e *Exec) layer(l, n int) error {
 			return err
 		}
 	}
-	b.Attention(&kernels.AttentionArgs{
-		Out: ws.a, Q: ws.q, K: e.pool.K(l), V: e.pool.V(l), Slots: ws.attn[:n],
+	aa := kernels.AttentionArgs{
+		Out: ws.a, Q: ws.q, Slots: ws.attn[:n],
 		NHeads: e.heads, NKVHeads: e.kvHeads, HeadDim: c.HeadDim,
 		Scale: float32(1 / math.Sqrt(float64(c.HeadDim))),
-	})
+	}
+	e.pool.AttentionKV(l, &aa) // K and V in the pool's element type
+	b.Attention(&aa)
 	a, err := e.gather(ws.a, n, e.qDim, &ws.aFull)
 	if err != nil {
 		return err

@@ -7,14 +7,17 @@ import (
 
 // ScorePrompt runs tokens through the model in one fresh sequence, chunk
 // tokens at a time (0: all at once), and returns the logits of every
-// position (len(tokens) × vocab). It is how the model is checked against an
-// independent reference forward.
-func (m *Model) ScorePrompt(b kernels.Backend, tokens []int32, indexK kernels.IndexKDType, pageSize, chunk int) ([]float32, error) {
+// position (len(tokens) × vocab). The pool stores K and V as kv (F32, BF16
+// or F16). It is how the model is checked against an independent reference
+// forward.
+func (m *Model) ScorePrompt(b kernels.Backend, tokens []int32, indexK kernels.IndexKDType, kv kernels.DType, pageSize, chunk int) ([]float32, error) {
 	if chunk <= 0 {
 		chunk = len(tokens)
 	}
 	pages := (len(tokens) + pageSize - 1) / pageSize
-	pool, err := kvcache.NewPool(m.PoolConfig(pageSize, max(pages, 1), 1, indexK))
+	pc := m.PoolConfig(pageSize, max(pages, 1), 1, indexK)
+	pc.KVType = kv
+	pool, err := kvcache.NewPool(pc)
 	if err != nil {
 		return nil, err
 	}

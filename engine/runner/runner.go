@@ -22,6 +22,7 @@ type Options struct {
 	KVTokens     int                 // KV capacity in tokens across all sequences (default: MaxSeqs × context length)
 	MaxSeqs      int                 // sequences in flight (default 1)
 	IndexK       kernels.IndexKDType // index-K precision for models with an indexer
+	KVType       kernels.DType       // K and V element type: F32 (the zero value), BF16 or F16
 	PrefillChunk int                 // prompt tokens per forward step across the batch (default 512)
 }
 
@@ -58,7 +59,9 @@ func New(m *model.Model, b kernels.Backend, opts Options) (*Runner, error) {
 		return nil, fmt.Errorf("runner: page size %d must be positive", opts.PageSize)
 	}
 	pages := (opts.KVTokens + opts.PageSize - 1) / opts.PageSize
-	pool, err := kvcache.NewPool(m.PoolConfig(opts.PageSize, pages, opts.MaxSeqs, opts.IndexK))
+	pc := m.PoolConfig(opts.PageSize, pages, opts.MaxSeqs, opts.IndexK)
+	pc.KVType = opts.KVType
+	pool, err := kvcache.NewPool(pc)
 	if err != nil {
 		return nil, err
 	}

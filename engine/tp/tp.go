@@ -66,7 +66,8 @@ type Options struct {
 	KVTokens int // each rank's pool holds ⌈KVTokens/PageSize⌉ pages of its share of every token's KV
 	MaxSeqs  int // sequences each pool holds at once
 	IndexK   kernels.IndexKDType
-	Group    dist.Options // the group's flight recorder, watchdog and name
+	KVType   kernels.DType // K and V element type of every rank's pool: F32 (the zero value), BF16 or F16
+	Group    dist.Options  // the group's flight recorder, watchdog and name
 }
 
 // NewShards splits m over o.Ranks ranks.
@@ -82,6 +83,7 @@ func NewShards(m *model.Model, o Options) (*Shards, error) {
 		return nil, fmt.Errorf("tp: KV capacity of %d tokens must be positive", kvTokens)
 	}
 	pc := m.ShardPoolConfig(n, pageSize, (kvTokens+pageSize-1)/pageSize, maxSeqs, indexK)
+	pc.KVType = o.KVType
 	group, err := dist.NewGroup(n, opts)
 	if err != nil {
 		return nil, err

@@ -81,7 +81,13 @@ func (p Perturbation) String() string {
 // Options select the index-K precision and, for sensitivity checks only, a
 // perturbation.
 type Options struct {
-	IndexK  string // "fp8" or "bf16"
+	IndexK string // "fp8" or "bf16"
+	// KV is the KV cache's element type: "" or "f32" keeps K and V in
+	// float64 (the exact forward pass); "bf16" or "f16" reads every K and V
+	// row back as a 16-bit pool stores it: the float64 row rounded to
+	// float32 (the engine computes it in float32), then to the nearest
+	// 16-bit value, ties to even.
+	KV      string
 	Perturb Perturbation
 }
 
@@ -481,6 +487,16 @@ func Run(f *gguf.File, tokens []int32, opt Options) (*Result, error) {
 	if opt.IndexK != "fp8" && opt.IndexK != "bf16" {
 		return nil, fmt.Errorf("reftest: index-K precision %q (want fp8 or bf16)", opt.IndexK)
 	}
+	var roundKV func(float64) float64
+	switch opt.KV {
+	case "", "f32":
+	case "bf16":
+		roundKV = RoundBF16
+	case "f16":
+		roundKV = RoundF16
+	default:
+		return nil, fmt.Errorf("reftest: KV type %q (want f32, bf16 or f16)", opt.KV)
+	}
 	c, err := ReadConfig(f)
 	if err != nil {
 		return nil, err
@@ -570,6 +586,13 @@ func Run(f *gguf.File, tokens []int32, opt Options) (*Result, error) {
 			default:
 				rope(q[t], t, c.HeadDim, c.RopeDim, c.RopeTheta)
 				rope(k[t], t, c.HeadDim, c.RopeDim, c.RopeTheta)
+			}
+			if roundKV != nil {
+				for _, row := range [][]float64{k[t], v[t]} {
+					for i, e := range row {
+						row[i] = roundKV(float64(float32(e)))
+					}
+				}
 			}
 		}
 		// Indexer: queries, weights and stored keys.
