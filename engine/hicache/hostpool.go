@@ -139,8 +139,8 @@ func (h *HostPool) Touch(key Key) bool {
 // (e.g. pages the prefix cache holds); Backup only reads them and may run off
 // the pool's loop.
 func (h *HostPool) Backup(key Key, dev *kvcache.Pool, devPages []int32) (evicted []Key, err error) {
-	if !h.layout.matches(dev.Config()) {
-		return nil, fmt.Errorf("%w: device pool %+v for host layout %+v", ErrShape, dev.Config(), h.layout)
+	if err := h.layout.check(dev.Config()); err != nil {
+		return nil, err
 	}
 	if err := checkDevicePages(devPages, dev.TotalPages()); err != nil {
 		return nil, err

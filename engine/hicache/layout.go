@@ -11,15 +11,17 @@ import (
 // Layout is the byte layout of one host page, derived from the device pool's
 // shape. Pages are page-first: a page's layers are contiguous, and each layer
 // is K rows | V rows | index-K rows | index-K scales, in the byte formats of
-// kvcache's AppendKV and AppendIndexK.
+// kvcache's AppendKV and AppendIndexK: K and V rows in the device pool's
+// element type (KVType), so a 16-bit pool's pages take half the KV bytes.
 type Layout struct {
 	Layers      int
 	PageSize    int
-	KVBytes     int // K (or V) rows of one layer of one page
-	IndexBytes  int // index-K rows of one layer of one page
-	ScaleBytes  int // index-K scales of one layer of one page (fp8 only)
-	LayerBytes  int // 2*KVBytes + IndexBytes + ScaleBytes
-	PageBytes   int // Layers * LayerBytes
+	KVType      kernels.DType // element type of the K and V rows: F32, BF16 or F16
+	KVBytes     int           // K (or V) rows of one layer of one page
+	IndexBytes  int           // index-K rows of one layer of one page
+	ScaleBytes  int           // index-K scales of one layer of one page (fp8 only)
+	LayerBytes  int           // 2*KVBytes + IndexBytes + ScaleBytes
+	PageBytes   int           // Layers * LayerBytes
 	indexConfig *kvcache.IndexKConfig
 	kvDim       int
 }
@@ -29,7 +31,7 @@ func LayoutOf(c kvcache.Config) (Layout, error) {
 	if err := c.Validate(); err != nil {
 		return Layout{}, err
 	}
-	l := Layout{Layers: c.Layers, PageSize: c.PageSize, kvDim: c.KVDim}
+	l := Layout{Layers: c.Layers, PageSize: c.PageSize, KVType: c.KVType, kvDim: c.KVDim}
 	big := func(a, b int) (int, error) {
 		if a != 0 && b > math.MaxInt/a {
 			return 0, fmt.Errorf("hicache: page layout overflows (%d*%d)", a, b)
@@ -37,7 +39,7 @@ func LayoutOf(c kvcache.Config) (Layout, error) {
 		return a * b, nil
 	}
 	var err error
-	if l.KVBytes, err = big(c.PageSize*c.KVDim, 4); err != nil {
+	if l.KVBytes, err = big(c.PageSize*c.KVDim, c.KVElemBytes()); err != nil {
 		return Layout{}, err
 	}
 	if ik := c.IndexK; ik != nil {
@@ -58,16 +60,29 @@ func LayoutOf(c kvcache.Config) (Layout, error) {
 	return l, nil
 }
 
-// matches reports whether device pool configuration c has this layout's shape.
-func (l Layout) matches(c kvcache.Config) bool {
+// check is nil when device pool configuration c has this layout's shape, and
+// otherwise an ErrShape that says what differs.
+func (l Layout) check(c kvcache.Config) error {
+	if c.KVType != l.KVType {
+		return fmt.Errorf("%w: the device pool stores KV as %s, the host pool as %s: both tiers must use one --kv-dtype",
+			ErrShape, kernels.KVName(c.KVType), kernels.KVName(l.KVType))
+	}
 	if c.Layers != l.Layers || c.PageSize != l.PageSize || c.KVDim != l.kvDim {
-		return false
+		return fmt.Errorf("%w: device pool of %d layers, page size %d, KV dim %d for a host layout of %d layers, page size %d, KV dim %d",
+			ErrShape, c.Layers, c.PageSize, c.KVDim, l.Layers, l.PageSize, l.kvDim)
 	}
 	a, b := c.IndexK, l.indexConfig
-	if a == nil || b == nil {
-		return a == nil && b == nil
+	if (a == nil) != (b == nil) || (a != nil && *a != *b) {
+		return fmt.Errorf("%w: device pool index-K %s, host layout index-K %s", ErrShape, indexName(a), indexName(b))
 	}
-	return *a == *b
+	return nil
+}
+
+func indexName(ic *kvcache.IndexKConfig) string {
+	if ic == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%v of %d", ic.DType, ic.Dim)
 }
 
 // PagesForBytes is how many host pages fit in bytes for device pool

@@ -40,8 +40,8 @@ type Loader struct {
 // NewLoader starts a loader from host into dev with slots ring slots
 // (DefaultRingSlots when slots <= 0).
 func NewLoader(host *HostPool, dev *kvcache.Pool, slots int) (*Loader, error) {
-	if !host.layout.matches(dev.Config()) {
-		return nil, fmt.Errorf("%w: device pool %+v for host layout %+v", ErrShape, dev.Config(), host.layout)
+	if err := host.layout.check(dev.Config()); err != nil {
+		return nil, err
 	}
 	if slots <= 0 {
 		slots = DefaultRingSlots

@@ -43,8 +43,8 @@ type Backup struct {
 
 // NewWriter starts a writer from dev into host.
 func NewWriter(host *HostPool, dev *kvcache.Pool) (*Writer, error) {
-	if !host.layout.matches(dev.Config()) {
-		return nil, fmt.Errorf("%w: device pool %+v for host layout %+v", ErrShape, dev.Config(), host.layout)
+	if err := host.layout.check(dev.Config()); err != nil {
+		return nil, err
 	}
 	w := &Writer{host: host, dev: dev, worker: newWorker()}
 	go w.run()
