@@ -87,7 +87,11 @@ func benchBackends(b *testing.B, fn func(b *testing.B, be kernels.Backend)) {
 }
 
 // BenchmarkAttention: 6 heads × 48, 512 tokens of context, one decoding
-// token and a batch of 32.
+// token and a batch of 32; then per KV pool type (f32, bf16, f16) a decode
+// step of 32 sequences at 1024 slots of context each (one token per
+// sequence, every sequence its own pages of 16 slots, scattered over the
+// pool) and a prefill of 512 tokens of one sequence (token i attends to
+// slots 0..i). kvGB/s counts the K and V bytes the call reads once.
 func BenchmarkAttention(b *testing.B) {
 	const ctx, H, hd = 512, 6, 48
 	r := rand.New(rand.NewPCG(1, 1))
@@ -110,6 +114,58 @@ func BenchmarkAttention(b *testing.B) {
 				}
 			})
 		})
+	}
+	for _, shape := range []struct {
+		name      string
+		seqs, ctx int
+		prefill   bool
+	}{{"decode", 32, 1024, false}, {"prefill", 1, 512, true}} {
+		pool := shape.seqs * shape.ctx
+		kv := [2][]float32{randVec(r, pool*H*hd, 1), randVec(r, pool*H*hd, 1)}
+		a := kernels.AttentionArgs{NHeads: H, NKVHeads: H, HeadDim: hd, Scale: float32(1 / math.Sqrt(hd))}
+		pages := r.Perm(pool / 16)
+		for sq := range shape.seqs {
+			slots := make([]int32, 0, shape.ctx)
+			for _, pg := range pages[sq*shape.ctx/16 : (sq+1)*shape.ctx/16] {
+				for i := range 16 {
+					slots = append(slots, int32(16*pg+i))
+				}
+			}
+			if !shape.prefill {
+				a.Slots = append(a.Slots, slots)
+				continue
+			}
+			for i := range slots {
+				a.Slots = append(a.Slots, slots[:i+1])
+			}
+		}
+		reads := 0
+		for _, sl := range a.Slots {
+			reads += len(sl)
+		}
+		a.Q, a.Out = randVec(r, len(a.Slots)*H*hd, 1), make([]float32, len(a.Slots)*H*hd)
+		for _, kt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
+			ak := a
+			ak.KVType = kt
+			if kt == kernels.F32 {
+				ak.K, ak.V = kv[0], kv[1]
+			} else {
+				ak.K16, ak.V16 = make([]uint16, len(kv[0])), make([]uint16, len(kv[1]))
+				kernels.EncodeKV(ak.K16, kv[0], kt)
+				kernels.EncodeKV(ak.V16, kv[1], kt)
+			}
+			for _, threads := range []int{1, 2} {
+				b.Run(fmt.Sprintf("%s/%s/threads=%d", shape.name, kernels.KVName(kt), threads), func(b *testing.B) {
+					be := New(threads)
+					defer be.Close()
+					for b.Loop() {
+						be.Attention(&ak)
+					}
+					bytes := float64(2 * reads * H * hd * kernels.KVElemBytes(kt))
+					b.ReportMetric(bytes*float64(b.N)/b.Elapsed().Seconds()/1e9, "kvGB/s")
+				})
+			}
+		}
 	}
 }
 

@@ -139,6 +139,25 @@ func attnQK(scores, q, k *float32, slots *int32, nblk, stride, n8 int, scale flo
 //go:noescape
 func attnPV(out, p, v *float32, slots *int32, nslots, stride, n8 int)
 
+// attnQKF16 and attnQKBF16 are attnQK over 16-bit K rows (attn16_amd64.s):
+// each element widened exactly, then the FMAs of attnQK in its order, the
+// bits of attnQK on the widened rows. k points at the head's first element
+// of slot 0; stride is in bytes.
+//
+//go:noescape
+func attnQKF16(scores, q *float32, k unsafe.Pointer, slots *int32, nblk, stride, n8 int, scale float32)
+
+//go:noescape
+func attnQKBF16(scores, q *float32, k unsafe.Pointer, slots *int32, nblk, stride, n8 int, scale float32)
+
+// attnPVF16 and attnPVBF16 are attnPV over 16-bit V rows likewise.
+//
+//go:noescape
+func attnPVF16(out, p *float32, v unsafe.Pointer, slots *int32, nslots, stride, n8 int)
+
+//go:noescape
+func attnPVBF16(out, p *float32, v unsafe.Pointer, slots *int32, nslots, stride, n8 int)
+
 // expF32 sets dst[i] = exp(src[i]) with the vectorised exp that softmaxF32
 // and swigluF32 use (see kern_amd64.s); for tests.
 //
@@ -210,24 +229,6 @@ func asmQ8Pairs(xd, x0, x1 []float32, w []byte, rb, pstride, hoff, gstride, ngro
 	return dotQ8PairsZ(&xd[0], &x0[0], &x1[0], nb, unsafe.Pointer(&w[0]), pstride, hoff, gstride, ngroups, &out[0], ostep, ohi, &tab[0], 34*gstride/rb) == 0
 }
 
-// asmAttnQK16 scores blocks of 8 slots with a 16-bit 1×8 kernel.
-func asmAttnQK16(dot dot1x8Func) attnQK16Func {
-	return func(scores, q *float32, k unsafe.Pointer, slots *int32, nblk, stride, n8 int, scale float32) {
-		ss, sl := unsafe.Slice(scores, 8*nblk), unsafe.Slice(slots, 8*nblk)
-		var ptrs [8]unsafe.Pointer
-		var dd [8]float32
-		for b := range nblk {
-			for l := range 8 {
-				ptrs[l] = unsafe.Add(k, int(sl[8*b+l])*stride)
-			}
-			dot(q, &ptrs, n8, &dd)
-			for l, v := range dd {
-				ss[8*b+l] = v * scale
-			}
-		}
-	}
-}
-
 func asmKernels() *kernelSet {
 	if !hasAVX2 {
 		return nil
@@ -256,8 +257,8 @@ func avx2Kernels() *kernelSet {
 		cvtFP8:   cvtFP8,
 		attnPV:   attnPV,
 		attnQK:   attnQK,
-		attnQK16: [4]attnQK16Func{nil, asmAttnQK16(dot1x8F16), asmAttnQK16(dot1x8BF16), nil},
-		attnPV16: [4]attnPV16Func{nil, goAttnPV16(kernels.F16), goAttnPV16(kernels.BF16), nil},
+		attnQK16: [4]attnQK16Func{nil, attnQKF16, attnQKBF16, nil},
+		attnPV16: [4]attnPV16Func{nil, attnPVF16, attnPVBF16, nil},
 		softmax:  asmSoftmax,
 		swiglu:   asmSwiGLU,
 		decodeKeys: func(dst []float32, keys *kernels.IndexKeys, slots []int32) {
