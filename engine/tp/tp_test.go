@@ -39,8 +39,13 @@ func prompts(seed uint64, n, vocab int) [][]int32 {
 }
 
 func newEngine(t *testing.T, m *model.Model, n int) *tp.Engine {
+	return newEngineKV(t, m, n, kernels.F32)
+}
+
+// newEngineKV is newEngine with pools that store K and V as kv.
+func newEngineKV(t *testing.T, m *model.Model, n int, kv kernels.DType) *tp.Engine {
 	t.Helper()
-	e, err := tp.New(m, tp.Options{Ranks: n, Backend: func(int) kernels.Backend { return cpu.New(1) }, PageSize: pageSize, KVTokens: kvTokens, MaxSeqs: maxSeqs, IndexK: kernels.IndexFP8})
+	e, err := tp.New(m, tp.Options{Ranks: n, Backend: func(int) kernels.Backend { return cpu.New(1) }, PageSize: pageSize, KVTokens: kvTokens, MaxSeqs: maxSeqs, IndexK: kernels.IndexFP8, KVType: kv})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,10 +128,15 @@ func run(t *testing.T, vocab int, ps [][]int32, step stepFunc) trace {
 
 // execStep drives model.Exec, the one-rank forward pass, with the same
 // inputs.
-func execStep(t *testing.T, m *model.Model) stepFunc {
+func execStep(t *testing.T, m *model.Model) stepFunc { return execStepKV(t, m, kernels.F32) }
+
+// execStepKV is execStep with a pool that stores K and V as kv.
+func execStepKV(t *testing.T, m *model.Model, kv kernels.DType) stepFunc {
 	b := cpu.New(1)
 	t.Cleanup(b.Close)
-	pool, err := kvcache.NewPool(m.PoolConfig(pageSize, kvTokens/pageSize, maxSeqs, kernels.IndexFP8))
+	pc := m.PoolConfig(pageSize, kvTokens/pageSize, maxSeqs, kernels.IndexFP8)
+	pc.KVType = kv
+	pool, err := kvcache.NewPool(pc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,6 +222,33 @@ func TestBitExact(t *testing.T) {
 					if err := p.Check(); err != nil {
 						t.Error(err)
 					}
+				}
+			}
+		})
+	}
+}
+
+// TestBitExactKV16 is TestBitExact for the 16-bit KV types, on the sparse
+// model: every rank rounds its own KV heads in kvcache.WriteKV, as the one
+// rank does, so TP=1, 2 and 4 equal model.Exec bit for bit; and the rounding
+// is real (the logits differ from the F32 pool's).
+func TestBitExactKV16(t *testing.T) {
+	m := testmodel.Open(t, tiny(model.ArchLlamaDSA))
+	v := m.Config.VocabSize
+	ps := prompts(7, 3, v)
+	f32 := run(t, v, ps, execStep(t, m))
+	for _, kv := range []kernels.DType{kernels.BF16, kernels.F16} {
+		t.Run(kernels.KVName(kv), func(t *testing.T) {
+			want := run(t, v, ps, execStepKV(t, m, kv))
+			if slices.EqualFunc(slices.Concat(want.logits...), slices.Concat(f32.logits...), func(a, b float32) bool { return a == b }) {
+				t.Fatalf("%s logits equal the f32 pool's: the pool does not round", kernels.KVName(kv))
+			}
+			for _, n := range []int{1, 2, 4} {
+				e := newEngineKV(t, m, n, kv)
+				got := run(t, v, ps, engineStep(e))
+				sameBits(t, fmt.Sprintf("%s TP=%d vs model.Exec", kernels.KVName(kv), n), got, want)
+				if k := e.Pool(0).KVType(); k != kv {
+					t.Fatalf("TP=%d pool stores %v", n, k)
 				}
 			}
 		})
