@@ -30,6 +30,10 @@ type Settings struct {
 	PrefixCache    bool `json:"prefix_cache"`     // the radix prefix cache is on
 	// Schedule is the rank loop: lockstep or overlap.
 	Schedule string `json:"schedule"`
+	// KVDType is the element type the pools store K and V in (f32, bf16
+	// or f16; --kv-dtype): fixed for the server's life, and the same on a
+	// prefill and its decodes.
+	KVDType string `json:"kv_dtype"`
 
 	// IndexK is the storage precision of the sparse indexer's keys (fp8 or
 	// bf16) now (it is switched live); it matters only when Indexer says

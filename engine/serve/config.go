@@ -26,6 +26,13 @@ type Config struct {
 	MaxBatchTokens int                 // tokens per step, prefill and decode together (default 512); at least MaxRunning
 	PrefillChunk   int                 // prompt tokens per request per step (default 256)
 	IndexK         kernels.IndexKDType // index-K precision for models with an indexer
+	// KVType is the element type every rank's pool stores K and V in:
+	// kernels.F32 (the zero value, the default), kernels.BF16 or
+	// kernels.F16. A 16-bit pool holds twice the tokens in the same memory
+	// and moves half the bytes per token in a PD transfer; a prefill and a
+	// decode must agree on it (the bootstrap refuses a mismatch), and the
+	// host tier follows it.
+	KVType kernels.DType
 
 	// DisablePrefixCache turns the radix prefix cache off: every prompt is
 	// computed from position 0 and finished sequences free all their pages.
@@ -203,6 +210,11 @@ func (c Config) Validate(m *model.Model) error {
 	}
 	if c.PageSize < 1 {
 		bad("page size %d must be positive", c.PageSize)
+	}
+	switch c.KVType {
+	case kernels.F32, kernels.BF16, kernels.F16:
+	default:
+		bad("KV type %v: want f32, bf16 or f16", c.KVType)
 	}
 	if c.KVTokens < 1 {
 		bad("KV capacity of %d tokens must be positive", c.KVTokens)

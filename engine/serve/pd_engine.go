@@ -11,6 +11,7 @@ import (
 
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/pd/zmqlink"
+	"github.com/pdkit/pdkit/kernels"
 )
 
 // pdEngine is the Engine's PD state outside the rank loops: the decode
@@ -115,11 +116,12 @@ func (e *Engine) indexKName() string {
 	return indexKName(e.IndexK())
 }
 
-const kvDTypeName = "f32" // how the pools store K and V
-
 func (e *Engine) decodeInfo() pdproto.DecodeInfo {
 	c := &e.m.Config
-	return pdproto.DecodeInfo{TPSize: e.cfg.TP, PageSize: e.cfg.PageSize, KVDType: kvDTypeName, IndexKDType: e.indexKName(),
+	// KVDType is how the pools store K and V (Config.KVType): a prefill
+	// and a decode that differ would move rows of the wrong size, so the
+	// bootstrap compare refuses the pair by name.
+	return pdproto.DecodeInfo{TPSize: e.cfg.TP, PageSize: e.cfg.PageSize, KVDType: kernels.KVName(e.cfg.KVType), IndexKDType: e.indexKName(),
 		Model: e.m.Name, Layers: c.Layers, KVHeads: c.KVHeads / e.cfg.TP, HeadDim: c.HeadDim}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
+	"github.com/pdkit/pdkit/kernels"
 )
 
 // A decode fetches only the bootstrap registries of its own cluster's
@@ -212,12 +214,25 @@ func (e *Engine) resolved(url string) ([]pdproto.RankInfo, error, bool) {
 func lookupFailure(url string, timeout time.Duration, err error) error {
 	var inc *pdproto.IncompatibleError
 	switch {
+	case errors.As(err, &inc) && inc.Field == "kv_dtype" && knownKVType(inc.Prefill) && knownKVType(inc.Decode):
+		// Both values are names this build knows, not the registry's
+		// free text, so they may be told.
+		return fmt.Errorf("the prefill at %s does not fit this decode (kv_dtype differs: the prefill stores KV as %s, this decode as %s; both must run one --kv-dtype)",
+			url, inc.Prefill, inc.Decode)
 	case errors.As(err, &inc):
 		return fmt.Errorf("the prefill at %s does not fit this decode (%s differs; see the decode's log)", url, inc.Field)
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("the prefill's registry %s did not answer within %v", url, timeout)
 	}
 	return fmt.Errorf("the prefill's registry %s could not be looked up (see the decode's log)", url)
+}
+
+// knownKVType reports whether s is a quoted KV type name ("f32", "bf16",
+// "f16"), as an IncompatibleError holds a compared string.
+func knownKVType(s string) bool {
+	name, err := strconv.Unquote(s)
+	_, ok := kernels.KVTypes[name]
+	return err == nil && ok
 }
 
 // forgetResolution drops what is known of url, so that the next request

@@ -125,7 +125,7 @@ func (e *Engine) build(endpoints []string) error {
 		return o
 	}
 	shards, err := tp.NewShards(e.m, tp.Options{Ranks: cfg.TP, Backend: cfg.Backend, PageSize: cfg.PageSize,
-		KVTokens: cfg.KVTokens, MaxSeqs: cfg.maxSeqs(), IndexK: kernels.IndexKDType(e.indexK.Load()), Group: gopts(CommForward)})
+		KVTokens: cfg.KVTokens, MaxSeqs: cfg.maxSeqs(), IndexK: kernels.IndexKDType(e.indexK.Load()), KVType: cfg.KVType, Group: gopts(CommForward)})
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/dist"
+	"github.com/pdkit/pdkit/kernels"
 )
 
 // Settings returns the engine's effective settings, as GET
@@ -40,7 +41,7 @@ func settingsOf(cfg Config, indexer bool, faultsOn []string) debug.Settings {
 		Role: cfg.Role, Name: cfg.Name, TPSize: cfg.TP,
 		PageSize: cfg.PageSize, KVTokens: cfg.KVTokens, KVPages: cfg.Pages(), MaxRunning: cfg.MaxRunning,
 		MaxBatchTokens: cfg.MaxBatchTokens, PrefillChunk: cfg.PrefillChunk, PrefixCache: !cfg.DisablePrefixCache, Schedule: cfg.Schedule,
-		IndexK: cfg.IndexK.String(), Indexer: indexer,
+		IndexK: cfg.IndexK.String(), Indexer: indexer, KVDType: kernels.KVName(cfg.KVType),
 		HeartbeatMS:       msOf(cfg.Heartbeat),
 		FlightRecorderLen: cfg.FlightRecorderLen,
 		DecisionLogLen:    cfg.DecisionLogLen,

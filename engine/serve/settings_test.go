@@ -35,7 +35,7 @@ var notSettings = map[string]string{
 // field it is published as.
 var published = map[string]string{
 	"TP": "tp_size", "PageSize": "page_size", "KVTokens": "kv_tokens", "MaxRunning": "max_running",
-	"MaxBatchTokens": "max_batch_tokens", "PrefillChunk": "prefill_chunk", "IndexK": "index_k",
+	"MaxBatchTokens": "max_batch_tokens", "PrefillChunk": "prefill_chunk", "IndexK": "index_k", "KVType": "kv_dtype",
 	"DisablePrefixCache": "prefix_cache", "Schedule": "schedule", "Name": "name", "Role": "role",
 	"FlightRecorderLen": "flight_recorder_len", "DecisionLogLen": "decision_log_len", "CollectiveWatchdog": "collective_watchdog_ms", "CollectiveTimeout": "collective_timeout_ms",
 	"CloseTimeout": "close_timeout_ms", "WaitingTimeout": "waiting_timeout_ms", "PrefillTimeout": "prefill_timeout_ms",
@@ -123,7 +123,7 @@ func TestSettingsOf(t *testing.T) {
 	got := settingsOf(cfg, true, []string{FaultStallLastRank})
 	want := debug.Settings{
 		Role: "decode", Name: "p0", TPSize: 2, PageSize: 4, KVTokens: 128, KVPages: 32, MaxRunning: 4, MaxBatchTokens: 64,
-		PrefillChunk: 32, PrefixCache: false, Schedule: "lockstep", IndexK: "bf16", Indexer: true, HeartbeatMS: 20, CollectiveWatchdogMS: 0,
+		PrefillChunk: 32, PrefixCache: false, Schedule: "lockstep", KVDType: "f32", IndexK: "bf16", Indexer: true, HeartbeatMS: 20, CollectiveWatchdogMS: 0,
 		FlightRecorderLen: 256, DecisionLogLen: DefaultDecisionLogLen, CloseTimeoutMS: 5000, WaitingTimeoutMS: 3000, RequestTimeoutMS: 600000,
 		PD: &debug.PDSettings{Host: "127.0.0.1", BootstrapTimeoutMS: 10000, TransferTimeoutMS: 7000, InflightTimeoutMS: 10000,
 			AbortAckTimeoutMS: 1500, SendTimeoutMS: 2000, HeartbeatIntervalMS: 500, HeartbeatTimeoutMS: 4000, ReservedDecodeTokens: -1,

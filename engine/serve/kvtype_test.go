@@ -1,0 +1,159 @@
+package serve
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/model"
+	"github.com/pdkit/pdkit/engine/model/builtin"
+	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/kernels"
+)
+
+// A decode whose pools store bf16 refuses a prefill that stores f32 at the
+// handshake: the request fails naming kv_dtype and both types, nothing
+// streams, and neither side holds a page after.
+func TestPDHandshakeRefusesKVType(t *testing.T) {
+	m := tinyModel(t)
+	pc := Config{PageSize: 4, KVTokens: 256, MaxRunning: 2, Role: pdproto.RolePrefill, KVType: kernels.F32}
+	dc := Config{PageSize: 4, KVTokens: 256, MaxRunning: 2, Role: pdproto.RoleDecode, KVType: kernels.BF16}
+	p := newEngine(t, m, pc)
+	d := newEngine(t, m, dc)
+	url := serveRegistry(t, p, 1)
+	allowRegistry(t, d, url)
+	s, err := d.Submit(context.Background(), Request{Prompt: []int32{5, 6, 7}, MaxTokens: 2, PD: &PDRequest{Room: 3, BootstrapURL: url}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks, fin := collect(t, s, 20*time.Second)
+	if len(toks) != 0 || !strings.Contains(fin.Reason, "kv_dtype") || !strings.Contains(fin.Reason, `"f32"`) || !strings.Contains(fin.Reason, `"bf16"`) {
+		t.Errorf("got %v, finish %q; want no token and the kv_dtype mismatch named with both types", toks, fin.Reason)
+	}
+	if d.PDFailures() != 1 {
+		t.Errorf("decode counts %d PD failures, want 1", d.PDFailures())
+	}
+	checkPools(t, d)
+	checkPools(t, p)
+	if p.PDTransferBytes() != 0 || d.PDTransferBytes() != 0 {
+		t.Errorf("KV moved across a refused handshake: prefill %d, decode %d bytes", p.PDTransferBytes(), d.PDTransferBytes())
+	}
+}
+
+// PD greedy output equals the colocated engine's with bf16 pools, at TP 1
+// and 2 (TestPDMatchesColocated runs f32 on more prompts).
+func TestPDMatchesColocatedBF16(t *testing.T) {
+	m := tinyModel(t)
+	ps := testmodel.Prompts(19, 16, 3, 40, m.Config.VocabSize)
+	const maxTok = 8
+	for _, n := range []int{1, 2} {
+		t.Run(fmt.Sprint("tp", n), func(t *testing.T) {
+			cfg := Config{TP: n, PageSize: 4, KVTokens: 512, MaxRunning: 4, MaxBatchTokens: 32, PrefillChunk: 7, KVType: kernels.BF16}
+			col := newEngine(t, m, cfg)
+			want := make([][]int32, len(ps))
+			for i, p := range ps {
+				s, err := col.Submit(context.Background(), Request{Prompt: p, MaxTokens: maxTok})
+				if err != nil {
+					t.Fatal(err)
+				}
+				want[i], _ = collect(t, s, 30*time.Second)
+			}
+			pp := newPDPair(t, cfg)
+			var wg sync.WaitGroup
+			for i, p := range ps {
+				wg.Go(func() {
+					toks, dfin, pfin := pp.run(t, context.Background(), Request{Prompt: p, MaxTokens: maxTok}, uint64(7000+i))
+					if !slices.Equal(toks, want[i]) {
+						t.Errorf("prompt %d: PD %v (%s), colocated %v", i, toks, dfin.Reason, want[i])
+					}
+					if pfin.Reason != ReasonLength || dfin.CompletionTokens != len(toks) {
+						t.Errorf("prompt %d: prefill %+v, decode %+v", i, pfin, dfin)
+					}
+				})
+			}
+			wg.Wait()
+			for _, e := range []*Engine{pp.prefill, pp.decode} {
+				checkPools(t, e)
+			}
+			if pp.decode.PDTransferBytes() == 0 || pp.prefill.PDTransferBytes() != pp.decode.PDTransferBytes() {
+				t.Errorf("transfer bytes: prefill %d, decode %d", pp.prefill.PDTransferBytes(), pp.decode.PDTransferBytes())
+			}
+		})
+	}
+}
+
+// A PD transfer of one prompt moves half the bytes with bf16 and f16 pools
+// that it moves with f32 ones: exactly half on a model without an indexer
+// (whose KV is all there is), Layers × 2 × KVDim × 2 bytes per token.
+func TestPDKVBytesPerToken(t *testing.T) {
+	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlama, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
+	prompt := testmodel.Prompts(23, 1, 37, 37, m.Config.VocabSize)[0]
+	bytes := map[kernels.DType]uint64{}
+	for _, kv := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
+		cfg := Config{PageSize: 4, KVTokens: 256, MaxRunning: 2, KVType: kv, Role: pdproto.RolePrefill}
+		pc, dc := cfg, cfg
+		dc.Role = pdproto.RoleDecode
+		p := newEngine(t, m, pc)
+		d := newEngine(t, m, dc)
+		url := serveRegistry(t, p, 1)
+		allowRegistry(t, d, url)
+		pp := &pdPair{prefill: p, decode: d, url: url}
+		toks, dfin, _ := pp.run(t, context.Background(), Request{Prompt: prompt, MaxTokens: 2}, 11)
+		if len(toks) != 2 {
+			t.Fatalf("%s: %d tokens, finish %q", kernels.KVName(kv), len(toks), dfin.Reason)
+		}
+		bytes[kv] = d.PDTransferBytes()
+		c := &m.Config
+		if want := uint64(len(prompt) * c.Layers * 2 * c.KVDim() * kernels.KVElemBytes(kv)); bytes[kv] != want {
+			t.Errorf("%s: %d bytes moved for %d tokens, want %d", kernels.KVName(kv), bytes[kv], len(prompt), want)
+		}
+		if p.PDTransferBytes() != bytes[kv] {
+			t.Errorf("%s: prefill counts %d bytes, decode %d", kernels.KVName(kv), p.PDTransferBytes(), bytes[kv])
+		}
+		checkPools(t, p)
+		checkPools(t, d)
+		p.Close()
+		d.Close()
+	}
+	t.Logf("bytes per token: f32 %d, bf16 %d, f16 %d", bytes[kernels.F32]/uint64(len(prompt)),
+		bytes[kernels.BF16]/uint64(len(prompt)), bytes[kernels.F16]/uint64(len(prompt)))
+	if bytes[kernels.BF16]*2 != bytes[kernels.F32] || bytes[kernels.F16] != bytes[kernels.BF16] {
+		t.Errorf("bytes moved: f32 %d, bf16 %d, f16 %d; want 16-bit half of f32", bytes[kernels.F32], bytes[kernels.BF16], bytes[kernels.F16])
+	}
+}
+
+// The KV type is published in the settings, sizes the decode's message
+// limit by its element, and a type a pool cannot store is refused.
+func TestKVTypeConfig(t *testing.T) {
+	m := tinyModel(t)
+	for _, kv := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
+		if s := settingsOf(Config{KVType: kv}, false, nil); s.KVDType != kernels.KVName(kv) {
+			t.Errorf("settings publish kv_dtype %q for %v", s.KVDType, kv)
+		}
+	}
+	limit := func(kv kernels.DType) int64 {
+		e := &Engine{m: m, cfg: Config{TP: 1, PageSize: 16, Role: pdproto.RoleDecode, KVType: kv}}
+		return e.maxMessageBytes()
+	}
+	c := &m.Config
+	row := int64(c.KVDim())
+	if c.Indexer != nil {
+		row = max(row*2, int64(c.Indexer.Dim)*2)
+	} else {
+		row *= 2
+	}
+	if got, want := limit(kernels.F32)-limit(kernels.BF16), int64(c.ContextLen)*(int64(c.KVDim())*4-row); got != want {
+		t.Errorf("decode message limit: f32 %d, bf16 %d; differ by %d, want %d", limit(kernels.F32), limit(kernels.BF16), got, want)
+	}
+	for _, kv := range []kernels.DType{kernels.Q8_0, kernels.DType(99)} {
+		cfg := Config{KVType: kv, Backend: cpuBackend}
+		if _, err := New(m, cfg); err == nil || !strings.Contains(err.Error(), "KV type") {
+			t.Errorf("KV type %v: %v", kv, err)
+		}
+	}
+}
