@@ -22,6 +22,7 @@ func newBenchCmd() *cobra.Command {
 	var mf modelFlags
 	var types []string
 	var dramMiB int
+	var kvDType string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure prefill and decode speed of a built-in model or a GGUF file against the memory-bandwidth bound",
@@ -42,6 +43,11 @@ The model is a built-in one (--arch, --size, one file per --types), or the GGUF 
 			if dramMiB < 1 {
 				return usagef("--dram-buffer must be positive")
 			}
+			kv, err := parseKVDType(kvDType)
+			if err != nil {
+				return err
+			}
+			cfg.KVType = kv
 			cfg.DRAMBytes = dramMiB << 20
 			return runReport(cmd, func(home string) (printer, error) {
 				cfg.Home = home
@@ -60,6 +66,7 @@ The model is a built-in one (--arch, --size, one file per --types), or the GGUF 
 	f.IntVar(&cfg.Batch, "batch", 32, "sequences in the aggregate decode run")
 	f.IntVar(&cfg.Repeats, "repeats", 3, "runs per figure (the median is reported)")
 	f.IntVar(&dramMiB, "dram-buffer", 1024, "MiB read to measure DRAM bandwidth: far beyond the caches")
+	f.StringVar(&kvDType, "kv-dtype", kvDTypeFlagHelp.def, kvDTypeFlagHelp.usage)
 	cmd.AddCommand(newBenchServeCmd(), newBenchOverlapCmd(), newBenchPDCmd(), newBenchLoadCmd(), newBenchHiCacheCmd())
 	return cmd
 }
@@ -126,6 +133,7 @@ func benchShape(cmd *cobra.Command, path string, mf *modelFlags) (model.Config, 
 func newBenchPDCmd() *cobra.Command {
 	cfg := bench.PDConfig{}
 	var mf modelFlags
+	var kvDType string
 	cmd := &cobra.Command{
 		Use:   "pd",
 		Short: "Measure PD disaggregation: TTFT of a prefill+decode pair against a colocated engine, and the KV transport against raw TCP",
@@ -142,6 +150,9 @@ moves the same bytes over raw loopback TCP, and reports both rates and their rat
 				return usageError{err}
 			}
 			cfg.Arch, cfg.Size, cfg.Type = mf.arch, mf.size, dt
+			if cfg.KVType, err = parseKVDType(kvDType); err != nil {
+				return err
+			}
 			if cfg.TP < 1 || cfg.Requests < 1 || cfg.MaxTokens < 1 || cfg.TransportTime <= 0 {
 				return usagef("--tp, --requests, --max-tokens and --transport-time must be positive")
 			}
@@ -174,6 +185,7 @@ moves the same bytes over raw loopback TCP, and reports both rates and their rat
 	f.IntVar(&cfg.MaxTokens, "max-tokens", 8, "greedy tokens generated per request")
 	f.IntVar(&cfg.Threads, "threads", 0, "kernel threads per rank (0: every CPU / tp)")
 	f.DurationVar(&cfg.TransportTime, "transport-time", 2*time.Second, "how long the KV transport loop sends")
+	f.StringVar(&kvDType, "kv-dtype", kvDTypeFlagHelp.def, kvDTypeFlagHelp.usage)
 	return cmd
 }
 

@@ -19,6 +19,7 @@ type engineFlags struct {
 	backend string
 	threads int
 	indexK  string
+	kvDType string
 }
 
 func (e *engineFlags) register(f *pflag.FlagSet) {
@@ -26,6 +27,27 @@ func (e *engineFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&e.backend, "backend", "cpu", "kernels: cpu (fast) or ref (plain-Go reference, slow)")
 	f.IntVar(&e.threads, "threads", 0, "CPU threads for the cpu backend (0: all)")
 	f.StringVar(&e.indexK, "index-k", "fp8", "index-K precision of the sparse indexer: fp8 or bf16")
+	f.StringVar(&e.kvDType, "kv-dtype", kvDTypeFlagHelp.def, kvDTypeFlagHelp.usage)
+}
+
+// kvDTypeFlagHelp is --kv-dtype's default and help, the same on every
+// command that has the flag.
+var kvDTypeFlagHelp = struct{ def, usage string }{"f32",
+	"element type the KV cache stores K and V in: f32, bf16 or f16 (16-bit: half the KV memory and PD transfer bytes per token, " +
+		"K and V rounded to nearest; a prefill and its decodes must agree)"}
+
+// kvType reads --kv-dtype.
+func (e *engineFlags) kvType() (kernels.DType, error) {
+	return parseKVDType(e.kvDType)
+}
+
+// parseKVDType reads a --kv-dtype value as a usage error.
+func parseKVDType(s string) (kernels.DType, error) {
+	kv, err := kernels.ParseKVType(s)
+	if err != nil {
+		return 0, usagef("--kv-dtype %q: want f32, bf16 or f16", s)
+	}
+	return kv, nil
 }
 
 // resolveModel returns the model path, generating the default model into

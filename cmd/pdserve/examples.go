@@ -87,6 +87,9 @@ $ pdserve config decode --tp 2 --transfer-timeout 30s --json
 
 # What an environment variable changes
 $ PD_INDEX_K=bf16 pdserve config prefill
+
+# A decode whose KV cache stores bf16 (its prefills must run --kv-dtype bf16 too)
+$ PD_KV_DTYPE=bf16 pdserve config decode
 `,
 	"serve": `
 # Serve the built-in model on :8000, then ask for a completion

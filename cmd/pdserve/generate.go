@@ -52,6 +52,10 @@ func generateRun(cmd *cobra.Command, o generateOptions) error {
 	if err := o.sampling.Validate(); err != nil {
 		return usageError{err}
 	}
+	kv, err := o.engine.kvType()
+	if err != nil {
+		return err
+	}
 	m, b, ik, closeAll, err := o.engine.open(stderr)
 	if err != nil {
 		return err
@@ -67,7 +71,7 @@ func generateRun(cmd *cobra.Command, o generateOptions) error {
 	if n := len(prompt) + o.maxTokens; n > m.Config.ContextLen {
 		return usagef("prompt (%d tokens) + --max-tokens %d exceed the context length %d", len(prompt), o.maxTokens, m.Config.ContextLen)
 	}
-	r, err := runner.New(m, b, runner.Options{PageSize: o.pageSize, KVTokens: len(prompt) + o.maxTokens, IndexK: ik})
+	r, err := runner.New(m, b, runner.Options{PageSize: o.pageSize, KVTokens: len(prompt) + o.maxTokens, IndexK: ik, KVType: kv})
 	if err != nil {
 		return err
 	}

@@ -32,6 +32,7 @@ type launchOptions struct {
 	tp           int
 	faults       []string
 	hicache      hicacheFlags
+	kvDType      string
 	readyTimeout time.Duration
 	grace        time.Duration
 }
@@ -39,14 +40,15 @@ type launchOptions struct {
 func newLaunchCmd() *cobra.Command {
 	o := launchOptions{}
 	cmd := &cobra.Command{
-		Use:   "launch [--model FILE] [--port 8000] [--prefill N] [--decode N] [--tp N] [--fault NAME]... [--hicache]",
+		Use:   "launch [--model FILE] [--port 8000] [--prefill N] [--decode N] [--tp N] [--kv-dtype f32|bf16|f16] [--fault NAME]... [--hicache]",
 		Short: "Run a PD cluster on this machine: a router, prefill and decode servers as child processes on loopback",
 		Long: `Run a PD cluster on this machine: N prefill and M decode servers and a router
 in front of them, each a child process of this one listening on 127.0.0.1
 (free ports, the router on --port). Once every server answers /health it
 prints the endpoints. Ctrl-C or SIGTERM stops them all; when one of them
 dies, the others are stopped too and launch exits 1, quoting its last output.
-The --hicache flags go to every prefill and decode server. Other PD_*
+The --hicache flags and --kv-dtype go to every prefill and decode server
+(prefills and decodes must store KV alike). Other PD_*
 variables in the environment reach the servers. The servers share a cluster
 secret: PD_CLUSTER_SECRET (or PD_CLUSTER_SECRET_FILE) from the environment,
 else a fresh one, written to a file (mode 600) whose path launch prints
@@ -64,6 +66,7 @@ for pdctl's --cluster-secret-file and removes when it ends.`,
 	f.IntVar(&o.tp, "tp", 1, "tensor-parallel ranks of each prefill and decode server")
 	f.StringArrayVar(&o.faults, "fault", nil, "fault switch to turn on in the servers of its role (repeatable; e.g. bootstrap-abort-crash)")
 	o.hicache.register(f)
+	f.StringVar(&o.kvDType, "kv-dtype", kvDTypeFlagHelp.def, kvDTypeFlagHelp.usage)
 	f.DurationVar(&o.readyTimeout, "ready-timeout", 2*time.Minute, "longest wait for every server to answer /health")
 	f.DurationVar(&o.grace, "stop-timeout", 15*time.Second, "how long a stop waits after SIGTERM before it kills a server")
 	return cmd
@@ -79,7 +82,7 @@ type launchPlan struct {
 	decode          []int // HTTP ports
 	tp              int
 	faults          []string
-	engineArgs      []string // flags every prefill and decode server gets (the --hicache ones set)
+	engineArgs      []string // flags every prefill and decode server gets (the --hicache ones set, --kv-dtype)
 	env             []string // every child's environment
 }
 
@@ -165,6 +168,9 @@ func launchRun(cmd *cobra.Command, o launchOptions) error {
 			return usagef("--fault %q: not a fault switch", f)
 		}
 	}
+	if _, err := parseKVDType(o.kvDType); err != nil {
+		return err
+	}
 	// The servers would refuse these; say so before starting any.
 	noPrefix, _ := strconv.ParseBool(os.Getenv(config.EnvName("no-prefix-cache")))
 	if _, err := o.hicache.config(noPrefix); err != nil {
@@ -222,7 +228,7 @@ func launchRun(cmd *cobra.Command, o launchOptions) error {
 			return nil, err
 		}
 		plan = launchPlan{exe: exe, model: model, routerPort: o.port, routerPortFixed: o.port != 0, tp: o.tp, faults: o.faults,
-			engineArgs: hicacheArgs(cmd.Flags()), env: env}
+			engineArgs: append(hicacheArgs(cmd.Flags()), "--kv-dtype="+o.kvDType), env: env}
 		for range o.prefill {
 			plan.prefill = append(plan.prefill, prefillPorts{http: ports[0], bootstrap: ports[1]})
 			ports = ports[2:]

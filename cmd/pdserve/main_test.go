@@ -89,6 +89,11 @@ func TestModelInitInfoGenerate(t *testing.T) {
 	if out, _ := gen("--index-k", "bf16"); strings.TrimSpace(out) == "" {
 		t.Error("bf16 index-K generated nothing")
 	}
+	for _, kv := range []string{"bf16", "f16"} {
+		if out, _ := gen("--kv-dtype", kv); strings.TrimSpace(out) == "" {
+			t.Errorf("%s KV generated nothing", kv)
+		}
+	}
 }
 
 func TestUsageErrors(t *testing.T) {
@@ -101,6 +106,7 @@ func TestUsageErrors(t *testing.T) {
 		{"generate", "--prompt", "x", "--max-tokens", "0"},
 		{"generate", "--prompt", "x", "--temperature", "-1"},
 		{"generate", "--prompt", "x", "--index-k", "fp4"},
+		{"generate", "--prompt", "x", "--kv-dtype", "fp8"},
 		{"generate", "--prompt", "x", "--backend", "gpu"},
 		{"generate", "--bogus"},
 	}
@@ -132,6 +138,7 @@ func TestBadModelFile(t *testing.T) {
 
 func TestConfigShowsSources(t *testing.T) {
 	t.Setenv("PD_THREADS", "3")
+	t.Setenv("PD_KV_DTYPE", "bf16")
 	out, stderr, code := run(t, "config", "--index-k", "bf16")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
@@ -139,6 +146,7 @@ func TestConfigShowsSources(t *testing.T) {
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`(?m)^index-k\s+bf16\s+flag\s+PD_INDEX_K\s`),
 		regexp.MustCompile(`(?m)^threads\s+3\s+env\s+PD_THREADS\s`),
+		regexp.MustCompile(`(?m)^kv-dtype\s+bf16\s+env\s+PD_KV_DTYPE\s`),
 		regexp.MustCompile(`(?m)^backend\s+cpu\s+default\s+PD_BACKEND\s`),
 	} {
 		if !want.MatchString(out) {

@@ -158,8 +158,13 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	if err != nil {
 		return usageError{err}
 	}
+	kv, err := o.engine.kvType()
+	if err != nil {
+		return err
+	}
 	cfg := o.cfg
 	cfg.IndexK = ik
+	cfg.KVType = kv
 	cfg.DisablePrefixCache = o.noPrefixCache
 	if cfg.HiCache, err = o.hicache.config(o.noPrefixCache); err != nil {
 		return err

@@ -229,6 +229,9 @@ func TestServeUsageErrors(t *testing.T) {
 		{"serve", "--model", path, "--backend", "tpu"},
 		{"serve", "--model", path, "--tp", "3"},
 		{"serve", "--model", path, "--index-k", "fp4"},
+		{"serve", "--model", path, "--kv-dtype", "f64"},
+		{"prefill", "--model", path, "--kv-dtype", "q8_0"},
+		{"decode", "--model", path, "--kv-dtype", "BF16"},
 		{"serve", "extra"},
 	} {
 		if _, stderr, code := run(t, args...); code != 2 {

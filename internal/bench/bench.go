@@ -42,6 +42,9 @@ type Config struct {
 	Batch     int // sequences in the aggregate decode benchmark
 	Repeats   int // each figure is the median of this many runs
 	DRAMBytes int // buffer for the DRAM bandwidth (default 1 GiB: far beyond the caches)
+	// KVType is the element type the KV pools store K and V in: F32 (the
+	// zero value), BF16 or F16.
+	KVType kernels.DType
 }
 
 // Row is one line of the report.
@@ -166,7 +169,7 @@ func measure(ctx context.Context, m *model.Model, typ kernels.DType, threads int
 		for _, q := range reqs {
 			kv += len(q.Prompt) + q.MaxTokens
 		}
-		r, err := runner.New(m, b, runner.Options{MaxSeqs: len(reqs), KVTokens: kv + 16*len(reqs), PrefillChunk: chunk})
+		r, err := runner.New(m, b, runner.Options{MaxSeqs: len(reqs), KVTokens: kv + 16*len(reqs), PrefillChunk: chunk, KVType: cfg.KVType})
 		if err != nil {
 			return runner.Stats{}, err
 		}
@@ -258,8 +261,8 @@ func median(v []float64) float64 {
 func (r *Report) Print(w io.Writer) {
 	c := r.Config
 	mc := r.Shape
-	fmt.Fprintf(w, "\n%s (dim %d, %d layers, vocab %d); prefill: %d-token prompt; decode: %d tokens after a %d-token prompt (depth %d); batch: %d sequences; median of %d\n\n",
-		r.Model, mc.Dim, mc.Layers, mc.VocabSize, c.PromptLen, c.DecodeTokens, c.Depth, c.Depth, c.Batch, c.Repeats)
+	fmt.Fprintf(w, "\n%s (dim %d, %d layers, vocab %d); prefill: %d-token prompt; decode: %d tokens after a %d-token prompt (depth %d); batch: %d sequences; KV %s; median of %d\n\n",
+		r.Model, mc.Dim, mc.Layers, mc.VocabSize, c.PromptLen, c.DecodeTokens, c.Depth, c.Depth, c.Batch, kernels.KVName(c.KVType), c.Repeats)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "weights\tthreads\tprefill tok/s\tdecode tok/s\tDRAM bound\tresident bound\tof resident\tbatch-%d tok/s\tbatch/single\t\n", c.Batch)
 	for _, row := range r.Rows {

@@ -48,6 +48,9 @@ type PDConfig struct {
 	TransportTokens int
 	// Seed chooses the prompts (default 1).
 	Seed uint64
+	// KVType is the element type every engine's pools store K and V in:
+	// F32 (the zero value), BF16 or F16.
+	KVType kernels.DType
 }
 
 func (c *PDConfig) setDefaults() {
@@ -155,7 +158,7 @@ func RunPD(ctx context.Context, cfg PDConfig, progress io.Writer) (rep PDReport,
 
 	const maxRunning = 4
 	longest := slices.Max(cfg.Prompts)
-	ecfg := serve.Config{TP: cfg.TP, Backend: cpuBackends(cfg.Threads), PageSize: pageSize, MaxRunning: maxRunning, KVTokens: kvTokens(maxRunning, longest+cfg.MaxTokens)}
+	ecfg := serve.Config{TP: cfg.TP, Backend: cpuBackends(cfg.Threads), PageSize: pageSize, MaxRunning: maxRunning, KVTokens: kvTokens(maxRunning, longest+cfg.MaxTokens), KVType: cfg.KVType}
 
 	var engines []*serve.Engine
 	defer func() {
@@ -254,7 +257,7 @@ func RunPD(ctx context.Context, cfg PDConfig, progress io.Writer) (rep PDReport,
 			n, l.ColP50, l.PDP50, l.Ratio(), l.KVBytes)
 	}
 
-	msg := chunkShape(&m.Config, cfg.TP, perTok, cfg.TransportTokens)
+	msg := chunkShape(&m.Config, cfg.TP, perTok, cfg.TransportTokens, cfg.KVType)
 	rep.Transport, err = measureTransport(ctx, msg, cfg.TransportTime)
 	if err != nil {
 		return rep, err
@@ -379,10 +382,10 @@ func drain(s *serve.Stream) *serve.Finish {
 
 // chunkShape is a KV_CHUNK of tokens tokens of one rank's shard of every
 // layer. perTok is one rank's KV bytes per token as the PD run measured
-// them (0: computed from the model's shape, K and V in F32); what exceeds
-// K and V (index-K and its scales) goes in the index-K frame.
-func chunkShape(c *model.Config, tp, perTok, tokens int) *pdproto.KVChunk {
-	kv := 2 * c.KVHeads / tp * c.HeadDim * 4 // K and V of one token, one layer
+// them (0: computed from the model's shape, K and V of kvType); what
+// exceeds K and V (index-K and its scales) goes in the index-K frame.
+func chunkShape(c *model.Config, tp, perTok, tokens int, kvType kernels.DType) *pdproto.KVChunk {
+	kv := 2 * c.KVHeads / tp * c.HeadDim * kernels.KVElemBytes(kvType) // K and V of one token, one layer
 	layer := kv
 	if perTok > 0 && c.Layers > 0 {
 		layer = perTok / c.Layers
@@ -565,8 +568,8 @@ func rawTCP(size, n int) (time.Duration, error) {
 // Print writes the report as a table.
 func (r *PDReport) Print(w io.Writer) {
 	c, mc := r.Config, r.Model
-	fmt.Fprintf(w, "\nPD vs colocated: built-in %s %s model, %v (dim %d, %d layers, %d KV heads × %d), TP %d, %d thread(s) per rank; %d requests per length, one at a time, %d greedy tokens each (ignore_eos); KV over ZeroMQ on loopback\n\n",
-		c.Arch, c.Size, c.Type, mc.Dim, mc.Layers, mc.KVHeads, mc.HeadDim, c.TP, c.Threads, c.Requests, c.MaxTokens)
+	fmt.Fprintf(w, "\nPD vs colocated: built-in %s %s model, %v (dim %d, %d layers, %d KV heads × %d), TP %d, %d thread(s) per rank; %d requests per length, one at a time, %d greedy tokens each (ignore_eos); KV (%s) over ZeroMQ on loopback\n\n",
+		c.Arch, c.Size, c.Type, mc.Dim, mc.Layers, mc.KVHeads, mc.HeadDim, c.TP, c.Threads, c.Requests, c.MaxTokens, kernels.KVName(c.KVType))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "prompt\trequests\tcolocated TTFT p50 ms\tp99 ms\tPD TTFT p50 ms\tp99 ms\tPD/colocated p50\tPD added p50 ms\tKV bytes/req\tKV MB/s over PD TTFT\t\n")
 	for _, l := range r.Lengths {
