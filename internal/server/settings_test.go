@@ -8,6 +8,7 @@ import (
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/kernels"
 )
 
 // TestDebugSettings: GET /debug/v1/settings publishes the timeouts a
@@ -31,7 +32,7 @@ func TestDebugSettings(t *testing.T) {
 	}
 	if s.Role != pdproto.RoleDecode || s.TPSize != 1 || s.PageSize != 4 || s.MaxRunning != 4 || !s.PrefixCache ||
 		s.HeartbeatMS != 30 || s.WaitingTimeoutMS != 9000 || s.PrefillTimeoutMS != 0 || s.StallAfterMS != 3000 ||
-		s.CollectiveWatchdogMS != 5000 || s.IndexK != "fp8" || !s.Indexer || !slices.Equal(s.FaultsOn, []string{"drop-kv-chunk"}) {
+		s.CollectiveWatchdogMS != 5000 || s.IndexK != "fp8" || !s.Indexer || s.KVDType != "f32" || !slices.Equal(s.FaultsOn, []string{"drop-kv-chunk"}) {
 		t.Errorf("settings %+v", s)
 	}
 
@@ -54,9 +55,13 @@ func TestDebugSettings(t *testing.T) {
 	}
 
 	// A colocated server has no PD settings; nothing on, an empty list.
-	col := newEnvWith(t, serve.Config{PageSize: 4, MaxRunning: 4}, Options{})
+	// Its pools store bf16, and say so.
+	col := newEnvWith(t, serve.Config{PageSize: 4, MaxRunning: 4, KVType: kernels.BF16}, Options{})
 	var cs debug.Settings
 	getJSON(t, col, debug.SettingsPath, &cs)
+	if cs.KVDType != "bf16" {
+		t.Errorf("kv_dtype %q, want bf16", cs.KVDType)
+	}
 	if cs.PD != nil || cs.Role != pdproto.RoleColocated || cs.FaultsOn == nil || len(cs.FaultsOn) != 0 || cs.StallAfterMS != 5000 {
 		t.Errorf("colocated settings %+v", cs)
 	}
