@@ -58,7 +58,7 @@ func attn16Cases(r *rand.Rand) []*attn16Case {
 	var cs []*attn16Case
 	for _, d := range []kernels.DType{kernels.F16, kernels.BF16} {
 		for _, n8 := range []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17} {
-			for _, ns := range []int{0, 1, 8, 13, 40} {
+			for _, ns := range []int{0, 1, 8, 13, 40, 150} {
 				c := &attn16Case{d: d, pool: 37, n8: n8}
 				c.off = 8 * r.IntN(3)
 				c.rowLen = c.off + 8*n8 + r.IntN(3)
@@ -162,7 +162,7 @@ func TestAttention16MatchesF32(t *testing.T) {
 				kernels.EncodeKV(a.K16, randVec(r, pool*kvDim, 2), d)
 				kernels.EncodeKV(a.V16, randVec(r, pool*kvDim, 1), d)
 				for i := range a.Slots {
-					a.Slots[i] = make([]int32, []int{0, 1, 7, 8, 16, 29, 70}[i%7])
+					a.Slots[i] = make([]int32, []int{0, 1, 7, 8, 16, 29, 70, 150, 300}[i%9])
 					for j := range a.Slots[i] {
 						a.Slots[i][j] = int32(r.IntN(pool))
 					}

@@ -142,7 +142,8 @@ func attnPV(out, p, v *float32, slots *int32, nslots, stride, n8 int)
 // attnQKF16 and attnQKBF16 are attnQK over 16-bit K rows (attn16_amd64.s):
 // each element widened exactly, then the FMAs of attnQK in its order, the
 // bits of attnQK on the widened rows. k points at the head's first element
-// of slot 0; stride is in bytes.
+// of slot 0; stride is in bytes. At long context they prefetch the rows of
+// the slots 64 ahead (see attn16_amd64.s).
 //
 //go:noescape
 func attnQKF16(scores, q *float32, k unsafe.Pointer, slots *int32, nblk, stride, n8 int, scale float32)
@@ -252,6 +253,7 @@ func avx2Kernels() *kernelSet {
 		name:     "avx2",
 		dot1x8:   [4]dot1x8Func{dot1x8F32, dot1x8F16, dot1x8BF16, dot1x8Q8},
 		dot1x8P:  [4]dot1x8PFunc{dot1x8F32P, dot1x8F16P, dot1x8BF16P, nil},
+		dot1x8S:  dot1x8F32S,
 		dot3x4:   dot3x4F32,
 		cvt:      [4]cvtFunc{nil, cvtF16, cvtBF16, cvtQ8},
 		cvtFP8:   cvtFP8,
