@@ -12,8 +12,10 @@ import (
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
+	"github.com/pdkit/pdkit/engine/runner"
 	"github.com/pdkit/pdkit/internal/testmodel"
 	"github.com/pdkit/pdkit/kernels"
+	"github.com/pdkit/pdkit/kernels/cpu"
 )
 
 // A decode whose pools store bf16 refuses a prefill that stores f32 at the
@@ -154,6 +156,50 @@ func TestKVTypeConfig(t *testing.T) {
 		cfg := Config{KVType: kv, Backend: cpuBackend}
 		if _, err := New(m, cfg); err == nil || !strings.Contains(err.Error(), "KV type") {
 			t.Errorf("KV type %v: %v", kv, err)
+		}
+	}
+}
+
+// Greedy outputs through the engine equal the simple runner's with bf16 and
+// f16 pools, at TP 1, 2 and 4 (TestGreedyMatchesRunner runs f32 with more
+// prompts): every rank rounds its own heads as the one-rank runner does.
+func TestGreedyMatchesRunnerKV16(t *testing.T) {
+	m := tinyModel(t)
+	ps := testmodel.Prompts(7, 4, 3, 40, m.Config.VocabSize)
+	const maxTok = 12
+	for _, kv := range []kernels.DType{kernels.BF16, kernels.F16} {
+		rn, err := runner.New(m, cpu.New(1), runner.Options{PageSize: 4, MaxSeqs: len(ps), KVTokens: 512, KVType: kv})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reqs := make([]runner.Request, len(ps))
+		for i, p := range ps {
+			reqs[i] = runner.Request{Prompt: p, MaxTokens: maxTok}
+		}
+		want, _, err := rn.Generate(context.Background(), reqs, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []int{1, 2, 4} {
+			t.Run(fmt.Sprintf("%s/tp%d", kernels.KVName(kv), n), func(t *testing.T) {
+				e := newEngine(t, m, Config{TP: n, PageSize: 4, KVTokens: 96, MaxRunning: 4, MaxBatchTokens: 24, PrefillChunk: 7, KVType: kv})
+				var wg sync.WaitGroup
+				for i, p := range ps {
+					wg.Go(func() {
+						s, err := e.Submit(context.Background(), Request{Prompt: p, MaxTokens: maxTok})
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						toks, fin := collect(t, s, 20*time.Second)
+						if !slices.Equal(toks, want[i].Tokens) || fin.Reason != want[i].Finish {
+							t.Errorf("prompt %d: got %v (%s), want %v (%s)", i, toks, fin.Reason, want[i].Tokens, want[i].Finish)
+						}
+					})
+				}
+				wg.Wait()
+				checkPools(t, e)
+			})
 		}
 	}
 }
