@@ -4,7 +4,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/pdkit/pdkit/kernels"
 	"github.com/pdkit/pdkit/kernels/kerneltest"
@@ -91,8 +94,22 @@ func benchBackends(b *testing.B, fn func(b *testing.B, be kernels.Backend)) {
 // step of 32 sequences at 1024 slots of context each (one token per
 // sequence, every sequence its own pages of 16 slots, scattered over the
 // pool) and a prefill of 512 tokens of one sequence (token i attends to
-// slots 0..i). kvGB/s counts the K and V bytes the call reads once.
+// slots 0..i). kvGB/s counts the K and V bytes the call reads once. In
+// those, each call alternates with another, so that both see the same
+// memory system and their ratio is theirs: an F32 call with one without
+// the F32 kernels' row prefetch (speedup is the time without over the
+// time with), a 16-bit call with the F32 call (vs-f32 is its time over
+// the F32 one's); ns/call is one call, ns/op both. PD_ATTN_AHEAD sets the
+// F32 kernels' prefetch distance in slots.
 func BenchmarkAttention(b *testing.B) {
+	if v := os.Getenv("PD_ATTN_AHEAD"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer func(old int) { attnAhead = old }(attnAhead)
+		attnAhead = n
+	}
 	const ctx, H, hd = 512, 6, 48
 	r := rand.New(rand.NewPCG(1, 1))
 	for _, tokens := range []int{1, 32} {
@@ -144,12 +161,13 @@ func BenchmarkAttention(b *testing.B) {
 			reads += len(sl)
 		}
 		a.Q, a.Out = randVec(r, len(a.Slots)*H*hd, 1), make([]float32, len(a.Slots)*H*hd)
+		af := a
+		af.K, af.V = kv[0], kv[1]
 		for _, kt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
-			ak := a
+			ak := af
 			ak.KVType = kt
-			if kt == kernels.F32 {
-				ak.K, ak.V = kv[0], kv[1]
-			} else {
+			if kt != kernels.F32 {
+				ak.K, ak.V = nil, nil
 				ak.K16, ak.V16 = make([]uint16, len(kv[0])), make([]uint16, len(kv[1]))
 				kernels.EncodeKV(ak.K16, kv[0], kt)
 				kernels.EncodeKV(ak.V16, kv[1], kt)
@@ -158,11 +176,29 @@ func BenchmarkAttention(b *testing.B) {
 				b.Run(fmt.Sprintf("%s/%s/threads=%d", shape.name, kernels.KVName(kt), threads), func(b *testing.B) {
 					be := New(threads)
 					defer be.Close()
+					var on, alt time.Duration
 					for b.Loop() {
+						t0 := time.Now()
 						be.Attention(&ak)
+						t1 := time.Now()
+						if kt == kernels.F32 {
+							saved := attnAhead
+							attnAhead = 0
+							be.Attention(&ak)
+							attnAhead = saved
+						} else {
+							be.Attention(&af)
+						}
+						on, alt = on+t1.Sub(t0), alt+time.Since(t1)
 					}
 					bytes := float64(2 * reads * H * hd * kernels.KVElemBytes(kt))
-					b.ReportMetric(bytes*float64(b.N)/b.Elapsed().Seconds()/1e9, "kvGB/s")
+					b.ReportMetric(float64(on.Nanoseconds())/float64(b.N), "ns/call")
+					b.ReportMetric(bytes*float64(b.N)/on.Seconds()/1e9, "kvGB/s")
+					if kt == kernels.F32 {
+						b.ReportMetric(alt.Seconds()/on.Seconds(), "speedup")
+					} else {
+						b.ReportMetric(on.Seconds()/alt.Seconds(), "vs-f32")
+					}
 				})
 			}
 		}

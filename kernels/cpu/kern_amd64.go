@@ -128,7 +128,9 @@ func indexScore8(out, q, w *float32, nh int, keys *float32, nblk, n8 int)
 
 // attnQK sets scores[8b+l] = dot(q, K row slots[8b+l])·scale for nblk
 // blocks of 8 slots, each dot as dot1x8F32 computes it (n8 ≥ 1). k points
-// at the head's first element of slot 0; stride is in bytes.
+// at the head's first element of slot 0; stride is in bytes. At long
+// context attnQK and attnPV prefetch the rows of the slots attnAhead (ops.go)
+// ahead (see kern_amd64.s).
 //
 //go:noescape
 func attnQK(scores, q, k *float32, slots *int32, nblk, stride, n8 int, scale float32)

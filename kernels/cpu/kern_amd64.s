@@ -57,6 +57,13 @@
 	IMULQ   stride+40(FP), r; \
 	ADDQ    k+16(FP), r
 
+// PFROW loads into r the address of the K row of the slot at i*4(CX), for
+// attnQK's prefetch.
+#define PFROW(i, r) \
+	MOVLQSX i*4(CX), r; \
+	IMULQ   stride+40(FP), r; \
+	ADDQ    k+16(FP), r
+
 // func dot1x8F32(x *float32, w *[8]unsafe.Pointer, n8 int, out *[8]float32)
 TEXT ·dot1x8F32(SB), NOSPLIT, $0-32
 	MOVQ x+0(FP), SI
@@ -577,21 +584,97 @@ done:
 	VZEROUPPER
 	RET
 
+// Decode at long context waits on memory: a sequence's slots are scattered
+// over the pool's pages, the hardware prefetchers cannot follow the slot
+// list, and too few row loads are in flight. So attnQK and attnPV prefetch
+// the rows of the slots attnAhead (ops.go, 32) ahead of the one they
+// compute, as the 16-bit kernels of attn16_amd64.s do: attnQK all the cache
+// lines of the K rows of the block of 8 slots attnAhead/8 blocks ahead,
+// attnPV those of the current run of columns of the V row attnAhead slots
+// ahead, when there are that many more slots. The slot indices read are
+// inside slots; the prefetched lines are inside the rows they compute
+// with. Prefetches change no result and never fault. attnAhead 0 turns
+// them off (for the benchmarks that compare).
+
 // func attnQK(scores, q, k *float32, slots *int32, nblk, stride, n8 int, scale float32)
 // For blocks b < nblk of 8 slots: scores[8b+l] = dot(q, K row
 // slots[8b+l])·scale, the dot exactly as dot1x8F32 computes it. stride is
-// the K row stride in bytes, k points at the head's first element.
-TEXT ·attnQK(SB), NOSPLIT, $8-60
+// the K row stride in bytes, k points at the head's first element. R15 is
+// the bytes of a row's 8·n8 elements; 0(SP) counts the blocks left, 8(SP)
+// is the fewest blocks left (this one included) with which the block
+// attnAhead/8 ahead exists, 16(SP) the bytes of slots from a block to it,
+// 24(SP) zero when every row's head starts a cache line (k and stride
+// multiples of 64), so that the lines at 64-byte steps from its start are
+// all of its lines. The prefetch takes the 8 rows
+// ahead into R8..R14, DX (free until QKROW), then their lines one offset
+// at a time, 8 rows to a loop step, and their last bytes unless 24(SP) is
+// zero.
+TEXT ·attnQK(SB), NOSPLIT, $32-60
 	MOVQ         scores+0(FP), DI
 	MOVQ         q+8(FP), SI
 	MOVQ         slots+24(FP), BX
 	MOVQ         nblk+32(FP), CX
 	MOVQ         CX, 0(SP)
 	VBROADCASTSS scale+56(FP), Y15
+	MOVQ         n8+48(FP), R15
+	SHLQ         $5, R15
+	MOVQ         ·attnAhead(SB), AX
+	ANDQ         $-8, AX
+	MOVQ         $0x4000000000000000, DX
+	LEAQ         (AX*4), R8
+	SHRQ         $3, AX
+	INCQ         AX
+	CMPQ         AX, $1
+	CMOVQEQ      DX, AX
+	MOVQ         AX, 8(SP)
+	MOVQ         R8, 16(SP)
+	MOVQ         k+16(FP), AX
+	ORQ          stride+40(FP), AX
+	ANDQ         $63, AX
+	MOVQ         AX, 24(SP)
 	TESTQ        CX, CX
 	JZ           done
 
 block:
+	MOVQ    0(SP), AX
+	CMPQ    AX, 8(SP)
+	JLT     nopf
+	MOVQ    16(SP), CX
+	ADDQ    BX, CX
+	PFROW(0, R8)
+	PFROW(1, R9)
+	PFROW(2, R10)
+	PFROW(3, R11)
+	PFROW(4, R12)
+	PFROW(5, R13)
+	PFROW(6, R14)
+	PFROW(7, DX)
+	XORQ    AX, AX
+
+pfline:
+	PREFETCHT0 (R8)(AX*1)
+	PREFETCHT0 (R9)(AX*1)
+	PREFETCHT0 (R10)(AX*1)
+	PREFETCHT0 (R11)(AX*1)
+	PREFETCHT0 (R12)(AX*1)
+	PREFETCHT0 (R13)(AX*1)
+	PREFETCHT0 (R14)(AX*1)
+	PREFETCHT0 (DX)(AX*1)
+	ADDQ       $64, AX
+	CMPQ       AX, R15
+	JLT        pfline
+	CMPQ       24(SP), $0
+	JEQ        nopf
+	PREFETCHT0 -1(R8)(R15*1)
+	PREFETCHT0 -1(R9)(R15*1)
+	PREFETCHT0 -1(R10)(R15*1)
+	PREFETCHT0 -1(R11)(R15*1)
+	PREFETCHT0 -1(R12)(R15*1)
+	PREFETCHT0 -1(R13)(R15*1)
+	PREFETCHT0 -1(R14)(R15*1)
+	PREFETCHT0 -1(DX)(R15*1)
+
+nopf:
 	QKROW(0, R8)
 	QKROW(1, R9)
 	QKROW(2, R10)
@@ -642,12 +725,28 @@ done:
 
 // func attnPV(out, p, v *float32, slots *int32, nslots, stride, n8 int)
 // out[c] = Σ_j p[j]·v[slots[j]·stride/4 + c] for c < 8·n8, one FMA per
-// slot in slot order, starting from +0. stride is in bytes.
+// slot in slot order, starting from +0. stride is in bytes. Each run of
+// columns goes over the slots in two loops: the first, while more than R12
+// slots are left (R12 is attnAhead, or 2^62 when that is 0; R14 counts
+// them), also prefetches the run's columns of the V row of the slot R12
+// ahead, R13 bytes of slots from the current one; the second computes the
+// last R12 slots alone. The first prefetches the lines at 64-byte steps
+// from the run's start and, unless DX is zero, its last byte: DX is zero
+// when v and stride are multiples of 64, so that every run (its columns
+// start at multiples of 64 bytes) starts a cache line.
 TEXT ·attnPV(SB), NOSPLIT, $0-56
-	MOVQ out+0(FP), DI
-	MOVQ v+16(FP), R8
-	MOVQ stride+40(FP), R9
-	MOVQ n8+48(FP), R10
+	MOVQ    out+0(FP), DI
+	MOVQ    v+16(FP), R8
+	MOVQ    stride+40(FP), R9
+	MOVQ    n8+48(FP), R10
+	MOVQ    ·attnAhead(SB), R12
+	LEAQ    (R12*4), R13
+	MOVQ    $0x4000000000000000, AX
+	TESTQ   R12, R12
+	CMOVQLE AX, R12
+	MOVQ    R8, DX
+	ORQ     R9, DX
+	ANDQ    $63, DX
 
 oct:
 	CMPQ   R10, $8
@@ -665,6 +764,58 @@ oct:
 	MOVQ   nslots+32(FP), CX
 	TESTQ  CX, CX
 	JZ     octstore
+	MOVQ   CX, R14
+	SUBQ   R12, R14
+	JLE    octloop
+	MOVQ   R12, CX
+	TESTQ  DX, DX
+	JZ     octpfa
+
+octpf:
+	PVSLOT
+	MOVLQSX    (BX)(R13*1), R11
+	IMULQ      R9, R11
+	ADDQ       R8, R11
+	PREFETCHT0 (R11)
+	PREFETCHT0 64(R11)
+	PREFETCHT0 128(R11)
+	PREFETCHT0 192(R11)
+	PREFETCHT0 255(R11)
+	VFMADD231PS 0(AX), Y15, Y0
+	VFMADD231PS 32(AX), Y15, Y1
+	VFMADD231PS 64(AX), Y15, Y2
+	VFMADD231PS 96(AX), Y15, Y3
+	VFMADD231PS 128(AX), Y15, Y4
+	VFMADD231PS 160(AX), Y15, Y5
+	VFMADD231PS 192(AX), Y15, Y6
+	VFMADD231PS 224(AX), Y15, Y7
+	ADDQ        $4, BX
+	ADDQ        $4, SI
+	DECQ        R14
+	JNZ         octpf
+	JMP         octloop
+
+octpfa:
+	PVSLOT
+	MOVLQSX    (BX)(R13*1), R11
+	IMULQ      R9, R11
+	ADDQ       R8, R11
+	PREFETCHT0 (R11)
+	PREFETCHT0 64(R11)
+	PREFETCHT0 128(R11)
+	PREFETCHT0 192(R11)
+	VFMADD231PS 0(AX), Y15, Y0
+	VFMADD231PS 32(AX), Y15, Y1
+	VFMADD231PS 64(AX), Y15, Y2
+	VFMADD231PS 96(AX), Y15, Y3
+	VFMADD231PS 128(AX), Y15, Y4
+	VFMADD231PS 160(AX), Y15, Y5
+	VFMADD231PS 192(AX), Y15, Y6
+	VFMADD231PS 224(AX), Y15, Y7
+	ADDQ        $4, BX
+	ADDQ        $4, SI
+	DECQ        R14
+	JNZ         octpfa
 
 octloop:
 	PVSLOT
@@ -709,6 +860,52 @@ hex:
 	MOVQ   nslots+32(FP), CX
 	TESTQ  CX, CX
 	JZ     hexstore
+	MOVQ   CX, R14
+	SUBQ   R12, R14
+	JLE    hexloop
+	MOVQ   R12, CX
+	TESTQ  DX, DX
+	JZ     hexpfa
+
+hexpf:
+	PVSLOT
+	MOVLQSX    (BX)(R13*1), R11
+	IMULQ      R9, R11
+	ADDQ       R8, R11
+	PREFETCHT0 (R11)
+	PREFETCHT0 64(R11)
+	PREFETCHT0 128(R11)
+	PREFETCHT0 191(R11)
+	VFMADD231PS 0(AX), Y15, Y0
+	VFMADD231PS 32(AX), Y15, Y1
+	VFMADD231PS 64(AX), Y15, Y2
+	VFMADD231PS 96(AX), Y15, Y3
+	VFMADD231PS 128(AX), Y15, Y4
+	VFMADD231PS 160(AX), Y15, Y5
+	ADDQ        $4, BX
+	ADDQ        $4, SI
+	DECQ        R14
+	JNZ         hexpf
+	JMP         hexloop
+
+hexpfa:
+	PVSLOT
+	MOVLQSX    (BX)(R13*1), R11
+	IMULQ      R9, R11
+	ADDQ       R8, R11
+	PREFETCHT0 (R11)
+	PREFETCHT0 64(R11)
+	PREFETCHT0 128(R11)
+	VFMADD231PS 0(AX), Y15, Y0
+	VFMADD231PS 32(AX), Y15, Y1
+	VFMADD231PS 64(AX), Y15, Y2
+	VFMADD231PS 96(AX), Y15, Y3
+	VFMADD231PS 128(AX), Y15, Y4
+	VFMADD231PS 160(AX), Y15, Y5
+	ADDQ        $4, BX
+	ADDQ        $4, SI
+	DECQ        R14
+	JNZ         hexpfa
 
 hexloop:
 	PVSLOT
@@ -747,6 +944,46 @@ quad:
 	MOVQ   nslots+32(FP), CX
 	TESTQ  CX, CX
 	JZ     quadstore
+	MOVQ   CX, R14
+	SUBQ   R12, R14
+	JLE    quadloop
+	MOVQ   R12, CX
+	TESTQ  DX, DX
+	JZ     quadpfa
+
+quadpf:
+	PVSLOT
+	MOVLQSX    (BX)(R13*1), R11
+	IMULQ      R9, R11
+	ADDQ       R8, R11
+	PREFETCHT0 (R11)
+	PREFETCHT0 64(R11)
+	PREFETCHT0 127(R11)
+	VFMADD231PS 0(AX), Y15, Y0
+	VFMADD231PS 32(AX), Y15, Y1
+	VFMADD231PS 64(AX), Y15, Y2
+	VFMADD231PS 96(AX), Y15, Y3
+	ADDQ        $4, BX
+	ADDQ        $4, SI
+	DECQ        R14
+	JNZ         quadpf
+	JMP         quadloop
+
+quadpfa:
+	PVSLOT
+	MOVLQSX    (BX)(R13*1), R11
+	IMULQ      R9, R11
+	ADDQ       R8, R11
+	PREFETCHT0 (R11)
+	PREFETCHT0 64(R11)
+	VFMADD231PS 0(AX), Y15, Y0
+	VFMADD231PS 32(AX), Y15, Y1
+	VFMADD231PS 64(AX), Y15, Y2
+	VFMADD231PS 96(AX), Y15, Y3
+	ADDQ        $4, BX
+	ADDQ        $4, SI
+	DECQ        R14
+	JNZ         quadpfa
 
 quadloop:
 	PVSLOT
@@ -779,6 +1016,40 @@ pair:
 	MOVQ   nslots+32(FP), CX
 	TESTQ  CX, CX
 	JZ     pairstore
+	MOVQ   CX, R14
+	SUBQ   R12, R14
+	JLE    pairloop
+	MOVQ   R12, CX
+	TESTQ  DX, DX
+	JZ     pairpfa
+
+pairpf:
+	PVSLOT
+	MOVLQSX    (BX)(R13*1), R11
+	IMULQ      R9, R11
+	ADDQ       R8, R11
+	PREFETCHT0 (R11)
+	PREFETCHT0 63(R11)
+	VFMADD231PS 0(AX), Y15, Y0
+	VFMADD231PS 32(AX), Y15, Y1
+	ADDQ        $4, BX
+	ADDQ        $4, SI
+	DECQ        R14
+	JNZ         pairpf
+	JMP         pairloop
+
+pairpfa:
+	PVSLOT
+	MOVLQSX    (BX)(R13*1), R11
+	IMULQ      R9, R11
+	ADDQ       R8, R11
+	PREFETCHT0 (R11)
+	VFMADD231PS 0(AX), Y15, Y0
+	VFMADD231PS 32(AX), Y15, Y1
+	ADDQ        $4, BX
+	ADDQ        $4, SI
+	DECQ        R14
+	JNZ         pairpfa
 
 pairloop:
 	PVSLOT
@@ -806,6 +1077,38 @@ single:
 	MOVQ   nslots+32(FP), CX
 	TESTQ  CX, CX
 	JZ     singlestore
+	MOVQ   CX, R14
+	SUBQ   R12, R14
+	JLE    singleloop
+	MOVQ   R12, CX
+	TESTQ  DX, DX
+	JZ     singlepfa
+
+singlepf:
+	PVSLOT
+	MOVLQSX    (BX)(R13*1), R11
+	IMULQ      R9, R11
+	ADDQ       R8, R11
+	PREFETCHT0 (R11)
+	PREFETCHT0 31(R11)
+	VFMADD231PS 0(AX), Y15, Y0
+	ADDQ        $4, BX
+	ADDQ        $4, SI
+	DECQ        R14
+	JNZ         singlepf
+	JMP         singleloop
+
+singlepfa:
+	PVSLOT
+	MOVLQSX    (BX)(R13*1), R11
+	IMULQ      R9, R11
+	ADDQ       R8, R11
+	PREFETCHT0 (R11)
+	VFMADD231PS 0(AX), Y15, Y0
+	ADDQ        $4, BX
+	ADDQ        $4, SI
+	DECQ        R14
+	JNZ         singlepfa
 
 singleloop:
 	PVSLOT

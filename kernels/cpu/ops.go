@@ -158,6 +158,16 @@ func (b *Backend) Attention(a *kernels.AttentionArgs) {
 	})
 }
 
+// attnAhead is how many slots ahead of the one they compute the amd64 F32
+// attention kernels (attnQK, attnPV) prefetch K and V rows: the slots'
+// rows are scattered over the pool, where the hardware prefetchers cannot
+// follow them. attnQK rounds it down to whole blocks of 8; 0 turns the
+// prefetch off. 32 F32 rows are the bytes of the 64 16-bit rows that the
+// 16-bit kernels prefetch ahead (fixed); decode gains as much as at 64 and
+// prefill, whose rows are in cache, loses less (docs/kernels.md). Only
+// benchmarks and tests change it, never while a kernel runs.
+var attnAhead = 32
+
 // attnHead computes one (token, head). An F32 pool and a 16-bit one run
 // the same arithmetic in the same order: the 16-bit kernels widen each K
 // and V element exactly before it meets the F32 path's multiply-add.

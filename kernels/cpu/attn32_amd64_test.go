@@ -1,0 +1,130 @@
+//go:build amd64
+
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"unsafe"
+
+	"github.com/pdkit/pdkit/kernels"
+)
+
+// attnAheads are the prefetch distances the F32 attention tests run: the
+// default, off, short ones (13 is rounded down to 8 by attnQK) that
+// prefetch in cases of few slots too, and the 16-bit kernels' 64.
+var attnAheads = []int{32, 0, 8, 13, 24, 64}
+
+// attn32Cases are kernel-level cases over an F32 pool of values with
+// exponents from 2^-20 to 2^20, so that the order of the sums shows in
+// the bits; their slot counts reach over the prefetch distances from
+// below and above. Every other case has its heads start cache lines (the
+// pool 64-byte aligned, rows and offset multiples of 16 elements), where
+// the kernels prefetch no row's last byte apart; the others mostly not.
+func attn32Cases(r *rand.Rand) []*attn16Case {
+	var cs []*attn16Case
+	for _, n8 := range []int{1, 2, 3, 5, 6, 8, 9, 17} {
+		for i, ns := range []int{0, 1, 8, 23, 33, 40, 64, 65, 72, 73, 150, 300, 0, 1, 8, 23, 33, 40, 64, 65, 72, 73, 150, 300} {
+			c := &attn16Case{d: kernels.F32, pool: 37, n8: n8}
+			c.off = 8 * r.IntN(3)
+			c.rowLen = c.off + 8*n8 + r.IntN(3)
+			if i%2 == 1 {
+				c.off = 16 * r.IntN(2)
+				c.rowLen = (c.off + 8*n8 + 15) &^ 15
+			}
+			c.kw, c.vw = lineAligned(wideVec(r, c.pool*c.rowLen)), lineAligned(wideVec(r, c.pool*c.rowLen))
+			c.q = randVec(r, 8*n8, 2)
+			c.p = make([]float32, ns)
+			for j := range c.p {
+				c.p[j] = r.Float32()
+			}
+			c.slots = make([]int32, ns)
+			for j := range c.slots {
+				c.slots[j] = int32(r.IntN(c.pool))
+			}
+			cs = append(cs, c)
+		}
+	}
+	return cs
+}
+
+// lineAligned copies v to a slice that starts a 64-byte cache line.
+func lineAligned(v []float32) []float32 {
+	buf := make([]float32, len(v)+16)
+	skip := (64 - int(uintptr(unsafe.Pointer(&buf[0]))%64)) % 64 / 4
+	a := buf[skip : skip+len(v)]
+	copy(a, v)
+	return a
+}
+
+func wideVec(r *rand.Rand, n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(math.Ldexp(2*r.Float64()-1, r.IntN(41)-20))
+	}
+	return v
+}
+
+// TestAttnF32AsmMatchesModel pins the F32 attention kernels of the
+// assembly sets bit for bit to the exact FMA model of the portable order
+// (modelQK, modelPV), with the row prefetch at every distance in
+// attnAheads: the prefetch must change no bit.
+func TestAttnF32AsmMatchesModel(t *testing.T) {
+	if !hasAVX2 {
+		t.Skip("no AVX2/FMA")
+	}
+	defer func(old int) { attnAhead = old }(attnAhead)
+	asm := avx2Kernels()
+	r := rand.New(rand.NewPCG(32, 32))
+	for _, c := range attn32Cases(r) {
+		wantQK, wantPV := modelQK(c, 0.3), modelPV(c)
+		for _, ahead := range attnAheads {
+			attnAhead = ahead
+			what := fmt.Sprintf("%v ahead=%d", c, ahead)
+			sameBits(t, "asm QK vs fma model "+what, c.qk32(asm), wantQK)
+			sameBits(t, "asm PV vs fma model "+what, c.pv32(asm), wantPV)
+		}
+	}
+}
+
+// TestAttentionPrefetchSameBits checks through Attention, for every kernel
+// set, that an F32 pool gives the same bits with the F32 kernels' row
+// prefetch at every distance in attnAheads as without it: GQA, head dims
+// with a tail, and slot counts on both sides of the distance.
+func TestAttentionPrefetchSameBits(t *testing.T) {
+	defer func(old int) { attnAhead = old }(attnAhead)
+	r := rand.New(rand.NewPCG(33, 33))
+	const tokens, pool = 10, 90
+	for _, set := range kernelSetsUnderTest() {
+		b := testBackend(2, set)
+		b.minWork = 1
+		for _, shape := range []struct{ kv, group, hd int }{{2, 3, 48}, {1, 4, 20}, {2, 1, 64}, {2, 2, 128}, {1, 2, 72}} {
+			H := shape.kv * shape.group
+			qDim, kvDim := H*shape.hd, shape.kv*shape.hd
+			a := kernels.AttentionArgs{
+				Q: randVec(r, tokens*qDim, 2), K: wideVec(r, pool*kvDim), V: wideVec(r, pool*kvDim),
+				Slots: make([][]int32, tokens), NHeads: H, NKVHeads: shape.kv, HeadDim: shape.hd,
+				Scale: float32(1 / math.Sqrt(float64(shape.hd))),
+			}
+			for i := range a.Slots {
+				a.Slots[i] = make([]int32, []int{0, 7, 33, 40, 65, 72, 73, 129, 150, 300}[i])
+				for j := range a.Slots[i] {
+					a.Slots[i][j] = int32(r.IntN(pool))
+				}
+			}
+			attnAhead = 0
+			want := nans(tokens * qDim)
+			a.Out = want
+			b.Attention(&a)
+			for _, ahead := range attnAheads {
+				attnAhead = ahead
+				a.Out = nans(tokens * qDim)
+				b.Attention(&a)
+				sameBits(t, fmt.Sprintf("%s heads=%d/%d hd=%d ahead=%d", set, H, shape.kv, shape.hd, ahead), a.Out, want)
+			}
+		}
+		b.Close()
+	}
+}
