@@ -47,6 +47,9 @@ type kernelSet struct {
 	// dot1x8P, where not nil, is dot1x8 with a software prefetch of the
 	// weights that follow (decode streams the matrix through it).
 	dot1x8P [4]dot1x8PFunc
+	// dot1x8S, where not nil, is the float32 prefetching 1×8 kernel looped
+	// over consecutive panels (dot1x8F32S): decode streams a part in one call.
+	dot1x8S func(x *float32, w unsafe.Pointer, rb, n8, np int, out *float32, pfoff int)
 	// dot3x4 computes ntiles tiles of 3 float32 x rows by 4 float32 w rows.
 	dot3x4 func(x *float32, xstride, ntiles int, w *[4]unsafe.Pointer, n8 int, out *float32, ostride int)
 	// dot6x8, when not nil, is a faster prefill kernel computing the same
