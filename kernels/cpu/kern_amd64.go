@@ -255,7 +255,7 @@ func avx2Kernels() *kernelSet {
 		name:     "avx2",
 		dot1x8:   [4]dot1x8Func{dot1x8F32, dot1x8F16, dot1x8BF16, dot1x8Q8},
 		dot1x8P:  [4]dot1x8PFunc{dot1x8F32P, dot1x8F16P, dot1x8BF16P, nil},
-		dot1x8S:  dot1x8F32S,
+		dot1x8S:  [4]dot1x8SFunc{dot1x8F32S, dot1x8F16S, dot1x8BF16S, nil},
 		dot3x4:   dot3x4F32,
 		cvt:      [4]cvtFunc{nil, cvtF16, cvtBF16, cvtQ8},
 		cvtFP8:   cvtFP8,

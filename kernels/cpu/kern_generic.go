@@ -16,6 +16,10 @@ type dot1x8Func func(x *float32, w *[8]unsafe.Pointer, n8 int, out *[8]float32)
 // next bytes the eight rows take from pf on (see dot1x8F32P).
 type dot1x8PFunc func(x *float32, w *[8]unsafe.Pointer, n8 int, out *[8]float32, pf unsafe.Pointer)
 
+// dot1x8SFunc is a dot1x8PFunc over np consecutive panels of rows rb bytes
+// apart (see dot1x8F32S).
+type dot1x8SFunc func(x *float32, w unsafe.Pointer, rb, n8, np int, out *float32, pfoff int)
+
 // attnQK16Func is attnQK over 16-bit K rows: k points at the head's first
 // element of slot 0, stride is the row stride in bytes.
 type attnQK16Func func(scores, q *float32, k unsafe.Pointer, slots *int32, nblk, stride, n8 int, scale float32)
@@ -47,9 +51,9 @@ type kernelSet struct {
 	// dot1x8P, where not nil, is dot1x8 with a software prefetch of the
 	// weights that follow (decode streams the matrix through it).
 	dot1x8P [4]dot1x8PFunc
-	// dot1x8S, where not nil, is the float32 prefetching 1×8 kernel looped
-	// over consecutive panels (dot1x8F32S): decode streams a part in one call.
-	dot1x8S func(x *float32, w unsafe.Pointer, rb, n8, np int, out *float32, pfoff int)
+	// dot1x8S, where not nil, is dot1x8P looped over consecutive panels
+	// (dot1x8F32S): decode streams a part in one call.
+	dot1x8S [4]dot1x8SFunc
 	// dot3x4 computes ntiles tiles of 3 float32 x rows by 4 float32 w rows.
 	dot3x4 func(x *float32, xstride, ntiles int, w *[4]unsafe.Pointer, n8 int, out *float32, ostride int)
 	// dot6x8, when not nil, is a faster prefill kernel computing the same

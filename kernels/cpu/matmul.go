@@ -17,7 +17,7 @@ import (
 //     decoded in registers), so decode reads the fewest bytes; Q8_0 uses
 //     the paired AVX-512 kernel instead where there is one (q8Pairs); the
 //     F32/F16/BF16 kernels prefetch the next panel as they go (prefetch);
-//     with one x row and F32 weights the kernel loops over the part's
+//     with one x row the F32/F16/BF16 kernel loops over the part's
 //     panels in one call (stream);
 //   - otherwise (prefill): a panel of 8 W rows is decoded to float32 once
 //     (F32 is used in place) and register tiles sweep a cache-sized block
@@ -120,7 +120,7 @@ func (mm *matmul) rows(i0, i1, r0, r1 int) {
 	if mm.w.DType == kernels.Q8_0 && mm.b.k.q8Pairs != nil {
 		r0 = mm.q8Pairs(i0, i1, r0, r1)
 	}
-	if i1-i0 == 1 && mm.w.DType == kernels.F32 && mm.b.k.dot1x8S != nil {
+	if i1-i0 == 1 && mm.b.k.dot1x8S[mm.w.DType] != nil {
 		r0 = mm.stream(i0, r0, r1)
 	}
 	k, n := mm.k, mm.n
@@ -156,10 +156,10 @@ func (mm *matmul) rows(i0, i1, r0, r1 int) {
 }
 
 // stream runs dot1x8S for x row i over the whole panels of W rows from r0
-// (float32 weights), adds the tails past 8·⌊k/8⌋, and returns the first
-// row it left. The prefetch runs streamAhead rows ahead of the panel being
-// read, as in prefetch: the panels whose region would pass the end of the
-// part (r1) run in a second call that prefetches from their own rows.
+// (F32, F16 or BF16 weights), adds the tails past 8·⌊k/8⌋, and returns the
+// first row it left. The prefetch runs streamAhead rows ahead of the panel
+// being read, as in prefetch: the panels whose region would pass the end of
+// the part (r1) run in a second call that prefetches from their own rows.
 func (mm *matmul) stream(i, r0, r1 int) int {
 	k, n, rb := mm.k, mm.n, mm.rb
 	k8 := k &^ 7
@@ -175,16 +175,18 @@ func (mm *matmul) stream(i, r0, r1 int) int {
 	if ahead > 0 {
 		pa = max(0, min(np, (r1-r0-ahead)/panel))
 	}
+	dot := mm.b.k.dot1x8S[mm.w.DType]
 	if pa > 0 {
-		mm.b.k.dot1x8S(&xi[0], unsafe.Pointer(&w[0]), rb, k8/8, pa, &d[0], ahead*rb)
+		dot(&xi[0], unsafe.Pointer(&w[0]), rb, k8/8, pa, &d[0], ahead*rb)
 	}
 	if pa < np {
-		mm.b.k.dot1x8S(&xi[0], unsafe.Pointer(&w[pa*panel*rb]), rb, k8/8, np-pa, &d[pa*panel], 0)
+		dot(&xi[0], unsafe.Pointer(&w[pa*panel*rb]), rb, k8/8, np-pa, &d[pa*panel], 0)
 	}
 	if k8 < k {
+		var tail [7]float32
 		for j := range d {
-			row := unsafe.Slice((*float32)(unsafe.Pointer(&w[j*rb])), k)
-			d[j] = addTail(d[j], xi[k8:], row[k8:])
+			mm.decodeTail(tail[:k-k8], r0+j, k8)
+			d[j] = addTail(d[j], xi[k8:], tail[:k-k8])
 		}
 	}
 	return r0 + panel*np

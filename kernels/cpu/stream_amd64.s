@@ -2,10 +2,11 @@
 
 #include "textflag.h"
 
-// The decode kernel that streams a part of a float32 matrix in one call
-// (see stream_amd64.go): the 1×8 kernel dot1x8F32P (kern_amd64.s), the same
-// FMAs in the same order, looped over consecutive panels in assembly, so
-// that no Go code runs between two panels while DRAM streams.
+// The decode kernels that stream a part of a matrix in one call (see
+// stream_amd64.go): the 1×8 kernels dot1x8F32P, dot1x8F16P and dot1x8BF16P
+// (kern_amd64.s), the same FMAs in the same order, looped over consecutive
+// panels in assembly, so that no Go code runs between two panels while
+// DRAM streams.
 
 // SZERO8 clears Y0..Y7.
 #define SZERO8 \
@@ -74,6 +75,114 @@ loop:
 	ADDQ        $32, AX
 	DECQ        CX
 	JNZ         loop
+
+	MOVQ out+40(FP), AX
+	SSTORE8(AX)
+	ADDQ $32, AX
+	MOVQ AX, out+40(FP)
+	DECQ np+32(FP)
+	JNZ  panel
+	VZEROUPPER
+	RET
+
+// SF16ROW and SBF16ROW are F16ROW and BF16ROW of kern_amd64.s with the
+// weights' offset in AX (x is read at twice it): the eight halves of row
+// r widened exactly into t, then the FMA into acc.
+#define SF16ROW(r, t, acc) \
+	VCVTPH2PS   (r)(AX*1), t; \
+	VFMADD231PS t, Y8, acc
+
+#define SBF16ROW(r, t, acc) \
+	VPMOVZXWD   (r)(AX*1), t; \
+	VPSLLD      $16, t, t; \
+	VFMADD231PS t, Y8, acc
+
+// func dot1x8F16S(x *float32, w unsafe.Pointer, rb, n8, np int, out *float32, pfoff int)
+TEXT ·dot1x8F16S(SB), NOSPLIT, $0-56
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ rb+16(FP), R15
+	MOVQ DI, BX
+	ADDQ pfoff+48(FP), BX
+
+panel:
+	MOVQ DI, R8
+	LEAQ (R8)(R15*1), R9
+	LEAQ (R9)(R15*1), R10
+	LEAQ (R10)(R15*1), R11
+	LEAQ (R11)(R15*1), R12
+	LEAQ (R12)(R15*1), R13
+	LEAQ (R13)(R15*1), R14
+	LEAQ (R14)(R15*1), DX
+	LEAQ (DX)(R15*1), DI
+	SZERO8
+	XORQ AX, AX
+	MOVQ n8+24(FP), CX
+
+loop:
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	VMOVUPS    (SI)(AX*2), Y8
+	SF16ROW(R8, Y9, Y0)
+	SF16ROW(R9, Y10, Y1)
+	SF16ROW(R10, Y11, Y2)
+	SF16ROW(R11, Y12, Y3)
+	SF16ROW(R12, Y9, Y4)
+	SF16ROW(R13, Y10, Y5)
+	SF16ROW(R14, Y11, Y6)
+	SF16ROW(DX, Y12, Y7)
+	ADDQ       $128, BX
+	ADDQ       $16, AX
+	DECQ       CX
+	JNZ        loop
+
+	MOVQ out+40(FP), AX
+	SSTORE8(AX)
+	ADDQ $32, AX
+	MOVQ AX, out+40(FP)
+	DECQ np+32(FP)
+	JNZ  panel
+	VZEROUPPER
+	RET
+
+// func dot1x8BF16S(x *float32, w unsafe.Pointer, rb, n8, np int, out *float32, pfoff int)
+TEXT ·dot1x8BF16S(SB), NOSPLIT, $0-56
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ rb+16(FP), R15
+	MOVQ DI, BX
+	ADDQ pfoff+48(FP), BX
+
+panel:
+	MOVQ DI, R8
+	LEAQ (R8)(R15*1), R9
+	LEAQ (R9)(R15*1), R10
+	LEAQ (R10)(R15*1), R11
+	LEAQ (R11)(R15*1), R12
+	LEAQ (R12)(R15*1), R13
+	LEAQ (R13)(R15*1), R14
+	LEAQ (R14)(R15*1), DX
+	LEAQ (DX)(R15*1), DI
+	SZERO8
+	XORQ AX, AX
+	MOVQ n8+24(FP), CX
+
+loop:
+	PREFETCHT0 (BX)
+	PREFETCHT0 64(BX)
+	VMOVUPS    (SI)(AX*2), Y8
+	SBF16ROW(R8, Y9, Y0)
+	SBF16ROW(R9, Y10, Y1)
+	SBF16ROW(R10, Y11, Y2)
+	SBF16ROW(R11, Y12, Y3)
+	SBF16ROW(R12, Y9, Y4)
+	SBF16ROW(R13, Y10, Y5)
+	SBF16ROW(R14, Y11, Y6)
+	SBF16ROW(DX, Y12, Y7)
+	ADDQ       $128, BX
+	ADDQ       $16, AX
+	DECQ       CX
+	JNZ        loop
 
 	MOVQ out+40(FP), AX
 	SSTORE8(AX)
