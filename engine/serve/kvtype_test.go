@@ -3,11 +3,8 @@ package serve
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/model"
@@ -15,25 +12,15 @@ import (
 	"github.com/pdkit/pdkit/engine/runner"
 	"github.com/pdkit/pdkit/internal/testmodel"
 	"github.com/pdkit/pdkit/kernels"
-	"github.com/pdkit/pdkit/kernels/cpu"
 )
 
 // A decode whose pools store bf16 refuses a prefill that stores f32 at the
 // handshake: the request fails naming kv_dtype and both types, nothing
 // streams, and neither side holds a page after.
 func TestPDHandshakeRefusesKVType(t *testing.T) {
-	m := tinyModel(t)
-	pc := Config{PageSize: 4, KVTokens: 256, MaxRunning: 2, Role: pdproto.RolePrefill, KVType: kernels.F32}
-	dc := Config{PageSize: 4, KVTokens: 256, MaxRunning: 2, Role: pdproto.RoleDecode, KVType: kernels.BF16}
-	p := newEngine(t, m, pc)
-	d := newEngine(t, m, dc)
-	url := serveRegistry(t, p, 1)
-	allowRegistry(t, d, url)
-	s, err := d.Submit(context.Background(), Request{Prompt: []int32{5, 6, 7}, MaxTokens: 2, PD: &PDRequest{Room: 3, BootstrapURL: url}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	toks, fin := collect(t, s, 20*time.Second)
+	p, d, toks, fin := pdHandshake(t,
+		Config{PageSize: 4, KVTokens: 256, MaxRunning: 2, KVType: kernels.F32},
+		Config{PageSize: 4, KVTokens: 256, MaxRunning: 2, KVType: kernels.BF16})
 	if len(toks) != 0 || !strings.Contains(fin.Reason, "kv_dtype") || !strings.Contains(fin.Reason, `"f32"`) || !strings.Contains(fin.Reason, `"bf16"`) {
 		t.Errorf("got %v, finish %q; want no token and the kv_dtype mismatch named with both types", toks, fin.Reason)
 	}
@@ -52,39 +39,10 @@ func TestPDHandshakeRefusesKVType(t *testing.T) {
 func TestPDMatchesColocatedBF16(t *testing.T) {
 	m := tinyModel(t)
 	ps := testmodel.Prompts(19, 16, 3, 40, m.Config.VocabSize)
-	const maxTok = 8
 	for _, n := range []int{1, 2} {
 		t.Run(fmt.Sprint("tp", n), func(t *testing.T) {
 			cfg := Config{TP: n, PageSize: 4, KVTokens: 512, MaxRunning: 4, MaxBatchTokens: 32, PrefillChunk: 7, KVType: kernels.BF16}
-			col := newEngine(t, m, cfg)
-			want := make([][]int32, len(ps))
-			for i, p := range ps {
-				s, err := col.Submit(context.Background(), Request{Prompt: p, MaxTokens: maxTok})
-				if err != nil {
-					t.Fatal(err)
-				}
-				want[i], _ = collect(t, s, 30*time.Second)
-			}
-			pp := newPDPair(t, cfg)
-			var wg sync.WaitGroup
-			for i, p := range ps {
-				wg.Go(func() {
-					toks, dfin, pfin := pp.run(t, context.Background(), Request{Prompt: p, MaxTokens: maxTok}, uint64(7000+i))
-					if !slices.Equal(toks, want[i]) {
-						t.Errorf("prompt %d: PD %v (%s), colocated %v", i, toks, dfin.Reason, want[i])
-					}
-					if pfin.Reason != ReasonLength || dfin.CompletionTokens != len(toks) {
-						t.Errorf("prompt %d: prefill %+v, decode %+v", i, pfin, dfin)
-					}
-				})
-			}
-			wg.Wait()
-			for _, e := range []*Engine{pp.prefill, pp.decode} {
-				checkPools(t, e)
-			}
-			if pp.decode.PDTransferBytes() == 0 || pp.prefill.PDTransferBytes() != pp.decode.PDTransferBytes() {
-				t.Errorf("transfer bytes: prefill %d, decode %d", pp.prefill.PDTransferBytes(), pp.decode.PDTransferBytes())
-			}
+			matchColocated(t, m, cfg, ps, 8, 7000)
 		})
 	}
 }
@@ -168,36 +126,11 @@ func TestGreedyMatchesRunnerKV16(t *testing.T) {
 	ps := testmodel.Prompts(7, 4, 3, 40, m.Config.VocabSize)
 	const maxTok = 12
 	for _, kv := range []kernels.DType{kernels.BF16, kernels.F16} {
-		rn, err := runner.New(m, cpu.New(1), runner.Options{PageSize: 4, MaxSeqs: len(ps), KVTokens: 512, KVType: kv})
-		if err != nil {
-			t.Fatal(err)
-		}
-		reqs := make([]runner.Request, len(ps))
-		for i, p := range ps {
-			reqs[i] = runner.Request{Prompt: p, MaxTokens: maxTok}
-		}
-		want, _, err := rn.Generate(context.Background(), reqs, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		want := runnerGreedy(t, m, runner.Options{PageSize: 4, KVTokens: 512, KVType: kv}, ps, maxTok)
 		for _, n := range []int{1, 2, 4} {
 			t.Run(fmt.Sprintf("%s/tp%d", kernels.KVName(kv), n), func(t *testing.T) {
 				e := newEngine(t, m, Config{TP: n, PageSize: 4, KVTokens: 96, MaxRunning: 4, MaxBatchTokens: 24, PrefillChunk: 7, KVType: kv})
-				var wg sync.WaitGroup
-				for i, p := range ps {
-					wg.Go(func() {
-						s, err := e.Submit(context.Background(), Request{Prompt: p, MaxTokens: maxTok})
-						if err != nil {
-							t.Error(err)
-							return
-						}
-						toks, fin := collect(t, s, 20*time.Second)
-						if !slices.Equal(toks, want[i].Tokens) || fin.Reason != want[i].Finish {
-							t.Errorf("prompt %d: got %v (%s), want %v (%s)", i, toks, fin.Reason, want[i].Tokens, want[i].Finish)
-						}
-					})
-				}
-				wg.Wait()
+				matchRunner(t, e, ps, maxTok, want)
 				checkPools(t, e)
 			})
 		}

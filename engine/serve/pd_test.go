@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/pd/zmqlink"
 	"github.com/pdkit/pdkit/internal/syncbuf"
@@ -61,51 +62,60 @@ func (pp *pdPair) run(t *testing.T, ctx context.Context, q Request, room uint64)
 	return toks, dfin, pfin
 }
 
+// matchColocated checks that PD greedy output under cfg equals the
+// colocated engine's for the prompts ps, maxTok tokens each, the PD
+// requests served concurrently under rooms from room0; and that after,
+// neither side holds a page or a queued request and both count the same
+// transfer bytes.
+func matchColocated(t *testing.T, m *model.Model, cfg Config, ps [][]int32, maxTok int, room0 uint64) {
+	t.Helper()
+	col := newEngine(t, m, cfg)
+	want := make([][]int32, len(ps))
+	for i, p := range ps {
+		s, err := col.Submit(context.Background(), Request{Prompt: p, MaxTokens: maxTok})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[i], _ = collect(t, s, 30*time.Second)
+	}
+	pp := newPDPair(t, cfg)
+	var wg sync.WaitGroup
+	for i, p := range ps {
+		wg.Go(func() {
+			toks, dfin, pfin := pp.run(t, context.Background(), Request{Prompt: p, MaxTokens: maxTok}, room0+uint64(i))
+			if !slices.Equal(toks, want[i]) {
+				t.Errorf("prompt %d: PD %v (%s), colocated %v", i, toks, dfin.Reason, want[i])
+			}
+			if pfin.Reason != ReasonLength || dfin.CompletionTokens != len(toks) {
+				t.Errorf("prompt %d: prefill %+v, decode %+v", i, pfin, dfin)
+			}
+		})
+	}
+	wg.Wait()
+	for _, e := range []*Engine{pp.prefill, pp.decode} {
+		checkPools(t, e)
+		for q, v := range e.PDQueues() {
+			if v != 0 {
+				t.Errorf("%s queue %s holds %d", e.cfg.Role, q, v)
+			}
+		}
+	}
+	if pp.decode.PDTransferBytes() == 0 || pp.prefill.PDTransferBytes() != pp.decode.PDTransferBytes() {
+		t.Errorf("transfer bytes: prefill %d, decode %d", pp.prefill.PDTransferBytes(), pp.decode.PDTransferBytes())
+	}
+}
+
 // PD greedy output equals the colocated engine's for 50 prompts, at TP 1
 // and 2, with both index-K precisions, prompts served concurrently in
 // chunks.
 func TestPDMatchesColocated(t *testing.T) {
 	m := tinyModel(t)
 	ps := testmodel.Prompts(17, 50, 3, 40, m.Config.VocabSize)
-	const maxTok = 8
 	for _, ik := range []kernels.IndexKDType{kernels.IndexFP8, kernels.IndexBF16} {
 		for _, n := range []int{1, 2} {
 			t.Run(fmt.Sprintf("tp%d-%v", n, ik), func(t *testing.T) {
 				cfg := Config{TP: n, PageSize: 4, KVTokens: 512, MaxRunning: 4, MaxBatchTokens: 32, PrefillChunk: 7, IndexK: ik}
-				col := newEngine(t, m, cfg)
-				want := make([][]int32, len(ps))
-				for i, p := range ps {
-					s, err := col.Submit(context.Background(), Request{Prompt: p, MaxTokens: maxTok})
-					if err != nil {
-						t.Fatal(err)
-					}
-					want[i], _ = collect(t, s, 30*time.Second)
-				}
-				pp := newPDPair(t, cfg)
-				var wg sync.WaitGroup
-				for i, p := range ps {
-					wg.Go(func() {
-						toks, dfin, pfin := pp.run(t, context.Background(), Request{Prompt: p, MaxTokens: maxTok}, uint64(5000+i))
-						if !slices.Equal(toks, want[i]) {
-							t.Errorf("prompt %d: PD %v (%s), colocated %v", i, toks, dfin.Reason, want[i])
-						}
-						if pfin.Reason != ReasonLength || dfin.CompletionTokens != len(toks) {
-							t.Errorf("prompt %d: prefill %+v, decode %+v", i, pfin, dfin)
-						}
-					})
-				}
-				wg.Wait()
-				for _, e := range []*Engine{pp.prefill, pp.decode} {
-					checkPools(t, e)
-					for q, v := range e.PDQueues() {
-						if v != 0 {
-							t.Errorf("%s queue %s holds %d", e.cfg.Role, q, v)
-						}
-					}
-				}
-				if pp.decode.PDTransferBytes() == 0 || pp.prefill.PDTransferBytes() != pp.decode.PDTransferBytes() {
-					t.Errorf("transfer bytes: prefill %d, decode %d", pp.prefill.PDTransferBytes(), pp.decode.PDTransferBytes())
-				}
+				matchColocated(t, m, cfg, ps, 8, 5000)
 			})
 		}
 	}
@@ -392,21 +402,32 @@ func FuzzMailbox(f *testing.F) {
 	})
 }
 
-// A decode refuses a prefill whose pools do not match its own at the
-// handshake, with an error naming the field; no pages are held after.
-func TestPDHandshakeRefusesMismatch(t *testing.T) {
+// pdHandshake starts a prefill engine with pc and a decode engine with dc
+// (their roles set here) on the tiny model, sends the decode one PD request
+// for the prefill's registry, and returns both engines and the decode's
+// tokens and finish.
+func pdHandshake(t *testing.T, pc, dc Config) (p, d *Engine, toks []int32, fin Finish) {
+	t.Helper()
 	m := tinyModel(t)
-	pc := Config{PageSize: 4, KVTokens: 256, MaxRunning: 2, Role: pdproto.RolePrefill}
-	dc := Config{PageSize: 8, KVTokens: 256, MaxRunning: 2, Role: pdproto.RoleDecode}
-	p := newEngine(t, m, pc)
-	d := newEngine(t, m, dc)
+	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
+	p = newEngine(t, m, pc)
+	d = newEngine(t, m, dc)
 	url := serveRegistry(t, p, 1)
 	allowRegistry(t, d, url)
 	s, err := d.Submit(context.Background(), Request{Prompt: []int32{5, 6, 7}, MaxTokens: 2, PD: &PDRequest{Room: 3, BootstrapURL: url}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, fin := collect(t, s, 20*time.Second)
+	toks, fin = collect(t, s, 20*time.Second)
+	return p, d, toks, fin
+}
+
+// A decode refuses a prefill whose pools do not match its own at the
+// handshake, with an error naming the field; no pages are held after.
+func TestPDHandshakeRefusesMismatch(t *testing.T) {
+	_, d, _, fin := pdHandshake(t,
+		Config{PageSize: 4, KVTokens: 256, MaxRunning: 2},
+		Config{PageSize: 8, KVTokens: 256, MaxRunning: 2})
 	if !strings.Contains(fin.Reason, "page_size") {
 		t.Errorf("finish %q, want the page size mismatch named", fin.Reason)
 	}

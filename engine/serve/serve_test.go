@@ -157,13 +157,12 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-// Greedy outputs through the engine equal the simple runner's, with 8
-// prompts submitted concurrently, on 1 and 2 ranks.
-func TestGreedyMatchesRunner(t *testing.T) {
-	m := tinyModel(t)
-	ps := testmodel.Prompts(7, 8, 3, 40, m.Config.VocabSize)
-	const maxTok = 12
-	rn, err := runner.New(m, cpu.New(1), runner.Options{PageSize: 4, MaxSeqs: len(ps), KVTokens: 1024})
+// runnerGreedy returns the simple runner's greedy results for the prompts
+// ps, maxTok tokens each, with opts (MaxSeqs is len(ps)).
+func runnerGreedy(t *testing.T, m *model.Model, opts runner.Options, ps [][]int32, maxTok int) []runner.Result {
+	t.Helper()
+	opts.MaxSeqs = len(ps)
+	rn, err := runner.New(m, cpu.New(1), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,28 +174,46 @@ func TestGreedyMatchesRunner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return want
+}
+
+// matchRunner submits the prompts ps to e concurrently, maxTok tokens
+// each, and checks every stream's tokens, finish and usage against the
+// runner's results want.
+func matchRunner(t *testing.T, e *Engine, ps [][]int32, maxTok int, want []runner.Result) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i, p := range ps {
+		wg.Go(func() {
+			s, err := e.Submit(context.Background(), Request{Prompt: p, MaxTokens: maxTok})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			toks, fin := collect(t, s, 20*time.Second)
+			if !slices.Equal(toks, want[i].Tokens) || fin.Reason != want[i].Finish {
+				t.Errorf("prompt %d: got %v (%s), want %v (%s)", i, toks, fin.Reason, want[i].Tokens, want[i].Finish)
+			}
+			if fin.PromptTokens != len(p) || fin.CompletionTokens != len(toks) {
+				t.Errorf("prompt %d: usage %+v for %d tokens", i, fin, len(toks))
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// Greedy outputs through the engine equal the simple runner's, with 8
+// prompts submitted concurrently, on 1 and 2 ranks.
+func TestGreedyMatchesRunner(t *testing.T) {
+	m := tinyModel(t)
+	ps := testmodel.Prompts(7, 8, 3, 40, m.Config.VocabSize)
+	const maxTok = 12
+	want := runnerGreedy(t, m, runner.Options{PageSize: 4, KVTokens: 1024}, ps, maxTok)
 	for _, n := range []int{1, 2, 4} {
 		t.Run(fmt.Sprint("tp", n), func(t *testing.T) {
 			// A small pool and batch force chunking and retraction.
 			e := newEngine(t, m, Config{TP: n, PageSize: 4, KVTokens: 96, MaxRunning: 6, MaxBatchTokens: 24, PrefillChunk: 7})
-			var wg sync.WaitGroup
-			for i, p := range ps {
-				wg.Go(func() {
-					s, err := e.Submit(context.Background(), Request{Prompt: p, MaxTokens: maxTok})
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					toks, fin := collect(t, s, 20*time.Second)
-					if !slices.Equal(toks, want[i].Tokens) || fin.Reason != want[i].Finish {
-						t.Errorf("prompt %d: got %v (%s), want %v (%s)", i, toks, fin.Reason, want[i].Tokens, want[i].Finish)
-					}
-					if fin.PromptTokens != len(p) || fin.CompletionTokens != len(toks) {
-						t.Errorf("prompt %d: usage %+v for %d tokens", i, fin, len(toks))
-					}
-				})
-			}
-			wg.Wait()
+			matchRunner(t, e, ps, maxTok, want)
 			checkPools(t, e)
 			tot := e.Snapshot().Totals
 			t.Logf("totals %+v", tot)
