@@ -17,17 +17,6 @@
 	VHADDPS yd, yc, yc; \
 	VHADDPS yc, ya, ya
 
-// ZERO8 clears Y0..Y7.
-#define ZERO8 \
-	VXORPS Y0, Y0, Y0; \
-	VXORPS Y1, Y1, Y1; \
-	VXORPS Y2, Y2, Y2; \
-	VXORPS Y3, Y3, Y3; \
-	VXORPS Y4, Y4, Y4; \
-	VXORPS Y5, Y5, Y5; \
-	VXORPS Y6, Y6, Y6; \
-	VXORPS Y7, Y7, Y7
-
 // QKROW loads into r the address of K row slots[i] (stride and base from
 // the arguments).
 #define QKROW(i, r) \
@@ -88,6 +77,308 @@ GLOBL bf16hi<>(SB), RODATA|NOPTR, $32
 	ADDQ         R8, AX; \
 	VBROADCASTSS (SI), Y15
 
+// The kernels' bodies are written once, as the macros below; the F16 and
+// BF16 kernels instantiate them with their widening macros. Labels are
+// local to each TEXT, so a body's labels may stand in both.
+
+// ZEROn clears the n accumulators Y0 up to Y(n-1).
+#define ZERO1 \
+	VXORPS Y0, Y0, Y0
+
+#define ZERO2 \
+	ZERO1; \
+	VXORPS Y1, Y1, Y1
+
+#define ZERO4 \
+	ZERO2; \
+	VXORPS Y2, Y2, Y2; \
+	VXORPS Y3, Y3, Y3
+
+#define ZERO6 \
+	ZERO4; \
+	VXORPS Y4, Y4, Y4; \
+	VXORPS Y5, Y5, Y5
+
+#define ZERO8 \
+	ZERO6; \
+	VXORPS Y6, Y6, Y6; \
+	VXORPS Y7, Y7, Y7
+
+// QKPF prefetches all the cache lines of the K row of the slot at byte
+// offset 32·QKPFD+off of BX: the line of its last byte, then one every 64
+// bytes from its first; lbl is the loop's label. Clobbers AX, CX.
+#define QKPF(off, lbl) \
+	MOVLQSX    (32*QKPFD+off)(BX), AX; \
+	IMULQ      stride+40(FP), AX; \
+	ADDQ       k+16(FP), AX; \
+	LEAQ       -1(AX)(R15*1), CX; \
+	PREFETCHT0 (CX); \
+lbl: \
+	PREFETCHT0 (AX); \
+	ADDQ       $64, AX; \
+	CMPQ       AX, CX; \
+	JLT        lbl
+
+// QKCOL widens the 8 elements of row r at AX into t (by W) and adds their
+// products with q's 8 in Y8 into acc.
+#define QKCOL(W, r, t, acc) \
+	W((r)(AX*1), t); \
+	VFMADD231PS t, Y8, acc
+
+// NOSETUP is the empty SETUP of a kernel body.
+#define NOSETUP
+
+// QKSETBF16 loads WBF16S's shuffle control into Y13.
+#define QKSETBF16 \
+	VMOVDQU bf16shuf<>(SB), Y13
+
+// ATTNQK16 is the body of attnQKF16 and attnQKBF16: W widens 8 elements
+// (WF16, WBF16S), SETUP (NOSETUP, QKSETBF16) loads W's constants.
+#define ATTNQK16(W, SETUP) \
+	MOVQ         scores+0(FP), DI; \
+	MOVQ         q+8(FP), SI; \
+	MOVQ         slots+24(FP), BX; \
+	MOVQ         nblk+32(FP), CX; \
+	MOVQ         CX, 0(SP); \
+	VBROADCASTSS scale+56(FP), Y15; \
+	MOVQ         n8+48(FP), R15; \
+	SHLQ         $4, R15; \
+	SETUP; \
+	TESTQ        CX, CX; \
+	JZ           done; \
+block: \
+	QKROW(0, R8); \
+	QKROW(1, R9); \
+	QKROW(2, R10); \
+	QKROW(3, R11); \
+	QKROW(4, R12); \
+	QKROW(5, R13); \
+	QKROW(6, R14); \
+	QKROW(7, DX); \
+	CMPQ         0(SP), $QKPFD+1; \
+	JLT          nopf; \
+	QKPF(0, pf0); \
+	QKPF(4, pf1); \
+	QKPF(8, pf2); \
+	QKPF(12, pf3); \
+	QKPF(16, pf4); \
+	QKPF(20, pf5); \
+	QKPF(24, pf6); \
+	QKPF(28, pf7); \
+nopf: \
+	ZERO8; \
+	XORQ         AX, AX; \
+	MOVQ         n8+48(FP), CX; \
+step: \
+	VMOVUPS      (SI)(AX*2), Y8; \
+	QKCOL(W, R8, Y9, Y0); \
+	QKCOL(W, R9, Y10, Y1); \
+	QKCOL(W, R10, Y11, Y2); \
+	QKCOL(W, R11, Y12, Y3); \
+	QKCOL(W, R12, Y9, Y4); \
+	QKCOL(W, R13, Y10, Y5); \
+	QKCOL(W, R14, Y11, Y6); \
+	QKCOL(W, DX, Y12, Y7); \
+	ADDQ         $16, AX; \
+	DECQ         CX; \
+	JNZ          step; \
+	REDUCE4(Y0, Y1, Y2, Y3); \
+	REDUCE4(Y4, Y5, Y6, Y7); \
+	VPERM2F128   $0x20, Y4, Y0, Y8; \
+	VPERM2F128   $0x31, Y4, Y0, Y9; \
+	VADDPS       Y9, Y8, Y8; \
+	VMULPS       Y15, Y8, Y8; \
+	VMOVUPS      Y8, (DI); \
+	ADDQ         $32, DI; \
+	ADDQ         $32, BX; \
+	DECQ         0(SP); \
+	JNZ          block; \
+done: \
+	VZEROUPPER; \
+	RET
+
+// PVPF2 and PVPF3 prefetch the run's columns of the V row at R11: its
+// first cache line, (PVPF3) the next, and the line of byte last.
+#define PVPF2(last) \
+	PREFETCHT0 (R11); \
+	PREFETCHT0 last(R11)
+
+#define PVPF3(last) \
+	PREFETCHT0 (R11); \
+	PREFETCHT0 64(R11); \
+	PREFETCHT0 last(R11)
+
+// PVLOOP clears the run's accumulators (ZERO) and runs over the slots:
+// STEP adds p[j] times the run's columns of slot j's row, PF prefetches
+// those of slot j+PVPFD's. With no slots it goes to store.
+#define PVLOOP(ZERO, PF, STEP, loop, nopf, store) \
+	ZERO; \
+	MOVQ       p+8(FP), SI; \
+	MOVQ       slots+24(FP), BX; \
+	MOVQ       nslots+32(FP), CX; \
+	TESTQ      CX, CX; \
+	JZ         store; \
+loop: \
+	PVSLOT; \
+	CMPQ       CX, $PVPFD+1; \
+	JLT        nopf; \
+	MOVLQSX    PVPFD*4(BX), R11; \
+	IMULQ      R9, R11; \
+	ADDQ       R8, R11; \
+	PF; \
+nopf: \
+	STEP; \
+	ADDQ       $4, BX; \
+	ADDQ       $4, SI; \
+	DECQ       CX; \
+	JNZ        loop
+
+// PVRUN does the runs of n·8 columns while at least n are left (R10, in
+// 8s), STORE storing a run's sums at DI; then it goes to next.
+#define PVRUN(n, ZERO, PF, STEP, STORE, run, next, loop, nopf, store) \
+run: \
+	CMPQ       R10, $n; \
+	JLT        next; \
+	PVLOOP(ZERO, PF, STEP, loop, nopf, store); \
+store: \
+	STORE; \
+	ADDQ       $(32*n), DI; \
+	ADDQ       $(16*n), R8; \
+	SUBQ       $n, R10; \
+	JMP        run
+
+// ATTNPV16 is the body of attnPVF16 and attnPVBF16: SETUP loads the
+// widening's constants, Sn adds p[j] times a run of n·8 columns into the
+// run's accumulators, STn stores them at DI (ST1 is the same for both).
+#define ATTNPV16(SETUP, S8, S6, S4, S2, S1, ST8, ST6, ST4, ST2) \
+	MOVQ out+0(FP), DI; \
+	MOVQ v+16(FP), R8; \
+	MOVQ stride+40(FP), R9; \
+	MOVQ n8+48(FP), R10; \
+	SETUP; \
+	PVRUN(8, ZERO8, PVPF3(127), S8, ST8, oct, hex, octloop, octnopf, octstore); \
+	PVRUN(6, ZERO6, PVPF3(95), S6, ST6, hex, quad, hexloop, hexnopf, hexstore); \
+	PVRUN(4, ZERO4, PVPF2(63), S4, ST4, quad, pair, quadloop, quadnopf, quadstore); \
+	PVRUN(2, ZERO2, PVPF2(31), S2, ST2, pair, single, pairloop, pairnopf, pairstore); \
+single: \
+	TESTQ R10, R10; \
+	JZ    done; \
+	PVLOOP(ZERO1, PVPF2(15), S1, singleloop, singlenopf, singlestore); \
+singlestore: \
+	VMOVUPS Y0, 0(DI); \
+done: \
+	VZEROUPPER; \
+	RET
+
+// PVCOL widens 8 elements at off(AX) into t (by W) and adds their products
+// with p[j] in Y15 into acc.
+#define PVCOL(W, off, t, acc) \
+	W(off(AX), t); \
+	VFMADD231PS t, Y15, acc
+
+// PVSTn store Y0 up to Y0..Y7 at DI.
+#define PVST1 \
+	VMOVUPS Y0, 0(DI)
+
+#define PVST2 \
+	PVST1; \
+	VMOVUPS Y1, 32(DI)
+
+#define PVST4 \
+	PVST2; \
+	VMOVUPS Y2, 64(DI); \
+	VMOVUPS Y3, 96(DI)
+
+#define PVST6 \
+	PVST4; \
+	VMOVUPS Y4, 128(DI); \
+	VMOVUPS Y5, 160(DI)
+
+#define PVST8 \
+	PVST6; \
+	VMOVUPS Y6, 192(DI); \
+	VMOVUPS Y7, 224(DI)
+
+// PVF16Sn are attnPVF16's steps, one VCVTPH2PS and FMA per 8 columns.
+#define PVF16S1 \
+	PVCOL(WF16, 0, Y8, Y0)
+
+#define PVF16S2 \
+	PVF16S1; \
+	PVCOL(WF16, 16, Y9, Y1)
+
+#define PVF16S4 \
+	PVF16S2; \
+	PVCOL(WF16, 32, Y10, Y2); \
+	PVCOL(WF16, 48, Y11, Y3)
+
+#define PVF16S6 \
+	PVF16S4; \
+	PVCOL(WF16, 64, Y12, Y4); \
+	PVCOL(WF16, 80, Y13, Y5)
+
+#define PVF16S8 \
+	PVF16S6; \
+	PVCOL(WF16, 96, Y8, Y6); \
+	PVCOL(WF16, 112, Y9, Y7)
+
+// PVBF16SETUP loads the mask bf16hi into Y14.
+#define PVBF16SETUP \
+	VMOVDQU bf16hi<>(SB), Y14
+
+// PVBF16COLS widens the 16 bfloat16s at off(AX) into their even columns
+// (te, a 16-bit left shift) and odd ones (to, the high halves masked), and
+// adds their products with p[j] into acce and acco.
+#define PVBF16COLS(off, te, to, acce, acco) \
+	VPSLLD      $16, off(AX), te; \
+	VPAND       off(AX), Y14, to; \
+	VFMADD231PS te, Y15, acce; \
+	VFMADD231PS to, Y15, acco
+
+// PVBF16Sn are attnPVBF16's steps: runs of 16 columns or more by
+// PVBF16COLS, a run of 8 by WBF16.
+#define PVBF16S1 \
+	PVCOL(WBF16, 0, Y8, Y0)
+
+#define PVBF16S2 \
+	PVBF16COLS(0, Y8, Y9, Y0, Y1)
+
+#define PVBF16S4 \
+	PVBF16S2; \
+	PVBF16COLS(32, Y10, Y11, Y2, Y3)
+
+#define PVBF16S6 \
+	PVBF16S4; \
+	PVBF16COLS(64, Y12, Y13, Y4, Y5)
+
+#define PVBF16S8 \
+	PVBF16S6; \
+	PVBF16COLS(96, Y8, Y9, Y6, Y7)
+
+// PVBF16ST interleaves the even columns ye and odd ones yo of 16 again and
+// stores them at off(DI). Clobbers Y8..Y11.
+#define PVBF16ST(ye, yo, off) \
+	VUNPCKLPS  yo, ye, Y8; \
+	VUNPCKHPS  yo, ye, Y9; \
+	VPERM2F128 $0x20, Y9, Y8, Y10; \
+	VPERM2F128 $0x31, Y9, Y8, Y11; \
+	VMOVUPS    Y10, off(DI); \
+	VMOVUPS    Y11, (off+32)(DI)
+
+#define PVBF16ST2 \
+	PVBF16ST(Y0, Y1, 0)
+
+#define PVBF16ST4 \
+	PVBF16ST2; \
+	PVBF16ST(Y2, Y3, 64)
+
+#define PVBF16ST6 \
+	PVBF16ST4; \
+	PVBF16ST(Y4, Y5, 128)
+
+#define PVBF16ST8 \
+	PVBF16ST6; \
+	PVBF16ST(Y6, Y7, 192)
 
 // func attnQKF16(scores, q *float32, k unsafe.Pointer, slots *int32, nblk, stride, n8 int, scale float32)
 // For blocks b < nblk of 8 slots: scores[8b+l] = dot(q, K row
@@ -95,150 +386,7 @@ GLOBL bf16hi<>(SB), RODATA|NOPTR, $32
 // widened rows) computes it. AX counts bytes of K; q is read at 2·AX; R15
 // is the bytes of a row's 8·n8 elements.
 TEXT ·attnQKF16(SB), NOSPLIT, $8-60
-	MOVQ         scores+0(FP), DI
-	MOVQ         q+8(FP), SI
-	MOVQ         slots+24(FP), BX
-	MOVQ         nblk+32(FP), CX
-	MOVQ         CX, 0(SP)
-	VBROADCASTSS scale+56(FP), Y15
-	MOVQ         n8+48(FP), R15
-	SHLQ         $4, R15
-	TESTQ        CX, CX
-	JZ           done
-
-block:
-	QKROW(0, R8)
-	QKROW(1, R9)
-	QKROW(2, R10)
-	QKROW(3, R11)
-	QKROW(4, R12)
-	QKROW(5, R13)
-	QKROW(6, R14)
-	QKROW(7, DX)
-	CMPQ    0(SP), $QKPFD+1
-	JLT     nopf
-	MOVLQSX (32*QKPFD+0)(BX), AX
-	IMULQ   stride+40(FP), AX
-	ADDQ    k+16(FP), AX
-	LEAQ    -1(AX)(R15*1), CX
-	PREFETCHT0 (CX)
-pf0:
-	PREFETCHT0 (AX)
-	ADDQ    $64, AX
-	CMPQ    AX, CX
-	JLT     pf0
-	MOVLQSX (32*QKPFD+4)(BX), AX
-	IMULQ   stride+40(FP), AX
-	ADDQ    k+16(FP), AX
-	LEAQ    -1(AX)(R15*1), CX
-	PREFETCHT0 (CX)
-pf1:
-	PREFETCHT0 (AX)
-	ADDQ    $64, AX
-	CMPQ    AX, CX
-	JLT     pf1
-	MOVLQSX (32*QKPFD+8)(BX), AX
-	IMULQ   stride+40(FP), AX
-	ADDQ    k+16(FP), AX
-	LEAQ    -1(AX)(R15*1), CX
-	PREFETCHT0 (CX)
-pf2:
-	PREFETCHT0 (AX)
-	ADDQ    $64, AX
-	CMPQ    AX, CX
-	JLT     pf2
-	MOVLQSX (32*QKPFD+12)(BX), AX
-	IMULQ   stride+40(FP), AX
-	ADDQ    k+16(FP), AX
-	LEAQ    -1(AX)(R15*1), CX
-	PREFETCHT0 (CX)
-pf3:
-	PREFETCHT0 (AX)
-	ADDQ    $64, AX
-	CMPQ    AX, CX
-	JLT     pf3
-	MOVLQSX (32*QKPFD+16)(BX), AX
-	IMULQ   stride+40(FP), AX
-	ADDQ    k+16(FP), AX
-	LEAQ    -1(AX)(R15*1), CX
-	PREFETCHT0 (CX)
-pf4:
-	PREFETCHT0 (AX)
-	ADDQ    $64, AX
-	CMPQ    AX, CX
-	JLT     pf4
-	MOVLQSX (32*QKPFD+20)(BX), AX
-	IMULQ   stride+40(FP), AX
-	ADDQ    k+16(FP), AX
-	LEAQ    -1(AX)(R15*1), CX
-	PREFETCHT0 (CX)
-pf5:
-	PREFETCHT0 (AX)
-	ADDQ    $64, AX
-	CMPQ    AX, CX
-	JLT     pf5
-	MOVLQSX (32*QKPFD+24)(BX), AX
-	IMULQ   stride+40(FP), AX
-	ADDQ    k+16(FP), AX
-	LEAQ    -1(AX)(R15*1), CX
-	PREFETCHT0 (CX)
-pf6:
-	PREFETCHT0 (AX)
-	ADDQ    $64, AX
-	CMPQ    AX, CX
-	JLT     pf6
-	MOVLQSX (32*QKPFD+28)(BX), AX
-	IMULQ   stride+40(FP), AX
-	ADDQ    k+16(FP), AX
-	LEAQ    -1(AX)(R15*1), CX
-	PREFETCHT0 (CX)
-pf7:
-	PREFETCHT0 (AX)
-	ADDQ    $64, AX
-	CMPQ    AX, CX
-	JLT     pf7
-
-nopf:
-	ZERO8
-	XORQ AX, AX
-	MOVQ n8+48(FP), CX
-
-step:
-	VMOVUPS (SI)(AX*2), Y8
-	WF16((R8)(AX*1), Y9)
-	VFMADD231PS Y9, Y8, Y0
-	WF16((R9)(AX*1), Y10)
-	VFMADD231PS Y10, Y8, Y1
-	WF16((R10)(AX*1), Y11)
-	VFMADD231PS Y11, Y8, Y2
-	WF16((R11)(AX*1), Y12)
-	VFMADD231PS Y12, Y8, Y3
-	WF16((R12)(AX*1), Y9)
-	VFMADD231PS Y9, Y8, Y4
-	WF16((R13)(AX*1), Y10)
-	VFMADD231PS Y10, Y8, Y5
-	WF16((R14)(AX*1), Y11)
-	VFMADD231PS Y11, Y8, Y6
-	WF16((DX)(AX*1), Y12)
-	VFMADD231PS Y12, Y8, Y7
-	ADDQ        $16, AX
-	DECQ        CX
-	JNZ         step
-	REDUCE4(Y0, Y1, Y2, Y3)
-	REDUCE4(Y4, Y5, Y6, Y7)
-	VPERM2F128  $0x20, Y4, Y0, Y8
-	VPERM2F128  $0x31, Y4, Y0, Y9
-	VADDPS      Y9, Y8, Y8
-	VMULPS      Y15, Y8, Y8
-	VMOVUPS     Y8, (DI)
-	ADDQ        $32, DI
-	ADDQ        $32, BX
-	DECQ        0(SP)
-	JNZ         block
-
-done:
-	VZEROUPPER
-	RET
+	ATTNQK16(WF16, NOSETUP)
 
 // func attnPVF16(out, p *float32, v unsafe.Pointer, slots *int32, nslots, stride, n8 int)
 // out[c] = Σ_j p[j]·v[slots[j]·stride/2 + c] for c < 8·n8, each element
@@ -247,697 +395,17 @@ done:
 // runs of 64, 48, 32, 16 and 8 as in attnPV (the run does not change a
 // column's sum).
 TEXT ·attnPVF16(SB), NOSPLIT, $0-56
-	MOVQ out+0(FP), DI
-	MOVQ v+16(FP), R8
-	MOVQ stride+40(FP), R9
-	MOVQ n8+48(FP), R10
-
-oct:
-	CMPQ   R10, $8
-	JLT    hex
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-	MOVQ   p+8(FP), SI
-	MOVQ   slots+24(FP), BX
-	MOVQ   nslots+32(FP), CX
-	TESTQ  CX, CX
-	JZ     octstore
-
-octloop:
-	PVSLOT
-	CMPQ       CX, $PVPFD+1
-	JLT        octnopf
-	MOVLQSX    PVPFD*4(BX), R11
-	IMULQ      R9, R11
-	ADDQ       R8, R11
-	PREFETCHT0 (R11)
-	PREFETCHT0 64(R11)
-	PREFETCHT0 127(R11)
-
-octnopf:
-	WF16(0(AX), Y8)
-	VFMADD231PS Y8, Y15, Y0
-	WF16(16(AX), Y9)
-	VFMADD231PS Y9, Y15, Y1
-	WF16(32(AX), Y10)
-	VFMADD231PS Y10, Y15, Y2
-	WF16(48(AX), Y11)
-	VFMADD231PS Y11, Y15, Y3
-	WF16(64(AX), Y12)
-	VFMADD231PS Y12, Y15, Y4
-	WF16(80(AX), Y13)
-	VFMADD231PS Y13, Y15, Y5
-	WF16(96(AX), Y8)
-	VFMADD231PS Y8, Y15, Y6
-	WF16(112(AX), Y9)
-	VFMADD231PS Y9, Y15, Y7
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        CX
-	JNZ         octloop
-
-octstore:
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
-	VMOVUPS Y4, 128(DI)
-	VMOVUPS Y5, 160(DI)
-	VMOVUPS Y6, 192(DI)
-	VMOVUPS Y7, 224(DI)
-	ADDQ    $256, DI
-	ADDQ    $128, R8
-	SUBQ    $8, R10
-	JMP     oct
-
-hex:
-	CMPQ   R10, $6
-	JLT    quad
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	MOVQ   p+8(FP), SI
-	MOVQ   slots+24(FP), BX
-	MOVQ   nslots+32(FP), CX
-	TESTQ  CX, CX
-	JZ     hexstore
-
-hexloop:
-	PVSLOT
-	CMPQ       CX, $PVPFD+1
-	JLT        hexnopf
-	MOVLQSX    PVPFD*4(BX), R11
-	IMULQ      R9, R11
-	ADDQ       R8, R11
-	PREFETCHT0 (R11)
-	PREFETCHT0 64(R11)
-	PREFETCHT0 95(R11)
-
-hexnopf:
-	WF16(0(AX), Y8)
-	VFMADD231PS Y8, Y15, Y0
-	WF16(16(AX), Y9)
-	VFMADD231PS Y9, Y15, Y1
-	WF16(32(AX), Y10)
-	VFMADD231PS Y10, Y15, Y2
-	WF16(48(AX), Y11)
-	VFMADD231PS Y11, Y15, Y3
-	WF16(64(AX), Y12)
-	VFMADD231PS Y12, Y15, Y4
-	WF16(80(AX), Y13)
-	VFMADD231PS Y13, Y15, Y5
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        CX
-	JNZ         hexloop
-
-hexstore:
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
-	VMOVUPS Y4, 128(DI)
-	VMOVUPS Y5, 160(DI)
-	ADDQ    $192, DI
-	ADDQ    $96, R8
-	SUBQ    $6, R10
-	JMP     hex
-
-quad:
-	CMPQ   R10, $4
-	JLT    pair
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	MOVQ   p+8(FP), SI
-	MOVQ   slots+24(FP), BX
-	MOVQ   nslots+32(FP), CX
-	TESTQ  CX, CX
-	JZ     quadstore
-
-quadloop:
-	PVSLOT
-	CMPQ       CX, $PVPFD+1
-	JLT        quadnopf
-	MOVLQSX    PVPFD*4(BX), R11
-	IMULQ      R9, R11
-	ADDQ       R8, R11
-	PREFETCHT0 (R11)
-	PREFETCHT0 63(R11)
-
-quadnopf:
-	WF16(0(AX), Y8)
-	VFMADD231PS Y8, Y15, Y0
-	WF16(16(AX), Y9)
-	VFMADD231PS Y9, Y15, Y1
-	WF16(32(AX), Y10)
-	VFMADD231PS Y10, Y15, Y2
-	WF16(48(AX), Y11)
-	VFMADD231PS Y11, Y15, Y3
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        CX
-	JNZ         quadloop
-
-quadstore:
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
-	ADDQ    $128, DI
-	ADDQ    $64, R8
-	SUBQ    $4, R10
-	JMP     quad
-
-pair:
-	CMPQ   R10, $2
-	JLT    single
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	MOVQ   p+8(FP), SI
-	MOVQ   slots+24(FP), BX
-	MOVQ   nslots+32(FP), CX
-	TESTQ  CX, CX
-	JZ     pairstore
-
-pairloop:
-	PVSLOT
-	CMPQ       CX, $PVPFD+1
-	JLT        pairnopf
-	MOVLQSX    PVPFD*4(BX), R11
-	IMULQ      R9, R11
-	ADDQ       R8, R11
-	PREFETCHT0 (R11)
-	PREFETCHT0 31(R11)
-
-pairnopf:
-	WF16(0(AX), Y8)
-	VFMADD231PS Y8, Y15, Y0
-	WF16(16(AX), Y9)
-	VFMADD231PS Y9, Y15, Y1
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        CX
-	JNZ         pairloop
-
-pairstore:
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS Y1, 32(DI)
-	ADDQ    $64, DI
-	ADDQ    $32, R8
-	SUBQ    $2, R10
-	JMP     pair
-
-single:
-	TESTQ  R10, R10
-	JZ     done
-	VXORPS Y0, Y0, Y0
-	MOVQ   p+8(FP), SI
-	MOVQ   slots+24(FP), BX
-	MOVQ   nslots+32(FP), CX
-	TESTQ  CX, CX
-	JZ     singlestore
-
-singleloop:
-	PVSLOT
-	CMPQ       CX, $PVPFD+1
-	JLT        singlenopf
-	MOVLQSX    PVPFD*4(BX), R11
-	IMULQ      R9, R11
-	ADDQ       R8, R11
-	PREFETCHT0 (R11)
-	PREFETCHT0 15(R11)
-
-singlenopf:
-	WF16(0(AX), Y8)
-	VFMADD231PS Y8, Y15, Y0
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        CX
-	JNZ         singleloop
-
-singlestore:
-	VMOVUPS Y0, 0(DI)
-
-done:
-	VZEROUPPER
-	RET
+	ATTNPV16(NOSETUP, PVF16S8, PVF16S6, PVF16S4, PVF16S2, PVF16S1, PVST8, PVST6, PVST4, PVST2)
 
 // func attnQKBF16(scores, q *float32, k unsafe.Pointer, slots *int32, nblk, stride, n8 int, scale float32)
-// For blocks b < nblk of 8 slots: scores[8b+l] = dot(q, K row
-// slots[8b+l])·scale, the dot exactly as dot1x8BF16 (and attnQK on the
-// widened rows) computes it. AX counts bytes of K; q is read at 2·AX; R15
-// is the bytes of a row's 8·n8 elements.
+// attnQKF16 with dot1x8BF16's widening (WBF16S).
 TEXT ·attnQKBF16(SB), NOSPLIT, $8-60
-	MOVQ         scores+0(FP), DI
-	MOVQ         q+8(FP), SI
-	MOVQ         slots+24(FP), BX
-	MOVQ         nblk+32(FP), CX
-	MOVQ         CX, 0(SP)
-	VBROADCASTSS scale+56(FP), Y15
-	MOVQ         n8+48(FP), R15
-	SHLQ         $4, R15
-	VMOVDQU      bf16shuf<>(SB), Y13
-	TESTQ        CX, CX
-	JZ           done
-
-block:
-	QKROW(0, R8)
-	QKROW(1, R9)
-	QKROW(2, R10)
-	QKROW(3, R11)
-	QKROW(4, R12)
-	QKROW(5, R13)
-	QKROW(6, R14)
-	QKROW(7, DX)
-	CMPQ    0(SP), $QKPFD+1
-	JLT     nopf
-	MOVLQSX (32*QKPFD+0)(BX), AX
-	IMULQ   stride+40(FP), AX
-	ADDQ    k+16(FP), AX
-	LEAQ    -1(AX)(R15*1), CX
-	PREFETCHT0 (CX)
-pf0:
-	PREFETCHT0 (AX)
-	ADDQ    $64, AX
-	CMPQ    AX, CX
-	JLT     pf0
-	MOVLQSX (32*QKPFD+4)(BX), AX
-	IMULQ   stride+40(FP), AX
-	ADDQ    k+16(FP), AX
-	LEAQ    -1(AX)(R15*1), CX
-	PREFETCHT0 (CX)
-pf1:
-	PREFETCHT0 (AX)
-	ADDQ    $64, AX
-	CMPQ    AX, CX
-	JLT     pf1
-	MOVLQSX (32*QKPFD+8)(BX), AX
-	IMULQ   stride+40(FP), AX
-	ADDQ    k+16(FP), AX
-	LEAQ    -1(AX)(R15*1), CX
-	PREFETCHT0 (CX)
-pf2:
-	PREFETCHT0 (AX)
-	ADDQ    $64, AX
-	CMPQ    AX, CX
-	JLT     pf2
-	MOVLQSX (32*QKPFD+12)(BX), AX
-	IMULQ   stride+40(FP), AX
-	ADDQ    k+16(FP), AX
-	LEAQ    -1(AX)(R15*1), CX
-	PREFETCHT0 (CX)
-pf3:
-	PREFETCHT0 (AX)
-	ADDQ    $64, AX
-	CMPQ    AX, CX
-	JLT     pf3
-	MOVLQSX (32*QKPFD+16)(BX), AX
-	IMULQ   stride+40(FP), AX
-	ADDQ    k+16(FP), AX
-	LEAQ    -1(AX)(R15*1), CX
-	PREFETCHT0 (CX)
-pf4:
-	PREFETCHT0 (AX)
-	ADDQ    $64, AX
-	CMPQ    AX, CX
-	JLT     pf4
-	MOVLQSX (32*QKPFD+20)(BX), AX
-	IMULQ   stride+40(FP), AX
-	ADDQ    k+16(FP), AX
-	LEAQ    -1(AX)(R15*1), CX
-	PREFETCHT0 (CX)
-pf5:
-	PREFETCHT0 (AX)
-	ADDQ    $64, AX
-	CMPQ    AX, CX
-	JLT     pf5
-	MOVLQSX (32*QKPFD+24)(BX), AX
-	IMULQ   stride+40(FP), AX
-	ADDQ    k+16(FP), AX
-	LEAQ    -1(AX)(R15*1), CX
-	PREFETCHT0 (CX)
-pf6:
-	PREFETCHT0 (AX)
-	ADDQ    $64, AX
-	CMPQ    AX, CX
-	JLT     pf6
-	MOVLQSX (32*QKPFD+28)(BX), AX
-	IMULQ   stride+40(FP), AX
-	ADDQ    k+16(FP), AX
-	LEAQ    -1(AX)(R15*1), CX
-	PREFETCHT0 (CX)
-pf7:
-	PREFETCHT0 (AX)
-	ADDQ    $64, AX
-	CMPQ    AX, CX
-	JLT     pf7
-
-nopf:
-	ZERO8
-	XORQ AX, AX
-	MOVQ n8+48(FP), CX
-
-step:
-	VMOVUPS (SI)(AX*2), Y8
-	WBF16S((R8)(AX*1), Y9)
-	VFMADD231PS Y9, Y8, Y0
-	WBF16S((R9)(AX*1), Y10)
-	VFMADD231PS Y10, Y8, Y1
-	WBF16S((R10)(AX*1), Y11)
-	VFMADD231PS Y11, Y8, Y2
-	WBF16S((R11)(AX*1), Y12)
-	VFMADD231PS Y12, Y8, Y3
-	WBF16S((R12)(AX*1), Y9)
-	VFMADD231PS Y9, Y8, Y4
-	WBF16S((R13)(AX*1), Y10)
-	VFMADD231PS Y10, Y8, Y5
-	WBF16S((R14)(AX*1), Y11)
-	VFMADD231PS Y11, Y8, Y6
-	WBF16S((DX)(AX*1), Y12)
-	VFMADD231PS Y12, Y8, Y7
-	ADDQ        $16, AX
-	DECQ        CX
-	JNZ         step
-	REDUCE4(Y0, Y1, Y2, Y3)
-	REDUCE4(Y4, Y5, Y6, Y7)
-	VPERM2F128  $0x20, Y4, Y0, Y8
-	VPERM2F128  $0x31, Y4, Y0, Y9
-	VADDPS      Y9, Y8, Y8
-	VMULPS      Y15, Y8, Y8
-	VMOVUPS     Y8, (DI)
-	ADDQ        $32, DI
-	ADDQ        $32, BX
-	DECQ        0(SP)
-	JNZ         block
-
-done:
-	VZEROUPPER
-	RET
+	ATTNQK16(WBF16S, QKSETBF16)
 
 // func attnPVBF16(out, p *float32, v unsafe.Pointer, slots *int32, nslots, stride, n8 int)
-// out[c] = Σ_j p[j]·v[slots[j]·stride/2 + c] for c < 8·n8, each element
-// widened exactly, one FMA per slot in slot order, starting from +0: what
-// attnPV computes on the widened rows. stride is in bytes. Columns go in
-// runs of 64, 48, 32, 16 and 8 as in attnPV (the run does not change a
-// column's sum).
-// Runs of 16 columns or more widen 32 bytes at a time into their even
-// columns (a 16-bit left shift) and odd ones (the high halves masked), two
-// accumulators per 16 columns, interleaved again at the store.
+// attnPVF16 over bfloat16 rows. Runs of 16 columns or more widen 32 bytes
+// at a time into their even columns (a 16-bit left shift) and odd ones (the
+// high halves masked), two accumulators per 16 columns, interleaved again
+// at the store.
 TEXT ·attnPVBF16(SB), NOSPLIT, $0-56
-	MOVQ out+0(FP), DI
-	MOVQ v+16(FP), R8
-	MOVQ stride+40(FP), R9
-	MOVQ n8+48(FP), R10
-	VMOVDQU bf16hi<>(SB), Y14
-
-oct:
-	CMPQ   R10, $8
-	JLT    hex
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-	MOVQ   p+8(FP), SI
-	MOVQ   slots+24(FP), BX
-	MOVQ   nslots+32(FP), CX
-	TESTQ  CX, CX
-	JZ     octstore
-
-octloop:
-	PVSLOT
-	CMPQ       CX, $PVPFD+1
-	JLT        octnopf
-	MOVLQSX    PVPFD*4(BX), R11
-	IMULQ      R9, R11
-	ADDQ       R8, R11
-	PREFETCHT0 (R11)
-	PREFETCHT0 64(R11)
-	PREFETCHT0 127(R11)
-
-octnopf:
-	VPSLLD      $16, 0(AX), Y8
-	VPAND       0(AX), Y14, Y9
-	VFMADD231PS Y8, Y15, Y0
-	VFMADD231PS Y9, Y15, Y1
-	VPSLLD      $16, 32(AX), Y10
-	VPAND       32(AX), Y14, Y11
-	VFMADD231PS Y10, Y15, Y2
-	VFMADD231PS Y11, Y15, Y3
-	VPSLLD      $16, 64(AX), Y12
-	VPAND       64(AX), Y14, Y13
-	VFMADD231PS Y12, Y15, Y4
-	VFMADD231PS Y13, Y15, Y5
-	VPSLLD      $16, 96(AX), Y8
-	VPAND       96(AX), Y14, Y9
-	VFMADD231PS Y8, Y15, Y6
-	VFMADD231PS Y9, Y15, Y7
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        CX
-	JNZ         octloop
-
-octstore:
-	VUNPCKLPS   Y1, Y0, Y8
-	VUNPCKHPS   Y1, Y0, Y9
-	VPERM2F128  $0x20, Y9, Y8, Y10
-	VPERM2F128  $0x31, Y9, Y8, Y11
-	VMOVUPS     Y10, 0(DI)
-	VMOVUPS     Y11, 32(DI)
-	VUNPCKLPS   Y3, Y2, Y8
-	VUNPCKHPS   Y3, Y2, Y9
-	VPERM2F128  $0x20, Y9, Y8, Y10
-	VPERM2F128  $0x31, Y9, Y8, Y11
-	VMOVUPS     Y10, 64(DI)
-	VMOVUPS     Y11, 96(DI)
-	VUNPCKLPS   Y5, Y4, Y8
-	VUNPCKHPS   Y5, Y4, Y9
-	VPERM2F128  $0x20, Y9, Y8, Y10
-	VPERM2F128  $0x31, Y9, Y8, Y11
-	VMOVUPS     Y10, 128(DI)
-	VMOVUPS     Y11, 160(DI)
-	VUNPCKLPS   Y7, Y6, Y8
-	VUNPCKHPS   Y7, Y6, Y9
-	VPERM2F128  $0x20, Y9, Y8, Y10
-	VPERM2F128  $0x31, Y9, Y8, Y11
-	VMOVUPS     Y10, 192(DI)
-	VMOVUPS     Y11, 224(DI)
-	ADDQ    $256, DI
-	ADDQ    $128, R8
-	SUBQ    $8, R10
-	JMP     oct
-
-hex:
-	CMPQ   R10, $6
-	JLT    quad
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	MOVQ   p+8(FP), SI
-	MOVQ   slots+24(FP), BX
-	MOVQ   nslots+32(FP), CX
-	TESTQ  CX, CX
-	JZ     hexstore
-
-hexloop:
-	PVSLOT
-	CMPQ       CX, $PVPFD+1
-	JLT        hexnopf
-	MOVLQSX    PVPFD*4(BX), R11
-	IMULQ      R9, R11
-	ADDQ       R8, R11
-	PREFETCHT0 (R11)
-	PREFETCHT0 64(R11)
-	PREFETCHT0 95(R11)
-
-hexnopf:
-	VPSLLD      $16, 0(AX), Y8
-	VPAND       0(AX), Y14, Y9
-	VFMADD231PS Y8, Y15, Y0
-	VFMADD231PS Y9, Y15, Y1
-	VPSLLD      $16, 32(AX), Y10
-	VPAND       32(AX), Y14, Y11
-	VFMADD231PS Y10, Y15, Y2
-	VFMADD231PS Y11, Y15, Y3
-	VPSLLD      $16, 64(AX), Y12
-	VPAND       64(AX), Y14, Y13
-	VFMADD231PS Y12, Y15, Y4
-	VFMADD231PS Y13, Y15, Y5
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        CX
-	JNZ         hexloop
-
-hexstore:
-	VUNPCKLPS   Y1, Y0, Y8
-	VUNPCKHPS   Y1, Y0, Y9
-	VPERM2F128  $0x20, Y9, Y8, Y10
-	VPERM2F128  $0x31, Y9, Y8, Y11
-	VMOVUPS     Y10, 0(DI)
-	VMOVUPS     Y11, 32(DI)
-	VUNPCKLPS   Y3, Y2, Y8
-	VUNPCKHPS   Y3, Y2, Y9
-	VPERM2F128  $0x20, Y9, Y8, Y10
-	VPERM2F128  $0x31, Y9, Y8, Y11
-	VMOVUPS     Y10, 64(DI)
-	VMOVUPS     Y11, 96(DI)
-	VUNPCKLPS   Y5, Y4, Y8
-	VUNPCKHPS   Y5, Y4, Y9
-	VPERM2F128  $0x20, Y9, Y8, Y10
-	VPERM2F128  $0x31, Y9, Y8, Y11
-	VMOVUPS     Y10, 128(DI)
-	VMOVUPS     Y11, 160(DI)
-	ADDQ    $192, DI
-	ADDQ    $96, R8
-	SUBQ    $6, R10
-	JMP     hex
-
-quad:
-	CMPQ   R10, $4
-	JLT    pair
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	MOVQ   p+8(FP), SI
-	MOVQ   slots+24(FP), BX
-	MOVQ   nslots+32(FP), CX
-	TESTQ  CX, CX
-	JZ     quadstore
-
-quadloop:
-	PVSLOT
-	CMPQ       CX, $PVPFD+1
-	JLT        quadnopf
-	MOVLQSX    PVPFD*4(BX), R11
-	IMULQ      R9, R11
-	ADDQ       R8, R11
-	PREFETCHT0 (R11)
-	PREFETCHT0 63(R11)
-
-quadnopf:
-	VPSLLD      $16, 0(AX), Y8
-	VPAND       0(AX), Y14, Y9
-	VFMADD231PS Y8, Y15, Y0
-	VFMADD231PS Y9, Y15, Y1
-	VPSLLD      $16, 32(AX), Y10
-	VPAND       32(AX), Y14, Y11
-	VFMADD231PS Y10, Y15, Y2
-	VFMADD231PS Y11, Y15, Y3
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        CX
-	JNZ         quadloop
-
-quadstore:
-	VUNPCKLPS   Y1, Y0, Y8
-	VUNPCKHPS   Y1, Y0, Y9
-	VPERM2F128  $0x20, Y9, Y8, Y10
-	VPERM2F128  $0x31, Y9, Y8, Y11
-	VMOVUPS     Y10, 0(DI)
-	VMOVUPS     Y11, 32(DI)
-	VUNPCKLPS   Y3, Y2, Y8
-	VUNPCKHPS   Y3, Y2, Y9
-	VPERM2F128  $0x20, Y9, Y8, Y10
-	VPERM2F128  $0x31, Y9, Y8, Y11
-	VMOVUPS     Y10, 64(DI)
-	VMOVUPS     Y11, 96(DI)
-	ADDQ    $128, DI
-	ADDQ    $64, R8
-	SUBQ    $4, R10
-	JMP     quad
-
-pair:
-	CMPQ   R10, $2
-	JLT    single
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	MOVQ   p+8(FP), SI
-	MOVQ   slots+24(FP), BX
-	MOVQ   nslots+32(FP), CX
-	TESTQ  CX, CX
-	JZ     pairstore
-
-pairloop:
-	PVSLOT
-	CMPQ       CX, $PVPFD+1
-	JLT        pairnopf
-	MOVLQSX    PVPFD*4(BX), R11
-	IMULQ      R9, R11
-	ADDQ       R8, R11
-	PREFETCHT0 (R11)
-	PREFETCHT0 31(R11)
-
-pairnopf:
-	VPSLLD      $16, 0(AX), Y8
-	VPAND       0(AX), Y14, Y9
-	VFMADD231PS Y8, Y15, Y0
-	VFMADD231PS Y9, Y15, Y1
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        CX
-	JNZ         pairloop
-
-pairstore:
-	VUNPCKLPS   Y1, Y0, Y8
-	VUNPCKHPS   Y1, Y0, Y9
-	VPERM2F128  $0x20, Y9, Y8, Y10
-	VPERM2F128  $0x31, Y9, Y8, Y11
-	VMOVUPS     Y10, 0(DI)
-	VMOVUPS     Y11, 32(DI)
-	ADDQ    $64, DI
-	ADDQ    $32, R8
-	SUBQ    $2, R10
-	JMP     pair
-
-single:
-	TESTQ  R10, R10
-	JZ     done
-	VXORPS Y0, Y0, Y0
-	MOVQ   p+8(FP), SI
-	MOVQ   slots+24(FP), BX
-	MOVQ   nslots+32(FP), CX
-	TESTQ  CX, CX
-	JZ     singlestore
-
-singleloop:
-	PVSLOT
-	CMPQ       CX, $PVPFD+1
-	JLT        singlenopf
-	MOVLQSX    PVPFD*4(BX), R11
-	IMULQ      R9, R11
-	ADDQ       R8, R11
-	PREFETCHT0 (R11)
-	PREFETCHT0 15(R11)
-
-singlenopf:
-	WBF16(0(AX), Y8)
-	VFMADD231PS Y8, Y15, Y0
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        CX
-	JNZ         singleloop
-
-singlestore:
-	VMOVUPS Y0, 0(DI)
-
-done:
-	VZEROUPPER
-	RET
+	ATTNPV16(PVBF16SETUP, PVBF16S8, PVBF16S6, PVBF16S4, PVBF16S2, PVBF16S1, PVBF16ST8, PVBF16ST6, PVBF16ST4, PVBF16ST2)

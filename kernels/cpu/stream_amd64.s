@@ -34,28 +34,50 @@
 	VADDPS Y9, Y8, Y8; \
 	VMOVUPS Y8, (r)
 
-// func dot1x8F32S(x *float32, w unsafe.Pointer, rb, n8, np int, out *float32, pfoff int)
-TEXT ·dot1x8F32S(SB), NOSPLIT, $0-56
-	MOVQ x+0(FP), SI
-	MOVQ w+8(FP), DI
-	MOVQ rb+16(FP), R15
-	MOVQ DI, BX
+// SENTRY loads the arguments every streaming kernel keeps in registers:
+// x in SI, the first panel in DI, the row bytes in R15 and the address
+// pfoff ahead of DI, which the loop prefetches, in BX.
+#define SENTRY \
+	MOVQ x+0(FP), SI; \
+	MOVQ w+8(FP), DI; \
+	MOVQ rb+16(FP), R15; \
+	MOVQ DI, BX; \
 	ADDQ pfoff+48(FP), BX
 
-panel:
-	// The panel's eight rows, and DI past them.
-	MOVQ DI, R8
-	LEAQ (R8)(R15*1), R9
-	LEAQ (R9)(R15*1), R10
-	LEAQ (R10)(R15*1), R11
-	LEAQ (R11)(R15*1), R12
-	LEAQ (R12)(R15*1), R13
-	LEAQ (R13)(R15*1), R14
-	LEAQ (R14)(R15*1), DX
-	LEAQ (DX)(R15*1), DI
-	SZERO8
-	XORQ AX, AX
+// SPANEL points R8..R14, DX at the panel's eight rows and DI past them,
+// clears the accumulators and sets AX to 0 and CX to n8 for the loop.
+#define SPANEL \
+	MOVQ DI, R8; \
+	LEAQ (R8)(R15*1), R9; \
+	LEAQ (R9)(R15*1), R10; \
+	LEAQ (R10)(R15*1), R11; \
+	LEAQ (R11)(R15*1), R12; \
+	LEAQ (R12)(R15*1), R13; \
+	LEAQ (R13)(R15*1), R14; \
+	LEAQ (R14)(R15*1), DX; \
+	LEAQ (DX)(R15*1), DI; \
+	SZERO8; \
+	XORQ AX, AX; \
 	MOVQ n8+24(FP), CX
+
+// SNEXT stores the panel's eight sums at out, moves out past them and goes
+// back to panel while panels are left; then it returns.
+#define SNEXT(panel) \
+	MOVQ out+40(FP), AX; \
+	SSTORE8(AX); \
+	ADDQ $32, AX; \
+	MOVQ AX, out+40(FP); \
+	DECQ np+32(FP); \
+	JNZ  panel; \
+	VZEROUPPER; \
+	RET
+
+// func dot1x8F32S(x *float32, w unsafe.Pointer, rb, n8, np int, out *float32, pfoff int)
+TEXT ·dot1x8F32S(SB), NOSPLIT, $0-56
+	SENTRY
+
+panel:
+	SPANEL
 
 loop:
 	PREFETCHT0  (BX)
@@ -75,15 +97,7 @@ loop:
 	ADDQ        $32, AX
 	DECQ        CX
 	JNZ         loop
-
-	MOVQ out+40(FP), AX
-	SSTORE8(AX)
-	ADDQ $32, AX
-	MOVQ AX, out+40(FP)
-	DECQ np+32(FP)
-	JNZ  panel
-	VZEROUPPER
-	RET
+	SNEXT(panel)
 
 // SF16ROW and SBF16ROW are F16ROW and BF16ROW of kern_amd64.s with the
 // weights' offset in AX (x is read at twice it): the eight halves of row
@@ -97,98 +111,34 @@ loop:
 	VPSLLD      $16, t, t; \
 	VFMADD231PS t, Y8, acc
 
+// DOT1X8S16 is the body of dot1x8F16S and dot1x8BF16S, ROW (SF16ROW,
+// SBF16ROW) widening a row's 8 elements and adding their products.
+#define DOT1X8S16(ROW) \
+	SENTRY; \
+panel: \
+	SPANEL; \
+loop: \
+	PREFETCHT0 (BX); \
+	PREFETCHT0 64(BX); \
+	VMOVUPS    (SI)(AX*2), Y8; \
+	ROW(R8, Y9, Y0); \
+	ROW(R9, Y10, Y1); \
+	ROW(R10, Y11, Y2); \
+	ROW(R11, Y12, Y3); \
+	ROW(R12, Y9, Y4); \
+	ROW(R13, Y10, Y5); \
+	ROW(R14, Y11, Y6); \
+	ROW(DX, Y12, Y7); \
+	ADDQ       $128, BX; \
+	ADDQ       $16, AX; \
+	DECQ       CX; \
+	JNZ        loop; \
+	SNEXT(panel)
+
 // func dot1x8F16S(x *float32, w unsafe.Pointer, rb, n8, np int, out *float32, pfoff int)
 TEXT ·dot1x8F16S(SB), NOSPLIT, $0-56
-	MOVQ x+0(FP), SI
-	MOVQ w+8(FP), DI
-	MOVQ rb+16(FP), R15
-	MOVQ DI, BX
-	ADDQ pfoff+48(FP), BX
-
-panel:
-	MOVQ DI, R8
-	LEAQ (R8)(R15*1), R9
-	LEAQ (R9)(R15*1), R10
-	LEAQ (R10)(R15*1), R11
-	LEAQ (R11)(R15*1), R12
-	LEAQ (R12)(R15*1), R13
-	LEAQ (R13)(R15*1), R14
-	LEAQ (R14)(R15*1), DX
-	LEAQ (DX)(R15*1), DI
-	SZERO8
-	XORQ AX, AX
-	MOVQ n8+24(FP), CX
-
-loop:
-	PREFETCHT0 (BX)
-	PREFETCHT0 64(BX)
-	VMOVUPS    (SI)(AX*2), Y8
-	SF16ROW(R8, Y9, Y0)
-	SF16ROW(R9, Y10, Y1)
-	SF16ROW(R10, Y11, Y2)
-	SF16ROW(R11, Y12, Y3)
-	SF16ROW(R12, Y9, Y4)
-	SF16ROW(R13, Y10, Y5)
-	SF16ROW(R14, Y11, Y6)
-	SF16ROW(DX, Y12, Y7)
-	ADDQ       $128, BX
-	ADDQ       $16, AX
-	DECQ       CX
-	JNZ        loop
-
-	MOVQ out+40(FP), AX
-	SSTORE8(AX)
-	ADDQ $32, AX
-	MOVQ AX, out+40(FP)
-	DECQ np+32(FP)
-	JNZ  panel
-	VZEROUPPER
-	RET
+	DOT1X8S16(SF16ROW)
 
 // func dot1x8BF16S(x *float32, w unsafe.Pointer, rb, n8, np int, out *float32, pfoff int)
 TEXT ·dot1x8BF16S(SB), NOSPLIT, $0-56
-	MOVQ x+0(FP), SI
-	MOVQ w+8(FP), DI
-	MOVQ rb+16(FP), R15
-	MOVQ DI, BX
-	ADDQ pfoff+48(FP), BX
-
-panel:
-	MOVQ DI, R8
-	LEAQ (R8)(R15*1), R9
-	LEAQ (R9)(R15*1), R10
-	LEAQ (R10)(R15*1), R11
-	LEAQ (R11)(R15*1), R12
-	LEAQ (R12)(R15*1), R13
-	LEAQ (R13)(R15*1), R14
-	LEAQ (R14)(R15*1), DX
-	LEAQ (DX)(R15*1), DI
-	SZERO8
-	XORQ AX, AX
-	MOVQ n8+24(FP), CX
-
-loop:
-	PREFETCHT0 (BX)
-	PREFETCHT0 64(BX)
-	VMOVUPS    (SI)(AX*2), Y8
-	SBF16ROW(R8, Y9, Y0)
-	SBF16ROW(R9, Y10, Y1)
-	SBF16ROW(R10, Y11, Y2)
-	SBF16ROW(R11, Y12, Y3)
-	SBF16ROW(R12, Y9, Y4)
-	SBF16ROW(R13, Y10, Y5)
-	SBF16ROW(R14, Y11, Y6)
-	SBF16ROW(DX, Y12, Y7)
-	ADDQ       $128, BX
-	ADDQ       $16, AX
-	DECQ       CX
-	JNZ        loop
-
-	MOVQ out+40(FP), AX
-	SSTORE8(AX)
-	ADDQ $32, AX
-	MOVQ AX, out+40(FP)
-	DECQ np+32(FP)
-	JNZ  panel
-	VZEROUPPER
-	RET
+	DOT1X8S16(SBF16ROW)
