@@ -1,6 +1,7 @@
 //go:build amd64
 
 #include "textflag.h"
+#include "avx2_amd64.h"
 
 // Attention over a 16-bit KV pool (AVX2 + FMA + F16C): attnQK and attnPV of
 // kern_amd64.s with each K or V element widened exactly before its FMA, the
@@ -9,20 +10,6 @@
 // moving each 16-bit word into the high half of a zeroed 32-bit lane. The
 // Go declarations are in kern_amd64.go, the pure-Go twins in
 // kern_generic.go.
-
-// REDUCE4, as in kern_amd64.s: the canonical horizontal sum tree of four
-// accumulators, per 128-bit half. Clobbers yc.
-#define REDUCE4(ya, yb, yc, yd) \
-	VHADDPS yb, ya, ya; \
-	VHADDPS yd, yc, yc; \
-	VHADDPS yc, ya, ya
-
-// QKROW loads into r the address of K row slots[i] (stride and base from
-// the arguments).
-#define QKROW(i, r) \
-	MOVLQSX i*4(BX), r; \
-	IMULQ   stride+40(FP), r; \
-	ADDQ    k+16(FP), r
 
 // WF16 widens the 8 halves at m into t.
 #define WF16(m, t) \
@@ -70,39 +57,9 @@ GLOBL bf16hi<>(SB), RODATA|NOPTR, $32
 // PVPFD is how many slots ahead attnPV16 prefetches V rows.
 #define PVPFD 64
 
-// PVSLOT loads slot j's row address into AX and p[j] broadcast into Y15.
-#define PVSLOT \
-	MOVLQSX      (BX), AX; \
-	IMULQ        R9, AX; \
-	ADDQ         R8, AX; \
-	VBROADCASTSS (SI), Y15
-
 // The kernels' bodies are written once, as the macros below; the F16 and
 // BF16 kernels instantiate them with their widening macros. Labels are
 // local to each TEXT, so a body's labels may stand in both.
-
-// ZEROn clears the n accumulators Y0 up to Y(n-1).
-#define ZERO1 \
-	VXORPS Y0, Y0, Y0
-
-#define ZERO2 \
-	ZERO1; \
-	VXORPS Y1, Y1, Y1
-
-#define ZERO4 \
-	ZERO2; \
-	VXORPS Y2, Y2, Y2; \
-	VXORPS Y3, Y3, Y3
-
-#define ZERO6 \
-	ZERO4; \
-	VXORPS Y4, Y4, Y4; \
-	VXORPS Y5, Y5, Y5
-
-#define ZERO8 \
-	ZERO6; \
-	VXORPS Y6, Y6, Y6; \
-	VXORPS Y7, Y7, Y7
 
 // QKPF prefetches all the cache lines of the K row of the slot at byte
 // offset 32·QKPFD+off of BX: the line of its last byte, then one every 64
@@ -212,12 +169,7 @@ done: \
 // STEP adds p[j] times the run's columns of slot j's row, PF prefetches
 // those of slot j+PVPFD's. With no slots it goes to store.
 #define PVLOOP(ZERO, PF, STEP, loop, nopf, store) \
-	ZERO; \
-	MOVQ       p+8(FP), SI; \
-	MOVQ       slots+24(FP), BX; \
-	MOVQ       nslots+32(FP), CX; \
-	TESTQ      CX, CX; \
-	JZ         store; \
+	PVBEGIN(ZERO, store); \
 loop: \
 	PVSLOT; \
 	CMPQ       CX, $PVPFD+1; \
@@ -265,7 +217,7 @@ single: \
 	JZ    done; \
 	PVLOOP(ZERO1, PVPF2(15), S1, singleloop, singlenopf, singlestore); \
 singlestore: \
-	VMOVUPS Y0, 0(DI); \
+	STACC1; \
 done: \
 	VZEROUPPER; \
 	RET
@@ -275,29 +227,6 @@ done: \
 #define PVCOL(W, off, t, acc) \
 	W(off(AX), t); \
 	VFMADD231PS t, Y15, acc
-
-// PVSTn store Y0 up to Y0..Y7 at DI.
-#define PVST1 \
-	VMOVUPS Y0, 0(DI)
-
-#define PVST2 \
-	PVST1; \
-	VMOVUPS Y1, 32(DI)
-
-#define PVST4 \
-	PVST2; \
-	VMOVUPS Y2, 64(DI); \
-	VMOVUPS Y3, 96(DI)
-
-#define PVST6 \
-	PVST4; \
-	VMOVUPS Y4, 128(DI); \
-	VMOVUPS Y5, 160(DI)
-
-#define PVST8 \
-	PVST6; \
-	VMOVUPS Y6, 192(DI); \
-	VMOVUPS Y7, 224(DI)
 
 // PVF16Sn are attnPVF16's steps, one VCVTPH2PS and FMA per 8 columns.
 #define PVF16S1 \
@@ -395,7 +324,7 @@ TEXT ·attnQKF16(SB), NOSPLIT, $8-60
 // runs of 64, 48, 32, 16 and 8 as in attnPV (the run does not change a
 // column's sum).
 TEXT ·attnPVF16(SB), NOSPLIT, $0-56
-	ATTNPV16(NOSETUP, PVF16S8, PVF16S6, PVF16S4, PVF16S2, PVF16S1, PVST8, PVST6, PVST4, PVST2)
+	ATTNPV16(NOSETUP, PVF16S8, PVF16S6, PVF16S4, PVF16S2, PVF16S1, STACC8, STACC6, STACC4, STACC2)
 
 // func attnQKBF16(scores, q *float32, k unsafe.Pointer, slots *int32, nblk, stride, n8 int, scale float32)
 // attnQKF16 with dot1x8BF16's widening (WBF16S).

@@ -1,6 +1,7 @@
 //go:build amd64
 
 #include "textflag.h"
+#include "avx2_amd64.h"
 
 // AVX2 + FMA + F16C kernels. The Go declarations and the contract every
 // kernel keeps are in kern_amd64.go; the pure-Go twins are in kern_generic.go.
@@ -9,26 +10,9 @@
 // +0, one VFMADD231PS per 8 elements in increasing k, then the horizontal sum
 // ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)). REDUCE4 computes exactly that tree
 // for four accumulators at once: VHADDPS forms the pairs, a second VHADDPS the
-// quads of each 128-bit half, and the final add joins the halves.
-
-// REDUCE4 leaves in ya, per 128-bit half, the partial sums of ya, yb, yc, yd:
-// low half [a0123, b0123, c0123, d0123], high half the same of lanes 4..7;
-// adding the two halves finishes the tree. Clobbers yc.
-#define REDUCE4(ya, yb, yc, yd) \
-	VHADDPS yb, ya, ya; \
-	VHADDPS yd, yc, yc; \
-	VHADDPS yc, ya, ya
-
-// ZERO8 clears Y0..Y7.
-#define ZERO8 \
-	VXORPS Y0, Y0, Y0; \
-	VXORPS Y1, Y1, Y1; \
-	VXORPS Y2, Y2, Y2; \
-	VXORPS Y3, Y3, Y3; \
-	VXORPS Y4, Y4, Y4; \
-	VXORPS Y5, Y5, Y5; \
-	VXORPS Y6, Y6, Y6; \
-	VXORPS Y7, Y7, Y7
+// quads of each 128-bit half, and the final add joins the halves. REDUCE4,
+// STORE8, ZERO8 and the other macros the AVX2 kernels share are in
+// avx2_amd64.h.
 
 // LOADW8 loads the eight row pointers of *w (in DI) into R8..R14, DX.
 #define LOADW8 \
@@ -41,28 +25,123 @@
 	MOVQ 48(DI), R14; \
 	MOVQ 56(DI), DX
 
-// STORE8 reduces Y0..Y7 and stores the eight sums at (DI).
-#define STORE8 \
-	REDUCE4(Y0, Y1, Y2, Y3); \
-	REDUCE4(Y4, Y5, Y6, Y7); \
-	VPERM2F128 $0x20, Y4, Y0, Y8; \
-	VPERM2F128 $0x31, Y4, Y0, Y9; \
-	VADDPS Y9, Y8, Y8; \
-	VMOVUPS Y8, (DI)
-
-// QKROW loads into r the address of K row slots[i] (stride and base from
-// the arguments).
-#define QKROW(i, r) \
-	MOVLQSX i*4(BX), r; \
-	IMULQ   stride+40(FP), r; \
-	ADDQ    k+16(FP), r
-
 // PFROW loads into r the address of the K row of the slot at i*4(CX), for
 // attnQK's prefetch.
 #define PFROW(i, r) \
 	MOVLQSX i*4(CX), r; \
 	IMULQ   stride+40(FP), r; \
 	ADDQ    k+16(FP), r
+
+// attnPV's five column runs are written once, as PVRUN and PVSLOTS (a
+// run's three slot loops) below, with the pieces that depend on the run's
+// size as PVFn, PVPn and ZEROn, STACCn (avx2_amd64.h).
+
+// PVFn add p[j] (Y15) times the run's n·8 columns of slot j's row (AX)
+// into Y0 up to Y(n-1).
+#define PVF1 \
+	VFMADD231PS 0(AX), Y15, Y0
+
+#define PVF2 \
+	PVF1; \
+	VFMADD231PS 32(AX), Y15, Y1
+
+#define PVF4 \
+	PVF2; \
+	VFMADD231PS 64(AX), Y15, Y2; \
+	VFMADD231PS 96(AX), Y15, Y3
+
+#define PVF6 \
+	PVF4; \
+	VFMADD231PS 128(AX), Y15, Y4; \
+	VFMADD231PS 160(AX), Y15, Y5
+
+#define PVF8 \
+	PVF6; \
+	VFMADD231PS 192(AX), Y15, Y6; \
+	VFMADD231PS 224(AX), Y15, Y7
+
+// PVPn prefetch the lines at 64-byte steps of a run of n·8 columns of the
+// row at R11.
+#define PVP1 \
+	PREFETCHT0 (R11)
+
+#define PVP2 \
+	PVP1
+
+#define PVP4 \
+	PVP1; \
+	PREFETCHT0 64(R11)
+
+#define PVP6 \
+	PVP4; \
+	PREFETCHT0 128(R11)
+
+#define PVP8 \
+	PVP6; \
+	PREFETCHT0 192(R11)
+
+// PVAHEAD loads the row address of the slot R13 bytes of slots ahead into
+// R11.
+#define PVAHEAD \
+	MOVLQSX (BX)(R13*1), R11; \
+	IMULQ   R9, R11; \
+	ADDQ    R8, R11
+
+// PVNEXT moves SI and BX on to the next slot.
+#define PVNEXT \
+	ADDQ $4, BX; \
+	ADDQ $4, SI
+
+// PVSLOTS clears a run's accumulators (ZERO) and goes over the slots in
+// the three loops that attnPV's comment describes: pf prefetching the lines
+// PF and the byte last, pfa the lines PF alone, loop none; STEP adds a
+// slot's products. With no slots it goes to store.
+#define PVSLOTS(ZERO, PF, last, STEP, pf, pfa, loop, store) \
+	PVBEGIN(ZERO, store); \
+	MOVQ       CX, R14; \
+	SUBQ       R12, R14; \
+	JLE        loop; \
+	MOVQ       R12, CX; \
+	TESTQ      DX, DX; \
+	JZ         pfa; \
+pf: \
+	PVSLOT; \
+	PVAHEAD; \
+	PF; \
+	PREFETCHT0 last(R11); \
+	STEP; \
+	PVNEXT; \
+	DECQ       R14; \
+	JNZ        pf; \
+	JMP        loop; \
+pfa: \
+	PVSLOT; \
+	PVAHEAD; \
+	PF; \
+	STEP; \
+	PVNEXT; \
+	DECQ       R14; \
+	JNZ        pfa; \
+loop: \
+	PVSLOT; \
+	STEP; \
+	PVNEXT; \
+	DECQ       CX; \
+	JNZ        loop
+
+// PVRUN does the runs of n·8 columns while at least n are left (R10, in
+// 8s), then goes to next.
+#define PVRUN(n, ZERO, PF, last, STEP, STORE, run, next, pf, pfa, loop, store) \
+run: \
+	CMPQ       R10, $n; \
+	JLT        next; \
+	PVSLOTS(ZERO, PF, last, STEP, pf, pfa, loop, store); \
+store: \
+	STORE; \
+	ADDQ       $(32*n), DI; \
+	ADDQ       $(32*n), R8; \
+	SUBQ       $n, R10; \
+	JMP        run
 
 // func dot1x8F32(x *float32, w *[8]unsafe.Pointer, n8 int, out *[8]float32)
 TEXT ·dot1x8F32(SB), NOSPLIT, $0-32
@@ -76,22 +155,14 @@ TEXT ·dot1x8F32(SB), NOSPLIT, $0-32
 	JZ   reduce
 
 loop:
-	VMOVUPS     (SI)(AX*1), Y8
-	VFMADD231PS (R8)(AX*1), Y8, Y0
-	VFMADD231PS (R9)(AX*1), Y8, Y1
-	VFMADD231PS (R10)(AX*1), Y8, Y2
-	VFMADD231PS (R11)(AX*1), Y8, Y3
-	VFMADD231PS (R12)(AX*1), Y8, Y4
-	VFMADD231PS (R13)(AX*1), Y8, Y5
-	VFMADD231PS (R14)(AX*1), Y8, Y6
-	VFMADD231PS (DX)(AX*1), Y8, Y7
+	F32STEP
 	ADDQ        $32, AX
 	DECQ        CX
 	JNZ         loop
 
 reduce:
 	MOVQ out+24(FP), DI
-	STORE8
+	STORE8(DI)
 	VZEROUPPER
 	RET
 
@@ -129,7 +200,7 @@ loop:
 
 reduce:
 	MOVQ out+24(FP), DI
-	STORE8
+	STORE8(DI)
 	VZEROUPPER
 	RET
 
@@ -168,7 +239,7 @@ loop:
 
 reduce:
 	MOVQ out+24(FP), DI
-	STORE8
+	STORE8(DI)
 	VZEROUPPER
 	RET
 
@@ -223,7 +294,7 @@ loop:
 
 reduce:
 	MOVQ out+24(FP), DI
-	STORE8
+	STORE8(DI)
 	VZEROUPPER
 	RET
 
@@ -547,15 +618,7 @@ head:
 	MOVQ n8+48(FP), CX
 
 step:
-	VMOVUPS     (SI)(AX*1), Y8
-	VFMADD231PS (R8)(AX*1), Y8, Y0
-	VFMADD231PS (R9)(AX*1), Y8, Y1
-	VFMADD231PS (R10)(AX*1), Y8, Y2
-	VFMADD231PS (R11)(AX*1), Y8, Y3
-	VFMADD231PS (R12)(AX*1), Y8, Y4
-	VFMADD231PS (R13)(AX*1), Y8, Y5
-	VFMADD231PS (R14)(AX*1), Y8, Y6
-	VFMADD231PS (DX)(AX*1), Y8, Y7
+	F32STEP
 	ADDQ        $32, AX
 	DECQ        CX
 	JNZ         step
@@ -688,15 +751,7 @@ nopf:
 	MOVQ n8+48(FP), CX
 
 step:
-	VMOVUPS     (SI)(AX*1), Y8
-	VFMADD231PS (R8)(AX*1), Y8, Y0
-	VFMADD231PS (R9)(AX*1), Y8, Y1
-	VFMADD231PS (R10)(AX*1), Y8, Y2
-	VFMADD231PS (R11)(AX*1), Y8, Y3
-	VFMADD231PS (R12)(AX*1), Y8, Y4
-	VFMADD231PS (R13)(AX*1), Y8, Y5
-	VFMADD231PS (R14)(AX*1), Y8, Y6
-	VFMADD231PS (DX)(AX*1), Y8, Y7
+	F32STEP
 	ADDQ        $32, AX
 	DECQ        CX
 	JNZ         step
@@ -715,13 +770,6 @@ step:
 done:
 	VZEROUPPER
 	RET
-
-// PVSLOT loads slot j's row address into AX and p[j] broadcast into Y15.
-#define PVSLOT \
-	MOVLQSX      (BX), AX; \
-	IMULQ        R9, AX; \
-	ADDQ         R8, AX; \
-	VBROADCASTSS (SI), Y15
 
 // func attnPV(out, p, v *float32, slots *int32, nslots, stride, n8 int)
 // out[c] = Σ_j p[j]·v[slots[j]·stride/4 + c] for c < 8·n8, one FMA per
@@ -748,378 +796,18 @@ TEXT ·attnPV(SB), NOSPLIT, $0-56
 	ORQ     R9, DX
 	ANDQ    $63, DX
 
-oct:
-	CMPQ   R10, $8
-	JLT    hex
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-	MOVQ   p+8(FP), SI
-	MOVQ   slots+24(FP), BX
-	MOVQ   nslots+32(FP), CX
-	TESTQ  CX, CX
-	JZ     octstore
-	MOVQ   CX, R14
-	SUBQ   R12, R14
-	JLE    octloop
-	MOVQ   R12, CX
-	TESTQ  DX, DX
-	JZ     octpfa
-
-octpf:
-	PVSLOT
-	MOVLQSX    (BX)(R13*1), R11
-	IMULQ      R9, R11
-	ADDQ       R8, R11
-	PREFETCHT0 (R11)
-	PREFETCHT0 64(R11)
-	PREFETCHT0 128(R11)
-	PREFETCHT0 192(R11)
-	PREFETCHT0 255(R11)
-	VFMADD231PS 0(AX), Y15, Y0
-	VFMADD231PS 32(AX), Y15, Y1
-	VFMADD231PS 64(AX), Y15, Y2
-	VFMADD231PS 96(AX), Y15, Y3
-	VFMADD231PS 128(AX), Y15, Y4
-	VFMADD231PS 160(AX), Y15, Y5
-	VFMADD231PS 192(AX), Y15, Y6
-	VFMADD231PS 224(AX), Y15, Y7
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        R14
-	JNZ         octpf
-	JMP         octloop
-
-octpfa:
-	PVSLOT
-	MOVLQSX    (BX)(R13*1), R11
-	IMULQ      R9, R11
-	ADDQ       R8, R11
-	PREFETCHT0 (R11)
-	PREFETCHT0 64(R11)
-	PREFETCHT0 128(R11)
-	PREFETCHT0 192(R11)
-	VFMADD231PS 0(AX), Y15, Y0
-	VFMADD231PS 32(AX), Y15, Y1
-	VFMADD231PS 64(AX), Y15, Y2
-	VFMADD231PS 96(AX), Y15, Y3
-	VFMADD231PS 128(AX), Y15, Y4
-	VFMADD231PS 160(AX), Y15, Y5
-	VFMADD231PS 192(AX), Y15, Y6
-	VFMADD231PS 224(AX), Y15, Y7
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        R14
-	JNZ         octpfa
-
-octloop:
-	PVSLOT
-	VFMADD231PS 0(AX), Y15, Y0
-	VFMADD231PS 32(AX), Y15, Y1
-	VFMADD231PS 64(AX), Y15, Y2
-	VFMADD231PS 96(AX), Y15, Y3
-	VFMADD231PS 128(AX), Y15, Y4
-	VFMADD231PS 160(AX), Y15, Y5
-	VFMADD231PS 192(AX), Y15, Y6
-	VFMADD231PS 224(AX), Y15, Y7
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        CX
-	JNZ         octloop
-
-octstore:
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
-	VMOVUPS Y4, 128(DI)
-	VMOVUPS Y5, 160(DI)
-	VMOVUPS Y6, 192(DI)
-	VMOVUPS Y7, 224(DI)
-	ADDQ    $256, DI
-	ADDQ    $256, R8
-	SUBQ    $8, R10
-	JMP     oct
-
-hex:
-	CMPQ   R10, $6
-	JLT    quad
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	MOVQ   p+8(FP), SI
-	MOVQ   slots+24(FP), BX
-	MOVQ   nslots+32(FP), CX
-	TESTQ  CX, CX
-	JZ     hexstore
-	MOVQ   CX, R14
-	SUBQ   R12, R14
-	JLE    hexloop
-	MOVQ   R12, CX
-	TESTQ  DX, DX
-	JZ     hexpfa
-
-hexpf:
-	PVSLOT
-	MOVLQSX    (BX)(R13*1), R11
-	IMULQ      R9, R11
-	ADDQ       R8, R11
-	PREFETCHT0 (R11)
-	PREFETCHT0 64(R11)
-	PREFETCHT0 128(R11)
-	PREFETCHT0 191(R11)
-	VFMADD231PS 0(AX), Y15, Y0
-	VFMADD231PS 32(AX), Y15, Y1
-	VFMADD231PS 64(AX), Y15, Y2
-	VFMADD231PS 96(AX), Y15, Y3
-	VFMADD231PS 128(AX), Y15, Y4
-	VFMADD231PS 160(AX), Y15, Y5
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        R14
-	JNZ         hexpf
-	JMP         hexloop
-
-hexpfa:
-	PVSLOT
-	MOVLQSX    (BX)(R13*1), R11
-	IMULQ      R9, R11
-	ADDQ       R8, R11
-	PREFETCHT0 (R11)
-	PREFETCHT0 64(R11)
-	PREFETCHT0 128(R11)
-	VFMADD231PS 0(AX), Y15, Y0
-	VFMADD231PS 32(AX), Y15, Y1
-	VFMADD231PS 64(AX), Y15, Y2
-	VFMADD231PS 96(AX), Y15, Y3
-	VFMADD231PS 128(AX), Y15, Y4
-	VFMADD231PS 160(AX), Y15, Y5
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        R14
-	JNZ         hexpfa
-
-hexloop:
-	PVSLOT
-	VFMADD231PS 0(AX), Y15, Y0
-	VFMADD231PS 32(AX), Y15, Y1
-	VFMADD231PS 64(AX), Y15, Y2
-	VFMADD231PS 96(AX), Y15, Y3
-	VFMADD231PS 128(AX), Y15, Y4
-	VFMADD231PS 160(AX), Y15, Y5
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        CX
-	JNZ         hexloop
-
-hexstore:
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
-	VMOVUPS Y4, 128(DI)
-	VMOVUPS Y5, 160(DI)
-	ADDQ    $192, DI
-	ADDQ    $192, R8
-	SUBQ    $6, R10
-	JMP     hex
-
-quad:
-	CMPQ   R10, $4
-	JLT    pair
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	MOVQ   p+8(FP), SI
-	MOVQ   slots+24(FP), BX
-	MOVQ   nslots+32(FP), CX
-	TESTQ  CX, CX
-	JZ     quadstore
-	MOVQ   CX, R14
-	SUBQ   R12, R14
-	JLE    quadloop
-	MOVQ   R12, CX
-	TESTQ  DX, DX
-	JZ     quadpfa
-
-quadpf:
-	PVSLOT
-	MOVLQSX    (BX)(R13*1), R11
-	IMULQ      R9, R11
-	ADDQ       R8, R11
-	PREFETCHT0 (R11)
-	PREFETCHT0 64(R11)
-	PREFETCHT0 127(R11)
-	VFMADD231PS 0(AX), Y15, Y0
-	VFMADD231PS 32(AX), Y15, Y1
-	VFMADD231PS 64(AX), Y15, Y2
-	VFMADD231PS 96(AX), Y15, Y3
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        R14
-	JNZ         quadpf
-	JMP         quadloop
-
-quadpfa:
-	PVSLOT
-	MOVLQSX    (BX)(R13*1), R11
-	IMULQ      R9, R11
-	ADDQ       R8, R11
-	PREFETCHT0 (R11)
-	PREFETCHT0 64(R11)
-	VFMADD231PS 0(AX), Y15, Y0
-	VFMADD231PS 32(AX), Y15, Y1
-	VFMADD231PS 64(AX), Y15, Y2
-	VFMADD231PS 96(AX), Y15, Y3
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        R14
-	JNZ         quadpfa
-
-quadloop:
-	PVSLOT
-	VFMADD231PS 0(AX), Y15, Y0
-	VFMADD231PS 32(AX), Y15, Y1
-	VFMADD231PS 64(AX), Y15, Y2
-	VFMADD231PS 96(AX), Y15, Y3
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        CX
-	JNZ         quadloop
-
-quadstore:
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
-	ADDQ    $128, DI
-	ADDQ    $128, R8
-	SUBQ    $4, R10
-	JMP     quad
-
-pair:
-	CMPQ   R10, $2
-	JLT    single
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	MOVQ   p+8(FP), SI
-	MOVQ   slots+24(FP), BX
-	MOVQ   nslots+32(FP), CX
-	TESTQ  CX, CX
-	JZ     pairstore
-	MOVQ   CX, R14
-	SUBQ   R12, R14
-	JLE    pairloop
-	MOVQ   R12, CX
-	TESTQ  DX, DX
-	JZ     pairpfa
-
-pairpf:
-	PVSLOT
-	MOVLQSX    (BX)(R13*1), R11
-	IMULQ      R9, R11
-	ADDQ       R8, R11
-	PREFETCHT0 (R11)
-	PREFETCHT0 63(R11)
-	VFMADD231PS 0(AX), Y15, Y0
-	VFMADD231PS 32(AX), Y15, Y1
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        R14
-	JNZ         pairpf
-	JMP         pairloop
-
-pairpfa:
-	PVSLOT
-	MOVLQSX    (BX)(R13*1), R11
-	IMULQ      R9, R11
-	ADDQ       R8, R11
-	PREFETCHT0 (R11)
-	VFMADD231PS 0(AX), Y15, Y0
-	VFMADD231PS 32(AX), Y15, Y1
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        R14
-	JNZ         pairpfa
-
-pairloop:
-	PVSLOT
-	VFMADD231PS 0(AX), Y15, Y0
-	VFMADD231PS 32(AX), Y15, Y1
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        CX
-	JNZ         pairloop
-
-pairstore:
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS Y1, 32(DI)
-	ADDQ    $64, DI
-	ADDQ    $64, R8
-	SUBQ    $2, R10
-	JMP     pair
+	PVRUN(8, ZERO8, PVP8, 255, PVF8, STACC8, oct, hex, octpf, octpfa, octloop, octstore)
+	PVRUN(6, ZERO6, PVP6, 191, PVF6, STACC6, hex, quad, hexpf, hexpfa, hexloop, hexstore)
+	PVRUN(4, ZERO4, PVP4, 127, PVF4, STACC4, quad, pair, quadpf, quadpfa, quadloop, quadstore)
+	PVRUN(2, ZERO2, PVP2, 63, PVF2, STACC2, pair, single, pairpf, pairpfa, pairloop, pairstore)
 
 single:
-	TESTQ  R10, R10
-	JZ     done
-	VXORPS Y0, Y0, Y0
-	MOVQ   p+8(FP), SI
-	MOVQ   slots+24(FP), BX
-	MOVQ   nslots+32(FP), CX
-	TESTQ  CX, CX
-	JZ     singlestore
-	MOVQ   CX, R14
-	SUBQ   R12, R14
-	JLE    singleloop
-	MOVQ   R12, CX
-	TESTQ  DX, DX
-	JZ     singlepfa
-
-singlepf:
-	PVSLOT
-	MOVLQSX    (BX)(R13*1), R11
-	IMULQ      R9, R11
-	ADDQ       R8, R11
-	PREFETCHT0 (R11)
-	PREFETCHT0 31(R11)
-	VFMADD231PS 0(AX), Y15, Y0
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        R14
-	JNZ         singlepf
-	JMP         singleloop
-
-singlepfa:
-	PVSLOT
-	MOVLQSX    (BX)(R13*1), R11
-	IMULQ      R9, R11
-	ADDQ       R8, R11
-	PREFETCHT0 (R11)
-	VFMADD231PS 0(AX), Y15, Y0
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        R14
-	JNZ         singlepfa
-
-singleloop:
-	PVSLOT
-	VFMADD231PS 0(AX), Y15, Y0
-	ADDQ        $4, BX
-	ADDQ        $4, SI
-	DECQ        CX
-	JNZ         singleloop
+	TESTQ R10, R10
+	JZ    done
+	PVSLOTS(ZERO1, PVP1, 31, PVF1, singlepf, singlepfa, singleloop, singlestore)
 
 singlestore:
-	VMOVUPS Y0, 0(DI)
+	STACC1
 
 done:
 	VZEROUPPER
@@ -1473,27 +1161,13 @@ TEXT ·dot1x8F32P(SB), NOSPLIT, $0-40
 	JZ   reduce
 
 loop:
-	PREFETCHT0  (BX)
-	PREFETCHT0  64(BX)
-	PREFETCHT0  128(BX)
-	PREFETCHT0  192(BX)
-	VMOVUPS     (SI)(AX*1), Y8
-	VFMADD231PS (R8)(AX*1), Y8, Y0
-	VFMADD231PS (R9)(AX*1), Y8, Y1
-	VFMADD231PS (R10)(AX*1), Y8, Y2
-	VFMADD231PS (R11)(AX*1), Y8, Y3
-	VFMADD231PS (R12)(AX*1), Y8, Y4
-	VFMADD231PS (R13)(AX*1), Y8, Y5
-	VFMADD231PS (R14)(AX*1), Y8, Y6
-	VFMADD231PS (DX)(AX*1), Y8, Y7
-	ADDQ        $256, BX
-	ADDQ        $32, AX
-	DECQ        CX
-	JNZ         loop
+	F32PFSTEP
+	DECQ CX
+	JNZ  loop
 
 reduce:
 	MOVQ out+24(FP), DI
-	STORE8
+	STORE8(DI)
 	VZEROUPPER
 	RET
 
@@ -1530,7 +1204,7 @@ loop:
 
 reduce:
 	MOVQ out+24(FP), DI
-	STORE8
+	STORE8(DI)
 	VZEROUPPER
 	RET
 
@@ -1567,6 +1241,6 @@ loop:
 
 reduce:
 	MOVQ out+24(FP), DI
-	STORE8
+	STORE8(DI)
 	VZEROUPPER
 	RET

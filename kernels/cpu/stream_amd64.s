@@ -1,38 +1,13 @@
 //go:build amd64
 
 #include "textflag.h"
+#include "avx2_amd64.h"
 
 // The decode kernels that stream a part of a matrix in one call (see
 // stream_amd64.go): the 1×8 kernels dot1x8F32P, dot1x8F16P and dot1x8BF16P
 // (kern_amd64.s), the same FMAs in the same order, looped over consecutive
 // panels in assembly, so that no Go code runs between two panels while
 // DRAM streams.
-
-// SZERO8 clears Y0..Y7.
-#define SZERO8 \
-	VXORPS Y0, Y0, Y0; \
-	VXORPS Y1, Y1, Y1; \
-	VXORPS Y2, Y2, Y2; \
-	VXORPS Y3, Y3, Y3; \
-	VXORPS Y4, Y4, Y4; \
-	VXORPS Y5, Y5, Y5; \
-	VXORPS Y6, Y6, Y6; \
-	VXORPS Y7, Y7, Y7
-
-// SREDUCE4 and SSTORE8 are REDUCE4 and STORE8 of kern_amd64.s (the
-// canonical horizontal sum), storing at (r).
-#define SREDUCE4(ya, yb, yc, yd) \
-	VHADDPS yb, ya, ya; \
-	VHADDPS yd, yc, yc; \
-	VHADDPS yc, ya, ya
-
-#define SSTORE8(r) \
-	SREDUCE4(Y0, Y1, Y2, Y3); \
-	SREDUCE4(Y4, Y5, Y6, Y7); \
-	VPERM2F128 $0x20, Y4, Y0, Y8; \
-	VPERM2F128 $0x31, Y4, Y0, Y9; \
-	VADDPS Y9, Y8, Y8; \
-	VMOVUPS Y8, (r)
 
 // SENTRY loads the arguments every streaming kernel keeps in registers:
 // x in SI, the first panel in DI, the row bytes in R15 and the address
@@ -56,7 +31,7 @@
 	LEAQ (R13)(R15*1), R14; \
 	LEAQ (R14)(R15*1), DX; \
 	LEAQ (DX)(R15*1), DI; \
-	SZERO8; \
+	ZERO8; \
 	XORQ AX, AX; \
 	MOVQ n8+24(FP), CX
 
@@ -64,7 +39,7 @@
 // back to panel while panels are left; then it returns.
 #define SNEXT(panel) \
 	MOVQ out+40(FP), AX; \
-	SSTORE8(AX); \
+	STORE8(AX); \
 	ADDQ $32, AX; \
 	MOVQ AX, out+40(FP); \
 	DECQ np+32(FP); \
@@ -80,23 +55,9 @@ panel:
 	SPANEL
 
 loop:
-	PREFETCHT0  (BX)
-	PREFETCHT0  64(BX)
-	PREFETCHT0  128(BX)
-	PREFETCHT0  192(BX)
-	VMOVUPS     (SI)(AX*1), Y8
-	VFMADD231PS (R8)(AX*1), Y8, Y0
-	VFMADD231PS (R9)(AX*1), Y8, Y1
-	VFMADD231PS (R10)(AX*1), Y8, Y2
-	VFMADD231PS (R11)(AX*1), Y8, Y3
-	VFMADD231PS (R12)(AX*1), Y8, Y4
-	VFMADD231PS (R13)(AX*1), Y8, Y5
-	VFMADD231PS (R14)(AX*1), Y8, Y6
-	VFMADD231PS (DX)(AX*1), Y8, Y7
-	ADDQ        $256, BX
-	ADDQ        $32, AX
-	DECQ        CX
-	JNZ         loop
+	F32PFSTEP
+	DECQ CX
+	JNZ  loop
 	SNEXT(panel)
 
 // SF16ROW and SBF16ROW are F16ROW and BF16ROW of kern_amd64.s with the
