@@ -168,41 +168,33 @@ done:
 	VFMADD231PS r, r, a6; VFMADD231PS r, r, a7; VFMADD231PS r, r, a8; \
 	VFMADD231PS r, r, a9; VFMADD231PS r, r, a10; VFMADD231PS r, r, a11
 
+// FMAPEAK is the body of fmaPeakZ and fmaPeakY, which differ only in the
+// registers' width: r cleared, then CX (n) iterations of FMAS12 twice on
+// the accumulators a0..a11.
+#define FMAPEAK(r, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11) \
+	VXORPS r, r, r; \
+	TESTQ  CX, CX; \
+	JZ     done; \
+loop: \
+	FMAS12(r, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11); \
+	FMAS12(r, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11); \
+	DECQ   CX; \
+	JNZ    loop; \
+done: \
+	VZEROUPPER; \
+	RET
+
 // func fmaPeakZ(n int)
 // n iterations of 24 independent 512-bit FMAs (12 chains, twice).
 TEXT ·fmaPeakZ(SB), NOSPLIT, $0-8
 	MOVQ n+0(FP), CX
-	VXORPS Z12, Z12, Z12
-	TESTQ CX, CX
-	JZ   done
-
-loop:
-	FMAS12(Z12, Z0, Z1, Z2, Z3, Z4, Z5, Z6, Z7, Z8, Z9, Z10, Z11)
-	FMAS12(Z12, Z0, Z1, Z2, Z3, Z4, Z5, Z6, Z7, Z8, Z9, Z10, Z11)
-	DECQ CX
-	JNZ  loop
-
-done:
-	VZEROUPPER
-	RET
+	FMAPEAK(Z12, Z0, Z1, Z2, Z3, Z4, Z5, Z6, Z7, Z8, Z9, Z10, Z11)
 
 // func fmaPeakY(n int)
 // n iterations of 24 independent 256-bit FMAs (12 chains, twice).
 TEXT ·fmaPeakY(SB), NOSPLIT, $0-8
 	MOVQ n+0(FP), CX
-	VXORPS Y12, Y12, Y12
-	TESTQ CX, CX
-	JZ   done
-
-loop:
-	FMAS12(Y12, Y0, Y1, Y2, Y3, Y4, Y5, Y6, Y7, Y8, Y9, Y10, Y11)
-	FMAS12(Y12, Y0, Y1, Y2, Y3, Y4, Y5, Y6, Y7, Y8, Y9, Y10, Y11)
-	DECQ CX
-	JNZ  loop
-
-done:
-	VZEROUPPER
-	RET
+	FMAPEAK(Y12, Y0, Y1, Y2, Y3, Y4, Y5, Y6, Y7, Y8, Y9, Y10, Y11)
 
 // func pack8Z(dst *float32, w *[8]unsafe.Pointer, n8 int)
 // Per 8 columns: rows 0 and 4, 1 and 5, 2 and 6, 3 and 7, 8 floats each.
