@@ -41,40 +41,22 @@ DATA bf16hi<>+16(SB)/8, $0xffff0000ffff0000
 DATA bf16hi<>+24(SB)/8, $0xffff0000ffff0000
 GLOBL bf16hi<>(SB), RODATA|NOPTR, $32
 
-// Decode at long context waits on memory: the slots' rows are scattered
-// over the pool (pages), too few loads are in flight to fill the memory
-// bandwidth, and a 16-bit pool, reading half the bytes of an F32 one, would
-// save little. So both kernels prefetch the rows of the slots 64 ahead of
-// the one they compute (when there are that many more): attnQK16 all the
-// cache lines of the K rows of the block of 8 slots QKPFD blocks ahead,
-// attnPV16 those of the columns of the current run of the V row PVPFD
-// slots ahead. Prefetches change no result and never fault; the slot
-// indices read are inside slots.
-//
-// QKPFD is how many blocks of 8 slots ahead attnQK16 prefetches K rows.
-#define QKPFD 8
-
-// PVPFD is how many slots ahead attnPV16 prefetches V rows.
-#define PVPFD 64
+// Decode at long context waits on memory, so both kernels prefetch the
+// rows of the slots attnAhead16 (ops.go, 64) ahead of the one they compute,
+// as attnQK and attnPV of kern_amd64.s do with attnAhead (32 F32 rows, the
+// bytes of 64 16-bit ones) and with the same macros (avx2_amd64.h): attnQK16
+// all the cache lines of the K rows of the block of 8 slots attnAhead16/8
+// blocks ahead, 8 rows to a loop step, attnPV16 those of the current run of
+// columns of the V row attnAhead16 slots ahead, in a first loop over all
+// but the last attnAhead16 slots, with no bound check per slot. The slot
+// indices read are inside slots; the prefetched lines are inside the rows
+// they compute with; a row's last byte is prefetched only when rows need
+// not start cache lines. Prefetches change no result and never fault.
+// attnAhead16 0 turns them off (for the benchmarks that compare).
 
 // The kernels' bodies are written once, as the macros below; the F16 and
 // BF16 kernels instantiate them with their widening macros. Labels are
 // local to each TEXT, so a body's labels may stand in both.
-
-// QKPF prefetches all the cache lines of the K row of the slot at byte
-// offset 32·QKPFD+off of BX: the line of its last byte, then one every 64
-// bytes from its first; lbl is the loop's label. Clobbers AX, CX.
-#define QKPF(off, lbl) \
-	MOVLQSX    (32*QKPFD+off)(BX), AX; \
-	IMULQ      stride+40(FP), AX; \
-	ADDQ       k+16(FP), AX; \
-	LEAQ       -1(AX)(R15*1), CX; \
-	PREFETCHT0 (CX); \
-lbl: \
-	PREFETCHT0 (AX); \
-	ADDQ       $64, AX; \
-	CMPQ       AX, CX; \
-	JLT        lbl
 
 // QKCOL widens the 8 elements of row r at AX into t (by W) and adds their
 // products with q's 8 in Y8 into acc.
@@ -98,12 +80,13 @@ lbl: \
 	MOVQ         nblk+32(FP), CX; \
 	MOVQ         CX, 0(SP); \
 	VBROADCASTSS scale+56(FP), Y15; \
-	MOVQ         n8+48(FP), R15; \
-	SHLQ         $4, R15; \
+	QKPFSET(·attnAhead16(SB), 4); \
 	SETUP; \
 	TESTQ        CX, CX; \
 	JZ           done; \
 block: \
+	QKPF8(pfline, nopf); \
+nopf: \
 	QKROW(0, R8); \
 	QKROW(1, R9); \
 	QKROW(2, R10); \
@@ -112,17 +95,6 @@ block: \
 	QKROW(5, R13); \
 	QKROW(6, R14); \
 	QKROW(7, DX); \
-	CMPQ         0(SP), $QKPFD+1; \
-	JLT          nopf; \
-	QKPF(0, pf0); \
-	QKPF(4, pf1); \
-	QKPF(8, pf2); \
-	QKPF(12, pf3); \
-	QKPF(16, pf4); \
-	QKPF(20, pf5); \
-	QKPF(24, pf6); \
-	QKPF(28, pf7); \
-nopf: \
 	ZERO8; \
 	XORQ         AX, AX; \
 	MOVQ         n8+48(FP), CX; \
@@ -154,44 +126,26 @@ done: \
 	VZEROUPPER; \
 	RET
 
-// PVPF2 and PVPF3 prefetch the run's columns of the V row at R11: its
-// first cache line, (PVPF3) the next, and the line of byte last.
-#define PVPF2(last) \
-	PREFETCHT0 (R11); \
-	PREFETCHT0 last(R11)
+// PVL1 and PVL2 prefetch the lines at 64-byte steps of a run of columns
+// of the row at R11, PVL1 those of a run of 32 columns or fewer (64
+// bytes), PVL2 of 48 or 64; PVSLOTS adds the run's last byte unless rows
+// start cache lines. When they do, every run starts at 0 or 32 bytes past
+// a line (runs of 64 and 32 columns keep the line, one of 48 moves it by
+// 32), and a run of 8 or 16 columns at 32 fits in its line.
+#define PVL1 \
+	PREFETCHT0 (R11)
 
-#define PVPF3(last) \
-	PREFETCHT0 (R11); \
-	PREFETCHT0 64(R11); \
-	PREFETCHT0 last(R11)
-
-// PVLOOP clears the run's accumulators (ZERO) and runs over the slots:
-// STEP adds p[j] times the run's columns of slot j's row, PF prefetches
-// those of slot j+PVPFD's. With no slots it goes to store.
-#define PVLOOP(ZERO, PF, STEP, loop, nopf, store) \
-	PVBEGIN(ZERO, store); \
-loop: \
-	PVSLOT; \
-	CMPQ       CX, $PVPFD+1; \
-	JLT        nopf; \
-	MOVLQSX    PVPFD*4(BX), R11; \
-	IMULQ      R9, R11; \
-	ADDQ       R8, R11; \
-	PF; \
-nopf: \
-	STEP; \
-	ADDQ       $4, BX; \
-	ADDQ       $4, SI; \
-	DECQ       CX; \
-	JNZ        loop
+#define PVL2 \
+	PVL1; \
+	PREFETCHT0 64(R11)
 
 // PVRUN does the runs of n·8 columns while at least n are left (R10, in
 // 8s), STORE storing a run's sums at DI; then it goes to next.
-#define PVRUN(n, ZERO, PF, STEP, STORE, run, next, loop, nopf, store) \
+#define PVRUN(n, ZERO, PF, last, STEP, STORE, run, next, pf, pfa, loop, store) \
 run: \
 	CMPQ       R10, $n; \
 	JLT        next; \
-	PVLOOP(ZERO, PF, STEP, loop, nopf, store); \
+	PVSLOTS(ZERO, PF, last, STEP, pf, pfa, loop, store); \
 store: \
 	STORE; \
 	ADDQ       $(32*n), DI; \
@@ -208,14 +162,15 @@ store: \
 	MOVQ stride+40(FP), R9; \
 	MOVQ n8+48(FP), R10; \
 	SETUP; \
-	PVRUN(8, ZERO8, PVPF3(127), S8, ST8, oct, hex, octloop, octnopf, octstore); \
-	PVRUN(6, ZERO6, PVPF3(95), S6, ST6, hex, quad, hexloop, hexnopf, hexstore); \
-	PVRUN(4, ZERO4, PVPF2(63), S4, ST4, quad, pair, quadloop, quadnopf, quadstore); \
-	PVRUN(2, ZERO2, PVPF2(31), S2, ST2, pair, single, pairloop, pairnopf, pairstore); \
+	PVPFSET(·attnAhead16(SB)); \
+	PVRUN(8, ZERO8, PVL2, 127, S8, ST8, oct, hex, octpf, octpfa, octloop, octstore); \
+	PVRUN(6, ZERO6, PVL2, 95, S6, ST6, hex, quad, hexpf, hexpfa, hexloop, hexstore); \
+	PVRUN(4, ZERO4, PVL1, 63, S4, ST4, quad, pair, quadpf, quadpfa, quadloop, quadstore); \
+	PVRUN(2, ZERO2, PVL1, 31, S2, ST2, pair, single, pairpf, pairpfa, pairloop, pairstore); \
 single: \
 	TESTQ R10, R10; \
 	JZ    done; \
-	PVLOOP(ZERO1, PVPF2(15), S1, singleloop, singlenopf, singlestore); \
+	PVSLOTS(ZERO1, PVL1, 15, S1, singlepf, singlepfa, singleloop, singlestore); \
 singlestore: \
 	STACC1; \
 done: \
@@ -314,7 +269,7 @@ done: \
 // slots[8b+l])·scale, the dot exactly as dot1x8F16 (and attnQK on the
 // widened rows) computes it. AX counts bytes of K; q is read at 2·AX; R15
 // is the bytes of a row's 8·n8 elements.
-TEXT ·attnQKF16(SB), NOSPLIT, $8-60
+TEXT ·attnQKF16(SB), NOSPLIT, $32-60
 	ATTNQK16(WF16, NOSETUP)
 
 // func attnPVF16(out, p *float32, v unsafe.Pointer, slots *int32, nslots, stride, n8 int)
@@ -328,7 +283,7 @@ TEXT ·attnPVF16(SB), NOSPLIT, $0-56
 
 // func attnQKBF16(scores, q *float32, k unsafe.Pointer, slots *int32, nblk, stride, n8 int, scale float32)
 // attnQKF16 with dot1x8BF16's widening (WBF16S).
-TEXT ·attnQKBF16(SB), NOSPLIT, $8-60
+TEXT ·attnQKBF16(SB), NOSPLIT, $32-60
 	ATTNQK16(WBF16S, QKSETBF16)
 
 // func attnPVBF16(out, p *float32, v unsafe.Pointer, slots *int32, nslots, stride, n8 int)

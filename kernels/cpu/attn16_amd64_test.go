@@ -3,10 +3,17 @@
 package cpu
 
 import (
+	"fmt"
 	"math"
 	"math/big"
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/pdkit/pdkit/kernels"
 )
 
 // fma32 is a·b + c rounded once to float32 (nearest even), as
@@ -102,5 +109,137 @@ func within(t *testing.T, what string, i int, got, want float32, tol float64) {
 	t.Helper()
 	if d := math.Abs(float64(got) - float64(want)); !(d <= tol) {
 		t.Errorf("%s: [%d] = %v, want %v (|Δ| = %.3g > %.3g)", what, i, got, want, d, tol)
+	}
+}
+
+// attn16Aheads are the prefetch distances the 16-bit attention tests run
+// (attnAhead16): the default, off, short ones (13 is rounded down to 8 by
+// the QK kernels) that prefetch in cases of few slots too, and long ones.
+var attn16Aheads = []int{64, 0, 8, 13, 24, 32, 128}
+
+// attn16PfCases are kernel-level cases over 16-bit pools whose slot counts
+// reach over the prefetch distances from below and above, over every
+// sequence of runs of columns the value kernels split a head into. Every
+// other case has its heads start cache lines (the pool 64-byte aligned,
+// rows and offset multiples of 32 elements), where the kernels prefetch no
+// row's last byte apart; the others mostly not.
+func attn16PfCases(r *rand.Rand) []*attn16Case {
+	var cs []*attn16Case
+	for _, d := range []kernels.DType{kernels.F16, kernels.BF16} {
+		for _, n8 := range []int{1, 2, 3, 4, 5, 6, 7, 9, 14, 16, 17} {
+			for i, ns := range []int{1, 8, 23, 33, 64, 65, 72, 73, 129, 300, 1, 8, 23, 33, 64, 65, 72, 73, 129, 300} {
+				c := &attn16Case{d: d, pool: 37, n8: n8}
+				c.off = 8 * r.IntN(3)
+				c.rowLen = c.off + 8*n8 + r.IntN(3)
+				if i%2 == 1 {
+					c.off = 32 * r.IntN(2)
+					c.rowLen = (c.off + 8*n8 + 31) &^ 31
+				}
+				c.k16 = lineAligned16(rand16(r, c.pool*c.rowLen, d))
+				c.v16 = lineAligned16(rand16(r, c.pool*c.rowLen, d))
+				c.kw, c.vw = widen(c.k16, d), widen(c.v16, d)
+				c.q = randVec(r, 8*n8, 2)
+				c.p = make([]float32, ns)
+				for j := range c.p {
+					c.p[j] = r.Float32()
+				}
+				c.slots = make([]int32, ns)
+				for j := range c.slots {
+					c.slots[j] = int32(r.IntN(c.pool))
+				}
+				cs = append(cs, c)
+			}
+		}
+	}
+	return cs
+}
+
+// lineAligned16 copies v to a slice that starts a 64-byte cache line.
+func lineAligned16(v []uint16) []uint16 {
+	buf := make([]uint16, len(v)+32)
+	skip := (64 - int(uintptr(unsafe.Pointer(&buf[0]))%64)) % 64 / 2
+	a := buf[skip : skip+len(v)]
+	copy(a, v)
+	return a
+}
+
+// TestAttn16PrefetchMatchesModel pins the assembly 16-bit attention
+// kernels bit for bit to the exact FMA model with the row prefetch at
+// every distance in attn16Aheads, on rows that start cache lines and rows
+// that need not: the prefetch must change no bit.
+func TestAttn16PrefetchMatchesModel(t *testing.T) {
+	if !hasAVX2 {
+		t.Skip("no AVX2/FMA")
+	}
+	defer func(old int) { attnAhead16 = old }(attnAhead16)
+	asm := avx2Kernels()
+	r := rand.New(rand.NewPCG(19, 19))
+	for _, c := range attn16PfCases(r) {
+		wantQK, wantPV := modelQK(c, 0.3), modelPV(c)
+		for _, ahead := range attn16Aheads {
+			attnAhead16 = ahead
+			what := fmt.Sprintf("%v ahead=%d", c, ahead)
+			sameBits(t, "asm QK vs fma model "+what, c.qk16(asm), wantQK)
+			sameBits(t, "asm PV vs fma model "+what, c.pv16(asm), wantPV)
+		}
+	}
+}
+
+// BenchmarkAttn16Cached runs the 16-bit attention kernels alone on rows
+// that are all in cache (1024 slots over a pool of 512 rows, scattered),
+// where their row prefetch can only cost, each call alternating with the
+// F32 kernel without prefetch on the widened rows: vs-f32 is the 16-bit
+// time over the F32 one. PD_ATTN_AHEAD16 sets the 16-bit distance.
+func BenchmarkAttn16Cached(b *testing.B) {
+	if !hasAVX2 {
+		b.Skip("no AVX2/FMA")
+	}
+	if v := os.Getenv("PD_ATTN_AHEAD16"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer func(old int) { attnAhead16 = old }(attnAhead16)
+		attnAhead16 = n
+	}
+	defer func(old int) { attnAhead = old }(attnAhead)
+	asm := avx2Kernels()
+	r := rand.New(rand.NewPCG(20, 20))
+	const pool, ns = 512, 1024
+	for _, d := range []kernels.DType{kernels.BF16, kernels.F16} {
+		for _, n8 := range []int{6, 16} {
+			c := &attn16Case{d: d, pool: pool, n8: n8, rowLen: 8 * n8}
+			c.k16, c.v16 = lineAligned16(rand16(r, pool*c.rowLen, d)), lineAligned16(rand16(r, pool*c.rowLen, d))
+			c.kw, c.vw = lineAligned(widen(c.k16, d)), lineAligned(widen(c.v16, d))
+			c.q, c.p = randVec(r, 8*n8, 1), randVec(r, ns, 1)
+			c.slots = make([]int32, ns)
+			for j := range c.slots {
+				c.slots[j] = int32(r.IntN(pool))
+			}
+			out := make([]float32, ns)
+			for _, kern := range []string{"qk", "pv"} {
+				b.Run(fmt.Sprintf("%v/hd=%d/%s", d, 8*n8, kern), func(b *testing.B) {
+					var on, alt time.Duration
+					for b.Loop() {
+						t0 := time.Now()
+						if kern == "qk" {
+							asm.attnQK16[d](&out[0], &c.q[0], unsafe.Pointer(&c.k16[0]), &c.slots[0], ns/8, 2*c.rowLen, n8, 0.3)
+						} else {
+							asm.attnPV16[d](&out[0], &c.p[0], unsafe.Pointer(&c.v16[0]), &c.slots[0], ns, 2*c.rowLen, n8)
+						}
+						t1 := time.Now()
+						attnAhead = 0
+						if kern == "qk" {
+							asm.attnQK(&out[0], &c.q[0], &c.kw[0], &c.slots[0], ns/8, 4*c.rowLen, n8, 0.3)
+						} else {
+							asm.attnPV(&out[0], &c.p[0], &c.vw[0], &c.slots[0], ns, 4*c.rowLen, n8)
+						}
+						on, alt = on+t1.Sub(t0), alt+time.Since(t1)
+					}
+					b.ReportMetric(float64(on.Nanoseconds())/float64(b.N), "ns/call")
+					b.ReportMetric(on.Seconds()/alt.Seconds(), "vs-f32")
+				})
+			}
+		}
 	}
 }

@@ -91,10 +91,12 @@ func TestAttnF32AsmMatchesModel(t *testing.T) {
 
 // TestAttentionPrefetchSameBits checks through Attention, for every kernel
 // set, that an F32 pool gives the same bits with the F32 kernels' row
-// prefetch at every distance in attnAheads as without it: GQA, head dims
-// with a tail, and slot counts on both sides of the distance.
+// prefetch at every distance in attnAheads as without it, and F16 and BF16
+// pools with the 16-bit kernels' at every distance in attn16Aheads: GQA,
+// head dims with a tail, and slot counts on both sides of the distance.
 func TestAttentionPrefetchSameBits(t *testing.T) {
 	defer func(old int) { attnAhead = old }(attnAhead)
+	defer func(old int) { attnAhead16 = old }(attnAhead16)
 	r := rand.New(rand.NewPCG(33, 33))
 	const tokens, pool = 10, 90
 	for _, set := range kernelSetsUnderTest() {
@@ -123,6 +125,23 @@ func TestAttentionPrefetchSameBits(t *testing.T) {
 				a.Out = nans(tokens * qDim)
 				b.Attention(&a)
 				sameBits(t, fmt.Sprintf("%s heads=%d/%d hd=%d ahead=%d", set, H, shape.kv, shape.hd, ahead), a.Out, want)
+			}
+			for _, d := range []kernels.DType{kernels.F16, kernels.BF16} {
+				a16 := a
+				a16.K, a16.V, a16.KVType = nil, nil, d
+				a16.K16, a16.V16 = make([]uint16, len(a.K)), make([]uint16, len(a.V))
+				kernels.EncodeKV(a16.K16, a.K, d)
+				kernels.EncodeKV(a16.V16, a.V, d)
+				attnAhead16 = 0
+				want := nans(tokens * qDim)
+				a16.Out = want
+				b.Attention(&a16)
+				for _, ahead := range attn16Aheads {
+					attnAhead16 = ahead
+					a16.Out = nans(tokens * qDim)
+					b.Attention(&a16)
+					sameBits(t, fmt.Sprintf("%s %v heads=%d/%d hd=%d ahead=%d", set, d, H, shape.kv, shape.hd, ahead), a16.Out, want)
+				}
 			}
 		}
 		b.Close()

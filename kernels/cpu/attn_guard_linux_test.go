@@ -31,6 +31,7 @@ func TestAttnPrefetchInsideSlots(t *testing.T) {
 		t.Skip("mprotect:", err)
 	}
 	defer func(old int) { attnAhead = old }(attnAhead)
+	defer func(old int) { attnAhead16 = old }(attnAhead16)
 	asm := avx2Kernels()
 	r := rand.New(rand.NewPCG(34, 34))
 	for _, d := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16} {
@@ -43,7 +44,10 @@ func TestAttnPrefetchInsideSlots(t *testing.T) {
 				if d == kernels.F32 {
 					c.kw, c.vw = lineAligned(wideVec(r, c.pool*c.rowLen)), lineAligned(wideVec(r, c.pool*c.rowLen))
 				} else {
-					c.k16, c.v16 = rand16(r, c.pool*c.rowLen, d), rand16(r, c.pool*c.rowLen, d)
+					if i%2 == 1 {
+						c.rowLen = (8*n8 + 31) &^ 31
+					}
+					c.k16, c.v16 = lineAligned16(rand16(r, c.pool*c.rowLen, d)), lineAligned16(rand16(r, c.pool*c.rowLen, d))
 				}
 				c.q = randVec(r, 8*n8, 2)
 				c.p = make([]float32, ns)
@@ -62,8 +66,12 @@ func TestAttnPrefetchInsideSlots(t *testing.T) {
 				if d != kernels.F32 {
 					qk, pv = c.qk16, c.pv16
 				}
-				for _, ahead := range attnAheads {
-					attnAhead = ahead
+				aheads := attnAheads
+				if d != kernels.F32 {
+					aheads = attn16Aheads
+				}
+				for _, ahead := range aheads {
+					attnAhead, attnAhead16 = ahead, ahead
 					c.slots = slots
 					what := fmt.Sprintf("%v ahead=%d", c, ahead)
 					wantQK, wantPV := qk(asm), pv(asm)

@@ -114,3 +114,143 @@
 	MOVQ  nslots+32(FP), CX; \
 	TESTQ CX, CX; \
 	JZ    store
+
+// The attention kernels' row prefetch (attnQK and attnPV of kern_amd64.s,
+// their 16-bit twins of attn16_amd64.s; kern_amd64.s describes it).
+
+// QKPFSET sets up attnQK's prefetch (frame of 32 bytes, CX kept): R15 the
+// bytes of a row's 8·n8 elements (n8 shifted left by shift), 8(SP) the
+// fewest blocks left (the current one included) with which the block ahead/8
+// blocks ahead exists (2^62 when ahead < 8: off), 16(SP) the bytes of slots
+// from a block to it, 24(SP) zero when every row's head starts a cache line
+// (k and stride multiples of 64). ahead is the distance in slots, rounded
+// down to whole blocks. Clobbers AX, DX, R8.
+#define QKPFSET(ahead, shift) \
+	MOVQ    n8+48(FP), R15; \
+	SHLQ    $shift, R15; \
+	MOVQ    ahead, AX; \
+	ANDQ    $-8, AX; \
+	MOVQ    $0x4000000000000000, DX; \
+	LEAQ    (AX*4), R8; \
+	SHRQ    $3, AX; \
+	INCQ    AX; \
+	CMPQ    AX, $1; \
+	CMOVQEQ DX, AX; \
+	MOVQ    AX, 8(SP); \
+	MOVQ    R8, 16(SP); \
+	MOVQ    k+16(FP), AX; \
+	ORQ     stride+40(FP), AX; \
+	ANDQ    $63, AX; \
+	MOVQ    AX, 24(SP)
+
+// PFROW loads into r the address of the K row of the slot at i*4(CX), for
+// attnQK's prefetch.
+#define PFROW(i, r) \
+	MOVLQSX i*4(CX), r; \
+	IMULQ   stride+40(FP), r; \
+	ADDQ    k+16(FP), r
+
+// QKPF8 prefetches, when the block ahead exists (0(SP) blocks left, BX at
+// the current block's slots), the cache lines of its 8 K rows: the rows
+// into R8..R14, DX (free until QKROW), then their lines one offset at a
+// time, 8 rows to a loop step (pfline), and their last bytes unless 24(SP)
+// is zero; then (or at once) it goes on at nopf. Clobbers AX, CX.
+#define QKPF8(pfline, nopf) \
+	MOVQ       0(SP), AX; \
+	CMPQ       AX, 8(SP); \
+	JLT        nopf; \
+	MOVQ       16(SP), CX; \
+	ADDQ       BX, CX; \
+	PFROW(0, R8); \
+	PFROW(1, R9); \
+	PFROW(2, R10); \
+	PFROW(3, R11); \
+	PFROW(4, R12); \
+	PFROW(5, R13); \
+	PFROW(6, R14); \
+	PFROW(7, DX); \
+	XORQ       AX, AX; \
+pfline: \
+	PREFETCHT0 (R8)(AX*1); \
+	PREFETCHT0 (R9)(AX*1); \
+	PREFETCHT0 (R10)(AX*1); \
+	PREFETCHT0 (R11)(AX*1); \
+	PREFETCHT0 (R12)(AX*1); \
+	PREFETCHT0 (R13)(AX*1); \
+	PREFETCHT0 (R14)(AX*1); \
+	PREFETCHT0 (DX)(AX*1); \
+	ADDQ       $64, AX; \
+	CMPQ       AX, R15; \
+	JLT        pfline; \
+	CMPQ       24(SP), $0; \
+	JEQ        nopf; \
+	PREFETCHT0 -1(R8)(R15*1); \
+	PREFETCHT0 -1(R9)(R15*1); \
+	PREFETCHT0 -1(R10)(R15*1); \
+	PREFETCHT0 -1(R11)(R15*1); \
+	PREFETCHT0 -1(R12)(R15*1); \
+	PREFETCHT0 -1(R13)(R15*1); \
+	PREFETCHT0 -1(R14)(R15*1); \
+	PREFETCHT0 -1(DX)(R15*1)
+
+// PVPFSET sets up attnPV's prefetch (R8 v, R9 stride loaded): R12 ahead,
+// the distance in slots (2^62 when it is 0: off), R13 its bytes of slots,
+// DX zero when v and stride are multiples of 64. Clobbers AX.
+#define PVPFSET(ahead) \
+	MOVQ    ahead, R12; \
+	LEAQ    (R12*4), R13; \
+	MOVQ    $0x4000000000000000, AX; \
+	TESTQ   R12, R12; \
+	CMOVQLE AX, R12; \
+	MOVQ    R8, DX; \
+	ORQ     R9, DX; \
+	ANDQ    $63, DX
+
+// PVAHEAD loads the row address of the slot R13 bytes of slots ahead into
+// R11.
+#define PVAHEAD \
+	MOVLQSX (BX)(R13*1), R11; \
+	IMULQ   R9, R11; \
+	ADDQ    R8, R11
+
+// PVNEXT moves SI and BX on to the next slot.
+#define PVNEXT \
+	ADDQ $4, BX; \
+	ADDQ $4, SI
+
+// PVSLOTS clears a run's accumulators (ZERO) and goes over the slots in
+// the three loops that attnPV's comment describes: pf prefetching the lines
+// PF and the byte last, pfa the lines PF alone, loop none; STEP adds a
+// slot's products. With no slots it goes to store.
+#define PVSLOTS(ZERO, PF, last, STEP, pf, pfa, loop, store) \
+	PVBEGIN(ZERO, store); \
+	MOVQ       CX, R14; \
+	SUBQ       R12, R14; \
+	JLE        loop; \
+	MOVQ       R12, CX; \
+	TESTQ      DX, DX; \
+	JZ         pfa; \
+pf: \
+	PVSLOT; \
+	PVAHEAD; \
+	PF; \
+	PREFETCHT0 last(R11); \
+	STEP; \
+	PVNEXT; \
+	DECQ       R14; \
+	JNZ        pf; \
+	JMP        loop; \
+pfa: \
+	PVSLOT; \
+	PVAHEAD; \
+	PF; \
+	STEP; \
+	PVNEXT; \
+	DECQ       R14; \
+	JNZ        pfa; \
+loop: \
+	PVSLOT; \
+	STEP; \
+	PVNEXT; \
+	DECQ       CX; \
+	JNZ        loop

@@ -93,14 +93,15 @@ func benchBackends(b *testing.B, fn func(b *testing.B, be kernels.Backend)) {
 // token and a batch of 32; then per KV pool type (f32, bf16, f16) a decode
 // step of 32 sequences at 1024 slots of context each (one token per
 // sequence, every sequence its own pages of 16 slots, scattered over the
-// pool) and a prefill of 512 tokens of one sequence (token i attends to
-// slots 0..i). kvGB/s counts the K and V bytes the call reads once. In
+// pool), a short one at 16 slots (rows in cache) and a prefill of 512
+// tokens of one sequence (token i attends to slots 0..i). kvGB/s counts the K and V bytes the call reads once. In
 // those, each call alternates with another, so that both see the same
 // memory system and their ratio is theirs: an F32 call with one without
 // the F32 kernels' row prefetch (speedup is the time without over the
 // time with), a 16-bit call with the F32 call (vs-f32 is its time over
 // the F32 one's); ns/call is one call, ns/op both. PD_ATTN_AHEAD sets the
-// F32 kernels' prefetch distance in slots.
+// F32 kernels' prefetch distance in slots, PD_ATTN_AHEAD16 the 16-bit
+// kernels'.
 func BenchmarkAttention(b *testing.B) {
 	if v := os.Getenv("PD_ATTN_AHEAD"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -109,6 +110,14 @@ func BenchmarkAttention(b *testing.B) {
 		}
 		defer func(old int) { attnAhead = old }(attnAhead)
 		attnAhead = n
+	}
+	if v := os.Getenv("PD_ATTN_AHEAD16"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer func(old int) { attnAhead16 = old }(attnAhead16)
+		attnAhead16 = n
 	}
 	const ctx, H, hd = 512, 6, 48
 	r := rand.New(rand.NewPCG(1, 1))
@@ -136,7 +145,7 @@ func BenchmarkAttention(b *testing.B) {
 		name      string
 		seqs, ctx int
 		prefill   bool
-	}{{"decode", 32, 1024, false}, {"prefill", 1, 512, true}} {
+	}{{"decode", 32, 1024, false}, {"short", 32, 16, false}, {"prefill", 1, 512, true}} {
 		pool := shape.seqs * shape.ctx
 		kv := [2][]float32{randVec(r, pool*H*hd, 1), randVec(r, pool*H*hd, 1)}
 		a := kernels.AttentionArgs{NHeads: H, NKVHeads: H, HeadDim: hd, Scale: float32(1 / math.Sqrt(hd))}

@@ -145,7 +145,7 @@ func attnPV(out, p, v *float32, slots *int32, nslots, stride, n8 int)
 // each element widened exactly, then the FMAs of attnQK in its order, the
 // bits of attnQK on the widened rows. k points at the head's first element
 // of slot 0; stride is in bytes. At long context they prefetch the rows of
-// the slots 64 ahead (see attn16_amd64.s).
+// the slots attnAhead16 (ops.go) ahead (see attn16_amd64.s).
 //
 //go:noescape
 func attnQKF16(scores, q *float32, k unsafe.Pointer, slots *int32, nblk, stride, n8 int, scale float32)

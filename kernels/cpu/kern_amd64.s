@@ -25,16 +25,9 @@
 	MOVQ 48(DI), R14; \
 	MOVQ 56(DI), DX
 
-// PFROW loads into r the address of the K row of the slot at i*4(CX), for
-// attnQK's prefetch.
-#define PFROW(i, r) \
-	MOVLQSX i*4(CX), r; \
-	IMULQ   stride+40(FP), r; \
-	ADDQ    k+16(FP), r
-
-// attnPV's five column runs are written once, as PVRUN and PVSLOTS (a
-// run's three slot loops) below, with the pieces that depend on the run's
-// size as PVFn, PVPn and ZEROn, STACCn (avx2_amd64.h).
+// attnPV's five column runs are written once, as PVRUN below and PVSLOTS
+// (a run's three slot loops, avx2_amd64.h), with the pieces that depend on
+// the run's size as PVFn, PVPn and ZEROn, STACCn (avx2_amd64.h).
 
 // PVFn add p[j] (Y15) times the run's n·8 columns of slot j's row (AX)
 // into Y0 up to Y(n-1).
@@ -79,55 +72,6 @@
 #define PVP8 \
 	PVP6; \
 	PREFETCHT0 192(R11)
-
-// PVAHEAD loads the row address of the slot R13 bytes of slots ahead into
-// R11.
-#define PVAHEAD \
-	MOVLQSX (BX)(R13*1), R11; \
-	IMULQ   R9, R11; \
-	ADDQ    R8, R11
-
-// PVNEXT moves SI and BX on to the next slot.
-#define PVNEXT \
-	ADDQ $4, BX; \
-	ADDQ $4, SI
-
-// PVSLOTS clears a run's accumulators (ZERO) and goes over the slots in
-// the three loops that attnPV's comment describes: pf prefetching the lines
-// PF and the byte last, pfa the lines PF alone, loop none; STEP adds a
-// slot's products. With no slots it goes to store.
-#define PVSLOTS(ZERO, PF, last, STEP, pf, pfa, loop, store) \
-	PVBEGIN(ZERO, store); \
-	MOVQ       CX, R14; \
-	SUBQ       R12, R14; \
-	JLE        loop; \
-	MOVQ       R12, CX; \
-	TESTQ      DX, DX; \
-	JZ         pfa; \
-pf: \
-	PVSLOT; \
-	PVAHEAD; \
-	PF; \
-	PREFETCHT0 last(R11); \
-	STEP; \
-	PVNEXT; \
-	DECQ       R14; \
-	JNZ        pf; \
-	JMP        loop; \
-pfa: \
-	PVSLOT; \
-	PVAHEAD; \
-	PF; \
-	STEP; \
-	PVNEXT; \
-	DECQ       R14; \
-	JNZ        pfa; \
-loop: \
-	PVSLOT; \
-	STEP; \
-	PVNEXT; \
-	DECQ       CX; \
-	JNZ        loop
 
 // PVRUN does the runs of n·8 columns while at least n are left (R10, in
 // 8s), then goes to next.
@@ -662,16 +606,13 @@ done:
 // func attnQK(scores, q, k *float32, slots *int32, nblk, stride, n8 int, scale float32)
 // For blocks b < nblk of 8 slots: scores[8b+l] = dot(q, K row
 // slots[8b+l])·scale, the dot exactly as dot1x8F32 computes it. stride is
-// the K row stride in bytes, k points at the head's first element. R15 is
-// the bytes of a row's 8·n8 elements; 0(SP) counts the blocks left, 8(SP)
-// is the fewest blocks left (this one included) with which the block
-// attnAhead/8 ahead exists, 16(SP) the bytes of slots from a block to it,
-// 24(SP) zero when every row's head starts a cache line (k and stride
-// multiples of 64), so that the lines at 64-byte steps from its start are
-// all of its lines. The prefetch takes the 8 rows
-// ahead into R8..R14, DX (free until QKROW), then their lines one offset
-// at a time, 8 rows to a loop step, and their last bytes unless 24(SP) is
-// zero.
+// the K row stride in bytes, k points at the head's first element. 0(SP)
+// counts the blocks left; R15 and 8(SP)..24(SP) are QKPFSET's, for QKPF8
+// (avx2_amd64.h), which prefetches the K rows of the block attnAhead/8
+// blocks ahead: their lines at 64-byte steps from each row's head, 8 rows
+// to a loop step, and their last bytes unless every row's head starts a
+// cache line (k and stride multiples of 64), when those lines are all of
+// the rows' lines.
 TEXT ·attnQK(SB), NOSPLIT, $32-60
 	MOVQ         scores+0(FP), DI
 	MOVQ         q+8(FP), SI
@@ -679,63 +620,12 @@ TEXT ·attnQK(SB), NOSPLIT, $32-60
 	MOVQ         nblk+32(FP), CX
 	MOVQ         CX, 0(SP)
 	VBROADCASTSS scale+56(FP), Y15
-	MOVQ         n8+48(FP), R15
-	SHLQ         $5, R15
-	MOVQ         ·attnAhead(SB), AX
-	ANDQ         $-8, AX
-	MOVQ         $0x4000000000000000, DX
-	LEAQ         (AX*4), R8
-	SHRQ         $3, AX
-	INCQ         AX
-	CMPQ         AX, $1
-	CMOVQEQ      DX, AX
-	MOVQ         AX, 8(SP)
-	MOVQ         R8, 16(SP)
-	MOVQ         k+16(FP), AX
-	ORQ          stride+40(FP), AX
-	ANDQ         $63, AX
-	MOVQ         AX, 24(SP)
+	QKPFSET(·attnAhead(SB), 5)
 	TESTQ        CX, CX
 	JZ           done
 
 block:
-	MOVQ    0(SP), AX
-	CMPQ    AX, 8(SP)
-	JLT     nopf
-	MOVQ    16(SP), CX
-	ADDQ    BX, CX
-	PFROW(0, R8)
-	PFROW(1, R9)
-	PFROW(2, R10)
-	PFROW(3, R11)
-	PFROW(4, R12)
-	PFROW(5, R13)
-	PFROW(6, R14)
-	PFROW(7, DX)
-	XORQ    AX, AX
-
-pfline:
-	PREFETCHT0 (R8)(AX*1)
-	PREFETCHT0 (R9)(AX*1)
-	PREFETCHT0 (R10)(AX*1)
-	PREFETCHT0 (R11)(AX*1)
-	PREFETCHT0 (R12)(AX*1)
-	PREFETCHT0 (R13)(AX*1)
-	PREFETCHT0 (R14)(AX*1)
-	PREFETCHT0 (DX)(AX*1)
-	ADDQ       $64, AX
-	CMPQ       AX, R15
-	JLT        pfline
-	CMPQ       24(SP), $0
-	JEQ        nopf
-	PREFETCHT0 -1(R8)(R15*1)
-	PREFETCHT0 -1(R9)(R15*1)
-	PREFETCHT0 -1(R10)(R15*1)
-	PREFETCHT0 -1(R11)(R15*1)
-	PREFETCHT0 -1(R12)(R15*1)
-	PREFETCHT0 -1(R13)(R15*1)
-	PREFETCHT0 -1(R14)(R15*1)
-	PREFETCHT0 -1(DX)(R15*1)
+	QKPF8(pfline, nopf)
 
 nopf:
 	QKROW(0, R8)
@@ -787,14 +677,7 @@ TEXT ·attnPV(SB), NOSPLIT, $0-56
 	MOVQ    v+16(FP), R8
 	MOVQ    stride+40(FP), R9
 	MOVQ    n8+48(FP), R10
-	MOVQ    ·attnAhead(SB), R12
-	LEAQ    (R12*4), R13
-	MOVQ    $0x4000000000000000, AX
-	TESTQ   R12, R12
-	CMOVQLE AX, R12
-	MOVQ    R8, DX
-	ORQ     R9, DX
-	ANDQ    $63, DX
+	PVPFSET(·attnAhead(SB))
 
 	PVRUN(8, ZERO8, PVP8, 255, PVF8, STACC8, oct, hex, octpf, octpfa, octloop, octstore)
 	PVRUN(6, ZERO6, PVP6, 191, PVF6, STACC6, hex, quad, hexpf, hexpfa, hexloop, hexstore)

@@ -162,11 +162,17 @@ func (b *Backend) Attention(a *kernels.AttentionArgs) {
 // attention kernels (attnQK, attnPV) prefetch K and V rows: the slots'
 // rows are scattered over the pool, where the hardware prefetchers cannot
 // follow them. attnQK rounds it down to whole blocks of 8; 0 turns the
-// prefetch off. 32 F32 rows are the bytes of the 64 16-bit rows that the
-// 16-bit kernels prefetch ahead (fixed); decode gains as much as at 64 and
-// prefill, whose rows are in cache, loses less (docs/kernels.md). Only
-// benchmarks and tests change it, never while a kernel runs.
+// prefetch off. 32 F32 rows are the bytes of 64 16-bit rows (attnAhead16);
+// decode gains as much as at 64 and prefill, whose rows are in cache,
+// loses less (docs/kernels.md). Only benchmarks and tests change it, never
+// while a kernel runs.
 var attnAhead = 32
+
+// attnAhead16 is attnAhead for the 16-bit kernels (attn16_amd64.s
+// attnQKF16, attnPVBF16, ...), in 16-bit rows: 64, the bytes of 32 F32
+// rows; at 32, decode is slower and prefill the same (docs/kernels.md).
+// Read by the assembly like attnAhead.
+var attnAhead16 = 64
 
 // attnHead computes one (token, head). An F32 pool and a 16-bit one run
 // the same arithmetic in the same order: the 16-bit kernels widen each K
