@@ -1,6 +1,7 @@
 //go:build amd64
 
 #include "textflag.h"
+#include "dot_amd64.h"
 
 // AVX-512 prefill micro-kernel (F + DQ + VL), chosen at run time
 // (kern_amd64.go). Each dot product is the canonical one of kern_amd64.s:
@@ -61,17 +62,6 @@
 	op(384, Z6); op(448, Z7); op(512, Z8); op(576, Z9); op(640, Z10); op(704, Z11); \
 	op(768, Z12); op(832, Z13); op(896, Z14); op(960, Z15); op(1024, Z16); op(1088, Z17); \
 	op(1152, Z18); op(1216, Z19); op(1280, Z20); op(1344, Z21); op(1408, Z22); op(1472, Z23)
-
-// LOADW8 loads the eight row pointers of *w (in DI) into R8..R14, DX.
-#define LOADW8 \
-	MOVQ 0(DI), R8; \
-	MOVQ 8(DI), R9; \
-	MOVQ 16(DI), R10; \
-	MOVQ 24(DI), R11; \
-	MOVQ 32(DI), R12; \
-	MOVQ 40(DI), R13; \
-	MOVQ 48(DI), R14; \
-	MOVQ 56(DI), DX
 
 #define LOADACC(off, z) VMOVUPS off(R13), z
 #define SAVEACC(off, z) VMOVUPS z, off(R13)

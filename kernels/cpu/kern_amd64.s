@@ -2,6 +2,7 @@
 
 #include "textflag.h"
 #include "avx2_amd64.h"
+#include "dot_amd64.h"
 
 // AVX2 + FMA + F16C kernels. The Go declarations and the contract every
 // kernel keeps are in kern_amd64.go; the pure-Go twins are in kern_generic.go.
@@ -12,18 +13,8 @@
 // for four accumulators at once: VHADDPS forms the pairs, a second VHADDPS the
 // quads of each 128-bit half, and the final add joins the halves. REDUCE4,
 // STORE8, ZERO8 and the other macros the AVX2 kernels share are in
-// avx2_amd64.h.
-
-// LOADW8 loads the eight row pointers of *w (in DI) into R8..R14, DX.
-#define LOADW8 \
-	MOVQ 0(DI), R8; \
-	MOVQ 8(DI), R9; \
-	MOVQ 16(DI), R10; \
-	MOVQ 24(DI), R11; \
-	MOVQ 32(DI), R12; \
-	MOVQ 40(DI), R13; \
-	MOVQ 48(DI), R14; \
-	MOVQ 56(DI), DX
+// avx2_amd64.h; LOADW8, DOT1X8 and the other pieces of the 1×8 kernels in
+// dot_amd64.h.
 
 // attnPV's five column runs are written once, as PVRUN below and PVSLOTS
 // (a run's three slot loops, avx2_amd64.h), with the pieces that depend on
@@ -92,19 +83,7 @@ TEXT ·dot1x8F32(SB), NOSPLIT, $0-32
 	MOVQ x+0(FP), SI
 	MOVQ w+8(FP), DI
 	MOVQ n8+16(FP), CX
-	LOADW8
-	ZERO8
-	XORQ AX, AX
-	TESTQ CX, CX
-	JZ   reduce
-
-loop:
-	F32STEP
-	ADDQ        $32, AX
-	DECQ        CX
-	JNZ         loop
-
-reduce:
+	DOT1X8(NONE, F32NEXT)
 	MOVQ out+24(FP), DI
 	STORE8(DI)
 	VZEROUPPER
@@ -120,29 +99,7 @@ TEXT ·dot1x8F16(SB), NOSPLIT, $0-32
 	MOVQ x+0(FP), SI
 	MOVQ w+8(FP), DI
 	MOVQ n8+16(FP), CX
-	LOADW8
-	ZERO8
-	XORQ AX, AX
-	XORQ BX, BX
-	TESTQ CX, CX
-	JZ   reduce
-
-loop:
-	VMOVUPS (SI)(AX*1), Y8
-	F16ROW(R8, Y9, Y0)
-	F16ROW(R9, Y10, Y1)
-	F16ROW(R10, Y11, Y2)
-	F16ROW(R11, Y12, Y3)
-	F16ROW(R12, Y9, Y4)
-	F16ROW(R13, Y10, Y5)
-	F16ROW(R14, Y11, Y6)
-	F16ROW(DX, Y12, Y7)
-	ADDQ    $32, AX
-	ADDQ    $16, BX
-	DECQ    CX
-	JNZ     loop
-
-reduce:
+	DOT1X8(ZEROBX, STEP16(F16ROW, NONE, NONE))
 	MOVQ out+24(FP), DI
 	STORE8(DI)
 	VZEROUPPER
@@ -159,29 +116,7 @@ TEXT ·dot1x8BF16(SB), NOSPLIT, $0-32
 	MOVQ x+0(FP), SI
 	MOVQ w+8(FP), DI
 	MOVQ n8+16(FP), CX
-	LOADW8
-	ZERO8
-	XORQ AX, AX
-	XORQ BX, BX
-	TESTQ CX, CX
-	JZ   reduce
-
-loop:
-	VMOVUPS (SI)(AX*1), Y8
-	BF16ROW(R8, Y9, Y0)
-	BF16ROW(R9, Y10, Y1)
-	BF16ROW(R10, Y11, Y2)
-	BF16ROW(R11, Y12, Y3)
-	BF16ROW(R12, Y9, Y4)
-	BF16ROW(R13, Y10, Y5)
-	BF16ROW(R14, Y11, Y6)
-	BF16ROW(DX, Y12, Y7)
-	ADDQ    $32, AX
-	ADDQ    $16, BX
-	DECQ    CX
-	JNZ     loop
-
-reduce:
+	DOT1X8(ZEROBX, STEP16(BF16ROW, NONE, NONE))
 	MOVQ out+24(FP), DI
 	STORE8(DI)
 	VZEROUPPER
@@ -204,6 +139,24 @@ reduce:
 	Q8STEP(r, 18, Y10, Y15, acc); \
 	Q8STEP(r, 26, Y11, Y13, acc)
 
+// Q8BLOCK is dot1x8Q8's step: the 32 floats of x at SI+AX into Y8..Y11,
+// Q8ROW of each row's block at BX, then AX and BX on by one block.
+#define Q8BLOCK \
+	VMOVUPS 0(SI)(AX*1), Y8; \
+	VMOVUPS 32(SI)(AX*1), Y9; \
+	VMOVUPS 64(SI)(AX*1), Y10; \
+	VMOVUPS 96(SI)(AX*1), Y11; \
+	Q8ROW(R8, Y0); \
+	Q8ROW(R9, Y1); \
+	Q8ROW(R10, Y2); \
+	Q8ROW(R11, Y3); \
+	Q8ROW(R12, Y4); \
+	Q8ROW(R13, Y5); \
+	Q8ROW(R14, Y6); \
+	Q8ROW(DX, Y7); \
+	ADDQ    $128, AX; \
+	ADDQ    $34, BX
+
 // func dot1x8Q8(x *float32, w *[8]unsafe.Pointer, n8 int, out *[8]float32)
 // n8 must be a multiple of 4 (whole 32-element blocks).
 TEXT ·dot1x8Q8(SB), NOSPLIT, $0-32
@@ -211,32 +164,7 @@ TEXT ·dot1x8Q8(SB), NOSPLIT, $0-32
 	MOVQ w+8(FP), DI
 	MOVQ n8+16(FP), CX
 	SHRQ $2, CX
-	LOADW8
-	ZERO8
-	XORQ AX, AX
-	XORQ BX, BX
-	TESTQ CX, CX
-	JZ   reduce
-
-loop:
-	VMOVUPS 0(SI)(AX*1), Y8
-	VMOVUPS 32(SI)(AX*1), Y9
-	VMOVUPS 64(SI)(AX*1), Y10
-	VMOVUPS 96(SI)(AX*1), Y11
-	Q8ROW(R8, Y0)
-	Q8ROW(R9, Y1)
-	Q8ROW(R10, Y2)
-	Q8ROW(R11, Y3)
-	Q8ROW(R12, Y4)
-	Q8ROW(R13, Y5)
-	Q8ROW(R14, Y6)
-	Q8ROW(DX, Y7)
-	ADDQ    $128, AX
-	ADDQ    $34, BX
-	DECQ    CX
-	JNZ     loop
-
-reduce:
+	DOT1X8(ZEROBX, Q8BLOCK)
 	MOVQ out+24(FP), DI
 	STORE8(DI)
 	VZEROUPPER
@@ -319,46 +247,48 @@ done:
 	VZEROUPPER
 	RET
 
+// F16WIDEN and BF16WIDEN widen the 8 halves at (SI) exactly into Y0.
+#define F16WIDEN \
+	VCVTPH2PS (SI), Y0
+
+#define BF16WIDEN \
+	VPMOVZXWD (SI), Y0; \
+	VPSLLD    $16, Y0, Y0
+
+// CVT16STEP stores the 8 halves at SI, widened by WIDEN, at DI and moves
+// both on by 8 elements.
+#define CVT16STEP(WIDEN) \
+	WIDEN; \
+	VMOVUPS Y0, (DI); \
+	ADDQ    $16, SI; \
+	ADDQ    $32, DI
+
+// CVT16 is the body of cvtF16 and cvtBF16 once dst, src and n8 are in DI,
+// SI and CX.
+#define CVT16(WIDEN) \
+	TESTQ CX, CX; \
+	JZ    done; \
+loop: \
+	CVT16STEP(WIDEN); \
+	DECQ  CX; \
+	JNZ   loop; \
+done: \
+	VZEROUPPER; \
+	RET
+
 // func cvtF16(dst *float32, src unsafe.Pointer, n8 int)
 TEXT ·cvtF16(SB), NOSPLIT, $0-24
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
 	MOVQ n8+16(FP), CX
-	TESTQ CX, CX
-	JZ   done
-
-loop:
-	VCVTPH2PS (SI), Y0
-	VMOVUPS   Y0, (DI)
-	ADDQ      $16, SI
-	ADDQ      $32, DI
-	DECQ      CX
-	JNZ       loop
-
-done:
-	VZEROUPPER
-	RET
+	CVT16(F16WIDEN)
 
 // func cvtBF16(dst *float32, src unsafe.Pointer, n8 int)
 TEXT ·cvtBF16(SB), NOSPLIT, $0-24
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
 	MOVQ n8+16(FP), CX
-	TESTQ CX, CX
-	JZ   done
-
-loop:
-	VPMOVZXWD (SI), Y0
-	VPSLLD    $16, Y0, Y0
-	VMOVUPS   Y0, (DI)
-	ADDQ      $16, SI
-	ADDQ      $32, DI
-	DECQ      CX
-	JNZ       loop
-
-done:
-	VZEROUPPER
-	RET
+	CVT16(BF16WIDEN)
 
 // func cvtQ8(dst *float32, src unsafe.Pointer, n8 int)
 // n8 must be a multiple of 4.
@@ -508,11 +438,7 @@ key:
 	MOVQ    R12, CX
 
 vec:
-	VPMOVZXWD (SI), Y0
-	VPSLLD    $16, Y0, Y0
-	VMOVUPS   Y0, (DI)
-	ADDQ      $16, SI
-	ADDQ      $32, DI
+	CVT16STEP(BF16WIDEN)
 	DECQ      CX
 	JNZ       vec
 	ADDQ      $4, R10
@@ -1037,18 +963,7 @@ TEXT ·dot1x8F32P(SB), NOSPLIT, $0-40
 	MOVQ w+8(FP), DI
 	MOVQ n8+16(FP), CX
 	MOVQ pf+32(FP), BX
-	LOADW8
-	ZERO8
-	XORQ AX, AX
-	TESTQ CX, CX
-	JZ   reduce
-
-loop:
-	F32PFSTEP
-	DECQ CX
-	JNZ  loop
-
-reduce:
+	DOT1X8(NONE, F32PFSTEP)
 	MOVQ out+24(FP), DI
 	STORE8(DI)
 	VZEROUPPER
@@ -1060,32 +975,7 @@ TEXT ·dot1x8F16P(SB), NOSPLIT, $0-40
 	MOVQ w+8(FP), DI
 	MOVQ n8+16(FP), CX
 	MOVQ pf+32(FP), R15
-	LOADW8
-	ZERO8
-	XORQ AX, AX
-	XORQ BX, BX
-	TESTQ CX, CX
-	JZ   reduce
-
-loop:
-	PREFETCHT0 (R15)
-	PREFETCHT0 64(R15)
-	VMOVUPS (SI)(AX*1), Y8
-	F16ROW(R8, Y9, Y0)
-	F16ROW(R9, Y10, Y1)
-	F16ROW(R10, Y11, Y2)
-	F16ROW(R11, Y12, Y3)
-	F16ROW(R12, Y9, Y4)
-	F16ROW(R13, Y10, Y5)
-	F16ROW(R14, Y11, Y6)
-	F16ROW(DX, Y12, Y7)
-	ADDQ    $128, R15
-	ADDQ    $32, AX
-	ADDQ    $16, BX
-	DECQ    CX
-	JNZ     loop
-
-reduce:
+	DOT1X8(ZEROBX, STEP16(F16ROW, PF16, PF16NEXT))
 	MOVQ out+24(FP), DI
 	STORE8(DI)
 	VZEROUPPER
@@ -1097,32 +987,7 @@ TEXT ·dot1x8BF16P(SB), NOSPLIT, $0-40
 	MOVQ w+8(FP), DI
 	MOVQ n8+16(FP), CX
 	MOVQ pf+32(FP), R15
-	LOADW8
-	ZERO8
-	XORQ AX, AX
-	XORQ BX, BX
-	TESTQ CX, CX
-	JZ   reduce
-
-loop:
-	PREFETCHT0 (R15)
-	PREFETCHT0 64(R15)
-	VMOVUPS (SI)(AX*1), Y8
-	BF16ROW(R8, Y9, Y0)
-	BF16ROW(R9, Y10, Y1)
-	BF16ROW(R10, Y11, Y2)
-	BF16ROW(R11, Y12, Y3)
-	BF16ROW(R12, Y9, Y4)
-	BF16ROW(R13, Y10, Y5)
-	BF16ROW(R14, Y11, Y6)
-	BF16ROW(DX, Y12, Y7)
-	ADDQ    $128, R15
-	ADDQ    $32, AX
-	ADDQ    $16, BX
-	DECQ    CX
-	JNZ     loop
-
-reduce:
+	DOT1X8(ZEROBX, STEP16(BF16ROW, PF16, PF16NEXT))
 	MOVQ out+24(FP), DI
 	STORE8(DI)
 	VZEROUPPER

@@ -2,6 +2,7 @@
 
 #include "textflag.h"
 #include "avx2_amd64.h"
+#include "dot_amd64.h"
 
 // The decode kernels that stream a part of a matrix in one call (see
 // stream_amd64.go): the 1×8 kernels dot1x8F32P, dot1x8F16P and dot1x8BF16P
@@ -73,7 +74,8 @@ loop:
 	VFMADD231PS t, Y8, acc
 
 // DOT1X8S16 is the body of dot1x8F16S and dot1x8BF16S, ROW (SF16ROW,
-// SBF16ROW) widening a row's 8 elements and adding their products.
+// SBF16ROW) widening a row's 8 elements and adding their products (ROWS8,
+// dot_amd64.h).
 #define DOT1X8S16(ROW) \
 	SENTRY; \
 panel: \
@@ -82,14 +84,7 @@ loop: \
 	PREFETCHT0 (BX); \
 	PREFETCHT0 64(BX); \
 	VMOVUPS    (SI)(AX*2), Y8; \
-	ROW(R8, Y9, Y0); \
-	ROW(R9, Y10, Y1); \
-	ROW(R10, Y11, Y2); \
-	ROW(R11, Y12, Y3); \
-	ROW(R12, Y9, Y4); \
-	ROW(R13, Y10, Y5); \
-	ROW(R14, Y11, Y6); \
-	ROW(DX, Y12, Y7); \
+	ROWS8(ROW); \
 	ADDQ       $128, BX; \
 	ADDQ       $16, AX; \
 	DECQ       CX; \
