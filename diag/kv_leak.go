@@ -10,7 +10,7 @@ import (
 func kvLeak(c Config) Rule {
 	return Rule{
 		Name:     "kv-leak",
-		Doc:      "KV pages are held by no live request (neither in a scheduler queue nor in a PD queue) at both ends of the window, or reserved for aborted rooms past the abort-ack deadline, so the pool shrinks until new requests cannot be admitted.",
+		Doc:      "KV pages are held by no live request (neither in a scheduler queue nor in a PD queue) at both ends of a window in which the engine ran no forward step and ended no request, or reserved for aborted rooms past the abort-ack deadline, so the pool shrinks until new requests cannot be admitted.",
 		Severity: Critical,
 		Check:    func(w Window) []Finding { return checkKVLeak(c, w) },
 	}
@@ -64,9 +64,15 @@ func checkKVLeak(c Config, w Window) []Finding {
 		if !last.Reachable || last.Requests == nil {
 			continue
 		}
-		// Pages held with no live request, at both ends of the window.
+		// Pages held with no live request, at both ends of a window in
+		// which the engine served nothing. The queue counts come from the
+		// loop's last snapshot and the pages from the pool's counters,
+		// read moments apart: under traffic a request can hold pages in
+		// between, so only an engine that ran no forward step and ended
+		// no request all window proves the pages belong to nobody.
 		f := first.Server(last.URL)
-		if len(w.Samples) >= 2 && w.Span() > 0 && f != nil && f.Reachable && f.Requests != nil {
+		if len(w.Samples) >= 2 && w.Span() > 0 && f != nil && f.Reachable && f.Requests != nil &&
+			f.Requests.ForwardSteps == last.Requests.ForwardSteps && f.Requests.Finished == last.Requests.Finished {
 			nl, detail := live(last)
 			nf, _ := live(f)
 			if nl == 0 && nf == 0 {

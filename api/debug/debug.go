@@ -279,10 +279,16 @@ type RequestsResponse struct {
 	// Counts has every queue's length, whatever the filter.
 	Counts map[string]int `json:"counts"`
 	// Pending counts requests submitted and not yet taken by the loop.
-	Pending      int           `json:"pending"`
-	StepInFlight bool          `json:"step_in_flight"`
-	HeldPages    int           `json:"held_pages"` // pages the scheduler's requests hold
-	TotalPages   int           `json:"total_pages"`
+	Pending      int  `json:"pending"`
+	StepInFlight bool `json:"step_in_flight"`
+	HeldPages    int  `json:"held_pages"` // pages the scheduler's requests hold
+	TotalPages   int  `json:"total_pages"`
+	// ForwardSteps and Finished count, since the engine started, the
+	// steps that ran a forward pass and the requests that ended: two
+	// answers with the same counts bound a stretch in which the engine
+	// served nothing (Step counts idle iterations too).
+	ForwardSteps uint64        `json:"forward_steps"`
+	Finished     uint64        `json:"finished"`
 	Requests     []RequestInfo `json:"requests"`
 	KV           []KVPages     `json:"kv"` // per rank, read now
 }

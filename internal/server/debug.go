@@ -127,6 +127,7 @@ func (s *Server) requests(w http.ResponseWriter, r *http.Request) {
 			debug.QueueRunning: len(q.Running), debug.QueueAborting: len(q.Aborting),
 		},
 		Pending: s.eng.Health(now).Pending, StepInFlight: q.StepInFlight, HeldPages: q.HeldPages, TotalPages: q.TotalPages,
+		ForwardSteps: snap.Totals.Steps, Finished: snap.Totals.Finished,
 		Requests: []debug.RequestInfo{}, KV: make([]debug.KVPages, s.eng.Ranks()),
 	}
 	for _, name := range debug.Queues {
