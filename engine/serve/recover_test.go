@@ -94,13 +94,22 @@ func TestRecoverPDPrefill(t *testing.T) {
 	if err := pp.prefill.SetFault(FaultStallLastRank, true); err != nil {
 		t.Fatal(err)
 	}
-	_, dfin, pfin := pp.run(t, ctx, q, 5001)
-	if !strings.HasPrefix(pfin.Reason, "error: engine restarted: ") || !strings.HasPrefix(dfin.Reason, "error:") {
-		t.Fatalf("in flight at the restart: prefill %q, decode %q", pfin.Reason, dfin.Reason)
-	}
+	// The switch goes off as soon as the prefill's restart fails its
+	// request, before the decode's side of the room ends: the rebuilt
+	// group stalls again while the switch is on, and a second restart
+	// would fail the next request too.
+	ps, ds := pp.submit(t, ctx, q, 5001)
+	_, pfin := collect(t, ps, 30*time.Second)
 	poll(t, "the prefill's restart", 10*time.Second, func() bool { return pp.prefill.Snapshot().Totals.Restarts >= 1 })
 	if err := pp.prefill.SetFault(FaultStallLastRank, false); err != nil {
 		t.Fatal(err)
+	}
+	_, dfin := collect(t, ds, 30*time.Second)
+	if !strings.HasPrefix(pfin.Reason, "error: engine restarted: ") || !strings.HasPrefix(dfin.Reason, "error:") {
+		t.Fatalf("in flight at the restart: prefill %q, decode %q", pfin.Reason, dfin.Reason)
+	}
+	if n := pp.prefill.Snapshot().Totals.Restarts; n != 1 {
+		t.Fatalf("%d restarts of the prefill, want 1", n)
 	}
 	for i := range 3 {
 		toks, fin, _ := pp.run(t, ctx, q, 5002+uint64(i))
