@@ -135,8 +135,8 @@ func attn16PfCases(r *rand.Rand) []*attn16Case {
 					c.off = 32 * r.IntN(2)
 					c.rowLen = (c.off + 8*n8 + 31) &^ 31
 				}
-				c.k16 = lineAligned16(rand16(r, c.pool*c.rowLen, d))
-				c.v16 = lineAligned16(rand16(r, c.pool*c.rowLen, d))
+				c.k16 = lineAligned(rand16(r, c.pool*c.rowLen, d))
+				c.v16 = lineAligned(rand16(r, c.pool*c.rowLen, d))
 				c.kw, c.vw = widen(c.k16, d), widen(c.v16, d)
 				c.q = randVec(r, 8*n8, 2)
 				c.p = make([]float32, ns)
@@ -154,35 +154,13 @@ func attn16PfCases(r *rand.Rand) []*attn16Case {
 	return cs
 }
 
-// lineAligned16 copies v to a slice that starts a 64-byte cache line.
-func lineAligned16(v []uint16) []uint16 {
-	buf := make([]uint16, len(v)+32)
-	skip := (64 - int(uintptr(unsafe.Pointer(&buf[0]))%64)) % 64 / 2
-	a := buf[skip : skip+len(v)]
-	copy(a, v)
-	return a
-}
-
 // TestAttn16PrefetchMatchesModel pins the assembly 16-bit attention
 // kernels bit for bit to the exact FMA model with the row prefetch at
 // every distance in attn16Aheads, on rows that start cache lines and rows
 // that need not: the prefetch must change no bit.
 func TestAttn16PrefetchMatchesModel(t *testing.T) {
-	if !hasAVX2 {
-		t.Skip("no AVX2/FMA")
-	}
-	defer func(old int) { attnAhead16 = old }(attnAhead16)
-	asm := avx2Kernels()
 	r := rand.New(rand.NewPCG(19, 19))
-	for _, c := range attn16PfCases(r) {
-		wantQK, wantPV := modelQK(c, 0.3), modelPV(c)
-		for _, ahead := range attn16Aheads {
-			attnAhead16 = ahead
-			what := fmt.Sprintf("%v ahead=%d", c, ahead)
-			sameBits(t, "asm QK vs fma model "+what, c.qk16(asm), wantQK)
-			sameBits(t, "asm PV vs fma model "+what, c.pv16(asm), wantPV)
-		}
-	}
+	asmMatchesModel(t, attn16PfCases(r), &attnAhead16, attn16Aheads, (*attn16Case).qk16, (*attn16Case).pv16)
 }
 
 // BenchmarkAttn16Cached runs the 16-bit attention kernels alone on rows
@@ -209,7 +187,7 @@ func BenchmarkAttn16Cached(b *testing.B) {
 	for _, d := range []kernels.DType{kernels.BF16, kernels.F16} {
 		for _, n8 := range []int{6, 16} {
 			c := &attn16Case{d: d, pool: pool, n8: n8, rowLen: 8 * n8}
-			c.k16, c.v16 = lineAligned16(rand16(r, pool*c.rowLen, d)), lineAligned16(rand16(r, pool*c.rowLen, d))
+			c.k16, c.v16 = lineAligned(rand16(r, pool*c.rowLen, d)), lineAligned(rand16(r, pool*c.rowLen, d))
 			c.kw, c.vw = lineAligned(widen(c.k16, d)), lineAligned(widen(c.v16, d))
 			c.q, c.p = randVec(r, 8*n8, 1), randVec(r, ns, 1)
 			c.slots = make([]int32, ns)

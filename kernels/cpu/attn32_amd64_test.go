@@ -51,9 +51,10 @@ func attn32Cases(r *rand.Rand) []*attn16Case {
 }
 
 // lineAligned copies v to a slice that starts a 64-byte cache line.
-func lineAligned(v []float32) []float32 {
-	buf := make([]float32, len(v)+16)
-	skip := (64 - int(uintptr(unsafe.Pointer(&buf[0]))%64)) % 64 / 4
+func lineAligned[T float32 | uint16](v []T) []T {
+	size := int(unsafe.Sizeof(v[0]))
+	buf := make([]T, len(v)+64/size)
+	skip := (64 - int(uintptr(unsafe.Pointer(&buf[0]))%64)) % 64 / size
 	a := buf[skip : skip+len(v)]
 	copy(a, v)
 	return a
@@ -72,19 +73,27 @@ func wideVec(r *rand.Rand, n int) []float32 {
 // (modelQK, modelPV), with the row prefetch at every distance in
 // attnAheads: the prefetch must change no bit.
 func TestAttnF32AsmMatchesModel(t *testing.T) {
+	r := rand.New(rand.NewPCG(32, 32))
+	asmMatchesModel(t, attn32Cases(r), &attnAhead, attnAheads, (*attn16Case).qk32, (*attn16Case).pv32)
+}
+
+// asmMatchesModel checks the assembly kernels qk and pv on every case
+// against the FMA model, with *ahead set to each distance in aheads.
+func asmMatchesModel(t *testing.T, cases []*attn16Case, ahead *int, aheads []int,
+	qk, pv func(*attn16Case, *kernelSet) []float32) {
+	t.Helper()
 	if !hasAVX2 {
 		t.Skip("no AVX2/FMA")
 	}
-	defer func(old int) { attnAhead = old }(attnAhead)
+	defer func(old int) { *ahead = old }(*ahead)
 	asm := avx2Kernels()
-	r := rand.New(rand.NewPCG(32, 32))
-	for _, c := range attn32Cases(r) {
+	for _, c := range cases {
 		wantQK, wantPV := modelQK(c, 0.3), modelPV(c)
-		for _, ahead := range attnAheads {
-			attnAhead = ahead
-			what := fmt.Sprintf("%v ahead=%d", c, ahead)
-			sameBits(t, "asm QK vs fma model "+what, c.qk32(asm), wantQK)
-			sameBits(t, "asm PV vs fma model "+what, c.pv32(asm), wantPV)
+		for _, a := range aheads {
+			*ahead = a
+			what := fmt.Sprintf("%v ahead=%d", c, a)
+			sameBits(t, "asm QK vs fma model "+what, qk(c, asm), wantQK)
+			sameBits(t, "asm PV vs fma model "+what, pv(c, asm), wantPV)
 		}
 	}
 }

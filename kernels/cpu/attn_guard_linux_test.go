@@ -47,7 +47,7 @@ func TestAttnPrefetchInsideSlots(t *testing.T) {
 					if i%2 == 1 {
 						c.rowLen = (8*n8 + 31) &^ 31
 					}
-					c.k16, c.v16 = lineAligned16(rand16(r, c.pool*c.rowLen, d)), lineAligned16(rand16(r, c.pool*c.rowLen, d))
+					c.k16, c.v16 = lineAligned(rand16(r, c.pool*c.rowLen, d)), lineAligned(rand16(r, c.pool*c.rowLen, d))
 				}
 				c.q = randVec(r, 8*n8, 2)
 				c.p = make([]float32, ns)
