@@ -164,6 +164,17 @@ func TestIndexK(t *testing.T) {
 				if err := c.prefill.eng.SetFault(serve.FaultStallLastRank, true); err != nil {
 					t.Fatal(err)
 				}
+				// The switch goes in once the stall holds: rank 1 may be
+				// past the switch's check in the iteration under way, and
+				// that iteration would then carry the switch to its end.
+				poll(t, "the prefill's rank 0 waiting for its stalled rank 1", 10*time.Second, func() bool {
+					for _, g := range c.prefill.eng.Collectives() {
+						if g.Name == serve.CommControl && len(g.Ranks) == 2 {
+							return g.Ranks[0].Waiting != nil && g.Ranks[1].Waiting == nil
+						}
+					}
+					return false
+				})
 				pending = make(chan error, 1)
 				go func() {
 					_, err := pc.SetIndexK(context.Background(), debug.IndexKBF16, 0)
