@@ -150,7 +150,10 @@ func TestRoomHeldWhileAborting(t *testing.T) {
 	if _, err := pp.decode.Submit(context.Background(), q); !errors.Is(err, ErrRoomInUse) {
 		t.Fatalf("a request for the aborting room: %v, want ErrRoomInUse", err)
 	}
-	poll(t, "the aborting room gone", 10*time.Second, func() bool { return pp.decode.PDQueues()["aborting"] == 0 })
+	poll(t, "the aborting room gone", 10*time.Second, func() bool {
+		_, held := pp.decode.RoomRequest(room)
+		return pp.decode.PDQueues()["aborting"] == 0 && !held
+	})
 	s, err := pp.decode.Submit(context.Background(), q)
 	if err != nil {
 		t.Fatalf("the room once its abort ended: %v", err)
