@@ -138,15 +138,7 @@ func attn16PfCases(r *rand.Rand) []*attn16Case {
 				c.k16 = lineAligned(rand16(r, c.pool*c.rowLen, d))
 				c.v16 = lineAligned(rand16(r, c.pool*c.rowLen, d))
 				c.kw, c.vw = widen(c.k16, d), widen(c.v16, d)
-				c.q = randVec(r, 8*n8, 2)
-				c.p = make([]float32, ns)
-				for j := range c.p {
-					c.p[j] = r.Float32()
-				}
-				c.slots = make([]int32, ns)
-				for j := range c.slots {
-					c.slots[j] = int32(r.IntN(c.pool))
-				}
+				c.draw(r, ns)
 				cs = append(cs, c)
 			}
 		}

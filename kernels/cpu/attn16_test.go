@@ -64,15 +64,7 @@ func attn16Cases(r *rand.Rand) []*attn16Case {
 				c.rowLen = c.off + 8*n8 + r.IntN(3)
 				c.k16, c.v16 = rand16(r, c.pool*c.rowLen, d), rand16(r, c.pool*c.rowLen, d)
 				c.kw, c.vw = widen(c.k16, d), widen(c.v16, d)
-				c.q = randVec(r, 8*n8, 2)
-				c.p = make([]float32, ns)
-				for j := range c.p {
-					c.p[j] = r.Float32()
-				}
-				c.slots = make([]int32, ns)
-				for j := range c.slots {
-					c.slots[j] = int32(r.IntN(c.pool))
-				}
+				c.draw(r, ns)
 				cs = append(cs, c)
 			}
 		}
@@ -86,6 +78,20 @@ func (c *attn16Case) String() string {
 
 // qk16 and pv16 run a set's 16-bit kernels on c; qk32 and pv32 run its
 // F32 kernels on the widened rows. The outputs start as NaN.
+// draw fills the case's query (8*n8 values), its ns attention weights and
+// ns slots drawn from the pool, in that order.
+func (c *attn16Case) draw(r *rand.Rand, ns int) {
+	c.q = randVec(r, 8*c.n8, 2)
+	c.p = make([]float32, ns)
+	for j := range c.p {
+		c.p[j] = r.Float32()
+	}
+	c.slots = make([]int32, ns)
+	for j := range c.slots {
+		c.slots[j] = int32(r.IntN(c.pool))
+	}
+}
+
 func (c *attn16Case) qk16(k *kernelSet) []float32 {
 	out := nans(len(c.slots) &^ 7)
 	if len(out) > 0 {

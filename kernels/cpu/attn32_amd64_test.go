@@ -35,15 +35,7 @@ func attn32Cases(r *rand.Rand) []*attn16Case {
 				c.rowLen = (c.off + 8*n8 + 15) &^ 15
 			}
 			c.kw, c.vw = lineAligned(wideVec(r, c.pool*c.rowLen)), lineAligned(wideVec(r, c.pool*c.rowLen))
-			c.q = randVec(r, 8*n8, 2)
-			c.p = make([]float32, ns)
-			for j := range c.p {
-				c.p[j] = r.Float32()
-			}
-			c.slots = make([]int32, ns)
-			for j := range c.slots {
-				c.slots[j] = int32(r.IntN(c.pool))
-			}
+			c.draw(r, ns)
 			cs = append(cs, c)
 		}
 	}
