@@ -24,6 +24,7 @@ import (
 	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
+	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/clustertest"
 	"github.com/pdkit/pdkit/internal/router"
@@ -52,6 +53,7 @@ type cluster struct {
 	m               *model.Model
 	prefill, decode *node
 	registry        string
+	bootstrap       *bootstrap.Registry
 	router          string
 	endpoints       []string // the prefill ranks' endpoints and their names
 }
@@ -66,7 +68,7 @@ func newCluster(t *testing.T) *cluster {
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
 	cc := clustertest.New(t, clustertest.Options{Model: m, Config: testConfig,
 		Router: router.Options{HealthInterval: 20 * time.Millisecond}, HealthyWithin: 10 * time.Second})
-	return &cluster{m: m, prefill: nodeOf(cc.Prefill), decode: nodeOf(cc.Decode), registry: cc.Registry, router: cc.Router.URL}
+	return &cluster{m: m, prefill: nodeOf(cc.Prefill), decode: nodeOf(cc.Decode), registry: cc.Registry, bootstrap: cc.Bootstrap, router: cc.Router.URL}
 }
 
 // poll waits until cond holds, failing the test after within.

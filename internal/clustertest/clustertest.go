@@ -97,8 +97,11 @@ type Options struct {
 type Cluster struct {
 	Prefill, Decode *Node
 	Registry        string // the bootstrap registry's URL
-	Router          *httptest.Server
-	RouterHandler   *router.Router
+	// Bootstrap is the registry itself, for a test to register in it as
+	// a cluster member would.
+	Bootstrap     *bootstrap.Registry
+	Router        *httptest.Server
+	RouterHandler *router.Router
 }
 
 // New starts a cluster and returns once the router's GET /health answers
@@ -149,6 +152,7 @@ func New(t testing.TB, o Options) *Cluster {
 	regMu.Lock()
 	reg = r
 	regMu.Unlock()
+	c.Bootstrap = r
 
 	ro := o.Router
 	if len(ro.Prefill) == 0 {
