@@ -42,7 +42,9 @@ decode) PD queues and failure counters, from the debug API, and the
 router's request outcomes from its /metrics (not with --server). Then run
 the rules of package diag over the samples: a dead PD control loop, a PD
 queue stuck, entries past their state's timeout, KV pages leaked, a peer
-unreachable, ranks diverging, requests failing (by reason and queue).
+unreachable, a prefill's bootstrap registry listing a rank at an endpoint
+other than the rank's own, ranks diverging, requests failing (by reason and
+queue).
 
 Each finding is printed with its severity, rule, server, rank, summary,
 evidence and remedy: a block per finding on a terminal, one tab-separated

@@ -20,7 +20,7 @@ type httpFlags struct {
 func (h *httpFlags) register(f *pflag.FlagSet) {
 	f.DurationVar(&h.limits.HeaderTimeout, "header-timeout", httpx.DefaultHeaderTimeout, "longest reading a request's headers may take; the connection is then closed (counted: pdkit_http_limit_hits_total{limit=\"header_timeout\"})")
 	f.DurationVar(&h.limits.BodyTimeout, "body-timeout", httpx.DefaultBodyTimeout, "longest reading a request's body may take; it is then answered 408 (counted: limit=\"body_timeout\"); never bounds the response, streams included")
-	f.IntVar(&h.limits.MaxConns, "max-connections", httpx.DefaultMaxConns, "connections open at once on the HTTP listener; one past it is answered 503 and closed at once (counted: limit=\"connections\")")
+	f.IntVar(&h.limits.MaxConns, "max-connections", httpx.DefaultMaxConns, "connections open at once on the HTTP listener; one past it takes the place of the kept-alive connection idle the longest, or, when none is idle, is answered 503 and closed at once (counted: limit=\"connections\")")
 	f.Float64Var(&h.readyFailureRate, "ready-failure-rate", httpx.DefaultReadyFailureRate, "GET /readyz answers 503 while more than this share of the recent requests failed (1: never)")
 	f.DurationVar(&h.readyWindow, "ready-window", httpx.DefaultReadyWindow, "how far back /readyz looks at requests (the last 100 at most, and at least 10 before it judges)")
 }

@@ -32,7 +32,8 @@ type Limits struct {
 	// response, a long SSE stream included, is never cut by it.
 	BodyTimeout time.Duration
 	// MaxConns caps the connections open at once on one listener; one
-	// past the cap is answered 503 and closed at once.
+	// past the cap takes the place of the kept-alive connection idle the
+	// longest, or, when none is idle, is answered 503 and closed at once.
 	MaxConns int
 	// MaxBodyBytes is how much of a body is read under BodyTimeout before
 	// the handler runs (default openai.DefaultMaxBodyBytes); the rest of a
@@ -63,7 +64,7 @@ const (
 var limitNames = []string{LimitHeaderTimeout, LimitBodyTimeout, LimitConnections}
 
 var hitsDesc = prometheus.NewDesc("pdkit_http_limit_hits_total",
-	"Requests or connections cut by a listener limit: header_timeout (headers not read within --header-timeout), body_timeout (body not read within --body-timeout, answered 408), connections (a connection past --max-connections, answered 503 and closed).",
+	"Requests or connections cut by a listener limit: header_timeout (headers not read within --header-timeout), body_timeout (body not read within --body-timeout, answered 408), connections (a connection past --max-connections: the longest-idle kept-alive connection closed for it, or, with none idle, it answered 503 and closed).",
 	[]string{"limit"}, nil)
 
 // Guard enforces Limits on the listeners and servers it wraps and counts

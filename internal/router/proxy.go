@@ -23,8 +23,8 @@ import (
 // /abort_request accepts it, and only it, as the rid.
 const RequestIDHeader = "X-Request-Id"
 
-// newRequestID returns a request id no one can guess: "router-" and 128
-// random bits in hex. Holding it is what lets a client abort the request,
+// newRequestID returns a request id no one can guess: "router-" and 130
+// random bits (rand.Text's 26 base32 characters). Holding it is what lets a client abort the request,
 // so it must never be sequential or derived from anything a client sees.
 func newRequestID() string {
 	return "router-" + rand.Text()
