@@ -3,11 +3,13 @@ package main
 import (
 	"fmt"
 	"io"
+	"runtime"
 
 	"github.com/spf13/pflag"
 
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
+	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/kernels"
 	"github.com/pdkit/pdkit/kernels/cpu"
 	"github.com/pdkit/pdkit/kernels/ref"
@@ -119,4 +121,36 @@ func (e *engineFlags) open(stderr io.Writer) (*model.Model, kernels.Backend, ker
 		return nil, nil, 0, nil, err
 	}
 	return m, b, ik, func() { m.Close(); closeB() }, nil
+}
+
+// resolveSchedule checks --schedule and turns auto into the loop that
+// suits the kernels (serve.ResolveSchedule): the ranks' forward passes keep
+// tp × threads CPU threads busy (the ref backend's one per rank) against
+// the CPUs Go runs on. why says what auto saw; empty for a loop named.
+func resolveSchedule(schedule, backend string, threads, tp int) (loop, why string, err error) {
+	switch schedule {
+	case serve.ScheduleLockstep, serve.ScheduleOverlap:
+		return schedule, "", nil
+	case serve.ScheduleAuto:
+	default:
+		return "", "", usagef("--schedule %q: want %s, %s or %s", schedule, serve.ScheduleLockstep, serve.ScheduleOverlap, serve.ScheduleAuto)
+	}
+	per := threads
+	if backend == "ref" {
+		per = 1
+	}
+	busy, cpus := per*max(1, tp), runtime.GOMAXPROCS(0)
+	loop = serve.ResolveSchedule(schedule, busy, cpus)
+	what, verb := fmt.Sprintf("%d kernel threads", busy), "leave"
+	if tp > 1 {
+		what += fmt.Sprintf(" (%d ranks × %d)", tp, per)
+	}
+	if busy == 1 {
+		what, verb = "1 kernel thread", "leaves"
+	}
+	free := "a CPU free for the loop"
+	if loop == serve.ScheduleLockstep {
+		free = "no CPU free"
+	}
+	return loop, fmt.Sprintf("auto: %s on %d CPUs %s %s", what, cpus, verb, free), nil
 }

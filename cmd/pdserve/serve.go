@@ -117,7 +117,7 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 	f.IntVar(&o.cfg.MaxBatchTokens, "max-batch-tokens", def.MaxBatchTokens, "tokens per step, prefill and decode together")
 	f.IntVar(&o.cfg.PrefillChunk, "prefill-chunk", def.PrefillChunk, "prompt tokens per request per step")
 	f.BoolVar(&o.noPrefixCache, "no-prefix-cache", false, "turn the radix prefix cache off (every prompt computed from its first token)")
-	f.StringVar(&o.cfg.Schedule, "schedule", serve.ScheduleLockstep, "rank loop: lockstep (each step's forward pass in line) or overlap (the forward pass on its own goroutine while the loop plans the next step)")
+	f.StringVar(&o.cfg.Schedule, "schedule", serve.ScheduleAuto, "rank loop: lockstep (each step's forward pass in line), overlap (the loop lands the last step and plans the next one beside the forward pass) or auto (overlap when the ranks' kernel threads, --tp × --threads, leave a CPU free, else lockstep)")
 	o.hicache.register(f)
 	f.DurationVar(&o.cfg.WaitingTimeout, "waiting-timeout", 0, "longest a request may wait for admission (0: no limit)")
 	f.DurationVar(&o.cfg.PrefillTimeout, "prefill-timeout", 0, "longest a prompt may take to prefill (0: no limit)")
@@ -144,6 +144,10 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	if err != nil {
 		return err
 	}
+	schedule, why, err := resolveSchedule(o.cfg.Schedule, o.engine.backend, threads, o.cfg.TP)
+	if err != nil {
+		return err
+	}
 	if o.collTimeout < 0 || (o.collTimeout > 0 && o.collTimeout <= o.stallAfter) {
 		return usagef("--collective-timeout %v must exceed --stall-after %v (0 turns recovery off)", o.collTimeout, o.stallAfter)
 	}
@@ -163,6 +167,7 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 		return err
 	}
 	cfg := o.cfg
+	cfg.Schedule = schedule
 	cfg.IndexK = ik
 	cfg.KVType = kv
 	cfg.DisablePrefixCache = o.noPrefixCache
@@ -188,6 +193,9 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	met := metrics.New(nil)
 	cfg.Observer = met
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	if why != "" {
+		log.Info("rank loop", "schedule", schedule, "why", why)
+	}
 	if cfg.Role != pdproto.RoleColocated {
 		if cfg.PD.Secret, err = o.secret.load(log, o.host, cfg.PD.Host, cfg.PD.AdvertiseHost); err != nil {
 			return err

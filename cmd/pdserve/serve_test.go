@@ -232,6 +232,8 @@ func TestServeUsageErrors(t *testing.T) {
 		{"serve", "--model", path, "--kv-dtype", "f64"},
 		{"prefill", "--model", path, "--kv-dtype", "q8_0"},
 		{"decode", "--model", path, "--kv-dtype", "BF16"},
+		{"serve", "--model", path, "--schedule", "fast"},
+		{"decode", "--model", path, "--schedule", "Overlap"},
 		{"serve", "extra"},
 	} {
 		if _, stderr, code := run(t, args...); code != 2 {

@@ -41,8 +41,9 @@ type Config struct {
 	HiCache HiCacheConfig
 
 	// Schedule is the rank loop: ScheduleLockstep (default) runs each
-	// step's forward pass in line; ScheduleOverlap runs it on its own
-	// goroutine beside the next iteration's front half (overlap.go).
+	// step's forward pass in line; ScheduleOverlap runs the next
+	// iteration's front half beside it (overlap.go). ScheduleAuto is
+	// resolved to one of them first (ResolveSchedule).
 	Schedule string
 
 	// Name labels the loops' goroutines (pprof label server; default
@@ -235,7 +236,11 @@ func (c Config) Validate(m *model.Model) error {
 		bad("heartbeat %v must be positive", c.Heartbeat)
 	}
 	c.HiCache.validate(c.DisablePrefixCache, bad)
-	if c.Schedule != ScheduleLockstep && c.Schedule != ScheduleOverlap {
+	switch c.Schedule {
+	case ScheduleLockstep, ScheduleOverlap:
+	case ScheduleAuto:
+		bad("schedule %q: an engine runs %s or %s; ResolveSchedule picks one", c.Schedule, ScheduleLockstep, ScheduleOverlap)
+	default:
 		bad("schedule %q: want %s or %s", c.Schedule, ScheduleLockstep, ScheduleOverlap)
 	}
 	if c.CollectiveWatchdog > 0 && c.Heartbeat >= c.CollectiveWatchdog {

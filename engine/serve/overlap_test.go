@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -156,4 +157,31 @@ func TestOverlapHiCache(t *testing.T) {
 		t.Error("no host hit: the chats never loaded a prefix back")
 	}
 	checkPools(t, e)
+}
+
+// TestResolveSchedule: auto is overlap exactly when the forward passes
+// leave a CPU free (a device backend keeps none busy), and an engine
+// refuses auto itself.
+func TestResolveSchedule(t *testing.T) {
+	for _, c := range []struct {
+		schedule      string
+		threads, cpus int
+		want          string
+	}{
+		{ScheduleAuto, 2, 2, ScheduleLockstep},
+		{ScheduleAuto, 4, 2, ScheduleLockstep},
+		{ScheduleAuto, 1, 2, ScheduleOverlap},
+		{ScheduleAuto, 0, 1, ScheduleOverlap},
+		{ScheduleLockstep, 1, 16, ScheduleLockstep},
+		{ScheduleOverlap, 16, 16, ScheduleOverlap},
+	} {
+		if got := ResolveSchedule(c.schedule, c.threads, c.cpus); got != c.want {
+			t.Errorf("ResolveSchedule(%q, %d, %d) = %q, want %q", c.schedule, c.threads, c.cpus, got, c.want)
+		}
+	}
+	cfg := Config{Schedule: ScheduleAuto}
+	cfg.setDefaults(tinyModel(t))
+	if err := cfg.Validate(tinyModel(t)); err == nil || !strings.Contains(err.Error(), "ResolveSchedule") {
+		t.Errorf("an engine given auto: %v", err)
+	}
 }

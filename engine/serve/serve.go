@@ -120,11 +120,12 @@
 //
 // # Overlap
 //
-// With Config.Schedule = ScheduleOverlap each rank's forward pass runs on a
-// goroutine of its own while the loop runs the next iteration's front half
-// and plans it against the step's predicted outcome; the step lands before
-// the next one starts, and what stopped in it leaves the next batch
-// (overlap.go). The decisions and their values are the lock-step loop's.
+// With Config.Schedule = ScheduleOverlap a goroutine beside each rank's
+// forward pass runs the next iteration's front half and plans it against
+// the step's predicted outcome; the step lands before the next one starts,
+// and what stopped in it leaves the next batch (overlap.go). The decisions
+// and their values are the lock-step loop's. ResolveSchedule says which
+// loop suits a machine.
 //
 // Stop sequences are token ids (Request.Stop); stop strings belong to the
 // HTTP layer that owns detokenization.

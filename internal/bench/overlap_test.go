@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,8 +61,14 @@ func TestRunOverlapTiny(t *testing.T) {
 			t.Errorf("c=%d: ratio %v, outside share %v", l.Concurrency, l.TokRatio(), l.OutsideShare())
 		}
 	}
-	if g := rep.Goals(); len(g) != 1 {
-		t.Errorf("goals %+v, want only the never-slower one (concurrency 32 did not run)", g)
+	g := rep.Goals()
+	if len(g) != 2 || !strings.HasPrefix(g[0].Name, "overlap never slower") || !strings.HasPrefix(g[1].Name, "the default, --schedule auto") {
+		t.Errorf("goals %+v, want the never-slower ones of overlap and of auto (concurrency 32 did not run)", g)
+	}
+	// One thread leaves a CPU free wherever there are two.
+	wantPick := map[bool]string{true: "overlap at threads 1", false: "lockstep at threads 1"}[rep.CPUs > 1]
+	if len(g) == 2 && !strings.Contains(g[1].Detail, wantPick) {
+		t.Errorf("auto's goal %+v on %d CPUs, want it to say %q", g[1], rep.CPUs, wantPick)
 	}
 	checkReport(t, rep.Print, "built-in llama tiny model", "tok/s ratio", "per round (min med max)", "ITL p99 ratio", "outside share", "hidden", "goal ", "verdict: ")
 }
