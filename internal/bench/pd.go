@@ -15,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/pdkit/pdkit/api/clusterauth"
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
@@ -92,22 +93,39 @@ func (l PDLength) Ratio() float64 {
 }
 
 // PDTransport compares the ZeroMQ link carrying real KV_CHUNK messages
-// with raw loopback TCP moving the same bytes in the same run.
+// with raw loopback TCP moving the same bytes in the same run, and the
+// link with connection authentication (PLAIN, as a cluster secret turns
+// on) with the link without, interleaved.
 type PDTransport struct {
 	ChunkTokens int     // tokens of KV per message
 	MsgBytes    int     // KV payload bytes per message (one rank's shard)
-	Messages    int     // messages sent and decoded
+	Messages    int     // messages sent and decoded without authentication
 	Bytes       uint64  // payload bytes moved, by each transport
 	ZMQ         float64 // MB/s, Outbox → Inbox with pdproto encode and decode
 	Raw         float64 // MB/s, net.Conn into a reused buffer
 	ZMQElapsed  time.Duration
 	RawElapsed  time.Duration
+	// Plain is the link's MB/s with PLAIN authentication, over
+	// PlainMessages in PlainElapsed, its rounds interleaved with the
+	// unauthenticated link's.
+	Plain         float64
+	PlainMessages int
+	PlainElapsed  time.Duration
 }
 
 // Ratio is ZMQ over Raw.
 func (t PDTransport) Ratio() float64 {
 	return ratio(t.ZMQ, t.Raw)
 }
+
+// AuthRatio is the link's rate with authentication over its rate without.
+func (t PDTransport) AuthRatio() float64 {
+	return ratio(t.Plain, t.ZMQ)
+}
+
+// PDAuthGoal is the share of the KV link's throughput that connection
+// authentication must leave (it may cost at most 10%).
+const PDAuthGoal = 0.9
 
 // PDRatioGoal is the transport ratio the project aims at.
 const PDRatioGoal = 0.8
@@ -263,7 +281,8 @@ func RunPD(ctx context.Context, cfg PDConfig, progress io.Writer) (rep PDReport,
 		return rep, err
 	}
 	rep.Transport.ChunkTokens = cfg.TransportTokens
-	fmt.Fprintf(progress, "transport: ZeroMQ %.0f MB/s, raw TCP %.0f MB/s (%.2f)\n", rep.Transport.ZMQ, rep.Transport.Raw, rep.Transport.Ratio())
+	fmt.Fprintf(progress, "transport: ZeroMQ %.0f MB/s, with PLAIN %.0f MB/s (%.2f), raw TCP %.0f MB/s (%.2f)\n",
+		rep.Transport.ZMQ, rep.Transport.Plain, rep.Transport.AuthRatio(), rep.Transport.Raw, rep.Transport.Ratio())
 	return rep, nil
 }
 
@@ -407,110 +426,181 @@ func chunkShape(c *model.Config, tp, perTok, tokens int, kvType kernels.DType) *
 // transportWindow is how many KV chunks the transport loop keeps in flight.
 const transportWindow = 16
 
-// measureTransport sends msg over zmqlink (Outbox → Inbox, encoded and
-// decoded with pdproto, as the engines do) for about d, then moves the
-// same bytes in messages of the same size over a raw loopback TCP
-// connection read into one reused buffer.
+// transportRounds is how many rounds measureTransport runs each link; the
+// order alternates from round to round.
+const transportRounds = 4
+
+// measureTransport sends msg over two zmqlink links (Outbox → Inbox,
+// encoded and decoded with pdproto, as the engines do), one without
+// authentication and one with PLAIN, for about d each in interleaved
+// rounds; then moves the unauthenticated link's bytes in messages of the
+// same size over a raw loopback TCP connection read into one reused
+// buffer.
 func measureTransport(ctx context.Context, msg *pdproto.KVChunk, d time.Duration) (PDTransport, error) {
 	t := PDTransport{MsgBytes: msg.PayloadBytes()}
 	if t.MsgBytes == 0 {
 		return t, errors.New("bench: empty KV chunk")
 	}
-	var got, bad atomic.Int64
-	var gotBytes atomic.Uint64
-	var last atomic.Int64 // unix nanoseconds of the last chunk received
-	in, err := zmqlink.Listen("tcp://127.0.0.1:0", func(frames [][]byte) error {
+	none, err := openKVLink(ctx, nil)
+	if err != nil {
+		return t, err
+	}
+	defer none.close()
+	secret, _ := clusterauth.Generate()
+	user, password, _ := secret.ZMQ()
+	plain, err := openKVLink(ctx, &zmqlink.PlainAuth{Username: user, Password: password})
+	if err != nil {
+		return t, err
+	}
+	defer plain.close()
+	var plainBytes uint64
+	for r := range transportRounds {
+		sides := []*kvLink{none, plain}
+		if r%2 == 1 {
+			sides = []*kvLink{plain, none}
+		}
+		for _, l := range sides {
+			runtime.GC()
+			if err := l.run(msg, d/transportRounds); err != nil {
+				return t, err
+			}
+		}
+	}
+	t.Messages, t.Bytes, t.ZMQElapsed = none.messages, none.bytes, none.elapsed
+	t.PlainMessages, plainBytes, t.PlainElapsed = plain.messages, plain.bytes, plain.elapsed
+	for _, l := range []*kvLink{none, plain} {
+		if want := uint64(l.messages) * uint64(t.MsgBytes); l.bytes != want {
+			return t, fmt.Errorf("bench: %d KV bytes arrived, want %d", l.bytes, want)
+		}
+	}
+
+	runtime.GC()
+	if t.RawElapsed, err = rawTCP(t.MsgBytes, t.Messages); err != nil {
+		return t, err
+	}
+	t.ZMQ = float64(t.Bytes) / t.ZMQElapsed.Seconds() / 1e6
+	t.Plain = float64(plainBytes) / t.PlainElapsed.Seconds() / 1e6
+	t.Raw = float64(t.Bytes) / t.RawElapsed.Seconds() / 1e6
+	return t, nil
+}
+
+// kvLink is a KV path as the engines build it, a prefill rank's Outbox
+// connected to a decode rank's Inbox (the zero-copy shim on both), with
+// what its timed runs moved.
+type kvLink struct {
+	in  *zmqlink.Inbox
+	out *zmqlink.Outbox
+	ctx context.Context
+
+	got, bad atomic.Int64
+	gotBytes atomic.Uint64
+	last     atomic.Int64 // unix nanoseconds of the last chunk received
+
+	messages int
+	bytes    uint64
+	elapsed  time.Duration
+}
+
+// openKVLink listens, connects and waits for the connection (and its
+// handshake, with auth) by sending one chunk, so that no run times it.
+func openKVLink(ctx context.Context, auth *zmqlink.PlainAuth) (*kvLink, error) {
+	l := &kvLink{ctx: ctx}
+	so := zmqlink.SocketOptions{ZeroCopy: true, Auth: auth}
+	var err error
+	l.in, err = zmqlink.Listen("tcp://127.0.0.1:0", func(frames [][]byte) error {
 		m, err := pdproto.Decode(frames)
 		if err != nil {
-			bad.Add(1)
+			l.bad.Add(1)
 			return err
 		}
 		ch, ok := m.(*pdproto.KVChunk)
 		if !ok {
-			bad.Add(1)
+			l.bad.Add(1)
 			return fmt.Errorf("got %s", m.Type())
 		}
-		gotBytes.Add(uint64(ch.PayloadBytes()))
-		last.Store(time.Now().UnixNano())
-		got.Add(1)
+		l.gotBytes.Add(uint64(ch.PayloadBytes()))
+		l.last.Store(time.Now().UnixNano())
+		l.got.Add(1)
 		return nil
-	}, &zmqlink.InboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: true}}) // the KV path, as a decode rank
+	}, &zmqlink.InboxOptions{SocketOptions: so})
 	if err != nil {
-		return t, err
+		return nil, err
 	}
-	defer in.Close()
-	out, err := zmqlink.NewOutbox(&zmqlink.OutboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: true}}) // as a prefill rank
+	if l.out, err = zmqlink.NewOutbox(&zmqlink.OutboxOptions{SocketOptions: so}); err != nil {
+		l.in.Close()
+		return nil, err
+	}
+	if err := l.send(&pdproto.KVChunk{Room: 1}); err != nil {
+		l.close()
+		return nil, err
+	}
+	if err := l.wait(1, 10*time.Second); err != nil {
+		l.close()
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *kvLink) close() {
+	l.out.Close()
+	l.in.Close()
+}
+
+func (l *kvLink) send(m *pdproto.KVChunk) error {
+	frames, err := pdproto.Encode(m)
 	if err != nil {
-		return t, err
+		return err
 	}
-	defer out.Close()
-	send := func(m *pdproto.KVChunk) error {
-		frames, err := pdproto.Encode(m)
-		if err != nil {
+	return l.out.Send(l.ctx, l.in.Endpoint(), frames)
+}
+
+// wait polls until n chunks have arrived since the counters were reset.
+func (l *kvLink) wait(n int64, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for l.got.Load() < n {
+		if b := l.bad.Load(); b > 0 {
+			return fmt.Errorf("bench: %d KV chunks failed to decode", b)
+		}
+		if time.Now().After(deadline) {
+			st := l.out.Stats()
+			return fmt.Errorf("bench: %d of %d KV chunks arrived (outbox: %d sent, %d dropped, %d send errors)", l.got.Load(), n, st.Sent, st.Dropped, st.SendErrors)
+		}
+		if err := l.ctx.Err(); err != nil {
 			return err
 		}
-		return out.Send(ctx, in.Endpoint(), frames)
+		time.Sleep(200 * time.Microsecond)
 	}
-	wait := func(n int64, within time.Duration) error {
-		deadline := time.Now().Add(within)
-		for got.Load() < n {
-			if b := bad.Load(); b > 0 {
-				return fmt.Errorf("bench: %d KV chunks failed to decode", b)
-			}
-			if time.Now().After(deadline) {
-				st := out.Stats()
-				return fmt.Errorf("bench: %d of %d KV chunks arrived (outbox: %d sent, %d dropped, %d send errors)", got.Load(), n, st.Sent, st.Dropped, st.SendErrors)
-			}
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			time.Sleep(200 * time.Microsecond)
-		}
-		return nil
-	}
-	// Connect, and wait for the connection, before timing.
-	if err := send(&pdproto.KVChunk{Room: 1}); err != nil {
-		return t, err
-	}
-	if err := wait(1, 10*time.Second); err != nil {
-		return t, err
-	}
-	got.Store(0)
-	gotBytes.Store(0)
-	runtime.GC()
+	return nil
+}
 
+// run sends copies of msg for about d and adds what arrived, and the time
+// from the first send to the last chunk's arrival, to the link's totals.
+func (l *kvLink) run(msg *pdproto.KVChunk, d time.Duration) error {
+	l.got.Store(0)
+	l.gotBytes.Store(0)
 	start := time.Now()
 	n := 0
 	for n == 0 || time.Since(start) < d {
 		// Keep a bounded window in flight, so that the loop measures the
 		// steady rate and ends about d after it started, not after a
 		// backlog of the Outbox's whole pending allowance drains.
-		for int64(n)-got.Load() >= transportWindow {
+		for int64(n)-l.got.Load() >= transportWindow {
 			time.Sleep(50 * time.Microsecond)
 		}
 		m := *msg
 		m.Chunk = uint32(n)
-		if err := send(&m); err != nil {
-			return t, err
+		if err := l.send(&m); err != nil {
+			return err
 		}
 		n++
 	}
-	if err := wait(int64(n), 30*time.Second); err != nil {
-		return t, err
+	if err := l.wait(int64(n), 30*time.Second); err != nil {
+		return err
 	}
-	t.Messages, t.Bytes = n, gotBytes.Load()
-	t.ZMQElapsed = time.Unix(0, last.Load()).Sub(start)
-	if want := uint64(n) * uint64(t.MsgBytes); t.Bytes != want {
-		return t, fmt.Errorf("bench: %d KV bytes arrived, want %d", t.Bytes, want)
-	}
-
-	runtime.GC()
-	if t.RawElapsed, err = rawTCP(t.MsgBytes, n); err != nil {
-		return t, err
-	}
-	t.ZMQ = float64(t.Bytes) / t.ZMQElapsed.Seconds() / 1e6
-	t.Raw = float64(t.Bytes) / t.RawElapsed.Seconds() / 1e6
-	return t, nil
+	l.messages += n
+	l.bytes += l.gotBytes.Load()
+	l.elapsed += time.Unix(0, l.last.Load()).Sub(start)
+	return nil
 }
 
 // rawTCP writes n messages of size bytes over a loopback TCP connection,
@@ -581,17 +671,21 @@ func (r *PDReport) Print(w io.Writer) {
 	fmt.Fprintln(w, "TTFT: submission (prefill and decode halves at once, as a router does) to the first token event of the decode stream; KV MB/s over PD TTFT includes the prefill's compute")
 
 	t := r.Transport
-	fmt.Fprintf(w, "\nKV transport alone: %d-token KV_CHUNK messages of one rank's shard (%d KiB payload, pdproto encode + decode, zmqlink Outbox → Inbox) vs raw loopback TCP into a reused buffer, the same %d messages (%.1f MiB) in the same run\n\n",
-		t.ChunkTokens, t.MsgBytes>>10, t.Messages, float64(t.Bytes)/(1<<20))
+	fmt.Fprintf(w, "\nKV transport alone: %d-token KV_CHUNK messages of one rank's shard (%d KiB payload, pdproto encode + decode, zmqlink Outbox → Inbox), without and with PLAIN authentication in %d interleaved rounds, vs raw loopback TCP into a reused buffer moving the unauthenticated link's %d messages (%.1f MiB), in the same run\n\n",
+		t.ChunkTokens, t.MsgBytes>>10, transportRounds, t.Messages, float64(t.Bytes)/(1<<20))
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "transport\tMB/s\tseconds\t\n")
-	fmt.Fprintf(tw, "ZeroMQ KV_CHUNK\t%.0f\t%.2f\t\n", t.ZMQ, t.ZMQElapsed.Seconds())
-	fmt.Fprintf(tw, "raw TCP\t%.0f\t%.2f\t\n", t.Raw, t.RawElapsed.Seconds())
+	fmt.Fprintf(tw, "transport\tmessages\tMB/s\tseconds\t\n")
+	fmt.Fprintf(tw, "ZeroMQ KV_CHUNK\t%d\t%.0f\t%.2f\t\n", t.Messages, t.ZMQ, t.ZMQElapsed.Seconds())
+	fmt.Fprintf(tw, "ZeroMQ KV_CHUNK, PLAIN\t%d\t%.0f\t%.2f\t\n", t.PlainMessages, t.Plain, t.PlainElapsed.Seconds())
+	fmt.Fprintf(tw, "raw TCP\t%d\t%.0f\t%.2f\t\n", t.Messages, t.Raw, t.RawElapsed.Seconds())
 	tw.Flush()
-	verdict := "meets"
-	if t.Ratio() < PDRatioGoal {
-		verdict = "misses"
+	meets := func(ok bool) string {
+		if ok {
+			return "meets"
+		}
+		return "misses"
 	}
-	fmt.Fprintf(w, "ratio ZeroMQ / raw TCP: %.2f (goal ≥ %.1f: %s)\n", t.Ratio(), PDRatioGoal, verdict)
+	fmt.Fprintf(w, "ratio ZeroMQ / raw TCP: %.2f (goal ≥ %.1f: %s)\n", t.Ratio(), PDRatioGoal, meets(t.Ratio() >= PDRatioGoal))
+	fmt.Fprintf(w, "ratio PLAIN / no authentication: %.2f (goal ≥ %.1f, authentication costing at most 10%%: %s)\n", t.AuthRatio(), PDAuthGoal, meets(t.AuthRatio() >= PDAuthGoal))
 	fmt.Fprintln(w, "transport (engine/pd/zmqlink/doc.go): the KV path (a prefill rank's Outbox, a decode rank's Inbox) uses zmqlink's zero-copy cgo shim over libzmq; control messages use pebbe/zmq4, whose copies on send and receive would hold KV to about half of raw TCP")
 }
