@@ -261,9 +261,10 @@ record's ForwardStart..ForwardEnd, the period the time between the forward passe
 consecutive decode steps; their difference under lock-step is the time outside the forward pass
 (scheduling, sampling, streaming), and the share of it overlap took off the period is what it
 hid. The report ends with the overlap loop's goals, met or not: overlap never
-slower than lock-step; the same wherever --schedule auto, the default, picks overlap (where the
-thread count leaves a CPU free); and at one thread and concurrency 32 at least 70% of the outside
-time hidden. It does not fail on a goal missed.`,
+slower than lock-step (slower means below 1 beyond the run's noise: the one-sided 95% upper bound
+of a level's round ratios under 1); the same wherever --schedule auto, the default, picks overlap
+(where the thread count leaves a CPU free); and at one thread and concurrency 32 at least 70% of
+the outside time hidden. It does not fail on a goal missed.`,
 		Example: `  # The default: small model, every CPU and one thread, concurrency 1, 8, 32 and 64
   $ pdserve bench overlap
 

@@ -49,12 +49,12 @@ const (
 //
 // Overlap hides the loop's own work (streaming, scheduling, the next step
 // input) in CPU time the forward pass leaves idle. Where it leaves none,
-// the work runs on the forward pass's cores instead, and it costs more
-// than it hides: with pdserve bench overlap on 2 cores, the small model's
-// forward pass ran 2–3% longer beside the loop at 2 threads, and overlap
-// served 0.98 of lock-step's tokens/s at concurrency 32 and 64; at 1
-// thread it served 1.01–1.02 at every concurrency. The rule is a
-// configuration value, the same on every rank, never a rank's own view.
+// the work can only move onto the forward pass's cores: with pdserve bench
+// overlap on 2 cores (the small model, five runs), overlap served on
+// average 1.001 of lock-step's tokens/s at 2 threads (0.976 to 1.032
+// over 18 levels of the runs) and 1.009 at 1 thread (0.988 to 1.029, 14
+// of 16 at or above 1). The rule is a configuration value, the same on every
+// rank, never a rank's own view.
 func ResolveSchedule(schedule string, forwardThreads, cpus int) string {
 	if schedule != ScheduleAuto {
 		return schedule

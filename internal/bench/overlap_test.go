@@ -107,3 +107,40 @@ func TestStepProbePairs(t *testing.T) {
 		t.Errorf("figures %+v", f)
 	}
 }
+
+// TestOverlapGoalsReadTheNoise: a level is slower only when its rounds
+// say so beyond their spread; auto's goal counts only the thread counts
+// at which auto runs overlap.
+func TestOverlapGoalsReadTheNoise(t *testing.T) {
+	level := func(conc int, rounds ...float64) OverlapLevel {
+		lock := LoopFigures{TokPerSec: 1000}
+		over := LoopFigures{TokPerSec: 1000 * rounds[0]}
+		return OverlapLevel{Concurrency: conc, Lockstep: lock, Overlap: over, RoundRatios: rounds}
+	}
+	slower := level(32, 0.95, 0.96, 0.94, 0.95)
+	noisy := level(8, 0.96, 1.03, 0.99, 1.02)
+	if b := slower.UpperBound(); b >= 1 {
+		t.Errorf("rounds all near 0.95: bound %.4f, want below 1", b)
+	}
+	if b := noisy.UpperBound(); b < 1 {
+		t.Errorf("rounds on both sides of 1: bound %.4f, want at least 1", b)
+	}
+	if one := level(1, 0.97); one.UpperBound() != one.TokRatio() {
+		t.Errorf("one round: bound %v, want its ratio %v", one.UpperBound(), one.TokRatio())
+	}
+	rep := OverlapReport{CPUs: 2, Runs: []OverlapRun{
+		{Threads: 2, Levels: []OverlapLevel{noisy, slower}},
+		{Threads: 1, Levels: []OverlapLevel{noisy}},
+	}}
+	g := rep.Goals()
+	if len(g) != 2 || g[0].Met || !g[1].Met || !rep.DefaultOK() {
+		t.Fatalf("goals %+v, DefaultOK %v: want overlap's missed (threads 2 slower), auto's met", g, rep.DefaultOK())
+	}
+	if !strings.Contains(g[1].Detail, "lockstep at threads 2, overlap at threads 1") {
+		t.Errorf("auto's detail %q", g[1].Detail)
+	}
+	rep.Runs[1].Levels = append(rep.Runs[1].Levels, slower)
+	if g := rep.Goals(); g[1].Met || rep.DefaultOK() {
+		t.Errorf("overlap slower where auto runs it: goals %+v", g)
+	}
+}
