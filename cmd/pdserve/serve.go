@@ -261,7 +261,7 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 		log.Info("gpu telemetry", "state", r.Reason)
 	}
 	h := server.New(eng, m, server.Options{ModelName: o.modelName, ModelPath: path, StallAfter: o.stallAfter, MaxQueueAge: o.maxQueue, Logger: log, Metrics: met,
-		AdminToken: o.adminToken, Loopback: loopback, BootstrapURL: bootstrapURL, GPU: tel,
+		AdminToken: o.adminToken, Loopback: loopback, ClusterSecret: cfg.PD.Secret, BootstrapURL: bootstrapURL, GPU: tel,
 		// /livez waits out a collective's recovery before it fails.
 		Probes: server.Probes{LiveAfter: max(server.DefaultLiveAfter, 2*o.collTimeout), ReadyFailureRate: o.http.readyFailureRate, ReadyWindow: o.http.readyWindow}})
 	met.Registry().MustRegister(guard)

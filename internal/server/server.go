@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pdkit/pdkit/api/clusterauth"
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/api/pdproto"
@@ -58,8 +59,12 @@ type Options struct {
 	// must carry (Authorization: Bearer <token>).
 	AdminToken string
 	// Loopback says the server listens on a loopback address only. Without
-	// an AdminToken, admin calls are allowed only then.
+	// an AdminToken or a ClusterSecret, admin calls are allowed only then.
 	Loopback bool
+	// ClusterSecret is the PD cluster's shared secret (nil without one).
+	// With it set, admin calls need a bearer token (AdminToken, or the
+	// one the secret derives), loopback or not.
+	ClusterSecret *clusterauth.Secret
 	// BootstrapURL is a prefill server's bootstrap registry, which
 	// GET /pd/v1/info reports to routers.
 	BootstrapURL string
