@@ -118,6 +118,18 @@ func (s *Secret) ZMQ() (user, password string, ok bool) {
 	return ZMQUser, hex.EncodeToString(s.derive("zmq plain v1")), true
 }
 
+// AdminToken is the bearer token of the servers' admin API that the
+// secret derives (hex, 64 characters); "" without a secret. A server with
+// a secret and no --admin-token of its own takes it, so whoever holds the
+// secret (pdctl with --cluster-secret-file) can make admin calls, and no
+// one else, loopback or not.
+func (s *Secret) AdminToken() string {
+	if s == nil {
+		return ""
+	}
+	return hex.EncodeToString(s.derive("admin bearer v1"))
+}
+
 // signature is the HMAC of a request's method, path, time and body.
 func (s *Secret) signature(method, path string, unix int64, body []byte) []byte {
 	h := sha256.Sum256(body)

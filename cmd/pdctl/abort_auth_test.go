@@ -38,3 +38,40 @@ func TestAbortAuthenticated(t *testing.T) {
 		t.Fatalf("room 7 answered %d after its ABORT", code)
 	}
 }
+
+// TestRedTeamAdminNeedsTheSecret: the servers of a cluster with a secret
+// (here on loopback, as pdserve launch runs them) take admin calls only
+// with the token the secret derives: pdctl without the secret is refused
+// and switches nothing; with --cluster-secret it switches the fault.
+func TestRedTeamAdminNeedsTheSecret(t *testing.T) {
+	secret, text := clusterauth.Generate()
+	saved := testConfig
+	testConfig.PD.Secret = secret
+	c := newCluster(t)
+	testConfig = saved
+
+	code, out, errOut := c.pdctl(t, false, "--server", c.prefill.ts.URL, "fault", "on", "drop-transfer-info")
+	if code == exitOK || !strings.Contains(out+errOut, "401") {
+		t.Fatalf("without the secret: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if on := faultsOn(c.prefill); len(on) != 0 {
+		t.Fatalf("a fault switched without the secret: %v", on)
+	}
+	if code, out, errOut := c.pdctl(t, false, "--server", c.prefill.ts.URL, "--cluster-secret", text, "fault", "on", "drop-transfer-info"); code != exitOK {
+		t.Fatalf("with the secret: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if on := faultsOn(c.prefill); len(on) != 1 || on[0] != "drop-transfer-info" {
+		t.Fatalf("faults on after pdctl with the secret: %v", on)
+	}
+}
+
+// faultsOn names the fault switches on at n.
+func faultsOn(n *node) []string {
+	var on []string
+	for _, f := range n.eng.Faults() {
+		if f.On {
+			on = append(on, f.Name)
+		}
+	}
+	return on
+}

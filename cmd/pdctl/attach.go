@@ -39,19 +39,15 @@ func addAttachFlags(cmd *cobra.Command, f *factory, o *attachOptions) {
 	fl := cmd.PersistentFlags()
 	fl.StringVar(&o.Router, "router", router, "the router whose servers to discover (env PDCTL_ROUTER)")
 	fl.StringArrayVar(&o.Servers, "server", nil, "address this server directly, skipping discovery (repeatable)")
-	fl.StringVar(&o.Token, "token", "", "bearer token for the admin calls (env PDCTL_TOKEN)")
-	fl.StringVar(&o.Secret, "cluster-secret", "", "the PD cluster's shared secret, for the PD frames pdctl sends itself (env PD_CLUSTER_SECRET)")
+	fl.StringVar(&o.Token, "token", "", "bearer token for the admin calls (env PDCTL_TOKEN; default: the one the cluster secret derives, which servers with a secret and no --admin-token take)")
+	fl.StringVar(&o.Secret, "cluster-secret", "", "the PD cluster's shared secret, for the PD frames pdctl sends itself and the admin calls (env PD_CLUSTER_SECRET)")
 	fl.StringVar(&o.SecretFile, "cluster-secret-file", "", "file holding the cluster secret, mode 600 (env PD_CLUSTER_SECRET_FILE; pdserve launch prints its own)")
 }
 
 // zmtpAuth is the PLAIN credential of the cluster secret, from the flags
 // or the environment; nil without a secret.
 func (o *attachOptions) zmtpAuth(f *factory) (*zmtp.PlainAuth, error) {
-	value, file := o.Secret, o.SecretFile
-	if value == "" && file == "" {
-		value, file = f.getenv("PD_CLUSTER_SECRET"), f.getenv("PD_CLUSTER_SECRET_FILE")
-	}
-	secret, err := clusterauth.Load(value, file)
+	secret, err := o.secret(f)
 	if err != nil {
 		return nil, err
 	}
@@ -62,12 +58,31 @@ func (o *attachOptions) zmtpAuth(f *factory) (*zmtp.PlainAuth, error) {
 	return &zmtp.PlainAuth{Username: user, Password: password}, nil
 }
 
-// token is --token, else PDCTL_TOKEN.
+// token is --token, else PDCTL_TOKEN, else the admin token the cluster
+// secret derives (the servers of a cluster with a secret and no
+// --admin-token take it); "" without any.
 func (o *attachOptions) token(f *factory) string {
 	if o.Token != "" {
 		return o.Token
 	}
-	return f.getenv("PDCTL_TOKEN")
+	if t := f.getenv("PDCTL_TOKEN"); t != "" {
+		return t
+	}
+	secret, err := o.secret(f)
+	if err != nil {
+		return "" // the PD frames report a secret that does not load
+	}
+	return secret.AdminToken()
+}
+
+// secret is the cluster secret from the flags or the environment; nil
+// without one.
+func (o *attachOptions) secret(f *factory) (*clusterauth.Secret, error) {
+	value, file := o.Secret, o.SecretFile
+	if value == "" && file == "" {
+		value, file = f.getenv("PD_CLUSTER_SECRET"), f.getenv("PD_CLUSTER_SECRET_FILE")
+	}
+	return clusterauth.Load(value, file)
 }
 
 // routerClient is a client of the router the servers were discovered

@@ -126,7 +126,7 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 	f.DurationVar(&o.stallAfter, "stall-after", 5*time.Second, "/health answers 503 when the engine loop has not iterated for this long, and the collective watchdog reports a collective that waits this long")
 	f.DurationVar(&o.maxQueue, "max-queue-age", 0, "/health reports the server busy (still 200: queued is not dead) while a request has waited longer than this for admission, and routers send it no new requests (0: never)")
 	f.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a shutdown lets requests in flight, streams included, finish; those still running then end with an error")
-	f.StringVar(&o.adminToken, "admin-token", "", "bearer token the /admin/v1/ API requires (empty: admin calls only when listening on loopback)")
+	f.StringVar(&o.adminToken, "admin-token", "", "bearer token the /admin/v1/ API requires (empty: with a cluster secret, the token it derives, which pdctl sends given the secret; without one, admin calls only when listening on loopback)")
 	o.http.register(f)
 	return cmd
 }
@@ -238,7 +238,7 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 		return err
 	}
 	loopback := isLoopback(ln.Addr())
-	if !loopback && o.adminToken == "" {
+	if !loopback && o.adminToken == "" && cfg.PD.Secret == nil {
 		log.Warn("admin API disabled: listening beyond loopback without --admin-token", "addr", ln.Addr().String())
 	}
 	var bootstrapURL string

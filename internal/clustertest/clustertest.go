@@ -60,6 +60,9 @@ func NewNode(t testing.TB, m *model.Model, cfg serve.Config, opts server.Options
 		t.Fatal(err)
 	}
 	opts.ModelName, opts.Loopback = "tiny", true
+	if opts.ClusterSecret == nil {
+		opts.ClusterSecret = cfg.PD.Secret // as pdserve gives a PD server's
+	}
 	if opts.Logger == nil {
 		opts.Logger = quiet
 	}
@@ -84,8 +87,9 @@ type Options struct {
 	Config serve.Config
 	// WrapPrefill, when set, stands in front of the prefill server.
 	WrapPrefill func(http.Handler) http.Handler
-	// Router configures the router; New fills in Prefill, Decode and
-	// Logger (discarding) where they are empty.
+	// Router configures the router; New fills in Prefill, Decode,
+	// Logger (discarding) and ClusterSecret (Config.PD.Secret) where they
+	// are empty.
 	Router router.Options
 	// HealthyWithin is how long New waits for the router to see both
 	// servers healthy before it fails the test; 20s when zero.
@@ -163,6 +167,9 @@ func New(t testing.TB, o Options) *Cluster {
 	}
 	if ro.Logger == nil {
 		ro.Logger = quiet
+	}
+	if ro.ClusterSecret == nil {
+		ro.ClusterSecret = o.Config.PD.Secret // as pdserve launch gives the router the servers' secret
 	}
 	rt, err := router.New(ro)
 	if err != nil {

@@ -77,10 +77,16 @@ func (s *Server) adminHandler() http.Handler {
 
 // authorize applies the admin rule: with Options.AdminToken set, the call
 // must carry "Authorization: Bearer <token>" (compared in constant time);
-// without one, only a server bound to loopback (Options.Loopback) takes
-// admin calls.
+// without one, a server with a cluster secret takes the token the secret
+// derives (clusterauth.Secret.AdminToken), and only a server without
+// either, bound to loopback (Options.Loopback), takes admin calls without
+// a token: on a cluster with a secret, a stranger on the host cannot
+// switch faults or abort requests any more than a stranger elsewhere.
 func (s *Server) authorize(r *http.Request) *openai.Error {
 	token := s.opts.AdminToken
+	if token == "" {
+		token = s.opts.ClusterSecret.AdminToken()
+	}
 	if token == "" {
 		if s.opts.Loopback {
 			return nil

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdkit/pdkit/api/clusterauth"
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/engine/serve"
@@ -111,6 +112,14 @@ func TestAdminAuth(t *testing.T) {
 	}
 	tok := Options{AdminToken: "s3cret"}
 	tokLoop := Options{AdminToken: "s3cret", Loopback: true}
+	// TestRedTeamAdminOnASecretCluster: a launch cluster has a secret and
+	// listens on loopback; another user of the host must not reach its
+	// admin API (switch faults, abort everything) without the secret.
+	secret, _ := clusterauth.Generate()
+	derived := "Bearer " + secret.AdminToken()
+	_, zmqPassword, _ := secret.ZMQ()
+	secLoop := Options{ClusterSecret: secret, Loopback: true}
+	secTok := Options{ClusterSecret: secret, AdminToken: "s3cret", Loopback: true}
 	for _, c := range []struct {
 		name       string
 		opts       Options
@@ -135,6 +144,14 @@ func TestAdminAuth(t *testing.T) {
 		// it is under the admin rule too.
 		{"abort_request, token, none given", tok, "POST", "/abort_request", "", 401, "missing bearer token"},
 		{"abort_request, no token, not loopback", Options{}, "POST", "/abort_request", "", 403, "admin API disabled"},
+		{"secret, loopback, none given", secLoop, "POST", "/admin/v1/abort_all", "", 401, "missing bearer token"},
+		{"secret, loopback, fault switch, none given", secLoop, "POST", "/admin/v1/faults/stall-last-rank/on", "", 401, "missing bearer token"},
+		{"secret, loopback, the PD password", secLoop, "POST", "/admin/v1/abort_all", "Bearer " + zmqPassword, 401, "wrong bearer token"},
+		{"secret, loopback, derived token", secLoop, "POST", "/admin/v1/abort_all", derived, 200, ""},
+		{"secret, not loopback, derived token", Options{ClusterSecret: secret}, "POST", "/admin/v1/abort_all", derived, 200, ""},
+		{"secret, abort_request, none given", secLoop, "POST", "/abort_request", "", 401, "missing bearer token"},
+		{"secret and token, derived token", secTok, "POST", "/admin/v1/abort_all", derived, 401, "wrong bearer token"},
+		{"secret and token, the token", secTok, "POST", "/admin/v1/abort_all", "Bearer s3cret", 200, ""},
 	} {
 		code, body, h := call(c.opts, c.method, c.path, c.auth)
 		if code != c.want || !strings.Contains(body.Error.Message, c.msg) {

@@ -291,9 +291,11 @@
 //
 // Every /admin/v1/ call, an unknown path included, is checked first: with
 // Options.AdminToken set it must carry "Authorization: Bearer <token>"
-// (compared in constant time), else 401; without a token, admin calls are
-// allowed only when Options.Loopback says the server listens on loopback
-// only, else 403 "admin API disabled: set --admin-token". Each call is
+// (compared in constant time), else 401; without one, a server with
+// Options.ClusterSecret takes the token the secret derives the same way;
+// without either, admin calls are allowed only when Options.Loopback says
+// the server listens on loopback only, else 403 "admin API disabled: set
+// --admin-token". Each call is
 // logged at info level with the caller's address, the call, the status and
 // what it did.
 //
