@@ -95,6 +95,11 @@ type PDSocket struct {
 	// AuthDenied counts peer connections the socket refused at the
 	// handshake: no cluster credential, or another cluster's.
 	AuthDenied uint64 `json:"auth_denied"`
+	// AuthAdmitted counts the connections it admitted; LastAuthDenied
+	// says why the last refusal was made (a wrong credential, with the
+	// peer's address when known; none; a connection that ended first).
+	AuthAdmitted   uint64 `json:"auth_admitted"`
+	LastAuthDenied string `json:"last_auth_denied,omitempty"`
 	// Alive: the receive loop runs; ExitReason says why it ended.
 	Alive         bool   `json:"alive"`
 	ExitReason    string `json:"exit_reason,omitempty"`

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/clusterauth"
 	"github.com/pdkit/pdkit/api/debug"
 )
@@ -31,6 +32,14 @@ func TestAbortAuthenticated(t *testing.T) {
 	}
 	if pdCounts(t, c.prefill, debug.PDQueueBootstrap) != 2 {
 		t.Fatal("an ABORT without the cluster's credential reached the room")
+	}
+	// The debug API tells the operator what was refused and why.
+	pd, err := client.New(c.prefill.ts.URL, "", nil).PD(t.Context(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := pd.Ranks[0].Socket; s.AuthDenied < 1 || s.LastAuthDenied == "" {
+		t.Errorf("rank 0's socket after a refused pdctl: %+v", s)
 	}
 	checkRun(t, c, exitOK, "7\t0\tPREFILL-RANK0\tacked\tno\t*\talive\n", "",
 		"abort", "--prefill", c.prefill.ts.URL, "--rank", "0", "--room", "7", "--wait", "5s", "--cluster-secret", text)
