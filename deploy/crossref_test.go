@@ -21,8 +21,8 @@ import (
 const secretEnv = "PD_CLUSTER_SECRET"
 
 // secretRoles are the roles that must hold the cluster secret: those of
-// the PD plane.
-var secretRoles = []string{"prefill", "decode"}
+// the PD plane, and the router, which signs its requests to them.
+var secretRoles = []string{"prefill", "decode", "router"}
 
 // probePaths are the HTTP health endpoints a probe may use.
 var probePaths = []string{"/health", "/livez", "/readyz"}

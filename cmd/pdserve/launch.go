@@ -49,8 +49,8 @@ prints the endpoints. Ctrl-C or SIGTERM stops them all; when one of them
 dies, the others are stopped too and launch exits 1, quoting its last output.
 The --hicache flags and --kv-dtype go to every prefill and decode server
 (prefills and decodes must store KV alike). Other PD_*
-variables in the environment reach the servers. The servers share a cluster
-secret: PD_CLUSTER_SECRET (or PD_CLUSTER_SECRET_FILE) from the environment,
+variables in the environment reach the servers. The servers and the router
+share a cluster secret (the router signs its requests to the servers with it): PD_CLUSTER_SECRET (or PD_CLUSTER_SECRET_FILE) from the environment,
 else a fresh one, written to a file (mode 600) whose path launch prints
 for pdctl's --cluster-secret-file and removes when it ends.`,
 		Args: usageArgs(cobra.NoArgs),

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"net/url"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -20,12 +21,13 @@ type routerOptions struct {
 	maxQueued      int
 	shutdown       time.Duration
 	http           httpFlags
+	secret         secretFlags
 }
 
 func newRouterCmd() *cobra.Command {
 	o := routerOptions{}
 	cmd := &cobra.Command{
-		Use:   "router --prefill URL[,URL...] --decode URL[,URL...] [--host H] [--port P]",
+		Use:   "router --prefill URL[,URL...] --decode URL[,URL...] [--host H] [--port P] [--cluster-secret-file F]",
 		Short: "Serve the OpenAI-compatible HTTP API in front of prefill and decode servers (a PD cluster)",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -42,6 +44,10 @@ func newRouterCmd() *cobra.Command {
 	f.IntVar(&o.maxQueued, "max-queued", router.DefaultMaxQueued, "admission bound: a server whose queue depth (its queued requests at the last health check plus the router's sent since) reaches this gets no new request; when no server of a role has room, requests are answered 429 with Retry-After (0: no bound)")
 	f.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a shutdown lets requests in flight, streams included, finish; those still running then end with an error event")
 	o.http.register(f)
+	o.secret.register(f)
+	f.Lookup("cluster-secret").Usage = "the PD cluster's shared secret, the servers' (at least 16 bytes; prefer PD_CLUSTER_SECRET or --cluster-secret-file): " +
+		"the router signs every request it sends to a prefill or decode server with it, and servers holding it refuse unsigned PD requests; " +
+		"required unless every server URL's host is loopback"
 	return cmd
 }
 
@@ -53,9 +59,14 @@ func routerRun(cmd *cobra.Command, o routerOptions) error {
 	if len(o.prefill) == 0 || len(o.decode) == 0 {
 		return usagef("router needs at least one --prefill and one --decode server URL")
 	}
+	var hosts []string // the servers', for the cluster secret's rule
 	for _, u := range append(append([]string{}, o.prefill...), o.decode...) {
-		if _, err := router.ParseServerURL(u); err != nil {
+		parsed, err := router.ParseServerURL(u)
+		if err != nil {
 			return usageError{err}
+		}
+		if pu, err := url.Parse(parsed); err == nil {
+			hosts = append(hosts, pu.Hostname())
 		}
 	}
 	if err := checkAdvertise(o.advertise); err != nil {
@@ -76,8 +87,14 @@ func routerRun(cmd *cobra.Command, o routerOptions) error {
 		maxQueued = -1 // router.Options: negative is no bound
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	// The servers' rule: without a secret, only a router whose servers are
+	// all on loopback runs (its requests go unsigned).
+	secret, err := o.secret.load(log, hosts...)
+	if err != nil {
+		return err
+	}
 	rt, err := router.New(router.Options{Prefill: o.prefill, Decode: o.decode, HealthInterval: o.healthInterval, MaxQueued: maxQueued, Logger: log,
-		ReadyFailureRate: o.http.readyFailureRate, ReadyWindow: o.http.readyWindow, Guard: guard})
+		ReadyFailureRate: o.http.readyFailureRate, ReadyWindow: o.http.readyWindow, Guard: guard, ClusterSecret: secret})
 	if err != nil {
 		return usageError{err} // only a bad server list is refused
 	}

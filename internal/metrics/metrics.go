@@ -77,7 +77,8 @@
 //	pdkit_pd_receive_loop_up{rank}                1 while the rank's receive loop runs, else 0
 //	pdkit_pd_refused_reqs_total{reason}           refused on arrival: room_in_use (a live request has
 //	                                              the room), bootstrap_url (not a prefill registry
-//	                                              of the decode's --prefill-bootstrap)
+//	                                              of the decode's --prefill-bootstrap), unsigned
+//	                                              (not signed with the cluster secret)
 //	pdkit_pd_bootstrap_lookups_evicted_total      decode: registry lookups dropped from its bounded
 //	                                              cache (--bootstrap-cache-size)
 //
@@ -160,7 +161,13 @@ type Metrics struct {
 
 	hicacheSwitches *prometheus.CounterVec
 	onFinish        atomic.Pointer[func(reason string)] // OnFinish's
+	pdUnsigned      atomic.Uint64                       // PDRefusedUnsigned's
 }
+
+// PDRefusedUnsigned counts a PD request the server refused for not being
+// signed with the cluster secret (pdkit_pd_refused_reqs_total{reason=
+// "unsigned"}).
+func (m *Metrics) PDRefusedUnsigned() { m.pdUnsigned.Add(1) }
 
 // OnFinish has f told the reason of every request the engine finishes,
 // after it is counted (a server's readiness window); a later call
@@ -277,7 +284,7 @@ func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 // Watch registers a collector that reads eng at scrape time. Call it once
 // per engine.
 func (m *Metrics) Watch(eng *serve.Engine) error {
-	return m.reg.Register(newEngineCollector(eng))
+	return m.reg.Register(newEngineCollector(eng, &m.pdUnsigned))
 }
 
 // Handler serves the registry in the Prometheus exposition formats.
@@ -325,6 +332,7 @@ func Reason(r string) string {
 // engineCollector reads an engine at scrape time.
 type engineCollector struct {
 	eng                        *serve.Engine
+	pdUnsigned                 *atomic.Uint64 // the Metrics' count of unsigned PD requests
 	running, waiting           *prometheus.Desc
 	pagesUsed, pagesCapacity   *prometheus.Desc
 	retractions, aborts, steps *prometheus.Desc
@@ -344,7 +352,7 @@ type engineCollector struct {
 	indexK *indexKDescs
 }
 
-func newEngineCollector(eng *serve.Engine) *engineCollector {
+func newEngineCollector(eng *serve.Engine, pdUnsigned *atomic.Uint64) *engineCollector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, labels, nil)
 	}
@@ -369,6 +377,7 @@ func newEngineCollector(eng *serve.Engine) *engineCollector {
 		steps:         d("steps_total", "Forward steps run."),
 		heldPages:     d("sched_kv_pages_held", "KV pages the scheduler holds for its requests (per rank)."),
 		schedPages:    d("sched_kv_pages_capacity", "KV pages the scheduler manages (per rank)."),
+		pdUnsigned:    pdUnsigned,
 		pd:            newPDDescs(eng.Config().Role),
 		hicache:       newHiCacheDescs(),
 		indexK:        newIndexKDescs(eng),
@@ -419,7 +428,7 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.retractions, s.Totals.Retractions)
 	counter(c.aborts, s.Totals.Aborts)
 	counter(c.steps, s.Totals.Steps)
-	c.pd.collect(c.eng, ch)
+	c.pd.collect(c.eng, c.pdUnsigned.Load(), ch)
 	c.hicache.collect(c.eng, ch)
 	c.indexK.collect(c.eng, s.Totals.IndexKSwitches, ch)
 }

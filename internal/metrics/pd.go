@@ -45,6 +45,7 @@ const (
 const (
 	RefusedRoomInUse    = "room_in_use"   // the room belongs to a live request of the server
 	RefusedBootstrapURL = "bootstrap_url" // decode: bootstrap_url is not one of its prefill registries
+	RefusedUnsigned     = "unsigned"      // not signed with the cluster secret (the server's HTTP handler refused it)
 )
 
 // Reasons of pdkit_pd_dropped_messages_total.
@@ -94,7 +95,7 @@ func newPDDescs(role string) *pdDescs {
 		sent:       d("pd_messages_sent_total", "Messages the rank handed to ZeroMQ for its peers.", "rank"),
 		sendErrors: d("pd_send_errors_total", "Messages the rank failed to connect or send (dropped).", "rank"),
 		loopUp:     d("pd_receive_loop_up", "1 while the rank's PD receive loop runs, 0 once it has exited.", "rank"),
-		refused:    d("pd_refused_reqs_total", "PD requests refused on arrival, by reason (room_in_use: the room belongs to a live request; bootstrap_url: not one of the decode's prefill registries).", "reason"),
+		refused:    d("pd_refused_reqs_total", "PD requests refused on arrival, by reason (room_in_use: the room belongs to a live request; bootstrap_url: not one of the decode's prefill registries; unsigned: not signed with the cluster secret, so not from the cluster's router).", "reason"),
 		evicted:    d("pd_bootstrap_lookups_evicted_total", "Prefill registry lookups a decode dropped to keep its cache within --bootstrap-cache-size."),
 		authDenied: d("pd_auth_denied_total", "Peer connections the rank's PD socket refused at the handshake: no cluster credential, or another cluster's.", "rank"),
 		lost:       d("pd_peer_disconnects_total", "Peer connections the rank's PD socket lost, among them peers dropped for a frame over --max-message-bytes.", "rank"),
@@ -114,7 +115,7 @@ func (p *pdDescs) describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-func (p *pdDescs) collect(eng *serve.Engine, ch chan<- prometheus.Metric) {
+func (p *pdDescs) collect(eng *serve.Engine, unsigned uint64, ch chan<- prometheus.Metric) {
 	if p == nil {
 		return
 	}
@@ -138,6 +139,7 @@ func (p *pdDescs) collect(eng *serve.Engine, ch chan<- prometheus.Metric) {
 	val(p.bytes, prometheus.CounterValue, float64(eng.PDTransferBytes()))
 	val(p.refused, prometheus.CounterValue, float64(eng.PDRoomsInUse()), RefusedRoomInUse)
 	val(p.refused, prometheus.CounterValue, float64(eng.PDBootstrapRefused()), RefusedBootstrapURL)
+	val(p.refused, prometheus.CounterValue, float64(unsigned), RefusedUnsigned)
 	val(p.evicted, prometheus.CounterValue, float64(eng.PDLookupsEvicted()))
 	for _, l := range eng.PDLinks() {
 		rank := strconv.Itoa(l.Rank)

@@ -218,7 +218,8 @@ type upResult struct {
 
 func (res upResult) failed() bool { return res.err != nil || res.status < 200 || res.status > 299 }
 
-// post sends body to url with ctx.
+// post sends body to url with ctx, signed with the cluster secret when
+// the router has one.
 func (rt *Router) post(ctx context.Context, url string, body []byte, src *http.Request) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
@@ -228,6 +229,7 @@ func (rt *Router) post(ctx context.Context, url string, body []byte, src *http.R
 	if a := src.Header.Get("Accept"); a != "" {
 		req.Header.Set("Accept", a)
 	}
+	rt.opts.ClusterSecret.SignRequest(req, body, time.Now())
 	return rt.client.Do(req)
 }
 

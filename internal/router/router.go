@@ -60,6 +60,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pdkit/pdkit/api/clusterauth"
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/internal/httpx"
@@ -97,6 +98,12 @@ type Options struct {
 	ReadyFailureRate float64
 	ReadyWindow      time.Duration
 	ReadyMinRequests int
+	// ClusterSecret is the PD cluster's shared secret (nil without one).
+	// With it set, every request the router sends to a prefill or decode
+	// server's generation endpoints is signed with it
+	// (clusterauth.SignRequest): servers with the secret refuse unsigned PD
+	// requests.
+	ClusterSecret *clusterauth.Secret
 	// Guard, when set, is the listener guard the router is served behind;
 	// GET /metrics exports its limit hits.
 	Guard *httpx.Guard

@@ -148,10 +148,10 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 		mux:     httpx.NewMux(opts.Logger),
 		created: time.Now().Unix(),
 	}
-	s.handle("POST", "/v1/completions", arrival(s.completions))
-	s.handle("POST", "/v1/chat/completions", arrival(s.chat))
+	s.handle("POST", "/v1/completions", arrival(s.keepBody(s.completions)))
+	s.handle("POST", "/v1/chat/completions", arrival(s.keepBody(s.chat)))
 	s.handle("GET", "/v1/models", s.models)
-	s.handle("POST", "/generate", arrival(s.generateNative))
+	s.handle("POST", "/generate", arrival(s.keepBody(s.generateNative)))
 	s.handle("POST", "/abort_request", s.abort)
 	s.handle("GET", "/health", s.health)
 	s.registerProbes()
@@ -387,6 +387,9 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		oerr.WriteJSON(w)
 		return
 	}
+	if req.PD.BootstrapRoom != nil && !s.verifyPD(w, r) {
+		return
+	}
 	j := &job{params: req.Params(s.limits), stream: req.Stream, idPrefix: "cmpl-", pd: pdOf(req.PD), n: req.Choices()}
 	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	if req.Prompt.Tokens != nil {
@@ -420,6 +423,9 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	req, oerr := openai.DecodeChat(r.Body, s.limits)
 	if oerr != nil {
 		oerr.WriteJSON(w)
+		return
+	}
+	if req.PD.BootstrapRoom != nil && !s.verifyPD(w, r) {
 		return
 	}
 	j := &job{params: req.Params(s.limits), stream: req.Stream, idPrefix: "chatcmpl-", chat: true, pd: pdOf(req.PD), n: req.Choices()}
@@ -620,6 +626,13 @@ type GenerateRequest struct {
 }
 
 // pd is the engine's form of the request's PD fields; nil without a room.
+// hasPD reports whether the request carries a bootstrap_room (well
+// formed or not): such a request must be signed (verifyPD).
+func (g *GenerateRequest) hasPD() bool {
+	raw := bytes.TrimSpace(g.BootstrapRoom)
+	return len(raw) > 0 && string(raw) != "null"
+}
+
 func (g *GenerateRequest) pd() (*serve.PDRequest, *openai.Error) {
 	raw := bytes.TrimSpace(g.BootstrapRoom)
 	if len(raw) == 0 || string(raw) == "null" {
@@ -674,6 +687,9 @@ func (s *Server) generateNative(w http.ResponseWriter, r *http.Request) {
 	var req GenerateRequest
 	if oerr := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); oerr != nil {
 		oerr.WriteJSON(w)
+		return
+	}
+	if req.hasPD() && !s.verifyPD(w, r) {
 		return
 	}
 	// The native request is checked and defaulted as a completion request,

@@ -1,0 +1,104 @@
+package router_test
+
+import (
+	"bufio"
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pdkit/pdkit/api/clusterauth"
+	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/clustertest"
+	"github.com/pdkit/pdkit/internal/router"
+)
+
+// unsignedRefused reads a server's pdkit_pd_refused_reqs_total{reason=
+// "unsigned"}.
+func unsignedRefused(t *testing.T, client *http.Client, n *clustertest.Node) string {
+	t.Helper()
+	resp, err := client.Get(n.TS.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), `pdkit_pd_refused_reqs_total{reason="unsigned"} `); ok {
+			return v
+		}
+	}
+	t.Fatalf("%s: no unsigned refusal counter on /metrics", n.TS.URL)
+	return ""
+}
+
+// Servers holding the cluster secret take PD requests only signed with
+// it: the router with the secret signs each half and the request is
+// served end to end, none refused; a router without it (a stranger's, or
+// one deployed without the secret) has its halves refused at once, and
+// its client gets an error, not a wait for the transfer timeout.
+func TestRedTeamRouterSigns(t *testing.T) {
+	secret, _ := clusterauth.Generate()
+	cfg := serve.Config{PageSize: 4, KVTokens: 512, MaxRunning: 4,
+		PD: serve.PDConfig{Secret: secret, BootstrapTimeout: 10 * time.Second, TransferTimeout: 10 * time.Second}}
+	cc := clustertest.New(t, clustertest.Options{Model: tinyModel(t), Config: cfg,
+		Router: router.Options{HealthInterval: 50 * time.Millisecond}})
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr, Timeout: 60 * time.Second}
+	req := body([]int32{5, 6, 7, 8, 9, 10, 11, 12}, 6, false, map[string]any{"ignore_eos": true})
+
+	for _, stream := range []bool{false, true} {
+		b := req
+		if stream {
+			b = body([]int32{5, 6, 7, 8, 9, 10, 11, 12}, 6, true, map[string]any{"ignore_eos": true})
+		}
+		c, err := complete(context.Background(), client, cc.Router.URL, b)
+		if err != nil || c.status != http.StatusOK || c.tokens != 6 {
+			t.Fatalf("through the router with the secret (stream %v): %+v %v, want 6 tokens", stream, c, err)
+		}
+	}
+	for _, n := range []*clustertest.Node{cc.Prefill, cc.Decode} {
+		if v := unsignedRefused(t, client, n); v != "0" {
+			t.Errorf("%s refused %s of the router's requests as unsigned", n.TS.URL, v)
+		}
+	}
+
+	// A router without the secret in front of the same servers.
+	rt, err := router.New(router.Options{Prefill: []string{cc.Prefill.TS.URL}, Decode: []string{cc.Decode.TS.URL},
+		HealthInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	ts := httptest.NewServer(rt)
+	t.Cleanup(ts.Close)
+	clustertest.Poll(t, "the unsigned router sees its servers", 20*time.Second, func() bool {
+		resp, err := client.Get(ts.URL + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	start := time.Now()
+	c, err := complete(context.Background(), client, ts.URL, req)
+	took := time.Since(start)
+	if err != nil || c.status < 400 || !strings.Contains(c.err, "cluster secret") {
+		t.Errorf("through a router without the secret: %+v %v, want an error naming the cluster secret", c, err)
+	}
+	if took > 5*time.Second {
+		t.Errorf("the unsigned request ended after %v: it waited instead of being refused", took)
+	}
+	if v := unsignedRefused(t, client, cc.Decode); v == "0" {
+		t.Error("the decode counted no unsigned PD request")
+	}
+	// The cluster still serves through its own router.
+	if c, err := complete(context.Background(), client, cc.Router.URL, req); err != nil || c.status != http.StatusOK {
+		t.Errorf("through the router with the secret afterwards: %+v %v", c, err)
+	}
+}
