@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdkit/pdkit/api/clusterauth"
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/engine/model"
@@ -190,11 +191,33 @@ func TestClusterLaunch(t *testing.T) {
 		body   string
 		err    error
 	}
+	// The direct half is signed with launch's cluster secret, as the
+	// router signs its own; unsigned, the decode refuses it at once.
+	secretFile := regexp.MustCompile(`--cluster-secret-file (\S+)`).FindStringSubmatch(errb.String())
+	if secretFile == nil {
+		t.Fatalf("launch did not say where its cluster secret is:\n%s", errb)
+	}
+	secret, err := clusterauth.Load("", secretFile[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	directBody, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": 8, "temperature": 0,
+		"bootstrap_room": 4242, "bootstrap_url": info.BootstrapURL})
+	if resp, err := client.Post(urls["decode"]+"/v1/completions", "application/json", bytes.NewReader(directBody)); err != nil {
+		t.Fatal(err)
+	} else {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("an unsigned PD request to launch's decode: %d %s, want 401", resp.StatusCode, body)
+		}
+	}
 	dres := make(chan direct, 1)
 	go func() {
-		b, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": 8, "temperature": 0,
-			"bootstrap_room": 4242, "bootstrap_url": info.BootstrapURL})
-		resp, err := client.Post(urls["decode"]+"/v1/completions", "application/json", bytes.NewReader(b))
+		req, _ := http.NewRequest(http.MethodPost, urls["decode"]+"/v1/completions", bytes.NewReader(directBody))
+		req.Header.Set("Content-Type", "application/json")
+		secret.SignRequest(req, directBody, time.Now())
+		resp, err := client.Do(req)
 		if err != nil {
 			dres <- direct{err: err}
 			return
