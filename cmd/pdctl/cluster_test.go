@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/client"
+	"github.com/pdkit/pdkit/api/clusterauth"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
@@ -54,6 +55,7 @@ type cluster struct {
 	prefill, decode *node
 	registry        string
 	bootstrap       *bootstrap.Registry
+	secret          *clusterauth.Secret // the servers' (nil without one)
 	router          string
 	endpoints       []string // the prefill ranks' endpoints and their names
 }
@@ -68,7 +70,8 @@ func newCluster(t *testing.T) *cluster {
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
 	cc := clustertest.New(t, clustertest.Options{Model: m, Config: testConfig,
 		Router: router.Options{HealthInterval: 20 * time.Millisecond}, HealthyWithin: 10 * time.Second})
-	return &cluster{m: m, prefill: nodeOf(cc.Prefill), decode: nodeOf(cc.Decode), registry: cc.Registry, bootstrap: cc.Bootstrap, router: cc.Router.URL}
+	return &cluster{m: m, prefill: nodeOf(cc.Prefill), decode: nodeOf(cc.Decode), registry: cc.Registry, bootstrap: cc.Bootstrap, router: cc.Router.URL,
+		secret: testConfig.PD.Secret}
 }
 
 // poll waits until cond holds, failing the test after within.
