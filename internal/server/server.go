@@ -625,7 +625,6 @@ type GenerateRequest struct {
 	BootstrapURL   string          `json:"bootstrap_url,omitempty"`
 }
 
-// pd is the engine's form of the request's PD fields; nil without a room.
 // hasPD reports whether the request carries a bootstrap_room (well
 // formed or not): such a request must be signed (verifyPD).
 func (g *GenerateRequest) hasPD() bool {
@@ -633,6 +632,7 @@ func (g *GenerateRequest) hasPD() bool {
 	return len(raw) > 0 && string(raw) != "null"
 }
 
+// pd is the engine's form of the request's PD fields; nil without a room.
 func (g *GenerateRequest) pd() (*serve.PDRequest, *openai.Error) {
 	raw := bytes.TrimSpace(g.BootstrapRoom)
 	if len(raw) == 0 || string(raw) == "null" {
