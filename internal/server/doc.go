@@ -42,7 +42,10 @@
 // {"error": {...}} (an OpenAI error object), before its finish chunk and
 // [DONE], so that the client knows it was cut. A PD router's
 // bootstrap_room and bootstrap_url are read from /generate's body as from
-// the OpenAI requests'. A request naming a room that a live request of the
+// the OpenAI requests'. With Options.ClusterSecret set, a request with a
+// bootstrap_room must be signed with the secret, as the router signs them,
+// else it is refused with 401 before the engine sees it (pdauth.go). A
+// request naming a room that a live request of the
 // server holds is refused with 409 (param bootstrap_room), the live one
 // untouched; on a decode, a bootstrap_url that is not one of its prefill
 // registries (--prefill-bootstrap) with 403 (param bootstrap_url), before
