@@ -16,11 +16,7 @@ import (
 // the secret; without it pdctl says that the rank wants the cluster's
 // credential, and the room lives on.
 func TestAbortAuthenticated(t *testing.T) {
-	secret, text := clusterauth.Generate()
-	saved := testConfig
-	testConfig.PD.Secret = secret
-	c := newCluster(t)
-	testConfig = saved
+	c, text := newSecretCluster(t)
 
 	done := c.prefillOnly(t, 7)
 	poll(t, "room 7 in the prefill's bootstrap queue", 10*time.Second, func() bool {
@@ -53,11 +49,7 @@ func TestAbortAuthenticated(t *testing.T) {
 // with the token the secret derives: pdctl without the secret is refused
 // and switches nothing; with --cluster-secret it switches the fault.
 func TestRedTeamAdminNeedsTheSecret(t *testing.T) {
-	secret, text := clusterauth.Generate()
-	saved := testConfig
-	testConfig.PD.Secret = secret
-	c := newCluster(t)
-	testConfig = saved
+	c, text := newSecretCluster(t)
 
 	code, out, errOut := c.pdctl(t, false, "--server", c.prefill.ts.URL, "fault", "on", "drop-transfer-info")
 	if code == exitOK || !strings.Contains(out+errOut, "401") {
@@ -83,4 +75,15 @@ func faultsOn(n *node) []string {
 		}
 	}
 	return on
+}
+
+// newSecretCluster is newCluster with a fresh cluster secret, which it
+// returns in its text form for pdctl's --cluster-secret.
+func newSecretCluster(t *testing.T) (*cluster, string) {
+	t.Helper()
+	secret, text := clusterauth.Generate()
+	saved := testConfig
+	testConfig.PD.Secret = secret
+	defer func() { testConfig = saved }()
+	return newCluster(t), text
 }

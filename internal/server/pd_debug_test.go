@@ -22,15 +22,15 @@ import (
 
 // newPDServers serves a prefill and a decode engine of configuration cfg
 // on real HTTP servers (their ranks on real ZeroMQ sockets) and the
-// prefill's bootstrap registry on a third; it returns both and the
-// registry's URL.
+// prefill's bootstrap registry on a third, all holding cfg.PD.Secret when
+// it is set; it returns both and the registry's URL.
 func newPDServers(t *testing.T, cfg serve.Config) (prefill, decode *env, registry string) {
 	t.Helper()
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
 	pc, dc := cfg, cfg
 	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
 	prefill, decode = newEnvModel(t, m, pc), newEnvModel(t, m, dc)
-	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: prefill.eng.Ranks()})
+	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: prefill.eng.Ranks(), Secret: cfg.PD.Secret})
 	for _, info := range prefill.eng.RankInfos() {
 		if _, err := reg.Register(info); err != nil {
 			t.Fatal(err)

@@ -1,72 +1,26 @@
 package server
 
 import (
-	"bytes"
-	"encoding/json"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/pdkit/pdkit/api/clusterauth"
-	"github.com/pdkit/pdkit/api/pdproto"
-	"github.com/pdkit/pdkit/engine/model"
-	"github.com/pdkit/pdkit/engine/model/builtin"
-	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/serve"
-	"github.com/pdkit/pdkit/internal/testmodel"
-	"github.com/pdkit/pdkit/kernels"
 )
-
-// newSecretEnv serves m with an engine of configuration cfg whose server
-// holds secret (Options.ClusterSecret), as pdserve runs a PD server of a
-// cluster with a secret.
-func newSecretEnv(t *testing.T, m *model.Model, cfg serve.Config, secret *clusterauth.Secret) *env {
-	t.Helper()
-	eng, err := serve.New(m, withCPU(cfg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := New(eng, m, Options{ModelName: "tiny", ClusterSecret: secret})
-	ts := httptest.NewServer(srv)
-	t.Cleanup(func() {
-		ts.CloseClientConnections()
-		eng.Close()
-		ts.Close()
-	})
-	return &env{m: m, eng: eng, srv: srv, ts: ts}
-}
 
 // postSigned posts body to e's path, signed at now with secret (unsigned
 // when secret is nil); sign, when set, is the body the signature is made
 // over (another body than the one sent: a tampered request).
 func postSigned(t *testing.T, e *env, path string, body any, secret *clusterauth.Secret, now time.Time, sign []byte) (int, []byte) {
 	t.Helper()
-	b, err := json.Marshal(body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req, err := http.NewRequest(http.MethodPost, e.ts.URL+path, bytes.NewReader(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if sign == nil {
-		sign = b
-	}
-	secret.SignRequest(req, sign, now)
-	resp, err := e.ts.Client().Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, out
+	return e.send(t, path, body, func(req *http.Request, b []byte) {
+		if sign == nil {
+			sign = b
+		}
+		secret.SignRequest(req, sign, now)
+	})
 }
 
 // A stranger who reaches a PD server's HTTP port sends it PD requests
@@ -80,26 +34,8 @@ func postSigned(t *testing.T, e *env, path string, body any, secret *clusterauth
 func TestRedTeamUnsignedPD(t *testing.T) {
 	secret, _ := clusterauth.Generate()
 	other, _ := clusterauth.Generate()
-	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
-	cfg := serve.Config{PageSize: 4, KVTokens: 512, MaxRunning: 4,
-		PD: serve.PDConfig{Secret: secret, BootstrapTimeout: 2 * time.Second, TransferTimeout: 2 * time.Second}}
-	pc, dc := cfg, cfg
-	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
-	pe, de := newSecretEnv(t, m, pc, secret), newSecretEnv(t, m, dc, secret)
-	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: pe.eng.Ranks(), Secret: secret})
-	for _, info := range pe.eng.RankInfos() {
-		if _, err := reg.Register(info); err != nil {
-			t.Fatal(err)
-		}
-	}
-	mux := http.NewServeMux()
-	mux.Handle(pdproto.BootstrapPrefix, reg)
-	regTS := httptest.NewServer(mux)
-	t.Cleanup(regTS.Close)
-	registry := regTS.URL
-	if err := de.eng.AllowPrefillBootstrap(registry); err != nil {
-		t.Fatal(err)
-	}
+	pe, de, registry := newPDServers(t, serve.Config{PageSize: 4, KVTokens: 512, MaxRunning: 4,
+		PD: serve.PDConfig{Secret: secret, BootstrapTimeout: 2 * time.Second, TransferTimeout: 2 * time.Second}})
 
 	now := time.Now()
 	attacks := []struct {
@@ -200,8 +136,7 @@ func TestRedTeamUnsignedPD(t *testing.T) {
 // before: only PD requests need the router's signature.
 func TestUnsignedColocatedServed(t *testing.T) {
 	secret, _ := clusterauth.Generate()
-	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
-	e := newSecretEnv(t, m, serve.Config{PageSize: 4, MaxRunning: 4}, secret)
+	e := newEnvWith(t, serve.Config{PageSize: 4, MaxRunning: 4}, Options{ClusterSecret: secret})
 	for _, c := range []struct {
 		path string
 		body any

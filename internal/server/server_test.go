@@ -50,7 +50,8 @@ func newEnvModel(t *testing.T, m *model.Model, cfg serve.Config) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := New(eng, m, Options{ModelName: "tiny"})
+	// As pdserve does, a PD server holds the cluster's secret.
+	srv := New(eng, m, Options{ModelName: "tiny", ClusterSecret: cfg.PD.Secret})
 	ts := httptest.NewServer(srv)
 	t.Cleanup(func() {
 		ts.Close()
@@ -60,6 +61,13 @@ func newEnvModel(t *testing.T, m *model.Model, cfg serve.Config) *env {
 }
 
 func (e *env) post(t *testing.T, path string, body any) (int, []byte) {
+	t.Helper()
+	return e.send(t, path, body, nil)
+}
+
+// send posts body (a string as it is, anything else as JSON) to e's path;
+// prepare, when set, sees the request and the body bytes before it goes.
+func (e *env) send(t *testing.T, path string, body any, prepare func(*http.Request, []byte)) (int, []byte) {
 	t.Helper()
 	var b []byte
 	switch v := body.(type) {
@@ -71,7 +79,15 @@ func (e *env) post(t *testing.T, path string, body any) (int, []byte) {
 			t.Fatal(err)
 		}
 	}
-	resp, err := e.ts.Client().Post(e.ts.URL+path, "application/json", bytes.NewReader(b))
+	req, err := http.NewRequest(http.MethodPost, e.ts.URL+path, bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if prepare != nil {
+		prepare(req, b)
+	}
+	resp, err := e.ts.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
