@@ -83,9 +83,10 @@ func (s *Server) adminHandler() http.Handler {
 // a token: on a cluster with a secret, a stranger on the host cannot
 // switch faults or abort requests any more than a stranger elsewhere.
 func (s *Server) authorize(r *http.Request) *openai.Error {
-	token := s.opts.AdminToken
+	token, whose := s.opts.AdminToken, ""
 	if token == "" {
 		token = s.opts.ClusterSecret.AdminToken()
+		whose = "; this server takes the token its cluster secret derives, which pdctl sends given the secret (--cluster-secret-file, PD_CLUSTER_SECRET)"
 	}
 	if token == "" {
 		if s.opts.Loopback {
@@ -97,11 +98,11 @@ func (s *Server) authorize(r *http.Request) *openai.Error {
 	scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return &openai.Error{Status: http.StatusUnauthorized, Type: openai.TypeInvalidRequest,
-			Message: "admin API: missing bearer token (Authorization: Bearer <token>)"}
+			Message: "admin API: missing bearer token (Authorization: Bearer <token>)" + whose}
 	}
 	if subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(token)) != 1 {
 		return &openai.Error{Status: http.StatusUnauthorized, Type: openai.TypeInvalidRequest,
-			Message: "admin API: wrong bearer token"}
+			Message: "admin API: wrong bearer token" + whose}
 	}
 	return nil
 }

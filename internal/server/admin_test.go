@@ -144,7 +144,7 @@ func TestAdminAuth(t *testing.T) {
 		// it is under the admin rule too.
 		{"abort_request, token, none given", tok, "POST", "/abort_request", "", 401, "missing bearer token"},
 		{"abort_request, no token, not loopback", Options{}, "POST", "/abort_request", "", 403, "admin API disabled"},
-		{"secret, loopback, none given", secLoop, "POST", "/admin/v1/abort_all", "", 401, "missing bearer token"},
+		{"secret, loopback, none given", secLoop, "POST", "/admin/v1/abort_all", "", 401, "missing bearer token (Authorization: Bearer <token>); this server takes the token its cluster secret derives, which pdctl sends given the secret"},
 		{"secret, loopback, fault switch, none given", secLoop, "POST", "/admin/v1/faults/stall-last-rank/on", "", 401, "missing bearer token"},
 		{"secret, loopback, the PD password", secLoop, "POST", "/admin/v1/abort_all", "Bearer " + zmqPassword, 401, "wrong bearer token"},
 		{"secret, loopback, derived token", secLoop, "POST", "/admin/v1/abort_all", derived, 200, ""},
