@@ -144,7 +144,8 @@ and reports time to first token percentiles and their PD/colocated ratio; PD tok
 the colocated ones. Then it sends real KV_CHUNK messages over the ZeroMQ link for a while, with
 and without PLAIN authentication (what a cluster secret turns on) in interleaved rounds, and moves
 the same bytes over raw loopback TCP; it reports the rates and two ratios: ZeroMQ over raw TCP
-(goal ≥ 0.8) and authenticated over not (goal ≥ 0.9: authentication costs at most 10%).`,
+(goal ≥ 0.8) and authenticated over not (goal: authentication costs at most 10%, read against the
+rounds' noise: the one-sided 95% upper bound of the rounds' ratio ≥ 0.9).`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			dt, shape, err := mf.resolve()

@@ -140,21 +140,27 @@ func (l OverlapLevel) RoundSpread() (lo, med, hi float64) {
 }
 
 // UpperBound is the one-sided 95% upper confidence bound of the level's
-// round ratio (the geometric mean of RoundRatios, a t bound on their
-// logarithms): below 1, overlap was slower than lock-step beyond the run's
-// own noise; at or above 1, a ratio below 1 is within it. With fewer than
-// two rounds there is no bound, and it is the one ratio.
+// round ratio (upperBound95 of RoundRatios): below 1, overlap was slower
+// than lock-step beyond the run's own noise; at or above 1, a ratio below
+// 1 is within it. With fewer than two rounds it is the one ratio.
 func (l OverlapLevel) UpperBound() float64 {
-	n := len(l.RoundRatios)
-	if n < 2 {
+	if len(l.RoundRatios) < 2 {
 		return l.TokRatio()
 	}
+	return upperBound95(l.RoundRatios)
+}
+
+// upperBound95 is the one-sided 95% upper confidence bound of the mean of
+// ratios (at least two), as a ratio: a t bound on their logarithms, so
+// that a ratio and its inverse weigh alike.
+func upperBound95(ratios []float64) float64 {
+	n := len(ratios)
 	var mean, ss float64
-	for _, r := range l.RoundRatios {
+	for _, r := range ratios {
 		mean += math.Log(r)
 	}
 	mean /= float64(n)
-	for _, r := range l.RoundRatios {
+	for _, r := range ratios {
 		d := math.Log(r) - mean
 		ss += d * d
 	}

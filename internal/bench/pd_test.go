@@ -59,10 +59,11 @@ func TestRunPDTiny(t *testing.T) {
 		t.Errorf("transport moved %d bytes in %d messages of %d", tr.Bytes, tr.Messages, tr.MsgBytes)
 	}
 	if !(tr.ZMQ > 0 && tr.Raw > 0 && tr.Ratio() > 0 && tr.ZMQElapsed > 0 && tr.RawElapsed > 0 &&
-		tr.Plain > 0 && tr.PlainMessages >= transportRounds && tr.PlainElapsed > 0 && tr.AuthRatio() > 0) {
+		tr.Plain > 0 && tr.PlainMessages >= transportRounds && tr.PlainElapsed > 0 && tr.AuthRatio() > 0 &&
+		len(tr.AuthRounds) == transportRounds && tr.AuthBound() > 0) {
 		t.Errorf("a non-positive transport figure: %+v", tr)
 	}
-	checkReport(t, rep.Print, "PD/colocated", "ZeroMQ KV_CHUNK", "ZeroMQ KV_CHUNK, PLAIN", "raw TCP", "goal ≥ 0.8", "ratio PLAIN / no authentication", "goal ≥ 0.9", "KV path", "zero-copy cgo shim", "control messages use pebbe/zmq4")
+	checkReport(t, rep.Print, "PD/colocated", "ZeroMQ KV_CHUNK", "ZeroMQ KV_CHUNK, PLAIN", "raw TCP", "goal ≥ 0.8", "ratio PLAIN / no authentication", "95% bound", "the bound ≥ 0.9", "KV path", "zero-copy cgo shim", "control messages use pebbe/zmq4")
 }
 
 // A prompt longer than the context is refused before anything starts.
