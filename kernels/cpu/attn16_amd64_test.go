@@ -7,8 +7,6 @@ import (
 	"math"
 	"math/big"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"testing"
 	"time"
 	"unsafe"
@@ -164,14 +162,7 @@ func BenchmarkAttn16Cached(b *testing.B) {
 	if !hasAVX2 {
 		b.Skip("no AVX2/FMA")
 	}
-	if v := os.Getenv("PD_ATTN_AHEAD16"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer func(old int) { attnAhead16 = old }(attnAhead16)
-		attnAhead16 = n
-	}
+	setFromEnv(b, "PD_ATTN_AHEAD16", &attnAhead16)
 	defer func(old int) { attnAhead = old }(attnAhead)
 	asm := avx2Kernels()
 	r := rand.New(rand.NewPCG(20, 20))

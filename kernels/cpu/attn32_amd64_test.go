@@ -90,6 +90,24 @@ func asmMatchesModel(t *testing.T, cases []*attn16Case, ahead *int, aheads []int
 	}
 }
 
+// sameBitsAtAheads runs b.Attention(a) without prefetch (*ahead = 0),
+// then at each distance of aheads, each into a fresh NaN output, and
+// checks that every output has the bits of the first.
+func sameBitsAtAheads(t *testing.T, label string, ahead *int, aheads []int, b *Backend, a *kernels.AttentionArgs) {
+	t.Helper()
+	n := len(a.Q)
+	*ahead = 0
+	want := nans(n)
+	a.Out = want
+	b.Attention(a)
+	for _, d := range aheads {
+		*ahead = d
+		a.Out = nans(n)
+		b.Attention(a)
+		sameBits(t, fmt.Sprintf("%s ahead=%d", label, d), a.Out, want)
+	}
+}
+
 // TestAttentionPrefetchSameBits checks through Attention, for every kernel
 // set, that an F32 pool gives the same bits with the F32 kernels' row
 // prefetch at every distance in attnAheads as without it, and F16 and BF16
@@ -117,32 +135,14 @@ func TestAttentionPrefetchSameBits(t *testing.T) {
 					a.Slots[i][j] = int32(r.IntN(pool))
 				}
 			}
-			attnAhead = 0
-			want := nans(tokens * qDim)
-			a.Out = want
-			b.Attention(&a)
-			for _, ahead := range attnAheads {
-				attnAhead = ahead
-				a.Out = nans(tokens * qDim)
-				b.Attention(&a)
-				sameBits(t, fmt.Sprintf("%s heads=%d/%d hd=%d ahead=%d", set, H, shape.kv, shape.hd, ahead), a.Out, want)
-			}
+			sameBitsAtAheads(t, fmt.Sprintf("%s heads=%d/%d hd=%d", set, H, shape.kv, shape.hd), &attnAhead, attnAheads, b, &a)
 			for _, d := range []kernels.DType{kernels.F16, kernels.BF16} {
 				a16 := a
 				a16.K, a16.V, a16.KVType = nil, nil, d
 				a16.K16, a16.V16 = make([]uint16, len(a.K)), make([]uint16, len(a.V))
 				kernels.EncodeKV(a16.K16, a.K, d)
 				kernels.EncodeKV(a16.V16, a.V, d)
-				attnAhead16 = 0
-				want := nans(tokens * qDim)
-				a16.Out = want
-				b.Attention(&a16)
-				for _, ahead := range attn16Aheads {
-					attnAhead16 = ahead
-					a16.Out = nans(tokens * qDim)
-					b.Attention(&a16)
-					sameBits(t, fmt.Sprintf("%s %v heads=%d/%d hd=%d ahead=%d", set, d, H, shape.kv, shape.hd, ahead), a16.Out, want)
-				}
+				sameBitsAtAheads(t, fmt.Sprintf("%s %v heads=%d/%d hd=%d", set, d, H, shape.kv, shape.hd), &attnAhead16, attn16Aheads, b, &a16)
 			}
 		}
 		b.Close()

@@ -103,22 +103,8 @@ func benchBackends(b *testing.B, fn func(b *testing.B, be kernels.Backend)) {
 // F32 kernels' prefetch distance in slots, PD_ATTN_AHEAD16 the 16-bit
 // kernels'.
 func BenchmarkAttention(b *testing.B) {
-	if v := os.Getenv("PD_ATTN_AHEAD"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer func(old int) { attnAhead = old }(attnAhead)
-		attnAhead = n
-	}
-	if v := os.Getenv("PD_ATTN_AHEAD16"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer func(old int) { attnAhead16 = old }(attnAhead16)
-		attnAhead16 = n
-	}
+	setFromEnv(b, "PD_ATTN_AHEAD", &attnAhead)
+	setFromEnv(b, "PD_ATTN_AHEAD16", &attnAhead16)
 	const ctx, H, hd = 512, 6, 48
 	r := rand.New(rand.NewPCG(1, 1))
 	for _, tokens := range []int{1, 32} {
@@ -258,4 +244,20 @@ func BenchmarkTopK(b *testing.B) {
 			dst = be.TopK(dst, scores, 64)
 		}
 	})
+}
+
+// setFromEnv sets *v to the integer in the environment variable name for
+// the benchmark, when it is set, and back when the benchmark ends.
+func setFromEnv(b *testing.B, name string, v *int) {
+	s := os.Getenv(name)
+	if s == "" {
+		return
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		b.Fatalf("%s=%q: %v", name, s, err)
+	}
+	old := *v
+	b.Cleanup(func() { *v = old })
+	*v = n
 }

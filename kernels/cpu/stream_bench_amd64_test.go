@@ -4,8 +4,6 @@ package cpu
 
 import (
 	"fmt"
-	"os"
-	"strconv"
 	"testing"
 	"time"
 
@@ -27,14 +25,7 @@ const streamBytes = 1 << 30
 // dot1x8F32S and its twins, with the prefetch), alternating too.
 // PD_STREAM_AHEAD sets the prefetch distance in rows.
 func BenchmarkGEMVStream(b *testing.B) {
-	if v := os.Getenv("PD_STREAM_AHEAD"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer func(old int) { streamAhead = old }(streamAhead)
-		streamAhead = n
-	}
+	setFromEnv(b, "PD_STREAM_AHEAD", &streamAhead)
 	b.Run("membw/threads=1", func(b *testing.B) {
 		var gbs float64
 		for b.Loop() {
