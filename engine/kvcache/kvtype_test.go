@@ -154,21 +154,8 @@ func TestKVTypeTransfer(t *testing.T) {
 	for _, dt := range kvTypes {
 		t.Run(kernels.KVName(dt), func(t *testing.T) {
 			c := Config{Layers: 2, KVDim: 6, PageSize: 4, Pages: 8, MaxSeqs: 2, MaxContext: 32, KVType: dt}
-			src, dst := newPool(t, c), newPool(t, c)
-			other, _ := dst.NewSeq(9)
-			if err := dst.Reserve(other, 5); err != nil {
-				t.Fatal(err)
-			}
-			s, _ := src.NewSeq(1)
-			d, _ := dst.NewSeq(1)
 			const n = 7
-			if err := src.Reserve(s, n); err != nil {
-				t.Fatal(err)
-			}
-			if err := dst.Reserve(d, n); err != nil {
-				t.Fatal(err)
-			}
-			ss, ds := s.Slots()[:n], d.Slots()[:n]
+			src, dst, ss, ds := transferPools(t, c, n)
 			rng := rand.New(rand.NewPCG(5, 6))
 			for l := range c.Layers {
 				for _, slot := range ss {

@@ -9,6 +9,31 @@ import (
 	"github.com/pdkit/pdkit/kernels/ref"
 )
 
+// transferPools makes two pools of configuration c and a sequence of n
+// tokens in each; the destination's first pages are taken, so that its
+// slots (ds) differ from the source's (ss).
+func transferPools(t *testing.T, c Config, n int) (src, dst *Pool, ss, ds []int32) {
+	t.Helper()
+	src, dst = newPool(t, c), newPool(t, c)
+	other, _ := dst.NewSeq(9)
+	if err := dst.Reserve(other, 5); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := src.NewSeq(1)
+	d, _ := dst.NewSeq(1)
+	if err := src.Reserve(s, n); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.Reserve(d, n); err != nil {
+		t.Fatal(err)
+	}
+	ss, ds = s.Slots()[:n], d.Slots()[:n]
+	if slices.Equal(ss, ds) {
+		t.Fatal("slots alike: the test shows nothing")
+	}
+	return src, dst, ss, ds
+}
+
 // Rows appended from one pool and put into another land bit for bit, at
 // other slots, for both index-K precisions; sizes that do not match are
 // refused.
@@ -16,29 +41,10 @@ func TestTransferRows(t *testing.T) {
 	for _, dt := range []kernels.IndexKDType{kernels.IndexFP8, kernels.IndexBF16} {
 		t.Run(dt.String(), func(t *testing.T) {
 			c := Config{Layers: 2, KVDim: 6, PageSize: 4, Pages: 8, MaxSeqs: 2, MaxContext: 32, IndexK: &IndexKConfig{DType: dt, Dim: 5}}
-			src, dst := newPool(t, c), newPool(t, c)
+			const n = 7
+			src, dst, ss, ds := transferPools(t, c, n)
 			b := ref.New()
 			rng := rand.New(rand.NewPCG(1, 2))
-			// The destination's first pages are taken, so the slots differ.
-			other, _ := dst.NewSeq(9)
-			if err := dst.Reserve(other, 5); err != nil {
-				t.Fatal(err)
-			}
-			s, _ := src.NewSeq(1)
-			d, _ := dst.NewSeq(1)
-			const n = 7
-			for _, x := range []struct {
-				p   *Pool
-				seq *Seq
-			}{{src, s}, {dst, d}} {
-				if err := x.p.Reserve(x.seq, n); err != nil {
-					t.Fatal(err)
-				}
-			}
-			ss, ds := s.Slots()[:n], d.Slots()[:n]
-			if slices.Equal(ss, ds) {
-				t.Fatal("slots alike: the test shows nothing")
-			}
 			for l := range c.Layers {
 				for _, slot := range ss {
 					k, v, key := make([]float32, 6), make([]float32, 6), make([]float32, 5)
