@@ -139,20 +139,6 @@ done: \
 	PVL1; \
 	PREFETCHT0 64(R11)
 
-// PVRUN does the runs of n·8 columns while at least n are left (R10, in
-// 8s), STORE storing a run's sums at DI; then it goes to next.
-#define PVRUN(n, ZERO, PF, last, STEP, STORE, run, next, pf, pfa, loop, store) \
-run: \
-	CMPQ       R10, $n; \
-	JLT        next; \
-	PVSLOTS(ZERO, PF, last, STEP, pf, pfa, loop, store); \
-store: \
-	STORE; \
-	ADDQ       $(32*n), DI; \
-	ADDQ       $(16*n), R8; \
-	SUBQ       $n, R10; \
-	JMP        run
-
 // ATTNPV16 is the body of attnPVF16 and attnPVBF16: SETUP loads the
 // widening's constants, Sn adds p[j] times a run of n·8 columns into the
 // run's accumulators, STn stores them at DI (ST1 is the same for both).

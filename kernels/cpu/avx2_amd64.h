@@ -254,3 +254,19 @@ loop: \
 	PVNEXT; \
 	DECQ       CX; \
 	JNZ        loop
+
+// PVRUN does the runs of n·8 columns while at least n are left (R10, in
+// 8s), STORE storing a run's sums at DI and R8, the run's byte offset in
+// a row, moving by its row bytes (last+1: 32n for F32 rows, 16n for 16-bit
+// ones); then it goes to next.
+#define PVRUN(n, ZERO, PF, last, STEP, STORE, run, next, pf, pfa, loop, store) \
+run: \
+	CMPQ       R10, $n; \
+	JLT        next; \
+	PVSLOTS(ZERO, PF, last, STEP, pf, pfa, loop, store); \
+store: \
+	STORE; \
+	ADDQ       $(32*n), DI; \
+	ADDQ       $(last+1), R8; \
+	SUBQ       $n, R10; \
+	JMP        run

@@ -64,20 +64,6 @@
 	PVP6; \
 	PREFETCHT0 192(R11)
 
-// PVRUN does the runs of n·8 columns while at least n are left (R10, in
-// 8s), then goes to next.
-#define PVRUN(n, ZERO, PF, last, STEP, STORE, run, next, pf, pfa, loop, store) \
-run: \
-	CMPQ       R10, $n; \
-	JLT        next; \
-	PVSLOTS(ZERO, PF, last, STEP, pf, pfa, loop, store); \
-store: \
-	STORE; \
-	ADDQ       $(32*n), DI; \
-	ADDQ       $(32*n), R8; \
-	SUBQ       $n, R10; \
-	JMP        run
-
 // func dot1x8F32(x *float32, w *[8]unsafe.Pointer, n8 int, out *[8]float32)
 TEXT ·dot1x8F32(SB), NOSPLIT, $0-32
 	MOVQ x+0(FP), SI
