@@ -14,6 +14,10 @@
 //     there is no second codec. Entries (the pages backed up under one key,
 //     e.g. one radix node) are evicted least recently used first, never while
 //     a load pins them; Check verifies the accounting (used + free = total).
+//     Its memory is mapped outside the Go heap, so that it neither raises
+//     the garbage collector's target nor lingers once the tier is off: Close
+//     (after the last load and backup) unmaps it, and MappedBytes counts
+//     what the process's open pools hold.
 //   - Loader: one goroutine that runs queued loads in order, layer by layer:
 //     layer i's K and V, then layer i's index-K rows and scales, marking each
 //     part done in a small producer ring of load slots. A slot is not reused

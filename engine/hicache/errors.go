@@ -25,6 +25,8 @@ var (
 	ErrSlotBusy = errors.New("hicache: load slot busy")
 	// ErrAborted: the load was aborted before its last layer finished.
 	ErrAborted = errors.New("hicache: load aborted")
+	// ErrPoolClosed: the host pool is closed; its memory is gone.
+	ErrPoolClosed = errors.New("hicache: host pool closed")
 	// ErrClosed: the loader is closed.
 	ErrClosed = errors.New("hicache: loader closed")
 )

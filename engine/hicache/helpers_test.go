@@ -48,6 +48,7 @@ func newRig(t testing.TB, c kvcache.Config, hostPages, ringSlots int) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { host.Close() }) // after the loader's: cleanups run last first
 	ld, err := NewLoader(host, dev, ringSlots)
 	if err != nil {
 		t.Fatal(err)

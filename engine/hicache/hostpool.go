@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/pdkit/pdkit/engine/kvcache"
 )
@@ -26,13 +27,16 @@ type entry struct {
 
 // HostPool is one rank's host tier: whole pages in host memory, in the page
 // layout of Layout, grouped into entries by key and evicted least recently
-// used first. It is safe for concurrent use.
+// used first. It is safe for concurrent use. Its memory is mapped outside
+// the Go heap and returned to the OS by Close.
 type HostPool struct {
 	layout Layout
 	total  int
-	mem    []byte // total * layout.PageBytes
+	mem    []byte // total * layout.PageBytes; nil once closed
 
 	mu      sync.Mutex
+	closed  bool
+	copiers int     // open Loaders and Writers, the pool's only copiers
 	free    []int32 // stack of free host pages; top is the end
 	used    int
 	entries map[Key]*entry
@@ -53,10 +57,15 @@ func NewHostPool(dev kvcache.Config, pages int, available int64) (*HostPool, err
 	if int64(pages) > math.MaxInt64/int64(l.PageBytes) || int64(pages)*int64(l.PageBytes) > available {
 		return nil, fmt.Errorf("%w: %d pages of %d bytes, %d bytes available", ErrHostMemory, pages, l.PageBytes, available)
 	}
+	mem, err := mapHost(pages * l.PageBytes)
+	if err != nil {
+		return nil, fmt.Errorf("%w: mapping %d pages of %d bytes: %v", ErrHostMemory, pages, l.PageBytes, err)
+	}
+	mapped.Add(int64(len(mem)))
 	h := &HostPool{
 		layout:  l,
 		total:   pages,
-		mem:     make([]byte, pages*l.PageBytes),
+		mem:     mem,
 		free:    make([]int32, pages),
 		entries: make(map[Key]*entry),
 		lru:     list.New(),
@@ -67,11 +76,67 @@ func NewHostPool(dev kvcache.Config, pages int, available int64) (*HostPool, err
 	return h, nil
 }
 
+// Closed reports whether Close gave the pool's memory back.
+func (h *HostPool) Closed() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.closed
+}
+
+// addCopier counts a new Loader or Writer on the pool (d 1) or one closed
+// (d -1); a closed pool takes none.
+func (h *HostPool) addCopier(d int) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed && d > 0 {
+		return ErrPoolClosed
+	}
+	h.copiers += d
+	return nil
+}
+
+// mapped is the bytes of every open host pool in the process.
+var mapped atomic.Int64
+
+// MappedBytes is the host memory the process's open host pools hold: what
+// a tier switched off or a rebuilt rank group must have given back.
+func MappedBytes() int64 { return mapped.Load() }
+
+// Close returns the pool's memory to the OS; every later Backup or load is
+// refused. It refuses, and keeps the memory, while a Loader or Writer on
+// the pool is open or a Backup is copying, since they read and write the
+// memory off the caller's goroutine; pins are bookkeeping and go with the
+// entries. Closing twice is a no-op.
+func (h *HostPool) Close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil
+	}
+	if h.copiers > 0 {
+		return fmt.Errorf("hicache: closing the host pool with %d loaders and writers open", h.copiers)
+	}
+	for _, e := range h.entries {
+		if e.writing {
+			return fmt.Errorf("%w: closing the host pool while key %d is being written", ErrPinned, e.key)
+		}
+	}
+	if err := unmapHost(h.mem); err != nil {
+		return fmt.Errorf("hicache: unmapping the host pool: %w", err)
+	}
+	mapped.Add(-int64(len(h.mem)))
+	h.closed, h.mem = true, nil
+	clear(h.entries)
+	h.lru.Init()
+	h.free, h.used = nil, 0
+	return nil
+}
+
 // Layout is the pool's page layout.
 func (h *HostPool) Layout() Layout { return h.layout }
 
 // Bytes is the host memory the pool's pages take.
-func (h *HostPool) Bytes() int64 { return int64(len(h.mem)) }
+func (h *HostPool) Bytes() int64 { return int64(h.total) * int64(h.layout.PageBytes) }
 
 // TotalPages is the number of host pages.
 func (h *HostPool) TotalPages() int { return h.total }
@@ -134,6 +199,7 @@ func (h *HostPool) Touch(key Key) bool {
 // rows and scales) into fresh host pages under key, evicting least recently
 // used unpinned entries if it must; their keys are returned so that the
 // caller can forget them. It is all or nothing: on error nothing is evicted.
+// A closed pool refuses it (ErrPoolClosed).
 //
 // The device pages must hold committed KV that nobody writes during the copy
 // (e.g. pages the prefix cache holds); Backup only reads them and may run off
@@ -167,6 +233,9 @@ func (h *HostPool) Backup(key Key, dev *kvcache.Pool, devPages []int32) (evicted
 func (h *HostPool) reserve(key Key, n int) (*entry, []Key, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.closed {
+		return nil, nil, ErrPoolClosed
+	}
 	if _, ok := h.entries[key]; ok {
 		return nil, nil, fmt.Errorf("%w: %d", ErrExists, key)
 	}
@@ -231,6 +300,9 @@ func (h *HostPool) pinAll(keys []Key, n int) ([]*entry, []int32, error) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.closed {
+		return nil, nil, ErrPoolClosed
+	}
 	entries := make([]*entry, 0, len(keys))
 	var pages []int32
 	for _, k := range keys {
@@ -255,7 +327,8 @@ func (h *HostPool) pinAll(keys []Key, n int) ([]*entry, []int32, error) {
 }
 
 // Pin pins key's entry against eviction and removal, as a load does, and
-// reports whether it could (the key is on host and readable). A caller that
+// reports whether it could (the key is on host and readable; never on a
+// closed pool). A caller that
 // has counted an entry for a load it will submit later pins it meanwhile
 // (the host pool evicts on other goroutines); each Pin needs one Unpin.
 func (h *HostPool) Pin(key Key) bool {
@@ -330,6 +403,12 @@ func (h *HostPool) hostIndexK(hp int32, layer int) (rows, scales []byte) {
 func (h *HostPool) Check() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.closed {
+		if h.used != 0 || len(h.entries) != 0 || h.lru.Len() != 0 {
+			return fmt.Errorf("hicache: closed pool holds %d pages in %d entries", h.used, len(h.entries))
+		}
+		return nil
+	}
 	if h.used+len(h.free) != h.total {
 		return fmt.Errorf("hicache: %d used + %d free != %d total", h.used, len(h.free), h.total)
 	}

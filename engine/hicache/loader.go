@@ -46,6 +46,9 @@ func NewLoader(host *HostPool, dev *kvcache.Pool, slots int) (*Loader, error) {
 	if slots <= 0 {
 		slots = DefaultRingSlots
 	}
+	if err := host.addCopier(1); err != nil {
+		return nil, err
+	}
 	ld := &Loader{
 		host:     host,
 		dev:      dev,
@@ -213,6 +216,7 @@ func (ld *Loader) Close() {
 // run is the loader's goroutine.
 func (ld *Loader) run() {
 	defer close(ld.exited)
+	defer ld.host.addCopier(-1)
 	for {
 		l := ld.next()
 		if l == nil {

@@ -46,6 +46,9 @@ func NewWriter(host *HostPool, dev *kvcache.Pool) (*Writer, error) {
 	if err := host.layout.check(dev.Config()); err != nil {
 		return nil, err
 	}
+	if err := host.addCopier(1); err != nil {
+		return nil, err
+	}
 	w := &Writer{host: host, dev: dev, worker: newWorker()}
 	go w.run()
 	return w, nil
@@ -149,6 +152,7 @@ func (w *Writer) Close() {
 
 func (w *Writer) run() {
 	defer close(w.exited)
+	defer w.host.addCopier(-1)
 	for {
 		w.mu.Lock()
 		if w.closed {

@@ -848,6 +848,9 @@ func (c *Cache) checkHostOnly(nd *node) error {
 // a chain.
 func (c *Cache) checkTier() error {
 	h := c.tier.host
+	if h != nil && h.Closed() {
+		return nil // its owner closed it, entries and all: nothing to match
+	}
 	if h != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), waitBound)
 		defer cancel()

@@ -220,7 +220,7 @@ func (l *rankLoop) attachTier(pages int) error {
 
 // detachTier takes the rank's host tier off: waiting requests give up the
 // host part of their cached prefix (they will compute it), loads in flight
-// finish, and the host pool goes.
+// finish, and the host pool's memory goes back to the OS.
 func (l *rankLoop) detachTier() error {
 	if !l.cache.Attached() {
 		return nil
@@ -239,10 +239,14 @@ func (l *rankLoop) detachTier() error {
 		}
 	}
 	l.addTotals(&l.tier.base)
-	if _, err := l.cache.DetachHost(ctx); err != nil {
+	host, err := l.cache.DetachHost(ctx)
+	if err != nil {
 		return fmt.Errorf("serve: rank %d: hicache off: %w", l.r, err)
 	}
 	l.tier.loader.Store(nil)
+	if err := host.Close(); err != nil { // the tier is off either way
+		l.e.cfg.Logger.Error("serve: hicache off: host memory kept", "server", l.e.cfg.Name, "rank", l.r, "err", err)
+	}
 	return nil
 }
 

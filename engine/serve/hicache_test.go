@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdkit/pdkit/engine/hicache"
 	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/engine/kvcache/kvtest"
 	"github.com/pdkit/pdkit/internal/testmodel"
@@ -244,10 +245,10 @@ func closeAndCheckCaches(t *testing.T, e *Engine) {
 		if err := l.cache.Check(); err != nil {
 			t.Errorf("rank %d: %v", l.r, err)
 		}
-		if h := l.cache.Host(); h != nil {
-			if err := h.Check(); err != nil {
-				t.Errorf("rank %d: %v", l.r, err)
-			}
+		// Close checked the host tier against the cache before it gave
+		// the pool's memory back.
+		if h := l.cache.Host(); h != nil && !h.Closed() {
+			t.Errorf("rank %d: the host pool still holds its memory after close", l.r)
 		}
 		if held := l.rk.Pool().TotalPages() - l.rk.Pool().FreePages() - l.cache.Pages(); held != 0 {
 			t.Errorf("rank %d: %d device pages held outside the cache after every request ended", l.r, held)
@@ -268,6 +269,7 @@ func TestHiCacheLiveToggles(t *testing.T) {
 	want := runChats(t, newEngine(t, m, cfg), ss, maxTok)
 	on := cfg
 	on.HiCache = HiCacheConfig{Enabled: true, Ratio: 8}
+	before := hicache.MappedBytes()
 	e := newEngine(t, m, on)
 	stop := make(chan struct{})
 	toggles := 0
@@ -277,14 +279,28 @@ func TestHiCacheLiveToggles(t *testing.T) {
 			t.Error(err)
 			return false
 		}
-		return poll(t, "the hicache switch taking effect", 20*time.Second, func() bool {
+		if !poll(t, "the hicache switch taking effect", 20*time.Second, func() bool {
 			for _, ts := range e.HiCache() {
 				if ts.On != v {
 					return false
 				}
 			}
 			return true
-		})
+		}) {
+			return false
+		}
+		// Off gives each rank's host memory back at once; on maps a pool
+		// per rank again.
+		var pools int64
+		for _, l := range e.cur().loops {
+			if h := l.cache.Host(); v && h != nil {
+				pools += h.Bytes()
+			}
+		}
+		if got := hicache.MappedBytes() - before; got != pools || v == (pools == 0) {
+			t.Errorf("hicache %v: %d host bytes mapped, want %d", v, got, pools)
+		}
+		return true
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() {

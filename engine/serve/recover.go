@@ -142,7 +142,7 @@ func (e *Engine) build(endpoints []string) error {
 	prev := e.loops
 	e.shards, e.control, e.loops = shards, control, nil
 	fail := func(err error) error {
-		e.closeTiers()
+		err = errors.Join(err, e.closeTiers())
 		e.closeRankPD()
 		control.Close()
 		shards.Close()
@@ -327,7 +327,9 @@ func (e *Engine) restart(reason string, snaps []dist.Snapshot) bool {
 		l.drop(true)
 	}
 	e.failFront(fin)
-	e.closeTiers()
+	if err := e.closeTiers(); err != nil {
+		e.cfg.Logger.Error("serve: the failed rank group's host tiers", "server", e.cfg.Name, "err", err)
+	}
 	var endpoints []string
 	for _, l := range e.loops {
 		if l.pd != nil {

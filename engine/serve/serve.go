@@ -711,15 +711,17 @@ func (e *Engine) Close() error {
 			<-e.done
 		}
 		t.Stop()
-		e.closeTiers()
-		e.closeErr = errors.Join(e.closePD(), e.control.Close(), e.shards.Close())
+		e.closeErr = errors.Join(e.closeTiers(), e.closePD(), e.control.Close(), e.shards.Close())
 	})
 	return e.closeErr
 }
 
 // closeTiers stops every rank's HiCache loader and writer once the loops
-// are gone (or were never started).
-func (e *Engine) closeTiers() {
+// are gone (or were never started), checks each tier's accounting against
+// its cache, and gives the host pools' memory back to the OS. It returns
+// what the checks found; a pool it could not close keeps its memory.
+func (e *Engine) closeTiers() error {
+	var errs []error
 	for _, l := range e.loops {
 		if l.cache == nil {
 			continue
@@ -730,7 +732,15 @@ func (e *Engine) closeTiers() {
 		if w := l.cache.Writer(); w != nil {
 			w.Close()
 		}
+		h := l.cache.Host()
+		if h == nil {
+			continue
+		}
+		if err := errors.Join(l.cache.Check(), h.Check(), h.Close()); err != nil {
+			errs = append(errs, fmt.Errorf("serve: rank %d: closing the host tier: %w", l.r, err))
+		}
 	}
+	return errors.Join(errs...)
 }
 
 // closePD stops the registry lookups and closes the ranks' sockets.
