@@ -100,6 +100,10 @@ type PDSocket struct {
 	// peer's address when known; none; a connection that ended first).
 	AuthAdmitted   uint64 `json:"auth_admitted"`
 	LastAuthDenied string `json:"last_auth_denied,omitempty"`
+	// Connections open on the socket now; ConnectionsRefused counts those
+	// shut at once because --pd-max-connections were open.
+	Connections        int64  `json:"connections"`
+	ConnectionsRefused uint64 `json:"connections_refused"`
 	// Alive: the receive loop runs; ExitReason says why it ended.
 	Alive         bool   `json:"alive"`
 	ExitReason    string `json:"exit_reason,omitempty"`

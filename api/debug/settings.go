@@ -109,14 +109,17 @@ type PDSettings struct {
 	// The PD plane's limits (docs/protocol.md, "Limits"): the largest
 	// frame a rank's socket accepts as set (0: derived from the model's
 	// shapes), the peer sockets a rank keeps open and how long an unused
-	// one stays, the reply queue, and the rooms one sender may hold in a
-	// prefill's mailbox before their requests arrive.
+	// one stays, the reply queue, the rooms one sender may hold in a
+	// prefill's mailbox before their requests arrive, how long a
+	// connection may take to authenticate, and how many connections a
+	// rank's socket holds at once.
 	MaxMessageBytes     int64   `json:"max_message_bytes"`
 	MaxPeerSockets      int     `json:"max_peer_sockets"`
 	PeerSocketIdleMS    float64 `json:"peer_socket_idle_ms"`
 	ReplyQueue          int     `json:"reply_queue"`
 	EarlyRoomsPerSender int     `json:"early_rooms_per_sender"`
 	HandshakeTimeoutMS  float64 `json:"handshake_timeout_ms"`
+	MaxConnections      int     `json:"max_connections"`
 	// A decode's prefill registries (--prefill-bootstrap, comma-separated),
 	// the only bootstrap URLs it takes, and how many lookups of them it
 	// keeps.

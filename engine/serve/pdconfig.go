@@ -89,6 +89,11 @@ type PDConfig struct {
 	// says nothing is closed then, so silent connections cannot pile up
 	// (default 5s; libzmq's own is 30s).
 	HandshakeTimeout time.Duration
+	// MaxConnections bounds the connections a rank's PD socket holds at
+	// once (default zmqlink.DefaultMaxConnections): one past it is shut
+	// down at once and counted, so a stranger opening connections cannot
+	// take the process's descriptors.
+	MaxConnections int
 	// ReplyQueue bounds the replies waiting to be sent (ABORT_ACK,
 	// heartbeats, STATUS for a forgotten room); one that finds it full,
 	// or its peer's backlog full, is dropped and counted
@@ -125,7 +130,7 @@ func (c *PDConfig) setDefaults() {
 	for _, d := range []struct {
 		v   *int
 		def int
-	}{{&c.MaxPeerSockets, zmqlink.DefaultMaxPeers},
+	}{{&c.MaxPeerSockets, zmqlink.DefaultMaxPeers}, {&c.MaxConnections, zmqlink.DefaultMaxConnections},
 		{&c.ReplyQueue, DefaultReplyQueue}, {&c.EarlyRoomsPerSender, DefaultEarlyRoomsPerSender}} {
 		if *d.v == 0 {
 			*d.v = d.def
@@ -140,7 +145,7 @@ func (c PDConfig) validate() error {
 	if c.BootstrapTimeout < 0 || c.TransferTimeout < 0 || c.InflightTimeout < 0 || c.AbortAckTimeout < 0 || c.SendTimeout < 0 {
 		return errors.New("PD timeouts must not be negative")
 	}
-	if c.MaxMessageBytes < 0 || c.MaxPeerSockets < 0 || c.PeerSocketIdle < 0 || c.HandshakeTimeout < 0 || c.ReplyQueue < 0 || c.EarlyRoomsPerSender < 0 {
+	if c.MaxMessageBytes < 0 || c.MaxPeerSockets < 0 || c.PeerSocketIdle < 0 || c.HandshakeTimeout < 0 || c.MaxConnections < 0 || c.ReplyQueue < 0 || c.EarlyRoomsPerSender < 0 {
 		return errors.New("PD limits must not be negative")
 	}
 	if c.BootstrapCacheSize < 0 {

@@ -120,7 +120,7 @@ func newRankPD(e *Engine, rank int, boot uint64, endpoint string) (*rankPD, erro
 		endpoint = "tcp://" + net.JoinHostPort(e.cfg.PD.Host, "0")
 	}
 	in, err := zmqlink.Listen(endpoint, pd.mb.handle, &zmqlink.InboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: !prefill, Auth: e.cfg.PD.zmqAuth()},
-		MaxMsgSize: e.maxMessageBytes(), HandshakeTimeout: e.cfg.PD.HandshakeTimeout})
+		MaxMsgSize: e.maxMessageBytes(), HandshakeTimeout: e.cfg.PD.HandshakeTimeout, MaxConnections: e.cfg.PD.MaxConnections})
 	if err != nil {
 		pd.replies.stop()
 		out.Close()

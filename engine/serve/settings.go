@@ -84,6 +84,7 @@ func settingsOf(cfg Config, indexer bool, faultsOn []string) debug.Settings {
 			ReplyQueue:           p.ReplyQueue,
 			EarlyRoomsPerSender:  p.EarlyRoomsPerSender,
 			HandshakeTimeoutMS:   msOf(p.HandshakeTimeout),
+			MaxConnections:       p.MaxConnections,
 			PrefillBootstrap:     strings.Join(p.PrefillBootstrap, ","),
 			BootstrapCacheSize:   p.BootstrapCacheSize,
 			AdvertiseHost:        p.advertiseHost(),

@@ -32,6 +32,8 @@ type pdDescs struct {
 	evicted       *prometheus.Desc // decode: registry lookups dropped from the bounded cache
 	authDenied    *prometheus.Desc // connections refused at the handshake
 	lost          *prometheus.Desc // peer connections the socket lost
+	conns         *prometheus.Desc // peer connections open on the socket
+	connsRefused  *prometheus.Desc // connections shut past --pd-max-connections
 	closed        *prometheus.Desc // peer sockets closed by the Outbox's bounds, by reason
 }
 
@@ -85,21 +87,23 @@ func newPDDescs(role string) *pdDescs {
 		failQueues = []string{"prealloc", "transfer"}
 	}
 	return &pdDescs{
-		queues:     queues,
-		failQueues: failQueues,
-		failed:     d("pd_failed_reqs_total", "PD requests that failed (bootstrap, transfer or peer failure; client aborts not counted), by the queue they failed in.", "queue"),
-		rankBytes:  d("kv_transfer_rank_bytes_total", "KV payload bytes the rank sent (prefill) or applied (decode).", "rank"),
-		bytes:      d("kv_transfer_bytes_total", "KV payload bytes sent (prefill) or received (decode), rank 0's share."),
-		received:   d("pd_messages_received_total", "Messages the rank's PD socket received.", "rank"),
-		dropped:    d("pd_dropped_messages_total", "Messages the rank's PD socket dropped, by reason (malformed, handler_panic, late, misplaced, fault, over_quota, reply).", "rank", "reason"),
-		sent:       d("pd_messages_sent_total", "Messages the rank handed to ZeroMQ for its peers.", "rank"),
-		sendErrors: d("pd_send_errors_total", "Messages the rank failed to connect or send (dropped).", "rank"),
-		loopUp:     d("pd_receive_loop_up", "1 while the rank's PD receive loop runs, 0 once it has exited.", "rank"),
-		refused:    d("pd_refused_reqs_total", "PD requests refused on arrival, by reason (room_in_use: the room belongs to a live request; bootstrap_url: not one of the decode's prefill registries; unsigned: not signed with the cluster secret, so not from the cluster's router).", "reason"),
-		evicted:    d("pd_bootstrap_lookups_evicted_total", "Prefill registry lookups a decode dropped to keep its cache within --bootstrap-cache-size."),
-		authDenied: d("pd_auth_denied_total", "Peer connections the rank's PD socket refused at the handshake: no cluster credential, or another cluster's.", "rank"),
-		lost:       d("pd_peer_disconnects_total", "Peer connections the rank's PD socket lost, among them peers dropped for a frame over --max-message-bytes.", "rank"),
-		closed:     d("pd_peer_sockets_closed_total", "Peer sockets the rank closed, by reason (evicted: to stay within --max-peer-sockets; idle: unused for --peer-socket-idle).", "rank", "reason"),
+		queues:       queues,
+		failQueues:   failQueues,
+		failed:       d("pd_failed_reqs_total", "PD requests that failed (bootstrap, transfer or peer failure; client aborts not counted), by the queue they failed in.", "queue"),
+		rankBytes:    d("kv_transfer_rank_bytes_total", "KV payload bytes the rank sent (prefill) or applied (decode).", "rank"),
+		bytes:        d("kv_transfer_bytes_total", "KV payload bytes sent (prefill) or received (decode), rank 0's share."),
+		received:     d("pd_messages_received_total", "Messages the rank's PD socket received.", "rank"),
+		dropped:      d("pd_dropped_messages_total", "Messages the rank's PD socket dropped, by reason (malformed, handler_panic, late, misplaced, fault, over_quota, reply).", "rank", "reason"),
+		sent:         d("pd_messages_sent_total", "Messages the rank handed to ZeroMQ for its peers.", "rank"),
+		sendErrors:   d("pd_send_errors_total", "Messages the rank failed to connect or send (dropped).", "rank"),
+		loopUp:       d("pd_receive_loop_up", "1 while the rank's PD receive loop runs, 0 once it has exited.", "rank"),
+		refused:      d("pd_refused_reqs_total", "PD requests refused on arrival, by reason (room_in_use: the room belongs to a live request; bootstrap_url: not one of the decode's prefill registries; unsigned: not signed with the cluster secret, so not from the cluster's router).", "reason"),
+		evicted:      d("pd_bootstrap_lookups_evicted_total", "Prefill registry lookups a decode dropped to keep its cache within --bootstrap-cache-size."),
+		authDenied:   d("pd_auth_denied_total", "Peer connections the rank's PD socket refused at the handshake: no cluster credential, or another cluster's.", "rank"),
+		lost:         d("pd_peer_disconnects_total", "Peer connections the rank's PD socket lost, among them peers dropped for a frame over --max-message-bytes.", "rank"),
+		conns:        d("pd_connections", "Peer connections open on the rank's PD socket.", "rank"),
+		connsRefused: d("pd_connections_refused_total", "Connections the rank's PD socket shut down on arrival because --pd-max-connections were open.", "rank"),
+		closed:       d("pd_peer_sockets_closed_total", "Peer sockets the rank closed, by reason (evicted: to stay within --max-peer-sockets; idle: unused for --peer-socket-idle).", "rank", "reason"),
 	}
 }
 
@@ -110,7 +114,7 @@ func (p *pdDescs) describe(ch chan<- *prometheus.Desc) {
 	for _, q := range p.queues {
 		ch <- q.desc
 	}
-	for _, d := range []*prometheus.Desc{p.failed, p.bytes, p.rankBytes, p.received, p.dropped, p.sent, p.sendErrors, p.loopUp, p.refused, p.evicted, p.lost, p.closed, p.authDenied} {
+	for _, d := range []*prometheus.Desc{p.failed, p.bytes, p.rankBytes, p.received, p.dropped, p.sent, p.sendErrors, p.loopUp, p.refused, p.evicted, p.lost, p.closed, p.authDenied, p.conns, p.connsRefused} {
 		ch <- d
 	}
 }
@@ -156,6 +160,8 @@ func (p *pdDescs) collect(eng *serve.Engine, unsigned uint64, ch chan<- promethe
 		val(p.sendErrors, prometheus.CounterValue, float64(l.Outbox.SendErrors), rank)
 		val(p.lost, prometheus.CounterValue, float64(l.Inbox.Disconnects), rank)
 		val(p.authDenied, prometheus.CounterValue, float64(l.Inbox.AuthDenied), rank)
+		val(p.conns, prometheus.GaugeValue, float64(l.Inbox.Connections), rank)
+		val(p.connsRefused, prometheus.CounterValue, float64(l.Inbox.ConnectionsRefused), rank)
 		val(p.closed, prometheus.CounterValue, float64(l.Outbox.Evicted), rank, PeerClosedEvicted)
 		val(p.closed, prometheus.CounterValue, float64(l.Outbox.IdleClosed), rank, PeerClosedIdle)
 		up := 0.0

@@ -123,7 +123,7 @@ const monitorEndpoint = "inproc://zmqlink.auth.monitor"
 const (
 	eventHandshakeFailedNoDetail = 0x0800
 	eventHandshakeFailedProtocol = 0x2000
-	authEvents                   = eventHandshakeFailedNoDetail | eventHandshakeFailedProtocol | eventDisconnected
+	authEvents                   = eventHandshakeFailedNoDetail | eventHandshakeFailedProtocol | connEvents
 	protoErrCryptographic        = 0x11000001
 	protoErrMechanismMismatch    = 0x11000002
 )
@@ -141,6 +141,7 @@ type authHandler struct {
 	mon     zSocket
 	admit   admitFunc
 	stats   *authStats
+	conns   *connCap
 	poll    time.Duration
 	closing chan struct{}
 	done    chan struct{}
@@ -148,14 +149,14 @@ type authHandler struct {
 
 // startAuthHandler binds the ZAP handler of ctx, connects the monitor
 // and starts their goroutine. It must run before the Inbox's socket binds.
-func startAuthHandler(ctx zContext, admit admitFunc, stats *authStats, poll time.Duration) (*authHandler, error) {
-	h := &authHandler{ctx: ctx, admit: admit, stats: stats, poll: poll,
+func startAuthHandler(ctx zContext, admit admitFunc, stats *authStats, conns *connCap, poll time.Duration) (*authHandler, error) {
+	h := &authHandler{ctx: ctx, admit: admit, stats: stats, conns: conns, poll: poll,
 		closing: make(chan struct{}), done: make(chan struct{})}
 	var err error
 	if h.zap, err = innerSocket(ctx, kindREP, zapEndpoint, true); err != nil {
 		return nil, fmt.Errorf("zmqlink: zap handler: %w", err)
 	}
-	if h.mon, err = innerSocket(ctx, kindPAIR, monitorEndpoint, false); err != nil {
+	if h.mon, err = monitorSocket(ctx, monitorEndpoint); err != nil {
 		h.zap.close()
 		return nil, fmt.Errorf("zmqlink: auth monitor: %w", err)
 	}
@@ -206,7 +207,10 @@ func (h *authHandler) run() {
 		if err != nil || n == 0 {
 			continue
 		}
-		if !h.serveZAP() || !h.readEvents() {
+		// Events first: a connection's accept is published before its
+		// ZAP request is sent, so one past MaxConnections is shut before
+		// its handshake is answered, and nothing of it is delivered.
+		if !h.readEvents() || !h.serveZAP() {
 			return
 		}
 	}
@@ -279,6 +283,7 @@ func (h *authHandler) countEvent(ev [][]byte) {
 		return
 	}
 	event, value := binary.NativeEndian.Uint16(ev[0]), binary.NativeEndian.Uint32(ev[0][2:])
+	h.conns.event(event, int32(value))
 	switch {
 	case event == eventDisconnected:
 		h.stats.disconnects.Add(1)

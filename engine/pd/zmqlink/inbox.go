@@ -55,6 +55,13 @@ type InboxOptions struct {
 	// stranger opening many of them is bounded by rate × this. With Auth
 	// the dropped ones are counted in AuthDenied.
 	HandshakeTimeout time.Duration
+	// MaxConnections bounds the connections the socket holds at once (0:
+	// no bound; DefaultMaxConnections suits a rank). libzmq has no such
+	// limit: one accepted past it is shut down at once and counted
+	// (InboxStats.ConnectionsRefused), so a stranger cannot take every
+	// descriptor of the process. A refused ZeroMQ peer reconnects, and
+	// gets in once a connection ends.
+	MaxConnections int
 }
 
 const defaultInboxHWM = 1000
@@ -79,6 +86,10 @@ type InboxStats struct {
 	// oversized frames. With Auth the handshake monitor (auth.go), which
 	// holds the socket's one monitor, counts them.
 	Disconnects uint64 `json:"disconnects"`
+	// Connections open now; ConnectionsRefused counts those shut down at
+	// once because MaxConnections were open.
+	Connections        int64  `json:"connections"`
+	ConnectionsRefused uint64 `json:"connections_refused"`
 	// With SocketOptions.Auth: connections admitted; connections refused
 	// (none of their messages is delivered) for a wrong credential, none,
 	// another mechanism, or for ending before they authenticated, as a
@@ -113,6 +124,7 @@ type Inbox struct {
 	exitReason    atomic.Pointer[string]
 	lastError     atomic.Pointer[string]
 	auth          authStats
+	conns         *connCap
 }
 
 // Listen binds a PULL socket on endpoint (for example "tcp://127.0.0.1:0";
@@ -138,6 +150,10 @@ func Listen(endpoint string, h Handler, opts *InboxOptions) (*Inbox, error) {
 	if in.opts.HWM <= 0 {
 		in.opts.HWM = defaultInboxHWM
 	}
+	if in.opts.MaxConnections < 0 {
+		return nil, fmt.Errorf("zmqlink: max connections %d: want 0 (no cap) or more", in.opts.MaxConnections)
+	}
+	in.conns = newConnCap(in.opts.MaxConnections)
 	ready := make(chan error, 1)
 	in.alive.Store(true)
 	go in.run(endpoint, ready)
@@ -181,6 +197,7 @@ func (in *Inbox) Stats() InboxStats {
 		s.LastError = *p
 	}
 	in.auth.fill(&s)
+	s.Connections, s.ConnectionsRefused = in.conns.open.Load(), in.conns.refused.Load()
 	return s
 }
 
@@ -252,9 +269,9 @@ func (in *Inbox) startAuth(ctx zContext) (*authHandler, error) {
 	o := in.opts.SocketOptions
 	switch {
 	case o.Auth != nil:
-		return startAuthHandler(ctx, admitPlain(*o.Auth), &in.auth, in.opts.PollInterval)
+		return startAuthHandler(ctx, admitPlain(*o.Auth), &in.auth, in.conns, in.opts.PollInterval)
 	case o.curve != nil:
-		return startAuthHandler(ctx, o.curve.admit(), &in.auth, in.opts.PollInterval)
+		return startAuthHandler(ctx, o.curve.admit(), &in.auth, in.conns, in.opts.PollInterval)
 	}
 	return nil, nil
 }
@@ -292,38 +309,71 @@ func (in *Inbox) bind(ctx zContext, endpoint string) (zSocket, error) {
 		return fail(fmt.Errorf("zmqlink: last endpoint: %w", err))
 	}
 	in.endpoint = ep
+	in.conns.bound(ep)
 	return sock, nil
 }
 
-// The socket monitor that counts an Inbox's ended connections.
-const (
-	disconnectMonitorEndpoint = "inproc://zmqlink.inbox.monitor"
-	eventDisconnected         = 0x0200 // ZMQ_EVENT_DISCONNECTED (zmq.h)
-)
+// The socket monitor that counts an Inbox's connections without Auth (with
+// it, the handshake monitor does).
+const disconnectMonitorEndpoint = "inproc://zmqlink.inbox.monitor"
 
-// monitorDisconnects has libzmq publish sock's disconnects on a PAIR
-// socket, which the receive loop reads between messages.
+// eventDisconnected is ZMQ_EVENT_DISCONNECTED (zmq.h).
+const eventDisconnected = 0x0200
+
+// monitorDisconnects has libzmq publish sock's accepted and ended
+// connections on a PAIR socket, which the receive loop reads between
+// messages.
 func (in *Inbox) monitorDisconnects(ctx zContext, sock zSocket) (zSocket, error) {
-	if err := sock.monitor(disconnectMonitorEndpoint, eventDisconnected); err != nil {
+	if err := sock.monitor(disconnectMonitorEndpoint, connEvents); err != nil {
 		return nil, fmt.Errorf("zmqlink: monitor: %w", err)
 	}
-	mon, err := innerSocket(ctx, kindPAIR, disconnectMonitorEndpoint, false)
+	mon, err := monitorSocket(ctx, disconnectMonitorEndpoint)
 	if err != nil {
 		return nil, fmt.Errorf("zmqlink: monitor: %w", err)
 	}
 	return mon, nil
 }
 
-// readDisconnects counts the events the monitor has published: each one's
-// first frame is the event (16 bits) and its value (32 bits).
+// monitorQueue is how many events a monitor's reading end holds: a flood
+// of connections publishes two each, and libzmq drops what does not fit.
+const monitorQueue = 100_000
+
+// monitorSocket connects the reading end of a socket monitor published on
+// ep.
+func monitorSocket(ctx zContext, ep string) (zSocket, error) {
+	s, err := ctx.socket(kindPAIR)
+	if err != nil {
+		return nil, err
+	}
+	err = s.setLinger(0)
+	if err == nil {
+		err = s.setOpt(optRcvHWM, monitorQueue)
+	}
+	if err == nil {
+		err = s.connect(ep)
+	}
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// readDisconnects takes the events the monitor has published: each one's
+// first frame is the event (16 bits) and its value (32 bits, here the
+// connection's descriptor), in host byte order.
 func (in *Inbox) readDisconnects(mon zSocket) {
 	for {
 		ev, err := mon.recv()
 		if err != nil {
 			return
 		}
-		if len(ev) > 0 && len(ev[0]) >= 2 && binary.NativeEndian.Uint16(ev[0]) == eventDisconnected {
-			in.disconnects.Add(1)
+		if len(ev) > 0 && len(ev[0]) >= 6 {
+			event := binary.NativeEndian.Uint16(ev[0])
+			if event == eventDisconnected {
+				in.disconnects.Add(1)
+			}
+			in.conns.event(event, int32(binary.NativeEndian.Uint32(ev[0][2:])))
 		}
 		mon.release()
 	}

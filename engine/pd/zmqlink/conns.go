@@ -1,0 +1,98 @@
+package zmqlink
+
+import (
+	"net/url"
+	"strconv"
+	"sync/atomic"
+)
+
+// Connection cap (InboxOptions.MaxConnections). libzmq accepts every
+// connection a listener is offered and has no limit of its own, so a
+// stranger who opens thousands holds thousands of descriptors until each
+// times out. The Inbox's socket monitor reports every accepted connection
+// with its descriptor and every ended one; connCap keeps the set of open
+// descriptors from those events and shuts down (shutdown(2), never close:
+// the descriptor stays libzmq's, which then sees the peer gone and cleans
+// up as for any hang-up) a connection accepted while the cap is reached.
+//
+// Events are read after the fact, so before it shuts a descriptor connCap
+// checks that it is still a socket on the Inbox's own port: a descriptor
+// closed meanwhile and reused elsewhere in the process is left alone. The
+// monitor can drop events under a flood (its queue is bounded): a lost
+// accept undercounts, and a lost hang-up is found when the cap is reached,
+// by checking each remembered descriptor again.
+
+// Monitor events the connection cap reads (zmq.h): the value of each is
+// the connection's descriptor.
+const (
+	eventAccepted = 0x0020 // ZMQ_EVENT_ACCEPTED
+	connEvents    = eventAccepted | eventDisconnected
+)
+
+// DefaultMaxConnections is InboxOptions.MaxConnections's usual setting for
+// a rank's PD socket: far above the peers a cluster has (each peer rank
+// keeps one connection), far below a process's descriptor limit.
+const DefaultMaxConnections = 1024
+
+// connCap tracks an Inbox's open connections and refuses those past max
+// (0: none refused). It is used by the one goroutine that reads the
+// socket's monitor; open and refused are read by Stats.
+type connCap struct {
+	max     int
+	port    atomic.Int64 // the Inbox's TCP port once bound; 0: nothing is shut down
+	live    map[int32]struct{}
+	open    atomic.Int64
+	refused atomic.Uint64
+}
+
+func newConnCap(max int) *connCap {
+	return &connCap{max: max, live: make(map[int32]struct{})}
+}
+
+// bound tells the cap the socket's endpoint, once it is bound.
+func (c *connCap) bound(endpoint string) { c.port.Store(int64(endpointPort(endpoint))) }
+
+// event takes one monitor event.
+func (c *connCap) event(event uint16, fd int32) {
+	switch event {
+	case eventAccepted:
+		c.accepted(fd)
+	case eventDisconnected:
+		delete(c.live, fd)
+	default:
+		return
+	}
+	c.open.Store(int64(len(c.live)))
+}
+
+func (c *connCap) accepted(fd int32) {
+	port := int(c.port.Load())
+	if c.max > 0 && len(c.live) >= c.max {
+		for k := range c.live {
+			if !isConnOnPort(int(k), port) {
+				delete(c.live, k) // its hang-up event was lost
+			}
+		}
+	}
+	if c.max > 0 && len(c.live) >= c.max && port != 0 {
+		if shutdownConnOnPort(int(fd), port) {
+			c.refused.Add(1)
+		}
+		return // not tracked: its hang-up will find nothing to forget
+	}
+	c.live[fd] = struct{}{}
+}
+
+// endpointPort is the TCP port of a bound endpoint such as
+// tcp://127.0.0.1:5557; 0 for another transport.
+func endpointPort(endpoint string) int {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Scheme != "tcp" {
+		return 0
+	}
+	p, err := strconv.Atoi(u.Port())
+	if err != nil {
+		return 0
+	}
+	return p
+}

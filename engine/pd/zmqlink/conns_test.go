@@ -1,0 +1,104 @@
+package zmqlink
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRedTeamConnectionFlood: a stranger opens many connections to an
+// Inbox and holds them, silent, to take the process's descriptors. Past
+// MaxConnections each new one is shut at once and counted, those within
+// it are kept, and a real peer that was refused meanwhile gets in once
+// the stranger lets go; both backends, with and without Auth (each has
+// its own monitor). Without the cap every connection stays open.
+func TestRedTeamConnectionFlood(t *testing.T) {
+	for _, b := range backends {
+		for _, auth := range []*PlainAuth{nil, &testAuth} {
+			t.Run(fmt.Sprintf("%s/auth=%v", b.name, auth != nil), func(t *testing.T) {
+				testConnectionFlood(t, b.zc, auth)
+			})
+		}
+	}
+}
+
+func testConnectionFlood(t *testing.T, zc bool, auth *PlainAuth) {
+	checkGoroutines(t)
+	const limit, flood = 4, 12
+	var c collector
+	in, err := Listen("tcp://127.0.0.1:0", c.handle, &InboxOptions{SocketOptions: SocketOptions{ZeroCopy: zc, Auth: auth},
+		HandshakeTimeout: time.Minute, MaxConnections: limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	addr := strings.TrimPrefix(in.Endpoint(), "tcp://")
+	ended := make(chan int, flood)
+	conns := make([]net.Conn, flood)
+	for i := range conns {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conns[i] = conn
+		go func() {
+			// Read until the server ends the connection; the deadline
+			// only ends a test that failed.
+			conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+			buf := make([]byte, 64)
+			for {
+				if _, err := conn.Read(buf); err != nil {
+					ended <- i
+					return
+				}
+			}
+		}()
+		// One at a time, so that the first limit are the ones kept.
+		waitFor(t, 5*time.Second, "the connection seen", func() bool {
+			s := in.Stats()
+			return s.Connections+int64(s.ConnectionsRefused) == int64(i+1)
+		})
+	}
+	for range flood - limit {
+		if i := <-ended; i < limit {
+			t.Fatalf("connection %d, within the cap of %d, was shut", i, limit)
+		}
+	}
+	if s := in.Stats(); s.Connections != limit || s.ConnectionsRefused != flood-limit {
+		t.Fatalf("after the flood: %d open, %d refused; want %d and %d", s.Connections, s.ConnectionsRefused, limit, flood-limit)
+	}
+
+	// A member sends while the stranger holds every place: it is refused
+	// (and reconnects) until the stranger lets go, then its message lands.
+	// With Auth a refused connection is shut before its handshake is
+	// answered, so nothing comes through it; without, the handshake needs
+	// no answer from the Inbox and a message may slip through, or be lost
+	// with the connection, before the shutdown: the member sends again.
+	out, err := NewOutbox(&OutboxOptions{SocketOptions: SocketOptions{ZeroCopy: zc, Auth: auth}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if err := out.Send(ctx, in.Endpoint(), msg(1)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the member refused", func() bool { return in.Stats().ConnectionsRefused > flood-limit })
+	if auth != nil && c.len() != 0 {
+		t.Fatal("a message came through a connection past the cap")
+	}
+	for _, conn := range conns[:limit] {
+		conn.Close()
+	}
+	if auth == nil {
+		if err := out.Send(ctx, in.Endpoint(), msg(2)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "the member's message, once the stranger let go", func() bool { return c.len() >= 1 })
+}
