@@ -26,7 +26,7 @@ func TestDebugSettings(t *testing.T) {
 	getJSON(t, e, debug.SettingsPath, &s)
 	want := debug.PDSettings{Host: "127.0.0.1", BootstrapTimeoutMS: 3000, TransferTimeoutMS: 7000, InflightTimeoutMS: 10000,
 		AbortAckTimeoutMS: 1500, SendTimeoutMS: 2000, HeartbeatIntervalMS: 200, HeartbeatTimeoutMS: 2000, ReservedDecodeTokens: 64,
-		MaxPeerSockets: 256, PeerSocketIdleMS: 60000, ReplyQueue: 1024, EarlyRoomsPerSender: 512, HandshakeTimeoutMS: 5000, MaxConnections: 1024, BootstrapCacheSize: 64, AdvertiseHost: "127.0.0.1"}
+		MaxPeerSockets: 256, PeerSocketIdleMS: 60000, ReplyQueue: 1024, EarlyRoomsPerSender: 512, HandshakeTimeoutMS: 5000, MaxConnections: 256, BootstrapCacheSize: 64, AdvertiseHost: "127.0.0.1"}
 	if s.PD == nil || *s.PD != want {
 		t.Fatalf("pd settings %+v, want %+v", s.PD, want)
 	}

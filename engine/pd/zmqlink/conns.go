@@ -30,9 +30,11 @@ const (
 )
 
 // DefaultMaxConnections is InboxOptions.MaxConnections's usual setting for
-// a rank's PD socket: far above the peers a cluster has (each peer rank
-// keeps one connection), far below a process's descriptor limit.
-const DefaultMaxConnections = 1024
+// a rank's PD socket: each peer rank keeps one connection, as many as an
+// Outbox keeps peers (DefaultMaxPeers). It also bounds what strangers can
+// make the socket hold before authentication: libzmq reads a handshake
+// command of up to MaxMsgSize from each connection.
+const DefaultMaxConnections = DefaultMaxPeers
 
 // connCap tracks an Inbox's open connections and refuses those past max
 // (0: none refused). It is used by the one goroutine that reads the
