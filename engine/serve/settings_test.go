@@ -48,7 +48,7 @@ var published = map[string]string{
 	"PD.MaxMessageBytes": "pd.max_message_bytes", "PD.MaxPeerSockets": "pd.max_peer_sockets",
 	"PD.PeerSocketIdle": "pd.peer_socket_idle_ms", "PD.ReplyQueue": "pd.reply_queue",
 	"PD.EarlyRoomsPerSender": "pd.early_rooms_per_sender", "PD.PrefillBootstrap": "pd.prefill_bootstrap",
-	"PD.AdvertiseHost": "pd.advertise_host", "PD.HandshakeTimeout": "pd.handshake_timeout_ms", "PD.Secret": "pd.authenticated",
+	"PD.AdvertiseHost": "pd.advertise_host", "PD.HandshakeTimeout": "pd.handshake_timeout_ms", "PD.MaxConnections": "pd.max_connections", "PD.Secret": "pd.authenticated",
 	"PD.BootstrapCacheSize": "pd.bootstrap_cache_size",
 
 	"HiCache.Enabled": "hicache.enabled_at_start", "HiCache.Bytes": "hicache.size_bytes", "HiCache.Ratio": "hicache.ratio",
@@ -127,7 +127,7 @@ func TestSettingsOf(t *testing.T) {
 		FlightRecorderLen: 256, DecisionLogLen: DefaultDecisionLogLen, CloseTimeoutMS: 5000, WaitingTimeoutMS: 3000, RequestTimeoutMS: 600000,
 		PD: &debug.PDSettings{Host: "127.0.0.1", BootstrapTimeoutMS: 10000, TransferTimeoutMS: 7000, InflightTimeoutMS: 10000,
 			AbortAckTimeoutMS: 1500, SendTimeoutMS: 2000, HeartbeatIntervalMS: 500, HeartbeatTimeoutMS: 4000, ReservedDecodeTokens: -1,
-			MaxPeerSockets: 256, PeerSocketIdleMS: 60000, ReplyQueue: 64, EarlyRoomsPerSender: 512, HandshakeTimeoutMS: 5000, BootstrapCacheSize: 64, AdvertiseHost: "127.0.0.1"},
+			MaxPeerSockets: 256, PeerSocketIdleMS: 60000, ReplyQueue: 64, EarlyRoomsPerSender: 512, HandshakeTimeoutMS: 5000, MaxConnections: 256, BootstrapCacheSize: 64, AdvertiseHost: "127.0.0.1"},
 		FaultsOn: []string{FaultStallLastRank},
 	}
 	if !reflect.DeepEqual(got, want) {
