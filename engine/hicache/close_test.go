@@ -99,3 +99,24 @@ func residentBytes(t *testing.T) int64 {
 	t.Fatal("no VmRSS in /proc/self/status")
 	return 0
 }
+
+// Close refuses while a Writer on the pool is open, or while a Backup is
+// copying into an entry.
+func TestCloseWaitsForWriters(t *testing.T) {
+	r := newRig(t, devConfig(kernels.IndexBF16), 8, 0)
+	r.ld.Close()
+	w, err := NewWriter(r.host, r.dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.host.Close(); err == nil {
+		t.Fatal("close with a writer open")
+	}
+	w.Close()
+	if _, _, err := r.host.reserve(1, 2); err != nil { // as Backup does before it copies
+		t.Fatal(err)
+	}
+	if err := r.host.Close(); !errors.Is(err, ErrPinned) {
+		t.Fatalf("close while an entry is being written: %v", err)
+	}
+}

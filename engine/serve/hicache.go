@@ -199,17 +199,17 @@ func (l *rankLoop) attachTier(pages int) error {
 	}
 	ld, err := hicache.NewLoader(host, pool, 0)
 	if err != nil {
-		return err
+		return errors.Join(err, host.Close())
 	}
 	w, err := hicache.NewWriter(host, pool)
 	if err != nil {
 		ld.Close()
-		return err
+		return errors.Join(err, host.Close())
 	}
 	if err := l.cache.AttachHost(host, ld, w, l.e.cfg.HiCache.Policy); err != nil {
 		ld.Close()
 		w.Close()
-		return err
+		return errors.Join(err, host.Close())
 	}
 	// Published first, then paced: a SetHiCacheBandwidth in between either
 	// sees the loader or stored its value before this read.

@@ -136,15 +136,18 @@ const (
 // refuses it before asking ZAP. Both sockets belong to one goroutine, from
 // startAuthHandler until stop, which must come before the context's term.
 type authHandler struct {
-	ctx     zContext
-	zap     zSocket
-	mon     zSocket
-	admit   admitFunc
-	stats   *authStats
-	conns   *connCap
-	poll    time.Duration
-	closing chan struct{}
-	done    chan struct{}
+	ctx   zContext
+	zap   zSocket
+	mon   zSocket
+	admit admitFunc
+	stats *authStats
+	conns *connCap
+	// endedEarly: the last event was a handshake that failed with no
+	// detail, to be counted at the hang-up that follows it.
+	endedEarly bool
+	poll       time.Duration
+	closing    chan struct{}
+	done       chan struct{}
 }
 
 // startAuthHandler binds the ZAP handler of ctx, connects the monitor
@@ -277,18 +280,28 @@ func (h *authHandler) readEvents() bool {
 // credential fails in one of two ways, by a race between the two ends:
 // the Inbox sees its greeting name another mechanism, or the peer, which
 // saw the Inbox's greeting first, hangs up (a handshake failed with no
-// detail, which a port scan also gives). Both are refusals.
+// detail, which a port scan also gives). Both are refusals. So is a
+// connection that ends before it authenticates, unless the connection cap
+// shut it: libzmq publishes that handshake failure (whose value is an
+// errno, not the descriptor) just before the same connection's hang-up,
+// so it is judged at the hang-up.
 func (h *authHandler) countEvent(ev [][]byte) {
 	if len(ev) == 0 || len(ev[0]) < 6 {
 		return
 	}
 	event, value := binary.NativeEndian.Uint16(ev[0]), binary.NativeEndian.Uint32(ev[0][2:])
-	h.conns.event(event, int32(value))
+	capped := h.conns.event(event, int32(value))
 	switch {
 	case event == eventDisconnected:
-		h.stats.disconnects.Add(1)
+		if !capped {
+			h.stats.disconnects.Add(1)
+			if h.endedEarly {
+				h.stats.deny("connection ended before it authenticated")
+			}
+		}
+		h.endedEarly = false
 	case event == eventHandshakeFailedNoDetail:
-		h.stats.deny("connection ended before it authenticated")
+		h.endedEarly = true
 	case event != eventHandshakeFailedProtocol:
 	case value == protoErrMechanismMismatch:
 		h.stats.deny("no credential, or another security mechanism")

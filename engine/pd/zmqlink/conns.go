@@ -21,6 +21,24 @@ import (
 // monitor can drop events under a flood (its queue is bounded): a lost
 // accept undercounts, and a lost hang-up is found when the cap is reached,
 // by checking each remembered descriptor again.
+//
+// The events of one connection come in order, and with one I/O thread (as
+// every Inbox of engine/serve has) those of all connections do: a
+// descriptor's hang-up is published before libzmq closes it, so before
+// any accept that reuses it. Events are read late, though: when the cap
+// is reached, a connection may be shut on an accept whose place a hang-up
+// still in the queue had freed; being ZeroMQ, it reconnects. With more I/O
+// threads a connection's accept may be published after another thread has
+// already seen it end; the cap then still bounds the count but may shut a
+// newer connection than the one past it.
+//
+// The cap cannot tell a stranger's connection from a member's before the
+// handshake ends (libzmq's events do not say which connection
+// authenticated), so while a stranger holds every place, members are
+// refused as well, for as long as he keeps them: each silent connection
+// ends with the handshake timeout. That is the trade: the PD socket is
+// shut to newcomers during such a flood, instead of the process running
+// out of descriptors for everything, HTTP included.
 
 // Monitor events the connection cap reads (zmq.h): the value of each is
 // the connection's descriptor.
@@ -43,28 +61,37 @@ type connCap struct {
 	max     int
 	port    atomic.Int64 // the Inbox's TCP port once bound; 0: nothing is shut down
 	live    map[int32]struct{}
+	shut    map[int32]struct{} // shut by the cap, until their hang-up
 	open    atomic.Int64
+	closing atomic.Int64 // len(shut)
 	refused atomic.Uint64
 }
 
 func newConnCap(max int) *connCap {
-	return &connCap{max: max, live: make(map[int32]struct{})}
+	return &connCap{max: max, live: make(map[int32]struct{}), shut: make(map[int32]struct{})}
 }
 
 // bound tells the cap the socket's endpoint, once it is bound.
 func (c *connCap) bound(endpoint string) { c.port.Store(int64(endpointPort(endpoint))) }
 
-// event takes one monitor event.
-func (c *connCap) event(event uint16, fd int32) {
+// event takes one monitor event and reports whether it is the hang-up of
+// a connection the cap shut, which the caller counts as neither a
+// disconnect nor a failed authentication.
+func (c *connCap) event(event uint16, fd int32) (capped bool) {
 	switch event {
 	case eventAccepted:
 		c.accepted(fd)
 	case eventDisconnected:
+		if _, capped = c.shut[fd]; capped {
+			delete(c.shut, fd)
+		}
 		delete(c.live, fd)
 	default:
-		return
+		return false
 	}
 	c.open.Store(int64(len(c.live)))
+	c.closing.Store(int64(len(c.shut)))
+	return capped
 }
 
 func (c *connCap) accepted(fd int32) {
@@ -79,6 +106,7 @@ func (c *connCap) accepted(fd int32) {
 	if c.max > 0 && len(c.live) >= c.max && port != 0 {
 		if shutdownConnOnPort(int(fd), port) {
 			c.refused.Add(1)
+			c.shut[fd] = struct{}{}
 		}
 		return // not tracked: its hang-up will find nothing to forget
 	}

@@ -370,10 +370,10 @@ func (in *Inbox) readDisconnects(mon zSocket) {
 		}
 		if len(ev) > 0 && len(ev[0]) >= 6 {
 			event := binary.NativeEndian.Uint16(ev[0])
-			if event == eventDisconnected {
+			capped := in.conns.event(event, int32(binary.NativeEndian.Uint32(ev[0][2:])))
+			if event == eventDisconnected && !capped {
 				in.disconnects.Add(1)
 			}
-			in.conns.event(event, int32(binary.NativeEndian.Uint32(ev[0][2:])))
 		}
 		mon.release()
 	}
