@@ -17,16 +17,18 @@ import (
 
 // TestRunLoadQueuesPastTheBootstrapTimeout runs the load benchmark through
 // a real router, prefill and decode whose decode holds two sessions at a
-// time: most sessions queue far longer than the 300ms bootstrap timeout,
-// and every one completes (busy is not dead), none refused or failed.
+// time: most sessions queue longer than the 300ms bootstrap timeout, and
+// every one completes (busy is not dead), none refused or failed. The
+// timeout is short, but not so short that a first request's registry
+// lookup and connection on a loaded 2-core machine miss it (100ms did).
 func TestRunLoadQueuesPastTheBootstrapTimeout(t *testing.T) {
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
-	c := clustertest.New(t, clustertest.Options{Model: m, Config: serve.Config{PageSize: 4, KVTokens: 96, MaxRunning: 1,
-		PD: serve.PDConfig{BootstrapTimeout: 100 * time.Millisecond, HeartbeatInterval: 20 * time.Millisecond}}})
+	c := clustertest.New(t, clustertest.Options{Model: m, Config: serve.Config{PageSize: 4, KVTokens: 208, MaxRunning: 1,
+		PD: serve.PDConfig{BootstrapTimeout: 300 * time.Millisecond, HeartbeatInterval: 20 * time.Millisecond}}})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	servers := []LoadServer{{"prefill", c.Prefill.TS.URL}, {"decode", c.Decode.TS.URL}}
-	rep, err := RunLoad(ctx, LoadConfig{URL: c.Router.URL, Model: "tiny", Vocab: m.Config.VocabSize, Sessions: 24, PromptLen: 8, MaxTokens: 32,
+	rep, err := RunLoad(ctx, LoadConfig{URL: c.Router.URL, Model: "tiny", Vocab: m.Config.VocabSize, Sessions: 24, PromptLen: 8, MaxTokens: 96,
 		Timeout: time.Minute, Servers: servers}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +36,7 @@ func TestRunLoadQueuesPastTheBootstrapTimeout(t *testing.T) {
 	if rep.Completed != 24 || rep.Failed != 0 || rep.Refused != 0 {
 		t.Fatalf("completed %d, failed %d (%v), refused %d; want all 24 completed", rep.Completed, rep.Failed, rep.Errors, rep.Refused)
 	}
-	if rep.E2EP99 < 100 {
+	if rep.E2EP99 < 300 {
 		t.Logf("the slowest session took %.0fms: the load did not queue past the bootstrap timeout", rep.E2EP99)
 	}
 	if len(rep.Queue) != 2 || rep.Queue[0].Requests != 24 || rep.Queue[1].Requests != 24 || rep.Queue[1].P99 < rep.Queue[1].P50 {
