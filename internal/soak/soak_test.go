@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdkit/pdkit/internal/procstat"
 	"github.com/pdkit/pdkit/internal/syncbuf"
 )
 
@@ -742,7 +743,7 @@ func (m *monitor) run(start, end time.Time) {
 
 func (m *monitor) sample(at time.Duration) {
 	for _, c := range m.cl.children {
-		if rss, err := rssKiB(c.pid); err != nil {
+		if rss, err := residentKiB(c.pid); err != nil {
 			m.fail("%s RSS at %v: %v", c.name, at.Round(time.Second), err)
 		} else {
 			m.add(c.name+" RSS", "MiB", at, rss/1024)
@@ -870,20 +871,8 @@ func (m *monitor) get(url string) (string, error) {
 	return string(b), err
 }
 
-// rssKiB is a process's resident set size in KiB (VmRSS in
-// /proc/PID/status).
-func rssKiB(pid int) (float64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for line := range strings.Lines(string(b)) {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			f := strings.Fields(rest)
-			if len(f) == 2 && f[1] == "kB" {
-				return strconv.ParseFloat(f[0], 64)
-			}
-		}
-	}
-	return 0, fmt.Errorf("/proc/%d/status has no VmRSS", pid)
+// residentKiB is process pid's resident set in KiB.
+func residentKiB(pid int) (float64, error) {
+	n, err := procstat.Resident(pid)
+	return float64(n) / 1024, err
 }

@@ -46,16 +46,8 @@ func testConnectionFlood(t *testing.T, zc bool, auth *PlainAuth) {
 		defer conn.Close()
 		conns[i] = conn
 		go func() {
-			// Read until the server ends the connection; the deadline
-			// only ends a test that failed.
-			conn.SetReadDeadline(time.Now().Add(20 * time.Second))
-			buf := make([]byte, 64)
-			for {
-				if _, err := conn.Read(buf); err != nil {
-					ended <- i
-					return
-				}
-			}
+			readUntilEnd(conn, 20*time.Second)
+			ended <- i
 		}()
 		// One at a time, so that the first limit are the ones kept.
 		waitFor(t, 5*time.Second, "the connection seen", func() bool {

@@ -1,38 +1,25 @@
 package zmqlink
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"io"
 	"net"
-	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pdkit/pdkit/internal/procstat"
 )
 
 // rssBytes is the process's resident set size.
 func rssBytes(t *testing.T) int64 {
 	t.Helper()
-	f, err := os.Open("/proc/self/status")
+	n, err := procstat.Resident(0)
 	if err != nil {
-		t.Skipf("no /proc/self/status: %v", err)
+		t.Skipf("no resident set to read here: %v", err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return kb << 10
-		}
-	}
-	t.Skip("no VmRSS")
-	return 0
+	return n
 }
 
 // zmtpPush opens a raw ZMTP 3.0 connection to a PULL socket as a PUSH

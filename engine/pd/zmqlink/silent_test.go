@@ -34,18 +34,7 @@ func TestRedTeamSilentConnections(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer conn.Close()
-				go func() {
-					// Read the server's greeting, then wait for the close;
-					// the deadline only ends a test that failed.
-					conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-					buf := make([]byte, 64)
-					for {
-						if _, err := conn.Read(buf); err != nil {
-							closed <- err
-							return
-						}
-					}
-				}()
+				go func() { closed <- readUntilEnd(conn, 5*time.Second) }()
 			}
 			for range n {
 				if err := <-closed; errors.Is(err, os.ErrDeadlineExceeded) {
@@ -54,5 +43,18 @@ func TestRedTeamSilentConnections(t *testing.T) {
 			}
 			waitFor(t, 5*time.Second, "the silent connections counted", func() bool { return in.Stats().AuthDenied >= n })
 		})
+	}
+}
+
+// readUntilEnd reads what the server sends (its greeting) until it ends
+// the connection, and returns the read's error; the deadline only ends a
+// test that failed (os.ErrDeadlineExceeded).
+func readUntilEnd(conn net.Conn, within time.Duration) error {
+	conn.SetReadDeadline(time.Now().Add(within))
+	buf := make([]byte, 64)
+	for {
+		if _, err := conn.Read(buf); err != nil {
+			return err
+		}
 	}
 }
