@@ -20,7 +20,7 @@ import (
 // closed meanwhile and reused elsewhere in the process is left alone. The
 // monitor can drop events under a flood (its queue is bounded): a lost
 // accept undercounts, and a lost hang-up is found when the cap is reached,
-// by checking each remembered descriptor again.
+// by checking each remembered descriptor again (once per max refusals).
 //
 // The events of one connection come in order, and with one I/O thread (as
 // every Inbox of engine/serve has) those of all connections do: a
@@ -58,13 +58,18 @@ const DefaultMaxConnections = DefaultMaxPeers
 // (0: none refused). It is used by the one goroutine that reads the
 // socket's monitor; open and refused are read by Stats.
 type connCap struct {
-	max     int
-	port    atomic.Int64 // the Inbox's TCP port once bound; 0: nothing is shut down
-	live    map[int32]struct{}
-	shut    map[int32]struct{} // shut by the cap, until their hang-up
-	open    atomic.Int64
-	closing atomic.Int64 // len(shut)
-	refused atomic.Uint64
+	max  int
+	port atomic.Int64 // the Inbox's TCP port once bound; 0: nothing is shut down
+	live map[int32]struct{}
+	shut map[int32]struct{} // shut by the cap, until their hang-up
+	// sinceCheck counts the accepts refused since the remembered
+	// descriptors were last checked: a full set is checked again once
+	// per max refusals, so that a flood costs a few system calls per
+	// connection, not two per remembered one.
+	sinceCheck int
+	open       atomic.Int64
+	closing    atomic.Int64 // len(shut)
+	refused    atomic.Uint64
 }
 
 func newConnCap(max int) *connCap {
@@ -96,7 +101,7 @@ func (c *connCap) event(event uint16, fd int32) (capped bool) {
 
 func (c *connCap) accepted(fd int32) {
 	port := int(c.port.Load())
-	if c.max > 0 && len(c.live) >= c.max {
+	if c.max > 0 && len(c.live) >= c.max && c.sinceCheck%c.max == 0 {
 		for k := range c.live {
 			if !isConnOnPort(int(k), port) {
 				delete(c.live, k) // its hang-up event was lost
@@ -104,12 +109,14 @@ func (c *connCap) accepted(fd int32) {
 		}
 	}
 	if c.max > 0 && len(c.live) >= c.max && port != 0 {
+		c.sinceCheck++
 		if shutdownConnOnPort(int(fd), port) {
 			c.refused.Add(1)
 			c.shut[fd] = struct{}{}
 		}
 		return // not tracked: its hang-up will find nothing to forget
 	}
+	c.sinceCheck = 0
 	c.live[fd] = struct{}{}
 }
 

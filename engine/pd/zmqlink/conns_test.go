@@ -98,3 +98,17 @@ func testConnectionFlood(t *testing.T, zc bool, auth *PlainAuth) {
 	}
 	waitFor(t, 10*time.Second, "the member's message, once the stranger let go", func() bool { return c.len() >= 1 })
 }
+
+// A connection whose hang-up the monitor dropped is found when the cap is
+// reached: the descriptors remembered are no longer connections on the
+// port, so they are forgotten and the new connection takes a place.
+func TestConnCapForgetsLostHangUps(t *testing.T) {
+	c := newConnCap(2)
+	c.bound("tcp://127.0.0.1:5557")
+	c.event(eventAccepted, 1<<20) // descriptors no process has open
+	c.event(eventAccepted, 1<<20+1)
+	c.event(eventAccepted, 1<<20+2)
+	if _, ok := c.live[1<<20+2]; !ok || c.open.Load() != 1 || c.refused.Load() != 0 {
+		t.Fatalf("live %v, %d open, %d refused: want only the last accept, none refused", c.live, c.open.Load(), c.refused.Load())
+	}
+}
