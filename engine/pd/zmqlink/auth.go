@@ -156,7 +156,7 @@ func startAuthHandler(ctx zContext, admit admitFunc, stats *authStats, conns *co
 	h := &authHandler{ctx: ctx, admit: admit, stats: stats, conns: conns, poll: poll,
 		closing: make(chan struct{}), done: make(chan struct{})}
 	var err error
-	if h.zap, err = innerSocket(ctx, kindREP, zapEndpoint, true); err != nil {
+	if h.zap, err = innerSocket(ctx, kindREP, zapEndpoint, true, 0); err != nil {
 		return nil, fmt.Errorf("zmqlink: zap handler: %w", err)
 	}
 	if h.mon, err = monitorSocket(ctx, monitorEndpoint); err != nil {
@@ -167,13 +167,17 @@ func startAuthHandler(ctx zContext, admit admitFunc, stats *authStats, conns *co
 	return h, nil
 }
 
-// innerSocket makes an inproc socket of kind k, bound to or connected to ep.
-func innerSocket(ctx zContext, k sockKind, ep string, bind bool) (zSocket, error) {
+// innerSocket makes an inproc socket of kind k, bound to or connected to ep,
+// that queues at most rcvHWM incoming messages (0: libzmq's default).
+func innerSocket(ctx zContext, k sockKind, ep string, bind bool, rcvHWM int) (zSocket, error) {
 	s, err := ctx.socket(k)
 	if err != nil {
 		return nil, err
 	}
 	err = s.setLinger(0)
+	if err == nil && rcvHWM > 0 {
+		err = s.setOpt(optRcvHWM, rcvHWM)
+	}
 	if err == nil && bind {
 		err = s.bind(ep)
 	} else if err == nil {

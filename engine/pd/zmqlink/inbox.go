@@ -341,22 +341,7 @@ const monitorQueue = 100_000
 // monitorSocket connects the reading end of a socket monitor published on
 // ep.
 func monitorSocket(ctx zContext, ep string) (zSocket, error) {
-	s, err := ctx.socket(kindPAIR)
-	if err != nil {
-		return nil, err
-	}
-	err = s.setLinger(0)
-	if err == nil {
-		err = s.setOpt(optRcvHWM, monitorQueue)
-	}
-	if err == nil {
-		err = s.connect(ep)
-	}
-	if err != nil {
-		s.close()
-		return nil, err
-	}
-	return s, nil
+	return innerSocket(ctx, kindPAIR, ep, false, monitorQueue)
 }
 
 // readDisconnects takes the events the monitor has published: each one's
