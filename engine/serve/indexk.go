@@ -19,10 +19,17 @@ import (
 // tier, reallocates its index-K buffers and, if the tier was on, attaches a
 // new one in the new layout. If the engine has not drained within the
 // switch's bound, rank 0 aborts what is left (AbortBySwitch: a clear reason
-// on every stream) and switches as soon as the aborts have run. On a PD
-// server no room spans the switch: the machine is empty when it happens,
-// and a peer still in the old precision is refused at the handshake
-// (TRANSFER_INFO carries the precision), with that reason.
+// on every stream) and switches as soon as the aborts have run.
+//
+// On a PD server the drain waits for every room past the handshake, and for
+// none still in it (rooms.Machine.Handshaking): a prefill room waiting for
+// its decode's TRANSFER_INFO, a decode room waiting for its registry or
+// pages. Those hold nothing in either precision, and a prefill that waited
+// for them could wait until its bound: their decode may be out of pages,
+// held by rooms whose prefill half arrived after the drain began and waits
+// behind it. They span the switch and meet the new precision at the
+// handshake, where a peer still in the old one is refused (TRANSFER_INFO
+// carries the precision), with that reason.
 
 // AbortBySwitch: the request was in flight when an index-K precision switch
 // ran out of its drain bound.
@@ -106,12 +113,13 @@ func (e *Engine) draining() *indexKOp {
 }
 
 // drainStep, on rank 0 while a switch drains, puts the switch into the step
-// input once the ranks hold no request, or the aborts of everything still
-// held once the bound has passed. Everything it reads (scheduler, PD
-// machine, requests) is state every rank holds alike.
+// input once the ranks hold no request but PD rooms still in the
+// handshake, or, once the bound has passed, the aborts of everything else
+// still held. Everything it reads (scheduler, PD machine, requests) is
+// state every rank holds alike.
 func (l *rankLoop) drainStep(op *indexKOp, in *stepInput) {
 	e := l.e
-	if l.sched.Len() == 0 && l.pdRooms() == 0 && len(l.seqs) == 0 && len(in.adds) == 0 {
+	if l.sched.Len() == 0 && l.pdRooms() == l.pdHandshaking() && len(l.seqs) == 0 && len(in.adds) == 0 {
 		in.switchIndexK, in.indexK = true, op.to
 		if l.cache != nil && l.cache.Attached() {
 			// Sized here, once, for every rank: a rank that read the
@@ -133,7 +141,7 @@ func (l *rankLoop) drainStep(op *indexKOp, in *stepInput) {
 	}
 	op.cutting = true
 	for id, r := range e.front {
-		if r.cut == "" {
+		if r.cut == "" && !l.pdInHandshake(id) {
 			r.cut = ReasonAbort
 			in.aborts = append(in.aborts, abortMsg{id: id, by: AbortBySwitch})
 			op.cut++

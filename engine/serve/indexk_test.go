@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
+	"github.com/pdkit/pdkit/internal/testmodel"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -162,9 +164,14 @@ func TestIndexKSwitchDrainBound(t *testing.T) {
 // switch, as pdserve does.
 func switchPair(t *testing.T, cfg Config) *pdPair {
 	t.Helper()
+	return switchPairCfg(t, cfg, cfg)
+}
+
+// switchPairCfg is switchPair with a config for each side.
+func switchPairCfg(t *testing.T, pc, dc Config) *pdPair {
+	t.Helper()
 	m := tinyModel(t)
 	var reg atomic.Pointer[bootstrap.Registry]
-	pc, dc := cfg, cfg
 	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
 	pc.PD.OnRankInfos = func(infos []pdproto.RankInfo) {
 		if err := reg.Load().Replace(infos); err != nil {
@@ -254,4 +261,68 @@ func TestIndexKSwitchPD(t *testing.T) {
 			t.Errorf("%s: index-K %v", e.cfg.Role, e.IndexK())
 		}
 	}
+}
+
+// A prefill's switch does not wait for the rooms still waiting for their
+// decode's word: they hold nothing in either precision, and their decode
+// may be waiting for pages that only requests the drain holds back would
+// free. Here the decode has pages for one request. A holds them, its KV
+// due from a prefill half that reaches the prefill only after the switch
+// began (the drain keeps it queued); B, admitted on both sides before,
+// waits for those pages, its decode renewing B's lease on the prefill.
+// A drain that waited for B would wait out A's transfer timeout or its own
+// bound. Instead the switch runs at once; A then fails on the handshake
+// (its decode is still fp8), which frees B's pages, and B fails the same
+// way; once the decode switches too, the pair serves.
+func TestIndexKSwitchSkipsRoomsInBootstrap(t *testing.T) {
+	pc := Config{TP: 2, PageSize: 4, KVTokens: 512, MaxRunning: 4, IndexK: kernels.IndexFP8,
+		PD: PDConfig{BootstrapTimeout: time.Minute, TransferTimeout: time.Minute}}
+	dc := pc
+	dc.KVTokens, dc.PD.ReservedDecodeTokens = 32, -1 // one request's pages (each 5 for its prompt, 1 for its first token)
+	pp := switchPairCfg(t, pc, dc)
+	vocab := pp.prefill.m.Config.VocabSize
+	ps := testmodel.Prompts(73, 3, 20, 20, vocab)
+	q := func(i int) Request { return Request{Prompt: ps[i], MaxTokens: 4, IgnoreEOS: true} }
+
+	da := pp.decodeHalf(t, q(0), 31000)
+	poll(t, "A waiting for its KV", 20*time.Second, func() bool { return inQueue(pp.decode, da.s.ID, "transfer") })
+	pb, db := pp.prefillHalf(t, q(1), 31001), pp.decodeHalf(t, q(1), 31001)
+	poll(t, "B in bootstrap, its decode waiting for pages", 20*time.Second, func() bool {
+		return inQueue(pp.prefill, pb.s.ID, "bootstrap") && inQueue(pp.decode, db.s.ID, "prealloc")
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	res, err := pp.prefill.SetIndexK(ctx, kernels.IndexBF16, time.Minute)
+	if err != nil {
+		t.Fatalf("the prefill's switch: %v", err)
+	}
+	if !res.Changed || res.Aborted != 0 {
+		t.Errorf("the prefill's switch: %+v, want it done with nothing aborted", res)
+	}
+	pa := pp.prefillHalf(t, q(0), 31000)
+	// Each stream names the precisions, or on rank 0 the rank that did;
+	// the counts below say which reasons the owners had.
+	precisions := finishHas(`decode index-K "fp8", prefill "bf16"`, "another rank failed the room")
+	for _, h := range []struct {
+		what string
+		s    *Stream
+	}{{"A's prefill", pa.s}, {"A's decode", da.s}, {"B's prefill", pb.s}, {"B's decode", db.s}} {
+		expectEnd(t, h.what, h.s, precisions)
+	}
+	for _, c := range []struct {
+		e    *Engine
+		want map[string]uint64
+	}{{pp.prefill, map[string]uint64{"refused": 2}}, {pp.decode, map[string]uint64{"peer-failed": 2}}} {
+		if got := c.e.PDFailuresByReason(); !maps.Equal(got, c.want) {
+			t.Errorf("%s: failures %v, want %v", c.e.cfg.Role, got, c.want)
+		}
+	}
+	if _, err := pp.decode.SetIndexK(ctx, kernels.IndexBF16, time.Minute); err != nil {
+		t.Fatalf("the decode's switch: %v", err)
+	}
+	toks, dfin, pfin := pp.run(t, ctx, q(2), 31002)
+	if len(toks) != 4 || dfin.Reason != ReasonLength || pfin.Reason != ReasonLength {
+		t.Errorf("after both switches: %v, decode %+v, prefill %+v", toks, dfin, pfin)
+	}
+	pp.settle(t, 20*time.Second)
 }

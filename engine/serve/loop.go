@@ -513,6 +513,21 @@ func (l *rankLoop) pdRooms() int {
 	return l.pd.machine.Len()
 }
 
+// pdHandshaking counts the PD rooms still in the handshake, which an
+// index-K switch does not wait for.
+func (l *rankLoop) pdHandshaking() int {
+	if l.pd == nil {
+		return 0
+	}
+	return l.pd.machine.Handshaking()
+}
+
+// pdInHandshake reports whether request id is a PD room still in the
+// handshake.
+func (l *rankLoop) pdInHandshake(id uint64) bool {
+	return l.pd != nil && l.pd.machine.InHandshake(id)
+}
+
 // poll is the PD rooms' vote: every rank votes a KVPoll per room from what
 // it alone knows, the ranks MIN-reduce the vector (its length, the number
 // of rooms, is agreed), and every rank applies the same agreed votes.

@@ -141,6 +141,8 @@ func (h *harness) run(line string) (string, error) {
 		err = h.schedFinished(a, &out)
 	case "sent":
 		err = h.sent(a, &out)
+	case "indexk":
+		err = h.indexK(a, &out)
 	case "state":
 	default:
 		err = fmt.Errorf("unknown command %q", cmd)
@@ -436,6 +438,20 @@ func (h *harness) grant(a targs, out *strings.Builder) error {
 			fmt.Fprintf(out, "pages left for the scheduler: %d\n", left)
 		}
 		h.print(out, r, acts)
+	}
+	return nil
+}
+
+// indexK switches every rank's index-K precision, printing each refusal.
+func (h *harness) indexK(a targs, out *strings.Builder) error {
+	dt, ok := a["dt"]
+	if !ok {
+		return errors.New("indexk: want dt=")
+	}
+	for r, m := range h.ms {
+		if err := m.SetIndexKDType(dt); err != nil {
+			fmt.Fprintf(out, "r%d refused: %v\n", r, err)
+		}
 	}
 	return nil
 }

@@ -79,14 +79,39 @@ func New(cfg Config) (*Machine, error) {
 }
 
 // SetIndexKDType changes the pool's index-K precision the machine checks
-// handshakes against (a live precision switch). Only an empty machine may
-// change it: no room spans a switch.
+// handshakes against (a live precision switch). Only rooms still in the
+// handshake may span it (see Handshaking): a room past it has KV, or pages
+// for KV, in the old precision.
 func (m *Machine) SetIndexKDType(dt string) error {
-	if len(m.order) != 0 {
-		return fmt.Errorf("rooms: index-K precision switch with %d rooms", len(m.order))
+	if n := len(m.order) - m.Handshaking(); n != 0 {
+		return fmt.Errorf("rooms: index-K precision switch with %d rooms past the handshake", n)
 	}
 	m.cfg.IndexKDType = dt
 	return nil
+}
+
+// Handshaking counts the rooms still in the handshake: on a prefill in
+// Bootstrap (no KV computed, nothing sent; the decode's TRANSFER_INFO is
+// judged against the precision of the moment at every vote), on a decode
+// in Prealloc (no pages; TRANSFER_INFO not sent). They hold nothing in
+// any precision, so a switch need not wait for them, and must not: a
+// prefill room in Bootstrap may wait for decode pages that only requests
+// the switch's drain holds back would free.
+func (m *Machine) Handshaking() int {
+	n := 0
+	for id := range m.rooms {
+		if m.InHandshake(id) {
+			n++
+		}
+	}
+	return n
+}
+
+// InHandshake reports whether request id has a room here that is still in
+// the handshake (see Handshaking).
+func (m *Machine) InHandshake(id uint64) bool {
+	q := m.rooms[id]
+	return q != nil && (q.phase == Bootstrap || q.phase == Prealloc)
 }
 
 // Len is the number of rooms, the length of the vote vector.
