@@ -107,9 +107,15 @@ func TestRecoverPDPrefill(t *testing.T) {
 	if err := pp.prefill.SetFault(FaultStallLastRank, false); err != nil {
 		t.Fatal(err)
 	}
-	_, dfin := collect(t, ds, 30*time.Second)
-	if !strings.HasPrefix(pfin.Reason, "error: engine restarted: ") || !strings.HasPrefix(dfin.Reason, "error:") {
-		t.Fatalf("in flight at the restart: prefill %q, decode %q", pfin.Reason, dfin.Reason)
+	dtoks, dfin := collect(t, ds, 30*time.Second)
+	// The decode's side fails, unless its KV had all gone out before the
+	// last rank stalled: the iteration that admits a room whose
+	// TRANSFER_INFO came first can also prefill it and send its KV, and the
+	// stall comes only at the top of the next one. Such a decode needs
+	// nothing more from the prefill and finishes with the reference tokens.
+	decodeOK := strings.HasPrefix(dfin.Reason, "error:") || dfin.Reason == ReasonLength && slices.Equal(dtoks, ref)
+	if !strings.HasPrefix(pfin.Reason, "error: engine restarted: ") || !decodeOK {
+		t.Fatalf("in flight at the restart: prefill %q, decode %v %q (reference %v)", pfin.Reason, dtoks, dfin.Reason, ref)
 	}
 	// Under load the rebuilt group may have stalled past the timeout
 	// before the switch went off, and restarted once more: a request
