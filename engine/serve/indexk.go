@@ -12,14 +12,17 @@ import (
 
 // A live index-K precision switch. Every index key in a rank's pool, its
 // prefix cache and its host tier is in the precision it was written in, so
-// a switch needs an empty engine: rank 0 stops taking new requests from the
-// inbox (they wait there, queued, not refused), lets the requests it holds
-// finish, and once the scheduler and the PD machine are empty broadcasts the
-// switch in the step input; every rank then drops its cached pages and host
-// tier, reallocates its index-K buffers and, if the tier was on, attaches a
-// new one in the new layout. If the engine has not drained within the
-// switch's bound, rank 0 aborts what is left (AbortBySwitch: a clear reason
-// on every stream) and switches as soon as the aborts have run.
+// a switch needs an engine that holds none: rank 0 stops taking new
+// requests from the inbox (they wait there, queued, not refused), lets the
+// requests it holds finish, and once the scheduler and the PD machine hold
+// none broadcasts the switch in the step input; every rank then drops its
+// cached pages and host tier, reallocates its index-K buffers and, if the
+// tier was on, attaches a new one in the new layout. Once the switch's
+// bound has passed, rank 0 aborts, at every step until the switch, what
+// still holds the drain (AbortBySwitch: a clear reason on every stream)
+// but the PD rooms that only wait for their peer's word or deadline (a
+// prefill's Inflight, a decode's Aborting: an abort would not change them,
+// and their deadlines bound them), and switches as soon as it can.
 //
 // On a PD server the drain waits for every room past the handshake, and for
 // none still in it (rooms.Machine.Handshaking): a prefill room waiting for
@@ -53,8 +56,7 @@ type indexKOp struct {
 	to       kernels.IndexKDType
 	since    time.Time
 	deadline time.Time
-	cut      int  // requests aborted by the bound
-	cutting  bool // the aborts went out
+	cut      int // requests aborted by the bound
 	done     chan IndexKSwitch
 }
 
@@ -136,12 +138,25 @@ func (l *rankLoop) drainStep(op *indexKOp, in *stepInput) {
 		}
 		return
 	}
-	if op.cutting || time.Now().Before(op.deadline) {
+	if time.Now().Before(op.deadline) {
 		return
 	}
-	op.cutting = true
+	// Past the bound, every step cuts what holds the drain: a room spared
+	// while in the handshake may pass it later. Spared are the rooms in the
+	// handshake, which do not hold it, and the rooms that only wait for
+	// their peer's word or deadline, which an abort would not change; with
+	// each, its later samples, which end with it.
+	spared := map[uint64]bool{}
 	for id, r := range e.front {
-		if r.cut == "" && !l.pdInHandshake(id) {
+		if l.pdInHandshake(id) || l.pdFinishing(id) {
+			spared[id] = true
+			for _, f := range r.forks {
+				spared[f.id] = true
+			}
+		}
+	}
+	for id, r := range e.front {
+		if r.cut == "" && !spared[id] {
 			r.cut = ReasonAbort
 			in.aborts = append(in.aborts, abortMsg{id: id, by: AbortBySwitch})
 			op.cut++
@@ -150,7 +165,7 @@ func (l *rankLoop) drainStep(op *indexKOp, in *stepInput) {
 }
 
 // applyIndexK switches this rank's pool, cache, host tier and PD machine to
-// dt; the engine holds no request.
+// dt; the engine holds no request but PD rooms still in the handshake.
 func (l *rankLoop) applyIndexK(dt kernels.IndexKDType, tierPages int) error {
 	e := l.e
 	if l.cache != nil {

@@ -2,9 +2,12 @@ package serve
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -324,5 +327,133 @@ func TestIndexKSwitchSkipsRoomsInBootstrap(t *testing.T) {
 	if len(toks) != 4 || dfin.Reason != ReasonLength || pfin.Reason != ReasonLength {
 		t.Errorf("after both switches: %v, decode %+v, prefill %+v", toks, dfin, pfin)
 	}
+	pp.settle(t, 20*time.Second)
+}
+
+// pastTheBound waits until e's rank 0 has begun two iterations after
+// deadline: the second began its step input, where a draining switch cuts,
+// after the deadline.
+func pastTheBound(t *testing.T, e *Engine, deadline time.Time) {
+	t.Helper()
+	var first time.Time
+	poll(t, "two iterations past the drain bound", 20*time.Second, func() bool {
+		start := e.Snapshot().Step.Start
+		switch {
+		case !start.After(deadline):
+			return false
+		case first.IsZero():
+			first = start
+			return false
+		}
+		return start.After(first)
+	})
+}
+
+// Past its drain bound a prefill's switch cuts, at every step, what holds
+// the drain: here B, which was in the handshake at the bound (spared: it
+// held nothing) and passed it later, when its decode's word came; its
+// prompt takes six steps to prefill, so a step's cut finds it in Active.
+// X, in Inflight at the bound, is not cut (an abort would not change a room
+// that only waits for its decode's STATUS): it ends by that STATUS, and
+// the switch then runs, counting B alone. (A room that passes the
+// handshake and prefills in one step is in Inflight at the next cut, and
+// holds the drain until its STATUS or inflight timeout, as X does.)
+func TestIndexKSwitchCutsPastTheBound(t *testing.T) {
+	cfg := Config{TP: 2, PageSize: 4, KVTokens: 512, MaxRunning: 4, MaxBatchTokens: 8, PrefillChunk: 8, IndexK: kernels.IndexFP8,
+		PD: PDConfig{BootstrapTimeout: time.Minute, InflightTimeout: time.Minute}}
+	pp := newPDPair(t, cfg)
+	f := newFakeDecode(t, pp)
+	vocab := pp.prefill.m.Config.VocabSize
+	qx := Request{Prompt: testmodel.Prompts(79, 1, 8, 8, vocab)[0], MaxTokens: 1}
+	qb := Request{Prompt: testmodel.Prompts(83, 1, 48, 48, vocab)[0], MaxTokens: 1}
+	x := f.inflight(qx, 32000)
+	b := pp.prefillHalf(t, qb, 32001)
+	poll(t, "B in bootstrap", 20*time.Second, func() bool { return inQueue(pp.prefill, b.s.ID, "bootstrap") })
+
+	const drain = 50 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type outcome struct {
+		res IndexKSwitch
+		err error
+	}
+	done := make(chan outcome, 1)
+	deadline := time.Now().Add(drain)
+	go func() {
+		res, err := pp.prefill.SetIndexK(ctx, kernels.IndexBF16, drain)
+		done <- outcome{res, err}
+	}()
+	pastTheBound(t, pp.prefill, deadline)
+	if !inQueue(pp.prefill, b.s.ID, "bootstrap") || !inQueue(pp.prefill, x.s.ID, "inflight") {
+		t.Fatalf("past the bound: B in bootstrap %v, X in flight %v; want both still held", inQueue(pp.prefill, b.s.ID, "bootstrap"), inQueue(pp.prefill, x.s.ID, "inflight"))
+	}
+	f.toEach(func(r int) pdproto.Message {
+		return &pdproto.TransferInfo{Room: 32001, Endpoint: f.inbox[r].Endpoint(), Rank: uint32(r), Tokens: uint32(len(qb.Prompt)),
+			Prompt: pdproto.PromptFingerprint(qb.Prompt), IndexKDType: "fp8", RequestID: "fake"}
+	})
+	expectEnd(t, "B, past the handshake after the bound", b.s, finishIs(ReasonAbort))
+	f.status(32000, pdproto.Success, "")
+	expectEnd(t, "X, acknowledged", x.s, finishIs(ReasonLength))
+	o := <-done
+	if o.err != nil || !o.res.Changed || o.res.Aborted != 1 {
+		t.Errorf("the switch: %+v %v, want it done with B alone aborted", o.res, o.err)
+	}
+	pp.settle(t, 20*time.Second)
+}
+
+// A decode's switch past its bound cuts the room that holds the drain (A,
+// waiting for KV its prefill never gets) and spares a request still in the
+// handshake with all its samples (B, two of them, whose prefill registry
+// has not answered yet): once A's abort has run the switch goes, counting
+// A alone. B then meets the new precision at its handshake: its prefill,
+// still fp8, no longer fits, and both samples end with that failure.
+func TestIndexKSwitchSparesSamplesInTheHandshake(t *testing.T) {
+	cfg := Config{TP: 2, PageSize: 4, KVTokens: 512, MaxRunning: 4, IndexK: kernels.IndexFP8,
+		PD: PDConfig{BootstrapTimeout: time.Minute, TransferTimeout: time.Minute}}
+	pp := switchPairCfg(t, cfg, cfg)
+	ps := testmodel.Prompts(89, 2, 20, 20, pp.prefill.m.Config.VocabSize)
+	// B's registry: the prefill's, answering once released.
+	release := make(chan struct{})
+	target, err := url.Parse(pp.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(slow.Close)
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // before slow.Close: it waits for the handler
+	allowRegistry(t, pp.decode, slow.URL)
+
+	da := pp.decodeHalf(t, Request{Prompt: ps[0], MaxTokens: 4, IgnoreEOS: true}, 33000)
+	poll(t, "A waiting for its KV", 20*time.Second, func() bool { return inQueue(pp.decode, da.s.ID, "transfer") })
+	dbs, err := pp.decode.SubmitN(context.Background(), Request{Prompt: ps[1], MaxTokens: 4, IgnoreEOS: true, N: 2,
+		PD: &PDRequest{Room: 33001, BootstrapURL: slow.URL}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb := pp.prefillHalf(t, Request{Prompt: ps[1], MaxTokens: 4, IgnoreEOS: true}, 33001)
+	poll(t, "B resolving its registry", 20*time.Second, func() bool { return inQueue(pp.decode, dbs[0].ID, "prealloc") })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	res, err := pp.decode.SetIndexK(ctx, kernels.IndexBF16, 50*time.Millisecond)
+	if err != nil || !res.Changed || res.Aborted != 1 {
+		t.Errorf("the decode's switch: %+v %v, want it done with A alone aborted", res, err)
+	}
+	free()
+	expectEnd(t, "A", da.s, finishIs(ReasonAbort))
+	precisions := finishHas("index_k_dtype", "index-K", "another rank failed the room")
+	for i, s := range dbs {
+		expectEnd(t, fmt.Sprintf("B's sample %d", i), s, precisions)
+	}
+	// The decode failed B before it knew B's prefill rank: the prefill
+	// hears nothing until its bootstrap timeout; the client goes first.
+	pb.cancel()
+	expectEnd(t, "B's prefill", pb.s, finishIs(ReasonAbort))
 	pp.settle(t, 20*time.Second)
 }

@@ -528,6 +528,12 @@ func (l *rankLoop) pdInHandshake(id uint64) bool {
 	return l.pd != nil && l.pd.machine.InHandshake(id)
 }
 
+// pdFinishing reports whether request id is a PD room that waits only for
+// its peer's word or its deadline.
+func (l *rankLoop) pdFinishing(id uint64) bool {
+	return l.pd != nil && l.pd.machine.Finishing(id)
+}
+
 // poll is the PD rooms' vote: every rank votes a KVPoll per room from what
 // it alone knows, the ranks MIN-reduce the vector (its length, the number
 // of rooms, is agreed), and every rank applies the same agreed votes.

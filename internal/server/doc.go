@@ -281,7 +281,8 @@
 // (serve.Engine.SetIndexK; 400 for a model without a sparse indexer): the
 // engine stops admitting (new requests wait, queued), lets the requests in
 // flight finish for at most ?drain= (a Go duration, default 30s; 400 when
-// bad or negative), aborts what is left, and switches every rank. The call
+// bad or negative), aborts what is left (but PD rooms still in the
+// handshake, which span the switch), and switches every rank. The call
 // waits for it, up to the drain and Options.IndexKMargin past it (10s,
 // debug.IndexKSwitchMargin), and answers debug.IndexKSwitchResponse: 200
 // with from, to, changed (false when the server already ran it), paused_ms

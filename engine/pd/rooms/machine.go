@@ -114,6 +114,15 @@ func (m *Machine) InHandshake(id uint64) bool {
 	return q != nil && (q.phase == Bootstrap || q.phase == Prealloc)
 }
 
+// Finishing reports whether request id has a room here whose work on this
+// side is done and which waits only for its peer's word or its deadline:
+// a prefill room in Inflight, a decode room in Aborting. Abort does not
+// change it (see Abort).
+func (m *Machine) Finishing(id uint64) bool {
+	q := m.rooms[id]
+	return q != nil && (q.phase == Inflight || q.phase == Aborting)
+}
+
 // Len is the number of rooms, the length of the vote vector.
 func (m *Machine) Len() int { return len(m.order) }
 
