@@ -465,12 +465,18 @@ func TestClusterBootstrapAbortCrashWedges(t *testing.T) {
 		p := testmodel.Prompts(99, 1, 10, 20, m.Config.VocabSize)[0]
 		complete(ctx, c.client, c.router.URL, body(p, 77, true, nil))
 	}()
+	// The held session, not a drill session still there (theirs have 100
+	// tokens or more): cancelled before its decode sent TRANSFER_INFO, it
+	// would send no ABORT.
 	poll(t, "the held session in the decode's transfer queue", 10*time.Second, func() bool {
-		var n int
 		for _, rk := range pdState(t, c.client, c.decode).Ranks {
-			n += rk.Counts[debug.PDQueueTransfer]
+			for _, e := range rk.Entries {
+				if e.Queue == debug.PDQueueTransfer && e.Tokens < 100 {
+					return true
+				}
+			}
 		}
-		return n > 0
+		return false
 	})
 	cancel()
 	<-held
