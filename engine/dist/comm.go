@@ -122,7 +122,7 @@ func (c *Comm) do(ctx context.Context, call Call, a arg, result func(*round)) er
 	defer c.busy.Store(false)
 	c.seq++
 	seq := c.seq
-	call.Rank, call.Arrived = c.rank, true
+	call.Rank, call.Arrived, call.Tag = c.rank, true, tagOf(ctx)
 	if c.g.inject != nil {
 		if err := c.g.inject(c.rank, seq, call.Op); err != nil {
 			c.begin(seq, call, c.g.clock())

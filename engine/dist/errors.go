@@ -65,9 +65,10 @@ type Call struct {
 	Arrived bool // false: the rank had not entered this seq when the error was made
 	Op      Op
 	Elem    Elem
-	Count   int // elements in the rank's buffer; -1 for a non-root of BroadcastBytes
-	Root    int // broadcast root; -1 for other ops
-	Out     int // AllGather output length; -1 for other ops
+	Count   int    // elements in the rank's buffer; -1 for a non-root of BroadcastBytes
+	Root    int    // broadcast root; -1 for other ops
+	Out     int    // AllGather output length; -1 for other ops
+	Tag     string // what the caller called it for (WithTag); "" when untagged
 }
 
 func (c Call) String() string {
@@ -88,6 +89,9 @@ func (c Call) String() string {
 	}
 	if c.Out >= 0 {
 		fmt.Fprintf(&b, " out[%d]", c.Out)
+	}
+	if c.Tag != "" {
+		fmt.Fprintf(&b, " in %s", c.Tag)
 	}
 	return b.String()
 }

@@ -307,6 +307,11 @@ func (g *Group) check(r *round, rank int) string {
 			return "element type"
 		case o.Root != c.Root:
 			return "root"
+		case o.Tag != c.Tag && o.Tag != "" && c.Tag != "":
+			// The same operation for another purpose: the ranks are in
+			// different phases of their protocol, which a collective
+			// layer that checks only shapes would let pass or hang.
+			return "tag"
 		case c.Elem == ElemByte:
 			// BroadcastBytes: only the root knows the length.
 		case o.Count != c.Count:

@@ -12,7 +12,8 @@ type Record struct {
 	Seq   uint64
 	Op    Op
 	Elem  Elem
-	Bytes int // the rank's input bytes (the root's data for BroadcastBytes, 0 on other ranks)
+	Tag   string // what the caller called it for (WithTag)
+	Bytes int    // the rank's input bytes (the root's data for BroadcastBytes, 0 on other ranks)
 	Start time.Time
 	End   time.Time // zero while the call waits
 	// Outcome is "" while the call waits, "ok" on success, else the error text.
@@ -25,7 +26,7 @@ func (r Record) Waiting() bool { return r.End.IsZero() }
 // begin publishes the start of call seq.
 func (c *Comm) begin(seq uint64, call Call, start time.Time) {
 	n := max(call.Count, 0)
-	rec := &Record{Seq: seq, Op: call.Op, Elem: call.Elem, Bytes: n * call.Elem.size(), Start: start}
+	rec := &Record{Seq: seq, Op: call.Op, Elem: call.Elem, Tag: call.Tag, Bytes: n * call.Elem.size(), Start: start}
 	c.ring[(seq-1)%uint64(len(c.ring))].Store(rec)
 	c.last.Store(rec)
 	c.waiting.Store(rec)
