@@ -35,7 +35,7 @@ func (c *Cursor) At() (Row, bool) {
 // runs N+1's control rows beside N's forward pass), but it must come once
 // the iteration's plan is agreed.
 func (c *Cursor) Enter(p Phase) error {
-	if p >= numPhases {
+	if p >= NumPhases {
 		return fmt.Errorf("rankcore: %s table: unknown phase %d", c.t.Name, uint8(p))
 	}
 	if p.Comm() == Fwd {

@@ -22,7 +22,7 @@ const (
 	Forward              // the model's own collectives over the batch
 	Results              // rank 0's sampled tokens and the step's aborts, broadcast
 	Fork                 // free pages and rows for the samples of a first token, MIN
-	numPhases
+	NumPhases // the number of phases, for arrays indexed by phase
 )
 
 // Comm names a communicator of the rank group.
@@ -48,7 +48,7 @@ type phaseInfo struct {
 	proposes string  // what each rank contributes
 }
 
-var phases = [numPhases]phaseInfo{
+var phases = [NumPhases]phaseInfo{
 	Input:   {"input", Control, dist.OpBroadcast, "rank 0: the inbox's requests and aborts, its clock, the switches"},
 	Poll:    {"poll", Control, dist.OpAllReduceMin, "one KVPoll vote per PD room, from the rank's own mail and sends"},
 	Admit:   {"admit", Control, dist.OpAllReduceMin, "per joining request: device match, device+host match, -device match"},
@@ -62,7 +62,7 @@ var phases = [numPhases]phaseInfo{
 
 // String is the phase's name in the decision log and the flight recorder.
 func (p Phase) String() string {
-	if p < numPhases {
+	if p < NumPhases {
 		return phases[p].name
 	}
 	return fmt.Sprintf("phase(%d)", uint8(p))
@@ -80,7 +80,7 @@ func (p Phase) Proposes() string { return phases[p].proposes }
 
 // ParsePhase is the phase named name.
 func ParsePhase(name string) (Phase, error) {
-	for p := range numPhases {
+	for p := range NumPhases {
 		if phases[p].name == name {
 			return p, nil
 		}
@@ -90,8 +90,8 @@ func ParsePhase(name string) (Phase, error) {
 
 // Phases are every phase, in the lock-step table's order.
 func Phases() []Phase {
-	out := make([]Phase, numPhases)
-	for p := range numPhases {
+	out := make([]Phase, NumPhases)
+	for p := range NumPhases {
 		out[p] = p
 	}
 	return out

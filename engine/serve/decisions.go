@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/engine/dist"
+	"github.com/pdkit/pdkit/engine/rankcore"
 )
 
 // # The decision log
@@ -19,8 +20,8 @@ import (
 // records differ is where the ranks parted, and each record says what its
 // rank saw (api/debug.FirstDivergence finds it).
 //
-// The loop notes each agreement as it happens (the note* hooks in loop.go
-// and fork.go) into the iteration's open record and appends the record to a
+// The loop notes each agreement as it happens (agreeInts and the note*
+// hooks in loop.go) into the iteration's open record and appends the record to a
 // ring when it publishes its step. Both take the log's mutex, which a
 // reader holds only to copy the ring: no allocation and no wait on a
 // reader beyond that copy, and a reader answers while the loop is stuck,
@@ -30,7 +31,8 @@ import (
 const DefaultDecisionLogLen = 256
 
 // The names of the agreements an iteration makes on the control
-// communicator, in the order it makes them (see rankLoop.iterate).
+// communicator: its phases' names, in the order of the lock-step table
+// (engine/rankcore, which TestAgreeNamesArePhases holds them to).
 const (
 	AgreeInput   = "input"   // the step input broadcast
 	AgreePoll    = "poll"    // the PD rooms' votes, MIN
@@ -205,13 +207,9 @@ func (l *rankLoop) noteInput(in stepInput) {
 	log.mu.Unlock()
 }
 
-// note adds an agreed vector to the open record; name AgreeFork stands
-// for both forks (AgreePDFork before the step's results).
-func (l *rankLoop) note(name string, vals []int64) {
-	ag := agreement{name: name, op: dist.OpAllReduceMin, seq: l.comm().LastSeq(), n: len(vals), digest: fnvOffset}
-	if name == AgreePlan {
-		ag.op = dist.OpAllReduceMax
-	}
+// note adds phase p's agreed vector to the open record.
+func (l *rankLoop) note(p rankcore.Phase, vals []int64) {
+	ag := agreement{name: p.String(), op: p.Op(), seq: l.comm().LastSeq(), n: len(vals), digest: fnvOffset}
 	for _, v := range vals {
 		ag.digest = fnvU64(ag.digest, uint64(v))
 	}
@@ -221,18 +219,15 @@ func (l *rankLoop) note(name string, vals []int64) {
 	l.add(ag)
 }
 
-// noteBytes adds an agreed broadcast to the open record.
-func (l *rankLoop) noteBytes(name string, b []byte) {
-	l.add(agreement{name: name, op: dist.OpBroadcast, seq: l.comm().LastSeq(), n: len(b), digest: fnvByte(fnvOffset, b)})
+// noteBytes adds phase p's agreed broadcast to the open record.
+func (l *rankLoop) noteBytes(p rankcore.Phase, b []byte) {
+	l.add(agreement{name: p.String(), op: p.Op(), seq: l.comm().LastSeq(), n: len(b), digest: fnvByte(fnvOffset, b)})
 }
 
 func (l *rankLoop) add(ag agreement) {
 	log := l.dlog
 	log.mu.Lock()
 	c := &log.cur
-	if ag.name == AgreeFork && !slices.ContainsFunc(c.ags[:c.na], func(a agreement) bool { return a.name == AgreeResults }) {
-		ag.name = AgreePDFork
-	}
 	if c.na < len(c.ags) {
 		c.ags[c.na] = ag
 		c.na++

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/engine/kvcache"
+	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/engine/sched"
 )
 
@@ -41,13 +42,12 @@ type forkOf struct {
 }
 
 // forkRoom reduces the room to fork in: what every rank can allocate.
-func (l *rankLoop) forkRoom() (pages, rows int, err error) {
+func (l *rankLoop) forkRoom(p rankcore.Phase) (pages, rows int, err error) {
 	pool := l.rk.Pool()
 	reduced := []int64{int64(l.freePages()), int64(pool.Config().MaxSeqs - pool.Live())}
-	if err := l.comm().AllReduceMinInt(ctx, reduced); err != nil {
-		return 0, 0, fmt.Errorf("serve: rank %d: fork room: %w", l.r, err)
+	if err := l.agreeInts(p, reduced); err != nil {
+		return 0, 0, err
 	}
-	l.note(AgreeFork, reduced)
 	return int(reduced[0]), int(reduced[1]), nil
 }
 
@@ -58,7 +58,7 @@ func (l *rankLoop) forkAll(fs []forkOf) error {
 	if len(fs) == 0 {
 		return nil
 	}
-	pages, rows, err := l.forkRoom()
+	pages, rows, err := l.forkRoom(rankcore.Fork)
 	if err != nil {
 		return err
 	}
@@ -184,7 +184,7 @@ func (l *rankLoop) pdForkAll(free int) (int, error) {
 		return free, nil
 	}
 	l.pdForks = nil
-	pages, rows, err := l.forkRoom()
+	pages, rows, err := l.forkRoom(rankcore.PDFork)
 	if err != nil {
 		return 0, err
 	}

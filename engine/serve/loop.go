@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/pdkit/pdkit/engine/hicache"
 	"github.com/pdkit/pdkit/engine/pd/rooms"
 	"github.com/pdkit/pdkit/engine/prefix"
+	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/engine/sched"
 	"github.com/pdkit/pdkit/engine/tp"
 )
@@ -44,6 +44,10 @@ type rankLoop struct {
 	beat atomic.Int64 // unix nanoseconds of the last iteration's start
 	last atomic.Pointer[StepRecord]
 
+	// cursor is where the rank is in its loop's table: every collective
+	// the loop runs itself enters its phase there first (agreeInts,
+	// agreeBytes), so none runs out of the table's order.
+	cursor   *rankcore.Cursor
 	wire     []byte        // rank 0's encoding buffer
 	dlog     *decisionLog  // the rank's decision log (decisions.go)
 	quit     chan struct{} // closed when the group is given up or the engine stops (recover.go)
@@ -77,6 +81,70 @@ var ctx = context.Background()
 // comm is the rank's control communicator: every collective the loop runs
 // itself goes there; the forward pass's own run on the rank's forward one.
 func (l *rankLoop) comm() *dist.Comm { return l.e.control.Rank(l.r) }
+
+// phaseCtx is the loops' context tagged with each phase's name, which the
+// flight recorder keeps and the collective layer checks across ranks.
+var phaseCtx = func() (c [rankcore.NumPhases]context.Context) {
+	for _, p := range rankcore.Phases() {
+		c[p] = dist.WithTag(ctx, p.String())
+	}
+	return c
+}()
+
+// table is the loop's table of phases (engine/rankcore).
+func (c Config) table() *rankcore.Table {
+	if c.Schedule == ScheduleOverlap {
+		return &rankcore.Overlap
+	}
+	return &rankcore.Lockstep
+}
+
+// agreeInts runs phase p's reduction of the rank's proposal vals, as its
+// table says, and notes the agreed values in the decision log.
+func (l *rankLoop) agreeInts(p rankcore.Phase, vals []int64) error {
+	if err := l.cursor.Enter(p); err != nil {
+		return fmt.Errorf("serve: rank %d: %w", l.r, err)
+	}
+	var err error
+	switch p.Op() {
+	case dist.OpAllReduceMin:
+		err = l.comm().AllReduceMinInt(phaseCtx[p], vals)
+	case dist.OpAllReduceMax:
+		err = l.comm().AllReduceMaxInt(phaseCtx[p], vals)
+	default:
+		return fmt.Errorf("serve: rank %d: phase %s is no reduction", l.r, p)
+	}
+	if err != nil {
+		return fmt.Errorf("serve: rank %d: %s: %w", l.r, p, err)
+	}
+	l.note(p, vals)
+	return nil
+}
+
+// agreeBytes runs phase p's broadcast of rank 0's data, as its table says;
+// the caller notes what it decoded.
+func (l *rankLoop) agreeBytes(p rankcore.Phase, data []byte) ([]byte, error) {
+	if err := l.cursor.Enter(p); err != nil {
+		return nil, fmt.Errorf("serve: rank %d: %w", l.r, err)
+	}
+	if p.Op() != dist.OpBroadcast {
+		return nil, fmt.Errorf("serve: rank %d: phase %s is no broadcast", l.r, p)
+	}
+	got, err := l.comm().BroadcastBytes(phaseCtx[p], 0, data)
+	if err != nil {
+		return nil, fmt.Errorf("serve: rank %d: %s: %w", l.r, p, err)
+	}
+	return got, nil
+}
+
+// enterForward enters the forward pass in the table before its first
+// collective on the forward communicator.
+func (l *rankLoop) enterForward() error {
+	if err := l.cursor.Enter(rankcore.Forward); err != nil {
+		return fmt.Errorf("serve: rank %d: %w", l.r, err)
+	}
+	return nil
+}
 
 // run is the rank's loop. It returns nil when rank 0 broadcasts the stop.
 func (l *rankLoop) run() error {
@@ -161,9 +229,9 @@ func (l *rankLoop) receive(ran bool) (stepInput, error) {
 		l.wire = in.encode(l.wire[:0])
 		data = l.wire
 	}
-	got, err := l.comm().BroadcastBytes(ctx, 0, data)
+	got, err := l.agreeBytes(rankcore.Input, data)
 	if err != nil {
-		return in, fmt.Errorf("serve: rank %d: step input: %w", l.r, err)
+		return in, err
 	}
 	if err := in.decode(got); err != nil {
 		return in, fmt.Errorf("serve: rank %d: %w", l.r, err)
@@ -267,35 +335,6 @@ func (e *Engine) takeAborts() []abortMsg {
 	return cuts
 }
 
-// iterate runs one iteration from its input; ran says a forward step ran.
-//
-// Every collective of an iteration is called from here, in this order.
-// All but the forward pass's own go on the control communicator, and
-// whether each runs, and its shape, depends on agreed values only (the
-// broadcast input, earlier reductions, the scheduler and the PD machine,
-// which every rank holds alike):
-//
-//	receive  BroadcastBytes   the step input (called by run, before iterate)
-//	poll     AllReduceMinInt  one vote per PD room, when there are rooms
-//	admit    AllReduceMinInt  the prefix-cache match of the requests joining the scheduler, when any and the cache is on
-//	room     AllReduceMinInt  free pages and free sequence rows, when there is work
-//	pd fork  AllReduceMinInt  free pages and rows, when a decode arrival of n > 1 samples forks (fork.go)
-//	agree    AllReduceMaxInt  the plan's digest, when the scheduler has requests
-//	forward  (forward comm)   the model's own collectives, when the plan runs a batch
-//	results  BroadcastBytes   the sampled tokens and the aborts that came during the step
-//	fork     AllReduceMinInt  free pages and rows, when a request of n > 1 samples its first tokens (fork.go)
-func (l *rankLoop) iterate(in stepInput, start time.Time) (bool, error) {
-	p, err := l.front(in, start)
-	if err != nil || p == nil {
-		return false, err
-	}
-	ran, ahead, err := l.back(p)
-	if ahead != nil && err == nil {
-		return ran, errors.New("serve: the overlap loop's iterations run through run, not iterate")
-	}
-	return ran, err
-}
-
 // front is an iteration up to the plan every rank agreed on: the step
 // input applied, the votes, admissions, room and plan; nil when the
 // iteration has nothing to run (it is published then).
@@ -350,7 +389,7 @@ func (l *rankLoop) front(in stepInput, start time.Time) (*planned, error) {
 			return nil, err
 		}
 	}
-	rec.Digest = digest(rec.Step, plan.Run)
+	rec.Digest = rankcore.PlanDigest(rec.Step, plan.Run)
 	if err := l.agree(rec.Digest); err != nil {
 		return nil, err
 	}
@@ -543,10 +582,9 @@ func (l *rankLoop) poll() error {
 		return nil
 	}
 	votes := l.pd.machine.Votes(l.now)
-	if err := l.comm().AllReduceMinInt(ctx, votes); err != nil {
-		return fmt.Errorf("serve: rank %d: pd poll: %w", l.r, err)
+	if err := l.agreeInts(rankcore.Poll, votes); err != nil {
+		return err
 	}
-	l.note(AgreePoll, votes)
 	acts, err := l.pd.machine.Apply(l.now, votes)
 	if err != nil {
 		return fmt.Errorf("serve: rank %d: pd poll: %w", l.r, err)
@@ -560,10 +598,9 @@ func (l *rankLoop) poll() error {
 func (l *rankLoop) room() (int, error) {
 	pool := l.rk.Pool()
 	reduced := []int64{int64(l.freePages()), int64(pool.Config().MaxSeqs - pool.Live())}
-	if err := l.comm().AllReduceMinInt(ctx, reduced); err != nil {
-		return 0, fmt.Errorf("serve: rank %d: free pages: %w", l.r, err)
+	if err := l.agreeInts(rankcore.Room, reduced); err != nil {
+		return 0, err
 	}
-	l.note(AgreeRoom, reduced)
 	free := int(reduced[0])
 	if l.pd == nil {
 		return free, nil
@@ -588,7 +625,8 @@ func (l *rankLoop) admit(adds []addMsg) error {
 	}
 	k := len(adds)
 	hms := make([]prefix.HostMatch, k)
-	n := make([]int64, 3*k) // device, total, -device
+	ms := make([]rankcore.Match, k)
+	var agreed []int64
 	if l.cache != nil {
 		for i, a := range adds {
 			if a.noCache {
@@ -596,17 +634,18 @@ func (l *rankLoop) admit(adds []addMsg) error {
 			}
 			hm := l.cache.MatchHost(a.prompt[:len(a.prompt)-1])
 			hms[i] = hm
-			n[i], n[k+i], n[2*k+i] = int64(hm.N), int64(hm.N+hm.Host), -int64(hm.N)
+			ms[i] = rankcore.Match{Device: hm.N, Total: hm.N + hm.Host}
 		}
-		if err := l.comm().AllReduceMinInt(ctx, n); err != nil {
-			return fmt.Errorf("serve: rank %d: prefix match: %w", l.r, err)
+		agreed = rankcore.AdmitProposal(ms)
+		if err := l.agreeInts(rankcore.Admit, agreed); err != nil {
+			return err
 		}
-		l.note(AgreeAdmit, n)
 	}
 	for i, a := range adds {
-		dev, total := int(n[i]), int(n[k+i])
-		if int(-n[2*k+i]) != dev {
-			total = dev // the ranks' device caches differ: load nothing
+		var dev, total int
+		if agreed != nil {
+			m := rankcore.AdmitAgreed(agreed, i, k)
+			dev, total = m.Device, m.Total
 		}
 		s := &seqState{all: append(make([]int32, 0, len(a.prompt)+a.maxTokens), a.prompt...),
 			maxTokens: a.maxTokens, ignoreEOS: a.ignoreEOS, stop: a.stop}
@@ -738,38 +777,14 @@ func (l *rankLoop) freePages() int {
 // agree MAX-reduces the plan digest and its negation: the ranks agree when
 // the maximum equals the minimum.
 func (l *rankLoop) agree(d uint64) error {
-	v := int64(d >> 2)
-	buf := []int64{v, -v}
-	if err := l.comm().AllReduceMaxInt(ctx, buf); err != nil {
-		return fmt.Errorf("serve: rank %d: plan agreement: %w", l.r, err)
+	buf := rankcore.AgreeProposal(d)
+	if err := l.agreeInts(rankcore.Agree, buf); err != nil {
+		return err
 	}
-	l.note(AgreePlan, buf)
-	if buf[0] != -buf[1] {
+	if !rankcore.PlansAgree(buf) {
 		return fmt.Errorf("%w: rank %d at step %d", errDiverged, l.r, l.step+1)
 	}
 	return nil
-}
-
-// digest is FNV-1a over the step number and (id, start, tokens) of every
-// batch item, in order.
-func digest(step uint64, run []sched.Item) uint64 {
-	h := fnv.New64a()
-	var buf [24]byte
-	put64(buf[:], step)
-	h.Write(buf[:8])
-	for _, it := range run {
-		put64(buf[0:], it.ID)
-		put64(buf[8:], uint64(it.Start))
-		put64(buf[16:], uint64(it.Tokens))
-		h.Write(buf[:])
-	}
-	return h.Sum64()
-}
-
-func put64(b []byte, v uint64) {
-	for i := range 8 {
-		b[i] = byte(v >> (8 * i))
-	}
 }
 
 // prepare starts the sequences of admissions on their cached prefixes,
@@ -899,11 +914,11 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 		l.wire = out.encode(l.wire[:0])
 		data = l.wire
 	}
-	got, err := l.comm().BroadcastBytes(ctx, 0, data)
+	got, err := l.agreeBytes(rankcore.Results, data)
 	if err != nil {
-		return out, fmt.Errorf("serve: rank %d: step output: %w", l.r, err)
+		return out, err
 	}
-	l.noteBytes(AgreeResults, got)
+	l.noteBytes(rankcore.Results, got)
 	if err := out.decode(got); err != nil {
 		return out, fmt.Errorf("serve: rank %d: %w", l.r, err)
 	}
@@ -913,6 +928,9 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 // forward runs the step's forward pass in line (the lock-step loop),
 // noting when the pass itself ran.
 func (l *rankLoop) forward(batch []tp.Input, rec *StepRecord) error {
+	if err := l.enterForward(); err != nil {
+		return err
+	}
 	if err := l.rk.Begin(ctx, batch, nil); err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/engine/sched"
 	"github.com/pdkit/pdkit/engine/tp"
 )
@@ -23,12 +24,8 @@ import (
 // in N leaves N+1's batch (the scheduler voids the same items). While N+1
 // runs, beside it: N's StepDone, the finishes and releases, the PD chunks,
 // the forks and the streaming, none of which touches N+1's batch. Every
-// decision is the lock-step loop's, on the same agreed values, in a fixed
-// order of collectives:
-//
-//	receive, poll, admit, room, pd fork, agree (N+1) on the control
-//	communicator while N's forward collectives run on the forward one;
-//	then results (N), N+1's Begin on the forward one, fork (N).
+// decision is the lock-step loop's, on the same agreed values, in the
+// order of the table rankcore.Overlap.
 //
 // The fault overlap-local-decision puts the incident's bug into this loop:
 // see localIdle.
@@ -85,6 +82,9 @@ type flight struct {
 // time the forward pass does), where a flight goroutine cost two wake-ups
 // (~10 to 25 µs each measured here).
 func (l *rankLoop) fly(plan sched.Plan, batch []tp.Input, rec StepRecord, landed *landing) (*iteration, error) {
+	if err := l.enterForward(); err != nil {
+		return nil, err
+	}
 	if err := l.rk.Begin(ctx, batch, nil); err != nil {
 		return nil, fmt.Errorf("serve: rank %d: step %d: %w", l.r, rec.Step, err)
 	}
@@ -220,7 +220,7 @@ func (l *rankLoop) replan(rec *StepRecord) (sched.Plan, error) {
 	if err != nil {
 		return sched.Plan{}, fmt.Errorf("serve: rank %d: schedule: %w", l.r, err)
 	}
-	rec.Digest = digest(rec.Step, plan.Run)
+	rec.Digest = rankcore.PlanDigest(rec.Step, plan.Run)
 	return plan, l.agree(rec.Digest)
 }
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/internal/testmodel"
 )
 
@@ -36,6 +37,11 @@ func TestFaultOverlapLocalDecision(t *testing.T) {
 	ref, fin, _ := pp.run(t, ctx, q, 7000)
 	if fin.Reason != ReasonLength {
 		t.Fatalf("before the fault: %q", fin.Reason)
+	}
+	for _, e := range []*Engine{pp.prefill, pp.decode} {
+		if err := rankcore.CheckLog(&rankcore.Overlap, controlLog(e.Collectives()[0])); err != nil {
+			t.Fatalf("%s before the fault: %v", e.cfg.Role, err)
+		}
 	}
 	room := uint64(7001)
 	for _, side := range []struct {
@@ -72,6 +78,7 @@ func TestFaultOverlapLocalDecision(t *testing.T) {
 		if lf := e.LastFailure(); lf == nil || lf.Boot != boot || "error: engine restarted: "+lf.Reason != f.Reason {
 			t.Fatalf("%s: last failure %v, want boot %d and the finish's reason", side.name, lf != nil, boot)
 		}
+		checkPartedAtIdle(t, side.name, e.LastFailure().Collectives[0])
 	}
 	// The prefill restarted first, then the decode (whose new
 	// incarnation hears the prefill's new boot number afresh).
@@ -102,6 +109,11 @@ func TestFaultOverlapLocalDecision(t *testing.T) {
 	}
 	if lp.prefill.Restarts()+lp.decode.Restarts() != 0 {
 		t.Fatalf("lockstep restarted with the switch on")
+	}
+	for _, e := range []*Engine{lp.prefill, lp.decode} {
+		if err := rankcore.CheckLog(&rankcore.Lockstep, controlLog(e.Collectives()[0])); err != nil {
+			t.Fatalf("lockstep %s with the switch on: %v", e.cfg.Role, err)
+		}
 	}
 }
 

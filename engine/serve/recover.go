@@ -15,6 +15,7 @@ import (
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/dist"
 	"github.com/pdkit/pdkit/engine/prefix"
+	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/engine/sched"
 	"github.com/pdkit/pdkit/engine/tp"
 	"github.com/pdkit/pdkit/kernels"
@@ -160,7 +161,7 @@ func (e *Engine) build(endpoints []string) error {
 		if err != nil {
 			return fail(fmt.Errorf("serve: %w", err))
 		}
-		l := &rankLoop{e: e, r: r, rk: shards.Rank(r), sched: sc, seqs: make(map[uint64]*seqState), dlog: newDecisionLog(cfg.DecisionLogLen), quit: inc.quit}
+		l := &rankLoop{e: e, r: r, rk: shards.Rank(r), sched: sc, seqs: make(map[uint64]*seqState), dlog: newDecisionLog(cfg.DecisionLogLen), quit: inc.quit, cursor: rankcore.NewCursor(cfg.table())}
 		e.loops = append(e.loops, l)
 		if cfg.Role != pdproto.RoleColocated {
 			ep := ""

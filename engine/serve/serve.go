@@ -10,29 +10,25 @@
 // and, on a prefill or decode server, its own PD queue machine
 // (engine/pd/rooms). The loops move in lock-step through two communicators
 // of the rank group (engine/dist): "control" for the loop's agreements and
-// "forward" for the model's collectives. An iteration is:
-//
-//  1. rank 0 takes the new requests and aborts from the inbox and broadcasts
-//     them with its clock (stepInput); every rank applies the bytes it
-//     received: PD requests go to the PD machine, aborts and timeouts apply,
-//     and each rank files the PD mail its own socket received;
-//  2. the ranks MIN-reduce one vote per PD room and every rank applies the
-//     agreed votes (see PD below);
-//  3. the requests joining the scheduler are added, with the prefix-cache
-//     match MIN-reduced;
-//  4. the ranks MIN-reduce their free pages (free plus evictable cached
-//     pages) and free sequence rows; a decode grants pages to its transfers
-//     within that and each rank schedules from the rest; a MAX-reduction of
-//     the plan's digest proves the plans agree (a divergence stops the
-//     engine);
-//  5. each rank releases the plan's finished and retracted sequences,
-//     evicts cached pages to make room, and runs its shard of the batch;
-//  6. rank 0 samples, streams the tokens and broadcasts them with the
-//     aborts that arrived during the step (stepOutput); every rank applies
-//     them, sends the step's KV (prefill), finishes what stopped and
-//     publishes its step record.
-//
-// rankLoop.iterate calls every one of these collectives, in this order.
+// "forward" for the model's collectives. The order of an iteration's
+// collectives is a table in engine/rankcore (rankcore.Lockstep,
+// rankcore.Overlap; its package doc prints both): in each phase every rank
+// proposes a value (its PD votes, its prefix matches, its free pages, its
+// plan's digest; rank 0 its inbox and its sampled tokens), the group
+// reduces or broadcasts it, and every rank applies the agreed value. The
+// loop enters each phase through its rank's rankcore.Cursor (agreeInts,
+// agreeBytes and enterForward in loop.go), which refuses a phase out of
+// the table's order, and tags the collective with the phase's name, which
+// the flight recorder keeps and the collective layer checks across ranks.
+// In words: rank 0 broadcasts the step input; every rank applies it (PD
+// requests to the PD machine, aborts, timeouts, its own PD mail); the
+// ranks agree on the PD votes, the prefix matches of the requests that
+// join, the room (a decode grants pages to its transfers within it) and
+// the plan's digest (a divergence stops the engine); each rank runs its
+// shard of the batch; rank 0 samples, streams and broadcasts the tokens
+// with the aborts that came during the step; every rank applies them,
+// sends the step's KV (prefill), forks samples, finishes what stopped and
+// publishes its step record.
 //
 // # PD
 //
