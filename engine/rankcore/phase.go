@@ -13,16 +13,16 @@ type Phase uint8
 // The phases, in the order of the lock-step table. Their names are those
 // of the decision log and the flight recorder's tags.
 const (
-	Input   Phase = iota // rank 0's step input, broadcast
-	Poll                 // one KVPoll vote per PD room, MIN
-	Admit                // the prefix-cache matches of the requests joining, MIN
-	Room                 // free pages and free sequence rows, MIN
-	PDFork               // free pages and rows for a decode arrival's samples, MIN
-	Agree                // the plan's digest and its negation, MAX
-	Forward              // the model's own collectives over the batch
-	Results              // rank 0's sampled tokens and the step's aborts, broadcast
-	Fork                 // free pages and rows for the samples of a first token, MIN
-	NumPhases // the number of phases, for arrays indexed by phase
+	Input     Phase = iota // rank 0's step input, broadcast
+	Poll                   // one KVPoll vote per PD room, MIN
+	Admit                  // the prefix-cache matches of the requests joining, MIN
+	Room                   // free pages and free sequence rows, MIN
+	PDFork                 // free pages and rows for a decode arrival's samples, MIN
+	Agree                  // the plan's digest and its negation, MAX
+	Forward                // the model's own collectives over the batch
+	Results                // rank 0's sampled tokens and the step's aborts, broadcast
+	Fork                   // free pages and rows for the samples of a first token, MIN
+	NumPhases              // the number of phases, for arrays indexed by phase
 )
 
 // Comm names a communicator of the rank group.
