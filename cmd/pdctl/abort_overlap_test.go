@@ -23,7 +23,7 @@ func newScheduleCluster(t *testing.T, schedule string) *cluster {
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
 	cfg := testConfig
 	cfg.Schedule = schedule
-	cfg.CollectiveTimeout = 2 * time.Second
+	cfg.CollectiveWatchdog, cfg.CollectiveTimeout = time.Second, 2*time.Second
 	cc := clustertest.New(t, clustertest.Options{Model: m, Config: cfg,
 		Router: router.Options{HealthInterval: 20 * time.Millisecond}, HealthyWithin: 10 * time.Second})
 	return &cluster{m: m, prefill: nodeOf(cc.Prefill), decode: nodeOf(cc.Decode), registry: cc.Registry, router: cc.Router.URL}

@@ -151,9 +151,10 @@ func childEnv(fs *pflag.FlagSet, environ []string) []string {
 
 func launchRun(cmd *cobra.Command, o launchOptions) error {
 	stderr := cmd.ErrOrStderr()
+	if err := checkPort("--port", o.port); err != nil {
+		return err
+	}
 	switch {
-	case o.port < 0 || o.port > 65535:
-		return usagef("--port %d: want 0 to 65535", o.port)
 	case o.prefill < 1:
 		return usagef("--prefill %d: want at least 1", o.prefill)
 	case o.decode < 1:

@@ -47,6 +47,25 @@ func listen(host string, port int, flag string) (net.Listener, error) {
 	return ln, err
 }
 
+// checkPort refuses a port no listener can take, named by flag, the flag
+// that sets it. It is the commands' one check of their ports, made before
+// they build anything (listen would refuse it only after).
+func checkPort(flag string, port int) error {
+	if port < 0 || port > 65535 {
+		return usagef("%s %d: want 0 to 65535", flag, port)
+	}
+	return nil
+}
+
+// checkShutdown refuses a --shutdown-timeout serveUntilDone cannot wait
+// for: the servers' one check of it.
+func checkShutdown(timeout time.Duration) error {
+	if timeout <= 0 {
+		return usagef("--shutdown-timeout %v must be positive", timeout)
+	}
+	return nil
+}
+
 // cutGrace is how long the requests cut at a shutdown's deadline have to
 // tell their clients so before their connections are closed.
 const cutGrace = 2 * time.Second

@@ -53,8 +53,8 @@ func newRouterCmd() *cobra.Command {
 
 func routerRun(cmd *cobra.Command, o routerOptions) error {
 	stderr := cmd.ErrOrStderr()
-	if o.port < 0 || o.port > 65535 {
-		return usagef("--port %d: want 0 to 65535", o.port)
+	if err := checkPort("--port", o.port); err != nil {
+		return err
 	}
 	if len(o.prefill) == 0 || len(o.decode) == 0 {
 		return usagef("router needs at least one --prefill and one --decode server URL")
@@ -72,8 +72,11 @@ func routerRun(cmd *cobra.Command, o routerOptions) error {
 	if err := checkAdvertise(o.advertise); err != nil {
 		return err
 	}
-	if o.healthInterval <= 0 || o.shutdown <= 0 {
-		return usagef("--health-interval and --shutdown-timeout must be positive")
+	if o.healthInterval <= 0 {
+		return usagef("--health-interval %v must be positive", o.healthInterval)
+	}
+	if err := checkShutdown(o.shutdown); err != nil {
+		return err
 	}
 	if o.maxQueued < 0 {
 		return usagef("--max-queued %d: want 0 (no bound) or more", o.maxQueued)

@@ -18,6 +18,7 @@ func TestRouterUsageErrors(t *testing.T) {
 		{[]string{"router", "--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:1"}, "given twice"},
 		{[]string{"router", "--prefill", "http://a:1", "--decode", "http://b:1", "--health-interval", "0s"}, "must be positive"},
 		{[]string{"router", "--prefill", "http://a:1", "--decode", "http://b:1", "--port", "70000"}, "--port"},
+		{[]string{"router", "--prefill", "http://a:1", "--decode", "http://b:1", "--shutdown-timeout", "0s"}, "--shutdown-timeout 0s must be positive"},
 		{[]string{"router", "--prefill", "http://a:1", "--decode", "http://b:1", "--max-queued", "-1"}, "--max-queued -1"},
 		{[]string{"router", "--prefill", "http://a:1", "--decode", "http://b:1", "extra"}, "unknown command"},
 		{[]string{"router", "--no-such-flag"}, "unknown flag"},

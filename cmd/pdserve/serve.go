@@ -124,7 +124,7 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 	f.DurationVar(&o.cfg.PrefillTimeout, "prefill-timeout", 0, "longest a prompt may take to prefill (0: no limit)")
 	f.DurationVar(&o.cfg.RequestTimeout, "request-timeout", def.RequestTimeout, "longest a request may take in all, queued or not (negative: no limit)")
 	f.DurationVar(&o.collTimeout, "collective-timeout", time.Minute, "when a collective of the rank group has waited this long, or the group broke, fail the requests in flight, rebuild the group with a new boot number and serve on (0: stop the engine instead); must exceed --stall-after")
-	f.DurationVar(&o.stallAfter, "stall-after", 5*time.Second, "/health answers 503 when the engine loop has not iterated for this long, and the collective watchdog reports a collective that waits this long")
+	f.DurationVar(&o.stallAfter, "stall-after", 5*time.Second, "/health answers 503 when the engine loop has not iterated for this long, and the collective watchdog reports a collective that waits this long (0: 5s)")
 	f.DurationVar(&o.maxQueue, "max-queue-age", 0, "/health reports the server busy (still 200: queued is not dead) while a request has waited longer than this for admission, and routers send it no new requests (0: never)")
 	f.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a shutdown lets requests in flight, streams included, finish; those still running then end with an error")
 	f.StringVar(&o.adminToken, "admin-token", "", "bearer token the /admin/v1/ API requires (empty: with a cluster secret, the token it derives, which pdctl sends given the secret; without one, admin calls only when listening on loopback)")
@@ -134,8 +134,19 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 
 func serveRun(cmd *cobra.Command, o serveOptions) error {
 	stderr := cmd.ErrOrStderr()
-	if o.port < 0 || o.port > 65535 || o.bootstrapPort < 0 || o.bootstrapPort > 65535 {
-		return usagef("--port %d, --bootstrap-port %d: want 0 to 65535", o.port, o.bootstrapPort)
+	// Each setting is checked once, by what it configures, and refused
+	// before anything is built: the listeners' here, the HTTP server's by
+	// its Options, the engine's by serve.New (Config.Validate, the PD
+	// machine's rules among them). Their errors name the flags already,
+	// so they pass on as usage errors unchanged.
+	if err := errors.Join(checkPort("--port", o.port), checkPort("--bootstrap-port", o.bootstrapPort), checkShutdown(o.shutdown)); err != nil {
+		return usageError{err}
+	}
+	opts := server.Options{ModelName: o.modelName, StallAfter: o.stallAfter, MaxQueueAge: o.maxQueue, AdminToken: o.adminToken,
+		// /livez waits out a collective's recovery before it fails.
+		Probes: server.Probes{LiveAfter: max(server.DefaultLiveAfter, 2*o.collTimeout), ReadyFailureRate: o.http.readyFailureRate, ReadyWindow: o.http.readyWindow}}
+	if err := opts.Validate(); err != nil {
+		return usageError{err}
 	}
 	threads := o.engine.threads
 	if threads == 0 {
@@ -148,12 +159,6 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	schedule, why, err := resolveSchedule(o.cfg.Schedule, o.engine.backend, threads, o.cfg.TP)
 	if err != nil {
 		return err
-	}
-	if o.collTimeout < 0 || (o.collTimeout > 0 && o.collTimeout <= o.stallAfter) {
-		return usagef("--collective-timeout %v must exceed --stall-after %v (0 turns recovery off)", o.collTimeout, o.stallAfter)
-	}
-	if o.stallAfter <= 0 || o.shutdown <= 0 || o.maxQueue < 0 {
-		return usagef("--stall-after and --shutdown-timeout must be positive, --max-queue-age not negative")
 	}
 	guard, err := o.http.guard()
 	if err != nil {
@@ -207,7 +212,8 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	cfg.CollectiveTimeout = o.collTimeout
 	cfg.OnStall = func(s dist.Stall) { log.Warn("collective stalled", "seq", s.Seq, "stall", s.String()) }
 	// serve.New refuses only impossible settings (it validates them
-	// after its defaults), so its error is a usage error.
+	// after its defaults, --collective-timeout against --stall-after
+	// among them), so its error is a usage error.
 	// A prefill re-registers its ranks after a live index-K switch; the
 	// registry exists once the engine does.
 	var reg atomic.Pointer[bootstrap.Registry]
@@ -261,10 +267,9 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	} else {
 		log.Info("gpu telemetry", "state", r.Reason)
 	}
-	h := server.New(eng, m, server.Options{ModelName: o.modelName, ModelPath: path, StallAfter: o.stallAfter, MaxQueueAge: o.maxQueue, Logger: log, Metrics: met,
-		AdminToken: o.adminToken, Loopback: loopback, ClusterSecret: cfg.PD.Secret, BootstrapURL: bootstrapURL, GPU: tel,
-		// /livez waits out a collective's recovery before it fails.
-		Probes: server.Probes{LiveAfter: max(server.DefaultLiveAfter, 2*o.collTimeout), ReadyFailureRate: o.http.readyFailureRate, ReadyWindow: o.http.readyWindow}})
+	opts.ModelPath, opts.Logger, opts.Metrics, opts.GPU = path, log, met, tel
+	opts.Loopback, opts.ClusterSecret, opts.BootstrapURL = loopback, cfg.PD.Secret, bootstrapURL
+	h := server.New(eng, m, opts)
 	met.Registry().MustRegister(guard)
 	// In-flight handlers are waited for before the model is closed: a
 	// handler cut off by the shutdown timeout may still be detokenizing.

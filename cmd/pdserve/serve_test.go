@@ -242,6 +242,44 @@ func TestServeUsageErrors(t *testing.T) {
 	}
 }
 
+// A bad setting is refused at start-up by what it configures (the
+// listeners, the HTTP server's Options, the engine's Config and its PD
+// machine), once, in words that name the flag typed.
+func TestServeSettingErrors(t *testing.T) {
+	path := testmodel.Path(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--port", "70000"}, "--port 70000: want 0 to 65535"},
+		{[]string{"prefill", "--bootstrap-port", "-1"}, "--bootstrap-port -1: want 0 to 65535"},
+		{[]string{"serve", "--shutdown-timeout", "0s"}, "--shutdown-timeout 0s must be positive"},
+		{[]string{"serve", "--stall-after", "-1s"}, "stall after -1s (--stall-after) must not be negative"},
+		{[]string{"decode", "--max-queue-age", "-1s"}, "max queue age -1s (--max-queue-age) must not be negative"},
+		{[]string{"serve", "--collective-timeout", "2s"}, "collective timeout 2s (--collective-timeout) must exceed the collective watchdog 5s (--stall-after)"},
+		{[]string{"serve", "--collective-timeout", "5s", "--stall-after", "5s"}, "(--collective-timeout) must exceed the collective watchdog 5s (--stall-after)"},
+		{[]string{"serve", "--collective-timeout", "-1s"}, "collective timeout -1s (--collective-timeout)"},
+		{[]string{"serve", "--stall-after", "10ms"}, "shorter than the collective watchdog 10ms (--stall-after)"},
+		{[]string{"decode", "--bootstrap-timeout", "-1s"}, "rooms: bootstrap timeout -1s (--bootstrap-timeout) must be positive"},
+		{[]string{"prefill", "--inflight-timeout", "-1s"}, "rooms: inflight timeout -1s (--inflight-timeout) must be positive"},
+		{[]string{"decode", "--heartbeat-timeout", "-1s"}, "rooms: heartbeat timeout -1s (--heartbeat-timeout) must be positive"},
+		{[]string{"decode", "--heartbeat-interval", "5s"}, "PD heartbeat interval 5s (--heartbeat-interval) must be positive and shorter than the heartbeat timeout 3s (--heartbeat-timeout)"},
+		{[]string{"prefill", "--max-peer-sockets", "-1"}, "(--max-peer-sockets) must not be negative"},
+	} {
+		args := append(tc.args, "--model", path, "--port", "0", "--threads", "1")
+		if tc.args[1] == "--port" {
+			args = append(tc.args, "--model", path, "--threads", "1")
+		}
+		_, stderr, code := run(t, args...)
+		if code != 2 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2 and %q", tc.args, code, stderr, tc.want)
+		}
+		if n := strings.Count(stderr, tc.want); n > 1 {
+			t.Errorf("%v: said %d times: %q", tc.args, n, stderr)
+		}
+	}
+}
+
 // --admin-token (or PD_ADMIN_TOKEN) protects /admin/v1/; without one a
 // server beyond loopback refuses admin calls and says so at start-up.
 func TestServeAdminToken(t *testing.T) {

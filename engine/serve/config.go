@@ -78,7 +78,9 @@ type Config struct {
 	// fails the requests in flight, drops the rank group and builds it
 	// again with a new boot number, and serves on. 0, the default, turns
 	// it off: such a failure stops the engine. It must exceed Heartbeat
-	// (idle ranks wait for rank 0 in a collective up to one heartbeat).
+	// (idle ranks wait for rank 0 in a collective up to one heartbeat) and
+	// CollectiveWatchdog when the watchdog is on (a stall is reported
+	// before the group is given up).
 	CollectiveTimeout time.Duration
 
 	// CloseTimeout is how long Close waits for the loops to stop at an
@@ -195,42 +197,47 @@ func (c Config) Pages() int {
 }
 
 // Validate refuses impossible combinations, after defaults, for model m
-// (nil skips the model checks).
+// (nil skips the model checks). It is the one check of these settings:
+// pdserve's engine commands pass its error on as a usage error, unchanged,
+// so each error names a setting the commands take as a flag by that flag
+// ("page size 0 (--page-size)"; CollectiveWatchdog is --stall-after), and
+// a setting no flag sets by its field. The PD machine's settings are
+// checked by the machine's own rules (rooms.Config.Validate), in its words.
 func (c Config) Validate(m *model.Model) error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("serve: "+format, args...)) }
 	if c.TP < 1 {
-		bad("tp %d must be positive", c.TP)
+		bad("tp %d (--tp) must be positive", c.TP)
 	} else if m != nil {
 		if err := m.Config.CheckShards(c.TP); err != nil {
-			bad("tp %d: %v", c.TP, err)
+			bad("tp %d (--tp): %v", c.TP, err)
 		}
 	}
 	if c.Backend == nil {
 		bad("no kernel backend (Config.Backend)")
 	}
 	if c.PageSize < 1 {
-		bad("page size %d must be positive", c.PageSize)
+		bad("page size %d (--page-size) must be positive", c.PageSize)
 	}
 	switch c.KVType {
 	case kernels.F32, kernels.BF16, kernels.F16:
 	default:
-		bad("KV type %v: want f32, bf16 or f16", c.KVType)
+		bad("KV type %v (--kv-dtype): want f32, bf16 or f16", c.KVType)
 	}
 	if c.KVTokens < 1 {
-		bad("KV capacity of %d tokens must be positive", c.KVTokens)
+		bad("KV capacity of %d tokens (--kv-tokens) must be positive", c.KVTokens)
 	}
 	if c.MaxRunning < 1 {
-		bad("max running %d must be positive", c.MaxRunning)
+		bad("max running %d (--max-running) must be positive", c.MaxRunning)
 	}
 	if c.MaxBatchTokens < c.MaxRunning {
-		bad("batch tokens %d below max running %d: a decode step of every running request could not fit", c.MaxBatchTokens, c.MaxRunning)
+		bad("batch tokens %d (--max-batch-tokens) below max running %d (--max-running): a decode step of every running request could not fit", c.MaxBatchTokens, c.MaxRunning)
 	}
 	if c.PrefillChunk < 1 {
-		bad("prefill chunk %d must be positive", c.PrefillChunk)
+		bad("prefill chunk %d (--prefill-chunk) must be positive", c.PrefillChunk)
 	}
 	if c.WaitingTimeout < 0 || c.PrefillTimeout < 0 {
-		bad("waiting and prefill timeouts must not be negative")
+		bad("waiting and prefill timeouts %v, %v (--waiting-timeout, --prefill-timeout) must not be negative (0: no limit)", c.WaitingTimeout, c.PrefillTimeout)
 	}
 	if c.Heartbeat <= 0 {
 		bad("heartbeat %v must be positive", c.Heartbeat)
@@ -239,18 +246,23 @@ func (c Config) Validate(m *model.Model) error {
 	switch c.Schedule {
 	case ScheduleLockstep, ScheduleOverlap:
 	case ScheduleAuto:
-		bad("schedule %q: an engine runs %s or %s; ResolveSchedule picks one", c.Schedule, ScheduleLockstep, ScheduleOverlap)
+		bad("schedule %q (--schedule): an engine runs %s or %s; ResolveSchedule picks one", c.Schedule, ScheduleLockstep, ScheduleOverlap)
 	default:
-		bad("schedule %q: want %s or %s", c.Schedule, ScheduleLockstep, ScheduleOverlap)
+		bad("schedule %q (--schedule): want %s or %s", c.Schedule, ScheduleLockstep, ScheduleOverlap)
 	}
 	if c.CollectiveWatchdog > 0 && c.Heartbeat >= c.CollectiveWatchdog {
-		bad("heartbeat %v must be shorter than the collective watchdog %v: idle ranks wait for rank 0 in a collective up to one heartbeat", c.Heartbeat, c.CollectiveWatchdog)
+		bad("heartbeat %v must be shorter than the collective watchdog %v (--stall-after): idle ranks wait for rank 0 in a collective up to one heartbeat", c.Heartbeat, c.CollectiveWatchdog)
 	}
-	if c.CollectiveTimeout < 0 {
-		bad("collective timeout %v must not be negative (0 turns recovery off)", c.CollectiveTimeout)
-	}
-	if c.CollectiveTimeout > 0 && c.CollectiveTimeout <= c.Heartbeat {
-		bad("collective timeout %v must be longer than the heartbeat %v: idle ranks wait for rank 0 in a collective up to one heartbeat", c.CollectiveTimeout, c.Heartbeat)
+	// Recovery gives a collective up: not before a healthy one may still
+	// arrive (idle ranks wait up to one heartbeat), nor before the
+	// watchdog, when on, has reported it stalled.
+	if c.CollectiveTimeout < 0 || (c.CollectiveTimeout > 0 && (c.CollectiveTimeout <= c.Heartbeat || c.CollectiveTimeout <= c.CollectiveWatchdog)) {
+		watchdog := "off"
+		if c.CollectiveWatchdog > 0 {
+			watchdog = c.CollectiveWatchdog.String()
+		}
+		bad("collective timeout %v (--collective-timeout) must exceed the collective watchdog %s (--stall-after) and the heartbeat %v: a collective is reported stalled, and given a heartbeat to arrive, before recovery gives it up (0 turns recovery off)",
+			c.CollectiveTimeout, watchdog, c.Heartbeat)
 	}
 	switch c.Role {
 	case pdproto.RoleColocated, pdproto.RolePrefill, pdproto.RoleDecode:
@@ -259,10 +271,21 @@ func (c Config) Validate(m *model.Model) error {
 	}
 	if err := c.PD.validate(); err != nil {
 		bad("%v", err)
+	} else if (c.Role == pdproto.RolePrefill || c.Role == pdproto.RoleDecode) && c.TP >= 1 && c.PageSize >= 1 {
+		// Every rank's machine gets this, but its rank: the highest is
+		// the one a rank's range could refuse. The TP size and the page
+		// size are refused above, not asked of the machine again.
+		ik := ""
+		if m != nil && m.Config.Indexer != nil {
+			ik = indexKName(c.IndexK)
+		}
+		if err := c.roomsConfig(c.TP-1, ik).Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("serve: %w", err))
+		}
 	}
 	for _, f := range c.Faults {
 		if err := checkFault(f, c.Role); err != nil {
-			bad("%v", err)
+			bad("%v (--fault)", err)
 		}
 	}
 	if c.CloseTimeout <= 0 {
@@ -275,7 +298,7 @@ func (c Config) Validate(m *model.Model) error {
 		bad("decision log length %d must not be negative", c.DecisionLogLen)
 	}
 	if c.PageSize >= 1 && c.KVTokens >= 1 && c.MaxRunning >= 1 && c.Pages() < c.MaxRunning {
-		bad("KV pool of %d pages cannot hold %d running requests (one page each at least): raise the KV capacity or lower max running", c.Pages(), c.MaxRunning)
+		bad("KV pool of %d pages cannot hold %d running requests (one page each at least): raise the KV capacity (--kv-tokens) or lower max running (--max-running)", c.Pages(), c.MaxRunning)
 	}
 	return errors.Join(errs...)
 }

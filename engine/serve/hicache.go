@@ -71,11 +71,11 @@ func (c HiCacheConfig) validate(disablePrefix bool, bad func(string, ...any)) {
 	case c.Enabled && disablePrefix:
 		bad("hicache needs the prefix cache: it is its host tier (drop --no-prefix-cache or --hicache)")
 	case c.Bytes < 0 || c.Ratio < 0 || math.IsNaN(c.Ratio) || math.IsInf(c.Ratio, 0):
-		bad("hicache size %d bytes / ratio %v: want non-negative", c.Bytes, c.Ratio)
+		bad("hicache size %d bytes / ratio %v (--hicache-size, --hicache-ratio): want non-negative", c.Bytes, c.Ratio)
 	case c.LoadBandwidth < 0:
-		bad("hicache load bandwidth %d: want non-negative (0 is unlimited)", c.LoadBandwidth)
+		bad("hicache load bandwidth %d (--hicache-load-bandwidth): want non-negative (0 is unlimited)", c.LoadBandwidth)
 	case c.Policy != prefix.WriteThrough && c.Policy != prefix.WriteBack:
-		bad("hicache policy %v: want write-through or write-back", c.Policy)
+		bad("hicache policy %v (--hicache-write-policy): want write-through or write-back", c.Policy)
 	}
 }
 

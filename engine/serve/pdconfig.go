@@ -1,7 +1,6 @@
 package serve
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -138,21 +137,39 @@ func (c *PDConfig) setDefaults() {
 	}
 }
 
+// validate refuses the PD settings the engine itself reads: its sockets,
+// its heartbeats, its registry lookups. The settings of the rooms machine
+// (the phases' timeouts) are the machine's to refuse, in its words:
+// Config.Validate hands it the configuration every rank's machine gets
+// (roomsConfig). Errors name the flags as Config.Validate's do.
 func (c PDConfig) validate() error {
 	if isWildcardHost(c.advertiseHost()) {
-		return fmt.Errorf("PD host %q binds every address and names none a peer can dial: set the advertise host", c.advertiseHost())
+		return fmt.Errorf("PD host %q (--pd-host) binds every address and names none a peer can dial: set the advertise host (--advertise-host)", c.advertiseHost())
 	}
-	if c.BootstrapTimeout < 0 || c.TransferTimeout < 0 || c.InflightTimeout < 0 || c.AbortAckTimeout < 0 || c.SendTimeout < 0 {
-		return errors.New("PD timeouts must not be negative")
+	for _, d := range []struct {
+		name, flag string
+		v          time.Duration
+	}{{"send timeout", "send-timeout", c.SendTimeout}, {"peer socket idle", "peer-socket-idle", c.PeerSocketIdle},
+		{"handshake timeout", "pd-handshake-timeout", c.HandshakeTimeout}} {
+		if d.v < 0 {
+			return fmt.Errorf("PD %s %v (--%s) must not be negative", d.name, d.v, d.flag)
+		}
 	}
-	if c.MaxMessageBytes < 0 || c.MaxPeerSockets < 0 || c.PeerSocketIdle < 0 || c.HandshakeTimeout < 0 || c.MaxConnections < 0 || c.ReplyQueue < 0 || c.EarlyRoomsPerSender < 0 {
-		return errors.New("PD limits must not be negative")
+	for _, n := range []struct {
+		name, flag string
+		v          int64
+	}{{"max message bytes", "max-message-bytes", c.MaxMessageBytes}, {"max peer sockets", "max-peer-sockets", int64(c.MaxPeerSockets)},
+		{"max connections", "pd-max-connections", int64(c.MaxConnections)}, {"reply queue", "reply-queue", int64(c.ReplyQueue)},
+		{"early rooms per sender", "early-rooms-per-sender", int64(c.EarlyRoomsPerSender)},
+		{"bootstrap cache size", "bootstrap-cache-size", int64(c.BootstrapCacheSize)}} {
+		if n.v < 0 {
+			return fmt.Errorf("PD %s %d (--%s) must not be negative", n.name, n.v, n.flag)
+		}
 	}
-	if c.BootstrapCacheSize < 0 {
-		return fmt.Errorf("PD bootstrap cache size %d must not be negative", c.BootstrapCacheSize)
-	}
-	if c.HeartbeatInterval <= 0 || c.HeartbeatTimeout <= c.HeartbeatInterval {
-		return fmt.Errorf("PD heartbeat timeout %v must exceed its interval %v", c.HeartbeatTimeout, c.HeartbeatInterval)
+	// The heartbeat timeout's own sign is the machine's rule (a phase
+	// deadline); its interval is the engine's.
+	if c.HeartbeatInterval <= 0 || (c.HeartbeatTimeout > 0 && c.HeartbeatTimeout <= c.HeartbeatInterval) {
+		return fmt.Errorf("PD heartbeat interval %v (--heartbeat-interval) must be positive and shorter than the heartbeat timeout %v (--heartbeat-timeout)", c.HeartbeatInterval, c.HeartbeatTimeout)
 	}
 	return nil
 }
@@ -177,13 +194,21 @@ type PDRequest struct {
 
 // machineConfig is the rank's PD queue machine configuration.
 func (e *Engine) machineConfig(rank int) rooms.Config {
-	c := &e.cfg.PD
+	return e.cfg.roomsConfig(rank, e.indexKName())
+}
+
+// roomsConfig is the configuration of rank's PD queue machine, with the
+// pool's index-K precision indexKDType ("" for a model without an
+// indexer). Validate checks it by the machine's own rules before any rank
+// is built, so a machine is never handed one it refuses.
+func (c *Config) roomsConfig(rank int, indexKDType string) rooms.Config {
+	p := &c.PD
 	role := rooms.Decode
-	if e.cfg.Role == pdproto.RolePrefill {
+	if c.Role == pdproto.RolePrefill {
 		role = rooms.Prefill
 	}
-	return rooms.Config{Role: role, Rank: rank, PageSize: e.cfg.PageSize, IndexKDType: e.indexKName(),
-		BootstrapTimeout: c.BootstrapTimeout, TransferTimeout: c.TransferTimeout, InflightTimeout: c.InflightTimeout,
-		AbortAckTimeout: c.AbortAckTimeout, HeartbeatTimeout: c.HeartbeatTimeout, ReservedDecodeTokens: c.ReservedDecodeTokens,
-		RequestTimeout: max(0, e.cfg.RequestTimeout), QueuedInterval: min(c.HeartbeatInterval, c.BootstrapTimeout/3)}
+	return rooms.Config{Role: role, Rank: rank, PageSize: c.PageSize, IndexKDType: indexKDType,
+		BootstrapTimeout: p.BootstrapTimeout, TransferTimeout: p.TransferTimeout, InflightTimeout: p.InflightTimeout,
+		AbortAckTimeout: p.AbortAckTimeout, HeartbeatTimeout: p.HeartbeatTimeout, ReservedDecodeTokens: p.ReservedDecodeTokens,
+		RequestTimeout: max(0, c.RequestTimeout), QueuedInterval: min(p.HeartbeatInterval, p.BootstrapTimeout/3)}
 }

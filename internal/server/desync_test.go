@@ -191,7 +191,8 @@ func TestHealthBrokenGroupIsUnhealthy(t *testing.T) {
 // collectives keeps the failed group beside the live one: the reason (the
 // stalled collective), the old boot number and its flight recorders.
 func TestCollectivesKeepTheRecoveredGroup(t *testing.T) {
-	e := newEnvWith(t, serve.Config{TP: 2, PageSize: 4, MaxRunning: 2, CollectiveTimeout: 500 * time.Millisecond}, Options{})
+	e := newEnvWith(t, serve.Config{TP: 2, PageSize: 4, MaxRunning: 2,
+		CollectiveWatchdog: 200 * time.Millisecond, CollectiveTimeout: 500 * time.Millisecond}, Options{})
 	var before debug.CollectivesResponse
 	getJSON(t, e, "/debug/v1/collectives", &before)
 	if before.LastFailure != nil {

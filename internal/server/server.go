@@ -38,12 +38,12 @@ type Options struct {
 	// ModelPath is the model's file, for the default name.
 	ModelPath string
 	// StallAfter is how long the engine loop may go without iterating
-	// before /health answers 503 (default 5s).
+	// before /health answers 503 (default 5s; not negative).
 	StallAfter time.Duration
 	// MaxQueueAge makes /health report the server busy (status "busy",
 	// still 200: queued is not dead) while a request has waited for
 	// admission longer than this, so that routers send it no new work
-	// (0: queue age never does).
+	// (0: queue age never does; not negative).
 	MaxQueueAge time.Duration
 	// MaxBodyBytes bounds request bodies (default 4 MiB).
 	MaxBodyBytes int64
@@ -78,6 +78,22 @@ type Options struct {
 	// 202, the switch still under way (default and most:
 	// debug.IndexKSwitchMargin, which is what clients wait for).
 	IndexKMargin time.Duration
+}
+
+// Validate refuses options no server can run by, as New will read them
+// (a zero takes its default). It is the one check of these settings:
+// pdserve's engine commands call it before they build anything and pass its
+// error on as a usage error, unchanged, so each error names the setting's
+// flag ("stall after -1s (--stall-after)").
+func (o Options) Validate() error {
+	var errs []error
+	if o.StallAfter < 0 {
+		errs = append(errs, fmt.Errorf("server: stall after %v (--stall-after) must not be negative (0: 5s)", o.StallAfter))
+	}
+	if o.MaxQueueAge < 0 {
+		errs = append(errs, fmt.Errorf("server: max queue age %v (--max-queue-age) must not be negative (0: never)", o.MaxQueueAge))
+	}
+	return errors.Join(errs...)
 }
 
 // Server is the HTTP handler. It is safe for concurrent use.

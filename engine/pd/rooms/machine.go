@@ -70,9 +70,9 @@ type Machine struct {
 	violation                    error
 }
 
-// New returns an empty machine.
+// New returns an empty machine; it refuses a configuration Validate refuses.
 func New(cfg Config) (*Machine, error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	return &Machine{cfg: cfg, rooms: map[uint64]*room{}, peers: map[string]Liveness{}}, nil

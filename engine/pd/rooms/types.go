@@ -124,20 +124,38 @@ type Config struct {
 	ReservedDecodeTokens int
 }
 
-func (c Config) validate() error {
-	switch {
-	case c.Role != Prefill && c.Role != Decode:
-		return fmt.Errorf("rooms: role %d", c.Role)
-	case c.Rank < 0 || c.Rank > maxRank:
-		return fmt.Errorf("rooms: rank %d out of range", c.Rank)
-	case c.PageSize < 1:
-		return fmt.Errorf("rooms: page size %d", c.PageSize)
-	case c.BootstrapTimeout <= 0 || c.TransferTimeout <= 0 || c.InflightTimeout <= 0 || c.AbortAckTimeout <= 0 || c.HeartbeatTimeout <= 0:
-		return errors.New("rooms: every timeout must be positive: each phase needs a deadline")
-	case c.RequestTimeout < 0:
-		return errors.New("rooms: the request timeout must not be negative")
-	case c.Role == Decode && (c.QueuedInterval <= 0 || c.QueuedInterval >= c.BootstrapTimeout):
-		return fmt.Errorf("rooms: QUEUED every %v must be positive and within the prefill's bootstrap timeout %v", c.QueuedInterval, c.BootstrapTimeout)
+// Validate refuses a configuration the machine cannot run: New calls it,
+// and so does the server's own Validate with the configuration it will
+// hand each rank's machine, so that a bad setting is refused at start-up in
+// these words and never reaches New. Each error names a setting as the
+// flag that sets it on a server does (BootstrapTimeout is
+// --bootstrap-timeout), so a server passes the error on unchanged; Role,
+// Rank and QueuedInterval, which a server derives, go by their own names.
+func (c Config) Validate() error {
+	if c.Role != Prefill && c.Role != Decode {
+		return fmt.Errorf("rooms: role %d: want prefill or decode", c.Role)
+	}
+	if c.Rank < 0 || c.Rank > maxRank {
+		return fmt.Errorf("rooms: rank %d: want 0 to %d", c.Rank, maxRank)
+	}
+	if c.PageSize < 1 {
+		return fmt.Errorf("rooms: page size %d (--page-size) must be positive", c.PageSize)
+	}
+	for _, t := range []struct {
+		name, flag string
+		d          time.Duration
+	}{{"bootstrap", "bootstrap-timeout", c.BootstrapTimeout}, {"transfer", "transfer-timeout", c.TransferTimeout},
+		{"inflight", "inflight-timeout", c.InflightTimeout}, {"abort-ack", "abort-ack-timeout", c.AbortAckTimeout},
+		{"heartbeat", "heartbeat-timeout", c.HeartbeatTimeout}} {
+		if t.d <= 0 {
+			return fmt.Errorf("rooms: %s timeout %v (--%s) must be positive: each phase needs a deadline", t.name, t.d, t.flag)
+		}
+	}
+	if c.RequestTimeout < 0 {
+		return fmt.Errorf("rooms: request timeout %v (--request-timeout) must not be negative (0: no bound)", c.RequestTimeout)
+	}
+	if c.Role == Decode && (c.QueuedInterval <= 0 || c.QueuedInterval >= c.BootstrapTimeout) {
+		return fmt.Errorf("rooms: QUEUED every %v must be positive and within the prefill's bootstrap timeout %v (--bootstrap-timeout)", c.QueuedInterval, c.BootstrapTimeout)
 	}
 	return nil
 }
