@@ -20,8 +20,8 @@ import (
 // records differ is where the ranks parted, and each record says what its
 // rank saw (api/debug.FirstDivergence finds it).
 //
-// The loop notes each agreement as it happens (agreeInts and the note*
-// hooks in loop.go) into the iteration's open record and appends the record to a
+// The loop notes each agreement as it happens (agreeInts and agreeBytes
+// in loop.go call openInput, agreed and agreedBytes) into the iteration's open record and appends the record to a
 // ring when it publishes its step. Both take the log's mutex, which a
 // reader holds only to copy the ring: no allocation and no wait on a
 // reader beyond that copy, and a reader answers while the loop is stuck,
@@ -176,9 +176,11 @@ func fnvU64(h, v uint64) uint64 {
 	return h
 }
 
-// noteInput opens the iteration's record with its input (the control
-// communicator's last call is the input broadcast).
-func (l *rankLoop) noteInput(in stepInput) {
+// openInput opens step's record with its input, which the control
+// communicator broadcast at seq; the forward pass's collectives of the
+// step start after fseq. buf is the caller's scratch for the input's
+// encoding, returned for reuse.
+func (log *decisionLog) openInput(step uint64, in stepInput, seq, fseq uint64, buf []byte) []byte {
 	d := InputDigest{Now: in.now, Adds: len(in.adds), Aborts: len(in.aborts), IDs: fnvOffset, OffloadTokens: len(in.offload)}
 	for _, a := range in.adds {
 		d.IDs = fnvU64(d.IDs, a.id)
@@ -195,37 +197,37 @@ func (l *rankLoop) noteInput(in stepInput) {
 	if in.switchIndexK {
 		d.IndexK = in.indexK.String()
 	}
-	l.dbuf = in.encode(l.dbuf[:0])
-	d.Digest = fnvByte(fnvOffset, l.dbuf)
-	ag := agreement{name: AgreeInput, op: dist.OpBroadcast, seq: l.comm().LastSeq(), n: len(l.dbuf), digest: d.Digest}
-	fseq := l.rk.Comm().LastSeq()
-	log := l.dlog
+	buf = in.encode(buf[:0])
+	d.Digest = fnvByte(fnvOffset, buf)
+	ag := agreement{name: AgreeInput, op: dist.OpBroadcast, seq: seq, n: len(buf), digest: d.Digest}
 	log.mu.Lock()
-	log.cur = decision{step: l.step + 1, in: d, ffirst: fseq + 1}
+	log.cur = decision{step: step, in: d, ffirst: fseq + 1}
 	log.cur.ags[0], log.cur.na = ag, 1
 	log.open = true
 	log.mu.Unlock()
+	return buf
 }
 
-// note adds phase p's agreed vector to the open record.
-func (l *rankLoop) note(p rankcore.Phase, vals []int64) {
-	ag := agreement{name: p.String(), op: p.Op(), seq: l.comm().LastSeq(), n: len(vals), digest: fnvOffset}
+// agreed adds phase p's agreed vector, reduced at control seq, to the
+// open record.
+func (log *decisionLog) agreed(p rankcore.Phase, seq uint64, vals []int64) {
+	ag := agreement{name: p.String(), op: p.Op(), seq: seq, n: len(vals), digest: fnvOffset}
 	for _, v := range vals {
 		ag.digest = fnvU64(ag.digest, uint64(v))
 	}
 	if len(vals) <= len(ag.vals) {
 		ag.nv = uint8(copy(ag.vals[:], vals))
 	}
-	l.add(ag)
+	log.add(ag)
 }
 
-// noteBytes adds phase p's agreed broadcast to the open record.
-func (l *rankLoop) noteBytes(p rankcore.Phase, b []byte) {
-	l.add(agreement{name: p.String(), op: p.Op(), seq: l.comm().LastSeq(), n: len(b), digest: fnvByte(fnvOffset, b)})
+// agreedBytes adds phase p's agreed broadcast, at control seq, to the open
+// record.
+func (log *decisionLog) agreedBytes(p rankcore.Phase, seq uint64, b []byte) {
+	log.add(agreement{name: p.String(), op: p.Op(), seq: seq, n: len(b), digest: fnvByte(fnvOffset, b)})
 }
 
-func (l *rankLoop) add(ag agreement) {
-	log := l.dlog
+func (log *decisionLog) add(ag agreement) {
 	log.mu.Lock()
 	c := &log.cur
 	if c.na < len(c.ags) {
@@ -235,10 +237,9 @@ func (l *rankLoop) add(ag agreement) {
 	log.mu.Unlock()
 }
 
-// noteEnd closes the iteration's record with what rec published and
+// close closes the iteration's record with what rec published and
 // appends it to the ring.
-func (l *rankLoop) noteEnd(rec StepRecord) {
-	log := l.dlog
+func (log *decisionLog) close(rec StepRecord) {
 	log.mu.Lock()
 	c := &log.cur
 	if !log.open { // an iteration without an input: none today

@@ -118,7 +118,7 @@ func TestDecisionsAgreeTP2(t *testing.T) {
 func TestDecisionLogBounded(t *testing.T) {
 	l := &rankLoop{dlog: newDecisionLog(3)}
 	for step := range uint64(10) {
-		l.noteEnd(StepRecord{Step: step + 1, ControlSeq: 2 * (step + 1)})
+		l.dlog.close(StepRecord{Step: step + 1, ControlSeq: 2 * (step + 1)})
 	}
 	steps := func(since uint64) []uint64 {
 		recs, open, last, lastC := l.dlog.read(since)

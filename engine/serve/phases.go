@@ -1,0 +1,353 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/pdkit/pdkit/engine/dist"
+	"github.com/pdkit/pdkit/engine/pd/rooms"
+	"github.com/pdkit/pdkit/engine/prefix"
+	"github.com/pdkit/pdkit/engine/rankcore"
+	"github.com/pdkit/pdkit/engine/sched"
+)
+
+// The phase executors: each runs one row of the loop's table
+// (engine/rankcore). It gathers this rank's proposal (its PD votes, its
+// prefix matches, its free pages, its plan's digest), runs the row's
+// collective through agreeInts or agreeBytes, which enter the phase in the
+// rank's cursor first, and applies the agreed value, the same on every
+// rank.
+
+// comm is the rank's control communicator: every collective the loop runs
+// itself goes there; the forward pass's own run on the rank's forward one.
+func (l *rankLoop) comm() *dist.Comm { return l.e.control.Rank(l.r) }
+
+// phaseCtx is the loops' context tagged with each phase's name, which the
+// flight recorder keeps and the collective layer checks across ranks.
+var phaseCtx = func() (c [rankcore.NumPhases]context.Context) {
+	for _, p := range rankcore.Phases() {
+		c[p] = dist.WithTag(ctx, p.String())
+	}
+	return c
+}()
+
+// table is the loop's table of phases (engine/rankcore).
+func (c Config) table() *rankcore.Table {
+	if c.Schedule == ScheduleOverlap {
+		return &rankcore.Overlap
+	}
+	return &rankcore.Lockstep
+}
+
+// agreeInts runs phase p's reduction of the rank's proposal vals, as its
+// table says, and notes the agreed values in the decision log.
+func (l *rankLoop) agreeInts(p rankcore.Phase, vals []int64) error {
+	if err := l.cursor.Enter(p); err != nil {
+		return fmt.Errorf("serve: rank %d: %w", l.r, err)
+	}
+	var err error
+	switch p.Op() {
+	case dist.OpAllReduceMin:
+		err = l.comm().AllReduceMinInt(phaseCtx[p], vals)
+	case dist.OpAllReduceMax:
+		err = l.comm().AllReduceMaxInt(phaseCtx[p], vals)
+	default:
+		return fmt.Errorf("serve: rank %d: phase %s is no reduction", l.r, p)
+	}
+	if err != nil {
+		return fmt.Errorf("serve: rank %d: %s: %w", l.r, p, err)
+	}
+	l.dlog.agreed(p, l.comm().LastSeq(), vals)
+	return nil
+}
+
+// agreeBytes runs phase p's broadcast of rank 0's data, as its table says,
+// and notes it in the decision log (the step input opens the iteration's
+// record once decoded: front).
+func (l *rankLoop) agreeBytes(p rankcore.Phase, data []byte) ([]byte, error) {
+	if err := l.cursor.Enter(p); err != nil {
+		return nil, fmt.Errorf("serve: rank %d: %w", l.r, err)
+	}
+	if p.Op() != dist.OpBroadcast {
+		return nil, fmt.Errorf("serve: rank %d: phase %s is no broadcast", l.r, p)
+	}
+	got, err := l.comm().BroadcastBytes(phaseCtx[p], 0, data)
+	if err != nil {
+		return nil, fmt.Errorf("serve: rank %d: %s: %w", l.r, p, err)
+	}
+	if p != rankcore.Input {
+		l.dlog.agreedBytes(p, l.comm().LastSeq(), got)
+	}
+	return got, nil
+}
+
+// enterForward enters the forward pass in the table before its first
+// collective on the forward communicator.
+func (l *rankLoop) enterForward() error {
+	if err := l.cursor.Enter(rankcore.Forward); err != nil {
+		return fmt.Errorf("serve: rank %d: %w", l.r, err)
+	}
+	return nil
+}
+
+// poll is the PD rooms' vote: every rank votes a KVPoll per room from what
+// it alone knows, the ranks MIN-reduce the vector (its length, the number
+// of rooms, is agreed), and every rank applies the same agreed votes.
+func (l *rankLoop) poll() error {
+	n := l.pdRooms()
+	if n == 0 {
+		return nil
+	}
+	votes := l.pd.machine.Votes(l.now)
+	if err := l.agreeInts(rankcore.Poll, votes); err != nil {
+		return err
+	}
+	acts, err := l.pd.machine.Apply(l.now, votes)
+	if err != nil {
+		return fmt.Errorf("serve: rank %d: pd poll: %w", l.r, err)
+	}
+	return l.pdExec(acts)
+}
+
+// room MIN-reduces what every rank could allocate (free pages plus unused
+// cached pages) and its free sequence rows, gives the decode's PD rooms
+// their pages within that, and returns the pages left for the scheduler.
+func (l *rankLoop) room() (int, error) {
+	pool := l.rk.Pool()
+	reduced := []int64{int64(l.freePages()), int64(pool.Config().MaxSeqs - pool.Live())}
+	if err := l.agreeInts(rankcore.Room, reduced); err != nil {
+		return 0, err
+	}
+	free := int(reduced[0])
+	if l.pd == nil {
+		return free, nil
+	}
+	b := rooms.Budget{FreePages: free, FreeRows: int(reduced[1]), SchedSlots: l.e.cfg.MaxRunning - l.sched.Admitted()}
+	if g := l.e.cfg.PD.ReservedDecodeTokens; g >= 0 {
+		b.SchedGrowth = l.sched.Reserve(g)
+	}
+	free, acts := l.pd.machine.Grant(l.now, b)
+	return free, l.pdExec(acts)
+}
+
+// admit adds the new requests, each at the length of its cached prefix: the
+// ranks match their own caches and MIN-reduce, per request, the device
+// match, the whole match (device plus host tier) and the negated device
+// match, so all of them admit at the same length and load back the same
+// host part. Device caches hold the same pages on every rank; should they
+// ever differ (the negated minimum is not the minimum), nothing is loaded.
+func (l *rankLoop) admit(adds []addMsg) error {
+	if len(adds) == 0 {
+		return nil
+	}
+	k := len(adds)
+	hms := make([]prefix.HostMatch, k)
+	ms := make([]rankcore.Match, k)
+	var agreed []int64
+	if l.cache != nil {
+		for i, a := range adds {
+			if a.noCache {
+				continue // matches nothing: every rank admits it at 0
+			}
+			hm := l.cache.MatchHost(a.prompt[:len(a.prompt)-1])
+			hms[i] = hm
+			ms[i] = rankcore.Match{Device: hm.N, Total: hm.N + hm.Host}
+		}
+		agreed = rankcore.AdmitProposal(ms)
+		if err := l.agreeInts(rankcore.Admit, agreed); err != nil {
+			return err
+		}
+	}
+	for i, a := range adds {
+		var dev, total int
+		if agreed != nil {
+			m := rankcore.AdmitAgreed(agreed, i, k)
+			dev, total = m.Device, m.Total
+		}
+		s := &seqState{all: append(make([]int32, 0, len(a.prompt)+a.maxTokens), a.prompt...),
+			maxTokens: a.maxTokens, ignoreEOS: a.ignoreEOS, stop: a.stop}
+		if l.cache != nil {
+			hm := hms[i]
+			if hm.N > dev {
+				// A peer matched less: keep the agreed part only.
+				if err := l.dropMatch(&hm); err != nil {
+					return err
+				}
+				s.matched, _ = l.cache.Match(a.prompt[:dev])
+			} else {
+				s.matched = hm.Pages
+				s.hm = &hm
+				if total == dev {
+					if err := l.dropHostMatch(s); err != nil { // nothing to load: unpin
+						return err
+					}
+				}
+			}
+		}
+		err := l.sched.Add(sched.Request{ID: a.id, PromptLen: len(a.prompt), MaxTokens: a.maxTokens, Cached: total, Loaded: total - dev}, l.now)
+		if err != nil {
+			if l.cache != nil {
+				if uerr := errors.Join(l.dropHostMatch(s), l.cache.Unlock(s.matched)); uerr != nil {
+					return fmt.Errorf("serve: rank %d: %w", l.r, uerr)
+				}
+			}
+			if a.pd {
+				// A prefill room the scheduler refuses fails like any
+				// other end of its scheduler life.
+				if _, err := l.pdSchedFinished(sched.Finish{ID: a.id, Reason: sched.ReasonError}); err != nil {
+					return err
+				}
+			}
+			l.end(a.id, ending{reason: sched.ReasonError, err: err.Error()})
+			continue
+		}
+		l.seqs[a.id] = s
+		if l.r == 0 {
+			t := &l.e.totals
+			t.PromptTokens += uint64(len(a.prompt))
+			t.CachedTokens += uint64(total)
+			if total > 0 {
+				t.PrefixHits++
+			}
+		}
+	}
+	return nil
+}
+
+// dropMatch unpins hm's host part and unlocks its device match.
+func (l *rankLoop) dropMatch(hm *prefix.HostMatch) error {
+	pages, _, err := l.cache.LoadBack(ctx, nil, *hm, hm.N)
+	if err == nil {
+		err = l.cache.Unlock(pages)
+	}
+	if err != nil {
+		return fmt.Errorf("serve: rank %d: %w", l.r, err)
+	}
+	return nil
+}
+
+// unstall frees pages that requests waiting behind the head hold locked as
+// their cached prefixes, when nothing runs and the head does not fit:
+// those locks are all that keep the pages from eviction, and without this
+// the queue would wait for ever (busy is not dead). The newest waiters give
+// their cached prefixes up first (they will compute them), until the head
+// fits. Every rank sees the same scheduler and cache, so every rank does
+// the same.
+func (l *rankLoop) unstall() error {
+	if l.cache == nil {
+		return nil
+	}
+	_, need, ok := l.sched.Head()
+	ids := l.sched.WaitingIDs()
+	for i := len(ids) - 1; ok && i > 0 && l.cache.Free() < need; i-- {
+		s := l.seqs[ids[i]]
+		if s == nil || (len(s.matched) == 0 && s.hm == nil) {
+			continue
+		}
+		if err := errors.Join(l.dropHostMatch(s), l.cache.Unlock(s.matched)); err != nil {
+			return fmt.Errorf("serve: rank %d: unstall: %w", l.r, err)
+		}
+		s.matched = nil
+		if err := l.sched.Uncache(ids[i], 0, l.now); err != nil {
+			return fmt.Errorf("serve: rank %d: unstall: %w", l.r, err)
+		}
+		if l.r == 0 {
+			l.e.totals.Unstalls++
+		}
+	}
+	return nil
+}
+
+// freePages is what this rank could allocate now: free pages plus cached
+// pages nothing uses.
+func (l *rankLoop) freePages() int {
+	n := l.rk.Pool().FreePages()
+	if l.cache != nil {
+		n += l.cache.Evictable()
+	}
+	return n
+}
+
+// agree MAX-reduces the plan digest and its negation: the ranks agree when
+// the maximum equals the minimum.
+func (l *rankLoop) agree(d uint64) error {
+	buf := rankcore.AgreeProposal(d)
+	if err := l.agreeInts(rankcore.Agree, buf); err != nil {
+		return err
+	}
+	if !rankcore.PlansAgree(buf) {
+		return fmt.Errorf("%w: rank %d at step %d", errDiverged, l.r, l.step+1)
+	}
+	return nil
+}
+
+// results gets the step's outcome: rank 0 takes the aborts that came during
+// the step, samples every other item that wants logits, streams the tokens
+// and broadcasts all of it; every rank decodes the broadcast bytes.
+func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
+	var out stepOutput
+	var data []byte
+	if l.r == 0 {
+		e := l.e
+		out.now = e.clock()
+		out.cuts = e.takeAborts()
+		cut := make(map[uint64]bool, len(out.cuts))
+		for _, a := range out.cuts {
+			cut[a.id] = true
+		}
+		logits := l.rk.Logits()
+		greedy := l.rk.Greedy() // the greedy choices the forward found, when it did
+		emitted := time.Now()   // one timestamp for every token of the step
+		e.holding = e.cfg.Schedule == ScheduleOverlap && len(logits) >= holdFromTokens*e.vocab
+		defer func() { e.holding = false }()
+		j := 0
+		for _, it := range plan.Run {
+			if !it.WantLogits {
+				continue
+			}
+			lg := logits[j*e.vocab : (j+1)*e.vocab]
+			j++
+			if l.seqs[it.ID].cut || cut[it.ID] {
+				continue
+			}
+			r := e.front[it.ID]
+			var tok int32
+			if greedy != nil && r.sampler.IsGreedy() {
+				tok = greedy[j-1]
+			} else {
+				tok = r.sampler.Sample(lg)
+			}
+			e.totals.Sampled++
+			r.gen++
+			// Counted even if the reader proves too slow, as
+			// CompletionTokens does; never blocks: the request goes
+			// instead.
+			if !e.emit(r, tok, emitted) {
+				r.cut = ReasonSlowReader
+				out.cuts = append(out.cuts, abortMsg{id: it.ID, by: AbortBySlowReader})
+				continue
+			}
+			s := l.seqs[it.ID]
+			stops := func(tok int32) bool {
+				return (!s.ignoreEOS && e.m.Tokenizer.IsEOG(tok)) || slices.Contains(s.stop, tok)
+			}
+			out.toks = append(out.toks, sampled{tok: tok, stop: stops(tok)})
+			if k := l.forks[it.ID]; k > 0 {
+				out.toks = e.sampleForks(it.ID, k, lg, stops, emitted, out.toks)
+			}
+		}
+		l.wire = out.encode(l.wire[:0])
+		data = l.wire
+	}
+	got, err := l.agreeBytes(rankcore.Results, data)
+	if err != nil {
+		return out, err
+	}
+	if err := out.decode(got); err != nil {
+		return out, fmt.Errorf("serve: rank %d: %w", l.r, err)
+	}
+	return out, nil
+}
