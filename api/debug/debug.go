@@ -235,8 +235,11 @@ type CollectiveRank struct {
 
 // Collective is one collective call of one rank.
 type Collective struct {
-	Seq   uint64    `json:"seq"`
-	Op    string    `json:"op"`
+	Seq uint64 `json:"seq"`
+	Op  string `json:"op"`
+	// Phase is the rank loop's phase the call ran for (input, poll, ...;
+	// engine/rankcore's tables); empty for the forward pass's calls.
+	Phase string    `json:"phase,omitempty"`
 	Elem  string    `json:"elem"`
 	Bytes int       `json:"bytes"`
 	Start time.Time `json:"start"`

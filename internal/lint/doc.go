@@ -5,7 +5,9 @@
 // go.sum are tidy, no file names the machine it was written on, and no help
 // text of pdserve or pdctl and no diag rule's doc, summary or remedy names
 // a fault switch or a flag that does not exist (names_test.go: it reads the
-// engine's fault registry and the flags of the built binaries).
+// engine's fault registry and the flags of the built binaries), and the
+// packages cut into small pieces stay so: size guards bound their
+// functions, files and the methods of their types (size_test.go).
 //
 // The package has no non-test code.
 package lint

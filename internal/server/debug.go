@@ -98,7 +98,7 @@ func (s *Server) debugComm(g dist.Snapshot, now time.Time) debug.Communicator {
 }
 
 func debugCollective(r dist.Record, now time.Time) debug.Collective {
-	c := debug.Collective{Seq: r.Seq, Op: r.Op.String(), Elem: r.Elem.String(), Bytes: r.Bytes, Start: r.Start,
+	c := debug.Collective{Seq: r.Seq, Op: r.Op.String(), Phase: r.Tag, Elem: r.Elem.String(), Bytes: r.Bytes, Start: r.Start,
 		Waiting: r.Waiting(), Outcome: r.Outcome}
 	if r.Waiting() {
 		c.DurationMS = ms(now.Sub(r.Start))
