@@ -86,7 +86,12 @@
 //
 // # Decisions
 //
-// The decisions that follow agreed values are functions here
-// ([PlanDigest], [PlansAgree], [AdmitAgreed]): agreed values in, what
-// every rank does out, with no state, clock or I/O.
+// The decisions that follow agreed values are functions here: agreed
+// values in, what every rank does out, with no state, clock or I/O. The
+// plan's agreement ([PlanDigest], [PlansAgree]), the prefix match every
+// rank admits at ([AdmitAgreed]: the least device match, and the host part
+// only where every rank's device matched alike), and rank 0's step of an
+// index-K precision switch's drain ([DrainStep]: the switch once nothing
+// holds the old precision, past the bound the aborts of what still does,
+// sparing what an abort would not change). testdata/ holds their traces.
 package rankcore

@@ -11,7 +11,7 @@ import (
 	"github.com/pdkit/pdkit/internal/tracetest"
 )
 
-// TestTraces runs testdata/*.txt: the tables printed, cursors walked
+// TestTraces runs testdata/order-*.txt: the tables printed, cursors walked
 // through them and recorded logs checked against them. Commands:
 //
 //	print TABLE|phases              the table as String prints it, or PhaseList
@@ -19,7 +19,7 @@ import (
 //	log [from=SEQ] PHASE[/OP]...    the next rank's control log, seqs from SEQ (1); OP overrides the phase's
 //	check TABLE                     CheckLog over the ranks logged since the last check
 func TestTraces(t *testing.T) {
-	tracetest.Run(t, "testdata/*.txt", func(t *testing.T) func(string) string {
+	tracetest.Run(t, "testdata/order-*.txt", func(t *testing.T) func(string) string {
 		var logs [][]Entry
 		return func(line string) string {
 			f := strings.Fields(line)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -115,13 +116,24 @@ func (e *Engine) draining() *indexKOp {
 }
 
 // drainStep, on rank 0 while a switch drains, puts the switch into the step
-// input once the ranks hold no request but PD rooms still in the
-// handshake, or, once the bound has passed, the aborts of everything else
-// still held. Everything it reads (scheduler, PD machine, requests) is
-// state every rank holds alike.
+// input, or the aborts of what still holds it past the bound, as
+// rankcore.DrainStep decides from state every rank holds alike.
 func (l *rankLoop) drainStep(op *indexKOp, in *stepInput) {
 	e := l.e
-	if l.sched.Len() == 0 && l.pdRooms() == l.pdHandshaking() && len(l.seqs) == 0 && len(in.adds) == 0 {
+	facts := rankcore.DrainFacts{Scheduled: l.sched.Len(), Rooms: l.pdRooms(), Handshaking: l.pdHandshaking(),
+		Seqs: len(l.seqs), Joining: len(in.adds), PastBound: !time.Now().Before(op.deadline)}
+	var held []rankcore.DrainHeld
+	if facts.PastBound {
+		for id, r := range e.front {
+			h := rankcore.DrainHeld{ID: id, Cut: r.cut != "", Spared: l.pdInHandshake(id) || l.pdFinishing(id)}
+			for _, f := range r.forks {
+				h.Forks = append(h.Forks, f.id)
+			}
+			held = append(held, h)
+		}
+	}
+	d := rankcore.DrainStep(facts, held)
+	if d.Switch {
 		in.switchIndexK, in.indexK = true, op.to
 		if l.cache != nil && l.cache.Attached() {
 			// Sized here, once, for every rank: a rank that read the
@@ -138,29 +150,10 @@ func (l *rankLoop) drainStep(op *indexKOp, in *stepInput) {
 		}
 		return
 	}
-	if time.Now().Before(op.deadline) {
-		return
-	}
-	// Past the bound, every step cuts what holds the drain: a room spared
-	// while in the handshake may pass it later. Spared are the rooms in the
-	// handshake, which do not hold it, and the rooms that only wait for
-	// their peer's word or deadline, which an abort would not change; with
-	// each, its later samples, which end with it.
-	spared := map[uint64]bool{}
-	for id, r := range e.front {
-		if l.pdInHandshake(id) || l.pdFinishing(id) {
-			spared[id] = true
-			for _, f := range r.forks {
-				spared[f.id] = true
-			}
-		}
-	}
-	for id, r := range e.front {
-		if r.cut == "" && !spared[id] {
-			r.cut = ReasonAbort
-			in.aborts = append(in.aborts, abortMsg{id: id, by: AbortBySwitch})
-			op.cut++
-		}
+	for _, id := range d.Cut {
+		e.front[id].cut = ReasonAbort
+		in.aborts = append(in.aborts, abortMsg{id: id, by: AbortBySwitch})
+		op.cut++
 	}
 }
 
