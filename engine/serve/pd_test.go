@@ -19,6 +19,8 @@ import (
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
+	"github.com/pdkit/pdkit/engine/pd/mailbox"
+	"github.com/pdkit/pdkit/engine/pd/rooms"
 	"github.com/pdkit/pdkit/engine/pd/zmqlink"
 	"github.com/pdkit/pdkit/internal/syncbuf"
 	"github.com/pdkit/pdkit/internal/testmodel"
@@ -389,10 +391,13 @@ func FuzzMailbox(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		frames := bytes.Split(b, []byte{0xff, 0xfe})
 		for _, prefill := range []bool{true, false} {
-			mb := newMailbox(prefill, 0, func() {}, &faultSet{})
+			role := rooms.Decode
+			if prefill {
+				role = rooms.Prefill
+			}
+			mb := newMailbox(mailbox.Config{Role: role, Sender: "self"}, func() {}, &faultSet{})
 			mb.reply = func(string, pdproto.Message) {}
-			mb.self = pdproto.Heartbeat{Sender: "self"}
-			mb.peers["x"] = &peerState{}
+			mb.probe("x", 0, time.Second) // a peer whose replies count
 			mb.admit(1)
 			mb.handle(frames) // must not panic; errors are the transport's to count
 			mb.take(1)
@@ -525,7 +530,7 @@ func TestPDFailureLoggedOnce(t *testing.T) {
 // mail, and before the room ends, is still acknowledged: the room's end
 // answers it, or the decode would hold its pages to the abort-ack deadline.
 func TestMailboxAcksAnAbortLeftAtForget(t *testing.T) {
-	mb := newMailbox(true, 1, func() {}, &faultSet{})
+	mb := newMailbox(mailbox.Config{Role: rooms.Prefill, Rank: 1}, func() {}, &faultSet{})
 	var sent []pdproto.Message
 	mb.reply = func(_ string, m pdproto.Message) { sent = append(sent, m) }
 	mb.admit(7)
@@ -609,7 +614,7 @@ func TestPDQueuedOutlivesBootstrapTimeout(t *testing.T) {
 // with the reason at once, instead of waiting out its transfer timeout;
 // a room that ended well, or that never was, is not answered.
 func TestMailboxAnswersForAFailedRoom(t *testing.T) {
-	mb := newMailbox(true, 0, func() {}, &faultSet{})
+	mb := newMailbox(mailbox.Config{Role: rooms.Prefill}, func() {}, &faultSet{})
 	type sent struct {
 		to string
 		m  pdproto.Message

@@ -33,7 +33,7 @@ type rankPD struct {
 	// endpoint is the inbox's endpoint as peers dial it (advertised), its
 	// host the advertise host; inbox.Endpoint() is where it is bound.
 	endpoint string
-	mb       *mailbox
+	mb       *pdMailbox
 	machine  *rooms.Machine
 	reqs     map[uint64]*pdReq         // what the executor keeps per room
 	snap     atomic.Pointer[[]PDEntry] // published after every iteration
@@ -97,7 +97,7 @@ func newRankPD(e *Engine, rank int, boot uint64, endpoint string) (*rankPD, erro
 		return nil, err
 	}
 	prefill := e.cfg.Role == pdproto.RolePrefill
-	pd := &rankPD{mb: newMailbox(prefill, rank, e.poke, &e.faults), machine: machine, reqs: map[uint64]*pdReq{},
+	pd := &rankPD{mb: newMailbox(e.mailboxConfig(rank, boot), e.poke, &e.faults), machine: machine, reqs: map[uint64]*pdReq{},
 		boot: boot, cfg: &e.cfg.PD}
 	out, err := zmqlink.NewOutbox(&zmqlink.OutboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: prefill, Auth: e.cfg.PD.zmqAuth()},
 		MaxPeers: e.cfg.PD.MaxPeerSockets, PeerIdle: e.cfg.PD.PeerSocketIdle})
@@ -109,13 +109,6 @@ func newRankPD(e *Engine, rank int, boot uint64, endpoint string) (*rankPD, erro
 		e.cfg.Logger.Debug("pd: reply not sent", "server", e.cfg.Name, "rank", rank, "to", to, "type", fmt.Sprint(m.Type()), "err", err)
 	})
 	pd.mb.reply = pd.replies.post
-	pd.mb.perSender = e.cfg.PD.EarlyRoomsPerSender
-	if !prefill {
-		// Each layer's K, V, index-K and scales frame is within the
-		// frame bound, which covers a whole context.
-		pd.mb.roomBytes = 4 * int64(e.m.Config.Layers) * e.maxMessageBytes()
-	}
-	pd.mb.self = pdproto.Heartbeat{Boot: pd.boot}
 	if endpoint == "" {
 		endpoint = "tcp://" + net.JoinHostPort(e.cfg.PD.Host, "0")
 	}
@@ -131,9 +124,7 @@ func newRankPD(e *Engine, rank int, boot uint64, endpoint string) (*rankPD, erro
 		pd.close()
 		return nil, err
 	}
-	pd.mb.mu.Lock()
-	pd.mb.self.Sender = pd.endpoint
-	pd.mb.mu.Unlock()
+	pd.mb.setSender(pd.endpoint)
 	return pd, nil
 }
 

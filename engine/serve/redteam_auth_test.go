@@ -8,6 +8,8 @@ import (
 
 	"github.com/pdkit/pdkit/api/clusterauth"
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/pd/mailbox"
+	"github.com/pdkit/pdkit/engine/pd/rooms"
 	"github.com/pdkit/pdkit/engine/pd/zmqlink"
 	"github.com/pdkit/pdkit/internal/testmodel"
 )
@@ -76,8 +78,7 @@ func TestRedTeamPDForgedWithoutCredentials(t *testing.T) {
 // not taken yet stop being filed at the room's bound (a whole context's
 // KV), counted; after the loop takes them the room files again.
 func TestMailboxBoundsARoomsChunks(t *testing.T) {
-	mb := newMailbox(false, 0, func() {}, &faultSet{})
-	mb.roomBytes = 10 << 10
+	mb := newMailbox(mailbox.Config{Role: rooms.Decode, RoomBytes: 10 << 10}, func() {}, &faultSet{})
 	mb.admit(5)
 	chunk := func() *pdproto.KVChunk {
 		return &pdproto.KVChunk{Room: 5, End: 1, Layers: []pdproto.LayerKV{{K: make([]byte, 1<<10), V: make([]byte, 1<<10)}}}

@@ -1,0 +1,23 @@
+package mailbox
+
+import (
+	"testing"
+
+	"github.com/pdkit/pdkit/internal/tracetest"
+)
+
+// TestTraces runs the scripted traces of testdata/: each file is named
+// after the invariant it proves. Run with -rewrite to regenerate the
+// expected outputs, then read the diff.
+func TestTraces(t *testing.T) {
+	tracetest.Run(t, "testdata/*.txt", func(t *testing.T) func(string) string {
+		h := &harness{}
+		return func(cmd string) string {
+			out, err := h.run(cmd)
+			if err != nil {
+				return "error: " + err.Error() + "\n"
+			}
+			return out
+		}
+	})
+}
