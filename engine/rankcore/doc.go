@@ -93,5 +93,9 @@
 // only where every rank's device matched alike), and rank 0's step of an
 // index-K precision switch's drain ([DrainStep]: the switch once nothing
 // holds the old precision, past the bound the aborts of what still does,
-// sparing what an abort would not change). testdata/ holds their traces.
+// sparing what an abort would not change), and the forks of a request's
+// later samples ([Forks] keeps each parent's budget, spent once;
+// [PlanFirstForks] and [PlanArrivalForks] say, within the room agreed in
+// fork or pd_fork, which samples fork, wait without KV, or end at once).
+// testdata/ holds their traces.
 package rankcore

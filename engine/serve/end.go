@@ -28,7 +28,9 @@ func endingOf(f sched.Finish, releaseErr error) ending {
 // end ends request id. Every rank calls it at the same point of the same
 // iteration; rank 0, which streams, delivers the Finish.
 func (l *rankLoop) end(id uint64, en ending) {
-	l.endForks(id, en)
+	for _, s := range l.forks.Drop(id) { // a parent before its first token: its samples end with it
+		l.end(s, en)
+	}
 	l.finished++
 	if l.r != 0 {
 		return

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/engine/kvcache"
+	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/engine/sched"
 )
@@ -53,7 +54,8 @@ func (l *rankLoop) forkRoom(p rankcore.Phase) (pages, rows int, err error) {
 
 // forkAll forks the samples of the parents of the step. It runs on every
 // rank after the step's tokens are appended and before StepDone, while the
-// parents' sequences hold their prompt's KV.
+// parents' sequences hold their prompt's KV. rankcore plans which samples
+// fork, wait or end; this runs the plan.
 func (l *rankLoop) forkAll(fs []forkOf) error {
 	if len(fs) == 0 {
 		return nil
@@ -62,106 +64,109 @@ func (l *rankLoop) forkAll(fs []forkOf) error {
 	if err != nil {
 		return err
 	}
-	for _, f := range fs {
+	firsts := make([]rankcore.First, len(fs))
+	for i, f := range fs {
 		s := l.seqs[f.parent]
-		prompt := s.all[:len(s.all)-1]
-		need := l.e.cfg.pagesFor(len(prompt))
-		for i, t := range f.toks {
-			id := f.parent + uint64(i) + 1
-			if t.stop || s.maxTokens == 1 {
-				l.end(id, ending{reason: firstTokenEnd(t)}) // done at its first token: nothing to hold
-				continue
+		stops := make([]bool, len(f.toks))
+		for j, t := range f.toks {
+			stops[j] = t.stop
+		}
+		firsts[i] = rankcore.First{Parent: f.parent, Prompt: len(s.all) - 1, MaxTokens: s.maxTokens, Stops: stops}
+	}
+	plan := rankcore.PlanFirstForks(rankcore.ForkRoom{Pages: pages, Rows: rows}, l.e.cfg.PageSize, firsts)
+	kv := kvCopy{pool: l.rk.Pool(), cache: l.cache, layers: l.e.m.Config.Layers}
+	for _, d := range plan.Samples {
+		s := l.seqs[d.Parent]
+		prompt, t := s.all[:len(s.all)-1], fs[d.Of].toks[d.Index]
+		switch d.Act {
+		case rankcore.ActEnd:
+			l.end(d.ID, ending{reason: d.End}) // done at its first token: nothing to hold
+		case rankcore.ActWait:
+			// Computes its prompt and first token once admitted; holding
+			// no KV, a refusal has nothing to give back.
+			tokens, maxTokens := append(slices.Clone(prompt), t.tok), s.maxTokens-1
+			l.joinSample(sched.Request{ID: d.ID, PromptLen: len(tokens), MaxTokens: maxTokens}, &seqState{
+				all: append(make([]int32, 0, len(tokens)+maxTokens), tokens...), maxTokens: maxTokens,
+				ignoreEOS: s.ignoreEOS, stop: slices.Clone(s.stop)}, nil)
+		case rankcore.ActFork:
+			seq, evicted, err := kv.copy(d.Parent, d.ID, d.Copy, d.Pages)
+			if l.r == 0 {
+				l.e.totals.PrefixEvictions += uint64(evicted)
 			}
-			if need > pages || rows < 1 {
-				l.waitSample(id, append(slices.Clone(prompt), t.tok), s.maxTokens-1, s.ignoreEOS, s.stop)
-				continue
+			if err == nil {
+				all := append(make([]int32, 0, len(prompt)+s.maxTokens), prompt...)
+				err = l.joinSample(sched.Request{ID: d.ID, PromptLen: len(prompt) + 1, MaxTokens: s.maxTokens - 1, Transferred: len(prompt)},
+					&seqState{all: append(all, t.tok), maxTokens: s.maxTokens, ignoreEOS: s.ignoreEOS,
+						stop: slices.Clone(s.stop), decoding: true}, seq)
 			}
-			pages, rows = pages-need, rows-1
-			if err := l.fork(f.parent, id, s, prompt, t); err != nil {
-				return fmt.Errorf("serve: rank %d: fork %d of %d: %w", l.r, id, f.parent, err)
+			if err != nil {
+				return fmt.Errorf("serve: rank %d: fork %d of %d: %w", l.r, d.ID, d.Parent, err)
 			}
 		}
 	}
 	return nil
 }
 
-// firstTokenEnd is why a sample whose first token ends it finishes.
-func firstTokenEnd(t sampled) sched.Reason {
-	if t.stop {
-		return sched.ReasonStop
+// joinSample adds a sample to the scheduler as req, with its state st;
+// seq, when not nil, holds the KV copied for it. A sample the scheduler
+// refuses ends at once and gives its KV back: the error is the release's.
+func (l *rankLoop) joinSample(req sched.Request, st *seqState, seq *kvcache.Seq) error {
+	if err := l.sched.Add(req, l.now); err != nil {
+		l.end(req.ID, ending{reason: sched.ReasonError, err: err.Error()})
+		if seq != nil {
+			return l.rk.Pool().Release(seq)
+		}
+		return nil
 	}
-	return sched.ReasonLength
-}
-
-// waitSample adds a sample that found no room to fork to the scheduler's
-// waiting queue without KV, as a retracted request waits: once admitted,
-// it computes its tokens (the prompt, and its first token when it has one)
-// from position 0. Busy is not dead: it waits its turn instead of failing.
-func (l *rankLoop) waitSample(id uint64, tokens []int32, maxTokens int, ignoreEOS bool, stop []int32) {
-	if err := l.sched.Add(sched.Request{ID: id, PromptLen: len(tokens), MaxTokens: maxTokens}, l.now); err != nil {
-		l.end(id, ending{reason: sched.ReasonError, err: err.Error()})
-		return
-	}
-	all := append(make([]int32, 0, len(tokens)+maxTokens), tokens...)
-	l.seqs[id] = &seqState{all: all, maxTokens: maxTokens, ignoreEOS: ignoreEOS, stop: slices.Clone(stop)}
-}
-
-// fork starts sample id on a copy of the parent's prompt KV with its first
-// token tok.
-func (l *rankLoop) fork(parent, id uint64, ps *seqState, prompt []int32, t sampled) error {
-	pool := l.rk.Pool()
-	seq, err := l.copySeq(parent, id, len(prompt))
-	if err != nil {
-		return err
-	}
-	err = l.sched.Add(sched.Request{ID: id, PromptLen: len(prompt) + 1, MaxTokens: ps.maxTokens - 1, Transferred: len(prompt)}, l.now)
-	if err != nil {
-		l.end(id, ending{reason: sched.ReasonError, err: err.Error()})
-		return pool.Release(seq)
-	}
-	all := append(make([]int32, 0, len(prompt)+ps.maxTokens), prompt...)
-	l.seqs[id] = &seqState{all: append(all, t.tok), maxTokens: ps.maxTokens, ignoreEOS: ps.ignoreEOS,
-		stop: slices.Clone(ps.stop), decoding: true}
+	l.seqs[req.ID] = st
 	return nil
 }
 
-// copySeq starts sequence id holding a copy of the KV of the first tokens
-// positions of sequence parent.
-func (l *rankLoop) copySeq(parent, id uint64, tokens int) (*kvcache.Seq, error) {
-	pool := l.rk.Pool()
+// kvCopy copies a parent's KV into a new sequence for a fork the plan
+// decided: the bytes, apart from the decision.
+type kvCopy struct {
+	pool   *kvcache.Pool
+	cache  *prefix.Cache // nil when the prefix cache is off: nothing to evict
+	layers int
+}
+
+// copy starts sequence id holding a copy of the KV of the first tokens
+// positions of sequence parent, evicting cached pages when the pool's
+// free pages fall short of pages: what the agreed room counted on. It
+// returns the pages it evicted, with or without an error.
+func (c kvCopy) copy(parent, id uint64, tokens, pages int) (*kvcache.Seq, int, error) {
+	pool := c.pool
 	src, ok := pool.Seq(parent)
 	if !ok || src.Len() < tokens {
-		return nil, fmt.Errorf("parent %d holds no prompt KV", parent)
+		return nil, 0, fmt.Errorf("parent %d holds no prompt KV", parent)
 	}
-	if short := l.e.cfg.pagesFor(tokens) - pool.FreePages(); short > 0 && l.cache != nil {
-		n := l.cache.Evict(short)
-		if l.r == 0 {
-			l.e.totals.PrefixEvictions += uint64(n)
-		}
+	evicted := 0
+	if short := pages - pool.FreePages(); short > 0 && c.cache != nil {
+		evicted = c.cache.Evict(short)
 	}
 	seq, err := pool.NewSeq(id)
 	if err != nil {
-		return nil, err
+		return nil, evicted, err
 	}
 	if err := pool.Reserve(seq, tokens); err != nil {
-		return nil, errors.Join(err, pool.Release(seq))
+		return nil, evicted, errors.Join(err, pool.Release(seq))
 	}
 	from, to := src.Slots()[:tokens], seq.Slots()[:tokens]
 	var k, v, rows, scales []byte
-	for layer := range l.e.m.Config.Layers {
+	for layer := range c.layers {
 		k, v = pool.AppendKV(layer, from, k[:0], v[:0])
 		if err := pool.PutKV(layer, to, k, v); err != nil {
-			return nil, errors.Join(err, pool.Release(seq))
+			return nil, evicted, errors.Join(err, pool.Release(seq))
 		}
 		rows, scales = pool.AppendIndexK(layer, from, rows[:0], scales[:0])
 		if err := pool.PutIndexK(layer, to, rows, scales); err != nil {
-			return nil, errors.Join(err, pool.Release(seq))
+			return nil, evicted, errors.Join(err, pool.Release(seq))
 		}
 	}
 	if err := pool.Commit(seq, tokens); err != nil {
-		return nil, errors.Join(err, pool.Release(seq))
+		return nil, evicted, errors.Join(err, pool.Release(seq))
 	}
-	return seq, nil
+	return seq, evicted, nil
 }
 
 // pdFork is a decode arrival whose later samples fork in this iteration.
@@ -178,6 +183,7 @@ type pdFork struct {
 // joins the scheduler with that token still to run, so that it samples its
 // own first token from the prompt's logits with its own sampler, at the
 // cost of one token each (no second transfer, no protocol change).
+// rankcore plans which samples fork, wait or end; this runs the plan.
 func (l *rankLoop) pdForkAll(free int) (int, error) {
 	fs := l.pdForks
 	if len(fs) == 0 {
@@ -188,64 +194,57 @@ func (l *rankLoop) pdForkAll(free int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	start := pages
 	pool := l.rk.Pool()
-	for _, f := range fs {
-		prompt, parent := f.add.prompt, f.add.id
-		src, ok := pool.Seq(parent)
-		copied := len(prompt) - 1
-		need := l.e.cfg.pagesFor(copied)
-		for i := range f.n {
-			id := parent + uint64(i) + 1
-			switch {
-			case !ok:
+	arrivals, srcs := make([]rankcore.Arrival, len(fs)), make([]*kvcache.Seq, len(fs))
+	for i, f := range fs {
+		src, held := pool.Seq(f.add.id)
+		arrivals[i], srcs[i] = rankcore.Arrival{Parent: f.add.id, Samples: f.n, Prompt: len(f.add.prompt), Held: held}, src
+	}
+	plan := rankcore.PlanArrivalForks(rankcore.ForkRoom{Pages: pages, Rows: rows}, l.e.cfg.PageSize, arrivals)
+	kv := kvCopy{pool: pool, cache: l.cache, layers: l.e.m.Config.Layers}
+	samples := plan.Samples
+	for i, f := range fs {
+		add := f.add
+		for _, d := range samples[:f.n] {
+			switch d.Act {
+			case rankcore.ActEnd:
 				// Gone between its arrival and now: aborted.
-				l.end(id, ending{reason: sched.ReasonAbort})
+				l.end(d.ID, ending{reason: d.End})
 				continue
-			case need > pages || (copied > 0 && rows < 1):
-				l.waitSample(id, prompt, f.add.maxTokens, f.add.ignoreEOS, f.add.stop)
+			case rankcore.ActWait:
+				// Computes its prompt once admitted; holding no KV, a
+				// refusal has nothing to give back.
+				l.joinSample(sched.Request{ID: d.ID, PromptLen: len(add.prompt), MaxTokens: add.maxTokens},
+					&seqState{all: append(make([]int32, 0, len(add.prompt)+add.maxTokens), add.prompt...),
+						maxTokens: add.maxTokens, ignoreEOS: add.ignoreEOS, stop: slices.Clone(add.stop)}, nil)
 				continue
 			}
-			if copied > 0 {
-				if _, err := l.copySeq(parent, id, copied); err != nil {
-					return 0, fmt.Errorf("serve: rank %d: fork %d of %d: %w", l.r, id, parent, err)
+			var seq *kvcache.Seq
+			if d.Copy > 0 {
+				var evicted int
+				seq, evicted, err = kv.copy(d.Parent, d.ID, d.Copy, d.Pages)
+				if l.r == 0 {
+					l.e.totals.PrefixEvictions += uint64(evicted)
 				}
-				pages, rows = pages-need, rows-1
-			}
-			err := l.sched.Add(sched.Request{ID: id, PromptLen: len(prompt), MaxTokens: f.add.maxTokens, Transferred: copied}, l.now)
-			if err != nil {
-				l.end(id, ending{reason: sched.ReasonError, err: err.Error()})
-				if copied > 0 {
-					if seq, ok := pool.Seq(id); ok {
-						if err := pool.Release(seq); err != nil {
-							return 0, err
-						}
-					}
+				if err != nil {
+					return 0, fmt.Errorf("serve: rank %d: fork %d of %d: %w", l.r, d.ID, d.Parent, err)
 				}
-				continue
 			}
-			l.seqs[id] = &seqState{all: append(make([]int32, 0, len(prompt)+f.add.maxTokens), prompt...),
-				maxTokens: f.add.maxTokens, ignoreEOS: f.add.ignoreEOS, stop: slices.Clone(f.add.stop)}
-		}
-		if f.release && ok {
-			if err := pool.Release(src); err != nil {
-				return 0, fmt.Errorf("serve: rank %d: release %d after its forks: %w", l.r, parent, err)
+			req := sched.Request{ID: d.ID, PromptLen: len(add.prompt), MaxTokens: add.maxTokens, Transferred: d.Copy}
+			st := &seqState{all: append(make([]int32, 0, len(add.prompt)+add.maxTokens), add.prompt...),
+				maxTokens: add.maxTokens, ignoreEOS: add.ignoreEOS, stop: slices.Clone(add.stop)}
+			if err := l.joinSample(req, st, seq); err != nil {
+				return 0, err
 			}
 		}
+		samples = samples[f.n:]
+		if f.release && arrivals[i].Held {
+			if err := pool.Release(srcs[i]); err != nil {
+				return 0, fmt.Errorf("serve: rank %d: release %d after its forks: %w", l.r, add.id, err)
+			}
+		}
 	}
-	return max(0, free-(start-pages)), nil
-}
-
-// endForks ends the samples a parent had not forked yet, as it ended.
-func (l *rankLoop) endForks(parent uint64, en ending) {
-	n := l.forks[parent]
-	if n == 0 {
-		return
-	}
-	delete(l.forks, parent)
-	for i := range n {
-		l.end(parent+uint64(i)+1, en)
-	}
+	return max(0, free-(pages-plan.Left.Pages)), nil
 }
 
 // sampleForks, on rank 0, samples the first tokens of a parent's later

@@ -34,7 +34,7 @@ type rankLoop struct {
 	step  uint64
 	// forks is, by parent id, the number of later samples (Request.N > 1)
 	// not forked yet: they fork at the parent's first token (fork.go).
-	forks map[uint64]int
+	forks rankcore.Forks
 	// pdForks are decode arrivals whose later samples fork in this
 	// iteration, after the room is granted (fork.go).
 	pdForks []*pdFork
@@ -440,12 +440,7 @@ func (l *rankLoop) arrive(in stepInput) ([]addMsg, error) {
 	}
 	var adds []addMsg
 	for _, a := range in.adds {
-		if a.n > 1 {
-			if l.forks == nil {
-				l.forks = make(map[uint64]int)
-			}
-			l.forks[a.id] = a.n - 1
-		}
+		l.forks.Expect(a.id, a.n)
 		switch {
 		case a.pd && l.pd != nil:
 			if err := l.pdAdmit(a); err != nil {

@@ -445,8 +445,7 @@ func (l *rankLoop) arrived(a rooms.Arrived) error {
 	// agreed on the room for them (pdForkAll); the sequence stays until
 	// then even when this sample ends here.
 	release := pool.Release
-	if k := l.forks[add.id]; k > 0 {
-		delete(l.forks, add.id)
+	if k := l.forks.Take(add.id); k > 0 {
 		f := pdFork{add: add, n: k}
 		l.pdForks = append(l.pdForks, &f)
 		release = func(*kvcache.Seq) error { f.release = true; return nil }

@@ -335,7 +335,7 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 				return (!s.ignoreEOS && e.m.Tokenizer.IsEOG(tok)) || slices.Contains(s.stop, tok)
 			}
 			out.toks = append(out.toks, sampled{tok: tok, stop: stops(tok)})
-			if k := l.forks[it.ID]; k > 0 {
+			if k := l.forks.Pending(it.ID); k > 0 {
 				out.toks = e.sampleForks(it.ID, k, lg, stops, emitted, out.toks)
 			}
 		}

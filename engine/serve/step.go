@@ -119,7 +119,7 @@ func (l *rankLoop) appendTokens(plan sched.Plan, out stepOutput, cut map[uint64]
 			return fmt.Errorf("%w: rank %d: %d sampled tokens for more items", errWire, l.r, len(out.toks))
 		}
 		t := out.toks[j]
-		j += 1 + l.forks[it.ID]
+		j += 1 + l.forks.Pending(it.ID)
 		s.all = append(s.all, t.tok)
 		s.decoding = true
 		if t.stop {
@@ -170,13 +170,12 @@ func (l *rankLoop) applyFrom(plan sched.Plan, out stepOutput, appended bool) err
 			}
 			toks[it.ID] = t.tok
 			outcomes = append(outcomes, sched.Outcome{ID: it.ID, Emitted: 1, Stop: t.stop})
-			if k := l.forks[it.ID]; k > 0 {
+			if k := l.forks.Take(it.ID); k > 0 {
 				if j+k > len(out.toks) {
 					return fmt.Errorf("%w: rank %d: %d sampled tokens for more samples", errWire, l.r, len(out.toks))
 				}
 				forked = append(forked, forkOf{parent: it.ID, toks: out.toks[j : j+k]})
 				j += k
-				delete(l.forks, it.ID)
 			}
 		}
 	}
