@@ -72,7 +72,7 @@ func TestRedTeamAdminNeedsTheSecret(t *testing.T) {
 // faultsOn names the fault switches on at n.
 func faultsOn(n *node) []string {
 	var on []string
-	for _, f := range n.eng.Faults() {
+	for _, f := range n.eng.View().Faults() {
 		if f.On {
 			on = append(on, f.Name)
 		}

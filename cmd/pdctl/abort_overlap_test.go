@@ -29,7 +29,9 @@ func newScheduleCluster(t *testing.T, schedule string) *cluster {
 	return &cluster{m: m, prefill: nodeOf(cc.Prefill), decode: nodeOf(cc.Decode), registry: cc.Registry, router: cc.Router.URL}
 }
 
-func restarts(c *cluster) uint64 { return c.prefill.eng.Restarts() + c.decode.eng.Restarts() }
+func restarts(c *cluster) uint64 {
+	return c.prefill.eng.View().Restarts() + c.decode.eng.View().Restarts()
+}
 
 // TestAbortDrillOverlapLocalDecision: with overlap-local-decision on
 // (pdctl fault on, both servers, the overlap loop, TP 2), the mass-abort

@@ -39,7 +39,7 @@ func newCanaryCluster(t *testing.T, cfg func(*serve.Config)) *cluster {
 // hostHits is rank 0's count of requests whose prefix loaded back from
 // host on n.
 func hostHits(n *node) uint64 {
-	if ts := n.eng.HiCache(); len(ts) > 0 {
+	if ts := n.eng.View().HiCache(); len(ts) > 0 {
 		return ts[0].Totals.HostHits
 	}
 	return 0

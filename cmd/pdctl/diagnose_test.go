@@ -165,7 +165,7 @@ func TestDiagnoseBootstrapAbortCrash(t *testing.T) {
 	// peer: every prefill rank's loop dies.
 	poll(t, "the prefill's control loops dead", 10*time.Second, func() bool {
 		dead = deadRanks(t, c)
-		return len(dead) == c.prefill.eng.Ranks()
+		return len(dead) == c.prefill.eng.View().Ranks()
 	})
 
 	// New requests still arrive; they wait in the decode's transfer queue.
@@ -184,7 +184,7 @@ func TestDiagnoseBootstrapAbortCrash(t *testing.T) {
 		if n != settled {
 			settled, since = n, time.Now()
 		}
-		return n >= 4*c.decode.eng.Ranks() && time.Since(since) >= time.Second
+		return n >= 4*c.decode.eng.View().Ranks() && time.Since(since) >= time.Second
 	})
 
 	start := time.Now()

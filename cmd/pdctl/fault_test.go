@@ -25,7 +25,7 @@ func TestFault(t *testing.T) {
 	var names []string
 	for _, n := range []*node{c.prefill, c.decode} {
 		role := n.eng.Config().Role
-		for _, fl := range n.eng.Faults() {
+		for _, fl := range n.eng.View().Faults() {
 			state := "off"
 			if !slices.Contains(fl.Roles, role) {
 				state = "n/a"

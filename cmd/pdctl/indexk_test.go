@@ -168,7 +168,7 @@ func TestIndexK(t *testing.T) {
 				// past the switch's check in the iteration under way, and
 				// that iteration would then carry the switch to its end.
 				poll(t, "the prefill's rank 0 waiting for its stalled rank 1", 10*time.Second, func() bool {
-					for _, g := range c.prefill.eng.Collectives() {
+					for _, g := range c.prefill.eng.View().Collectives() {
 						if g.Name == serve.CommControl && len(g.Ranks) == 2 {
 							return g.Ranks[0].Waiting != nil && g.Ranks[1].Waiting == nil
 						}
@@ -329,7 +329,7 @@ func TestIndexKSetUnderLoad(t *testing.T) {
 		t.Fatalf("indexk set: exit %d\n%s\n%s", code, stdout, stderr)
 	}
 	for _, n := range []*node{c.prefill, c.decode} {
-		if got := n.eng.IndexK(); got != kernels.IndexBF16 {
+		if got := n.eng.View().IndexK(); got != kernels.IndexBF16 {
 			t.Errorf("%s: index-K %v after the switch", n.ts.URL, got)
 		}
 	}

@@ -272,7 +272,7 @@ func newWedged(t *testing.T) *cluster {
 		t.Fatal(err)
 	}
 	poll(t, "every prefill control loop dead", 10*time.Second, func() bool {
-		return len(deadRanks(t, c)) == c.prefill.eng.Ranks()
+		return len(deadRanks(t, c)) == c.prefill.eng.View().Ranks()
 	})
 	decodeOnly(10)
 	poll(t, "room 10 in the decode's transfer queue", 10*time.Second, func() bool {

@@ -35,7 +35,7 @@ func TestRedTeamSquattedRegistryDiagnosed(t *testing.T) {
 	}
 	dead := "tcp://" + l.Addr().String()
 	l.Close()
-	squat := c.prefill.eng.RankInfos()[0]
+	squat := c.prefill.eng.PD().RankInfos()[0]
 	squat.Endpoint, squat.InstanceID, squat.StartedAt = dead, "squatter", time.Now()
 	if resp, berr := c.bootstrap.Register(squat); berr != nil || !resp.Replaced {
 		t.Fatalf("the squatting registration: %+v, %v", resp, berr)

@@ -235,7 +235,7 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	if cfg.Role == pdproto.RoleDecode && len(cfg.PD.PrefillBootstrap) == 0 {
 		log.Warn("no --prefill-bootstrap: every PD request is refused until a prefill registry is allowed")
 	}
-	if ts := eng.HiCache(); len(ts) > 0 && ts[0].On {
+	if ts := eng.View().HiCache(); len(ts) > 0 && ts[0].On {
 		log.Info("hicache on", "host_tokens_per_rank", ts[0].HostPages*ts[0].PageSize, "policy", ts[0].Policy,
 			"load_bandwidth", config.FormatRate(ts[0].LoadBandwidth))
 	}
@@ -301,8 +301,8 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 // and serves it on --bootstrap-port; url is where decodes reach it, at host.
 // stop shuts it down.
 func serveRegistry(eng *serve.Engine, o serveOptions, host string, log *slog.Logger, published *atomic.Pointer[bootstrap.Registry], met prometheus.Registerer) (stop func(), url string, err error) {
-	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: eng.Ranks(), Secret: o.cfg.PD.Secret})
-	for _, info := range eng.RankInfos() {
+	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: eng.View().Ranks(), Secret: o.cfg.PD.Secret})
+	for _, info := range eng.PD().RankInfos() {
 		if _, berr := reg.Register(info); berr != nil {
 			return nil, "", berr
 		}

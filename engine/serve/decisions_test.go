@@ -51,7 +51,7 @@ func TestDecisionsAgreeTP2(t *testing.T) {
 	}
 	var logs []RankDecisions
 	poll(t, "both ranks past the load's last step", 10*time.Second, func() bool {
-		logs = e.Decisions(0)
+		logs = e.View().Decisions(0)
 		return logs[0].LastStep == logs[1].LastStep && logs[0].LastStep > 0
 	})
 	names := map[string]bool{}
@@ -158,7 +158,7 @@ func TestDecisionsStalledRank(t *testing.T) {
 	}
 	read := func() []RankDecisions {
 		got := make(chan []RankDecisions, 1)
-		go func() { got <- e.Decisions(0) }()
+		go func() { got <- e.View().Decisions(0) }()
 		select {
 		case d := <-got:
 			return d

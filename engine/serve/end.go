@@ -36,11 +36,11 @@ func (l *rankLoop) end(id uint64, en ending) {
 		return
 	}
 	e := l.e
-	r := e.front[id]
+	r := e.streams.front[id]
 	if r == nil {
 		return
 	}
-	delete(e.front, id)
+	delete(e.streams.front, id)
 	var reason string
 	switch en.reason {
 	case sched.ReasonStop:
@@ -60,8 +60,8 @@ func (l *rankLoop) end(id uint64, en ending) {
 		if r.cut != "" {
 			reason = r.cut // the abort's own reason (a client, a slow reader)
 		}
-		e.totals.Aborts++
+		e.streams.totals.Aborts++
 	}
-	e.totals.Finished++
-	e.deliver(r, Finish{Reason: reason, PromptTokens: len(r.req.Prompt), CompletionTokens: r.gen})
+	e.streams.totals.Finished++
+	e.streams.deliver(r, Finish{Reason: reason, PromptTokens: len(r.req.Prompt), CompletionTokens: r.gen})
 }

@@ -219,23 +219,3 @@ func FaultRoles(name string) ([]string, bool) {
 	}
 	return slices.Clone(faultSpecs[i].Roles), true
 }
-
-// SetFault switches fault name on or off, live.
-func (e *Engine) SetFault(name string, on bool) error {
-	if err := checkFault(name, e.cfg.Role); err != nil {
-		return fmt.Errorf("serve: %w", err)
-	}
-	e.faults.set(faultIndex(name), on)
-	e.poke() // a loop waiting for work sees the change at once
-	return nil
-}
-
-// Faults lists every fault switch with its state on this engine (those of
-// other roles listed as off).
-func (e *Engine) Faults() []FaultInfo {
-	out := slices.Clone(faultSpecs)
-	for i := range out {
-		out[i].On = e.faults.on[i].Load()
-	}
-	return out
-}

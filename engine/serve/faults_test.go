@@ -65,7 +65,7 @@ func TestFaultStallLastRank(t *testing.T) {
 			return slices.Equal(s.Arrived, []int{0}) && len(s.Missing) == 1 && s.Missing[0].Rank == 1 && !s.Missing[0].InCollective
 		})
 	})
-	if fin := e.Snapshot().Totals.Finished; fin != 0 {
+	if fin := e.View().Snapshot().Totals.Finished; fin != 0 {
 		t.Fatalf("%d requests finished with rank 1 stalled", fin)
 	}
 	if err := e.SetFault(FaultStallLastRank, false); err != nil {
@@ -106,7 +106,7 @@ func TestFaultPDMessages(t *testing.T) {
 	if _, fin, _ := run(); !strings.Contains(fin.Reason, "KV not received within 300ms") {
 		t.Errorf("drop-kv-chunk: decode finish %q", fin.Reason)
 	}
-	if n := pp.decode.PDLinks()[0].Faulted; n == 0 {
+	if n := pp.decode.PD().Links()[0].Faulted; n == 0 {
 		t.Error("drop-kv-chunk: no drop counted")
 	}
 	set(FaultDrop(pdproto.TypeKVChunk), false)
@@ -121,7 +121,7 @@ func TestFaultPDMessages(t *testing.T) {
 	if _, fin, _ := run(); !strings.HasPrefix(fin.Reason, "error: pd:") {
 		t.Errorf("pd-loop-exit: decode finish %q", fin.Reason)
 	}
-	in := pp.decode.PDLinks()[0].Inbox
+	in := pp.decode.PD().Links()[0].Inbox
 	if in.Alive || !strings.Contains(in.ExitReason, "fault pd-loop-exit") {
 		t.Errorf("pd-loop-exit: the KV loop alive %v, exit reason %q", in.Alive, in.ExitReason)
 	}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/engine/prefix"
@@ -91,7 +90,7 @@ func (l *rankLoop) forkAll(fs []forkOf) error {
 		case rankcore.ActFork:
 			seq, evicted, err := kv.copy(d.Parent, d.ID, d.Copy, d.Pages)
 			if l.r == 0 {
-				l.e.totals.PrefixEvictions += uint64(evicted)
+				l.e.streams.totals.PrefixEvictions += uint64(evicted)
 			}
 			if err == nil {
 				all := append(make([]int32, 0, len(prompt)+s.maxTokens), prompt...)
@@ -224,7 +223,7 @@ func (l *rankLoop) pdForkAll(free int) (int, error) {
 				var evicted int
 				seq, evicted, err = kv.copy(d.Parent, d.ID, d.Copy, d.Pages)
 				if l.r == 0 {
-					l.e.totals.PrefixEvictions += uint64(evicted)
+					l.e.streams.totals.PrefixEvictions += uint64(evicted)
 				}
 				if err != nil {
 					return 0, fmt.Errorf("serve: rank %d: fork %d of %d: %w", l.r, d.ID, d.Parent, err)
@@ -245,22 +244,4 @@ func (l *rankLoop) pdForkAll(free int) (int, error) {
 		}
 	}
 	return max(0, free-(pages-plan.Left.Pages)), nil
-}
-
-// sampleForks, on rank 0, samples the first tokens of a parent's later
-// samples from the parent's logits and streams them.
-func (e *Engine) sampleForks(parent uint64, n int, lg []float32, stops func(int32) bool, at time.Time, out []sampled) []sampled {
-	for i := range n {
-		r := e.front[parent+uint64(i)+1]
-		if r == nil {
-			out = append(out, sampled{tok: 0, stop: true}) // cannot happen: a fork's front lives until it ends
-			continue
-		}
-		tok := r.sampler.Sample(lg)
-		e.totals.Sampled++
-		r.gen++
-		e.emit(r, tok, at)
-		out = append(out, sampled{tok: tok, stop: stops(tok)})
-	}
-	return out
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -355,63 +354,8 @@ func (l *rankLoop) gate(loads hicache.Loads) hicache.Gate {
 	}
 }
 
-// HiCache is every rank's host tier snapshot, rank order; nil when the
-// prefix cache is off.
-func (e *Engine) HiCache() []TierSnapshot {
-	var out []TierSnapshot
-	for _, l := range e.cur().loops {
-		if s := l.tier.snap.Load(); s != nil {
-			out = append(out, *s)
-		}
-	}
-	return out
-}
-
 // ErrHiCacheBusy: a HiCache switch is already waiting for the loops.
 var ErrHiCacheBusy = errors.New("serve: a hicache switch is already pending")
-
-// SetHiCache turns the host tier on (sized by the configuration, checked
-// against the memory available now) or off, live: every rank switches in
-// the same iteration. Off lets loads in flight finish, stops backups and
-// loads, and frees the host pool; on starts empty. It returns once the
-// switch is queued for the loops; HiCache shows when it took effect.
-func (e *Engine) SetHiCache(on bool) error {
-	if e.cfg.DisablePrefixCache {
-		return errors.New("serve: hicache needs the prefix cache, which is off on this server")
-	}
-	op := tierOp{off: !on}
-	if on {
-		pages, err := e.cfg.HiCache.hostPages(e.cur().loops[0].rk.Pool().Config(), e.cfg.TP)
-		if err != nil {
-			return err
-		}
-		op.pages = pages
-	}
-	e.mu.Lock()
-	if e.tierOp != nil {
-		e.mu.Unlock()
-		return ErrHiCacheBusy
-	}
-	e.tierOp = &op
-	e.mu.Unlock()
-	e.poke()
-	return nil
-}
-
-// SetHiCacheBandwidth paces every rank's loader to bytesPerSecond (0:
-// unlimited), live.
-func (e *Engine) SetHiCacheBandwidth(bytesPerSecond int64) error {
-	if bytesPerSecond < 0 {
-		return fmt.Errorf("serve: hicache load bandwidth %d: want non-negative (0 is unlimited)", bytesPerSecond)
-	}
-	e.hicacheBandwidth.Store(bytesPerSecond)
-	for _, l := range e.cur().loops {
-		if ld := l.tier.loader.Load(); ld != nil {
-			ld.SetBandwidth(bytesPerSecond)
-		}
-	}
-	return nil
-}
 
 // tierOp is a HiCache switch on its way to the loops.
 type tierOp struct {
@@ -494,42 +438,6 @@ type offloadResult struct {
 // ErrOffloadBusy: an offload is already waiting for the loops.
 var ErrOffloadBusy = errors.New("serve: an offload is already pending")
 
-// Offload moves the cached prefix of prompt to every rank's host tier (see
-// prefix.Cache.Offload), so that the next request with that prefix loads it
-// back: an operator's way to exercise, or to canary, the load-back path. It
-// returns the tokens now on host only on rank 0 (every rank offloads the
-// same pages; a backup may fail on one rank only, and then that rank drops
-// the page instead). The host tier must be on.
-func (e *Engine) Offload(ctx context.Context, prompt []int32) (int, error) {
-	if ts := e.HiCache(); len(ts) == 0 || !ts[0].On {
-		return 0, errors.New("serve: offload needs the host tier (hicache) on")
-	}
-	if len(prompt) == 0 {
-		return 0, errors.New("serve: offload of an empty prompt")
-	}
-	op := &offloadOp{prompt: slices.Clone(prompt), done: make(chan offloadResult, 1)}
-	e.mu.Lock()
-	switch {
-	case e.closed:
-		e.mu.Unlock()
-		return 0, errors.New("serve: engine closed")
-	case e.offloadOp != nil:
-		e.mu.Unlock()
-		return 0, ErrOffloadBusy
-	}
-	e.offloadOp = op
-	e.mu.Unlock()
-	e.poke()
-	select {
-	case res := <-op.done:
-		return res.tokens, res.err
-	case <-ctx.Done():
-		return 0, fmt.Errorf("serve: offload: %w", ctx.Err())
-	case <-e.done:
-		return 0, errors.New("serve: engine stopped during an offload")
-	}
-}
-
 // applyOffload runs the step input's offload on this rank; rank 0 reports.
 func (l *rankLoop) applyOffload(prompt []int32) error {
 	if l.cache == nil {
@@ -548,13 +456,7 @@ func (l *rankLoop) applyOffload(prompt []int32) error {
 		res.err = errors.New("serve: offload: the host tier went off")
 	}
 	if l.r == 0 {
-		l.e.mu.Lock()
-		op := l.e.offloadOp
-		l.e.offloadOp = nil
-		l.e.mu.Unlock()
-		if op != nil {
-			op.done <- res
-		}
+		l.e.inbox.offloaded(res)
 	}
 	return nil
 }

@@ -67,7 +67,7 @@ func runChats(t *testing.T, e *Engine, ss []chat, maxTok int) [][][]int32 {
 				var f Finish
 				out[i][j], f = collect(t, st, 60*time.Second)
 				if f.Reason != "length" {
-					t.Errorf("chat %d turn %d: %s (engine: %s)", i, j, f.Reason, e.Snapshot().Err)
+					t.Errorf("chat %d turn %d: %s (engine: %s)", i, j, f.Reason, e.View().Snapshot().Err)
 					return
 				}
 			}
@@ -121,7 +121,7 @@ func TestHiCacheOnOffEqual(t *testing.T) {
 			// 40 chats' cached prefixes lock more than the pool: the
 			// waiting requests behind the head gave theirs up, or the
 			// queue would have waited for ever.
-			if u := ref.Snapshot().Totals.Unstalls; u == 0 {
+			if u := ref.View().Snapshot().Totals.Unstalls; u == 0 {
 				t.Error("no waiting request gave its cached prefix up: the workload never locked the whole pool")
 			}
 			on := cfg
@@ -130,7 +130,7 @@ func TestHiCacheOnOffEqual(t *testing.T) {
 			got := runSessions(t, e, ss, maxTok)
 			checkTurns(t, got, want, "hicache on", "off")
 			checkPools(t, e)
-			for _, ts := range e.HiCache() {
+			for _, ts := range e.View().HiCache() {
 				t.Logf("rank %d: %+v", ts.Rank, ts.Totals)
 				if !ts.On || ts.Totals.HostHits == 0 || ts.Totals.Loads == 0 || ts.Totals.Backups == 0 {
 					t.Errorf("rank %d: no prefix went to host and came back: %+v", ts.Rank, ts)
@@ -219,7 +219,7 @@ func TestHiCachePDSameKV(t *testing.T) {
 						}
 					}
 				}
-				for _, ts := range pp.prefill.HiCache() {
+				for _, ts := range pp.prefill.View().HiCache() {
 					if ts.Totals.HostHits == 0 || ts.Totals.LoadFailures != 0 {
 						t.Errorf("prefill rank %d: %+v", ts.Rank, ts.Totals)
 					}
@@ -238,7 +238,7 @@ func closeAndCheckCaches(t *testing.T, e *Engine) {
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range e.loops {
+	for _, l := range e.sup.loops {
 		if err := l.rk.Pool().Check(); err != nil {
 			t.Errorf("rank %d: %v", l.r, err)
 		}
@@ -280,7 +280,7 @@ func TestHiCacheLiveToggles(t *testing.T) {
 			return false
 		}
 		if !poll(t, "the hicache switch taking effect", 20*time.Second, func() bool {
-			for _, ts := range e.HiCache() {
+			for _, ts := range e.View().HiCache() {
 				if ts.On != v {
 					return false
 				}
@@ -292,7 +292,7 @@ func TestHiCacheLiveToggles(t *testing.T) {
 		// Off gives each rank's host memory back at once; on maps a pool
 		// per rank again.
 		var pools int64
-		for _, l := range e.cur().loops {
+		for _, l := range e.sup.cur().loops {
 			if h := l.cache.Host(); v && h != nil {
 				pools += h.Bytes()
 			}
@@ -307,8 +307,8 @@ func TestHiCacheLiveToggles(t *testing.T) {
 		for {
 			// Every 30 finished requests, so that the tier fills and
 			// serves between switches.
-			from := e.Snapshot().Totals.Finished
-			for e.Snapshot().Totals.Finished < from+30 {
+			from := e.View().Snapshot().Totals.Finished
+			for e.View().Snapshot().Totals.Finished < from+30 {
 				select {
 				case <-stop:
 					return
@@ -343,7 +343,7 @@ func TestHiCacheLiveToggles(t *testing.T) {
 	}
 	checkPools(t, e)
 	var hits uint64
-	for _, ts := range e.HiCache() {
+	for _, ts := range e.View().HiCache() {
 		hits += ts.Totals.HostHits
 		t.Logf("rank %d after %d toggles: %+v", ts.Rank, toggles, ts.Totals)
 	}
@@ -378,21 +378,21 @@ func TestOffloadAndNoCache(t *testing.T) {
 				t.Fatalf("Offload = %d tokens, %v; want the prompt's whole pages", got, err)
 			}
 			hits := func() (h uint64) {
-				for _, ts := range e.HiCache() {
+				for _, ts := range e.View().HiCache() {
 					h += ts.Totals.HostHits
 				}
 				return h
 			}
-			before, cached := hits(), e.Snapshot().Totals.CachedTokens
+			before, cached := hits(), e.View().Snapshot().Totals.CachedTokens
 			if second := run(false); !slices.Equal(second, first) || hits() != before+uint64(n) {
 				t.Fatalf("after the offload: %v (first %v), host hits %d → %d", second, first, before, hits())
 			}
-			cached2 := e.Snapshot().Totals.CachedTokens
+			cached2 := e.View().Snapshot().Totals.CachedTokens
 			if cached2 <= cached {
 				t.Fatal("the request after the offload read nothing cached")
 			}
-			if third := run(true); !slices.Equal(third, first) || e.Snapshot().Totals.CachedTokens != cached2 {
-				t.Fatalf("no-cache run: %v (first %v), cached tokens %d → %d", third, first, cached2, e.Snapshot().Totals.CachedTokens)
+			if third := run(true); !slices.Equal(third, first) || e.View().Snapshot().Totals.CachedTokens != cached2 {
+				t.Fatalf("no-cache run: %v (first %v), cached tokens %d → %d", third, first, cached2, e.View().Snapshot().Totals.CachedTokens)
 			}
 			checkPools(t, e)
 		})

@@ -1,7 +1,6 @@
 package serve
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -52,7 +51,7 @@ type IndexKSwitch struct {
 }
 
 // indexKOp is a switch waiting for the loops; rank 0's loop owns it once
-// it is set (under e.mu).
+// it is set (under the inbox's lock).
 type indexKOp struct {
 	to       kernels.IndexKDType
 	since    time.Time
@@ -64,57 +63,6 @@ type indexKOp struct {
 // ErrIndexKBusy: a precision switch is already draining.
 var ErrIndexKBusy = errors.New("serve: an index-K precision switch is already under way")
 
-// IndexK is the precision the index keys are stored in now.
-func (e *Engine) IndexK() kernels.IndexKDType { return kernels.IndexKDType(e.indexK.Load()) }
-
-// SetIndexK switches the index-K precision live (see above): it drains the
-// engine, aborting what is still in flight after drain, switches every rank
-// and returns how long admission paused. It returns ctx's error if ctx ends
-// first (the switch still goes on).
-func (e *Engine) SetIndexK(ctx context.Context, dt kernels.IndexKDType, drain time.Duration) (IndexKSwitch, error) {
-	from := e.IndexK()
-	switch {
-	case e.m.Config.Indexer == nil:
-		return IndexKSwitch{}, errors.New("serve: the model has no sparse indexer: it stores no index keys")
-	case dt != kernels.IndexFP8 && dt != kernels.IndexBF16:
-		return IndexKSwitch{}, fmt.Errorf("serve: unknown index-K precision %v", dt)
-	case drain < 0:
-		return IndexKSwitch{}, fmt.Errorf("serve: drain bound %v: want non-negative", drain)
-	}
-	now := time.Now()
-	op := &indexKOp{to: dt, since: now, deadline: now.Add(drain), done: make(chan IndexKSwitch, 1)}
-	e.mu.Lock()
-	switch {
-	case e.closed:
-		e.mu.Unlock()
-		return IndexKSwitch{}, errors.New("serve: engine closed")
-	case e.indexKOp != nil:
-		e.mu.Unlock()
-		return IndexKSwitch{}, ErrIndexKBusy
-	case dt == from:
-		e.mu.Unlock()
-		return IndexKSwitch{From: from, To: dt}, nil
-	}
-	e.indexKOp = op
-	e.mu.Unlock()
-	e.poke()
-	select {
-	case res := <-op.done:
-		return res, nil
-	case <-ctx.Done():
-		return IndexKSwitch{}, fmt.Errorf("serve: index-K switch to %v: %w (it goes on)", dt, ctx.Err())
-	case <-e.done:
-		return IndexKSwitch{}, errors.New("serve: engine stopped during an index-K switch")
-	}
-}
-
-// draining is the switch rank 0 is draining for, nil when none.
-func (e *Engine) draining() *indexKOp {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.indexKOp
-}
-
 // drainStep, on rank 0 while a switch drains, puts the switch into the step
 // input, or the aborts of what still holds it past the bound, as
 // rankcore.DrainStep decides from state every rank holds alike.
@@ -124,7 +72,7 @@ func (l *rankLoop) drainStep(op *indexKOp, in *stepInput) {
 		Seqs: len(l.seqs), Joining: len(in.adds), PastBound: !time.Now().Before(op.deadline)}
 	var held []rankcore.DrainHeld
 	if facts.PastBound {
-		for id, r := range e.front {
+		for id, r := range e.streams.front {
 			h := rankcore.DrainHeld{ID: id, Cut: r.cut != "", Spared: l.pdInHandshake(id) || l.pdFinishing(id)}
 			for _, f := range r.forks {
 				h.Forks = append(h.Forks, f.id)
@@ -151,7 +99,7 @@ func (l *rankLoop) drainStep(op *indexKOp, in *stepInput) {
 		return
 	}
 	for _, id := range d.Cut {
-		e.front[id].cut = ReasonAbort
+		e.streams.front[id].cut = ReasonAbort
 		in.aborts = append(in.aborts, abortMsg{id: id, by: AbortBySwitch})
 		op.cut++
 	}
@@ -184,16 +132,13 @@ func (l *rankLoop) applyIndexK(dt kernels.IndexKDType, tierPages int) error {
 	if l.r != 0 {
 		return nil
 	}
-	from := e.IndexK()
+	from := e.view.IndexK()
 	e.indexK.Store(int32(dt))
-	e.totals.IndexKSwitches++
+	e.streams.totals.IndexKSwitches++
 	if e.pd != nil {
 		e.pd.reg.clear() // our handshakes now say the new precision
 	}
-	e.mu.Lock()
-	op := e.indexKOp
-	e.indexKOp = nil
-	e.mu.Unlock()
+	op := e.inbox.doneIndexK()
 	res := IndexKSwitch{From: from, To: dt, Changed: true}
 	if op != nil {
 		res.Paused, res.Aborted = time.Since(op.since), op.cut
@@ -202,7 +147,7 @@ func (l *rankLoop) applyIndexK(dt kernels.IndexKDType, tierPages int) error {
 	e.cfg.Logger.Info("serve: index-K precision switched", "server", e.cfg.Name, "from", from.String(), "to", dt.String(),
 		"paused", res.Paused, "aborted", res.Aborted)
 	if e.cfg.Role == pdproto.RolePrefill && e.cfg.PD.OnRankInfos != nil {
-		e.cfg.PD.OnRankInfos(e.RankInfos())
+		e.cfg.PD.OnRankInfos(e.pdView.RankInfos())
 	}
 	return nil
 }

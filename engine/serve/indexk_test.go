@@ -29,9 +29,9 @@ func switchAfter(t *testing.T, e *Engine, finished uint64, to ...kernels.IndexKD
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for _, dt := range to {
-			from := e.Snapshot().Totals.Finished
+			from := e.View().Snapshot().Totals.Finished
 			if !poll(t, "requests finishing before the switch", 60*time.Second, func() bool {
-				return e.Snapshot().Totals.Finished >= from+finished
+				return e.View().Snapshot().Totals.Finished >= from+finished
 			}) {
 				return
 			}
@@ -101,13 +101,13 @@ func TestIndexKSwitchUnderLoad(t *testing.T) {
 		}
 	}
 	// The snapshot is published at the end of the iteration that switched.
-	poll(t, "two switches counted", 10*time.Second, func() bool { return e.Snapshot().Totals.IndexKSwitches == 2 })
-	if e.IndexK() != kernels.IndexFP8 || e.Settings().IndexK != "fp8" {
-		t.Errorf("after two switches: index-K %v, settings %q, switches %d", e.IndexK(), e.Settings().IndexK, e.Snapshot().Totals.IndexKSwitches)
+	poll(t, "two switches counted", 10*time.Second, func() bool { return e.View().Snapshot().Totals.IndexKSwitches == 2 })
+	if e.View().IndexK() != kernels.IndexFP8 || e.View().Settings().IndexK != "fp8" {
+		t.Errorf("after two switches: index-K %v, settings %q, switches %d", e.View().IndexK(), e.View().Settings().IndexK, e.View().Snapshot().Totals.IndexKSwitches)
 	}
 	t.Logf("%d of %d requests ran in bf16 (the others in fp8)", inBF16, 2*len(ss))
 	checkPools(t, e)
-	for _, ts := range e.HiCache() {
+	for _, ts := range e.View().HiCache() {
 		if !ts.On {
 			t.Errorf("rank %d: hicache off after the switches", ts.Rank)
 		}
@@ -128,7 +128,7 @@ func TestIndexKSwitchDrainBound(t *testing.T) {
 		}
 		streams = append(streams, s)
 	}
-	poll(t, "the requests running", 20*time.Second, func() bool { return e.Snapshot().Totals.Sampled >= 8 })
+	poll(t, "the requests running", 20*time.Second, func() bool { return e.View().Snapshot().Totals.Sampled >= 8 })
 	res, err := e.SetIndexK(context.Background(), kernels.IndexBF16, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -183,8 +183,8 @@ func switchPairCfg(t *testing.T, pc, dc Config) *pdPair {
 	}
 	p := newEngine(t, m, pc)
 	d := newEngine(t, m, dc)
-	r := bootstrap.NewRegistry(bootstrap.Options{TPSize: p.Ranks()})
-	for _, info := range p.RankInfos() {
+	r := bootstrap.NewRegistry(bootstrap.Options{TPSize: p.View().Ranks()})
+	for _, info := range p.PD().RankInfos() {
 		if _, err := r.Register(info); err != nil {
 			t.Fatal(err)
 		}
@@ -260,8 +260,8 @@ func TestIndexKSwitchPD(t *testing.T) {
 	}
 	for _, e := range []*Engine{pp.prefill, pp.decode} {
 		checkPools(t, e)
-		if e.IndexK() != kernels.IndexBF16 {
-			t.Errorf("%s: index-K %v", e.cfg.Role, e.IndexK())
+		if e.View().IndexK() != kernels.IndexBF16 {
+			t.Errorf("%s: index-K %v", e.cfg.Role, e.View().IndexK())
 		}
 	}
 }
@@ -316,7 +316,7 @@ func TestIndexKSwitchSkipsRoomsInBootstrap(t *testing.T) {
 		e    *Engine
 		want map[string]uint64
 	}{{pp.prefill, map[string]uint64{"refused": 2}}, {pp.decode, map[string]uint64{"peer-failed": 2}}} {
-		if got := c.e.PDFailuresByReason(); !maps.Equal(got, c.want) {
+		if got := c.e.PD().FailuresByReason(); !maps.Equal(got, c.want) {
 			t.Errorf("%s: failures %v, want %v", c.e.cfg.Role, got, c.want)
 		}
 	}
@@ -337,7 +337,7 @@ func pastTheBound(t *testing.T, e *Engine, deadline time.Time) {
 	t.Helper()
 	var first time.Time
 	poll(t, "two iterations past the drain bound", 20*time.Second, func() bool {
-		start := e.Snapshot().Step.Start
+		start := e.View().Snapshot().Step.Start
 		switch {
 		case !start.After(deadline):
 			return false

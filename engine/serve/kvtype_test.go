@@ -24,13 +24,13 @@ func TestPDHandshakeRefusesKVType(t *testing.T) {
 	if len(toks) != 0 || !strings.Contains(fin.Reason, "kv_dtype") || !strings.Contains(fin.Reason, `"f32"`) || !strings.Contains(fin.Reason, `"bf16"`) {
 		t.Errorf("got %v, finish %q; want no token and the kv_dtype mismatch named with both types", toks, fin.Reason)
 	}
-	if d.PDFailures() != 1 {
-		t.Errorf("decode counts %d PD failures, want 1", d.PDFailures())
+	if d.PD().Failures() != 1 {
+		t.Errorf("decode counts %d PD failures, want 1", d.PD().Failures())
 	}
 	checkPools(t, d)
 	checkPools(t, p)
-	if p.PDTransferBytes() != 0 || d.PDTransferBytes() != 0 {
-		t.Errorf("KV moved across a refused handshake: prefill %d, decode %d bytes", p.PDTransferBytes(), d.PDTransferBytes())
+	if p.PD().TransferBytes() != 0 || d.PD().TransferBytes() != 0 {
+		t.Errorf("KV moved across a refused handshake: prefill %d, decode %d bytes", p.PD().TransferBytes(), d.PD().TransferBytes())
 	}
 }
 
@@ -67,13 +67,13 @@ func TestPDKVBytesPerToken(t *testing.T) {
 		if len(toks) != 2 {
 			t.Fatalf("%s: %d tokens, finish %q", kernels.KVName(kv), len(toks), dfin.Reason)
 		}
-		bytes[kv] = d.PDTransferBytes()
+		bytes[kv] = d.PD().TransferBytes()
 		c := &m.Config
 		if want := uint64(len(prompt) * c.Layers * 2 * c.KVDim() * kernels.KVElemBytes(kv)); bytes[kv] != want {
 			t.Errorf("%s: %d bytes moved for %d tokens, want %d", kernels.KVName(kv), bytes[kv], len(prompt), want)
 		}
-		if p.PDTransferBytes() != bytes[kv] {
-			t.Errorf("%s: prefill counts %d bytes, decode %d", kernels.KVName(kv), p.PDTransferBytes(), bytes[kv])
+		if p.PD().TransferBytes() != bytes[kv] {
+			t.Errorf("%s: prefill counts %d bytes, decode %d", kernels.KVName(kv), p.PD().TransferBytes(), bytes[kv])
 		}
 		checkPools(t, p)
 		checkPools(t, d)

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/hicache"
 	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/engine/rankcore"
@@ -101,7 +100,7 @@ func (l *rankLoop) run() error {
 			}
 		}
 		if l.r == 0 {
-			l.e.streamHeld() // what the overlap loop held back (emit.go)
+			l.e.streams.streamHeld() // what the overlap loop held back (streams.go)
 		}
 	}
 }
@@ -142,16 +141,16 @@ func (l *rankLoop) begin(ran bool) *iteration {
 func (l *rankLoop) receive(ran bool) (stepInput, error) {
 	var in stepInput
 	var data []byte
-	if l.r == len(l.e.loops)-1 {
+	if l.r == len(l.e.sup.loops)-1 {
 		// The fault switch stall-last-rank: a branch on local state
 		// before a collective, which the loop otherwise never takes.
 		l.e.faults.waitOff(FaultStallLastRank, l.quit)
 	}
 	if l.r == 0 {
 		if !ran {
-			l.e.idle()
+			l.e.inbox.idle()
 		}
-		op := l.e.draining()
+		op := l.e.inbox.draining()
 		in = l.e.takeInbox(op == nil)
 		if op != nil {
 			l.drainStep(op, &in)
@@ -167,102 +166,6 @@ func (l *rankLoop) receive(ran bool) (stepInput, error) {
 		return in, fmt.Errorf("serve: rank %d: %w", l.r, err)
 	}
 	return in, nil
-}
-
-// idle waits, on rank 0, until the inbox changes, the heartbeat passes or
-// the engine closes.
-func (e *Engine) idle() {
-	t := time.NewTimer(e.cfg.Heartbeat)
-	defer t.Stop()
-	select {
-	case <-e.stop:
-	case <-e.wake:
-	case <-t.C:
-	}
-}
-
-// takeInbox empties the inbox into a step input and registers the new
-// requests' fronts; without admit (an index-K switch drains the engine) the
-// new requests stay in the inbox.
-func (e *Engine) takeInbox(admit bool) stepInput {
-	in := stepInput{now: e.clock()}
-	select {
-	case <-e.stop:
-		in.stop = true
-		return in
-	default:
-	}
-	e.mu.Lock()
-	pending, aborts := e.pending, e.aborts
-	e.pending, e.aborts = nil, nil
-	if admit {
-		e.numPending.Store(0)
-		e.oldestPending.Store(0)
-	} else {
-		// Draining: the new requests wait in the inbox, and so do the
-		// aborts of those (they apply once the requests are taken).
-		e.pending, pending = pending, nil
-		keep := aborts[:0]
-		for _, a := range aborts {
-			if e.front[a.id] == nil {
-				e.aborts = append(e.aborts, a)
-			} else {
-				keep = append(keep, a)
-			}
-		}
-		aborts = keep
-	}
-	in.tier, e.tierOp = e.tierOp, nil
-	if op := e.offloadOp; op != nil {
-		in.offload = op.prompt // the op stays until rank 0 has run it
-	}
-	e.mu.Unlock()
-	for _, r := range pending {
-		e.front[r.id] = r
-		for _, f := range r.forks {
-			e.front[f.id] = f
-		}
-		a := addMsg{id: r.id, maxTokens: r.req.MaxTokens, ignoreEOS: r.req.IgnoreEOS, prompt: r.req.Prompt, stop: r.req.Stop, n: 1 + len(r.forks), noCache: r.req.NoCache}
-		if pd := r.req.PD; pd != nil {
-			a.pd, a.room, a.url = true, pd.Room, pd.BootstrapURL
-			if e.cfg.Role == pdproto.RolePrefill {
-				a.maxTokens = 1 // the prefill samples the first token only
-			}
-		}
-		in.adds = append(in.adds, a)
-	}
-	for _, a := range aborts {
-		if r := e.front[a.id]; r != nil && r.cut == "" {
-			r.cut = ReasonAbort
-			in.aborts = append(in.aborts, a)
-		}
-	}
-	return in
-}
-
-// takeAborts, on rank 0 during a step, takes the aborts of requests the
-// ranks know and leaves the others (for requests still in the inbox) for
-// the next step input.
-func (e *Engine) takeAborts() []abortMsg {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	var cuts []abortMsg
-	keep := e.aborts[:0]
-	for _, a := range e.aborts {
-		r, known := e.front[a.id]
-		switch {
-		case !known:
-			keep = append(keep, a)
-		case r.cut == "":
-			r.cut = ReasonAbort
-			if a.by == AbortBySlowReader {
-				r.cut = ReasonSlowReader
-			}
-			cuts = append(cuts, a)
-		}
-	}
-	e.aborts = keep
-	return cuts
 }
 
 // front is an iteration up to the plan every rank agreed on: the step
@@ -345,7 +248,7 @@ func (l *rankLoop) back(p *planned) (bool, *iteration, error) {
 	if landed != nil {
 		dropVoided(&plan, landed.voided)
 		if len(plan.Run) > 0 && l.r == 0 {
-			l.e.totals.PlannedAhead++
+			l.e.streams.totals.PlannedAhead++
 		}
 		if len(plan.Run) == 0 {
 			// Nothing to start next: end the landed step now, and if
@@ -373,7 +276,7 @@ func (l *rankLoop) back(p *planned) (bool, *iteration, error) {
 		}
 		s.decoding = false
 		if l.r == 0 {
-			l.e.totals.Retractions++
+			l.e.streams.totals.Retractions++
 		}
 	}
 	rec.Retracted = len(plan.Retract)
@@ -400,8 +303,8 @@ func (l *rankLoop) back(p *planned) (bool, *iteration, error) {
 		return false, nil, err
 	}
 	if l.r == 0 {
-		l.e.totals.Steps++
-		l.e.totals.Tokens += uint64(rec.BatchTokens)
+		l.e.streams.totals.Steps++
+		l.e.streams.totals.Tokens += uint64(rec.BatchTokens)
 	}
 	out, err := l.results(plan)
 	if err != nil {

@@ -114,7 +114,7 @@ func TestWatchdogNamesMissingRank(t *testing.T) {
 	if _, fin := collect(t, s, 20*time.Second); fin.Reason != ReasonLength {
 		t.Errorf("after the stall: %+v", fin)
 	}
-	if e.StallsReported() == 0 {
+	if e.View().StallsReported() == 0 {
 		t.Error("stall not counted")
 	}
 	t.Logf("report: %s", report)

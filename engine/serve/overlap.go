@@ -98,11 +98,11 @@ func (l *rankLoop) fly(plan sched.Plan, batch []tp.Input, rec StepRecord, landed
 		}
 		l.publish(rec)
 		if l.r == 0 {
-			l.e.streamHeld()
+			l.e.streams.streamHeld()
 		}
 		next := l.begin(true)
 		if l.r == 0 {
-			l.e.streamHeld() // tokens the front half emitted (a PD first token)
+			l.e.streams.streamHeld() // tokens the front half emitted (a PD first token)
 		}
 		beside <- next
 	}()
@@ -146,8 +146,8 @@ func (l *rankLoop) landFront() (*landing, error) {
 		return nil, err
 	}
 	if l.r == 0 {
-		l.e.totals.Steps++
-		l.e.totals.Tokens += uint64(f.rec.BatchTokens)
+		l.e.streams.totals.Steps++
+		l.e.streams.totals.Tokens += uint64(f.rec.BatchTokens)
 	}
 	out, err := l.results(f.plan)
 	if err != nil {
@@ -173,7 +173,7 @@ func (l *rankLoop) landBack(ld *landing) error {
 		return nil
 	}
 	if l.r == 0 {
-		l.e.streamHeld()
+		l.e.streams.streamHeld()
 	}
 	if err := l.applyRest(ld.plan, ld.out); err != nil {
 		return err
@@ -260,7 +260,7 @@ func (l *rankLoop) replan(rec *StepRecord) (sched.Plan, error) {
 // mismatch as a broken group at once, the hang once the collective has
 // waited the timeout. The lock-step loop never takes this branch.
 func (l *rankLoop) localIdle() bool {
-	if l.pd == nil || l.r != len(l.e.loops)-1 || !l.e.faults.onAt(idxOverlapLocal) {
+	if l.pd == nil || l.r != len(l.e.sup.loops)-1 || !l.e.faults.onAt(idxOverlapLocal) {
 		return false
 	}
 	n := l.pd.mb.filed.Load()

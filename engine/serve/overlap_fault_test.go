@@ -39,7 +39,7 @@ func TestFaultOverlapLocalDecision(t *testing.T) {
 		t.Fatalf("before the fault: %q", fin.Reason)
 	}
 	for _, e := range []*Engine{pp.prefill, pp.decode} {
-		if err := rankcore.CheckLog(&rankcore.Overlap, controlLog(e.Collectives()[0])); err != nil {
+		if err := rankcore.CheckLog(&rankcore.Overlap, controlLog(e.View().Collectives()[0])); err != nil {
 			t.Fatalf("%s before the fault: %v", e.cfg.Role, err)
 		}
 	}
@@ -49,7 +49,7 @@ func TestFaultOverlapLocalDecision(t *testing.T) {
 		e    *Engine
 	}{{"prefill", pp.prefill}, {"decode", pp.decode}} {
 		e := side.e
-		boot := e.cur().boot
+		boot := e.sup.cur().boot
 		if err := e.SetFault(FaultOverlapLocalDecision, true); err != nil {
 			t.Fatal(err)
 		}
@@ -71,14 +71,14 @@ func TestFaultOverlapLocalDecision(t *testing.T) {
 			t.Errorf("%s: the group broke %v after the request, want within %v", side.name, took, overlapFaultBound)
 		}
 		collect(t, other, 30*time.Second) // the peer server's side fails too
-		poll(t, side.name+"'s restart", 10*time.Second, func() bool { return e.Restarts() >= 1 && e.cur().boot != boot })
+		poll(t, side.name+"'s restart", 10*time.Second, func() bool { return e.View().Restarts() >= 1 && e.sup.cur().boot != boot })
 		if err := e.SetFault(FaultOverlapLocalDecision, false); err != nil {
 			t.Fatal(err)
 		}
-		if lf := e.LastFailure(); lf == nil || lf.Boot != boot || "error: engine restarted: "+lf.Reason != f.Reason {
+		if lf := e.View().LastFailure(); lf == nil || lf.Boot != boot || "error: engine restarted: "+lf.Reason != f.Reason {
 			t.Fatalf("%s: last failure %v, want boot %d and the finish's reason", side.name, lf != nil, boot)
 		}
-		checkPartedAtIdle(t, side.name, e.LastFailure().Collectives[0])
+		checkPartedAtIdle(t, side.name, e.View().LastFailure().Collectives[0])
 	}
 	// The prefill restarted first, then the decode (whose new
 	// incarnation hears the prefill's new boot number afresh).
@@ -107,11 +107,11 @@ func TestFaultOverlapLocalDecision(t *testing.T) {
 			t.Fatalf("lockstep with the switch on, request %d: %v %q", i, toks, dfin.Reason)
 		}
 	}
-	if lp.prefill.Restarts()+lp.decode.Restarts() != 0 {
+	if lp.prefill.View().Restarts()+lp.decode.View().Restarts() != 0 {
 		t.Fatalf("lockstep restarted with the switch on")
 	}
 	for _, e := range []*Engine{lp.prefill, lp.decode} {
-		if err := rankcore.CheckLog(&rankcore.Lockstep, controlLog(e.Collectives()[0])); err != nil {
+		if err := rankcore.CheckLog(&rankcore.Lockstep, controlLog(e.View().Collectives()[0])); err != nil {
 			t.Fatalf("lockstep %s with the switch on: %v", e.cfg.Role, err)
 		}
 	}

@@ -94,7 +94,7 @@ func TestOverlapMatchesLockstep(t *testing.T) {
 					t.Errorf("prompt %d: overlap %v (%s), lockstep %v", i, got[i], fins[i].Reason, want[i])
 				}
 			}
-			tot := e.Snapshot().Totals
+			tot := e.View().Snapshot().Totals
 			t.Logf("overlap: %d steps, %d planned ahead, %d retractions", tot.Steps, tot.PlannedAhead, tot.Retractions)
 			if tot.Retractions == 0 {
 				t.Error("no retraction: the pool was meant to run short")
@@ -103,7 +103,7 @@ func TestOverlapMatchesLockstep(t *testing.T) {
 				t.Errorf("only %d of %d steps were planned while the one before flew", tot.PlannedAhead, tot.Steps)
 			}
 			checkPools(t, e)
-			if rs := e.RankSteps(); rs[0].Loop != LoopOverlap {
+			if rs := e.View().RankSteps(); rs[0].Loop != LoopOverlap {
 				t.Errorf("step record loop %q", rs[0].Loop)
 			}
 		})
@@ -150,7 +150,7 @@ func TestOverlapHiCache(t *testing.T) {
 	got := runSessions(t, e, ss, 4)
 	checkTurns(t, got, want, "overlap", "lockstep")
 	var hits uint64
-	for _, ts := range e.HiCache() {
+	for _, ts := range e.View().HiCache() {
 		hits += ts.Totals.HostHits
 	}
 	if hits == 0 {

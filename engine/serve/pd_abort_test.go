@@ -66,7 +66,7 @@ func serveRegistry(t *testing.T, e *Engine, tpSize int) string {
 	t.Helper()
 	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: tpSize})
 	if e != nil {
-		for _, info := range e.RankInfos() {
+		for _, info := range e.PD().RankInfos() {
 			if _, err := reg.Register(info); err != nil {
 				t.Fatal(err)
 			}
@@ -121,12 +121,12 @@ func (pp *pdPair) decodeHalf(t *testing.T, q Request, room uint64) half {
 
 // prefilling reports whether request id is prefilling in e's scheduler.
 func prefilling(e *Engine, id uint64) bool {
-	return slices.ContainsFunc(e.Snapshot().Queue.Prefilling, func(r sched.ReqInfo) bool { return r.ID == id })
+	return slices.ContainsFunc(e.View().Snapshot().Queue.Prefilling, func(r sched.ReqInfo) bool { return r.ID == id })
 }
 
 // pdEntry returns request id's entry on rank 0 of e.
 func pdEntry(e *Engine, id uint64) (PDEntry, bool) {
-	for _, en := range e.PDQueueEntries()[0] {
+	for _, en := range e.PD().QueueEntries()[0] {
 		if en.ID == id {
 			return en, true
 		}
@@ -150,17 +150,17 @@ func pdEntry(e *Engine, id uint64) (PDEntry, bool) {
 func (pp *pdPair) settle(t *testing.T, within time.Duration) {
 	t.Helper()
 	quiet := func(e *Engine) bool {
-		for _, v := range e.PDQueues() {
+		for _, v := range e.PD().Queues() {
 			if v != 0 {
 				return false
 			}
 		}
-		snap := e.Snapshot()
+		snap := e.View().Snapshot()
 		if snap.Queue.HeldPages != 0 || snap.Totals.Finished != e.nextID.Load() {
 			return false
 		}
-		for r, rec := range e.RankSteps() {
-			if rec.Step < snap.Step.Step || len(e.PDQueueEntries()[r]) != 0 {
+		for r, rec := range e.View().RankSteps() {
+			if rec.Step < snap.Step.Step || len(e.PD().QueueEntries()[r]) != 0 {
 				return false
 			}
 		}
@@ -172,9 +172,9 @@ func (pp *pdPair) settle(t *testing.T, within time.Duration) {
 	for !quiet(pp.prefill) || !quiet(pp.decode) {
 		if time.Now().After(end) {
 			for _, e := range []*Engine{pp.prefill, pp.decode} {
-				snap := e.Snapshot()
+				snap := e.View().Snapshot()
 				t.Errorf("%s not quiet within %v: queues %v, %d pages held, %d of %d requests finished",
-					e.cfg.Role, within, e.PDQueues(), snap.Queue.HeldPages, snap.Totals.Finished, e.nextID.Load())
+					e.cfg.Role, within, e.PD().Queues(), snap.Queue.HeldPages, snap.Totals.Finished, e.nextID.Load())
 			}
 			return
 		}
@@ -183,7 +183,7 @@ func (pp *pdPair) settle(t *testing.T, within time.Duration) {
 	// The loops are idle: reading the pools is ordered after their last
 	// changes (the records were published after them).
 	for _, e := range []*Engine{pp.prefill, pp.decode} {
-		for r, l := range e.loops {
+		for r, l := range e.sup.loops {
 			p := l.rk.Pool()
 			cached := 0
 			if l.cache != nil {
@@ -264,7 +264,7 @@ func newFakeDecode(t *testing.T, pp *pdPair) *fakeDecode {
 	}
 	f.out = out
 	t.Cleanup(func() { out.Close() })
-	for range pp.prefill.Ranks() {
+	for range pp.prefill.View().Ranks() {
 		in, err := zmqlink.Listen("tcp://127.0.0.1:0", f.handle, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -306,7 +306,7 @@ func (f *fakeDecode) count(c map[uint64]int, room uint64) int {
 // toEach sends every prefill rank the message msg(rank) builds.
 func (f *fakeDecode) toEach(msg func(r int) pdproto.Message) {
 	f.t.Helper()
-	for r, l := range f.pp.prefill.PDLinks() {
+	for r, l := range f.pp.prefill.PD().Links() {
 		frames, err := pdproto.Encode(msg(r))
 		if err != nil {
 			f.t.Fatal(err)
@@ -323,7 +323,7 @@ func (f *fakeDecode) toEach(msg func(r int) pdproto.Message) {
 func (f *fakeDecode) inflight(q Request, room uint64) half {
 	f.t.Helper()
 	h := f.pp.prefillHalf(f.t, q, room)
-	ik := f.pp.prefill.RankInfos()[0].IndexKDType
+	ik := f.pp.prefill.PD().RankInfos()[0].IndexKDType
 	f.toEach(func(r int) pdproto.Message {
 		return &pdproto.TransferInfo{Room: room, Endpoint: f.inbox[r].Endpoint(), Rank: uint32(r), Tokens: uint32(len(q.Prompt)),
 			Prompt: pdproto.PromptFingerprint(q.Prompt), IndexKDType: ik, RequestID: "fake"}
@@ -379,7 +379,7 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 		d = pp.decodeHalf(t, long, room)
 		poll(t, "prefill prefilling", abortFinishWithin, func() bool { return prefilling(pp.prefill, p.s.ID) })
 		if !inQueue(pp.prefill, p.s.ID, "active") || !inQueue(pp.decode, d.s.ID, "transfer") {
-			t.Errorf("not active/transfer: prefill %v, decode %v", pp.prefill.PDQueueEntries()[0], pp.decode.PDQueueEntries()[0])
+			t.Errorf("not active/transfer: prefill %v, decode %v", pp.prefill.PD().QueueEntries()[0], pp.decode.PD().QueueEntries()[0])
 		}
 		return p, d
 	}
@@ -461,7 +461,7 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 				return ok && en.Queue == "prealloc" && en.Peer != ""
 			})
 			if !inQueue(pp.prefill, p.s.ID, "bootstrap") {
-				t.Errorf("prefill not in bootstrap: %v", pp.prefill.PDQueueEntries()[0])
+				t.Errorf("prefill not in bootstrap: %v", pp.prefill.PD().QueueEntries()[0])
 			}
 			pp.decode.Abort(d.s.ID)
 			expectEnd(t, "decode", d.s, finishIs(ReasonAbort))
@@ -521,7 +521,7 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 			// on every rank first (this rank then sent STATUS Failed),
 			// as an ABORT for a room it no longer has.
 			poll(t, "every prefill rank acknowledged the ABORT", abortFinishWithin, func() bool {
-				return f.count(f.acks, room) == pp.prefill.Ranks()
+				return f.count(f.acks, room) == pp.prefill.View().Ranks()
 			})
 		}},
 		{side: "prefill", state: "inflight", cause: "timeout", pc: func(c *Config) { c.PD.InflightTimeout = ms300 }, run: func(t *testing.T, pp *pdPair) {
@@ -664,7 +664,7 @@ func TestPDAbortAckUnknownRoom(t *testing.T) {
 	pp := newPDPairCfg(t, abortCfg(), abortCfg())
 	m := pp.prefill.m
 	f := newFakeDecode(t, pp)
-	ranks := pp.prefill.Ranks()
+	ranks := pp.prefill.View().Ranks()
 	q := Request{Prompt: testmodel.Prompts(5, 1, 10, 10, m.Config.VocabSize)[0], MaxTokens: 2, IgnoreEOS: true}
 
 	// Not arrived yet.
@@ -680,7 +680,7 @@ func TestPDAbortAckUnknownRoom(t *testing.T) {
 	f.status(done, pdproto.Success, "")
 	expectEnd(t, "prefill", p.s, finishIs(ReasonLength))
 	poll(t, "the room gone from every rank", abortFinishWithin, func() bool {
-		for _, es := range pp.prefill.PDQueueEntries() {
+		for _, es := range pp.prefill.PD().QueueEntries() {
 			if len(es) != 0 {
 				return false
 			}

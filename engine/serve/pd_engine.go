@@ -3,24 +3,35 @@ package serve
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/pdkit/pdkit/engine/pd/rooms"
-
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/pd/bootstrap"
+	"github.com/pdkit/pdkit/engine/pd/rooms"
 	"github.com/pdkit/pdkit/engine/pd/zmqlink"
-	"github.com/pdkit/pdkit/kernels"
 )
 
-// pdEngine is the Engine's PD state outside the rank loops: the decode
-// side's registry lookups and the counters the metrics read.
+// pdEngine is the Engine's PD state outside the rank loops: the bootstrap
+// rooms of the live requests, the decode side's registry lookups and the
+// counters the metrics read. Any goroutine uses it (its fields are atomic
+// or locked); PDView is its reader.
 type pdEngine struct {
-	reg      *registries // decode: the prefill registries it may look up, and their lookups
-	ctx      context.Context
-	stop     context.CancelFunc
-	wg       sync.WaitGroup
+	reg   *registries // decode: the prefill registries it may look up, and their lookups
+	ctx   context.Context
+	stop  context.CancelFunc
+	wg    sync.WaitGroup // the lookups under way
+	rooms sync.Map       // bootstrap room -> request id, for live PD requests
+
+	// What a lookup needs: its bound, the log its failures go to, and
+	// this server's description (rank 0's, as the handshake sends it).
+	timeout time.Duration
+	log     *slog.Logger
+	server  string
+	local   func() pdproto.DecodeInfo
+
 	bytes    atomic.Uint64
 	fails    atomic.Uint64
 	failsIn  [8]atomic.Uint64  // by the queue (rooms.Phase) the request failed in
@@ -28,6 +39,15 @@ type pdEngine struct {
 	// roomsInUse counts requests refused for naming a room a live request
 	// of this server has.
 	roomsInUse atomic.Uint64
+}
+
+func newPDEngine(cfg *Config, local func() pdproto.DecodeInfo) (*pdEngine, error) {
+	reg, err := newRegistries(cfg.PD)
+	if err != nil {
+		return nil, err
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	return &pdEngine{reg: reg, ctx: ctx, stop: stop, timeout: cfg.PD.BootstrapTimeout, log: cfg.Logger, server: cfg.Name, local: local}, nil
 }
 
 // The machine's names, indexed by its phases and failure kinds.
@@ -44,36 +64,59 @@ func names[T fmt.Stringer](xs []T) []string {
 	return out
 }
 
-// pdFailed counts a PD failure, once per request: by the rank whose vote
+// claimRoom takes bootstrap room room for request id: a room belongs to
+// one live request on each side, for two would share one mailbox, and
+// one's KV could land in the other. It fails with ErrRoomInUse.
+func (p *pdEngine) claimRoom(room, id uint64) error {
+	if other, taken := p.rooms.LoadOrStore(room, id); taken {
+		return fmt.Errorf("%w: bootstrap room %d belongs to live request %d", ErrRoomInUse, room, other)
+	}
+	return nil
+}
+
+// failed counts a PD failure, once per request: by the rank whose vote
 // decided it.
-func (e *Engine) pdFailed(p rooms.Phase, k rooms.Kind) {
-	e.pd.fails.Add(1)
-	e.pd.failsIn[p].Add(1)
-	e.pd.failsFor[k].Add(1)
+func (p *pdEngine) failed(ph rooms.Phase, k rooms.Kind) {
+	p.fails.Add(1)
+	p.failsIn[ph].Add(1)
+	p.failsFor[k].Add(1)
 }
 
-// PDFailuresByReason counts PD failures (not client aborts) by the kind of
-// their reason (timeout, peer-aborted, send, ...; see rooms.Kind).
-func (e *Engine) PDFailuresByReason() map[string]uint64 {
-	if e.pd == nil {
-		return nil
+// moved counts n bytes of KV payload sent or applied (rank 0's share).
+func (p *pdEngine) moved(n int) { p.bytes.Add(uint64(n)) }
+
+// resolved reports the registry at url (canonical, allowed): its ranks
+// (checked compatible), or why not, and whether the lookup has ended. It
+// starts a lookup when none is under way (or the last one failed a while
+// ago). Safe from any goroutine.
+func (p *pdEngine) resolved(url string) ([]pdproto.RankInfo, error, bool) {
+	p.reg.mu.Lock()
+	defer p.reg.mu.Unlock()
+	r := p.reg.get(url)
+	if r == nil || (r.done && r.err != nil && time.Since(r.at) > retryFailedAfter) {
+		r = &resolution{url: url, at: time.Now()}
+		p.reg.put(url, r)
+		local := p.local()
+		p.wg.Go(func() {
+			ctx, cancel := context.WithTimeout(p.ctx, p.timeout)
+			defer cancel()
+			infos, err := (&bootstrap.Client{HTTP: lookupClient}).Handshake(ctx, url, local)
+			if err != nil {
+				p.log.Warn("pd: prefill registry lookup failed", "server", p.server, "registry", url, "err", err)
+				err = lookupFailure(url, p.timeout, err)
+			}
+			p.reg.mu.Lock()
+			r.done, r.infos, r.err, r.at = true, infos, err, time.Now()
+			p.reg.mu.Unlock()
+		})
 	}
-	out := map[string]uint64{}
-	for i := range kindNames {
-		if n := e.pd.failsFor[i].Load(); n > 0 {
-			out[kindNames[i]] = n
-		}
-	}
-	return out
+	return r.infos, r.err, r.done
 }
 
-// PDRoomsInUse counts PD requests refused (ErrRoomInUse) for naming the
-// bootstrap room of a live request of this server.
-func (e *Engine) PDRoomsInUse() uint64 {
-	if e.pd == nil {
-		return 0
-	}
-	return e.pd.roomsInUse.Load()
+// stopLookups ends the registry lookups under way and waits for them.
+func (p *pdEngine) stopLookups() {
+	p.stop()
+	p.wg.Wait()
 }
 
 // PDObserver is implemented by a Config.Observer that also wants the PD
@@ -84,56 +127,113 @@ type PDObserver interface {
 	KVTransferred(rank, bytes int, d time.Duration)
 }
 
-// PDFailuresByQueue counts PD failures (not client aborts) by the queue
-// the request was in: bootstrap, active, inflight (prefill); prealloc,
+// PDView reads the PD side of the engine from any goroutine, lock-free:
+// the counters, the bootstrap rooms, and every rank's PD queues and socket
+// as the rank last published them. Engine.PD returns it. It is apart from
+// View because it is one subject with its own readers (the PD metrics and
+// debug pages); on a colocated server every read is empty.
+type PDView struct {
+	pd   *pdEngine // nil on a colocated server
+	sup  *supervisor
+	role string
+}
+
+// Failures counts PD requests that failed (not counting client aborts).
+func (v *PDView) Failures() uint64 {
+	if v.pd == nil {
+		return 0
+	}
+	return v.pd.fails.Load()
+}
+
+// FailuresByReason counts PD failures (not client aborts) by the kind of
+// their reason (timeout, peer-aborted, send, ...; see rooms.Kind).
+func (v *PDView) FailuresByReason() map[string]uint64 {
+	if v.pd == nil {
+		return nil
+	}
+	out := map[string]uint64{}
+	for i := range kindNames {
+		if n := v.pd.failsFor[i].Load(); n > 0 {
+			out[kindNames[i]] = n
+		}
+	}
+	return out
+}
+
+// FailuresByQueue counts PD failures (not client aborts) by the queue the
+// request was in: bootstrap, active, inflight (prefill); prealloc,
 // transfer (decode).
-func (e *Engine) PDFailuresByQueue() map[string]uint64 {
-	if e.pd == nil {
+func (v *PDView) FailuresByQueue() map[string]uint64 {
+	if v.pd == nil {
 		return nil
 	}
 	out := map[string]uint64{}
 	for i := range phaseNames {
-		if n := e.pd.failsIn[i].Load(); n > 0 {
+		if n := v.pd.failsIn[i].Load(); n > 0 {
 			out[phaseNames[i]] = n
 		}
 	}
 	return out
 }
 
-func newPDEngine(c PDConfig) (*pdEngine, error) {
-	reg, err := newRegistries(c)
-	if err != nil {
-		return nil, err
+// RoomsInUse counts PD requests refused (ErrRoomInUse) for naming the
+// bootstrap room of a live request of this server.
+func (v *PDView) RoomsInUse() uint64 {
+	if v.pd == nil {
+		return 0
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	return &pdEngine{reg: reg, ctx: ctx, stop: stop}, nil
+	return v.pd.roomsInUse.Load()
 }
 
-func (e *Engine) indexKName() string {
-	if e.m.Config.Indexer == nil {
-		return ""
+// RoomRequest returns the id of the live request of bootstrap room room.
+func (v *PDView) RoomRequest(room uint64) (uint64, bool) {
+	if v.pd == nil {
+		return 0, false
 	}
-	return indexKName(e.IndexK())
+	id, ok := v.pd.rooms.Load(room)
+	if !ok {
+		return 0, false
+	}
+	return id.(uint64), true
 }
 
-func (e *Engine) decodeInfo() pdproto.DecodeInfo {
-	c := &e.m.Config
-	// KVDType is how the pools store K and V (Config.KVType): a prefill
-	// and a decode that differ would move rows of the wrong size, so the
-	// bootstrap compare refuses the pair by name.
-	return pdproto.DecodeInfo{TPSize: e.cfg.TP, PageSize: e.cfg.PageSize, KVDType: kernels.KVName(e.cfg.KVType), IndexKDType: e.indexKName(),
-		Model: e.m.Name, Layers: c.Layers, KVHeads: c.KVHeads / e.cfg.TP, HeadDim: c.HeadDim}
+// TransferBytes is the KV payload moved by this server (sent by a prefill,
+// received by a decode), rank 0's share.
+func (v *PDView) TransferBytes() uint64 {
+	if v.pd == nil {
+		return 0
+	}
+	return v.pd.bytes.Load()
+}
+
+// BootstrapRefused counts decode requests refused for a bootstrap_url off
+// the allowlist.
+func (v *PDView) BootstrapRefused() uint64 {
+	if v.pd == nil {
+		return 0
+	}
+	return v.pd.reg.refused.Load()
+}
+
+// LookupsEvicted counts registry lookups the decode's bounded cache
+// dropped (PDConfig.BootstrapCacheSize).
+func (v *PDView) LookupsEvicted() uint64 {
+	if v.pd == nil {
+		return 0
+	}
+	return v.pd.reg.evicted.Load()
 }
 
 // RankInfos describes a prefill server's ranks for its bootstrap registry;
 // nil on other roles.
-func (e *Engine) RankInfos() []pdproto.RankInfo {
-	if e.cfg.Role != pdproto.RolePrefill {
+func (v *PDView) RankInfos() []pdproto.RankInfo {
+	if v.role != pdproto.RolePrefill {
 		return nil
 	}
-	d := e.decodeInfo()
+	d := v.pd.local()
 	var out []pdproto.RankInfo
-	inc := e.cur() // its instance id and start change with each rebuild (recover.go)
+	inc := v.sup.cur() // its instance id and start change with each rebuild (recover.go)
 	for r, l := range inc.loops {
 		out = append(out, pdproto.RankInfo{Rank: r, TPSize: d.TPSize, Endpoint: l.pd.endpoint, PageSize: d.PageSize,
 			KVDType: d.KVDType, IndexKDType: d.IndexKDType, Model: d.Model, Layers: d.Layers, KVHeads: d.KVHeads, HeadDim: d.HeadDim,
@@ -142,18 +242,18 @@ func (e *Engine) RankInfos() []pdproto.RankInfo {
 	return out
 }
 
-// PDQueues counts the PD requests per queue, summed over nothing: rank 0's
+// Queues counts the PD requests per queue, summed over nothing: rank 0's
 // view (every rank holds the same queues). Keys: bootstrap, active,
 // inflight (prefill); prealloc, transfer, aborting (decode).
-func (e *Engine) PDQueues() map[string]int64 {
-	if e.pd == nil {
+func (v *PDView) Queues() map[string]int64 {
+	if v.pd == nil {
 		return nil
 	}
 	out := map[string]int64{}
 	for _, name := range phaseNames {
 		out[name] = 0
 	}
-	if p := e.cur().loops[0].pd.snap.Load(); p != nil {
+	if p := v.sup.cur().loops[0].pd.snap.Load(); p != nil {
 		for _, en := range *p {
 			out[en.Queue]++
 		}
@@ -161,45 +261,13 @@ func (e *Engine) PDQueues() map[string]int64 {
 	return out
 }
 
-// PDTransferBytes is the KV payload moved by this server (sent by a
-// prefill, received by a decode), rank 0's share.
-func (e *Engine) PDTransferBytes() uint64 {
-	if e.pd == nil {
-		return 0
-	}
-	return e.pd.bytes.Load()
-}
-
-// PDFailures counts PD requests that failed (not counting client aborts).
-func (e *Engine) PDFailures() uint64 {
-	if e.pd == nil {
-		return 0
-	}
-	return e.pd.fails.Load()
-}
-
-// PDLinks reports every rank's socket: receive loop liveness and counts,
-// and the messages dropped as late, out of place or by a fault switch.
-func (e *Engine) PDLinks() []PDLink {
-	if e.pd == nil {
+// QueueEntries returns every rank's PD queues as each rank last published
+// them (lock-free), in rank order; nil on a colocated server.
+func (v *PDView) QueueEntries() [][]PDEntry {
+	if v.pd == nil {
 		return nil
 	}
-	loops := e.cur().loops
-	out := make([]PDLink, len(loops))
-	for r, l := range loops {
-		out[r] = PDLink{Rank: r, Advertised: l.pd.endpoint, Inbox: l.pd.inbox.Stats(), Outbox: l.pd.outbox.Stats(), Late: l.pd.mb.late.Load(), Misplaced: l.pd.mb.bad.Load(), Faulted: l.pd.mb.faulted.Load(),
-			KVBytes: l.pd.bytes.Load(), OverQuota: l.pd.mb.overQuota.Load(), RepliesDropped: l.pd.replies.dropped.Load()}
-	}
-	return out
-}
-
-// PDQueueEntries returns every rank's PD queues as each rank last
-// published them (lock-free), in rank order; nil on a colocated server.
-func (e *Engine) PDQueueEntries() [][]PDEntry {
-	if e.pd == nil {
-		return nil
-	}
-	loops := e.cur().loops
+	loops := v.sup.cur().loops
 	out := make([][]PDEntry, len(loops))
 	for r, l := range loops {
 		if p := l.pd.snap.Load(); p != nil {
@@ -209,13 +277,19 @@ func (e *Engine) PDQueueEntries() [][]PDEntry {
 	return out
 }
 
-// RoomRequest returns the id of the live request of bootstrap room room.
-func (e *Engine) RoomRequest(room uint64) (uint64, bool) {
-	v, ok := e.rooms.Load(room)
-	if !ok {
-		return 0, false
+// Links reports every rank's socket: receive loop liveness and counts, and
+// the messages dropped as late, out of place or by a fault switch.
+func (v *PDView) Links() []PDLink {
+	if v.pd == nil {
+		return nil
 	}
-	return v.(uint64), true
+	loops := v.sup.cur().loops
+	out := make([]PDLink, len(loops))
+	for r, l := range loops {
+		out[r] = PDLink{Rank: r, Advertised: l.pd.endpoint, Inbox: l.pd.inbox.Stats(), Outbox: l.pd.outbox.Stats(), Late: l.pd.mb.late.Load(), Misplaced: l.pd.mb.bad.Load(), Faulted: l.pd.mb.faulted.Load(),
+			KVBytes: l.pd.bytes.Load(), OverQuota: l.pd.mb.overQuota.Load(), RepliesDropped: l.pd.replies.dropped.Load()}
+	}
+	return out
 }
 
 // PDLink is one rank's PD socket state.
@@ -235,18 +309,4 @@ type PDLink struct {
 	// RepliesDropped the replies dropped for a full reply queue or a peer
 	// with a full backlog.
 	OverQuota, RepliesDropped uint64
-}
-
-func (e *Engine) pdBytes(n int) { e.pd.bytes.Add(uint64(n)) }
-
-// emitFirst streams a decode request's first token, which came from the
-// prefill, on rank 0.
-func (e *Engine) emitFirst(id uint64, tok int32) {
-	r := e.front[id]
-	if r == nil {
-		return
-	}
-	r.gen++
-	e.totals.Sampled++
-	e.emit(r, tok, time.Now())
 }

@@ -35,7 +35,7 @@ func newForger(t *testing.T, pp *pdPair) *forger {
 // wait for each rank's socket to have taken them in.
 func (f *forger) flood(n int, msg func(r, i int) pdproto.Message) (taken func()) {
 	f.t.Helper()
-	links := f.pp.prefill.PDLinks()
+	links := f.pp.prefill.PD().Links()
 	for _, l := range links {
 		for i := range n {
 			frames, err := pdproto.Encode(msg(l.Rank, i))
@@ -50,7 +50,7 @@ func (f *forger) flood(n int, msg func(r, i int) pdproto.Message) (taken func())
 	return func() {
 		f.t.Helper()
 		poll(f.t, "the flood taken in by every prefill rank", 30*time.Second, func() bool {
-			for r, l := range f.pp.prefill.PDLinks() {
+			for r, l := range f.pp.prefill.PD().Links() {
 				if l.Inbox.Messages < links[r].Inbox.Messages+uint64(n) {
 					return false
 				}
@@ -127,7 +127,7 @@ func TestRedTeamAbortBurstDeadEndpoint(t *testing.T) {
 	during := pp.runReal(t, 8, within)
 	taken()
 	t.Logf("slowest of 8 requests: %v before the burst, %v behind it (%.2fx)", before.Round(time.Millisecond), during.Round(time.Millisecond), float64(during)/float64(before))
-	for _, l := range pp.prefill.PDLinks() {
+	for _, l := range pp.prefill.PD().Links() {
 		if l.RepliesDropped == 0 {
 			t.Errorf("rank %d: no ack to the dead endpoint was dropped: %+v", l.Rank, l.Outbox)
 		}
@@ -143,13 +143,13 @@ func TestRedTeamAbortBurstDeadEndpoint(t *testing.T) {
 // requests are served.
 func TestRedTeamPendingFlood(t *testing.T) {
 	pp := newPDPairCfg(t, abortCfg(), abortCfg())
-	ik := pp.prefill.RankInfos()[0].IndexKDType
+	ik := pp.prefill.PD().RankInfos()[0].IndexKDType
 	flooder := deadEndpoint(t)
 	newForger(t, pp).flood(maxUnknownRooms+500, func(r, i int) pdproto.Message {
 		return &pdproto.TransferInfo{Room: 8_000_000 + uint64(i), Endpoint: flooder, Rank: uint32(r), Tokens: 8,
 			IndexKDType: ik, RequestID: "flood"}
 	})()
-	for _, l := range pp.prefill.PDLinks() {
+	for _, l := range pp.prefill.PD().Links() {
 		if l.OverQuota == 0 {
 			t.Errorf("rank %d: the flood never hit its sender's quota", l.Rank)
 		}
@@ -191,7 +191,7 @@ func TestPDLongestChunkFitsDerivedBound(t *testing.T) {
 		t.Fatalf("a context-long prompt in one chunk: %d tokens, decode %q, prefill %q", len(toks), dfin.Reason, pfin.Reason)
 	}
 	for _, e := range []*Engine{pp.prefill, pp.decode} {
-		for _, l := range e.PDLinks() {
+		for _, l := range e.PD().Links() {
 			if l.Inbox.Disconnects != 0 {
 				t.Errorf("%s rank %d dropped a peer: %+v", e.cfg.Role, l.Rank, l.Inbox)
 			}
@@ -240,14 +240,14 @@ func TestRedTeamAbortEndpointsBounded(t *testing.T) {
 		return &pdproto.Abort{Room: 7_000_000 + uint64(i), Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 1+i), Rank: uint32(r), Reason: "forged"}
 	})()
 	poll(t, "every ack sent, evicted with its peer, or dropped", 30*time.Second, func() bool {
-		for _, l := range pp.prefill.PDLinks() {
+		for _, l := range pp.prefill.PD().Links() {
 			if l.Outbox.Sent+l.Outbox.SendErrors+l.Outbox.QueueFull+l.RepliesDropped < endpoints {
 				return false
 			}
 		}
 		return true
 	})
-	for _, l := range pp.prefill.PDLinks() {
+	for _, l := range pp.prefill.PD().Links() {
 		if l.Outbox.Peers > maxPeers || l.Outbox.Evicted == 0 {
 			t.Errorf("rank %d: %d peer sockets open (bound %d), %d evicted", l.Rank, l.Outbox.Peers, maxPeers, l.Outbox.Evicted)
 		}

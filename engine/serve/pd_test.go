@@ -41,7 +41,7 @@ func newPDPair(t *testing.T, cfg Config) *pdPair {
 	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
 	p := newEngine(t, m, pc)
 	d := newEngine(t, m, dc)
-	url := serveRegistry(t, p, p.Ranks())
+	url := serveRegistry(t, p, p.View().Ranks())
 	allowRegistry(t, d, url)
 	return &pdPair{prefill: p, decode: d, url: url}
 }
@@ -96,14 +96,14 @@ func matchColocated(t *testing.T, m *model.Model, cfg Config, ps [][]int32, maxT
 	wg.Wait()
 	for _, e := range []*Engine{pp.prefill, pp.decode} {
 		checkPools(t, e)
-		for q, v := range e.PDQueues() {
+		for q, v := range e.PD().Queues() {
 			if v != 0 {
 				t.Errorf("%s queue %s holds %d", e.cfg.Role, q, v)
 			}
 		}
 	}
-	if pp.decode.PDTransferBytes() == 0 || pp.prefill.PDTransferBytes() != pp.decode.PDTransferBytes() {
-		t.Errorf("transfer bytes: prefill %d, decode %d", pp.prefill.PDTransferBytes(), pp.decode.PDTransferBytes())
+	if pp.decode.PD().TransferBytes() == 0 || pp.prefill.PD().TransferBytes() != pp.decode.PD().TransferBytes() {
+		t.Errorf("transfer bytes: prefill %d, decode %d", pp.prefill.PD().TransferBytes(), pp.decode.PD().TransferBytes())
 	}
 }
 
@@ -156,7 +156,7 @@ func (pp *pdPair) submit(t *testing.T, ctx context.Context, q Request, room uint
 
 // inQueue reports whether request id is in queue on rank 0 of e.
 func inQueue(e *Engine, id uint64, queue string) bool {
-	for _, en := range e.PDQueueEntries()[0] {
+	for _, en := range e.PD().QueueEntries()[0] {
 		if en.ID == id && en.Queue == queue {
 			return true
 		}
@@ -169,7 +169,7 @@ func (pp *pdPair) drained(t *testing.T, within time.Duration) {
 	t.Helper()
 	poll(t, "PD queues empty", within, func() bool {
 		for _, e := range []*Engine{pp.prefill, pp.decode} {
-			for _, v := range e.PDQueues() {
+			for _, v := range e.PD().Queues() {
 				if v != 0 {
 					return false
 				}
@@ -213,7 +213,7 @@ func TestPDMassAbortDrill(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if p, d := pp.prefill.Snapshot().Err, pp.decode.Snapshot().Err; p != "" || d != "" {
+	if p, d := pp.prefill.View().Snapshot().Err, pp.decode.View().Snapshot().Err; p != "" || d != "" {
 		t.Fatalf("engine failed: prefill %q, decode %q", p, d)
 	}
 	pp.drained(t, 2*time.Second)
@@ -247,8 +247,8 @@ func TestPDBootstrapAbortCrashWedges(t *testing.T) {
 	s.cancel()
 	collect(t, s.d, 30*time.Second)
 	collect(t, s.p, 30*time.Second)
-	poll(t, "control loop dead", 10*time.Second, func() bool { return !pp.prefill.PDLinks()[0].Inbox.Alive })
-	if r := pp.prefill.PDLinks()[0].Inbox.ExitReason; !strings.Contains(r, "unknown message type ABORT") {
+	poll(t, "control loop dead", 10*time.Second, func() bool { return !pp.prefill.PD().Links()[0].Inbox.Alive })
+	if r := pp.prefill.PD().Links()[0].Inbox.ExitReason; !strings.Contains(r, "unknown message type ABORT") {
 		t.Errorf("exit reason %q", r)
 	}
 	// A new request hangs in the handshake and fails only by its timeout.
@@ -276,7 +276,7 @@ func TestPDPrefillDeathAndRestart(t *testing.T) {
 	decode := newEngine(t, m, dc)
 	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: cfg.TP})
 	register := func(e *Engine) {
-		for _, info := range e.RankInfos() {
+		for _, info := range e.PD().RankInfos() {
 			if _, err := reg.Register(info); err != nil {
 				t.Fatal(err)
 			}
@@ -306,7 +306,7 @@ func TestPDPrefillDeathAndRestart(t *testing.T) {
 		t.Errorf("decode finish %q, want the prefill found silent", fin.Reason)
 	}
 	t.Logf("failed %v after the prefill died: %s", time.Since(died).Round(time.Millisecond), fin.Reason)
-	poll(t, "decode queues empty", 10*time.Second, func() bool { return decode.PDQueues()["aborting"] == 0 && decode.PDQueues()["transfer"] == 0 })
+	poll(t, "decode queues empty", 10*time.Second, func() bool { return decode.PD().Queues()["aborting"] == 0 && decode.PD().Queues()["transfer"] == 0 })
 	checkPools(t, decode)
 
 	restarted := newEngine(t, m, pc)
@@ -359,7 +359,7 @@ func TestPDSocketsSurviveGarbage(t *testing.T) {
 		}
 		msgs = append(msgs, frames)
 	}
-	endpoints := []string{pp.prefill.PDLinks()[0].Inbox.Endpoint, pp.decode.PDLinks()[0].Inbox.Endpoint}
+	endpoints := []string{pp.prefill.PD().Links()[0].Inbox.Endpoint, pp.decode.PD().Links()[0].Inbox.Endpoint}
 	for _, ep := range endpoints {
 		for _, f := range msgs {
 			if err := out.Send(context.Background(), ep, f); err != nil {
@@ -368,10 +368,10 @@ func TestPDSocketsSurviveGarbage(t *testing.T) {
 		}
 	}
 	poll(t, "garbage received", 10*time.Second, func() bool {
-		return pp.prefill.PDLinks()[0].Inbox.Messages >= uint64(len(msgs)) && pp.decode.PDLinks()[0].Inbox.Messages >= uint64(len(msgs))
+		return pp.prefill.PD().Links()[0].Inbox.Messages >= uint64(len(msgs)) && pp.decode.PD().Links()[0].Inbox.Messages >= uint64(len(msgs))
 	})
 	for _, e := range []*Engine{pp.prefill, pp.decode} {
-		l := e.PDLinks()[0]
+		l := e.PD().Links()[0]
 		if !l.Inbox.Alive || l.Inbox.HandlerErrors == 0 || l.Late+l.Misplaced == 0 {
 			t.Errorf("%s: %+v", e.cfg.Role, l)
 		}
@@ -477,7 +477,7 @@ func TestPDSmallDecodePool(t *testing.T) {
 			for _, s := range short {
 				t.Error(s)
 			}
-			retracted := pp.decode.Snapshot().Totals.Retractions
+			retracted := pp.decode.View().Snapshot().Totals.Retractions
 			t.Logf("decode retractions: %d", retracted)
 			if tc.reserve == 0 && retracted != 0 {
 				t.Errorf("the decode retracted %d requests with its room for growth on", retracted)
@@ -518,11 +518,11 @@ func TestPDFailureLoggedOnce(t *testing.T) {
 			t.Errorf("log line %q lacks %q", lines[0], want)
 		}
 	}
-	if got := pp.decode.PDFailuresByReason(); got["timeout"] != 1 || len(got) != 1 {
+	if got := pp.decode.PD().FailuresByReason(); got["timeout"] != 1 || len(got) != 1 {
 		t.Errorf("failures by reason %v, want timeout 1", got)
 	}
-	if got := pp.decode.PDFailuresByQueue(); got["transfer"] != 1 || pp.decode.PDFailures() != 1 {
-		t.Errorf("failures by queue %v, total %d", got, pp.decode.PDFailures())
+	if got := pp.decode.PD().FailuresByQueue(); got["transfer"] != 1 || pp.decode.PD().Failures() != 1 {
+		t.Errorf("failures by queue %v, total %d", got, pp.decode.PD().Failures())
 	}
 }
 

@@ -194,7 +194,7 @@ type PDRequest struct {
 
 // machineConfig is the rank's PD queue machine configuration.
 func (e *Engine) machineConfig(rank int) rooms.Config {
-	return e.cfg.roomsConfig(rank, e.indexKName())
+	return e.cfg.roomsConfig(rank, e.view.indexKName())
 }
 
 // roomsConfig is the configuration of rank's PD queue machine, with the

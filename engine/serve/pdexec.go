@@ -97,7 +97,7 @@ func newRankPD(e *Engine, rank int, boot uint64, endpoint string) (*rankPD, erro
 		return nil, err
 	}
 	prefill := e.cfg.Role == pdproto.RolePrefill
-	pd := &rankPD{mb: newMailbox(e.mailboxConfig(rank, boot), e.poke, &e.faults), machine: machine, reqs: map[uint64]*pdReq{},
+	pd := &rankPD{mb: newMailbox(e.mailboxConfig(rank, boot), e.inbox.poke, &e.faults), machine: machine, reqs: map[uint64]*pdReq{},
 		boot: boot, cfg: &e.cfg.PD}
 	out, err := zmqlink.NewOutbox(&zmqlink.OutboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: prefill, Auth: e.cfg.PD.zmqAuth()},
 		MaxPeers: e.cfg.PD.MaxPeerSockets, PeerIdle: e.cfg.PD.PeerSocketIdle})
@@ -173,7 +173,7 @@ func (l *rankLoop) pdObserve() error {
 		}
 	}
 	for _, r := range pd.machine.Resolving() {
-		infos, err, done := l.e.resolved(r.URL)
+		infos, err, done := l.e.pd.resolved(r.URL)
 		switch {
 		case !done:
 		case err != nil:
@@ -237,7 +237,7 @@ func (l *rankLoop) pdSchedFinished(f sched.Finish) (bool, error) {
 	if !handled && (f.Reason == sched.ReasonTimeout || f.Reason == sched.ReasonError) && l.r == 0 {
 		// The prefill's own scheduler ended it: a PD failure too, told
 		// to the decode by the STATUS among acts.
-		l.e.pdFailed(rooms.Active, rooms.KindScheduler)
+		l.e.pd.failed(rooms.Active, rooms.KindScheduler)
 		l.e.cfg.Logger.Warn("pd: request failed", "server", l.e.cfg.Name, "role", l.e.cfg.Role, "request", f.ID,
 			"rank", l.r, "phase", rooms.Active.String(), "reason", rooms.KindScheduler.String(), "error", "prefill "+f.Reason.String())
 	}
@@ -253,7 +253,7 @@ func (l *rankLoop) pdExec(acts []rooms.Action) error {
 		case rooms.Reserve:
 			err = l.reserve(a.ID, a.Tokens)
 			if l.r == 0 {
-				l.e.observeServed(a.ID, time.Now())
+				l.e.streams.observeServed(a.ID, time.Now())
 			}
 		case rooms.SendTransferInfo:
 			l.sendChecked(a.ID, "transfer info", a.Peer, l.transferInfo(a))
@@ -284,7 +284,7 @@ func (l *rankLoop) pdExec(acts []rooms.Action) error {
 		case rooms.Forget:
 			delete(pd.reqs, a.ID)
 			if l.r == 0 {
-				l.e.rooms.CompareAndDelete(a.Room, a.ID) // the room may serve a new request now
+				l.e.pd.rooms.CompareAndDelete(a.Room, a.ID) // the room may serve a new request now
 			}
 			if to, ack := pd.mb.forget(a.Room, a.Why); ack != nil {
 				pd.replies.post(to, ack)
@@ -336,7 +336,7 @@ func (l *rankLoop) reserve(id uint64, tokens int) error {
 func (l *rankLoop) transferInfo(a rooms.SendTransferInfo) *pdproto.TransferInfo {
 	q := l.pd.reqs[a.ID]
 	info := &pdproto.TransferInfo{Room: a.Room, Endpoint: l.pd.endpoint, Rank: uint32(l.r),
-		Tokens: uint32(len(q.slots)), Prompt: q.prompt, IndexKDType: l.e.indexKName(), RequestID: strconv.FormatUint(a.ID, 10)}
+		Tokens: uint32(len(q.slots)), Prompt: q.prompt, IndexKDType: l.e.view.indexKName(), RequestID: strconv.FormatUint(a.ID, 10)}
 	pageSize := int32(l.e.cfg.PageSize)
 	for i := 0; i < len(q.slots); i += int(pageSize) {
 		info.Pages = append(info.Pages, uint32(q.slots[i]/pageSize))
@@ -384,7 +384,7 @@ func (l *rankLoop) sendChunk(a rooms.SendChunk) {
 	l.pd.machine.Moved(a.ID, n)
 	l.pd.bytes.Add(uint64(n))
 	if l.r == 0 {
-		l.e.pdBytes(n)
+		l.e.pd.moved(n)
 	}
 	l.sendChecked(a.ID, "KV", a.Peer, ch)
 }
@@ -438,8 +438,8 @@ func (l *rankLoop) arrived(a rooms.Arrived) error {
 	}
 	add, tok := q.add, a.First.FirstToken
 	if l.r == 0 {
-		l.e.pdBytes(a.Bytes)
-		l.e.emitFirst(add.id, tok)
+		l.e.pd.moved(a.Bytes)
+		l.e.streams.emitFirst(add.id, tok)
 	}
 	// The later samples (Request.N > 1) fork from this KV once the ranks
 	// agreed on the room for them (pdForkAll); the sequence stays until
@@ -488,7 +488,7 @@ func (l *rankLoop) pdEnded(a rooms.End) {
 		// Its room outlives the stream (pages held until the abort is
 		// acknowledged): a new request for it would share the room's
 		// mail with this one.
-		if r := l.e.front[a.ID]; r != nil {
+		if r := l.e.streams.front[a.ID]; r != nil {
 			r.roomHeld = true
 		}
 	}
@@ -501,14 +501,14 @@ func (l *rankLoop) pdEnded(a rooms.End) {
 		return
 	}
 	if q != nil && q.add.url != "" {
-		l.e.forgetResolution(q.add.url) // a restarted prefill has new endpoints
+		l.e.pd.reg.forget(q.add.url) // a restarted prefill has new endpoints
 	}
 	if o.Owner {
 		room := uint64(0)
 		if q != nil {
 			room = q.add.room
 		}
-		l.e.pdFailed(o.Phase, o.Reason.Kind)
+		l.e.pd.failed(o.Phase, o.Reason.Kind)
 		l.e.cfg.Logger.Warn("pd: request failed", "server", l.e.cfg.Name, "role", l.e.cfg.Role, "request", a.ID, "room", room,
 			"rank", l.r, "phase", o.Phase.String(), "peer", o.Peer, "reason", o.Reason.Kind.String(), "error", o.Reason.Text)
 	}
@@ -538,6 +538,6 @@ func (l *rankLoop) publishPD() {
 // being given up.
 func (l *rankLoop) releaseRooms() {
 	for _, en := range l.pd.machine.Entries() {
-		l.e.rooms.CompareAndDelete(en.Room, en.ID)
+		l.e.pd.rooms.CompareAndDelete(en.Room, en.ID)
 	}
 }

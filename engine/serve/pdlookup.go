@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
-	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -133,6 +132,17 @@ func (r *registries) clear() {
 	r.lru.Init()
 }
 
+// forget drops what is known of url, so that the next request looks it up
+// again (a prefill that restarted has new endpoints).
+func (r *registries) forget(url string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if el := r.byURL[url]; el != nil && el.Value.(*resolution).done {
+		r.lru.Remove(el)
+		delete(r.byURL, url)
+	}
+}
+
 // resolution is one prefill registry as the decode side knows it.
 type resolution struct {
 	url   string
@@ -144,70 +154,6 @@ type resolution struct {
 
 // retryFailedAfter is how soon a failed registry lookup may be tried again.
 const retryFailedAfter = time.Second
-
-// checkBootstrapURL refuses a decode request whose bootstrap_url is not an
-// allowed registry, before anything is fetched; it returns the URL in the
-// form the lookups are keyed by.
-func (e *Engine) checkBootstrapURL(raw string) (string, error) {
-	return e.pd.reg.admit(raw)
-}
-
-// AllowPrefillBootstrap adds a prefill registry to those a decode accepts
-// in requests (PDConfig.PrefillBootstrap), for a cluster that learns its
-// prefill servers as it runs.
-func (e *Engine) AllowPrefillBootstrap(url string) error {
-	if e.cfg.Role != pdproto.RoleDecode {
-		return errors.New("serve: only a decode server takes prefill registries")
-	}
-	return e.pd.reg.allow(url)
-}
-
-// PDBootstrapRefused counts decode requests refused for a bootstrap_url off
-// the allowlist.
-func (e *Engine) PDBootstrapRefused() uint64 {
-	if e.pd == nil {
-		return 0
-	}
-	return e.pd.reg.refused.Load()
-}
-
-// PDLookupsEvicted counts registry lookups the decode's bounded cache
-// dropped (PDConfig.BootstrapCacheSize).
-func (e *Engine) PDLookupsEvicted() uint64 {
-	if e.pd == nil {
-		return 0
-	}
-	return e.pd.reg.evicted.Load()
-}
-
-// resolved reports the registry at url (canonical, allowed): its ranks
-// (checked compatible), or why not, and whether the lookup has ended. It
-// starts a lookup when none is under way (or the last one failed a while
-// ago). Safe from any goroutine.
-func (e *Engine) resolved(url string) ([]pdproto.RankInfo, error, bool) {
-	p := e.pd
-	p.reg.mu.Lock()
-	defer p.reg.mu.Unlock()
-	r := p.reg.get(url)
-	if r == nil || (r.done && r.err != nil && time.Since(r.at) > retryFailedAfter) {
-		r = &resolution{url: url, at: time.Now()}
-		p.reg.put(url, r)
-		local := e.decodeInfo()
-		p.wg.Go(func() {
-			ctx, cancel := context.WithTimeout(p.ctx, e.cfg.PD.BootstrapTimeout)
-			defer cancel()
-			infos, err := (&bootstrap.Client{HTTP: lookupClient}).Handshake(ctx, url, local)
-			if err != nil {
-				e.cfg.Logger.Warn("pd: prefill registry lookup failed", "server", e.cfg.Name, "registry", url, "err", err)
-				err = lookupFailure(url, e.cfg.PD.BootstrapTimeout, err)
-			}
-			p.reg.mu.Lock()
-			r.done, r.infos, r.err, r.at = true, infos, err, time.Now()
-			p.reg.mu.Unlock()
-		})
-	}
-	return r.infos, r.err, r.done
-}
 
 // lookupFailure is what a room is told of a failed lookup: the registry's
 // own words (its error text, its ranks' fields) go to the log only.
@@ -233,16 +179,4 @@ func knownKVType(s string) bool {
 	name, err := strconv.Unquote(s)
 	_, ok := kernels.KVTypes[name]
 	return err == nil && ok
-}
-
-// forgetResolution drops what is known of url, so that the next request
-// looks it up again (a prefill that restarted has new endpoints).
-func (e *Engine) forgetResolution(url string) {
-	reg := e.pd.reg
-	reg.mu.Lock()
-	defer reg.mu.Unlock()
-	if el := reg.byURL[url]; el != nil && el.Value.(*resolution).done {
-		reg.lru.Remove(el)
-		delete(reg.byURL, url)
-	}
 }

@@ -23,7 +23,7 @@ import (
 
 // comm is the rank's control communicator: every collective the loop runs
 // itself goes there; the forward pass's own run on the rank's forward one.
-func (l *rankLoop) comm() *dist.Comm { return l.e.control.Rank(l.r) }
+func (l *rankLoop) comm() *dist.Comm { return l.e.sup.control.Rank(l.r) }
 
 // phaseCtx is the loops' context tagged with each phase's name, which the
 // flight recorder keeps and the collective layer checks across ranks.
@@ -206,7 +206,7 @@ func (l *rankLoop) admit(adds []addMsg) error {
 		}
 		l.seqs[a.id] = s
 		if l.r == 0 {
-			t := &l.e.totals
+			t := &l.e.streams.totals
 			t.PromptTokens += uint64(len(a.prompt))
 			t.CachedTokens += uint64(total)
 			if total > 0 {
@@ -255,7 +255,7 @@ func (l *rankLoop) unstall() error {
 			return fmt.Errorf("serve: rank %d: unstall: %w", l.r, err)
 		}
 		if l.r == 0 {
-			l.e.totals.Unstalls++
+			l.e.streams.totals.Unstalls++
 		}
 	}
 	return nil
@@ -293,7 +293,7 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 	if l.r == 0 {
 		e := l.e
 		out.now = e.clock()
-		out.cuts = e.takeAborts()
+		out.cuts = e.streams.takeAborts()
 		cut := make(map[uint64]bool, len(out.cuts))
 		for _, a := range out.cuts {
 			cut[a.id] = true
@@ -301,8 +301,8 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 		logits := l.rk.Logits()
 		greedy := l.rk.Greedy() // the greedy choices the forward found, when it did
 		emitted := time.Now()   // one timestamp for every token of the step
-		e.holding = e.cfg.Schedule == ScheduleOverlap && len(logits) >= holdFromTokens*e.vocab
-		defer func() { e.holding = false }()
+		e.streams.holding = e.cfg.Schedule == ScheduleOverlap && len(logits) >= holdFromTokens*e.vocab
+		defer func() { e.streams.holding = false }()
 		j := 0
 		for _, it := range plan.Run {
 			if !it.WantLogits {
@@ -313,19 +313,19 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 			if l.seqs[it.ID].cut || cut[it.ID] {
 				continue
 			}
-			r := e.front[it.ID]
+			r := e.streams.front[it.ID]
 			var tok int32
 			if greedy != nil && r.sampler.IsGreedy() {
 				tok = greedy[j-1]
 			} else {
 				tok = r.sampler.Sample(lg)
 			}
-			e.totals.Sampled++
+			e.streams.totals.Sampled++
 			r.gen++
 			// Counted even if the reader proves too slow, as
 			// CompletionTokens does; never blocks: the request goes
 			// instead.
-			if !e.emit(r, tok, emitted) {
+			if !e.streams.emit(r, tok, emitted) {
 				r.cut = ReasonSlowReader
 				out.cuts = append(out.cuts, abortMsg{id: it.ID, by: AbortBySlowReader})
 				continue
@@ -336,7 +336,7 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 			}
 			out.toks = append(out.toks, sampled{tok: tok, stop: stops(tok)})
 			if k := l.forks.Pending(it.ID); k > 0 {
-				out.toks = e.sampleForks(it.ID, k, lg, stops, emitted, out.toks)
+				out.toks = e.streams.sampleForks(it.ID, k, lg, stops, emitted, out.toks)
 			}
 		}
 		l.wire = out.encode(l.wire[:0])

@@ -59,7 +59,7 @@ func TestPrefixCacheOnOffEqual(t *testing.T) {
 			off.DisablePrefixCache = true
 			eOff := newEngine(t, m, off)
 			want := generateAll(t, eOff, ps, maxTok)
-			if tot := eOff.Snapshot().Totals; tot.CachedTokens != 0 || tot.PrefixHits != 0 {
+			if tot := eOff.View().Snapshot().Totals; tot.CachedTokens != 0 || tot.PrefixHits != 0 {
 				t.Errorf("cache off: totals %+v", tot)
 			}
 			checkPools(t, eOff)
@@ -71,7 +71,7 @@ func TestPrefixCacheOnOffEqual(t *testing.T) {
 					t.Errorf("prompt %d: cache on %v, off %v", i, got[i], want[i])
 				}
 			}
-			tot := eOn.Snapshot().Totals
+			tot := eOn.View().Snapshot().Totals
 			t.Logf("cache on: %+v", tot)
 			if tot.PrefixHits == 0 || tot.CachedTokens < uint64(len(ps)/2*36) {
 				t.Errorf("the second wave did not read its 36-token prefix from the cache: %+v", tot)
@@ -80,7 +80,7 @@ func TestPrefixCacheOnOffEqual(t *testing.T) {
 				t.Error("no eviction: the pool was meant to run short")
 			}
 			checkPools(t, eOn)
-			used, cached, _ := eOn.KVPages(0)
+			used, cached, _ := eOn.View().KVPages(0)
 			if cached == 0 || used != cached {
 				t.Errorf("idle engine: %d pages used, %d cached; want all used pages cached", used, cached)
 			}
@@ -111,7 +111,7 @@ func TestRanksAgreeEachStep(t *testing.T) {
 	// idle iteration apart when read).
 	var recs []StepRecord
 	poll(t, "ranks at the same step", 10*time.Second, func() bool {
-		recs = e.RankSteps()
+		recs = e.View().RankSteps()
 		return recs[0].Step == recs[1].Step
 	})
 	if recs[0].Digest != recs[1].Digest || recs[0].ControlSeq != recs[1].ControlSeq || recs[0].ForwardSeq != recs[1].ForwardSeq ||
@@ -120,7 +120,7 @@ func TestRanksAgreeEachStep(t *testing.T) {
 	}
 	// Both communicators, control first, each with its own flight
 	// recorders and wait totals.
-	snaps := e.Collectives()
+	snaps := e.View().Collectives()
 	if len(snaps) != 2 || snaps[0].Name != CommControl || snaps[1].Name != CommForward {
 		t.Fatalf("communicators %+v", snaps)
 	}
@@ -134,12 +134,12 @@ func TestRanksAgreeEachStep(t *testing.T) {
 			}
 		}
 		for r := range 2 {
-			if e.CollectiveWait(snap.Name, r) <= 0 {
-				t.Errorf("%s rank %d: collective wait %v", snap.Name, r, e.CollectiveWait(snap.Name, r))
+			if e.View().CollectiveWait(snap.Name, r) <= 0 {
+				t.Errorf("%s rank %d: collective wait %v", snap.Name, r, e.View().CollectiveWait(snap.Name, r))
 			}
 		}
 	}
-	if e.CollectiveWait("nonesuch", 0) != 0 {
+	if e.View().CollectiveWait("nonesuch", 0) != 0 {
 		t.Error("a communicator that does not exist has a wait")
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/pprof"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -23,7 +22,7 @@ import (
 
 // Recovery in place
 //
-// With Config.CollectiveTimeout set, the supervisor (Engine.run) watches
+// With Config.CollectiveTimeout set, the supervisor (supervisor.run) watches
 // both communicators while the loops run. When a collective has waited
 // longer than the timeout, or a loop stops on a broken group (a mismatch)
 // or on ranks that planned different steps, it breaks the group: it closes
@@ -40,10 +39,34 @@ import (
 // The failed group's collectives are kept for the bundle (LastFailure);
 // Totals.Restarts counts the rebuilds.
 
+// supervisor is the rank group's life: it builds an incarnation, runs its
+// loops on its own goroutine (run, started by New, which exits once the
+// engine stops and closes Engine.done), gives the group up and rebuilds it
+// when recovery is on, and finishes what the last one left. It is split
+// from the Engine because it is the one owner of the incarnation: its
+// plain fields are written only while no loop runs (by the supervisor's
+// goroutine, or New before it starts), which is what lets the loops read
+// them without a lock.
+type supervisor struct {
+	e *Engine // what a build wires the loops to
+
+	// The incarnation serving now, for the loops and the supervisor;
+	// readers from other goroutines go through cur.
+	loops   []*rankLoop
+	shards  *tp.Shards
+	control *dist.Group // the loops' communicator; the forward pass's is the shards' group
+	err     error       // the failure that stopped the loops
+
+	inc         atomic.Pointer[incarnation]
+	lastFailure atomic.Pointer[Failure] // the failure of the last incarnation given up
+	restarts    atomic.Uint64
+	stalls      atomic.Uint64 // collectives the watchdog reported
+}
+
 // incarnation is one build of the rank group: what a rebuild replaces.
-// The loops and the supervisor use the Engine's plain fields (written only
-// while no loop runs); readers from other goroutines go through
-// Engine.cur, an atomic pointer.
+// The loops and the supervisor use the supervisor's plain fields (written
+// only while no loop runs); readers from other goroutines go through
+// supervisor.cur, an atomic pointer.
 type incarnation struct {
 	loops   []*rankLoop
 	shards  *tp.Shards
@@ -62,8 +85,18 @@ func (c *incarnation) giveUp() { c.quitOnce.Do(func() { close(c.quit) }) }
 // groups are the communicators, control first.
 func (c *incarnation) groups() []*dist.Group { return []*dist.Group{c.control, c.shards.Group()} }
 
+// collectives copies both communicators' state, control first.
+func (c *incarnation) collectives() []dist.Snapshot {
+	gs := c.groups()
+	out := make([]dist.Snapshot, len(gs))
+	for i, g := range gs {
+		out[i] = g.Snapshot()
+	}
+	return out
+}
+
 // cur is the incarnation serving now, for readers on any goroutine.
-func (e *Engine) cur() *incarnation { return e.inc.Load() }
+func (s *supervisor) cur() *incarnation { return s.inc.Load() }
 
 // Failure is the failure that made the engine rebuild its rank group.
 type Failure struct {
@@ -75,13 +108,6 @@ type Failure struct {
 	// recorders, the call each rank waited in.
 	Collectives []dist.Snapshot
 }
-
-// LastFailure returns the last failure the engine recovered from, nil when
-// none.
-func (e *Engine) LastFailure() *Failure { return e.lastFailure.Load() }
-
-// Restarts counts the rank group's rebuilds.
-func (e *Engine) Restarts() uint64 { return e.restarts.Load() }
 
 // nextBoot is a boot number above every earlier one.
 var bootSeq atomic.Uint64
@@ -102,8 +128,10 @@ func newBoot(now time.Time) uint64 {
 // build makes an incarnation: the ranks (their shards and pools), the two
 // communicators, and one loop per rank with its scheduler, prefix cache,
 // host tier (tier says on) and PD sockets (bound to endpoints[r] when
-// given). It sets the Engine's fields and publishes it; nothing runs yet.
-func (e *Engine) build(endpoints []string) error {
+// given). It sets the supervisor's fields and publishes it; nothing runs
+// yet.
+func (s *supervisor) build(endpoints []string) error {
+	e := s.e
 	cfg := &e.cfg
 	now := time.Now()
 	inc := &incarnation{quit: make(chan struct{}), boot: newBoot(now), started: now}
@@ -118,9 +146,9 @@ func (e *Engine) build(endpoints []string) error {
 				}
 			}
 			o.Watchdog = cfg.CollectiveWatchdog
-			o.OnStall = func(s dist.Stall) {
-				e.stalls.Add(1)
-				onStall(s)
+			o.OnStall = func(st dist.Stall) {
+				s.stalls.Add(1)
+				onStall(st)
 			}
 		}
 		return o
@@ -137,17 +165,17 @@ func (e *Engine) build(endpoints []string) error {
 	}
 	inc.shards, inc.control = shards, control
 	tierOn := cfg.HiCache.Enabled
-	if len(e.loops) > 0 && e.loops[0].cache != nil {
-		tierOn = e.loops[0].cache.Loader() != nil // as the last incarnation had it (SetHiCache)
+	if len(s.loops) > 0 && s.loops[0].cache != nil {
+		tierOn = s.loops[0].cache.Loader() != nil // as the last incarnation had it (SetHiCache)
 	}
-	prev := e.loops
-	e.shards, e.control, e.loops = shards, control, nil
+	prev := s.loops
+	s.shards, s.control, s.loops = shards, control, nil
 	fail := func(err error) error {
-		err = errors.Join(err, e.closeTiers())
-		e.closeRankPD()
+		err = errors.Join(err, s.closeTiers())
+		s.closeRankPD()
 		control.Close()
 		shards.Close()
-		e.loops = prev
+		s.loops = prev
 		return err
 	}
 	hostPages := 0 // per rank, once the first rank's pool is known
@@ -162,7 +190,7 @@ func (e *Engine) build(endpoints []string) error {
 			return fail(fmt.Errorf("serve: %w", err))
 		}
 		l := &rankLoop{e: e, r: r, rk: shards.Rank(r), sched: sc, seqs: make(map[uint64]*seqState), dlog: newDecisionLog(cfg.DecisionLogLen), quit: inc.quit, cursor: rankcore.NewCursor(cfg.table())}
-		e.loops = append(e.loops, l)
+		s.loops = append(s.loops, l)
 		if cfg.Role != pdproto.RoleColocated {
 			ep := ""
 			if r < len(endpoints) {
@@ -191,19 +219,19 @@ func (e *Engine) build(endpoints []string) error {
 		l.beat.Store(now.UnixNano())
 		l.last.Store(&StepRecord{Rank: r, Loop: LoopLockstep, Phase: "idle", Start: now, End: now})
 	}
-	inc.loops = e.loops
-	e.inc.Store(inc)
-	e.publish(*e.loops[0].last.Load())
+	inc.loops = s.loops
+	s.inc.Store(inc)
+	e.publish(*s.loops[0].last.Load())
 	return nil
 }
 
 // closeRankPD closes the ranks' PD sockets.
-func (e *Engine) closeRankPD() error {
-	if len(e.loops) > 0 && e.loops[0].pd != nil {
-		e.loops[0].releaseRooms()
+func (s *supervisor) closeRankPD() error {
+	if len(s.loops) > 0 && s.loops[0].pd != nil {
+		s.loops[0].releaseRooms()
 	}
 	var errs []error
-	for _, l := range e.loops {
+	for _, l := range s.loops {
 		if l.pd != nil {
 			errs = append(errs, l.pd.close())
 		}
@@ -215,11 +243,12 @@ func (e *Engine) closeRankPD() error {
 // With recovery on it watches the communicators meanwhile; it returns the
 // loops' errors and, when it gave the group up on a stalled collective,
 // the stall.
-func (e *Engine) runLoops(ctx context.Context) ([]error, *dist.Stall, []dist.Snapshot) {
-	inc := e.cur()
-	errs := make([]error, len(e.loops))
+func (s *supervisor) runLoops(ctx context.Context) ([]error, *dist.Stall, []dist.Snapshot) {
+	e := s.e
+	inc := s.cur()
+	errs := make([]error, len(s.loops))
 	var wg sync.WaitGroup
-	for r, l := range e.loops {
+	for r, l := range s.loops {
 		wg.Go(func() {
 			pprof.Do(ctx, pprof.Labels("rank", strconv.Itoa(r)), func(context.Context) {
 				errs[r] = l.run()
@@ -227,7 +256,7 @@ func (e *Engine) runLoops(ctx context.Context) ([]error, *dist.Stall, []dist.Sna
 			if errs[r] != nil {
 				// Wake the peers waiting for this rank in a collective.
 				inc.giveUp()
-				e.closeGroups()
+				s.closeGroups()
 			}
 		})
 	}
@@ -249,7 +278,7 @@ func (e *Engine) runLoops(ctx context.Context) ([]error, *dist.Stall, []dist.Sna
 		select {
 		case <-loopsDone:
 			if stalled == nil && e.cfg.CollectiveTimeout > 0 {
-				snaps = e.collectives(inc)
+				snaps = inc.collectives()
 			}
 			return errs, stalled, snaps
 		case <-stop:
@@ -266,21 +295,12 @@ func (e *Engine) runLoops(ctx context.Context) ([]error, *dist.Stall, []dist.Sna
 				}
 			}
 			if stalled != nil {
-				snaps = e.collectives(inc)
+				snaps = inc.collectives()
 				inc.giveUp()
-				e.closeGroups()
+				s.closeGroups()
 			}
 		}
 	}
-}
-
-func (e *Engine) collectives(inc *incarnation) []dist.Snapshot {
-	gs := inc.groups()
-	out := make([]dist.Snapshot, len(gs))
-	for i, g := range gs {
-		out[i] = g.Snapshot()
-	}
-	return out
 }
 
 // recoverable says whether the loops' stop is one recovery rebuilds from:
@@ -307,63 +327,166 @@ func stallReason(s dist.Stall, timeout time.Duration) string {
 
 // restart fails every request the ranks knew with reason, drops the failed
 // incarnation and builds the next one. It runs on the supervisor with no
-// loop running; false means the build failed (e.err says why).
-func (e *Engine) restart(reason string, snaps []dist.Snapshot) bool {
-	old := e.cur()
+// loop running; false means the build failed (s.err says why).
+func (s *supervisor) restart(reason string, snaps []dist.Snapshot) bool {
+	e := s.e
+	old := s.cur()
 	e.cfg.Logger.Error("engine restarted: rank group rebuilt", "server", e.cfg.Name, "role", e.cfg.Role, "cause", reason, "boot", old.boot)
-	e.lastFailure.Store(&Failure{At: time.Now(), Reason: reason, Boot: old.boot, Collectives: snaps})
+	s.lastFailure.Store(&Failure{At: time.Now(), Reason: reason, Boot: old.boot, Collectives: snaps})
 	fin := "error: engine restarted: " + reason
-	e.mu.Lock()
 	// Aborts of requests the ranks knew die with them; those of requests
 	// still in the inbox wait for the next incarnation.
-	keep := e.aborts[:0]
-	for _, a := range e.aborts {
-		if e.front[a.id] == nil {
-			keep = append(keep, a)
-		}
-	}
-	e.aborts = keep
-	e.mu.Unlock()
-	for _, l := range e.loops {
+	e.inbox.filterAborts(func(a abortMsg) bool { return !e.streams.known(a.id) })
+	for _, l := range s.loops {
 		l.drop(true)
 	}
-	e.failFront(fin)
-	if err := e.closeTiers(); err != nil {
+	e.streams.totals.Finished += uint64(e.streams.endAll(fin))
+	if err := s.closeTiers(); err != nil {
 		e.cfg.Logger.Error("serve: the failed rank group's host tiers", "server", e.cfg.Name, "err", err)
 	}
 	var endpoints []string
-	for _, l := range e.loops {
+	for _, l := range s.loops {
 		if l.pd != nil {
 			endpoints = append(endpoints, l.pd.inbox.Endpoint())
 		}
 	}
-	errs := errors.Join(e.closeRankPD(), e.control.Close(), e.shards.Close())
+	errs := errors.Join(s.closeRankPD(), s.control.Close(), s.shards.Close())
 	if errs != nil && !errors.Is(errs, dist.ErrGroupClosed) {
 		e.cfg.Logger.Warn("serve: closing the failed rank group", "server", e.cfg.Name, "err", errs)
 	}
-	e.totals.Restarts++
-	e.restarts.Add(1)
-	if err := e.build(endpoints); err != nil {
-		e.err = fmt.Errorf("rebuild after %s: %w", reason, err)
+	e.streams.totals.Restarts++
+	s.restarts.Add(1)
+	if err := s.build(endpoints); err != nil {
+		s.err = fmt.Errorf("rebuild after %s: %w", reason, err)
 		return false
 	}
 	if e.cfg.Role == pdproto.RolePrefill && e.cfg.PD.OnRankInfos != nil {
-		e.cfg.PD.OnRankInfos(e.RankInfos())
+		e.cfg.PD.OnRankInfos(e.pdView.RankInfos())
 	}
 	return true
 }
 
-// failFront ends every request rank 0 knew with reason.
-func (e *Engine) failFront(reason string) {
-	ids := make([]uint64, 0, len(e.front))
-	for id := range e.front {
-		ids = append(ids, id)
+// run is the supervisor's goroutine: it starts the rank loops, waits for
+// all of them, rebuilds the group when recovery says so and finishes what
+// the loops left.
+func (s *supervisor) run(ctx context.Context) {
+	e := s.e
+	defer close(e.done)
+	for {
+		errs, stalled, snaps := s.runLoops(ctx)
+		closing := false
+		select {
+		case <-e.stop:
+			closing = true
+		default:
+		}
+		var failed error
+		for _, err := range errs {
+			if err == nil || (closing && errors.Is(err, dist.ErrGroupClosed)) {
+				continue
+			}
+			// A rank's own failure comes before what its peers saw of it.
+			if failed == nil || errors.Is(failed, dist.ErrGroupClosed) || errors.Is(failed, dist.ErrGroupBroken) {
+				failed = err
+			}
+		}
+		// Recovery: a stalled collective, or a group broken on a mismatch
+		// or a divergence, rebuilds the rank group.
+		reason := ""
+		switch {
+		case closing:
+		case stalled != nil:
+			reason = stallReason(*stalled, e.cfg.CollectiveTimeout)
+		case e.cfg.CollectiveTimeout > 0 && failed != nil && recoverable(failed):
+			reason = failed.Error()
+		}
+		if reason == "" {
+			s.err = failed
+			break
+		}
+		if !s.restart(reason, snaps) {
+			break
+		}
 	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		r := e.front[id]
-		delete(e.front, id)
-		e.totals.Finished++
-		e.deliver(r, Finish{Reason: reason, PromptTokens: len(r.req.Prompt), CompletionTokens: r.gen})
+	s.shutdown()
+}
+
+// shutdown runs once every loop has stopped: it finishes every request
+// the ranks still know or rank 0 has not taken, releasing their KV when the
+// ranks stopped cleanly between steps.
+func (s *supervisor) shutdown() {
+	e := s.e
+	pending := e.inbox.close()
+	reason := ReasonClosed
+	if s.err != nil {
+		reason = "error: " + s.err.Error()
+	}
+	for _, l := range s.loops {
+		l.drop(s.err == nil)
+	}
+	e.streams.endAll(reason)
+	for _, r := range pending {
+		e.streams.deliver(r, Finish{Reason: reason, PromptTokens: len(r.req.Prompt)})
+		for _, f := range r.forks {
+			e.streams.deliver(f, Finish{Reason: reason, PromptTokens: len(f.req.Prompt)})
+		}
+	}
+	e.publish(*s.loops[0].last.Load())
+}
+
+// close releases the last incarnation once its loops are gone (or were
+// never started): the host tiers, the PD lookups and sockets, and both
+// communicators.
+func (s *supervisor) close() error {
+	return errors.Join(s.closeTiers(), s.closePD(), s.control.Close(), s.shards.Close())
+}
+
+// closeTiers stops every rank's HiCache loader and writer once the loops
+// are gone (or were never started), checks each tier's accounting against
+// its cache, and gives the host pools' memory back to the OS. It returns
+// what the checks found; a pool it could not close keeps its memory.
+func (s *supervisor) closeTiers() error {
+	var errs []error
+	for _, l := range s.loops {
+		if l.cache == nil {
+			continue
+		}
+		if ld := l.cache.Loader(); ld != nil {
+			ld.Close()
+		}
+		if w := l.cache.Writer(); w != nil {
+			w.Close()
+		}
+		h := l.cache.Host()
+		if h == nil {
+			continue
+		}
+		if err := errors.Join(l.cache.Check(), h.Check(), h.Close()); err != nil {
+			errs = append(errs, fmt.Errorf("serve: rank %d: closing the host tier: %w", l.r, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// closePD stops the registry lookups and closes the ranks' sockets.
+func (s *supervisor) closePD() error {
+	if s.e.pd == nil {
+		return nil
+	}
+	s.e.pd.stopLookups()
+	var errs []error
+	for _, l := range s.loops {
+		if l.pd != nil {
+			errs = append(errs, l.pd.close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// closeGroups wakes every rank waiting in a collective of either
+// communicator; both are idempotent to close.
+func (s *supervisor) closeGroups() {
+	for _, g := range s.cur().groups() {
+		g.Close()
 	}
 }

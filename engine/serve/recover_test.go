@@ -23,7 +23,7 @@ func TestRecoverStalledCollective(t *testing.T) {
 		CollectiveWatchdog: 50 * time.Millisecond, CollectiveTimeout: 500 * time.Millisecond}
 	e := newEngine(t, m, cfg)
 	ref := newEngine(t, m, Config{TP: 2, PageSize: 4, KVTokens: 512, MaxRunning: 4})
-	boot := e.cur().boot
+	boot := e.sup.cur().boot
 
 	if err := e.SetFault(FaultStallLastRank, true); err != nil {
 		t.Fatal(err)
@@ -47,8 +47,8 @@ func TestRecoverStalledCollective(t *testing.T) {
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("the request failed after %v", took)
 	}
-	poll(t, "the restart counted", 10*time.Second, func() bool { return e.Snapshot().Totals.Restarts >= 1 })
-	switch f := e.LastFailure(); {
+	poll(t, "the restart counted", 10*time.Second, func() bool { return e.View().Snapshot().Totals.Restarts >= 1 })
+	switch f := e.View().LastFailure(); {
 	case f == nil:
 		t.Fatal("no last failure after a restart")
 	case f.Boot == boot:
@@ -62,14 +62,14 @@ func TestRecoverStalledCollective(t *testing.T) {
 		if !strings.HasPrefix(f.Reason, "rank 1 did not reach control seq ") {
 			t.Fatalf("last failure of a later group %+v, want the stalled rank", f)
 		}
-		poll(t, "the second restart counted", 10*time.Second, func() bool { return e.Restarts() >= 2 })
+		poll(t, "the second restart counted", 10*time.Second, func() bool { return e.View().Restarts() >= 2 })
 	}
-	f := e.LastFailure()
+	f := e.View().LastFailure()
 	if len(f.Collectives) != 2 || f.Collectives[0].Name != CommControl || len(f.Collectives[0].Ranks[0].Records) == 0 {
 		t.Fatalf("the failed group's collectives: %+v", f.Collectives)
 	}
-	if e.cur().boot == boot || e.Restarts() < 1 {
-		t.Fatalf("boot %d after the restart (was %d), %d restarts", e.cur().boot, boot, e.Restarts())
+	if e.sup.cur().boot == boot || e.View().Restarts() < 1 {
+		t.Fatalf("boot %d after the restart (was %d), %d restarts", e.sup.cur().boot, boot, e.View().Restarts())
 	}
 
 	prompts := testmodel.Prompts(21, 20, 4, 12, e.vocab)
@@ -116,7 +116,7 @@ func TestRecoverPDPrefill(t *testing.T) {
 	// would fail the next request too.
 	ps, ds := pp.submit(t, ctx, q, 5001)
 	_, pfin := collect(t, ps, 30*time.Second)
-	poll(t, "the prefill's restart", 10*time.Second, func() bool { return pp.prefill.Snapshot().Totals.Restarts >= 1 })
+	poll(t, "the prefill's restart", 10*time.Second, func() bool { return pp.prefill.View().Snapshot().Totals.Restarts >= 1 })
 	if err := pp.prefill.SetFault(FaultStallLastRank, false); err != nil {
 		t.Fatal(err)
 	}

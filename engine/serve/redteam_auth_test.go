@@ -39,7 +39,7 @@ func TestRedTeamPDForgedWithoutCredentials(t *testing.T) {
 		}
 		forged = append(forged, f)
 	}
-	endpoints := []string{pp.prefill.PDLinks()[0].Inbox.Endpoint, pp.decode.PDLinks()[0].Inbox.Endpoint}
+	endpoints := []string{pp.prefill.PD().Links()[0].Inbox.Endpoint, pp.decode.PD().Links()[0].Inbox.Endpoint}
 	for _, so := range forgers {
 		opts := &zmqlink.OutboxOptions{}
 		if so != nil {
@@ -59,10 +59,10 @@ func TestRedTeamPDForgedWithoutCredentials(t *testing.T) {
 		}
 	}
 	poll(t, "the forgers refused on both servers", 10*time.Second, func() bool {
-		return pp.prefill.PDLinks()[0].Inbox.AuthDenied >= 2 && pp.decode.PDLinks()[0].Inbox.AuthDenied >= 2
+		return pp.prefill.PD().Links()[0].Inbox.AuthDenied >= 2 && pp.decode.PD().Links()[0].Inbox.AuthDenied >= 2
 	})
 	for _, e := range []*Engine{pp.prefill, pp.decode} {
-		if l := e.PDLinks()[0]; l.Inbox.Messages != 0 || l.Inbox.HandlerErrors != 0 {
+		if l := e.PD().Links()[0]; l.Inbox.Messages != 0 || l.Inbox.HandlerErrors != 0 {
 			t.Errorf("%s: forged frames reached the handler: %+v", e.cfg.Role, l.Inbox)
 		}
 	}

@@ -62,18 +62,18 @@ func TestRedTeamForgedFingerprint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := out.Send(ctx, pp.decode.PDLinks()[0].Inbox.Endpoint, frames); err != nil {
+	if err := out.Send(ctx, pp.decode.PD().Links()[0].Inbox.Endpoint, frames); err != nil {
 		t.Fatal(err)
 	}
 	got, fin := collect(t, d.s, 20*time.Second)
 	if len(got) != 0 || !strings.Contains(fin.Reason, "another prompt") {
 		t.Fatalf("the victim got %d tokens %v, finish %q; want none and the mismatch named", len(got), got, fin.Reason)
 	}
-	if n := pp.decode.PDFailuresByReason()["prompt-mismatch"]; n != 1 {
+	if n := pp.decode.PD().FailuresByReason()["prompt-mismatch"]; n != 1 {
 		t.Errorf("%d prompt-mismatch failures counted, want 1", n)
 	}
 	poll(t, "the decode's queues empty", 10*time.Second, func() bool {
-		q := pp.decode.PDQueues()
+		q := pp.decode.PD().Queues()
 		return q["transfer"]+q["aborting"]+q["prealloc"] == 0
 	})
 	checkPools(t, pp.decode)
@@ -151,8 +151,8 @@ func TestRoomHeldWhileAborting(t *testing.T) {
 		t.Fatalf("a request for the aborting room: %v, want ErrRoomInUse", err)
 	}
 	poll(t, "the aborting room gone", 10*time.Second, func() bool {
-		_, held := pp.decode.RoomRequest(room)
-		return pp.decode.PDQueues()["aborting"] == 0 && !held
+		_, held := pp.decode.PD().RoomRequest(room)
+		return pp.decode.PD().Queues()["aborting"] == 0 && !held
 	})
 	s, err := pp.decode.Submit(context.Background(), q)
 	if err != nil {
@@ -188,7 +188,7 @@ func TestRebuildFreesHeldRooms(t *testing.T) {
 	if err := pp.decode.SetFault(FaultStallLastRank, true); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "the decode rebuilt", 10*time.Second, func() bool { return pp.decode.Restarts() >= 1 })
+	poll(t, "the decode rebuilt", 10*time.Second, func() bool { return pp.decode.View().Restarts() >= 1 })
 	if err := pp.decode.SetFault(FaultStallLastRank, false); err != nil {
 		t.Fatal(err)
 	}

@@ -43,7 +43,7 @@ func TestSamplesShareThePrefill(t *testing.T) {
 		}
 		want, _ := collect(t, s, 30*time.Second)
 		checkPools(t, e)
-		before := e.Snapshot().Totals.Tokens
+		before := e.View().Snapshot().Totals.Tokens
 		ss, err := e.SubmitN(context.Background(), Request{Prompt: p, MaxTokens: maxTok, IgnoreEOS: true, N: n})
 		if err != nil {
 			t.Fatal(err)
@@ -59,7 +59,7 @@ func TestSamplesShareThePrefill(t *testing.T) {
 		}
 		checkPools(t, e)
 		// The prompt once, then maxTok-1 decode tokens per sample.
-		if got, wantTok := e.Snapshot().Totals.Tokens-before, uint64(len(p)+n*(maxTok-1)); got != wantTok {
+		if got, wantTok := e.View().Snapshot().Totals.Tokens-before, uint64(len(p)+n*(maxTok-1)); got != wantTok {
 			t.Errorf("tp%d: %d tokens run, want %d (the prompt once)", tpn, got, wantTok)
 		}
 
@@ -175,7 +175,7 @@ func TestPDSamples(t *testing.T) {
 			} {
 				var runs [2][][]int32
 				for k := range runs {
-					before := pp.prefill.Snapshot().Totals.Tokens
+					before := pp.prefill.View().Snapshot().Totals.Tokens
 					room := newAbortRoom()
 					pq, dq := q, q
 					pq.PD = &PDRequest{Room: room}
@@ -201,7 +201,7 @@ func TestPDSamples(t *testing.T) {
 							t.Errorf("tp%d prompt %d sample %d: %v, colocated %v", tpn, i, j, toks[j], want)
 						}
 					}
-					if got := pp.prefill.Snapshot().Totals.Tokens - before; got != uint64(len(p)) {
+					if got := pp.prefill.View().Snapshot().Totals.Tokens - before; got != uint64(len(p)) {
 						t.Errorf("tp%d prompt %d: the prefill ran %d tokens for a prompt of %d", tpn, i, got, len(p))
 					}
 					runs[k] = toks

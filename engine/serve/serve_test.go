@@ -97,19 +97,19 @@ func checkPools(t *testing.T, e *Engine) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		snap := e.Snapshot()
+		snap := e.View().Snapshot()
 		if snap.Queue.HeldPages == 0 && snap.Totals.Finished == e.nextID.Load() {
 			// Rank 0 published that at the end of its iteration; the
 			// other ranks ran the same iteration (lock-step) and are
 			// done with its releases once they published its record.
 			quiet := true
-			for _, rec := range e.RankSteps()[1:] {
+			for _, rec := range e.View().RankSteps()[1:] {
 				quiet = quiet && rec.Step >= snap.Step.Step
 			}
 			// A PD request may end before its pages are released (held
 			// until the peer acks an abort): every rank must have
 			// published empty PD queues, after its releases.
-			for _, entries := range e.PDQueueEntries() {
+			for _, entries := range e.PD().QueueEntries() {
 				quiet = quiet && len(entries) == 0
 			}
 			if quiet {
@@ -122,7 +122,7 @@ func checkPools(t *testing.T, e *Engine) {
 		}
 		runtime.Gosched()
 	}
-	for r, l := range e.loops {
+	for r, l := range e.sup.loops {
 		p := l.rk.Pool()
 		// Pages the prefix cache keeps are held by nothing else: each one
 		// could be evicted.
@@ -215,7 +215,7 @@ func TestGreedyMatchesRunner(t *testing.T) {
 			e := newEngine(t, m, Config{TP: n, PageSize: 4, KVTokens: 96, MaxRunning: 6, MaxBatchTokens: 24, PrefillChunk: 7})
 			matchRunner(t, e, ps, maxTok, want)
 			checkPools(t, e)
-			tot := e.Snapshot().Totals
+			tot := e.View().Snapshot().Totals
 			t.Logf("totals %+v", tot)
 			if tot.Retractions == 0 {
 				t.Error("no retraction: the recompute path went untested")
@@ -298,7 +298,7 @@ func TestAbortStorm(t *testing.T) {
 							if len(s.Events) > 0 {
 								return true
 							}
-							q := e.Snapshot().Queue
+							q := e.View().Snapshot().Queue
 							for _, r := range q.Prefilling {
 								if r.ID == s.ID {
 									return true
@@ -353,13 +353,13 @@ func TestAbortStorm(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			tot := e.Snapshot().Totals
+			tot := e.View().Snapshot().Totals
 			t.Logf("outcomes (mode reason): %v; totals %+v", reasons, tot)
 			if tot.AbortsInStep == 0 {
 				t.Error("no abort landed in a step in flight")
 			}
 			checkPools(t, e)
-			if snap := e.Snapshot().Queue; snap.HeldPages != 0 {
+			if snap := e.View().Snapshot().Queue; snap.HeldPages != 0 {
 				t.Errorf("scheduler still counts %d held pages", snap.HeldPages)
 			}
 			s, err := e.Submit(context.Background(), Request{Prompt: ps[0], MaxTokens: 5, IgnoreEOS: true})
@@ -391,15 +391,15 @@ func TestReadersWhileRunning(t *testing.T) {
 					return
 				default:
 				}
-				rec := e.LastStep()
+				rec := e.View().LastStep()
 				if rec.Step < prev {
 					t.Errorf("step went back from %d to %d", prev, rec.Step)
 				}
 				prev = rec.Step
 				seen.Store(rec.Phase, true)
-				s := e.Snapshot()
+				s := e.View().Snapshot()
 				_ = len(s.Queue.Waiting) + len(s.Queue.Running) + s.Queue.HeldPages
-				if h := e.Health(time.Now()); h.Err != "" {
+				if h := e.View().Health(time.Now()); h.Err != "" {
 					t.Errorf("health: %+v", h)
 				}
 				runtime.Gosched()
@@ -425,11 +425,11 @@ func TestReadersWhileRunning(t *testing.T) {
 			t.Log("readers saw no decode step (timing); phases seen are not asserted")
 		}
 	}
-	rec := e.LastStep()
+	rec := e.View().LastStep()
 	if rec.Step == 0 || rec.End.Before(rec.Start) {
 		t.Errorf("last step %+v", rec)
 	}
-	if h := e.Health(time.Now()); h.LoopAge > time.Minute || h.Waiting != 0 {
+	if h := e.View().Health(time.Now()); h.LoopAge > time.Minute || h.Waiting != 0 {
 		t.Errorf("health %+v", h)
 	}
 }
@@ -482,18 +482,18 @@ func TestReadersWhileStuck(t *testing.T) {
 		t.Fatal(err)
 	}
 	collect(t, s, 20*time.Second)
-	e.mu.Lock()
-	grew := poll(t, "loop age grows", 10*time.Second, func() bool { return e.Health(time.Now()).LoopAge > 100*time.Millisecond })
-	rec := e.LastStep()
-	snap := e.Snapshot()
-	e.mu.Unlock()
+	e.inbox.mu.Lock()
+	grew := poll(t, "loop age grows", 10*time.Second, func() bool { return e.View().Health(time.Now()).LoopAge > 100*time.Millisecond })
+	rec := e.View().LastStep()
+	snap := e.View().Snapshot()
+	e.inbox.mu.Unlock()
 	if !grew {
 		t.FailNow()
 	}
 	if rec.Step == 0 || snap == nil || snap.Totals.Sampled != 3 {
 		t.Errorf("while stuck: step %+v, snapshot %+v", rec, snap)
 	}
-	poll(t, "loop age recovers", 10*time.Second, func() bool { return e.Health(time.Now()).LoopAge < 100*time.Millisecond })
+	poll(t, "loop age recovers", 10*time.Second, func() bool { return e.View().Health(time.Now()).LoopAge < 100*time.Millisecond })
 }
 
 // A request whose timeout expires finishes with "timeout" and frees its KV.

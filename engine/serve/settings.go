@@ -10,28 +10,6 @@ import (
 	"github.com/pdkit/pdkit/kernels"
 )
 
-// Settings returns the engine's effective settings, as GET
-// /debug/v1/settings publishes them: its Config after the defaults, the
-// fault switches on now, and whether the model has an indexer. It reads
-// only the immutable config and the switches' atomics, so it answers while
-// a loop is stuck. The server-level fields (StallAfterMS, MaxQueueAgeMS)
-// are the HTTP server's to fill.
-func (e *Engine) Settings() debug.Settings {
-	var on []string
-	for _, f := range e.Faults() {
-		if f.On {
-			on = append(on, f.Name)
-		}
-	}
-	s := settingsOf(e.cfg, e.m != nil && e.m.Config.Indexer != nil, on)
-	s.IndexK = e.IndexK().String() // settable live (SetIndexK): the value now
-	if s.HiCache != nil {
-		// Settable live (SetHiCacheBandwidth): the value now.
-		s.HiCache.LoadBandwidthBytesPerSecond = e.hicacheBandwidth.Load()
-	}
-	return s
-}
-
 // settingsOf publishes cfg (already defaulted). Every field of Config,
 // PDConfig and HiCacheConfig is either published here or named in
 // TestSettingsCoverConfig's list of fields that are not settings

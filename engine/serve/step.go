@@ -32,7 +32,7 @@ func (l *rankLoop) prepare(plan sched.Plan, rec *StepRecord) ([]tp.Input, error)
 	if l.r == 0 {
 		now := time.Now()
 		for _, it := range plan.Run {
-			l.e.observeServed(it.ID, now)
+			l.e.streams.observeServed(it.ID, now)
 		}
 	}
 	batch := make([]tp.Input, len(plan.Run))
@@ -77,7 +77,7 @@ func (l *rankLoop) evictFor(plan sched.Plan) {
 	if short := plan.PagesNeeded - l.rk.Pool().FreePages(); short > 0 && l.cache != nil {
 		n := l.cache.Evict(short)
 		if l.r == 0 {
-			l.e.totals.PrefixEvictions += uint64(n)
+			l.e.streams.totals.PrefixEvictions += uint64(n)
 		}
 	}
 }
@@ -262,7 +262,7 @@ func (l *rankLoop) cut(id uint64, why string) error {
 		return fmt.Errorf("serve: rank %d: abort %d: %w", l.r, id, err)
 	}
 	if len(fs) == 0 && l.r == 0 {
-		l.e.totals.AbortsInStep++
+		l.e.streams.totals.AbortsInStep++
 	}
 	return l.finish(fs)
 }

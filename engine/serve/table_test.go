@@ -52,7 +52,7 @@ func TestCollectivesFollowTheTable(t *testing.T) {
 					t.Fatalf("request %d: %d tokens, %q", s.ID, len(toks), fin.Reason)
 				}
 			}
-			snap := e.Collectives()[0]
+			snap := e.View().Collectives()[0]
 			logs := controlLog(snap)
 			seen := map[string]bool{}
 			for _, log := range logs {

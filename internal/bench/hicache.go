@@ -475,7 +475,7 @@ func hcReferences(ctx context.Context, m *model.Model, cfg HiCacheConfig, ik ker
 				return nil, fmt.Errorf("bench: reference %d/%d: %w", ci, t, err)
 			}
 			if o.reason != "length" {
-				return nil, fmt.Errorf("bench: reference %d/%d ended %q (engine: %s)", ci, t, o.reason, e.Snapshot().Err)
+				return nil, fmt.Errorf("bench: reference %d/%d ended %q (engine: %s)", ci, t, o.reason, e.View().Snapshot().Err)
 			}
 			refs[ci][t] = o.tokens
 			done++
@@ -598,11 +598,11 @@ func (d *stepTally) take() (steps int, busy time.Duration) {
 func quietTier(ctx context.Context, e *serve.Engine, n uint64) (serve.TierSnapshot, error) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		snap := e.Snapshot()
+		snap := e.View().Snapshot()
 		if snap.Err != "" {
 			return serve.TierSnapshot{}, fmt.Errorf("bench: the engine stopped: %s", snap.Err)
 		}
-		if tiers := e.HiCache(); snap.Totals.Finished >= n && len(tiers) > 0 && len(tiers[0].Loads) == 0 {
+		if tiers := e.View().HiCache(); snap.Totals.Finished >= n && len(tiers) > 0 && len(tiers[0].Loads) == 0 {
 			return tiers[0], nil
 		}
 		if time.Now().After(deadline) {
@@ -660,23 +660,23 @@ func runHiCacheSpeed(ctx context.Context, m *model.Model, cfg HiCacheConfig, log
 		var got []measured
 		one := func(p []int32) (measured, error) {
 			var before serve.TierSnapshot
-			if tiers := e.HiCache(); len(tiers) > 0 {
+			if tiers := e.View().HiCache(); len(tiers) > 0 {
 				before = tiers[0]
 			}
-			snap0 := e.Snapshot().Totals
+			snap0 := e.View().Snapshot().Totals
 			o, err := hcDo(ctx, e, p, cfg.MaxTokens, cfg.RequestTimeout)
 			if err != nil {
 				return measured{}, err
 			}
 			if o.reason != "length" {
-				return measured{}, fmt.Errorf("bench: speed request ended %q (engine: %s)", o.reason, e.Snapshot().Err)
+				return measured{}, fmt.Errorf("bench: speed request ended %q (engine: %s)", o.reason, e.View().Snapshot().Err)
 			}
 			n++
 			ts, err := quietTier(ctx, e, n)
 			if err != nil {
 				return measured{}, err
 			}
-			snap1 := e.Snapshot().Totals
+			snap1 := e.View().Snapshot().Totals
 			cached := int(snap1.CachedTokens - snap0.CachedTokens)
 			return measured{ttft: o.ttft, computed: len(p) - cached, hit: int(ts.Totals.HitTokens - before.Totals.HitTokens)}, nil
 		}

@@ -255,12 +255,12 @@ func RunPD(ctx context.Context, cfg PDConfig, progress io.Writer) (rep PDReport,
 			if err != nil {
 				return rep, fmt.Errorf("bench: colocated, %d-token prompt %d: %w", n, i, err)
 			}
-			before := dec.PDTransferBytes()
+			before := dec.PD().TransferBytes()
 			p, err := runOne(ctx, cfg, dec, pd, prompt)
 			if err != nil {
 				return rep, fmt.Errorf("bench: PD, %d-token prompt %d: %w", n, i, err)
 			}
-			moved := dec.PDTransferBytes() - before
+			moved := dec.PD().TransferBytes() - before
 			if !slices.Equal(p.tokens, c.tokens) {
 				return rep, fmt.Errorf("bench: %d-token prompt %d: PD greedy tokens %v differ from colocated %v", n, i, p.tokens, c.tokens)
 			}
@@ -305,7 +305,7 @@ func RunPD(ctx context.Context, cfg PDConfig, progress io.Writer) (rep PDReport,
 // loopback port, as a prefill server does.
 func serveRegistry(e *serve.Engine, tp int, progress io.Writer) (string, func(), error) {
 	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: tp})
-	for _, info := range e.RankInfos() {
+	for _, info := range e.PD().RankInfos() {
 		if _, err := reg.Register(info); err != nil {
 			return "", nil, err
 		}

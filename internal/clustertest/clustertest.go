@@ -147,8 +147,8 @@ func New(t testing.TB, o Options) *Cluster {
 	}
 	c.Prefill = NewNode(t, o.Model, pc, server.Options{BootstrapURL: c.Registry}, o.WrapPrefill)
 	c.Decode = NewNode(t, o.Model, dc, server.Options{}, nil)
-	r := bootstrap.NewRegistry(bootstrap.Options{TPSize: c.Prefill.Eng.Ranks()})
-	for _, info := range c.Prefill.Eng.RankInfos() {
+	r := bootstrap.NewRegistry(bootstrap.Options{TPSize: c.Prefill.Eng.View().Ranks()})
+	for _, info := range c.Prefill.Eng.PD().RankInfos() {
 		if _, err := r.Register(info); err != nil {
 			t.Fatal(err)
 		}

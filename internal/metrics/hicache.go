@@ -9,7 +9,7 @@ import (
 )
 
 // hicacheDescs are the host tier's metrics, per rank, read at scrape time
-// from the engine's tier snapshots (Engine.HiCache): none on an engine
+// from the engine's tier snapshots (View.HiCache): none on an engine
 // without a prefix cache.
 type hicacheDescs struct {
 	enabled, bandwidth                  *prometheus.Desc
@@ -62,7 +62,7 @@ func (h *hicacheDescs) describe(ch chan<- *prometheus.Desc) {
 }
 
 func (h *hicacheDescs) collect(eng *serve.Engine, ch chan<- prometheus.Metric) {
-	for _, ts := range eng.HiCache() {
+	for _, ts := range eng.View().HiCache() {
 		rank := strconv.Itoa(ts.Rank)
 		gauge := func(d *prometheus.Desc, v float64) {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, rank)

@@ -15,7 +15,7 @@ type indexKDescs struct {
 }
 
 func newIndexKDescs(eng *serve.Engine) *indexKDescs {
-	if !eng.Settings().Indexer {
+	if !eng.View().Settings().Indexer {
 		return nil
 	}
 	return &indexKDescs{
@@ -39,7 +39,7 @@ func (d *indexKDescs) collect(eng *serve.Engine, switches uint64, ch chan<- prom
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(d.switches, prometheus.CounterValue, float64(switches))
-	now := eng.IndexK()
+	now := eng.View().IndexK()
 	for _, dt := range []kernels.IndexKDType{kernels.IndexFP8, kernels.IndexBF16} {
 		v := 0.0
 		if dt == now {

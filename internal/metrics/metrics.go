@@ -96,7 +96,7 @@
 // # HiCache
 //
 // On an engine with a prefix cache the engine collector reads each rank's
-// host tier from its last published snapshot (Engine.HiCache), whether the
+// host tier from its last published snapshot (View.HiCache), whether the
 // tier is on or off (its counters run across switches):
 //
 //	pdkit_hicache_enabled{rank}                          1 while the tier is on
@@ -395,8 +395,8 @@ func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
-	h := c.eng.Health(time.Now())
-	s := c.eng.Snapshot()
+	h := c.eng.View().Health(time.Now())
+	s := c.eng.View().Snapshot()
 	gauge := func(d *prometheus.Desc, v int, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
 	}
@@ -405,14 +405,14 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(c.running, h.Running)
 	gauge(c.waiting, h.Waiting+h.Pending)
-	for r := range c.eng.Ranks() {
-		used, cached, total := c.eng.KVPages(r)
+	for r := range c.eng.View().Ranks() {
+		used, cached, total := c.eng.View().KVPages(r)
 		rank := strconv.Itoa(r)
 		gauge(c.pagesUsed, used-cached, rank)
 		gauge(c.pagesCached, cached, rank)
 		gauge(c.pagesCapacity, total, rank)
 		for _, comm := range []string{serve.CommControl, serve.CommForward} {
-			ch <- prometheus.MustNewConstMetric(c.collWait, prometheus.CounterValue, c.eng.CollectiveWait(comm, r).Seconds(), rank, comm)
+			ch <- prometheus.MustNewConstMetric(c.collWait, prometheus.CounterValue, c.eng.View().CollectiveWait(comm, r).Seconds(), rank, comm)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.loopAge, prometheus.GaugeValue, h.LoopAge.Seconds())
@@ -421,7 +421,7 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.prefixHits, s.Totals.PrefixHits)
 	counter(c.evictions, s.Totals.PrefixEvictions)
 	counter(c.unstalls, s.Totals.Unstalls)
-	counter(c.stalls, c.eng.StallsReported())
+	counter(c.stalls, c.eng.View().StallsReported())
 	counter(c.restarts, s.Totals.Restarts)
 	gauge(c.heldPages, s.Queue.HeldPages)
 	gauge(c.schedPages, s.Queue.TotalPages)

@@ -126,7 +126,7 @@ func (p *pdDescs) collect(eng *serve.Engine, unsigned uint64, ch chan<- promethe
 	val := func(d *prometheus.Desc, t prometheus.ValueType, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, t, v, labels...)
 	}
-	for r, entries := range eng.PDQueueEntries() {
+	for r, entries := range eng.PD().QueueEntries() {
 		n := map[string]int{}
 		for _, e := range entries {
 			n[e.Queue]++
@@ -136,16 +136,16 @@ func (p *pdDescs) collect(eng *serve.Engine, unsigned uint64, ch chan<- promethe
 			val(q.desc, prometheus.GaugeValue, float64(n[q.queue]), rank)
 		}
 	}
-	fails := eng.PDFailuresByQueue()
+	fails := eng.PD().FailuresByQueue()
 	for _, q := range p.failQueues {
 		val(p.failed, prometheus.CounterValue, float64(fails[q]), q)
 	}
-	val(p.bytes, prometheus.CounterValue, float64(eng.PDTransferBytes()))
-	val(p.refused, prometheus.CounterValue, float64(eng.PDRoomsInUse()), RefusedRoomInUse)
-	val(p.refused, prometheus.CounterValue, float64(eng.PDBootstrapRefused()), RefusedBootstrapURL)
+	val(p.bytes, prometheus.CounterValue, float64(eng.PD().TransferBytes()))
+	val(p.refused, prometheus.CounterValue, float64(eng.PD().RoomsInUse()), RefusedRoomInUse)
+	val(p.refused, prometheus.CounterValue, float64(eng.PD().BootstrapRefused()), RefusedBootstrapURL)
 	val(p.refused, prometheus.CounterValue, float64(unsigned), RefusedUnsigned)
-	val(p.evicted, prometheus.CounterValue, float64(eng.PDLookupsEvicted()))
-	for _, l := range eng.PDLinks() {
+	val(p.evicted, prometheus.CounterValue, float64(eng.PD().LookupsEvicted()))
+	for _, l := range eng.PD().Links() {
 		rank := strconv.Itoa(l.Rank)
 		val(p.received, prometheus.CounterValue, float64(l.Inbox.Messages), rank)
 		val(p.rankBytes, prometheus.CounterValue, float64(l.KVBytes), rank)

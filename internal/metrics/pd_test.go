@@ -60,7 +60,7 @@ func TestPDEngines(t *testing.T) {
 		engines[role], regs[role] = eng, met
 	}
 	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: tp})
-	for _, info := range engines[pdproto.RolePrefill].RankInfos() {
+	for _, info := range engines[pdproto.RolePrefill].PD().RankInfos() {
 		if _, err := reg.Register(info); err != nil {
 			t.Fatal(err)
 		}

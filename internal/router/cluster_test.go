@@ -205,8 +205,8 @@ func quietState(t *testing.T, client *http.Client, n *clustertest.Node) string {
 			held = append(held, fmt.Sprintf("rank %d: %d entries", rk.Rank, len(rk.Entries)))
 		}
 	}
-	for r := range n.Eng.Ranks() {
-		if used, cached, _ := n.Eng.KVPages(r); used-cached != 0 {
+	for r := range n.Eng.View().Ranks() {
+		if used, cached, _ := n.Eng.View().KVPages(r); used-cached != 0 {
 			held = append(held, fmt.Sprintf("rank %d: %d pages used, %d cached", r, used, cached))
 		}
 	}
@@ -377,7 +377,7 @@ func massAbortDrill(t *testing.T, cfg serve.Config, seed uint64, n int) {
 	answered := c.drill(t, seed, n, 8, 60, 24, false)
 	t.Logf("%d sessions dropped in %v, %d after some output", n, time.Since(start).Round(time.Millisecond), answered)
 	for _, nd := range []*clustertest.Node{c.prefill, c.decode} {
-		if err := nd.Eng.Snapshot().Err; err != "" {
+		if err := nd.Eng.View().Snapshot().Err; err != "" {
 			t.Fatalf("%s engine failed: %s", nd.Eng.Config().Role, err)
 		}
 	}

@@ -63,9 +63,9 @@ func TestClusterNoCache(t *testing.T) {
 		c.drained(t, 5*time.Second)
 		var p, d uint64
 		clustertest.Poll(t, "both totals settled", 5*time.Second, func() bool {
-			p1, d1 := c.prefill.Eng.Snapshot().Totals.CachedTokens, c.decode.Eng.Snapshot().Totals.CachedTokens
+			p1, d1 := c.prefill.Eng.View().Snapshot().Totals.CachedTokens, c.decode.Eng.View().Snapshot().Totals.CachedTokens
 			time.Sleep(20 * time.Millisecond)
-			p, d = c.prefill.Eng.Snapshot().Totals.CachedTokens, c.decode.Eng.Snapshot().Totals.CachedTokens
+			p, d = c.prefill.Eng.View().Snapshot().Totals.CachedTokens, c.decode.Eng.View().Snapshot().Totals.CachedTokens
 			return p == p1 && d == d1
 		})
 		return p, d

@@ -139,7 +139,7 @@ func (s *Server) known(id uint64) bool {
 	deadline := time.Now().Add(knownWait)
 	var drained time.Time // when no request was pending any more
 	for {
-		snap := s.eng.Snapshot()
+		snap := s.eng.View().Snapshot()
 		for _, name := range debug.Queues {
 			for _, ri := range queueOf(snap.Queue, name) {
 				if ri.ID == id {
@@ -147,7 +147,7 @@ func (s *Server) known(id uint64) bool {
 				}
 			}
 		}
-		if pd := s.eng.PDQueueEntries(); len(pd) > 0 {
+		if pd := s.eng.PD().QueueEntries(); len(pd) > 0 {
 			for _, en := range pd[0] {
 				if en.ID == id {
 					return true
@@ -158,7 +158,7 @@ func (s *Server) known(id uint64) bool {
 		switch {
 		case !drained.IsZero() && snap.Taken.After(drained):
 			return false
-		case drained.IsZero() && s.eng.Health(now).Pending == 0:
+		case drained.IsZero() && s.eng.View().Health(now).Pending == 0:
 			drained = now
 		}
 		if now.After(deadline) {
@@ -169,7 +169,7 @@ func (s *Server) known(id uint64) bool {
 }
 
 func (s *Server) adminAbortAll(w http.ResponseWriter, r *http.Request) {
-	q := s.eng.Snapshot().Queue
+	q := s.eng.View().Snapshot().Queue
 	ids := []uint64{}
 	for _, name := range []string{debug.QueueWaiting, debug.QueuePrefilling, debug.QueueRunning} {
 		for _, ri := range queueOf(q, name) {
@@ -177,7 +177,7 @@ func (s *Server) adminAbortAll(w http.ResponseWriter, r *http.Request) {
 			ids = append(ids, ri.ID)
 		}
 	}
-	if pd := s.eng.PDQueueEntries(); len(pd) > 0 {
+	if pd := s.eng.PD().QueueEntries(); len(pd) > 0 {
 		for _, en := range pd[0] {
 			if !slices.Contains(ids, en.ID) {
 				s.eng.Abort(en.ID)
@@ -215,7 +215,7 @@ func (s *Server) faults(w http.ResponseWriter, _ *http.Request) {
 
 func faultList(e *serve.Engine) debug.FaultsResponse {
 	var out debug.FaultsResponse
-	for _, f := range e.Faults() {
+	for _, f := range e.View().Faults() {
 		out.Faults = append(out.Faults, debug.Fault{Name: f.Name, Roles: f.Roles, Doc: f.Doc, On: f.On})
 	}
 	return out
@@ -231,7 +231,7 @@ func (s *Server) adminAbortRoom(w http.ResponseWriter, r *http.Request) {
 		openai.InvalidRequest("room", fmt.Sprintf("%q is not a bootstrap room (an unsigned 64-bit integer)", raw)).WriteJSON(w)
 		return
 	}
-	id, ok := s.eng.RoomRequest(room)
+	id, ok := s.eng.PD().RoomRequest(room)
 	if !ok {
 		setResult(r, "room %d not found", room)
 		(&openai.Error{Status: http.StatusNotFound, Type: openai.TypeInvalidRequest, Param: "room",

@@ -99,7 +99,7 @@ func TestChoices(t *testing.T) {
 	e := newEnvModel(t, testmodel.Open(t, tinySpec), serve.Config{PageSize: 4, KVTokens: 1024, MaxRunning: 8, DisablePrefixCache: true})
 	greedy := map[string]any{"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true}
 	one := e.complete(t, greedy)
-	before := e.eng.Snapshot().Totals.PromptTokens
+	before := e.eng.View().Snapshot().Totals.PromptTokens
 	body := maps(greedy)
 	body["n"] = 3
 	r := e.complete(t, body)
@@ -114,7 +114,7 @@ func TestChoices(t *testing.T) {
 	if u := r.Usage; u.PromptTokens != one.Usage.PromptTokens || u.CompletionTokens != 3*8 || u.TotalTokens != u.PromptTokens+24 {
 		t.Errorf("usage %+v", u)
 	}
-	if got := e.eng.Snapshot().Totals.PromptTokens - before; got != uint64(one.Usage.PromptTokens) {
+	if got := e.eng.View().Snapshot().Totals.PromptTokens - before; got != uint64(one.Usage.PromptTokens) {
 		t.Errorf("%d prompt tokens admitted for 3 choices of a %d-token prompt", got, one.Usage.PromptTokens)
 	}
 
@@ -214,7 +214,7 @@ func TestChoicesStopAndDisconnect(t *testing.T) {
 
 	before := disconnectAfter(t, e, map[string]any{"prompt": prompt, "max_tokens": 400, "ignore_eos": true, "stream": true, "n": 3}, 6)
 	waitPoolsFree(t, e.eng)
-	if got := e.eng.Snapshot().Totals.Aborts - before; got != 3 {
+	if got := e.eng.View().Snapshot().Totals.Aborts - before; got != 3 {
 		t.Errorf("%d aborts, want the 3 choices", got)
 	}
 }
@@ -272,8 +272,8 @@ func TestChoicesPD(t *testing.T) {
 			}
 		}
 	}
-	if pe.eng.PDTransferBytes() != de.eng.PDTransferBytes() {
-		t.Errorf("transfer bytes: prefill %d, decode %d", pe.eng.PDTransferBytes(), de.eng.PDTransferBytes())
+	if pe.eng.PD().TransferBytes() != de.eng.PD().TransferBytes() {
+		t.Errorf("transfer bytes: prefill %d, decode %d", pe.eng.PD().TransferBytes(), de.eng.PD().TransferBytes())
 	}
 	waitPoolsFree(t, pe.eng)
 	waitPoolsFree(t, de.eng)

@@ -22,7 +22,7 @@ import (
 // the engine's inbox lock.
 
 func (s *Server) steps(w http.ResponseWriter, _ *http.Request) {
-	recs := s.eng.RankSteps()
+	recs := s.eng.View().RankSteps()
 	resp := debug.StepsResponse{Agree: true, Ranks: make([]debug.Step, len(recs))}
 	lo, hi := ^uint64(0), uint64(0)
 	for i, r := range recs {
@@ -58,15 +58,15 @@ func (s *Server) collectives(w http.ResponseWriter, r *http.Request) {
 	}
 	now := time.Now()
 	resp := debug.CollectivesResponse{StallThresholdMS: ms(threshold), Comms: []debug.Communicator{}}
-	for _, g := range s.eng.Collectives() {
+	for _, g := range s.eng.View().Collectives() {
 		resp.Comms = append(resp.Comms, s.debugComm(g, now))
 	}
-	for _, st := range s.eng.Stalls(now, threshold) {
+	for _, st := range s.eng.View().Stalls(now, threshold) {
 		if c := resp.Comm(st.Comm); c != nil {
 			c.Stalls = append(c.Stalls, debugStall(st))
 		}
 	}
-	if f := s.eng.LastFailure(); f != nil {
+	if f := s.eng.View().LastFailure(); f != nil {
 		lf := &debug.GroupFailure{At: f.At, Reason: f.Reason, Boot: strconv.FormatUint(f.Boot, 10), Comms: []debug.Communicator{}}
 		for _, g := range f.Collectives {
 			lf.Comms = append(lf.Comms, s.debugComm(g, f.At))
@@ -83,7 +83,7 @@ func (s *Server) debugComm(g dist.Snapshot, now time.Time) debug.Communicator {
 	for i, rs := range g.Ranks {
 		cr := debug.CollectiveRank{
 			Rank: rs.Rank, LastEntered: rs.LastEntered, LastCompleted: rs.LastCompleted,
-			WaitMS: ms(s.eng.CollectiveWait(g.Name, rs.Rank)), Records: make([]debug.Collective, len(rs.Records)),
+			WaitMS: ms(s.eng.View().CollectiveWait(g.Name, rs.Rank)), Records: make([]debug.Collective, len(rs.Records)),
 		}
 		if rs.Waiting != nil {
 			wc := debugCollective(*rs.Waiting, now)
@@ -117,7 +117,7 @@ func (s *Server) requests(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := time.Now()
-	snap := s.eng.Snapshot()
+	snap := s.eng.View().Snapshot()
 	q := snap.Queue
 	since := now.Sub(snap.Taken)
 	resp := debug.RequestsResponse{
@@ -126,9 +126,9 @@ func (s *Server) requests(w http.ResponseWriter, r *http.Request) {
 			debug.QueueWaiting: len(q.Waiting), debug.QueuePrefilling: len(q.Prefilling),
 			debug.QueueRunning: len(q.Running), debug.QueueAborting: len(q.Aborting),
 		},
-		Pending: s.eng.Health(now).Pending, StepInFlight: q.StepInFlight, HeldPages: q.HeldPages, TotalPages: q.TotalPages,
+		Pending: s.eng.View().Health(now).Pending, StepInFlight: q.StepInFlight, HeldPages: q.HeldPages, TotalPages: q.TotalPages,
 		ForwardSteps: snap.Totals.Steps, Finished: snap.Totals.Finished,
-		Requests: []debug.RequestInfo{}, KV: make([]debug.KVPages, s.eng.Ranks()),
+		Requests: []debug.RequestInfo{}, KV: make([]debug.KVPages, s.eng.View().Ranks()),
 	}
 	for _, name := range debug.Queues {
 		if filter != "" && filter != name {
@@ -143,7 +143,7 @@ func (s *Server) requests(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	for rank := range resp.KV {
-		used, cached, total := s.eng.KVPages(rank)
+		used, cached, total := s.eng.View().KVPages(rank)
 		resp.KV[rank] = debug.KVPages{Rank: rank, Used: used, Cached: cached, Total: total}
 	}
 	writeJSON(w, http.StatusOK, resp)
@@ -191,11 +191,11 @@ func (s *Server) pd(w http.ResponseWriter, r *http.Request) {
 		openai.InvalidRequest("queue", fmt.Sprintf("unknown queue %q: want one of %s", filter, strings.Join(debug.PDQueues, ", "))).WriteJSON(w)
 		return
 	}
-	links := s.eng.PDLinks()
-	entries := s.eng.PDQueueEntries()
-	resp := debug.PDResponse{Role: role, Queue: filter, FailedRequests: s.eng.PDFailures(),
-		FailuresByReason: nonNil(s.eng.PDFailuresByReason()), FailuresByQueue: nonNil(s.eng.PDFailuresByQueue()),
-		TransferBytes: s.eng.PDTransferBytes(), Ranks: make([]debug.PDRank, max(len(links), len(entries)))}
+	links := s.eng.PD().Links()
+	entries := s.eng.PD().QueueEntries()
+	resp := debug.PDResponse{Role: role, Queue: filter, FailedRequests: s.eng.PD().Failures(),
+		FailuresByReason: nonNil(s.eng.PD().FailuresByReason()), FailuresByQueue: nonNil(s.eng.PD().FailuresByQueue()),
+		TransferBytes: s.eng.PD().TransferBytes(), Ranks: make([]debug.PDRank, max(len(links), len(entries)))}
 	for i := range resp.Ranks {
 		resp.Ranks[i] = debug.PDRank{Rank: i, Counts: map[string]int{}, Entries: []debug.PDEntry{}}
 	}

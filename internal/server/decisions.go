@@ -26,7 +26,7 @@ func (s *Server) decisions(w http.ResponseWriter, r *http.Request) {
 		since = n
 	}
 	now := time.Now()
-	logs := s.eng.Decisions(since)
+	logs := s.eng.View().Decisions(since)
 	resp := debug.DecisionsResponse{LogLen: s.eng.Config().DecisionLogLen, Since: since, Ranks: make([]debug.RankDecisions, len(logs))}
 	for i, l := range logs {
 		rd := debug.RankDecisions{Rank: l.Rank, LastStep: l.LastStep, Records: make([]debug.DecisionRecord, len(l.Records))}

@@ -99,7 +99,7 @@ func waitControlCompleted(t *testing.T, e *env, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
-		for _, g := range e.eng.Collectives() {
+		for _, g := range e.eng.View().Collectives() {
 			if g.Name != debug.CommControl {
 				continue
 			}
@@ -202,7 +202,7 @@ func TestCollectivesKeepTheRecoveredGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(20 * time.Second)
-	for e.eng.Restarts() == 0 {
+	for e.eng.View().Restarts() == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the engine did not recover within 20s")
 		}

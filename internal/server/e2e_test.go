@@ -232,15 +232,15 @@ func waitPoolsFree(t *testing.T, eng *serve.Engine) {
 	for {
 		free := true
 		var state []string
-		for r := range eng.Ranks() {
-			used, cached, total := eng.KVPages(r)
+		for r := range eng.View().Ranks() {
+			used, cached, total := eng.View().KVPages(r)
 			state = append(state, fmt.Sprintf("rank %d: %d used, %d cached of %d", r, used, cached, total))
 			free = free && used == cached && cached <= total
 		}
 		if free {
 			if eng.Config().DisablePrefixCache {
-				for r := range eng.Ranks() {
-					if _, cached, _ := eng.KVPages(r); cached != 0 {
+				for r := range eng.View().Ranks() {
+					if _, cached, _ := eng.View().KVPages(r); cached != 0 {
 						t.Errorf("rank %d: %d cached pages with the prefix cache off", r, cached)
 					}
 				}
@@ -294,7 +294,7 @@ func TestTPEquality(t *testing.T) {
 					checkSame(t, name, got, want)
 				}
 				waitPoolsFree(t, e.eng)
-				tot := e.eng.Snapshot().Totals
+				tot := e.eng.View().Snapshot().Totals
 				t.Logf("totals %+v", tot)
 				if small && tot.Retractions == 0 {
 					t.Error("no retraction: the small pool did not force the recompute path")
@@ -346,16 +346,16 @@ func TestPrefixCacheEquality(t *testing.T) {
 		var o outputs
 		o.wave1 = runAll(t, e, "/v1/completions", bodies[:4])
 		waitPoolsFree(t, e.eng)
-		before := e.eng.Snapshot().Totals
+		before := e.eng.View().Snapshot().Totals
 		o.wave2 = runAll(t, e, "/v1/completions", bodies[4:])
 		waitPoolsFree(t, e.eng)
-		mid := e.eng.Snapshot().Totals
+		mid := e.eng.View().Snapshot().Totals
 		o.chat1 = runAll(t, e, "/v1/chat/completions", chats[:2])
 		waitPoolsFree(t, e.eng)
-		chatBefore := e.eng.Snapshot().Totals
+		chatBefore := e.eng.View().Snapshot().Totals
 		o.chat2 = runAll(t, e, "/v1/chat/completions", chats[2:])
 		waitPoolsFree(t, e.eng)
-		after := e.eng.Snapshot().Totals
+		after := e.eng.View().Snapshot().Totals
 		t.Logf("totals %+v", after)
 		if disable {
 			if after.CachedTokens != 0 || after.PrefixHits != 0 {
@@ -452,7 +452,7 @@ func disconnectStorm(t *testing.T, tp int) {
 		t.Fatal(err)
 	}
 	waitPoolsFree(t, e.eng)
-	before := e.eng.Snapshot().Totals
+	before := e.eng.View().Snapshot().Totals
 
 	var hitPrefill, hitDecode atomic.Int32
 	var wg sync.WaitGroup
@@ -537,7 +537,7 @@ func disconnectStorm(t *testing.T, tp int) {
 	}
 	wg.Wait()
 	waitPoolsFree(t, e.eng)
-	after := e.eng.Snapshot().Totals
+	after := e.eng.View().Snapshot().Totals
 	kinds := [4]int{}
 	for _, c := range cs {
 		kinds[c.kind]++
@@ -567,7 +567,7 @@ func disconnectStorm(t *testing.T, tp int) {
 func waitPrefilling(eng *serve.Engine, n int) bool {
 	seen := false
 	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Microsecond) {
-		q := eng.Snapshot().Queue
+		q := eng.View().Snapshot().Queue
 		find := func(rs []sched.ReqInfo) bool {
 			return slices.ContainsFunc(rs, func(r sched.ReqInfo) bool { return r.PromptLen == n })
 		}

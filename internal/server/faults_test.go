@@ -90,7 +90,7 @@ func TestAdminAbortRoom(t *testing.T) {
 		}
 		res <- out.Finish
 	}()
-	eventually(t, "the room known", func() bool { _, ok := de.eng.RoomRequest(room); return ok })
+	eventually(t, "the room known", func() bool { _, ok := de.eng.PD().RoomRequest(room); return ok })
 	for _, c := range []struct {
 		path   string
 		status int
@@ -115,7 +115,7 @@ func TestAdminAbortRoom(t *testing.T) {
 	// The loop forgets the room after it ends the request's stream.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, ok := de.eng.RoomRequest(room); !ok {
+		if _, ok := de.eng.PD().RoomRequest(room); !ok {
 			break
 		}
 		if time.Now().After(deadline) {

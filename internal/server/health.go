@@ -95,20 +95,20 @@ func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 
 // judge is the /health verdict at now: the answer and its status.
 func (s *Server) judge(now time.Time) (HealthResponse, int) {
-	h := s.eng.Health(now)
+	h := s.eng.View().Health(now)
 	resp := HealthResponse{Status: HealthOK, Step: h.Step, LoopAgeMS: ms(h.LoopAge), Waiting: h.Waiting,
 		Running: h.Running, Pending: h.Pending, Queued: h.Waiting + h.Pending, OldestWaitingMS: ms(h.OldestWaiting)}
-	if pq := s.eng.PDQueues(); pq != nil {
+	if pq := s.eng.PD().Queues(); pq != nil {
 		resp.PDQueues = pq
 		resp.Queued += int(pq[pdWaitQueue[s.eng.Config().Role]])
 	}
-	groups := s.eng.Collectives()
+	groups := s.eng.View().Collectives()
 	var stalls []dist.Stall
 	if h.LoopAge > s.opts.StallAfter {
-		stalls = s.eng.Stalls(now, 0)
+		stalls = s.eng.View().Stalls(now, 0)
 	}
 	status := http.StatusOK
-	if judgeHealth(&resp, h, s.opts.StallAfter, groups, stalls, s.eng.RankSteps(), now) {
+	if judgeHealth(&resp, h, s.opts.StallAfter, groups, stalls, s.eng.View().RankSteps(), now) {
 		status = http.StatusServiceUnavailable
 	} else if s.opts.MaxQueueAge > 0 && h.OldestWaiting > s.opts.MaxQueueAge {
 		// Busy is not dead: the loop iterates, requests wait their turn.
@@ -121,8 +121,8 @@ func (s *Server) judge(now time.Time) (HealthResponse, int) {
 // communicators when the engine is unhealthy, and reports whether it is:
 // the engine failed (h.Err), a communicator broke, or the loop has not
 // iterated for longer than stallAfter. groups are the communicators'
-// snapshots (Engine.Collectives), stalls the calls waiting at now
-// (Engine.Stalls, read when the loop has stalled), steps every rank's last
+// snapshots (View.Collectives), stalls the calls waiting at now
+// (View.Stalls, read when the loop has stalled), steps every rank's last
 // step record.
 func judgeHealth(resp *HealthResponse, h serve.Health, stallAfter time.Duration, groups []dist.Snapshot, stalls []dist.Stall, steps []serve.StepRecord, now time.Time) bool {
 	var reasons []string

@@ -23,7 +23,7 @@ const hicacheSwitchWait = 2 * time.Second
 
 // hicacheState is every rank's host tier as the ranks last published it.
 func (s *Server) hicacheState() debug.HiCacheResponse {
-	snaps := s.eng.HiCache()
+	snaps := s.eng.View().HiCache()
 	resp := debug.HiCacheResponse{PrefixCache: !s.eng.Config().DisablePrefixCache, On: len(snaps) > 0,
 		Ranks: make([]debug.HiCacheRank, 0, len(snaps))}
 	for _, ts := range snaps {
@@ -146,7 +146,7 @@ func (s *Server) adminHiCacheBandwidth(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	prev := int64(-1)
-	if h := s.eng.Settings().HiCache; h != nil {
+	if h := s.eng.View().Settings().HiCache; h != nil {
 		prev = h.LoadBandwidthBytesPerSecond
 	}
 	if err := s.eng.SetHiCacheBandwidth(bps); err != nil {

@@ -38,7 +38,7 @@ type indexKOutcome struct {
 func (s *Server) adminIndexK(dt kernels.IndexKDType) http.HandlerFunc {
 	to := dt.String()
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !s.eng.Settings().Indexer {
+		if !s.eng.View().Settings().Indexer {
 			setResult(r, "index-K %s: no indexer", to)
 			openai.InvalidRequest("", "the model has no sparse indexer: it stores no index keys, so it has no index-K precision to switch").WriteJSON(w)
 			return
@@ -102,7 +102,7 @@ func (s *Server) adminIndexK(dt kernels.IndexKDType) http.HandlerFunc {
 		case <-timer.C:
 			close(gone)
 			setResult(r, "index-K %s: still under way after %v", to, time.Since(start).Round(time.Millisecond))
-			writeJSON(w, http.StatusAccepted, debug.IndexKSwitchResponse{From: s.eng.IndexK().String(), To: to, Changed: true,
+			writeJSON(w, http.StatusAccepted, debug.IndexKSwitchResponse{From: s.eng.View().IndexK().String(), To: to, Changed: true,
 				PausedMS: ms(time.Since(start)), Pending: true})
 			return
 		case <-r.Context().Done():

@@ -45,7 +45,7 @@ func TestNoCache(t *testing.T) {
 	}
 	cached := func() uint64 {
 		waitIdle(t, e.eng)
-		return e.eng.Snapshot().Totals.CachedTokens
+		return e.eng.View().Snapshot().Totals.CachedTokens
 	}
 	for _, api := range apis {
 		first := api.send(false)

@@ -30,8 +30,8 @@ func newPDServers(t *testing.T, cfg serve.Config) (prefill, decode *env, registr
 	pc, dc := cfg, cfg
 	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
 	prefill, decode = newEnvModel(t, m, pc), newEnvModel(t, m, dc)
-	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: prefill.eng.Ranks(), Secret: cfg.PD.Secret})
-	for _, info := range prefill.eng.RankInfos() {
+	reg := bootstrap.NewRegistry(bootstrap.Options{TPSize: prefill.eng.View().Ranks(), Secret: cfg.PD.Secret})
+	for _, info := range prefill.eng.PD().RankInfos() {
 		if _, err := reg.Register(info); err != nil {
 			t.Fatal(err)
 		}

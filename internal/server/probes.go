@@ -77,7 +77,7 @@ func (s *Server) livez(w http.ResponseWriter, _ *http.Request) {
 
 // notLive says why the server is not live at now ("" when it is).
 func (s *Server) notLive(now time.Time) string {
-	h := s.eng.Health(now)
+	h := s.eng.View().Health(now)
 	switch {
 	case h.Err != "":
 		return "engine failed: " + h.Err

@@ -68,7 +68,7 @@ func TestRedTeamDuplicateRoom(t *testing.T) {
 			}
 			// One half arrives alone and waits for the other.
 			firstAnswer := async(holder, first)
-			eventually(t, "the room taken", func() bool { _, ok := holder.eng.RoomRequest(room); return ok })
+			eventually(t, "the room taken", func() bool { _, ok := holder.eng.PD().RoomRequest(room); return ok })
 
 			start := time.Now()
 			code, body := holder.post(t, "/v1/completions", dupe)
@@ -91,7 +91,7 @@ func TestRedTeamDuplicateRoom(t *testing.T) {
 		})
 	}
 	for _, e := range []*env{pe, de} {
-		if n := e.eng.PDRoomsInUse(); n != 1 {
+		if n := e.eng.PD().RoomsInUse(); n != 1 {
 			t.Errorf("%s counted %d duplicate rooms, want 1", e.eng.Config().Role, n)
 		}
 	}
@@ -151,7 +151,7 @@ func TestRedTeamBootstrapSSRF(t *testing.T) {
 	if n := hits.Load(); n != 0 {
 		t.Fatalf("the decode fetched unlisted URLs %d times", n)
 	}
-	if n := de.eng.PDBootstrapRefused(); n != uint64(len(urls)-1) {
+	if n := de.eng.PD().BootstrapRefused(); n != uint64(len(urls)-1) {
 		t.Errorf("%d refusals counted, want %d", n, len(urls)-1)
 	}
 

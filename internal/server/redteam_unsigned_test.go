@@ -89,14 +89,14 @@ func TestRedTeamUnsignedPD(t *testing.T) {
 		}
 		// Nothing reached the engine: no request admitted or finished, no
 		// room taken, no PD queue entry, readiness untouched.
-		s := e.eng.Snapshot()
+		s := e.eng.View().Snapshot()
 		if s.Totals.Finished != 0 || s.Totals.PromptTokens != 0 {
 			t.Errorf("%s engine saw the refused requests: %+v", role, s.Totals)
 		}
-		if h := e.eng.Health(time.Now()); h.Running+h.Waiting+h.Pending != 0 {
+		if h := e.eng.View().Health(time.Now()); h.Running+h.Waiting+h.Pending != 0 {
 			t.Errorf("%s engine holds requests: %+v", role, h)
 		}
-		for r, entries := range e.eng.PDQueueEntries() {
+		for r, entries := range e.eng.PD().QueueEntries() {
 			if len(entries) != 0 {
 				t.Errorf("%s rank %d PD queues: %+v", role, r, entries)
 			}

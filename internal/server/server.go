@@ -869,5 +869,5 @@ func filterRank(profile []byte, rank string) []byte {
 // pdInfo describes the server to a PD router.
 func (s *Server) pdInfo(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, pdproto.ServerInfo{Role: s.eng.Config().Role, Model: s.opts.ModelName,
-		TPSize: s.eng.Ranks(), BootstrapURL: s.opts.BootstrapURL})
+		TPSize: s.eng.View().Ranks(), BootstrapURL: s.opts.BootstrapURL})
 }

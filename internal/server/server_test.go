@@ -387,8 +387,8 @@ func TestConcurrentStreams(t *testing.T) {
 // (rank 0's snapshot says nothing of the others, which release in the
 // same iteration but may publish a moment later).
 func ranksFree(eng *serve.Engine) bool {
-	for r := range eng.Ranks() {
-		if used, cached, _ := eng.KVPages(r); used != cached {
+	for r := range eng.View().Ranks() {
+		if used, cached, _ := eng.View().KVPages(r); used != cached {
 			return false
 		}
 	}
@@ -399,9 +399,9 @@ func waitIdle(t *testing.T, eng *serve.Engine) {
 	t.Helper()
 	end := time.Now().Add(20 * time.Second)
 	for {
-		s := eng.Snapshot()
+		s := eng.View().Snapshot()
 		q := s.Queue
-		if q.HeldPages == 0 && len(q.Waiting)+len(q.Prefilling)+len(q.Running)+len(q.Aborting) == 0 && eng.Health(time.Now()).Pending == 0 && ranksFree(eng) {
+		if q.HeldPages == 0 && len(q.Waiting)+len(q.Prefilling)+len(q.Running)+len(q.Aborting) == 0 && eng.View().Health(time.Now()).Pending == 0 && ranksFree(eng) {
 			return
 		}
 		if time.Now().After(end) {
@@ -435,14 +435,14 @@ func disconnectAfter(t *testing.T, e *env, body map[string]any, events int) (abo
 			n++
 		}
 	}
-	return e.eng.Snapshot().Totals.Aborts
+	return e.eng.View().Snapshot().Totals.Aborts
 }
 
 func TestDisconnectFreesKV(t *testing.T) {
 	e := newEnv(t)
 	before := disconnectAfter(t, e, map[string]any{"prompt": prompt, "max_tokens": 200, "ignore_eos": true, "stream": true}, 2)
 	waitIdle(t, e.eng)
-	if s := e.eng.Snapshot(); s.Totals.Aborts <= before {
+	if s := e.eng.View().Snapshot(); s.Totals.Aborts <= before {
 		t.Errorf("no abort counted: %+v", s.Totals)
 	}
 	// The server still serves.

@@ -13,7 +13,7 @@ import (
 // /health thresholds. GET /debug/v1/settings answers them, and GET
 // /debug/v1/state carries them.
 func (s *Server) Settings() debug.Settings {
-	st := s.eng.Settings()
+	st := s.eng.View().Settings()
 	st.StallAfterMS = ms(s.opts.StallAfter)
 	st.MaxQueueAgeMS = ms(s.opts.MaxQueueAge)
 	st.IndexKSwitch = s.indexKSwitchTo()
@@ -31,8 +31,8 @@ func (s *Server) settings(w http.ResponseWriter, _ *http.Request) {
 // step and the engine's last published snapshot, as api/debug types.
 func (s *Server) state(w http.ResponseWriter, _ *http.Request) {
 	resp := debug.StateResponse{Model: s.opts.ModelName, ContextTokens: s.m.Config.ContextLen, ChatTemplate: s.tmpl.Name(), Settings: s.Settings(),
-		LastStep: debugStep(s.eng.LastStep())}
-	if snap := s.eng.Snapshot(); snap != nil {
+		LastStep: debugStep(s.eng.View().LastStep())}
+	if snap := s.eng.View().Snapshot(); snap != nil {
 		q := snap.Queue
 		ds := &debug.EngineSnapshot{Taken: snap.Taken, Step: debugStep(snap.Step), Counts: queueCounts(q),
 			StepInFlight: q.StepInFlight, HeldPages: q.HeldPages, TotalPages: q.TotalPages,
