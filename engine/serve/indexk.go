@@ -68,12 +68,12 @@ var ErrIndexKBusy = errors.New("serve: an index-K precision switch is already un
 // rankcore.DrainStep decides from state every rank holds alike.
 func (l *rankLoop) drainStep(op *indexKOp, in *stepInput) {
 	e := l.e
-	facts := rankcore.DrainFacts{Scheduled: l.sched.Len(), Rooms: l.pdRooms(), Handshaking: l.pdHandshaking(),
+	facts := rankcore.DrainFacts{Scheduled: l.sched.Len(), Rooms: l.pd.rooms(), Handshaking: l.pd.handshaking(),
 		Seqs: len(l.seqs), Joining: len(in.adds), PastBound: !time.Now().Before(op.deadline)}
 	var held []rankcore.DrainHeld
 	if facts.PastBound {
 		for id, r := range e.streams.front {
-			h := rankcore.DrainHeld{ID: id, Cut: r.cut != "", Spared: l.pdInHandshake(id) || l.pdFinishing(id)}
+			h := rankcore.DrainHeld{ID: id, Cut: r.cut != "", Spared: l.pd.inHandshake(id) || l.pd.finishing(id)}
 			for _, f := range r.forks {
 				h.Forks = append(h.Forks, f.id)
 			}

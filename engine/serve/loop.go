@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/engine/hicache"
+	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/engine/sched"
@@ -183,7 +184,7 @@ func (l *rankLoop) front(in stepInput, start time.Time) (*planned, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(adds) == 0 && l.sched.Len() == 0 && l.pdRooms() == 0 {
+	if len(adds) == 0 && l.sched.Len() == 0 && l.pd.rooms() == 0 {
 		l.publish(rec)
 		return nil, nil
 	}
@@ -193,17 +194,18 @@ func (l *rankLoop) front(in stepInput, start time.Time) (*planned, error) {
 		l.publish(rec)
 		return nil, nil
 	}
-	if err := l.poll(); err != nil {
-		return nil, err
-	}
-	if l.pd != nil {
-		adds, l.pd.joins = append(adds, l.pd.joins...), nil
-	}
-	if err := l.admit(adds); err != nil {
-		return nil, err
-	}
-	free, err := l.room()
+	joins, err := l.poll()
 	if err != nil {
+		return nil, err
+	}
+	if err := l.admit(append(adds, joins...)); err != nil {
+		return nil, err
+	}
+	free, rows, err := l.room()
+	if err != nil {
+		return nil, err
+	}
+	if free, err = l.pd.grantPagesSendInfo(l.pdLoop(), free, rows, l.sched); err != nil {
 		return nil, err
 	}
 	if free, err = l.pdForkAll(free); err != nil {
@@ -346,7 +348,7 @@ func (l *rankLoop) arrive(in stepInput) ([]addMsg, error) {
 		l.forks.Expect(a.id, a.n)
 		switch {
 		case a.pd && l.pd != nil:
-			if err := l.pdAdmit(a); err != nil {
+			if err := l.pd.admit(l.now, a); err != nil {
 				return nil, err
 			}
 		case slices.ContainsFunc(in.aborts, func(x abortMsg) bool { return x.id == a.id }):
@@ -363,42 +365,55 @@ func (l *rankLoop) arrive(in stepInput) ([]addMsg, error) {
 	if err := l.finish(l.sched.Tick(l.now)); err != nil {
 		return nil, err
 	}
-	if l.pdRooms() > 0 {
-		if err := l.pdObserve(); err != nil {
+	if l.pd.rooms() > 0 {
+		if err := l.pd.observe(l.pdLoop()); err != nil {
 			return nil, err
 		}
 	}
 	return adds, nil
 }
 
-// pdRooms is the number of PD rooms the ranks hold (the same on every
-// rank).
-func (l *rankLoop) pdRooms() int {
-	if l.pd == nil {
-		return 0
+// pdLoop is what the PD executor takes from the loop for one call: the
+// clock, the pool and cache, and the loop's effects it runs in order.
+func (l *rankLoop) pdLoop() pdLoop {
+	return pdLoop{now: l.now, pool: l.rk.Pool(), cache: l.cache, cut: l.cut, end: l.end, join: l.joinArrival}
+}
+
+// joinArrival takes a decode request on once its prompt's KV is committed
+// in seq (the PD executor's Arrived): its stream's first token tok (the
+// prefill's), its later samples' fork, then the scheduler, or its end at
+// that token.
+func (l *rankLoop) joinArrival(add addMsg, tok int32, seq *kvcache.Seq) error {
+	pool := l.rk.Pool()
+	if l.r == 0 {
+		l.e.streams.emitFirst(add.id, tok)
 	}
-	return l.pd.machine.Len()
-}
-
-// pdHandshaking counts the PD rooms still in the handshake, which an
-// index-K switch does not wait for.
-func (l *rankLoop) pdHandshaking() int {
-	if l.pd == nil {
-		return 0
+	// The later samples (Request.N > 1) fork from this KV once the ranks
+	// agreed on the room for them (pdForkAll); the sequence stays until
+	// then even when this sample ends here.
+	release := pool.Release
+	if k := l.forks.Take(add.id); k > 0 {
+		f := pdFork{add: add, n: k}
+		l.pdForks = append(l.pdForks, &f)
+		release = func(*kvcache.Seq) error { f.release = true; return nil }
 	}
-	return l.pd.machine.Handshaking()
-}
-
-// pdInHandshake reports whether request id is a PD room still in the
-// handshake.
-func (l *rankLoop) pdInHandshake(id uint64) bool {
-	return l.pd != nil && l.pd.machine.InHandshake(id)
-}
-
-// pdFinishing reports whether request id is a PD room that waits only for
-// its peer's word or its deadline.
-func (l *rankLoop) pdFinishing(id uint64) bool {
-	return l.pd != nil && l.pd.machine.Finishing(id)
+	stop := (!add.ignoreEOS && l.e.m.Tokenizer.IsEOG(tok)) || slices.Contains(add.stop, tok)
+	if stop || add.maxTokens == 1 {
+		reason := sched.ReasonLength
+		if stop {
+			reason = sched.ReasonStop
+		}
+		l.end(add.id, ending{reason: reason})
+		return release(seq)
+	}
+	err := l.sched.Add(sched.Request{ID: add.id, PromptLen: len(add.prompt) + 1, MaxTokens: add.maxTokens - 1, Transferred: len(add.prompt)}, l.now)
+	if err != nil {
+		l.end(add.id, ending{reason: sched.ReasonError, err: err.Error()})
+		return release(seq)
+	}
+	l.seqs[add.id] = &seqState{all: append(append(make([]int32, 0, len(add.prompt)+add.maxTokens), add.prompt...), tok),
+		maxTokens: add.maxTokens, ignoreEOS: add.ignoreEOS, stop: add.stop, decoding: true}
+	return nil
 }
 
 // publish ends an iteration: the rank's step record, and on rank 0 the
@@ -409,7 +424,7 @@ func (l *rankLoop) publish(rec StepRecord) StepRecord {
 	rec.ControlSeq, rec.ForwardSeq = l.comm().LastSeq(), l.rk.Comm().LastSeq()
 	l.last.Store(&rec)
 	l.dlog.close(rec)
-	l.publishPD()
+	l.pd.publish(l.now)
 	l.publishTier()
 	if l.r == 0 {
 		l.e.publish(rec)

@@ -212,8 +212,11 @@ func dropVoided(plan *sched.Plan, voided []uint64) {
 // and the digest agreed again: every rank lands the same step and sees the
 // same scheduler, so every rank replans.
 func (l *rankLoop) replan(rec *StepRecord) (sched.Plan, error) {
-	free, err := l.room()
+	free, rows, err := l.room()
 	if err != nil {
+		return sched.Plan{}, err
+	}
+	if free, err = l.pd.grantPagesSendInfo(l.pdLoop(), free, rows, l.sched); err != nil {
 		return sched.Plan{}, err
 	}
 	plan, err := l.sched.Schedule(l.now, free)

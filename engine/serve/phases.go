@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/engine/dist"
-	"github.com/pdkit/pdkit/engine/pd/rooms"
 	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/engine/sched"
@@ -95,42 +94,30 @@ func (l *rankLoop) enterForward() error {
 
 // poll is the PD rooms' vote: every rank votes a KVPoll per room from what
 // it alone knows, the ranks MIN-reduce the vector (its length, the number
-// of rooms, is agreed), and every rank applies the same agreed votes.
-func (l *rankLoop) poll() error {
-	n := l.pdRooms()
-	if n == 0 {
-		return nil
+// of rooms, is agreed), and every rank applies the same agreed votes. It
+// returns the prefill requests the ranks agreed to admit (their
+// TRANSFER_INFO is in), for the iteration's admit.
+func (l *rankLoop) poll() ([]addMsg, error) {
+	if l.pd.rooms() == 0 {
+		return nil, nil
 	}
 	votes := l.pd.machine.Votes(l.now)
 	if err := l.agreeInts(rankcore.Poll, votes); err != nil {
-		return err
+		return nil, err
 	}
-	acts, err := l.pd.machine.Apply(l.now, votes)
-	if err != nil {
-		return fmt.Errorf("serve: rank %d: pd poll: %w", l.r, err)
-	}
-	return l.pdExec(acts)
+	return l.pd.applyPoll(l.pdLoop(), votes)
 }
 
 // room MIN-reduces what every rank could allocate (free pages plus unused
-// cached pages) and its free sequence rows, gives the decode's PD rooms
-// their pages within that, and returns the pages left for the scheduler.
-func (l *rankLoop) room() (int, error) {
+// cached pages) and its free sequence rows: what the decode's PD rooms
+// (grantPagesSendInfo) and then the scheduler share.
+func (l *rankLoop) room() (pages, rows int, err error) {
 	pool := l.rk.Pool()
 	reduced := []int64{int64(l.freePages()), int64(pool.Config().MaxSeqs - pool.Live())}
 	if err := l.agreeInts(rankcore.Room, reduced); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	free := int(reduced[0])
-	if l.pd == nil {
-		return free, nil
-	}
-	b := rooms.Budget{FreePages: free, FreeRows: int(reduced[1]), SchedSlots: l.e.cfg.MaxRunning - l.sched.Admitted()}
-	if g := l.e.cfg.PD.ReservedDecodeTokens; g >= 0 {
-		b.SchedGrowth = l.sched.Reserve(g)
-	}
-	free, acts := l.pd.machine.Grant(l.now, b)
-	return free, l.pdExec(acts)
+	return int(reduced[0]), int(reduced[1]), nil
 }
 
 // admit adds the new requests, each at the length of its cached prefix: the
@@ -197,7 +184,7 @@ func (l *rankLoop) admit(adds []addMsg) error {
 			if a.pd {
 				// A prefill room the scheduler refuses fails like any
 				// other end of its scheduler life.
-				if _, err := l.pdSchedFinished(sched.Finish{ID: a.id, Reason: sched.ReasonError}); err != nil {
+				if _, err := l.pd.schedFinished(l.pdLoop(), sched.Finish{ID: a.id, Reason: sched.ReasonError}); err != nil {
 					return err
 				}
 			}

@@ -228,7 +228,7 @@ func (s *supervisor) build(endpoints []string) error {
 // closeRankPD closes the ranks' PD sockets.
 func (s *supervisor) closeRankPD() error {
 	if len(s.loops) > 0 && s.loops[0].pd != nil {
-		s.loops[0].releaseRooms()
+		s.loops[0].pd.releaseRooms()
 	}
 	var errs []error
 	for _, l := range s.loops {

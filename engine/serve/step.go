@@ -185,7 +185,7 @@ func (l *rankLoop) applyFrom(plan sched.Plan, out stepOutput, appended bool) err
 	if err := l.forkAll(forked); err != nil { // while the parents hold their prompt's KV
 		return err
 	}
-	if err := l.sendChunks(plan.Run, toks); err != nil { // before StepDone releases what finished
+	if err := l.pd.sendStepKV(l.pdLoop(), l.seqs, plan.Run, toks); err != nil { // before StepDone releases what finished
 		return err
 	}
 	fs, err := l.sched.StepDone(l.now, outcomes)
@@ -215,7 +215,7 @@ func (l *rankLoop) finish(fs []sched.Finish) error {
 		case l.cache != nil:
 			err = errors.Join(l.dropHostMatch(s), l.cache.Unlock(s.matched)) // finished while waiting
 		}
-		handled, perr := l.pdSchedFinished(f)
+		handled, perr := l.pd.schedFinished(l.pdLoop(), f)
 		if !handled {
 			l.end(f.ID, endingOf(f, err))
 		}
@@ -250,7 +250,7 @@ func (l *rankLoop) release(id uint64, s *seqState) error {
 func (l *rankLoop) cut(id uint64, why string) error {
 	s := l.seqs[id]
 	if s == nil {
-		_, err := l.pdAbort(id, why)
+		_, err := l.pd.abort(l.pdLoop(), id, why)
 		return err
 	}
 	if s.cut {
