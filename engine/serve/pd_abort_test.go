@@ -15,6 +15,7 @@ import (
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/pd/zmqlink"
+	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/engine/sched"
 	"github.com/pdkit/pdkit/internal/testmodel"
 )
@@ -164,7 +165,7 @@ func (pp *pdPair) settle(t *testing.T, within time.Duration) {
 				return false
 			}
 		}
-		return true
+		return betweenIterations(e)
 	}
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
@@ -180,8 +181,9 @@ func (pp *pdPair) settle(t *testing.T, within time.Duration) {
 		}
 		<-tick.C
 	}
-	// The loops are idle: reading the pools is ordered after their last
-	// changes (the records were published after them).
+	// The loops are idle and between iterations: reading the pools is
+	// ordered after their last changes (the records were published after
+	// them), and no rank is inside an iteration that could change them.
 	for _, e := range []*Engine{pp.prefill, pp.decode} {
 		for r, l := range e.sup.loops {
 			p := l.rk.Pool()
@@ -198,6 +200,31 @@ func (pp *pdPair) settle(t *testing.T, within time.Duration) {
 			}
 		}
 	}
+}
+
+// betweenIterations reports whether every rank of e is between two
+// iterations: all have completed the same control collectives, and each
+// is either waiting in the next step input's broadcast or, rank 0 only,
+// outside any collective and any iteration (waiting for work). A rank's published step
+// record alone does not say so: a rank can be inside the next iteration,
+// applying its input (an index-K switch, say), while its record still
+// shows the last.
+func betweenIterations(e *Engine) bool {
+	groups := e.View().Collectives()
+	ctl, fwd := groups[0], groups[1]
+	for r, rs := range ctl.Ranks {
+		switch {
+		case rs.LastCompleted != ctl.Ranks[0].LastCompleted || fwd.Ranks[r].Waiting != nil:
+			return false
+		case rs.Waiting == nil && r == 0:
+			if e.View().RankDecisions(0, ^uint64(0)).Open != nil {
+				return false // inside an iteration, between its collectives
+			}
+		case rs.Waiting == nil || rs.Waiting.Tag != rankcore.Input.String() || rs.Waiting.Seq != rs.LastCompleted+1:
+			return false
+		}
+	}
+	return true
 }
 
 // finishMatch is what a cell expects of a stream's finish reason.
