@@ -2,20 +2,16 @@ package serve
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"math"
 	"os"
 	"strconv"
 	"strings"
-	"sync/atomic"
-	"time"
 
 	"github.com/pdkit/pdkit/engine/hicache"
 	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/engine/prefix"
-	"github.com/pdkit/pdkit/engine/sched"
 )
 
 // HiCache: every rank's prefix cache gets a host tier (engine/prefix
@@ -141,18 +137,6 @@ func memAvailable() (int64, error) {
 	return 0, errors.New("reading available memory: no MemAvailable in /proc/meminfo")
 }
 
-// rankTier is a rank's HiCache state that readers off the loop see.
-type rankTier struct {
-	loader atomic.Pointer[hicache.Loader] // the attached loader, for live pacing
-	snap   atomic.Pointer[TierSnapshot]
-	// Nanoseconds the forward pass's readers waited at each layer's gates.
-	waitKV, waitIndexK []atomic.Int64
-	// Totals of loaders and writers detached before.
-	base TierTotals
-	// When HostOnlyPages was last counted (loop only).
-	counted time.Time
-}
-
 // TierTotals are a rank's HiCache counters since the engine started.
 type TierTotals struct {
 	Backups, BackupBytes, BackupFailures uint64
@@ -189,171 +173,6 @@ type LoadSnapshot struct {
 	Over        bool
 }
 
-// attachTier gives the rank's prefix cache a host tier of pages pages.
-func (l *rankLoop) attachTier(pages int) error {
-	pool := l.rk.Pool()
-	host, err := hicache.NewHostPool(pool.Config(), pages, math.MaxInt64) // sized and checked by hostPages
-	if err != nil {
-		return err
-	}
-	ld, err := hicache.NewLoader(host, pool, 0)
-	if err != nil {
-		return errors.Join(err, host.Close())
-	}
-	w, err := hicache.NewWriter(host, pool)
-	if err != nil {
-		ld.Close()
-		return errors.Join(err, host.Close())
-	}
-	if err := l.cache.AttachHost(host, ld, w, l.e.cfg.HiCache.Policy); err != nil {
-		ld.Close()
-		w.Close()
-		return errors.Join(err, host.Close())
-	}
-	// Published first, then paced: a SetHiCacheBandwidth in between either
-	// sees the loader or stored its value before this read.
-	l.tier.loader.Store(ld)
-	ld.SetBandwidth(l.e.hicacheBandwidth.Load())
-	return nil
-}
-
-// detachTier takes the rank's host tier off: waiting requests give up the
-// host part of their cached prefix (they will compute it), loads in flight
-// finish, and the host pool's memory goes back to the OS.
-func (l *rankLoop) detachTier() error {
-	if !l.cache.Attached() {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	for id, s := range l.seqs {
-		if s.hm == nil {
-			continue
-		}
-		if err := l.dropHostMatch(s); err != nil {
-			return err
-		}
-		if err := l.sched.Uncache(id, len(s.matched)*l.e.cfg.PageSize, l.now); err != nil {
-			return fmt.Errorf("serve: rank %d: hicache off: %w", l.r, err)
-		}
-	}
-	l.addTotals(&l.tier.base)
-	host, err := l.cache.DetachHost(ctx)
-	if err != nil {
-		return fmt.Errorf("serve: rank %d: hicache off: %w", l.r, err)
-	}
-	l.tier.loader.Store(nil)
-	if err := host.Close(); err != nil { // the tier is off either way
-		l.e.cfg.Logger.Error("serve: hicache off: host memory kept", "server", l.e.cfg.Name, "rank", l.r, "err", err)
-	}
-	return nil
-}
-
-// dropHostMatch lets go of s's host pins from admit (its host part is not
-// loaded: the request ended or the tier goes).
-func (l *rankLoop) dropHostMatch(s *seqState) error {
-	if s.hm == nil {
-		return nil
-	}
-	hm := *s.hm
-	s.hm = nil
-	pages, _, err := l.cache.LoadBack(ctx, nil, hm, hm.N)
-	if err != nil {
-		return fmt.Errorf("serve: rank %d: %w", l.r, err)
-	}
-	s.matched = pages
-	return nil
-}
-
-// addTotals adds the attached loader's and writer's counters (and the
-// cache's, which survive detaching) to t.
-func (l *rankLoop) addTotals(t *TierTotals) {
-	if ld := l.cache.Loader(); ld != nil {
-		n, b, f, s := ld.Stats()
-		t.Loads, t.LoadBytes, t.LoadFailures, t.LoadSeconds = t.Loads+n, t.LoadBytes+b, t.LoadFailures+f, t.LoadSeconds+s
-	}
-	if w := l.cache.Writer(); w != nil {
-		n, b, f, s := w.Stats()
-		t.Backups, t.BackupBytes, t.BackupFailures, t.BackupSeconds = t.Backups+n, t.BackupBytes+b, t.BackupFailures+f, t.BackupSeconds+s
-	}
-}
-
-// publishTier stores the rank's tier snapshot for readers off the loop.
-func (l *rankLoop) publishTier() {
-	if l.cache == nil {
-		return
-	}
-	if prev := l.tier.snap.Load(); prev != nil && !prev.On && !l.cache.Attached() &&
-		prev.LoadBandwidth == l.e.hicacheBandwidth.Load() {
-		// Off, and published so: nothing in the snapshot moves until
-		// the tier comes back (its totals only change while it is on).
-		return
-	}
-	t := l.tier.base
-	l.addTotals(&t)
-	st := l.cache.TierStats()
-	t.HostHits, t.HitTokens, t.Abandoned, t.DroppedTokens = st.HostHits, st.HitTokens, st.Abandoned, st.DroppedTokens
-	snap := &TierSnapshot{
-		Rank: l.r, On: l.cache.Attached(), Policy: l.e.cfg.HiCache.Policy.String(),
-		LoadBandwidth: l.e.hicacheBandwidth.Load(), PageSize: l.e.cfg.PageSize, Totals: t,
-	}
-	if h := l.cache.Host(); h != nil {
-		snap.HostPages, snap.HostUsed = h.TotalPages(), h.UsedPages()
-		// Counting host-only nodes walks the tree: at most once a second.
-		if prev := l.tier.snap.Load(); prev != nil && prev.On && time.Since(l.tier.counted) < time.Second {
-			snap.HostOnlyPages = prev.HostOnlyPages
-		} else {
-			snap.HostOnlyPages, l.tier.counted = l.cache.HostOnly(), time.Now()
-		}
-	}
-	for _, li := range l.cache.LoadsInFlight() {
-		kv, idx, over := li.Load.Progress()
-		ls := LoadSnapshot{Pages: len(li.Pages), KVLayers: kv, IndexLayers: idx, Layers: len(l.tier.waitKV), Over: over}
-		for id, s := range l.seqs {
-			if l.readsAny(s, li.Pages) {
-				ls.Requests = append(ls.Requests, id)
-			}
-		}
-		snap.Loads = append(snap.Loads, ls)
-	}
-	snap.WaitKVSeconds = make([]float64, len(l.tier.waitKV))
-	snap.WaitIndexKSeconds = make([]float64, len(l.tier.waitIndexK))
-	for i := range l.tier.waitKV {
-		snap.WaitKVSeconds[i] = time.Duration(l.tier.waitKV[i].Load()).Seconds()
-		snap.WaitIndexKSeconds[i] = time.Duration(l.tier.waitIndexK[i].Load()).Seconds()
-	}
-	l.tier.snap.Store(snap)
-}
-
-// readsAny reports whether s's matched prefix includes one of pages.
-func (l *rankLoop) readsAny(s *seqState, pages []int32) bool {
-	for _, p := range s.matched {
-		for _, q := range pages {
-			if p == q {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// gate is the forward pass's gate for a sequence reading unsettled loads:
-// each wait is timed per layer, and under FaultHiCacheIndexKUngated the
-// index-K read does not wait at all.
-func (l *rankLoop) gate(loads hicache.Loads) hicache.Gate {
-	return hicache.Gate{
-		Loads:         loads,
-		IndexKUngated: func() bool { return l.e.faults.onAt(idxIndexKUngated) },
-		Waited: func(layer int, indexK bool, d time.Duration) {
-			if indexK {
-				l.tier.waitIndexK[layer].Add(int64(d))
-			} else {
-				l.tier.waitKV[layer].Add(int64(d))
-			}
-		},
-	}
-}
-
 // ErrHiCacheBusy: a HiCache switch is already waiting for the loops.
 var ErrHiCacheBusy = errors.New("serve: a hicache switch is already pending")
 
@@ -361,67 +180,6 @@ var ErrHiCacheBusy = errors.New("serve: a hicache switch is already pending")
 type tierOp struct {
 	off   bool
 	pages int // host pages per rank when on
-}
-
-// applyTier runs the step input's HiCache switch on this rank.
-func (l *rankLoop) applyTier(op tierOp) error {
-	if l.cache == nil {
-		return nil
-	}
-	if op.off {
-		return l.detachTier()
-	}
-	if l.cache.Attached() {
-		return nil
-	}
-	if err := l.attachTier(op.pages); err != nil {
-		return fmt.Errorf("serve: rank %d: hicache on: %w", l.r, err)
-	}
-	return nil
-}
-
-// loadBack loads the host part of a request's cached prefix back at its
-// first admission, extending its locked match over the loaded pages. The
-// scheduler planned their pages, so the room is there; a shortfall is a
-// broken plan.
-func (l *rankLoop) loadBack(it sched.Item, s *seqState) error {
-	if s.hm == nil {
-		if len(s.matched)*l.e.cfg.PageSize < it.Cached {
-			return fmt.Errorf("serve: rank %d: admit %d: %d cached tokens planned, %d matched and nothing to load", l.r, it.ID, it.Cached, len(s.matched)*l.e.cfg.PageSize)
-		}
-		return nil
-	}
-	hm := *s.hm
-	s.hm = nil
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	pages, got, err := l.cache.LoadBack(ctx, s.all, hm, it.Cached)
-	if err != nil {
-		return fmt.Errorf("serve: rank %d: load back %d: %w", l.r, it.ID, err)
-	}
-	s.matched = pages
-	if got != it.Cached {
-		return fmt.Errorf("serve: rank %d: load back %d: %d of %d cached tokens on the device, the plan's room did not suffice", l.r, it.ID, got, it.Cached)
-	}
-	return nil
-}
-
-// settle waits, after the forward pass, for the loads it read through
-// gates and makes their pages plain device pages, before the sampler, a
-// PD prefill's KV chunks or Finish read them.
-func (l *rankLoop) settle() error {
-	if len(l.gated) == 0 {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	err := l.cache.Settle(ctx, l.gated)
-	clear(l.gated)
-	l.gated = l.gated[:0]
-	if err != nil {
-		return fmt.Errorf("serve: rank %d: %w", l.r, err)
-	}
-	return nil
 }
 
 // offloadOp is an Offload waiting for the loops.
@@ -437,26 +195,3 @@ type offloadResult struct {
 
 // ErrOffloadBusy: an offload is already waiting for the loops.
 var ErrOffloadBusy = errors.New("serve: an offload is already pending")
-
-// applyOffload runs the step input's offload on this rank; rank 0 reports.
-func (l *rankLoop) applyOffload(prompt []int32) error {
-	if l.cache == nil {
-		return nil
-	}
-	var res offloadResult
-	if l.cache.Attached() {
-		ctx, cancel := context.WithTimeout(ctx, time.Minute)
-		res.tokens, res.err = l.cache.Offload(ctx, prompt)
-		cancel()
-		if res.err != nil {
-			return fmt.Errorf("serve: rank %d: %w", l.r, res.err) // the writer is stuck
-		}
-	} else {
-		// Switched off in the same step, or before: the caller hears it.
-		res.err = errors.New("serve: offload: the host tier went off")
-	}
-	if l.r == 0 {
-		l.e.inbox.offloaded(res)
-	}
-	return nil
-}

@@ -110,7 +110,7 @@ func (l *rankLoop) drainStep(op *indexKOp, in *stepInput) {
 func (l *rankLoop) applyIndexK(dt kernels.IndexKDType, tierPages int) error {
 	e := l.e
 	if l.cache != nil {
-		if err := l.detachTier(); err != nil {
+		if err := l.tier.detach(l.seqs, l.sched, l.now); err != nil {
 			return err
 		}
 		l.cache.Evict(l.cache.Pages())
@@ -125,7 +125,7 @@ func (l *rankLoop) applyIndexK(dt kernels.IndexKDType, tierPages int) error {
 		}
 	}
 	if tierPages > 0 && l.cache != nil {
-		if err := l.attachTier(tierPages); err != nil {
+		if err := l.tier.attach(tierPages); err != nil {
 			return fmt.Errorf("serve: rank %d: hicache back on after the index-K switch: %w", l.r, err)
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pdkit/pdkit/engine/hicache"
 	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/engine/rankcore"
@@ -28,7 +27,7 @@ type rankLoop struct {
 	rk    *tp.Rank
 	sched *sched.Scheduler
 	cache *prefix.Cache // nil when the prefix cache is off
-	tier  rankTier      // the cache's host tier, as readers see it (hicache.go)
+	tier  *rankTier     // the cache's host tier executor (tier.go)
 	pd    *rankPD       // nil on a colocated server
 	seqs  map[uint64]*seqState
 	step  uint64
@@ -50,7 +49,6 @@ type rankLoop struct {
 	dlog     *decisionLog  // the rank's decision log (decisions.go)
 	quit     chan struct{} // closed when the group is given up or the engine stops (recover.go)
 	dbuf     []byte        // the step input re-encoded for its digest
-	gated    hicache.Loads // the loads the step's forward pass reads through gates
 	flight   *flight       // the step whose forward pass ran and has not landed (overlap.go)
 	mailSeen uint64        // the mailbox's filed count at the last localIdle (overlap.go)
 	now      time.Duration
@@ -301,7 +299,7 @@ func (l *rankLoop) back(p *planned) (bool, *iteration, error) {
 	if err := l.forward(batch, &rec); err != nil {
 		return false, nil, fmt.Errorf("serve: rank %d: step %d: %w", l.r, rec.Step, err)
 	}
-	if err := l.settle(); err != nil {
+	if err := l.tier.settle(); err != nil {
 		return false, nil, err
 	}
 	if l.r == 0 {
@@ -329,7 +327,7 @@ func (l *rankLoop) back(p *planned) (bool, *iteration, error) {
 // adds to the scheduler.
 func (l *rankLoop) arrive(in stepInput) ([]addMsg, error) {
 	if in.tier != nil {
-		if err := l.applyTier(*in.tier); err != nil {
+		if err := l.tier.apply(*in.tier, l.seqs, l.sched, l.now); err != nil {
 			return nil, err
 		}
 	}
@@ -339,8 +337,12 @@ func (l *rankLoop) arrive(in stepInput) ([]addMsg, error) {
 		}
 	}
 	if in.offload != nil {
-		if err := l.applyOffload(in.offload); err != nil {
+		res, err := l.tier.offload(in.offload)
+		if err != nil {
 			return nil, err
+		}
+		if res != nil && l.r == 0 {
+			l.e.inbox.offloaded(*res)
 		}
 	}
 	var adds []addMsg
@@ -425,7 +427,7 @@ func (l *rankLoop) publish(rec StepRecord) StepRecord {
 	l.last.Store(&rec)
 	l.dlog.close(rec)
 	l.pd.publish(l.now)
-	l.publishTier()
+	l.tier.publish(l.seqs)
 	if l.r == 0 {
 		l.e.publish(rec)
 	}
@@ -455,7 +457,7 @@ func (l *rankLoop) drop(release bool) {
 			case f.Release:
 				err = errors.Join(err, l.release(f.ID, s))
 			case l.cache != nil:
-				err = errors.Join(err, l.dropHostMatch(s), l.cache.Unlock(s.matched))
+				err = errors.Join(err, l.tier.dropHostMatch(s), l.cache.Unlock(s.matched))
 			}
 		}
 		if err != nil {

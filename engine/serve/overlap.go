@@ -142,7 +142,7 @@ func (l *rankLoop) landFront() (*landing, error) {
 	if err := l.rk.End(); err != nil {
 		return nil, fmt.Errorf("serve: rank %d: step %d: %w", l.r, f.rec.Step, err)
 	}
-	if err := l.settle(); err != nil {
+	if err := l.tier.settle(); err != nil {
 		return nil, err
 	}
 	if l.r == 0 {

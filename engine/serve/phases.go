@@ -168,7 +168,7 @@ func (l *rankLoop) admit(adds []addMsg) error {
 				s.matched = hm.Pages
 				s.hm = &hm
 				if total == dev {
-					if err := l.dropHostMatch(s); err != nil { // nothing to load: unpin
+					if err := l.tier.dropHostMatch(s); err != nil { // nothing to load: unpin
 						return err
 					}
 				}
@@ -177,7 +177,7 @@ func (l *rankLoop) admit(adds []addMsg) error {
 		err := l.sched.Add(sched.Request{ID: a.id, PromptLen: len(a.prompt), MaxTokens: a.maxTokens, Cached: total, Loaded: total - dev}, l.now)
 		if err != nil {
 			if l.cache != nil {
-				if uerr := errors.Join(l.dropHostMatch(s), l.cache.Unlock(s.matched)); uerr != nil {
+				if uerr := errors.Join(l.tier.dropHostMatch(s), l.cache.Unlock(s.matched)); uerr != nil {
 					return fmt.Errorf("serve: rank %d: %w", l.r, uerr)
 				}
 			}
@@ -234,7 +234,7 @@ func (l *rankLoop) unstall() error {
 		if s == nil || (len(s.matched) == 0 && s.hm == nil) {
 			continue
 		}
-		if err := errors.Join(l.dropHostMatch(s), l.cache.Unlock(s.matched)); err != nil {
+		if err := errors.Join(l.tier.dropHostMatch(s), l.cache.Unlock(s.matched)); err != nil {
 			return fmt.Errorf("serve: rank %d: unstall: %w", l.r, err)
 		}
 		s.matched = nil

@@ -202,19 +202,20 @@ func (s *supervisor) build(endpoints []string) error {
 		}
 		if !cfg.DisablePrefixCache {
 			l.cache = prefix.New(l.rk.Pool())
-			layers := l.rk.Pool().Config().Layers
-			l.tier.waitKV, l.tier.waitIndexK = make([]atomic.Int64, layers), make([]atomic.Int64, layers)
+		}
+		l.tier = newRankTier(r, cfg, l.cache, l.rk.Pool(), &e.faults, &e.hicacheBandwidth)
+		if l.cache != nil {
 			if tierOn {
 				if hostPages == 0 {
 					if hostPages, err = cfg.HiCache.hostPages(l.rk.Pool().Config(), cfg.TP); err != nil {
 						return fail(fmt.Errorf("serve: %w", err))
 					}
 				}
-				if err := l.attachTier(hostPages); err != nil {
+				if err := l.tier.attach(hostPages); err != nil {
 					return fail(fmt.Errorf("serve: rank %d: %w", r, err))
 				}
 			}
-			l.publishTier()
+			l.tier.publish(l.seqs)
 		}
 		l.beat.Store(now.UnixNano())
 		l.last.Store(&StepRecord{Rank: r, Loop: LoopLockstep, Phase: "idle", Start: now, End: now})

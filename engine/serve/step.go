@@ -20,7 +20,7 @@ func (l *rankLoop) prepare(plan sched.Plan, rec *StepRecord) ([]tp.Input, error)
 	for _, it := range plan.Run {
 		if it.Fresh && it.Cached > 0 {
 			s := l.seqs[it.ID]
-			if err := l.loadBack(it, s); err != nil {
+			if err := l.tier.loadBack(it, s); err != nil {
 				return nil, err
 			}
 			if _, err := pool.NewSeqWithPrefix(it.ID, s.matched[:it.Cached/l.e.cfg.PageSize], it.Cached); err != nil {
@@ -46,8 +46,7 @@ func (l *rankLoop) prepare(plan sched.Plan, rec *StepRecord) ([]tp.Input, error)
 		batch[i] = tp.Input{SeqID: it.ID, Tokens: s.all[it.Start : it.Start+it.Tokens], NumLogits: n}
 		if l.cache != nil && len(s.matched) > 0 {
 			if loads := l.cache.Gate(s.matched); loads != nil {
-				batch[i].Gate = l.gate(loads)
-				l.gated = append(l.gated, loads...)
+				batch[i].Gate = l.tier.gate(loads)
 			}
 		}
 		rec.BatchTokens += it.Tokens
@@ -213,7 +212,7 @@ func (l *rankLoop) finish(fs []sched.Finish) error {
 		case f.Release:
 			err = l.release(f.ID, s)
 		case l.cache != nil:
-			err = errors.Join(l.dropHostMatch(s), l.cache.Unlock(s.matched)) // finished while waiting
+			err = errors.Join(l.tier.dropHostMatch(s), l.cache.Unlock(s.matched)) // finished while waiting
 		}
 		handled, perr := l.pd.schedFinished(l.pdLoop(), f)
 		if !handled {
