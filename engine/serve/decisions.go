@@ -20,9 +20,9 @@ import (
 // records differ is where the ranks parted, and each record says what its
 // rank saw (api/debug.FirstDivergence finds it).
 //
-// The loop notes each agreement as it happens (agreeInts and agreeBytes
-// in loop.go call openInput, agreed and agreedBytes) into the iteration's open record and appends the record to a
-// ring when it publishes its step. Both take the log's mutex, which a
+// The rank's agreer (agree.go) notes each agreement as it happens into
+// the iteration's open record and appends the record to a ring when the
+// loop publishes its step. Both take the log's mutex, which a
 // reader holds only to copy the ring: no allocation and no wait on a
 // reader beyond that copy, and a reader answers while the loop is stuck,
 // the stuck iteration's open record included.

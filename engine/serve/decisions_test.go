@@ -116,12 +116,12 @@ func TestDecisionsAgreeTP2(t *testing.T) {
 // TestDecisionLogBounded: the ring keeps the last n records, oldest first;
 // since skips the older ones.
 func TestDecisionLogBounded(t *testing.T) {
-	l := &rankLoop{dlog: newDecisionLog(3)}
+	l := &rankLoop{ag: &agreer{log: newDecisionLog(3)}}
 	for step := range uint64(10) {
-		l.dlog.close(StepRecord{Step: step + 1, ControlSeq: 2 * (step + 1)})
+		l.ag.log.close(StepRecord{Step: step + 1, ControlSeq: 2 * (step + 1)})
 	}
 	steps := func(since uint64) []uint64 {
-		recs, open, last, lastC := l.dlog.read(since)
+		recs, open, last, lastC := l.ag.log.read(since)
 		if open != nil || last != 10 || lastC != 20 {
 			t.Errorf("open %v, last %d at seq %d", open, last, lastC)
 		}

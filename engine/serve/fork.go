@@ -45,7 +45,7 @@ type forkOf struct {
 func (l *rankLoop) forkRoom(p rankcore.Phase) (pages, rows int, err error) {
 	pool := l.rk.Pool()
 	reduced := []int64{int64(l.freePages()), int64(pool.Config().MaxSeqs - pool.Live())}
-	if err := l.agreeInts(p, reduced); err != nil {
+	if err := l.ag.ints(p, reduced); err != nil {
 		return 0, 0, err
 	}
 	return int(reduced[0]), int(reduced[1]), nil

@@ -41,14 +41,11 @@ type rankLoop struct {
 	beat atomic.Int64 // unix nanoseconds of the last iteration's start
 	last atomic.Pointer[StepRecord]
 
-	// cursor is where the rank is in its loop's table: every collective
-	// the loop runs itself enters its phase there first (agreeInts,
-	// agreeBytes), so none runs out of the table's order.
-	cursor   *rankcore.Cursor
+	// ag runs every collective of the loop's own, in its table's order,
+	// and logs what was agreed (agree.go).
+	ag       *agreer
 	wire     []byte        // rank 0's encoding buffer
-	dlog     *decisionLog  // the rank's decision log (decisions.go)
 	quit     chan struct{} // closed when the group is given up or the engine stops (recover.go)
-	dbuf     []byte        // the step input re-encoded for its digest
 	flight   *flight       // the step whose forward pass ran and has not landed (overlap.go)
 	mailSeen uint64        // the mailbox's filed count at the last localIdle (overlap.go)
 	now      time.Duration
@@ -157,7 +154,7 @@ func (l *rankLoop) receive(ran bool) (stepInput, error) {
 		l.wire = in.encode(l.wire[:0])
 		data = l.wire
 	}
-	got, err := l.agreeBytes(rankcore.Input, data)
+	got, err := l.ag.bytes(rankcore.Input, data)
 	if err != nil {
 		return in, err
 	}
@@ -172,7 +169,7 @@ func (l *rankLoop) receive(ran bool) (stepInput, error) {
 // iteration has nothing to run (it is published then).
 func (l *rankLoop) front(in stepInput, start time.Time) (*planned, error) {
 	l.now, l.finished = in.now, 0
-	l.dbuf = l.dlog.openInput(l.step+1, in, l.comm().LastSeq(), l.rk.Comm().LastSeq(), l.dbuf)
+	l.ag.input(l.step+1, in)
 	rec := StepRecord{Rank: l.r, Loop: LoopLockstep, Step: l.step + 1, Phase: "idle", Start: start}
 	overlap := l.e.cfg.Schedule == ScheduleOverlap
 	if overlap {
@@ -423,9 +420,8 @@ func (l *rankLoop) joinArrival(add addMsg, tok int32, seq *kvcache.Seq) error {
 func (l *rankLoop) publish(rec StepRecord) StepRecord {
 	l.step++
 	rec.Finished, rec.End = l.finished, time.Now()
-	rec.ControlSeq, rec.ForwardSeq = l.comm().LastSeq(), l.rk.Comm().LastSeq()
+	l.ag.published(&rec)
 	l.last.Store(&rec)
-	l.dlog.close(rec)
 	l.pd.publish(l.now)
 	l.tier.publish(l.seqs)
 	if l.r == 0 {

@@ -82,7 +82,7 @@ type flight struct {
 // time the forward pass does), where a flight goroutine cost two wake-ups
 // (~10 to 25 µs each measured here).
 func (l *rankLoop) fly(plan sched.Plan, batch []tp.Input, rec StepRecord, landed *landing) (*iteration, error) {
-	if err := l.enterForward(); err != nil {
+	if err := l.ag.forward(); err != nil {
 		return nil, err
 	}
 	if err := l.rk.Begin(ctx, batch, nil); err != nil {

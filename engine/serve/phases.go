@@ -1,13 +1,11 @@
 package serve
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"time"
 
-	"github.com/pdkit/pdkit/engine/dist"
 	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/engine/sched"
@@ -16,81 +14,9 @@ import (
 // The phase executors: each runs one row of the loop's table
 // (engine/rankcore). It gathers this rank's proposal (its PD votes, its
 // prefix matches, its free pages, its plan's digest), runs the row's
-// collective through agreeInts or agreeBytes, which enter the phase in the
-// rank's cursor first, and applies the agreed value, the same on every
+// collective through the rank's agreer (agree.go), which enters the phase
+// in the rank's cursor first, and applies the agreed value, the same on every
 // rank.
-
-// comm is the rank's control communicator: every collective the loop runs
-// itself goes there; the forward pass's own run on the rank's forward one.
-func (l *rankLoop) comm() *dist.Comm { return l.e.sup.control.Rank(l.r) }
-
-// phaseCtx is the loops' context tagged with each phase's name, which the
-// flight recorder keeps and the collective layer checks across ranks.
-var phaseCtx = func() (c [rankcore.NumPhases]context.Context) {
-	for _, p := range rankcore.Phases() {
-		c[p] = dist.WithTag(ctx, p.String())
-	}
-	return c
-}()
-
-// table is the loop's table of phases (engine/rankcore).
-func (c Config) table() *rankcore.Table {
-	if c.Schedule == ScheduleOverlap {
-		return &rankcore.Overlap
-	}
-	return &rankcore.Lockstep
-}
-
-// agreeInts runs phase p's reduction of the rank's proposal vals, as its
-// table says, and notes the agreed values in the decision log.
-func (l *rankLoop) agreeInts(p rankcore.Phase, vals []int64) error {
-	if err := l.cursor.Enter(p); err != nil {
-		return fmt.Errorf("serve: rank %d: %w", l.r, err)
-	}
-	var err error
-	switch p.Op() {
-	case dist.OpAllReduceMin:
-		err = l.comm().AllReduceMinInt(phaseCtx[p], vals)
-	case dist.OpAllReduceMax:
-		err = l.comm().AllReduceMaxInt(phaseCtx[p], vals)
-	default:
-		return fmt.Errorf("serve: rank %d: phase %s is no reduction", l.r, p)
-	}
-	if err != nil {
-		return fmt.Errorf("serve: rank %d: %s: %w", l.r, p, err)
-	}
-	l.dlog.agreed(p, l.comm().LastSeq(), vals)
-	return nil
-}
-
-// agreeBytes runs phase p's broadcast of rank 0's data, as its table says,
-// and notes it in the decision log (the step input opens the iteration's
-// record once decoded: front).
-func (l *rankLoop) agreeBytes(p rankcore.Phase, data []byte) ([]byte, error) {
-	if err := l.cursor.Enter(p); err != nil {
-		return nil, fmt.Errorf("serve: rank %d: %w", l.r, err)
-	}
-	if p.Op() != dist.OpBroadcast {
-		return nil, fmt.Errorf("serve: rank %d: phase %s is no broadcast", l.r, p)
-	}
-	got, err := l.comm().BroadcastBytes(phaseCtx[p], 0, data)
-	if err != nil {
-		return nil, fmt.Errorf("serve: rank %d: %s: %w", l.r, p, err)
-	}
-	if p != rankcore.Input {
-		l.dlog.agreedBytes(p, l.comm().LastSeq(), got)
-	}
-	return got, nil
-}
-
-// enterForward enters the forward pass in the table before its first
-// collective on the forward communicator.
-func (l *rankLoop) enterForward() error {
-	if err := l.cursor.Enter(rankcore.Forward); err != nil {
-		return fmt.Errorf("serve: rank %d: %w", l.r, err)
-	}
-	return nil
-}
 
 // poll is the PD rooms' vote: every rank votes a KVPoll per room from what
 // it alone knows, the ranks MIN-reduce the vector (its length, the number
@@ -102,7 +28,7 @@ func (l *rankLoop) poll() ([]addMsg, error) {
 		return nil, nil
 	}
 	votes := l.pd.machine.Votes(l.now)
-	if err := l.agreeInts(rankcore.Poll, votes); err != nil {
+	if err := l.ag.ints(rankcore.Poll, votes); err != nil {
 		return nil, err
 	}
 	return l.pd.applyPoll(l.pdLoop(), votes)
@@ -114,7 +40,7 @@ func (l *rankLoop) poll() ([]addMsg, error) {
 func (l *rankLoop) room() (pages, rows int, err error) {
 	pool := l.rk.Pool()
 	reduced := []int64{int64(l.freePages()), int64(pool.Config().MaxSeqs - pool.Live())}
-	if err := l.agreeInts(rankcore.Room, reduced); err != nil {
+	if err := l.ag.ints(rankcore.Room, reduced); err != nil {
 		return 0, 0, err
 	}
 	return int(reduced[0]), int(reduced[1]), nil
@@ -144,7 +70,7 @@ func (l *rankLoop) admit(adds []addMsg) error {
 			ms[i] = rankcore.Match{Device: hm.N, Total: hm.N + hm.Host}
 		}
 		agreed = rankcore.AdmitProposal(ms)
-		if err := l.agreeInts(rankcore.Admit, agreed); err != nil {
+		if err := l.ag.ints(rankcore.Admit, agreed); err != nil {
 			return err
 		}
 	}
@@ -262,7 +188,7 @@ func (l *rankLoop) freePages() int {
 // the maximum equals the minimum.
 func (l *rankLoop) agree(d uint64) error {
 	buf := rankcore.AgreeProposal(d)
-	if err := l.agreeInts(rankcore.Agree, buf); err != nil {
+	if err := l.ag.ints(rankcore.Agree, buf); err != nil {
 		return err
 	}
 	if !rankcore.PlansAgree(buf) {
@@ -329,7 +255,7 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 		l.wire = out.encode(l.wire[:0])
 		data = l.wire
 	}
-	got, err := l.agreeBytes(rankcore.Results, data)
+	got, err := l.ag.bytes(rankcore.Results, data)
 	if err != nil {
 		return out, err
 	}

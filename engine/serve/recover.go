@@ -14,7 +14,6 @@ import (
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/dist"
 	"github.com/pdkit/pdkit/engine/prefix"
-	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/engine/sched"
 	"github.com/pdkit/pdkit/engine/tp"
 	"github.com/pdkit/pdkit/kernels"
@@ -189,7 +188,8 @@ func (s *supervisor) build(endpoints []string) error {
 		if err != nil {
 			return fail(fmt.Errorf("serve: %w", err))
 		}
-		l := &rankLoop{e: e, r: r, rk: shards.Rank(r), sched: sc, seqs: make(map[uint64]*seqState), dlog: newDecisionLog(cfg.DecisionLogLen), quit: inc.quit, cursor: rankcore.NewCursor(cfg.table())}
+		l := &rankLoop{e: e, r: r, rk: shards.Rank(r), sched: sc, seqs: make(map[uint64]*seqState), quit: inc.quit,
+			ag: newAgreer(r, control.Rank(r), shards.Rank(r).Comm(), cfg.table(), cfg.DecisionLogLen)}
 		s.loops = append(s.loops, l)
 		if cfg.Role != pdproto.RoleColocated {
 			ep := ""

@@ -16,9 +16,8 @@
 // proposes a value (its PD votes, its prefix matches, its free pages, its
 // plan's digest; rank 0 its inbox and its sampled tokens), the group
 // reduces or broadcasts it, and every rank applies the agreed value. The
-// loop enters each phase through its rank's rankcore.Cursor (agreeInts,
-// agreeBytes and enterForward in loop.go), which refuses a phase out of
-// the table's order, and tags the collective with the phase's name, which
+// loop enters each phase through its rank's agreer (agree.go), whose
+// rankcore.Cursor refuses a phase out of the table's order, and tags the collective with the phase's name, which
 // the flight recorder keeps and the collective layer checks across ranks.
 // In words: rank 0 broadcasts the step input; every rank applies it (PD
 // requests to the PD machine, aborts, timeouts, its own PD mail); the

@@ -84,7 +84,7 @@ func (l *rankLoop) evictFor(plan sched.Plan) {
 // forward runs the step's forward pass in line (the lock-step loop),
 // noting when the pass itself ran.
 func (l *rankLoop) forward(batch []tp.Input, rec *StepRecord) error {
-	if err := l.enterForward(); err != nil {
+	if err := l.ag.forward(); err != nil {
 		return err
 	}
 	if err := l.rk.Begin(ctx, batch, nil); err != nil {

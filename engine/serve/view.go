@@ -244,7 +244,7 @@ func (v *View) rankDecisions(r int, since uint64, snaps []dist.Snapshot) RankDec
 	inc := v.sup.cur()
 	l := inc.loops[r]
 	entered := inc.control.Rank(r).LastSeq() // before the log: see below
-	recs, open, last, lastC := l.dlog.read(since)
+	recs, open, last, lastC := l.ag.log.read(since)
 	rd := RankDecisions{Rank: r, Records: make([]DecisionRecord, len(recs)), LastStep: last}
 	for i := range recs {
 		rd.Records[i] = recs[i].record(r)
