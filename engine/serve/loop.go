@@ -47,7 +47,6 @@ type rankLoop struct {
 	wire     []byte        // rank 0's encoding buffer
 	quit     chan struct{} // closed when the group is given up or the engine stops (recover.go)
 	flight   *flight       // the step whose forward pass ran and has not landed (overlap.go)
-	mailSeen uint64        // the mailbox's filed count at the last localIdle (overlap.go)
 	now      time.Duration
 	finished int // requests finished in the current iteration
 }
@@ -73,7 +72,7 @@ var ctx = context.Background()
 
 // run is the rank's loop. It returns nil when rank 0 broadcasts the stop.
 func (l *rankLoop) run() error {
-	defer l.waitFlight()
+	defer func() { l.flight.wait(); l.flight = nil }()
 	ran := true
 	var ahead *iteration // the next front half, run beside a forward pass (overlap)
 	for {
@@ -307,7 +306,7 @@ func (l *rankLoop) back(p *planned) (bool, *iteration, error) {
 	if err != nil {
 		return false, nil, err
 	}
-	if err := l.apply(plan, out); err != nil {
+	if err := l.apply(plan, out, false); err != nil {
 		return false, nil, err
 	}
 	rec = l.publish(rec)

@@ -175,7 +175,7 @@ func (l *rankLoop) landBack(ld *landing) error {
 	if l.r == 0 {
 		l.e.streams.streamHeld()
 	}
-	if err := l.applyRest(ld.plan, ld.out); err != nil {
+	if err := l.apply(ld.plan, ld.out, true); err != nil {
 		return err
 	}
 	for _, id := range l.sched.Voided() {
@@ -191,12 +191,12 @@ func (l *rankLoop) landBack(ld *landing) error {
 	return nil
 }
 
-// waitFlight forgets a step that ran but did not land: the loop is leaving
-// (stop, a broken group).
-func (l *rankLoop) waitFlight() {
-	if f := l.flight; f != nil {
+// wait waits for the forward pass of a step that ran but did not land,
+// whose outcome the loop, leaving (stop, a broken group), forgets; nil
+// waits for nothing.
+func (f *flight) wait() {
+	if f != nil {
 		<-f.done
-		l.flight = nil
 	}
 }
 
@@ -236,8 +236,9 @@ func (l *rankLoop) replan(rec *StepRecord) (sched.Plan, error) {
 // the switch on, the highest rank of a PD server running the overlap loop
 // asks its own PD socket whether anything new came for it, and the
 // signal is the mailbox's count of messages filed under a room
-// (mailbox.filed: TRANSFER_INFO, QUEUED, ABORT and STATUS on a prefill,
-// KV_CHUNK, STATUS and ABORT_ACK on a decode; heartbeats are not mail)
+// (pdMailbox.filed, read by rankPD.noNewMail: TRANSFER_INFO, QUEUED,
+// ABORT and STATUS on a prefill, KV_CHUNK, STATUS and ABORT_ACK on a
+// decode; heartbeats are not mail)
 // against the count it saw at its last iteration. When it is unchanged,
 // the rank skips the iteration's front half (poll, admit, room, agree) and
 // goes straight back to waiting for the next step input, while its peers,
@@ -266,9 +267,7 @@ func (l *rankLoop) localIdle() bool {
 	if l.pd == nil || l.r != len(l.e.sup.loops)-1 || !l.e.faults.onAt(idxOverlapLocal) {
 		return false
 	}
-	n := l.pd.mb.filed.Load()
-	idle := n == l.mailSeen
-	l.mailSeen = n
+	idle, n := l.pd.noNewMail()
 	if idle {
 		l.e.cfg.Logger.Warn("fault overlap-local-decision: rank takes the idle branch on its own mail while its peers poll",
 			"server", l.e.cfg.Name, "role", l.e.cfg.Role, "rank", l.r, "step", l.step+1, "mail_filed", n)

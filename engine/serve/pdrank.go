@@ -38,6 +38,9 @@ type rankPD struct {
 	// replies sends what the rank owes to endpoints that others named,
 	// off the receive goroutine and the loop (pdlimits.go).
 	replies *replies
+	// mailSeen is the mailbox's filed count when noNewMail last looked
+	// (the fault overlap-local-decision's rank-local signal).
+	mailSeen uint64
 }
 
 // pdHost is what the executor tells the engine around the rank group, and
@@ -229,4 +232,14 @@ func (pd *rankPD) releaseRooms() {
 	for _, en := range pd.machine.Entries() {
 		pd.host.freeRoom(en.Room, en.ID)
 	}
+}
+
+// noNewMail reports whether the mailbox filed no message under a room since
+// it was last asked, and the count now: the rank-local view that the fault
+// overlap-local-decision branches on (overlap.go), and nothing else may.
+func (pd *rankPD) noNewMail() (bool, uint64) {
+	n := pd.mb.filed.Load()
+	idle := n == pd.mailSeen
+	pd.mailSeen = n
+	return idle, n
 }

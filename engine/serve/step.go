@@ -99,11 +99,6 @@ func (l *rankLoop) forward(batch []tp.Input, rec *StepRecord) error {
 	return l.rk.End()
 }
 
-// apply ends the step on this rank: the cuts, then the tokens.
-func (l *rankLoop) apply(plan sched.Plan, out stepOutput) error {
-	return l.applyFrom(plan, out, false)
-}
-
 // appendTokens is the part of apply the next step's batch needs first: each
 // sampled token appended to its request (those cut in the step get none);
 // stopped is told each request whose token ends it.
@@ -128,14 +123,10 @@ func (l *rankLoop) appendTokens(plan sched.Plan, out stepOutput, cut map[uint64]
 	return nil
 }
 
-// applyRest is apply once appendTokens has run.
-func (l *rankLoop) applyRest(plan sched.Plan, out stepOutput) error {
-	return l.applyFrom(plan, out, true)
-}
-
-// applyFrom is apply; appended says appendTokens has already appended the
-// step's tokens to their requests.
-func (l *rankLoop) applyFrom(plan sched.Plan, out stepOutput, appended bool) error {
+// apply ends the step on this rank: the cuts, then the tokens; appended
+// says appendTokens has already appended the step's tokens to their
+// requests (the overlap loop does so before the next step starts).
+func (l *rankLoop) apply(plan sched.Plan, out stepOutput, appended bool) error {
 	l.now = max(l.now, out.now)
 	for _, a := range out.cuts {
 		if err := l.cut(a.id, a.by.String()); err != nil {
