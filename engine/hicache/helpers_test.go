@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/pdkit/pdkit/engine/kvcache/kvtest"
 
 	"github.com/pdkit/pdkit/engine/kvcache"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 	"github.com/pdkit/pdkit/kernels/ref"
 )
@@ -165,17 +167,12 @@ func waitHeld(t testing.TB, ld *Loader, layer int) { waitHeldAt(t, ld, layer, fa
 // indexK, its index-K part), failing after a deadline.
 func waitHeldAt(t testing.TB, ld *Loader, layer int, indexK bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		l, ix := ld.HeldAt()
-		if l == layer && ix == indexK {
-			return
+	waitfor.NoError(t, fmt.Sprintf("loader held at layer %d index-K %v", layer, indexK), 10*time.Second, func() error {
+		if l, ix := ld.HeldAt(); l != layer || ix != indexK {
+			return fmt.Errorf("at %d, %v", l, ix)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("loader not held at layer %d index-K %v (at %d, %v)", layer, indexK, l, ix)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func ctxT(t testing.TB) context.Context {

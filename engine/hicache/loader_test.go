@@ -3,12 +3,14 @@ package hicache
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"testing"
 	"time"
 
 	"github.com/pdkit/pdkit/engine/kvcache/kvtest"
 
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -360,13 +362,12 @@ func TestCloseWithLoadsInFlight(t *testing.T) {
 		t.Fatalf("submit after Close: %v", err)
 	}
 	r.ld.Close() // idempotent
-	deadline := time.Now().Add(10 * time.Second)
-	for runtime.NumGoroutine() > before {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines, %d before", runtime.NumGoroutine(), before)
+	waitfor.NoError(t, "the loader's goroutines ending", 10*time.Second, func() error {
+		if n := runtime.NumGoroutine(); n > before {
+			return fmt.Errorf("%d goroutines, %d before", n, before)
 		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 	check(t, r)
 }
 

@@ -3,7 +3,6 @@ package hicache
 import (
 	"context"
 	"errors"
-	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/engine/kvcache/kvtest"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -22,18 +22,6 @@ func newWriter(t *testing.T, r *rig) *Writer {
 	}
 	t.Cleanup(w.Close)
 	return w
-}
-
-// eventually polls cond until it holds, failing after a deadline.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("never: %s", what)
-		}
-		runtime.Gosched()
-	}
 }
 
 // A backup lands on host exactly the bytes AppendKV and AppendIndexK read
@@ -152,7 +140,7 @@ func TestWriterCloseFailsQueued(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the writer takes the first backup", func() bool { return w.Queued() == 0 })
+	waitfor.For(t, "the writer takes the first backup", 10*time.Second, func() bool { return w.Queued() == 0 })
 	b2, err2 := w.Submit(2, pages[1:2])
 	b3, err3 := w.Submit(3, pages[2:])
 	if err2 != nil || err3 != nil || w.Queued() != 2 {
@@ -163,7 +151,7 @@ func TestWriterCloseFailsQueued(t *testing.T) {
 		w.Close()
 		close(closed)
 	}()
-	eventually(t, "Close fails the queued backups", func() bool { return b2.Done() && b3.Done() })
+	waitfor.For(t, "Close fails the queued backups", 10*time.Second, func() bool { return b2.Done() && b3.Done() })
 	for _, b := range []*Backup{b2, b3} {
 		if _, err := b.Wait(ctxT(t)); !errors.Is(err, ErrClosed) {
 			t.Fatalf("queued backup of key %d: %v", b.Key(), err)

@@ -16,6 +16,7 @@ import (
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 	"github.com/pdkit/pdkit/kernels/cpu"
 )
@@ -206,18 +207,6 @@ func (r *gateRig) goForward(ctx context.Context, batch ...model.SeqInput) <-chan
 	return ch
 }
 
-// poll waits, with a deadline, until cond holds.
-func poll(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 func receive(t *testing.T, ch <-chan result) result {
 	t.Helper()
 	select {
@@ -242,7 +231,7 @@ func notDone(t *testing.T, ch <-chan result) {
 // forward pass waits in gate's wait named want.
 func blockedAt(t *testing.T, ld *hicache.Loader, layer int, indexK bool, g *recGate, want string) {
 	t.Helper()
-	poll(t, fmt.Sprintf("loader held at layer %d (index-K %v), forward waiting in %s", layer, indexK, want), func() bool {
+	waitfor.For(t, fmt.Sprintf("loader held at layer %d (index-K %v), forward waiting in %s", layer, indexK, want), 10*time.Second, func() bool {
 		l, ix := ld.HeldAt()
 		_, w := g.state()
 		return l == layer && ix == indexK && w == want
@@ -406,7 +395,7 @@ func TestGateUngatedReadsStale(t *testing.T) {
 	c := r.prefixCase(1, 4*gatePage, 3, 21)
 	r.ld.HoldBeforeIndexK(1)
 	load := r.submit(c)
-	poll(t, "loader held before layer 1's index-K", func() bool {
+	waitfor.For(t, "loader held before layer 1's index-K", 10*time.Second, func() bool {
 		l, ix := r.ld.HeldAt()
 		return l == 1 && ix
 	})
@@ -531,7 +520,7 @@ func TestGateIndexKUngatedReadsStaleKeys(t *testing.T) {
 			stale2 := kvtest.PageBytes(r.pool, pages2)
 			r.ld.HoldBeforeIndexK(1)
 			load2 := r.submit(c2)
-			poll(t, "loader held before layer 1's index-K", func() bool {
+			waitfor.For(t, "loader held before layer 1's index-K", 10*time.Second, func() bool {
 				l, ix := r.ld.HeldAt()
 				return l == 1 && ix
 			})

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/pdkit/pdkit/engine/hicache"
 	"github.com/pdkit/pdkit/engine/kvcache"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 	"github.com/pdkit/pdkit/kernels/ref"
 )
@@ -368,18 +368,6 @@ func toks(n int, base int32) []int32 {
 	return out
 }
 
-// eventually polls cond until it holds, failing after a deadline.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("never: %s", what)
-		}
-		runtime.Gosched()
-	}
-}
-
 // holdPoint is where a test parks the loader: before layer's K and V, or
 // (index) after them and before its index-K.
 type holdPoint struct {
@@ -410,7 +398,7 @@ func (p holdPoint) ready(layer int, index bool) bool {
 
 func waitHeld(t *testing.T, ld *hicache.Loader, p holdPoint) {
 	t.Helper()
-	eventually(t, "the loader parks at "+p.String(), func() bool {
+	waitfor.For(t, "the loader parks at "+p.String(), 10*time.Second, func() bool {
 		l, ix := ld.HeldAt()
 		return l == p.layer && ix == p.index
 	})
@@ -537,7 +525,7 @@ func TestWriteThroughBacksUpOnReuse(t *testing.T) {
 	if err := r.c.Unlock(pages); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the backup finishes", bk.Done)
+	waitfor.For(t, "the backup finishes", 10*time.Second, bk.Done)
 	if !r.host.Has(nd.hkey) {
 		t.Fatal("a finished backup is not on host")
 	}
@@ -1164,7 +1152,7 @@ func TestBackupsTakenInOrder(t *testing.T) {
 	// without Match's reap, which could take x's in first.
 	r.c.queueBackup(ny)
 	by := ny.backup
-	eventually(t, "both backups finish", func() bool { return bx.Done() && by.Done() })
+	waitfor.For(t, "both backups finish", 10*time.Second, func() bool { return bx.Done() && by.Done() })
 	// What Evict does for a node whose backup is in flight.
 	if err := r.c.waitBackup(ctxT(t), ny); err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 var testAuth = PlainAuth{Username: "pdkit", Password: strings.Repeat("5e", 32)}
@@ -57,7 +58,7 @@ func testForgedWithoutCredentials(t *testing.T, inZC, outZC bool) {
 			}
 		}
 	}
-	waitFor(t, 20*time.Second, "every attacker refused", func() bool {
+	waitfor.For(t, "every attacker refused", 20*time.Second, func() bool {
 		return in.Stats().AuthDenied >= uint64(len(attackers)) || forgedDelivered(t, &c) >= 0
 	})
 
@@ -67,7 +68,7 @@ func testForgedWithoutCredentials(t *testing.T, inZC, outZC bool) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 20*time.Second, "the authenticated messages", func() bool { return c.len() >= 2 })
+	waitfor.For(t, "the authenticated messages", 20*time.Second, func() bool { return c.len() >= 2 })
 	if i := forgedDelivered(t, &c); i >= 0 {
 		t.Fatalf("a forged message from attacker %d (%+v) was delivered", i, attackers[i])
 	}
@@ -150,7 +151,7 @@ func TestCurveRoundTrip(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				waitFor(t, 20*time.Second, "the message and the refusal", func() bool {
+				waitfor.For(t, "the message and the refusal", 20*time.Second, func() bool {
 					st := inbox.Stats()
 					return c.len() == 1 && st.AuthDenied >= 1
 				})

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // TestRedTeamConnectionFlood: a stranger opens many connections to an
@@ -50,7 +52,7 @@ func testConnectionFlood(t *testing.T, zc bool, auth *PlainAuth) {
 			ended <- i
 		}()
 		// One at a time, so that the first limit are the ones kept.
-		waitFor(t, 5*time.Second, "the connection seen", func() bool {
+		waitfor.For(t, "the connection seen", 5*time.Second, func() bool {
 			s := in.Stats()
 			return s.Connections+int64(s.ConnectionsRefused) == int64(i+1)
 		})
@@ -62,7 +64,7 @@ func testConnectionFlood(t *testing.T, zc bool, auth *PlainAuth) {
 	}
 	// The cap's refusals are its own: neither lost peers nor failed
 	// authentications.
-	waitFor(t, 5*time.Second, "the shut connections' hang-ups read", func() bool { return in.conns.closing.Load() == 0 })
+	waitfor.For(t, "the shut connections' hang-ups read", 5*time.Second, func() bool { return in.conns.closing.Load() == 0 })
 	if s := in.Stats(); s.Connections != limit || s.ConnectionsRefused != flood-limit || s.Disconnects != 0 || s.AuthDenied != 0 {
 		t.Fatalf("after the flood: %d open, %d refused, %d disconnects, %d denied; want %d, %d, 0, 0",
 			s.Connections, s.ConnectionsRefused, s.Disconnects, s.AuthDenied, limit, flood-limit)
@@ -84,7 +86,7 @@ func testConnectionFlood(t *testing.T, zc bool, auth *PlainAuth) {
 	if err := out.Send(ctx, in.Endpoint(), msg(1)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the member refused", func() bool { return in.Stats().ConnectionsRefused > flood-limit })
+	waitfor.For(t, "the member refused", 5*time.Second, func() bool { return in.Stats().ConnectionsRefused > flood-limit })
 	if auth != nil && c.len() != 0 {
 		t.Fatal("a message came through a connection past the cap")
 	}
@@ -96,7 +98,7 @@ func testConnectionFlood(t *testing.T, zc bool, auth *PlainAuth) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 10*time.Second, "the member's message, once the stranger let go", func() bool { return c.len() >= 1 })
+	waitfor.For(t, "the member's message, once the stranger let go", 10*time.Second, func() bool { return c.len() >= 1 })
 }
 
 // A connection whose hang-up the monitor dropped is found when the cap is

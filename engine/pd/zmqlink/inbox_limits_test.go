@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/internal/procstat"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // rssBytes is the process's resident set size.
@@ -90,7 +91,7 @@ func TestRedTeamHugeFrame(t *testing.T) {
 		if accepted >= sent {
 			t.Fatalf("the Inbox took %d MiB of a %d MiB frame over its %d byte bound", accepted>>20, declared>>20, maxMsg)
 		}
-		waitFor(t, 10*time.Second, "the dropped peer counted", func() bool { return in.Stats().Disconnects == 1 })
+		waitfor.For(t, "the dropped peer counted", 10*time.Second, func() bool { return in.Stats().Disconnects == 1 })
 		if grew := rssBytes(t) - rss; grew > 64<<20 {
 			t.Errorf("resident memory grew %d MiB", grew>>20)
 		}
@@ -102,7 +103,7 @@ func TestRedTeamHugeFrame(t *testing.T) {
 		if err := out.Send(context.Background(), in.Endpoint(), msg(1)); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 10*time.Second, "a real message after the drop", func() bool { return c.len() == 1 })
+		waitfor.For(t, "a real message after the drop", 10*time.Second, func() bool { return c.len() == 1 })
 		t.Logf("the peer's writes failed after %d MiB; %+v", accepted>>20, in.Stats())
 	})
 }
@@ -130,11 +131,11 @@ func TestInboxCountsOversizedPeers(t *testing.T) {
 				if err := out.Send(context.Background(), in.Endpoint(), [][]byte{make([]byte, 128<<10)}); err != nil {
 					t.Fatal(err)
 				}
-				waitFor(t, 10*time.Second, "the oversized peer dropped and counted", func() bool { return in.Stats().Disconnects >= 1 })
+				waitfor.For(t, "the oversized peer dropped and counted", 10*time.Second, func() bool { return in.Stats().Disconnects >= 1 })
 				if err := out.Send(context.Background(), in.Endpoint(), msg(1)); err != nil {
 					t.Fatal(err)
 				}
-				waitFor(t, 10*time.Second, "the next message", func() bool { return c.len() == 1 })
+				waitfor.For(t, "the next message", 10*time.Second, func() bool { return c.len() == 1 })
 				if s := in.Stats(); s.Messages != 1 {
 					t.Errorf("delivered %d messages, want the small one only", s.Messages)
 				}

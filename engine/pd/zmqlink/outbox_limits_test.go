@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // openFDs counts the process's open file descriptors.
@@ -47,7 +49,7 @@ func TestRedTeamPeerSocketsBounded(t *testing.T) {
 			}
 			most = max(most, out.Stats().Peers)
 		}
-		waitFor(t, 30*time.Second, "every message handed to ZeroMQ or failed", func() bool {
+		waitfor.For(t, "every message handed to ZeroMQ or failed", 30*time.Second, func() bool {
 			s := out.Stats()
 			return s.Sent+s.SendErrors+s.Dropped == endpoints
 		})
@@ -60,7 +62,7 @@ func TestRedTeamPeerSocketsBounded(t *testing.T) {
 		}
 		// Each libzmq socket holds a descriptor or two; 3,000 would be far
 		// past this.
-		waitFor(t, 30*time.Second, "the closed sockets' descriptors freed", func() bool { return openFDs(t)-fds <= 4*maxPeers })
+		waitfor.For(t, "the closed sockets' descriptors freed", 30*time.Second, func() bool { return openFDs(t)-fds <= 4*maxPeers })
 		got := make(chan string, 1)
 		in, err := Listen("tcp://127.0.0.1:0", func(f [][]byte) error { got <- string(f[0]); return nil }, nil)
 		if err != nil {
@@ -99,7 +101,7 @@ func TestOutboxClosesIdlePeers(t *testing.T) {
 		if m := <-got; m != msg {
 			t.Fatalf("got %q, want %q", m, msg)
 		}
-		waitFor(t, 5*time.Second, "the idle peer closed", func() bool { return out.Stats().Peers == 0 })
+		waitfor.For(t, "the idle peer closed", 5*time.Second, func() bool { return out.Stats().Peers == 0 })
 	}
 	if s := out.Stats(); s.IdleClosed != 2 {
 		t.Errorf("idle closed %d peers, want 2", s.IdleClosed)
@@ -121,7 +123,7 @@ func TestOutboxOfferNeverWaitsOnAPeer(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // Offer must not need ctx to refuse
-	waitFor(t, 5*time.Second, "the peer's slots full", func() bool {
+	waitfor.For(t, "the peer's slots full", 5*time.Second, func() bool {
 		return out.Offer(ctx, dead, [][]byte{[]byte("ack")}) != nil && out.Stats().Backlog == 2
 	})
 	if s := out.Stats(); s.QueueFull == 0 {
@@ -144,7 +146,7 @@ func TestOutboxForgetsClosedPeersSemaphores(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 30*time.Second, "every message handed to ZeroMQ or failed", func() bool {
+	waitfor.For(t, "every message handed to ZeroMQ or failed", 30*time.Second, func() bool {
 		s := out.Stats()
 		return s.Sent+s.SendErrors+s.Dropped == endpoints
 	})
@@ -181,11 +183,11 @@ func TestOutboxEvictionSparesBusyPeers(t *testing.T) {
 	for range 4 { // one in libzmq's pipe, the rest held
 		send(busy)
 	}
-	waitFor(t, 5*time.Second, "the busy peer's backlog", func() bool { return out.Stats().Backlog > 0 })
+	waitfor.For(t, "the busy peer's backlog", 5*time.Second, func() bool { return out.Stats().Backlog > 0 })
 	offer(idle)
 	offer("tcp://127.0.0.1:3")
 	// The new peer's socket is counted after the eviction that made its room.
-	waitFor(t, 5*time.Second, "an eviction and the new peer", func() bool { s := out.Stats(); return s.Evicted == 1 && s.Peers == 2 })
+	waitfor.For(t, "an eviction and the new peer", 5*time.Second, func() bool { s := out.Stats(); return s.Evicted == 1 && s.Peers == 2 })
 	if s := out.Stats(); s.Dropped != 0 || s.Backlog == 0 || s.Peers != 2 {
 		t.Errorf("the busy peer was evicted: %+v", s)
 	}
@@ -220,13 +222,13 @@ func TestOutboxEvictionSparesStreams(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 10*time.Second, "the stream handed to ZeroMQ", func() bool { s := out.Stats(); return s.Sent+uint64(s.Backlog) >= n })
+	waitfor.For(t, "the stream handed to ZeroMQ", 10*time.Second, func() bool { s := out.Stats(); return s.Sent+uint64(s.Backlog) >= n })
 	if err := out.Offer(context.Background(), "tcp://127.0.0.1:1", [][]byte{[]byte("ack")}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the offer handed over", func() bool { s := out.Stats(); return s.Sent+s.SendErrors+uint64(s.Backlog) > n })
+	waitfor.For(t, "the offer handed over", 10*time.Second, func() bool { s := out.Stats(); return s.Sent+s.SendErrors+uint64(s.Backlog) > n })
 	close(release)
-	waitFor(t, 20*time.Second, "the whole stream received", func() bool { return got.Load() == n })
+	waitfor.For(t, "the whole stream received", 20*time.Second, func() bool { return got.Load() == n })
 	if s := out.Stats(); s.Evicted != 0 {
 		t.Errorf("the stream's peer was evicted: %+v", s)
 	}

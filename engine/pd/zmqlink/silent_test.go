@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // TestRedTeamSilentConnections: a stranger opens connections to an
@@ -41,7 +43,7 @@ func TestRedTeamSilentConnections(t *testing.T) {
 					t.Fatalf("a silent connection was still open after 5s: %v", err)
 				}
 			}
-			waitFor(t, 5*time.Second, "the silent connections counted", func() bool { return in.Stats().AuthDenied >= n })
+			waitfor.For(t, "the silent connections counted", 5*time.Second, func() bool { return in.Stats().AuthDenied >= n })
 		})
 	}
 }

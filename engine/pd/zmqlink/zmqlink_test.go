@@ -11,20 +11,9 @@ import (
 	"sync"
 	"testing"
 	"time"
-)
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		runtime.Gosched()
-		time.Sleep(time.Millisecond) // poll interval, not a wait for a condition
-	}
-}
+	"github.com/pdkit/pdkit/internal/waitfor"
+)
 
 // checkGoroutines fails the test if, after it ends, the goroutine count
 // does not come back to what it was when checkGoroutines was called.
@@ -32,15 +21,10 @@ func checkGoroutines(t *testing.T) {
 	t.Helper()
 	base := runtime.NumGoroutine()
 	t.Cleanup(func() {
-		deadline := time.Now().Add(5 * time.Second)
-		for runtime.NumGoroutine() > base {
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<16)
-				n := runtime.Stack(buf, true)
-				t.Errorf("goroutines: %d, baseline %d\n%s", runtime.NumGoroutine(), base, buf[:n])
-				return
-			}
-			time.Sleep(time.Millisecond)
+		if !waitfor.Poll(5*time.Second, func() bool { return runtime.NumGoroutine() <= base }) {
+			buf := make([]byte, 1<<16)
+			n := runtime.Stack(buf, true)
+			t.Errorf("goroutines: %d, baseline %d, 5s after the test\n%s", runtime.NumGoroutine(), base, buf[:n])
 		}
 	})
 }
@@ -144,7 +128,7 @@ func testRoundTripInOrder(t *testing.T, zc bool) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 10*time.Second, "all messages", func() bool { return c.len() == n })
+	waitfor.For(t, "all messages", 10*time.Second, func() bool { return c.len() == n })
 	for i, got := range c.snapshot() {
 		want := msg(i)
 		if len(got) != len(want) {
@@ -189,8 +173,8 @@ func testHandlerPanicAndErrorRecovered(t *testing.T, zc bool) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 10*time.Second, "3 good messages", func() bool { return c.len() == 3 })
-	waitFor(t, 10*time.Second, "5 counted", func() bool { return in.Stats().Messages == 5 })
+	waitfor.For(t, "3 good messages", 10*time.Second, func() bool { return c.len() == 3 })
+	waitfor.For(t, "5 counted", 10*time.Second, func() bool { return in.Stats().Messages == 5 })
 	got := ""
 	for _, m := range c.snapshot() {
 		got += string(m[0])
@@ -309,7 +293,7 @@ func testConcurrentSenders(t *testing.T, zc bool) {
 		}()
 	}
 	wg.Wait()
-	waitFor(t, 10*time.Second, "200 messages", func() bool { return c.len() == senders*each })
+	waitfor.For(t, "200 messages", 10*time.Second, func() bool { return c.len() == senders*each })
 	next := make([]uint32, senders)
 	for _, m := range c.snapshot() {
 		s, i := m[0][0], binary.LittleEndian.Uint32(m[1])
@@ -340,7 +324,7 @@ func testForgetReconnectsRestartedPeer(t *testing.T, zc bool) {
 	if err := out.Send(context.Background(), ep, [][]byte{[]byte("one")}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "first message", func() bool { return c1.len() == 1 })
+	waitfor.For(t, "first message", 10*time.Second, func() bool { return c1.len() == 1 })
 	if err := in1.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -365,7 +349,7 @@ func testForgetReconnectsRestartedPeer(t *testing.T, zc bool) {
 	if err := out.Send(context.Background(), ep, [][]byte{[]byte("two")}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "message to the restarted peer", func() bool { return c2.len() == 1 })
+	waitfor.For(t, "message to the restarted peer", 10*time.Second, func() bool { return c2.len() == 1 })
 }
 
 func TestListenErrors(t *testing.T) { eachBackend(t, testListenErrors) }
@@ -421,7 +405,7 @@ func testHandlerEndsLoop(t *testing.T, zc bool) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 10*time.Second, "loop ends", func() bool { return !in.Alive() })
+	waitfor.For(t, "loop ends", 10*time.Second, func() bool { return !in.Alive() })
 	st := in.Stats()
 	if c.len() != 1 || st.Alive || !strings.Contains(st.ExitReason, "unknown message") {
 		t.Fatalf("handled %d, stats %+v", c.len(), st)
@@ -481,7 +465,7 @@ func testLargeFramesZeroCopy(t *testing.T, zc bool) {
 			runtime.GC() // pinned frames must survive collections
 		}
 	}
-	waitFor(t, 20*time.Second, "all messages", func() bool { mu.Lock(); defer mu.Unlock(); return got == n })
+	waitfor.For(t, "all messages", 20*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return got == n })
 	mu.Lock()
 	if len(bad) > 0 {
 		t.Fatalf("%d errors, first: %s", len(bad), bad[0])
@@ -489,7 +473,7 @@ func testLargeFramesZeroCopy(t *testing.T, zc bool) {
 	mu.Unlock()
 	// Everything was written out: libzmq released every frame without a
 	// close.
-	waitFor(t, 5*time.Second, "frames unpinned", func() bool { return livePins.Load() == 0 })
+	waitfor.For(t, "frames unpinned", 5*time.Second, func() bool { return livePins.Load() == 0 })
 	if st := out.Stats(); st.Sent != n || st.Dropped != 0 || st.SendErrors != 0 {
 		t.Fatalf("outbox stats %+v", st)
 	}
@@ -535,7 +519,7 @@ func testCloseReleasesPinnedFrames(t *testing.T, zc bool) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(50 * time.Millisecond)
+	waitfor.For(t, "the sender taking every queued message", 10*time.Second, func() bool { return out.Stats().Queued == 0 })
 	start := time.Now()
 	if err := out.Close(); err != nil {
 		t.Fatal(err)
@@ -596,7 +580,7 @@ func TestBackendsInteroperate(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			waitFor(t, 20*time.Second, "all messages", func() bool { return c.len() == n })
+			waitfor.For(t, "all messages", 20*time.Second, func() bool { return c.len() == n })
 			for i, got := range c.snapshot() {
 				if len(got) != len(want[i]) {
 					t.Fatalf("message %d: %d frames, want %d", i, len(got), len(want[i]))
