@@ -3,9 +3,10 @@ package dist
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"testing"
 	"time"
+
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // safety bounds every test's waiting: a hang fails the test instead of
@@ -38,25 +39,22 @@ func runRanks(t *testing.T, g *Group, fn func(ctx context.Context, c *Comm) erro
 }
 
 // waitArrived polls, with a deadline, until every rank in ranks is waiting at
-// seq. It reads only the lock-free snapshot.
+// seq. It reads only the lock-free snapshot, and returns an error rather
+// than failing the test: the ranks' goroutines call it.
 func waitArrived(g *Group, seq uint64, ranks ...int) error {
-	deadline := time.Now().Add(safety)
-	for {
+	arrived := func() bool {
 		s := g.Snapshot()
-		ok := true
 		for _, r := range ranks {
 			if w := s.Ranks[r].Waiting; w == nil || w.Seq != seq {
-				ok = false
+				return false
 			}
 		}
-		if ok {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("ranks %v not waiting at seq %d after %v", ranks, seq, safety)
-		}
-		runtime.Gosched()
+		return true
 	}
+	if !waitfor.Poll(safety, arrived) {
+		return fmt.Errorf("ranks %v not waiting at seq %d after %v", ranks, seq, safety)
+	}
+	return nil
 }
 
 func newGroup(t testing.TB, size int, opts Options) *Group {

@@ -3,12 +3,13 @@ package dist
 import (
 	"context"
 	"errors"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // nthFault fails one rank's n-th call of one op. It is called from every
@@ -80,11 +81,7 @@ func TestAnInjectedDelayShowsTheRankOutsideTheCollective(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Rank 1 may still be recording the end of seq 1; wait until it is out.
-	for deadline := time.Now().Add(safety); g.Snapshot().Ranks[1].Waiting != nil; runtime.Gosched() {
-		if time.Now().After(deadline) {
-			t.Fatal("rank 1 still shown in a collective")
-		}
-	}
+	waitfor.For(t, "rank 1 out of the collective", safety, func() bool { return g.Snapshot().Ranks[1].Waiting == nil })
 	stalls := g.Stuck(time.Now().Add(time.Hour), time.Minute)
 	want := []Peer{{Rank: 1, Seq: 1, Op: OpBarrier}}
 	if len(stalls) != 1 || stalls[0].Seq != 2 || !slices.Equal(stalls[0].Missing, want) {

@@ -3,12 +3,15 @@ package dist
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // tickClock is a clock that advances 1ms on every reading; safe for
@@ -167,13 +170,12 @@ func TestCloseWakesWaitersAndLeaksNoGoroutine(t *testing.T) {
 	}
 	g.Close() // idempotent
 
-	deadline := time.Now().Add(safety)
-	for runtime.NumGoroutine() > base {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines, %d before the group", runtime.NumGoroutine(), base)
+	waitfor.NoError(t, "the group's goroutines ending", safety, func() error {
+		if n := runtime.NumGoroutine(); n > base {
+			return fmt.Errorf("%d goroutines, %d before the group", n, base)
 		}
-		runtime.Gosched()
-	}
+		return nil
+	})
 }
 
 func TestCancelBreaksTheGroupForEveryRank(t *testing.T) {

@@ -42,6 +42,8 @@ func TestAMissingRankIsNamedAndTheOthersTimeOut(t *testing.T) {
 		if s := g.Stuck(time.Now(), time.Second); len(s) != 0 {
 			t.Errorf("Stuck before the threshold: %v", s)
 		}
+		// In the synctest bubble a sleep is how time passes: it moves the
+		// fake clock 3s on at once, to the stall's age under test.
 		time.Sleep(3 * time.Second)
 		synctest.Wait()
 		stalls := g.Stuck(time.Now(), time.Second)
@@ -58,7 +60,9 @@ func TestAMissingRankIsNamedAndTheOthersTimeOut(t *testing.T) {
 			t.Errorf("stall reads %q, want it to say %q", s, want)
 		}
 
-		time.Sleep(10 * time.Second) // past the deadline
+		// The fake clock, moved past the ranks' 10s deadline (a sleep is
+		// how time passes in the bubble).
+		time.Sleep(10 * time.Second)
 		wg.Wait()
 		deadline := 0
 		for r, err := range errs[:2] {
@@ -110,6 +114,8 @@ func TestWatchdogReportsEachStallOnce(t *testing.T) {
 
 		enter(0)
 		enter(1)
+		// In the synctest bubble a sleep is how time passes: the fake
+		// clock moves past the watchdog's period, at once, and it fires.
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
 		mu.Lock()
@@ -130,6 +136,7 @@ func TestWatchdogReportsEachStallOnce(t *testing.T) {
 
 		enter(1)
 		enter(2)
+		// The fake clock again, past the watchdog's period.
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
 		mu.Lock()

@@ -1,12 +1,15 @@
 package cpu
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 func TestPoolRunsEveryPart(t *testing.T) {
@@ -75,23 +78,23 @@ func TestCleanup(t *testing.T) {
 		x := randVec(newTestRand(), 1001, 4)
 		b.SwiGLU(make([]float32, 1000), x[:1000], x[1:])
 	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+	// The workers end once the pool is collected: collect on each try.
+	waitfor.NoError(t, "the workers ending", 5*time.Second, func() error {
 		runtime.GC()
-		time.Sleep(time.Millisecond)
-	}
-	waitGoroutines(t, before)
+		return goroutinesAtMost(before)
+	})
 }
 
 func waitGoroutines(t *testing.T, want int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > want {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines, want %d", runtime.NumGoroutine(), want)
-		}
-		time.Sleep(time.Millisecond)
+	waitfor.NoError(t, "the workers ending", 5*time.Second, func() error { return goroutinesAtMost(want) })
+}
+
+func goroutinesAtMost(want int) error {
+	if n := runtime.NumGoroutine(); n > want {
+		return fmt.Errorf("%d goroutines, want %d", n, want)
 	}
+	return nil
 }
 
 func newTestRand() *rand.Rand { return rand.New(rand.NewPCG(42, 42)) }
