@@ -6,6 +6,7 @@ package zmtp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/pd/zmqlink"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 var (
@@ -72,12 +74,12 @@ func TestRedTeamForgedPlainCredentials(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatal("the authenticated message was not delivered")
 		}
-		for in.Stats().AuthDenied < 2 {
-			if ctx.Err() != nil {
-				t.Fatalf("inbox stats %+v, want 2 refusals", in.Stats())
+		waitfor.NoError(t, "2 refusals", 10*time.Second, func() error {
+			if st := in.Stats(); st.AuthDenied < 2 {
+				return fmt.Errorf("inbox stats %+v", st)
 			}
-			time.Sleep(time.Millisecond) // poll interval
-		}
+			return nil
+		})
 		if st := in.Stats(); st.Messages != 1 || st.AuthAdmitted != 1 {
 			t.Fatalf("inbox stats %+v", st)
 		}
@@ -110,12 +112,7 @@ func TestPlainOutboxToPull(t *testing.T) {
 		if err != nil || len(m) != 1 || string(m[0]) != testAuth.Password {
 			t.Fatalf("received %q, %v", m, err)
 		}
-		for len(p.Errors()) == 0 {
-			if ctx.Err() != nil {
-				t.Fatal("the wrong credential was not refused")
-			}
-			time.Sleep(time.Millisecond) // poll interval
-		}
+		waitfor.For(t, "the wrong credential refused", 10*time.Second, func() bool { return len(p.Errors()) != 0 })
 		if err := p.Errors()[0]; !errors.Is(err, ErrAuthRefused) {
 			t.Fatalf("error %v, want ErrAuthRefused", err)
 		}
@@ -196,13 +193,7 @@ func TestPlainPullRefusesHello(t *testing.T) {
 					t.Fatalf("reply %q, want ERROR 400", body)
 				}
 			}
-			deadline := time.Now().Add(5 * time.Second)
-			for len(p.Errors()) == 0 {
-				if time.Now().After(deadline) {
-					t.Fatal("no error recorded")
-				}
-				time.Sleep(time.Millisecond) // poll interval
-			}
+			waitfor.For(t, "an error recorded", 5*time.Second, func() bool { return len(p.Errors()) != 0 })
 			if got := p.Errors()[0].Error(); got != tt.want {
 				t.Fatalf("error %q, want %q", got, tt.want)
 			}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // rawPeer is the far end of a net.Pipe, driven byte by byte by the test.
@@ -251,13 +253,7 @@ func TestPullRefuses(t *testing.T) {
 			if tt.name != "pull peer" {
 				peer.c.Close()
 			}
-			deadline := time.Now().Add(5 * time.Second)
-			for len(p.Errors()) == 0 {
-				if time.Now().After(deadline) {
-					t.Fatal("no error recorded")
-				}
-				time.Sleep(time.Millisecond)
-			}
+			waitfor.For(t, "an error recorded", 5*time.Second, func() bool { return len(p.Errors()) != 0 })
 			if got := p.Errors()[0].Error(); got != tt.want {
 				t.Fatalf("error %q, want %q", got, tt.want)
 			}
