@@ -90,59 +90,6 @@ func checkTurns(t *testing.T, got, want [][][]int32, what, ref string) {
 	}
 }
 
-// HiCache changes where a cached prefix comes from, never what is generated:
-// 200 multi-turn requests whose histories are evicted from a small device pool
-// to the host tier and loaded back give the same greedy tokens as with the
-// tier off, at TP 1 and 2, with fp8 and bf16 index keys (and at TP 1 with
-// bf16 KV pools, whose host pages hold bf16 K and V), and the tier really
-// loaded prefixes back.
-func TestHiCacheOnOffEqual(t *testing.T) {
-	m := tinyModel(t)
-	ss := sessions(31, 40, 5, 24, m.Config.VocabSize) // 200 requests, 40 revisits
-	const maxTok = 4
-	type variant struct {
-		ik kernels.IndexKDType
-		kv kernels.DType
-		n  int
-	}
-	var vs []variant
-	for _, ik := range []kernels.IndexKDType{kernels.IndexFP8, kernels.IndexBF16} {
-		for _, n := range []int{1, 2} {
-			vs = append(vs, variant{ik, kernels.F32, n})
-		}
-	}
-	vs = append(vs, variant{kernels.IndexFP8, kernels.BF16, 1})
-	for _, v := range vs {
-		ik, n := v.ik, v.n
-		t.Run(fmt.Sprintf("%v/kv-%s/tp%d", ik, kernels.KVName(v.kv), n), func(t *testing.T) {
-			cfg := Config{TP: n, PageSize: 4, KVTokens: 256, MaxRunning: 4, MaxBatchTokens: 48, PrefillChunk: 16, IndexK: ik, KVType: v.kv}
-			ref := newEngine(t, m, cfg)
-			want := runSessions(t, ref, ss, maxTok)
-			// 40 chats' cached prefixes lock more than the pool: the
-			// waiting requests behind the head gave theirs up, or the
-			// queue would have waited for ever.
-			if u := ref.View().Snapshot().Totals.Unstalls; u == 0 {
-				t.Error("no waiting request gave its cached prefix up: the workload never locked the whole pool")
-			}
-			on := cfg
-			on.HiCache = HiCacheConfig{Enabled: true, Ratio: 8}
-			e := newEngine(t, m, on)
-			got := runSessions(t, e, ss, maxTok)
-			checkTurns(t, got, want, "hicache on", "off")
-			checkPools(t, e)
-			for _, ts := range e.View().HiCache() {
-				t.Logf("rank %d: %+v", ts.Rank, ts.Totals)
-				if !ts.On || ts.Totals.HostHits == 0 || ts.Totals.Loads == 0 || ts.Totals.Backups == 0 {
-					t.Errorf("rank %d: no prefix went to host and came back: %+v", ts.Rank, ts)
-				}
-				if ts.Totals.LoadFailures != 0 || len(ts.Loads) != 0 {
-					t.Errorf("rank %d: load failures or loads left: %+v", ts.Rank, ts)
-				}
-			}
-		})
-	}
-}
-
 // kvDigests records, per (room, rank), an FNV digest of the prompt KV a
 // decode received (every layer's K, V, index-K rows and scales).
 type kvDigests struct {

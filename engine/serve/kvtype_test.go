@@ -34,19 +34,6 @@ func TestPDHandshakeRefusesKVType(t *testing.T) {
 	}
 }
 
-// PD greedy output equals the colocated engine's with bf16 pools, at TP 1
-// and 2 (TestPDMatchesColocated runs f32 on more prompts).
-func TestPDMatchesColocatedBF16(t *testing.T) {
-	m := tinyModel(t)
-	ps := testmodel.Prompts(19, 16, 3, 40, m.Config.VocabSize)
-	for _, n := range []int{1, 2} {
-		t.Run(fmt.Sprint("tp", n), func(t *testing.T) {
-			cfg := Config{TP: n, PageSize: 4, KVTokens: 512, MaxRunning: 4, MaxBatchTokens: 32, PrefillChunk: 7, KVType: kernels.BF16}
-			matchColocated(t, m, cfg, ps, 8, 7000)
-		})
-	}
-}
-
 // A PD transfer of one prompt moves half the bytes with bf16 and f16 pools
 // that it moves with f32 ones: exactly half on a model without an indexer
 // (whose KV is all there is), Layers × 2 × KVDim × 2 bytes per token.

@@ -110,55 +110,6 @@ func TestOverlapMatchesLockstep(t *testing.T) {
 	}
 }
 
-// Through a PD pair, both sides running the overlap loop, the greedy tokens
-// equal a colocated lock-step engine's.
-func TestOverlapPD(t *testing.T) {
-	m := tinyModel(t)
-	ps := testmodel.Prompts(103, overlapPrompts/2, 3, 40, m.Config.VocabSize)
-	const maxTok = 6
-	cfg := Config{TP: 2, PageSize: 4, KVTokens: 512, MaxRunning: 4, MaxBatchTokens: 32, PrefillChunk: 7, IndexK: kernels.IndexFP8}
-	want, _ := runAll(t, newEngine(t, m, cfg), ps, maxTok, nil)
-	ov := cfg
-	ov.Schedule = ScheduleOverlap
-	pp := newPDPair(t, ov)
-	var wg sync.WaitGroup
-	for i, p := range ps {
-		wg.Go(func() {
-			toks, dfin, _ := pp.run(t, context.Background(), Request{Prompt: p, MaxTokens: maxTok, IgnoreEOS: true}, uint64(60000+i))
-			if !slices.Equal(toks, want[i]) {
-				t.Errorf("prompt %d: PD overlap %v (%s), colocated lockstep %v", i, toks, dfin.Reason, want[i])
-			}
-		})
-	}
-	wg.Wait()
-	checkPools(t, pp.prefill)
-	checkPools(t, pp.decode)
-}
-
-// With HiCache on, the overlap loop still generates the lock-step loop's
-// tokens: multi-turn chats whose prefixes go to host and come back, the
-// loads settled when each step lands.
-func TestOverlapHiCache(t *testing.T) {
-	m := tinyModel(t)
-	ss := sessions(107, 20, 4, 24, m.Config.VocabSize)
-	cfg := Config{TP: 2, PageSize: 4, KVTokens: 256, MaxRunning: 4, MaxBatchTokens: 48, PrefillChunk: 16, IndexK: kernels.IndexBF16,
-		HiCache: HiCacheConfig{Enabled: true, Ratio: 8}}
-	want := runSessions(t, newEngine(t, m, cfg), ss, 4)
-	ov := cfg
-	ov.Schedule = ScheduleOverlap
-	e := newEngine(t, m, ov)
-	got := runSessions(t, e, ss, 4)
-	checkTurns(t, got, want, "overlap", "lockstep")
-	var hits uint64
-	for _, ts := range e.View().HiCache() {
-		hits += ts.Totals.HostHits
-	}
-	if hits == 0 {
-		t.Error("no host hit: the chats never loaded a prefix back")
-	}
-	checkPools(t, e)
-}
-
 // TestResolveSchedule: auto is overlap exactly when the forward passes
 // leave a CPU free (a device backend keeps none busy), and an engine
 // refuses auto itself.

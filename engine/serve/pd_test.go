@@ -10,21 +10,18 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
-	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/pd/mailbox"
 	"github.com/pdkit/pdkit/engine/pd/rooms"
 	"github.com/pdkit/pdkit/engine/pd/zmqlink"
 	"github.com/pdkit/pdkit/internal/syncbuf"
 	"github.com/pdkit/pdkit/internal/testmodel"
-	"github.com/pdkit/pdkit/kernels"
 )
 
 // pdPair is a prefill and a decode engine in one process, on real ZeroMQ
@@ -62,65 +59,6 @@ func (pp *pdPair) run(t *testing.T, ctx context.Context, q Request, room uint64)
 	toks, dfin := collect(t, ds, 30*time.Second)
 	_, pfin := collect(t, ps, 30*time.Second)
 	return toks, dfin, pfin
-}
-
-// matchColocated checks that PD greedy output under cfg equals the
-// colocated engine's for the prompts ps, maxTok tokens each, the PD
-// requests served concurrently under rooms from room0; and that after,
-// neither side holds a page or a queued request and both count the same
-// transfer bytes.
-func matchColocated(t *testing.T, m *model.Model, cfg Config, ps [][]int32, maxTok int, room0 uint64) {
-	t.Helper()
-	col := newEngine(t, m, cfg)
-	want := make([][]int32, len(ps))
-	for i, p := range ps {
-		s, err := col.Submit(context.Background(), Request{Prompt: p, MaxTokens: maxTok})
-		if err != nil {
-			t.Fatal(err)
-		}
-		want[i], _ = collect(t, s, 30*time.Second)
-	}
-	pp := newPDPair(t, cfg)
-	var wg sync.WaitGroup
-	for i, p := range ps {
-		wg.Go(func() {
-			toks, dfin, pfin := pp.run(t, context.Background(), Request{Prompt: p, MaxTokens: maxTok}, room0+uint64(i))
-			if !slices.Equal(toks, want[i]) {
-				t.Errorf("prompt %d: PD %v (%s), colocated %v", i, toks, dfin.Reason, want[i])
-			}
-			if pfin.Reason != ReasonLength || dfin.CompletionTokens != len(toks) {
-				t.Errorf("prompt %d: prefill %+v, decode %+v", i, pfin, dfin)
-			}
-		})
-	}
-	wg.Wait()
-	for _, e := range []*Engine{pp.prefill, pp.decode} {
-		checkPools(t, e)
-		for q, v := range e.PD().Queues() {
-			if v != 0 {
-				t.Errorf("%s queue %s holds %d", e.cfg.Role, q, v)
-			}
-		}
-	}
-	if pp.decode.PD().TransferBytes() == 0 || pp.prefill.PD().TransferBytes() != pp.decode.PD().TransferBytes() {
-		t.Errorf("transfer bytes: prefill %d, decode %d", pp.prefill.PD().TransferBytes(), pp.decode.PD().TransferBytes())
-	}
-}
-
-// PD greedy output equals the colocated engine's for 50 prompts, at TP 1
-// and 2, with both index-K precisions, prompts served concurrently in
-// chunks.
-func TestPDMatchesColocated(t *testing.T) {
-	m := tinyModel(t)
-	ps := testmodel.Prompts(17, 50, 3, 40, m.Config.VocabSize)
-	for _, ik := range []kernels.IndexKDType{kernels.IndexFP8, kernels.IndexBF16} {
-		for _, n := range []int{1, 2} {
-			t.Run(fmt.Sprintf("tp%d-%v", n, ik), func(t *testing.T) {
-				cfg := Config{TP: n, PageSize: 4, KVTokens: 512, MaxRunning: 4, MaxBatchTokens: 32, PrefillChunk: 7, IndexK: ik}
-				matchColocated(t, m, cfg, ps, 8, 5000)
-			})
-		}
-	}
 }
 
 // session is one PD request as a router runs it: both sides under one room,
