@@ -202,3 +202,22 @@ func TestDivergenceRemedyFollowsTheFaults(t *testing.T) {
 		}
 	}
 }
+
+// TestDivergenceNamesPhases: where the server tags its calls with the rank
+// loop's phase, the finding names each rank's phase: the incident's shape,
+// one rank in the PD poll while its peer, having gone idle on its own view,
+// waits in the next step input.
+func TestDivergenceNamesPhases(t *testing.T) {
+	s := twoRanks()
+	waitIn(&s, debug.CommControl, 0, 15001, "AllReduceMin", 6*time.Second)
+	waitIn(&s, debug.CommControl, 1, 15002, "Broadcast", 6*time.Second)
+	s.Collectives.Comm(debug.CommControl).Rank(0).Waiting.Phase = "poll"
+	s.Collectives.Comm(debug.CommControl).Rank(1).Waiting.Phase = "input"
+	fs := divergence(s)
+	if len(fs) == 0 {
+		t.Fatal("no finding")
+	}
+	if got, want := fs[0].Summary, "rank 0 waits in control seq 15001 AllReduceMin (poll) for 6s while rank 1 waits in control seq 15002 Broadcast (input)"; got != want {
+		t.Errorf("summary %q, want %q", got, want)
+	}
+}

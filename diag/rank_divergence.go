@@ -175,9 +175,17 @@ type wait struct {
 	call *debug.Collective
 }
 
-// String names the call with its communicator, whose seq it is: "control
-// seq 41 AllReduceMin".
-func (w wait) String() string { return fmt.Sprintf("%s seq %d %s", w.comm, w.call.Seq, w.call.Op) }
+// String names the call with its communicator, whose seq it is, and the
+// rank loop's phase it is for when the server says: "control seq 41
+// AllReduceMin (poll)". Two ranks parted at one seq are in different
+// phases of their loop's table (engine/rankcore): the phases say how.
+func (w wait) String() string {
+	s := fmt.Sprintf("%s seq %d %s", w.comm, w.call.Seq, w.call.Op)
+	if w.call.Phase != "" {
+		s += " (" + w.call.Phase + ")"
+	}
+	return s
+}
 
 // waited is how long the call has waited.
 func (w wait) waited() time.Duration {
