@@ -18,6 +18,7 @@ import (
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/diag"
 	"github.com/pdkit/pdkit/internal/syncbuf"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden frames in testdata")
@@ -230,12 +231,8 @@ func TestRun(t *testing.T) {
 	var out syncbuf.Buffer
 	done := make(chan error, 1)
 	go func() { done <- Run(t.Context(), in, &out, opts) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(out.String(), "rank-divergence") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no frame with the finding within 10s:\n%q", out.String())
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !waitfor.Poll(10*time.Second, func() bool { return strings.Contains(out.String(), "rank-divergence") }) {
+		t.Fatalf("no frame with the finding within 10s:\n%q", out.String())
 	}
 	if _, err := keys.Write([]byte("q")); err != nil {
 		t.Fatal(err)

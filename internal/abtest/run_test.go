@@ -49,6 +49,8 @@ func (e *endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		for _, s := range []string{"a", "b", "c"} {
 			chunk(s, "")
+			// Real time between the outputs: the latencies under test
+			// are measured on the wall clock and must add up to it.
 			time.Sleep(2 * time.Millisecond)
 		}
 		chunk("", "length")

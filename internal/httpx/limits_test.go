@@ -1,11 +1,14 @@
 package httpx
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // TestRedTeamIdleConnectionsYield: kept-alive connections idle between
@@ -45,18 +48,15 @@ func TestRedTeamIdleConnectionsYield(t *testing.T) {
 		}
 	}
 	// The server marks a connection idle once its answer is out.
-	for deadline := time.Now().Add(5 * time.Second); ; {
+	waitfor.NoError(t, "both connections idle", 5*time.Second, func() error {
 		cl.mu.Lock()
 		n := len(cl.idle)
 		cl.mu.Unlock()
-		if n == 2 {
-			break
+		if n != 2 {
+			return fmt.Errorf("%d connections idle, want 2", n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d connections idle, want 2", n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 	probe := &http.Client{Transport: &http.Transport{}}
 	defer probe.CloseIdleConnections()
 	if code := get(probe); code != 200 {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/internal/syncbuf"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // The test binary is also the children: with childEnv set it runs the
@@ -47,6 +48,9 @@ func runChild(mode string) int {
 		fmt.Fprintln(os.Stderr, "listen tcp 127.0.0.1:1: bind: address already in use")
 		return 1
 	case "sleep":
+		// The child stands for a server that never exits on its own, until
+		// the test stops it: it waits on nothing, and a bare select would
+		// trip the runtime's deadlock check.
 		time.Sleep(time.Hour)
 		return 0
 	case "serve":
@@ -92,16 +96,15 @@ func runChild(mode string) int {
 func waitMatch(t *testing.T, out *syncbuf.Buffer, re string) []string {
 	t.Helper()
 	r := regexp.MustCompile(re)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if m := r.FindStringSubmatch(out.String()); m != nil {
-			return m
+	var m []string
+	waitfor.NoError(t, fmt.Sprintf("output matching %q", re), 5*time.Second, func() error {
+		s := out.String()
+		if m = r.FindStringSubmatch(s); m == nil {
+			return fmt.Errorf("output so far:\n%s", s)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("output never matched %q:\n%s", re, out.String())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
+	return m
 }
 
 func testSpec(t *testing.T, name, mode string, env ...string) Spec {

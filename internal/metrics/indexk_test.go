@@ -10,6 +10,7 @@ import (
 	"github.com/pdkit/pdkit/engine/model/builtin"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -32,11 +33,11 @@ func TestIndexKMetrics(t *testing.T) {
 	check := func(when string, fp8, bf16, switches float64) {
 		t.Helper()
 		var v map[string]float64
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
-			if v = values(t, met.Registry()); v["pdkit_indexk_switches_total"] == switches || time.Now().After(deadline) {
-				break
-			}
-		}
+		// Past the bound the checks below say what is missing.
+		waitfor.Poll(10*time.Second, func() bool {
+			v = values(t, met.Registry())
+			return v["pdkit_indexk_switches_total"] == switches
+		})
 		for k, want := range map[string]float64{"pdkit_indexk_precision/fp8": fp8, "pdkit_indexk_precision/bf16": bf16,
 			"pdkit_indexk_switches_total": switches} {
 			if got, ok := v[k]; !ok || got != want {

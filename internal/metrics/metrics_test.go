@@ -12,6 +12,7 @@ import (
 	"github.com/pdkit/pdkit/engine/model/builtin"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 	"github.com/pdkit/pdkit/kernels/cpu"
 )
@@ -134,12 +135,11 @@ func TestEngineAbortAndFinish(t *testing.T) {
 		}
 	}
 	var v map[string]float64
-	for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	// Past the bound the checks below say what is missing.
+	waitfor.Poll(10*time.Second, func() bool {
 		v = values(t, met.Registry())
-		if v["pdkit_kv_pages_used/0"] == 0 && v["pdkit_aborts_total"] == 1 || time.Now().After(end) {
-			break
-		}
-	}
+		return v["pdkit_kv_pages_used/0"] == 0 && v["pdkit_aborts_total"] == 1
+	})
 	for k, want := range map[string]float64{
 		"pdkit_aborts_total":                      1,
 		"pdkit_requests_total/abort":              1,

@@ -16,6 +16,7 @@ import (
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -109,9 +110,10 @@ func TestPDEngines(t *testing.T) {
 	}
 	for role, met := range regs {
 		// Every rank publishes its queues after its iteration: wait
-		// until all have caught up with the finish.
+		// until all have caught up with the finish; past the bound the
+		// checks below say what is left.
 		var v map[string]float64
-		for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		waitfor.Poll(10*time.Second, func() bool {
 			v = values(t, met.Registry())
 			empty := true
 			for _, name := range queues[role] {
@@ -119,10 +121,8 @@ func TestPDEngines(t *testing.T) {
 					empty = empty && v[name+"/"+strconv.Itoa(r)] == 0
 				}
 			}
-			if empty || time.Now().After(end) {
-				break
-			}
-		}
+			return empty
+		})
 		for r := range tp {
 			rank := "/" + strconv.Itoa(r)
 			for _, name := range queues[role] {

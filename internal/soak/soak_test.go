@@ -28,6 +28,7 @@ import (
 
 	"github.com/pdkit/pdkit/internal/procstat"
 	"github.com/pdkit/pdkit/internal/syncbuf"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 var (
@@ -114,8 +115,9 @@ func TestSoak(t *testing.T) {
 			// The sessions arrive over rampUp, as clients do, rather than
 			// in one burst whose extra connections would idle out of
 			// the servers' pools 90s later, inside the measured windows
-			// of a short run.
-			time.Sleep(time.Duration(s) * rampUp(d) / time.Duration(sessions)) // pacing
+			// of a short run. The ramp is a schedule in real time, not
+			// a wait for a condition: a sleep is what keeps it.
+			time.Sleep(time.Duration(s) * rampUp(d) / time.Duration(sessions))
 			// Each session walks the cases from its own place, so the
 			// mix in flight changes all the time.
 			for k := s * 37; time.Now().Before(end); k++ {
@@ -137,7 +139,9 @@ func TestSoak(t *testing.T) {
 			if !at.Before(end) {
 				return
 			}
-			time.Sleep(time.Until(at)) // the soak's pacing, not a wait for a condition
+			// The soak's pacing: a diagnosis every diagnoseEvery of real
+			// time, not a wait for a condition.
+			time.Sleep(time.Until(at))
 			dg := runDiagnose(t.Context(), pdctl, cl.router, at.Sub(loadStart))
 			diags = append(diags, dg)
 			ok, failed, mism, _ := st.counts()
@@ -303,17 +307,16 @@ func startCluster(t *testing.T, pdserve, dir string) *cluster {
 	// launch waits up to its --ready-timeout (2m) for the servers, after
 	// generating the built-in model if this machine has none yet.
 	table := regexp.MustCompile(`(?m)^(prefill|decode|router) +(\S+) +(http://127\.0\.0\.1:\d+) +(\d+)`)
-	deadline := time.Now().Add(4 * time.Minute)
-	for !strings.Contains(stdout.String(), "curl -s") {
+	up := waitfor.Poll(4*time.Minute, func() bool {
 		select {
 		case <-cl.done:
 			t.Fatalf("pdserve launch exited before the cluster was up: %v\n%s", cl.waitErr, cl.logTail())
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pdserve launch printed no endpoints within 4m\n%s", cl.logTail())
-		}
-		time.Sleep(20 * time.Millisecond)
+		return strings.Contains(stdout.String(), "curl -s")
+	})
+	if !up {
+		t.Fatalf("pdserve launch printed no endpoints within 4m\n%s", cl.logTail())
 	}
 	for _, m := range table.FindAllStringSubmatch(stdout.String(), -1) {
 		pid, _ := strconv.Atoi(m[4])
@@ -736,7 +739,9 @@ func (m *monitor) run(start, end time.Time) {
 		if at.After(end) {
 			return
 		}
-		time.Sleep(time.Until(at)) // the soak's pacing
+		// The soak's pacing: a sample every sampleEvery of real time,
+		// not a wait for a condition.
+		time.Sleep(time.Until(at))
 		m.sample(time.Since(start))
 	}
 }
