@@ -32,12 +32,12 @@ func (h *hicacheFlags) register(f *pflag.FlagSet) {
 	f.Var(&h.bandwidth, "hicache-load-bandwidth", "pace each rank's loads back from host, bytes per second, e.g. 2GB/s or 500MiB/s (0: unlimited; settable live: POST /admin/v1/hicache/bandwidth)")
 }
 
-// config checks the flags and returns the engine's host tier settings.
-// noPrefixCache is --no-prefix-cache, which the tier cannot go without.
+// config parses the flags and returns the engine's host tier settings, as
+// the engine's own rules check them (serve.HiCacheConfig.Validate).
+// noPrefixCache is --no-prefix-cache, which the tier cannot go without. A
+// ratio of 0 is refused here, where it is a value the user typed: in the
+// engine's configuration 0 stands for the default.
 func (h *hicacheFlags) config(noPrefixCache bool) (serve.HiCacheConfig, error) {
-	if h.on && noPrefixCache {
-		return serve.HiCacheConfig{}, usagef("--hicache needs the prefix cache, which --no-prefix-cache turns off: drop one of them")
-	}
 	if !(h.ratio > 0) {
 		return serve.HiCacheConfig{}, usagef("--hicache-ratio %v: want a positive multiple of the device KV pool", h.ratio)
 	}
@@ -45,7 +45,11 @@ func (h *hicacheFlags) config(noPrefixCache bool) (serve.HiCacheConfig, error) {
 	if err != nil {
 		return serve.HiCacheConfig{}, usagef("--hicache-write-policy %q: want write-through or write-back", h.policy)
 	}
-	return serve.HiCacheConfig{Enabled: h.on, Bytes: int64(h.size), Ratio: h.ratio, Policy: p, LoadBandwidth: int64(h.bandwidth)}, nil
+	c := serve.HiCacheConfig{Enabled: h.on, Bytes: int64(h.size), Ratio: h.ratio, Policy: p, LoadBandwidth: int64(h.bandwidth)}
+	if err := c.Validate(noPrefixCache); err != nil {
+		return serve.HiCacheConfig{}, usageError{err}
+	}
+	return c, nil
 }
 
 // args are the flags set (on the command line or by their PD_* variable)

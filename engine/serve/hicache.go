@@ -61,10 +61,20 @@ func (c *HiCacheConfig) setDefaults() {
 	}
 }
 
+// Validate refuses a host tier that cannot work, with or without the
+// prefix cache (disablePrefix): the rules Config.Validate applies, for a
+// caller that checks the tier's flags before it builds an engine (launch,
+// before it starts its servers).
+func (c HiCacheConfig) Validate(disablePrefix bool) error {
+	var errs []error
+	c.validate(disablePrefix, func(format string, args ...any) { errs = append(errs, fmt.Errorf("serve: "+format, args...)) })
+	return errors.Join(errs...)
+}
+
 func (c HiCacheConfig) validate(disablePrefix bool, bad func(string, ...any)) {
 	switch {
 	case c.Enabled && disablePrefix:
-		bad("hicache needs the prefix cache: it is its host tier (drop --no-prefix-cache or --hicache)")
+		bad("--hicache needs the prefix cache, which --no-prefix-cache turns off: drop one of them (the host tier lies under the prefix cache)")
 	case c.Bytes < 0 || c.Ratio < 0 || math.IsNaN(c.Ratio) || math.IsInf(c.Ratio, 0):
 		bad("hicache size %d bytes / ratio %v (--hicache-size, --hicache-ratio): want non-negative", c.Bytes, c.Ratio)
 	case c.LoadBandwidth < 0:
