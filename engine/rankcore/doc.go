@@ -90,7 +90,12 @@
 // values in, what every rank does out, with no state, clock or I/O. The
 // plan's agreement ([PlanDigest], [PlansAgree]), the prefix match every
 // rank admits at ([AdmitAgreed]: the least device match, and the host part
-// only where every rank's device matched alike), and rank 0's step of an
+// only where every rank's device matched alike) and what each rank does
+// with its own match ([PlanAdmit]: keep it, loading the agreed host part
+// or unpinning it, or let it go for the agreed device part), which
+// waiting requests give their cached prefixes up when nothing runs and
+// the head does not fit ([Unstall]: newest first, never the head, until
+// it fits), and rank 0's step of an
 // index-K precision switch's drain ([DrainStep]: the switch once nothing
 // holds the old precision, past the bound the aborts of what still does,
 // sparing what an abort would not change), and the forks of a request's
