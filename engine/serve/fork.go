@@ -44,7 +44,7 @@ type forkOf struct {
 // forkRoom reduces the room to fork in: what every rank can allocate.
 func (l *rankLoop) forkRoom(p rankcore.Phase) (pages, rows int, err error) {
 	pool := l.rk.Pool()
-	reduced := []int64{int64(l.freePages()), int64(pool.Config().MaxSeqs - pool.Live())}
+	reduced := []int64{int64(l.px.freePages()), int64(pool.Config().MaxSeqs - pool.Live())}
 	if err := l.ag.ints(p, reduced); err != nil {
 		return 0, 0, err
 	}

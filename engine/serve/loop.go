@@ -28,6 +28,7 @@ type rankLoop struct {
 	sched *sched.Scheduler
 	cache *prefix.Cache // nil when the prefix cache is off
 	tier  *rankTier     // the cache's host tier executor (tier.go)
+	px    *rankPrefix   // the cache's admission and eviction executor (admission.go)
 	pd    *rankPD       // nil on a colocated server
 	seqs  map[uint64]*seqState
 	step  uint64
@@ -214,7 +215,12 @@ func (l *rankLoop) front(in stepInput, start time.Time) (*planned, error) {
 		return nil, fmt.Errorf("serve: rank %d: schedule: %w", l.r, err)
 	}
 	if len(plan.Run) == 0 && l.sched.Admitted() == 0 {
-		if err := l.unstall(); err != nil {
+		// Nothing runs: the head may wait on pages its followers hold.
+		n, err := l.px.unstall(l.seqs, l.sched, l.now)
+		if l.r == 0 {
+			l.e.streams.totals.Unstalls += uint64(n)
+		}
+		if err != nil {
 			return nil, err
 		}
 	}
@@ -223,7 +229,9 @@ func (l *rankLoop) front(in stepInput, start time.Time) (*planned, error) {
 		return nil, err
 	}
 	if overlap && l.flight != nil {
-		l.evictFor(plan)
+		if n := l.px.evictFor(plan); l.r == 0 {
+			l.e.streams.totals.PrefixEvictions += uint64(n)
+		}
 	}
 	return &planned{rec: rec, plan: plan}, nil
 }
@@ -452,7 +460,7 @@ func (l *rankLoop) drop(release bool) {
 			case f.Release:
 				err = errors.Join(err, l.release(f.ID, s))
 			case l.cache != nil:
-				err = errors.Join(err, l.tier.dropHostMatch(s), l.cache.Unlock(s.matched))
+				err = errors.Join(err, l.px.unlock(s))
 			}
 		}
 		if err != nil {

@@ -1,7 +1,6 @@
 package serve
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -39,7 +38,7 @@ func (l *rankLoop) poll() ([]addMsg, error) {
 // (grantPagesSendInfo) and then the scheduler share.
 func (l *rankLoop) room() (pages, rows int, err error) {
 	pool := l.rk.Pool()
-	reduced := []int64{int64(l.freePages()), int64(pool.Config().MaxSeqs - pool.Live())}
+	reduced := []int64{int64(l.px.freePages()), int64(pool.Config().MaxSeqs - pool.Live())}
 	if err := l.ag.ints(rankcore.Room, reduced); err != nil {
 		return 0, 0, err
 	}
@@ -50,62 +49,40 @@ func (l *rankLoop) room() (pages, rows int, err error) {
 // ranks match their own caches and MIN-reduce, per request, the device
 // match, the whole match (device plus host tier) and the negated device
 // match, so all of them admit at the same length and load back the same
-// host part. Device caches hold the same pages on every rank; should they
-// ever differ (the negated minimum is not the minimum), nothing is loaded.
+// host part; rankcore's PlanAdmit says what each rank does with its own
+// match, and the prefix executor (admission.go) does it. Device caches
+// hold the same pages on every rank; should they ever differ (the negated
+// minimum is not the minimum), nothing is loaded.
 func (l *rankLoop) admit(adds []addMsg) error {
 	if len(adds) == 0 {
 		return nil
 	}
-	k := len(adds)
-	hms := make([]prefix.HostMatch, k)
-	ms := make([]rankcore.Match, k)
-	var agreed []int64
-	if l.cache != nil {
-		for i, a := range adds {
-			if a.noCache {
-				continue // matches nothing: every rank admits it at 0
-			}
-			hm := l.cache.MatchHost(a.prompt[:len(a.prompt)-1])
-			hms[i] = hm
-			ms[i] = rankcore.Match{Device: hm.N, Total: hm.N + hm.Host}
-		}
-		agreed = rankcore.AdmitProposal(ms)
+	var hms []prefix.HostMatch
+	var plan []rankcore.Admission
+	if l.px.on() {
+		var own []rankcore.Match
+		hms, own = l.px.match(adds)
+		agreed := rankcore.AdmitProposal(own)
 		if err := l.ag.ints(rankcore.Admit, agreed); err != nil {
 			return err
 		}
+		plan = rankcore.PlanAdmit(own, agreed)
 	}
 	for i, a := range adds {
-		var dev, total int
-		if agreed != nil {
-			m := rankcore.AdmitAgreed(agreed, i, k)
-			dev, total = m.Device, m.Total
-		}
+		var d rankcore.Admission
 		s := &seqState{all: append(make([]int32, 0, len(a.prompt)+a.maxTokens), a.prompt...),
 			maxTokens: a.maxTokens, ignoreEOS: a.ignoreEOS, stop: a.stop}
-		if l.cache != nil {
-			hm := hms[i]
-			if hm.N > dev {
-				// A peer matched less: keep the agreed part only.
-				if err := l.dropMatch(&hm); err != nil {
-					return err
-				}
-				s.matched, _ = l.cache.Match(a.prompt[:dev])
-			} else {
-				s.matched = hm.Pages
-				s.hm = &hm
-				if total == dev {
-					if err := l.tier.dropHostMatch(s); err != nil { // nothing to load: unpin
-						return err
-					}
-				}
+		if plan != nil {
+			d = plan[i]
+			if err := l.px.keep(a.prompt, hms[i], d, s); err != nil {
+				return err
 			}
 		}
-		err := l.sched.Add(sched.Request{ID: a.id, PromptLen: len(a.prompt), MaxTokens: a.maxTokens, Cached: total, Loaded: total - dev}, l.now)
+		total := d.Agreed.Total
+		err := l.sched.Add(sched.Request{ID: a.id, PromptLen: len(a.prompt), MaxTokens: a.maxTokens, Cached: total, Loaded: d.Loaded()}, l.now)
 		if err != nil {
-			if l.cache != nil {
-				if uerr := errors.Join(l.tier.dropHostMatch(s), l.cache.Unlock(s.matched)); uerr != nil {
-					return fmt.Errorf("serve: rank %d: %w", l.r, uerr)
-				}
+			if uerr := l.px.unlock(s); uerr != nil {
+				return fmt.Errorf("serve: rank %d: %w", l.r, uerr)
 			}
 			if a.pd {
 				// A prefill room the scheduler refuses fails like any
@@ -128,60 +105,6 @@ func (l *rankLoop) admit(adds []addMsg) error {
 		}
 	}
 	return nil
-}
-
-// dropMatch unpins hm's host part and unlocks its device match.
-func (l *rankLoop) dropMatch(hm *prefix.HostMatch) error {
-	pages, _, err := l.cache.LoadBack(ctx, nil, *hm, hm.N)
-	if err == nil {
-		err = l.cache.Unlock(pages)
-	}
-	if err != nil {
-		return fmt.Errorf("serve: rank %d: %w", l.r, err)
-	}
-	return nil
-}
-
-// unstall frees pages that requests waiting behind the head hold locked as
-// their cached prefixes, when nothing runs and the head does not fit:
-// those locks are all that keep the pages from eviction, and without this
-// the queue would wait for ever (busy is not dead). The newest waiters give
-// their cached prefixes up first (they will compute them), until the head
-// fits. Every rank sees the same scheduler and cache, so every rank does
-// the same.
-func (l *rankLoop) unstall() error {
-	if l.cache == nil {
-		return nil
-	}
-	_, need, ok := l.sched.Head()
-	ids := l.sched.WaitingIDs()
-	for i := len(ids) - 1; ok && i > 0 && l.cache.Free() < need; i-- {
-		s := l.seqs[ids[i]]
-		if s == nil || (len(s.matched) == 0 && s.hm == nil) {
-			continue
-		}
-		if err := errors.Join(l.tier.dropHostMatch(s), l.cache.Unlock(s.matched)); err != nil {
-			return fmt.Errorf("serve: rank %d: unstall: %w", l.r, err)
-		}
-		s.matched = nil
-		if err := l.sched.Uncache(ids[i], 0, l.now); err != nil {
-			return fmt.Errorf("serve: rank %d: unstall: %w", l.r, err)
-		}
-		if l.r == 0 {
-			l.e.streams.totals.Unstalls++
-		}
-	}
-	return nil
-}
-
-// freePages is what this rank could allocate now: free pages plus cached
-// pages nothing uses.
-func (l *rankLoop) freePages() int {
-	n := l.rk.Pool().FreePages()
-	if l.cache != nil {
-		n += l.cache.Evictable()
-	}
-	return n
 }
 
 // agree MAX-reduces the plan digest and its negation: the ranks agree when

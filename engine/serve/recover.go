@@ -204,6 +204,7 @@ func (s *supervisor) build(endpoints []string) error {
 			l.cache = prefix.New(l.rk.Pool())
 		}
 		l.tier = newRankTier(r, cfg, l.cache, l.rk.Pool(), &e.faults, &e.hicacheBandwidth)
+		l.px = newRankPrefix(r, l.cache, l.rk.Pool(), l.tier)
 		if l.cache != nil {
 			if tierOn {
 				if hostPages == 0 {

@@ -95,7 +95,9 @@
 // when a step needs the room. When nothing runs and the head of the queue
 // does not fit because the requests waiting behind it hold the pool's
 // pages locked, the newest of them give their cached prefixes up until it
-// fits (Totals.Unstalls).
+// fits (Totals.Unstalls). What each rank keeps of its match once the ranks
+// agreed, and who gives up, are engine/rankcore's decisions (PlanAdmit,
+// Unstall); the rank's prefix executor (admission.go) runs them.
 //
 // With HiCache (Config.HiCache) each rank's cache has a host tier: pages are
 // backed up to host memory by a writer goroutine and loaded back, layer by

@@ -1,7 +1,6 @@
 package serve
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -28,8 +27,9 @@ func (l *rankLoop) prepare(plan sched.Plan, rec *StepRecord) ([]tp.Input, error)
 			}
 		}
 	}
-	l.evictFor(plan)
+	evicted := l.px.evictFor(plan)
 	if l.r == 0 {
+		l.e.streams.totals.PrefixEvictions += uint64(evicted)
 		now := time.Now()
 		for _, it := range plan.Run {
 			l.e.streams.observeServed(it.ID, now)
@@ -66,19 +66,6 @@ func (l *rankLoop) prepare(plan sched.Plan, rec *StepRecord) ([]tp.Input, error)
 		rec.Phase = "mixed"
 	}
 	return batch, nil
-}
-
-// evictFor evicts cached prefixes until plan's pages fit in the free pool.
-// Evict takes only pages no sequence uses, so the overlap loop calls it
-// while the step before runs too, off the path between two forward
-// passes; prepare calls it again for what the finishes left short.
-func (l *rankLoop) evictFor(plan sched.Plan) {
-	if short := plan.PagesNeeded - l.rk.Pool().FreePages(); short > 0 && l.cache != nil {
-		n := l.cache.Evict(short)
-		if l.r == 0 {
-			l.e.streams.totals.PrefixEvictions += uint64(n)
-		}
-	}
 }
 
 // forward runs the step's forward pass in line (the lock-step loop),
@@ -203,7 +190,7 @@ func (l *rankLoop) finish(fs []sched.Finish) error {
 		case f.Release:
 			err = l.release(f.ID, s)
 		case l.cache != nil:
-			err = errors.Join(l.tier.dropHostMatch(s), l.cache.Unlock(s.matched)) // finished while waiting
+			err = l.px.unlock(s) // finished while waiting
 		}
 		handled, perr := l.pd.schedFinished(l.pdLoop(), f)
 		if !handled {
