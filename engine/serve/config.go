@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/clock"
 	"github.com/pdkit/pdkit/engine/dist"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/kernels"
@@ -100,6 +101,17 @@ type Config struct {
 	// anyway (expiring timeouts and proving it is alive); default 50ms.
 	Heartbeat time.Duration
 
+	// Clock is the engine's time (default clock.Real): every timeout,
+	// lease, heartbeat age and watchdog threshold is judged on it, and
+	// the records and observer times are stamped with it. A test passes a
+	// clock.Manual and advances it to reach a timeout without waiting.
+	// The loops' pacing (the heartbeat wake-up, the supervisor's and the
+	// watchdog's checks) stays on real timers: those only wake a loop,
+	// whose decision then reads this clock. Close's bound is on it too:
+	// on a Manual clock, a Close that finds a loop stuck waits until the
+	// clock passes CloseTimeout.
+	Clock clock.Clock `json:"-"`
+
 	// Logger receives the engine's warnings (a PD failure, once, by the
 	// rank that decided it; a stalled collective); default slog.Default().
 	Logger *slog.Logger `json:"-"`
@@ -145,6 +157,9 @@ func (c *Config) setDefaults(m *model.Model) {
 	}
 	if c.Heartbeat == 0 {
 		c.Heartbeat = 50 * time.Millisecond
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
 	}
 	if c.Name == "" {
 		c.Name = "pdserve"

@@ -120,7 +120,10 @@ func (b *inbox) poke() {
 }
 
 // idle waits, on rank 0, until the inbox changes, the heartbeat passes or
-// the engine closes.
+// the engine closes. The heartbeat is a real timer: it only paces the
+// loop, and what the next iteration decides (every timeout) reads the
+// engine's clock, so on a test's Manual clock an advance takes effect at
+// the next beat without the loop stopping between advances.
 func (b *inbox) idle() {
 	t := time.NewTimer(b.heartbeat)
 	defer t.Stop()

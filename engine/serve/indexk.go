@@ -69,7 +69,7 @@ var ErrIndexKBusy = errors.New("serve: an index-K precision switch is already un
 func (l *rankLoop) drainStep(op *indexKOp, in *stepInput) {
 	e := l.e
 	facts := rankcore.DrainFacts{Scheduled: l.sched.Len(), Rooms: l.pd.rooms(), Handshaking: l.pd.handshaking(),
-		Seqs: len(l.seqs), Joining: len(in.adds), PastBound: !time.Now().Before(op.deadline)}
+		Seqs: len(l.seqs), Joining: len(in.adds), PastBound: !e.now().Before(op.deadline)}
 	var held []rankcore.DrainHeld
 	if facts.PastBound {
 		for id, r := range e.streams.front {
@@ -141,7 +141,7 @@ func (l *rankLoop) applyIndexK(dt kernels.IndexKDType, tierPages int) error {
 	op := e.inbox.doneIndexK()
 	res := IndexKSwitch{From: from, To: dt, Changed: true}
 	if op != nil {
-		res.Paused, res.Aborted = time.Since(op.since), op.cut
+		res.Paused, res.Aborted = e.now().Sub(op.since), op.cut
 		op.done <- res
 	}
 	e.cfg.Logger.Info("serve: index-K precision switched", "server", e.cfg.Name, "from", from.String(), "to", dt.String(),

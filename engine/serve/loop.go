@@ -125,7 +125,7 @@ func (l *rankLoop) begin(ran bool) *iteration {
 	if in.stop {
 		return &iteration{stop: true}
 	}
-	start := time.Now()
+	start := l.e.now()
 	l.beat.Store(start.UnixNano())
 	p, err := l.front(in, start)
 	return &iteration{p: p, err: err}
@@ -426,7 +426,7 @@ func (l *rankLoop) joinArrival(add addMsg, tok int32, seq *kvcache.Seq) error {
 // engine snapshot. It returns the record as published.
 func (l *rankLoop) publish(rec StepRecord) StepRecord {
 	l.step++
-	rec.Finished, rec.End = l.finished, time.Now()
+	rec.Finished, rec.End = l.finished, l.e.now()
 	l.ag.published(&rec)
 	l.last.Store(&rec)
 	l.pd.publish(l.now)

@@ -35,6 +35,10 @@ type pdMailbox struct {
 	wake      func()    // tells the loops that mail arrived
 	faults    *faultSet // the engine's fault switches
 	reply     func(endpoint string, m pdproto.Message)
+	// now is the time the machine files, probes and judges liveness at:
+	// the engine's clock once the rank sets it (newRankPD), the wall
+	// clock for a mailbox on its own.
+	now func() time.Time
 }
 
 // maxUnknownRooms bounds the rooms a prefill keeps mail for before their
@@ -60,7 +64,7 @@ func newMailbox(cfg mailbox.Config, wake func(), faults *faultSet) *pdMailbox {
 		// The engine derives the configuration: an error is a bug.
 		panic(err)
 	}
-	return &pdMailbox{m: m, prefill: cfg.Role == rooms.Prefill, wake: wake, faults: faults}
+	return &pdMailbox{m: m, prefill: cfg.Role == rooms.Prefill, wake: wake, faults: faults, now: time.Now}
 }
 
 // setSender sets the endpoint the rank's heartbeats name: its advertised
@@ -104,7 +108,7 @@ func (mb *pdMailbox) handle(frames [][]byte) error {
 func (mb *pdMailbox) file(m pdproto.Message) (to string, answer pdproto.Message, err error) {
 	mb.mu.Lock()
 	defer mb.mu.Unlock()
-	d := mb.m.File(time.Now(), m)
+	d := mb.m.File(mb.now(), m)
 	switch d.Drop {
 	case mailbox.Late:
 		mb.late.Add(1)
@@ -147,7 +151,7 @@ func ownChunk(m *pdproto.KVChunk) *pdproto.KVChunk {
 func (mb *pdMailbox) probe(peer string, boot uint64, every time.Duration) *pdproto.Heartbeat {
 	mb.mu.Lock()
 	defer mb.mu.Unlock()
-	return mb.m.Probe(time.Now(), peer, boot, every)
+	return mb.m.Probe(mb.now(), peer, boot, every)
 }
 
 // liveness reports a prefill rank's liveness: how long its oldest
@@ -156,7 +160,7 @@ func (mb *pdMailbox) probe(peer string, boot uint64, every time.Duration) *pdpro
 func (mb *pdMailbox) liveness(endpoint string) rooms.Liveness {
 	mb.mu.Lock()
 	defer mb.mu.Unlock()
-	return mb.m.Liveness(time.Now(), endpoint)
+	return mb.m.Liveness(mb.now(), endpoint)
 }
 
 // take returns the room's mail and empties it, leaving the room's entry

@@ -3,7 +3,6 @@ package serve
 import (
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/engine/sched"
@@ -106,9 +105,9 @@ func (l *rankLoop) fly(plan sched.Plan, batch []tp.Input, rec StepRecord, landed
 		}
 		beside <- next
 	}()
-	f.rec.ForwardStart = time.Now()
+	f.rec.ForwardStart = l.e.now()
 	err := l.rk.Run(ctx)
-	f.rec.ForwardEnd = time.Now()
+	f.rec.ForwardEnd = l.e.now()
 	f.done <- err
 	// Every collective the helper waits in ends: it completes, or the
 	// collective timeout breaks the group.
@@ -185,7 +184,7 @@ func (l *rankLoop) landBack(ld *landing) error {
 	}
 	if o := l.e.cfg.Observer; o != nil && l.r == 0 {
 		rec := ld.rec
-		rec.End = time.Now()
+		rec.End = l.e.now()
 		o.StepFinished(rec)
 	}
 	return nil

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/clock"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/pd/zmqlink"
 	"github.com/pdkit/pdkit/engine/rankcore"
@@ -510,11 +511,13 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 			expectEnd(t, "prefill", p.s, finishIs(ReasonAbort))
 			expectEnd(t, "decode", d.s, byPrefill)
 		}},
-		{side: "prefill", state: "active", cause: "timeout", pc: func(c *Config) { c.PrefillTimeout, c.PrefillChunk = time.Minute, 1 }, run: func(t *testing.T, pp *pdPair) {
+		{side: "prefill", state: "active", cause: "timeout", pc: func(c *Config) {
+			c.PrefillTimeout, c.PrefillChunk, c.Clock = time.Minute, 1, clock.NewManual(time.Now())
+		}, run: func(t *testing.T, pp *pdPair) {
 			// 500 tokens one a step: the prefill is still running when
 			// its clock jumps past the timeout.
 			p, d := activeSession(t, pp, longest)
-			pp.prefill.skew.Add(int64(time.Hour))
+			pp.prefill.cfg.Clock.(*clock.Manual).Advance(time.Hour)
 			expectEnd(t, "prefill", p.s, finishIs(ReasonTimeout))
 			expectEnd(t, "decode", d.s, byPrefill)
 		}},
@@ -639,11 +642,13 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 			expectEnd(t, "decode", d.s, finishIs(ReasonAbort))
 			expectEnd(t, "prefill", p.s, finishIs(ReasonLength))
 		}},
-		{side: "decode", state: "running", cause: "timeout", dc: func(c *Config) { c.RequestTimeout = time.Minute }, run: func(t *testing.T, pp *pdPair) {
+		{side: "decode", state: "running", cause: "timeout", dc: func(c *Config) {
+			c.RequestTimeout, c.Clock = time.Minute, clock.NewManual(time.Now())
+		}, run: func(t *testing.T, pp *pdPair) {
 			// 500 tokens to decode one a step: the decode is still
 			// running when its clock jumps past the timeout.
 			p, d := running(t, pp, 500)
-			pp.decode.skew.Add(int64(time.Hour))
+			pp.decode.cfg.Clock.(*clock.Manual).Advance(time.Hour)
 			expectEnd(t, "decode", d.s, finishIs(ReasonTimeout))
 			expectEnd(t, "prefill", p.s, finishIs(ReasonLength))
 		}},

@@ -31,6 +31,7 @@ type pdEngine struct {
 	log     *slog.Logger
 	server  string
 	local   func() pdproto.DecodeInfo
+	now     func() time.Time // the engine's clock: when a failed lookup may be retried
 
 	bytes    atomic.Uint64
 	fails    atomic.Uint64
@@ -47,7 +48,7 @@ func newPDEngine(cfg *Config, local func() pdproto.DecodeInfo) (*pdEngine, error
 		return nil, err
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &pdEngine{reg: reg, ctx: ctx, stop: stop, timeout: cfg.PD.BootstrapTimeout, log: cfg.Logger, server: cfg.Name, local: local}, nil
+	return &pdEngine{reg: reg, ctx: ctx, stop: stop, timeout: cfg.PD.BootstrapTimeout, log: cfg.Logger, server: cfg.Name, local: local, now: cfg.Clock.Now}, nil
 }
 
 // The machine's names, indexed by its phases and failure kinds.
@@ -93,11 +94,14 @@ func (p *pdEngine) resolved(url string) ([]pdproto.RankInfo, error, bool) {
 	p.reg.mu.Lock()
 	defer p.reg.mu.Unlock()
 	r := p.reg.get(url)
-	if r == nil || (r.done && r.err != nil && time.Since(r.at) > retryFailedAfter) {
-		r = &resolution{url: url, at: time.Now()}
+	if r == nil || (r.done && r.err != nil && p.now().Sub(r.at) > retryFailedAfter) {
+		r = &resolution{url: url, at: p.now()}
 		p.reg.put(url, r)
 		local := p.local()
 		p.wg.Go(func() {
+			// The HTTP call's own bound, on the wall clock the
+			// network runs on; the room's bootstrap deadline, the
+			// same length, is judged on the engine's clock.
 			ctx, cancel := context.WithTimeout(p.ctx, p.timeout)
 			defer cancel()
 			infos, err := (&bootstrap.Client{HTTP: lookupClient}).Handshake(ctx, url, local)
@@ -106,7 +110,7 @@ func (p *pdEngine) resolved(url string) ([]pdproto.RankInfo, error, bool) {
 				err = lookupFailure(url, p.timeout, err)
 			}
 			p.reg.mu.Lock()
-			r.done, r.infos, r.err, r.at = true, infos, err, time.Now()
+			r.done, r.infos, r.err, r.at = true, infos, err, p.now()
 			p.reg.mu.Unlock()
 		})
 	}

@@ -61,7 +61,7 @@ func (pd *rankPD) admit(now time.Duration, a addMsg) error {
 // vote: each room's mail, the registry lookups of the decode rooms that
 // wait for one, and the liveness of the prefill peers (probing them).
 func (pd *rankPD) observe(lp pdLoop) error {
-	pd.mb.expire(time.Now().Add(-pd.cfg.BootstrapTimeout))
+	pd.mb.expire(pd.host.now().Add(-pd.cfg.BootstrapTimeout))
 	for id := range pd.reqs { // filing only writes chunks, never ends a room
 		if err := pd.fileMail(lp, id); err != nil {
 			return err
@@ -188,7 +188,7 @@ func (pd *rankPD) exec(lp pdLoop, acts []rooms.Action) error {
 		case rooms.Reserve:
 			err = pd.reserve(lp, a.ID, a.Tokens)
 			if pd.rank == 0 {
-				pd.host.served(a.ID, time.Now())
+				pd.host.served(a.ID, pd.host.now())
 			}
 		case rooms.SendTransferInfo:
 			pd.sendChecked(a.ID, "transfer info", a.Peer, pd.transferInfo(a))

@@ -51,8 +51,9 @@ type pdHost struct {
 	name, role string
 	layers     int
 	pageSize   int
-	observer   PDObserver    // nil when the engine's observer is none
-	indexK     func() string // the index-K precision a TRANSFER_INFO names now
+	observer   PDObserver       // nil when the engine's observer is none
+	indexK     func() string    // the index-K precision a TRANSFER_INFO names now
+	now        func() time.Time // the engine's clock (Config.Clock)
 	// resolved is a decode's lookup of a prefill's registry (pdlookup.go),
 	// forgetResolution drops it: a restarted prefill has new endpoints.
 	resolved         func(url string) ([]pdproto.RankInfo, error, bool)
@@ -125,6 +126,7 @@ func newRankPD(e *Engine, rank int, boot uint64, endpoint string) (*rankPD, erro
 		e.cfg.Logger.Debug("pd: reply not sent", "server", e.cfg.Name, "rank", rank, "to", to, "type", fmt.Sprint(m.Type()), "err", err)
 	})
 	pd.mb.reply = pd.replies.post
+	pd.mb.now = e.now
 	if endpoint == "" {
 		endpoint = "tcp://" + net.JoinHostPort(e.cfg.PD.Host, "0")
 	}
@@ -148,7 +150,7 @@ func newRankPD(e *Engine, rank int, boot uint64, endpoint string) (*rankPD, erro
 func pdHostOf(e *Engine) pdHost {
 	o, _ := e.cfg.Observer.(PDObserver)
 	return pdHost{logger: e.cfg.Logger, name: e.cfg.Name, role: e.cfg.Role, layers: e.m.Config.Layers, pageSize: e.cfg.PageSize,
-		observer: o, indexK: e.view.indexKName, resolved: e.pd.resolved, forgetResolution: e.pd.reg.forget,
+		observer: o, indexK: e.view.indexKName, now: e.now, resolved: e.pd.resolved, forgetResolution: e.pd.reg.forget,
 		failed: e.pd.failed, served: e.streams.observeServed, moved: e.pd.moved,
 		freeRoom: func(room, id uint64) { e.pd.rooms.CompareAndDelete(room, id) },
 		holdRoom: func(id uint64) {

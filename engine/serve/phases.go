@@ -3,7 +3,6 @@ package serve
 import (
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/engine/rankcore"
@@ -136,7 +135,7 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 		}
 		logits := l.rk.Logits()
 		greedy := l.rk.Greedy() // the greedy choices the forward found, when it did
-		emitted := time.Now()   // one timestamp for every token of the step
+		emitted := e.now()      // one timestamp for every token of the step
 		e.streams.holding = e.cfg.Schedule == ScheduleOverlap && len(logits) >= holdFromTokens*e.vocab
 		defer func() { e.streams.holding = false }()
 		j := 0

@@ -132,11 +132,17 @@ func newBoot(now time.Time) uint64 {
 func (s *supervisor) build(endpoints []string) error {
 	e := s.e
 	cfg := &e.cfg
-	now := time.Now()
-	inc := &incarnation{quit: make(chan struct{}), boot: newBoot(now), started: now}
+	// The boot number and the start time go to other processes (the
+	// peers' mailboxes, the prefill's registry, which checks the start
+	// against its own wall clock), so they are the wall clock's; what
+	// this engine judges (the loops' beats) is on its clock.
+	wall, now := time.Now(), e.now()
+	inc := &incarnation{quit: make(chan struct{}), boot: newBoot(wall), started: wall}
 	inc.instance = fmt.Sprintf("%x", inc.boot)
 	gopts := func(name string) dist.Options {
-		o := dist.Options{Name: name, FlightRecorderLen: cfg.FlightRecorderLen}
+		// The recorder's times and the watchdog's now are the engine's
+		// clock: the watchdog, Stalls and recovery judge waits on them.
+		o := dist.Options{Name: name, FlightRecorderLen: cfg.FlightRecorderLen, Clock: e.now}
 		if cfg.CollectiveWatchdog > 0 {
 			onStall := cfg.OnStall
 			if onStall == nil {
@@ -286,10 +292,11 @@ func (s *supervisor) runLoops(ctx context.Context) ([]error, *dist.Stall, []dist
 		case <-stop:
 			inc.giveUp() // a loop held by a fault switch goes on to the stop
 			stop = nil
-		case now := <-tick:
+		case <-tick: // a pace: the decision is on the engine's clock
 			if stalled != nil {
 				continue
 			}
+			now := e.now()
 			for _, g := range inc.groups() {
 				if ss := g.Stuck(now, e.cfg.CollectiveTimeout); len(ss) > 0 {
 					stalled = &ss[0]
@@ -334,7 +341,7 @@ func (s *supervisor) restart(reason string, snaps []dist.Snapshot) bool {
 	e := s.e
 	old := s.cur()
 	e.cfg.Logger.Error("engine restarted: rank group rebuilt", "server", e.cfg.Name, "role", e.cfg.Role, "cause", reason, "boot", old.boot)
-	s.lastFailure.Store(&Failure{At: time.Now(), Reason: reason, Boot: old.boot, Collectives: snaps})
+	s.lastFailure.Store(&Failure{At: e.now(), Reason: reason, Boot: old.boot, Collectives: snaps})
 	fin := "error: engine restarted: " + reason
 	// Aborts of requests the ranks knew die with them; those of requests
 	// still in the inbox wait for the next incarnation.

@@ -153,13 +153,10 @@ import (
 // and what every owner shares: the config, the clock, the fault switches
 // and the settings an operator changes live.
 type Engine struct {
-	m     *model.Model
-	cfg   Config
-	epoch time.Time
-	vocab int
-	// skew is added to the engine's clock: the tests move it forward to
-	// reach a timeout without waiting for it.
-	skew   atomic.Int64
+	m      *model.Model
+	cfg    Config
+	epoch  time.Time // cfg.Clock's time at New: the origin of clock()
+	vocab  int
 	nextID atomic.Uint64
 
 	inbox   *inbox      // what waits for rank 0's next step input
@@ -198,7 +195,7 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{
-		m: m, cfg: cfg, epoch: time.Now(), vocab: m.Config.VocabSize,
+		m: m, cfg: cfg, epoch: cfg.Clock.Now(), vocab: m.Config.VocabSize,
 		stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	e.inbox = newInbox(e.stop, e.cfg.Heartbeat)
@@ -218,7 +215,7 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 		e.pd = pd
 	}
 	e.pdView = &PDView{pd: e.pd, sup: e.sup, role: cfg.Role}
-	e.streams = &streams{observer: cfg.Observer, inbox: e.inbox, pd: e.pd, prefill: cfg.Role == pdproto.RolePrefill,
+	e.streams = &streams{observer: cfg.Observer, inbox: e.inbox, pd: e.pd, prefill: cfg.Role == pdproto.RolePrefill, now: e.now,
 		front: make(map[uint64]*request)}
 	if err := e.sup.build(nil); err != nil {
 		if e.pd != nil {
@@ -230,11 +227,17 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 	return e, nil
 }
 
-// clock is the engine's time: rank 0 reads it and broadcasts it, and
-// every deadline (scheduler and PD timeouts) is judged on it.
+// clock is the engine's agreed time: rank 0 reads it and broadcasts it,
+// and every deadline of the scheduler and the PD machine is judged on it.
+// It is Config.Clock's time since New.
 func (e *Engine) clock() time.Duration {
-	return time.Since(e.epoch) + time.Duration(e.skew.Load())
+	return e.now().Sub(e.epoch)
 }
+
+// now is Config.Clock's time, for what one rank or the supervisor judges
+// alone (a drain bound, the mailbox's liveness, the collective timeout)
+// and for the records' timestamps.
+func (e *Engine) now() time.Time { return e.cfg.Clock.Now() }
 
 // Config returns the effective configuration.
 func (e *Engine) Config() Config { return e.cfg }
@@ -267,7 +270,7 @@ func (e *Engine) takeInbox(admit bool) stepInput {
 // publish stores rank 0's snapshot; called by rank 0's loop and by the
 // supervisor (a build, the shutdown) while no loop runs.
 func (e *Engine) publish(rec StepRecord) {
-	s := &EngineSnapshot{Taken: time.Now(), Step: rec, Queue: e.sup.loops[0].sched.Snapshot(), Totals: e.streams.totals}
+	s := &EngineSnapshot{Taken: e.now(), Step: rec, Queue: e.sup.loops[0].sched.Snapshot(), Totals: e.streams.totals}
 	if e.sup.err != nil {
 		s.Err = e.sup.err.Error()
 	}
@@ -282,10 +285,10 @@ func (e *Engine) Close() error {
 	e.once.Do(func() {
 		close(e.stop)
 		e.inbox.poke()
-		t := time.NewTimer(e.cfg.CloseTimeout)
+		t := e.cfg.Clock.NewTimer(e.cfg.CloseTimeout)
 		select {
 		case <-e.done:
-		case <-t.C:
+		case <-t.C():
 			e.sup.closeGroups()
 			<-e.done
 		}

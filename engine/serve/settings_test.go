@@ -22,6 +22,7 @@ var notSettings = map[string]string{
 	"OnStall":  "a function: where the watchdog reports",
 	"Logger":   "where the engine logs",
 	"Observer": "a function: the metrics",
+	"Clock":    "the engine's time source: real, or a test's",
 	"Faults":   "the switches on at start; Settings publishes those on now (FaultsOn)",
 	"PD":       "published field by field, as Settings.PD",
 

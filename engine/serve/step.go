@@ -2,7 +2,6 @@ package serve
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/pdkit/pdkit/engine/sched"
 	"github.com/pdkit/pdkit/engine/tp"
@@ -30,7 +29,7 @@ func (l *rankLoop) prepare(plan sched.Plan, rec *StepRecord) ([]tp.Input, error)
 	evicted := l.px.evictFor(plan)
 	if l.r == 0 {
 		l.e.streams.totals.PrefixEvictions += uint64(evicted)
-		now := time.Now()
+		now := l.e.now()
 		for _, it := range plan.Run {
 			l.e.streams.observeServed(it.ID, now)
 		}
@@ -77,9 +76,9 @@ func (l *rankLoop) forward(batch []tp.Input, rec *StepRecord) error {
 	if err := l.rk.Begin(ctx, batch, nil); err != nil {
 		return err
 	}
-	rec.ForwardStart = time.Now()
+	rec.ForwardStart = l.e.now()
 	err := l.rk.Run(ctx)
-	rec.ForwardEnd = time.Now()
+	rec.ForwardEnd = l.e.now()
 	if err != nil {
 		return err
 	}

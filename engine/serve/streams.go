@@ -15,10 +15,11 @@ import (
 // runs, the supervisor between incarnations and after the last. Nothing
 // else reads it: the totals leave it in rank 0's published snapshot.
 type streams struct {
-	observer Observer  // Config.Observer
-	inbox    *inbox    // where a reader too slow for a held token is cut
-	pd       *pdEngine // the bootstrap rooms a finished stream frees; nil on a colocated server
-	prefill  bool      // a prefill server: a request samples its first token only
+	observer Observer         // Config.Observer
+	inbox    *inbox           // where a reader too slow for a held token is cut
+	pd       *pdEngine        // the bootstrap rooms a finished stream frees; nil on a colocated server
+	prefill  bool             // a prefill server: a request samples its first token only
+	now      func() time.Time // the engine's clock, for the tokens' timestamps
 
 	front map[uint64]*request
 	// held are the tokens the overlap loop sampled but has not streamed
@@ -178,7 +179,7 @@ func (s *streams) emitFirst(id uint64, tok int32) {
 	}
 	r.gen++
 	s.totals.Sampled++
-	s.emit(r, tok, time.Now())
+	s.emit(r, tok, s.now())
 }
 
 // sampleForks, on rank 0, samples the first tokens of a parent's later

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"sync/atomic"
-	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/sample"
@@ -216,7 +215,7 @@ func (e *Engine) newRequests(q Request, n int) (*request, []*Stream) {
 		sp := q.Sampling
 		sp.Seed += uint64(i)
 		x := &request{
-			id: first + uint64(i), req: q, submit: time.Now(),
+			id: first + uint64(i), req: q, submit: e.now(),
 			events:  make(chan Event, q.MaxTokens+1),
 			sampler: sample.New(sp),
 		}

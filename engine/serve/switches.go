@@ -102,7 +102,7 @@ func (e *Engine) SetIndexK(ctx context.Context, dt kernels.IndexKDType, drain ti
 	case drain < 0:
 		return IndexKSwitch{}, fmt.Errorf("serve: drain bound %v: want non-negative", drain)
 	}
-	now := time.Now()
+	now := e.now()
 	op := &indexKOp{to: dt, since: now, deadline: now.Add(drain), done: make(chan IndexKSwitch, 1)}
 	queued, err := e.inbox.putIndexK(op, dt == from)
 	switch {

@@ -173,7 +173,9 @@ func (rt *rankTier) publish(seqs map[uint64]*seqState) {
 	}
 	if h := rt.cache.Host(); h != nil {
 		snap.HostPages, snap.HostUsed = h.TotalPages(), h.UsedPages()
-		// Counting host-only nodes walks the tree: at most once a second.
+		// Counting host-only nodes walks the tree: at most once a second
+		// of wall time, a bound on the walk's cost that decides nothing
+		// of the engine's state (a test's still clock would freeze it).
 		if prev := rt.snap.Load(); prev != nil && prev.On && time.Since(rt.counted) < time.Second {
 			snap.HostOnlyPages = prev.HostOnlyPages
 		} else {

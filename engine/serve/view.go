@@ -121,8 +121,12 @@ const (
 // Snapshot returns the state rank 0's loop last published.
 func (v *View) Snapshot() *EngineSnapshot { return v.snap.Load() }
 
+// Now is the engine's time (Config.Clock): the now to pass to Health and
+// Stalls, whose ages are measured from times stamped on it.
+func (v *View) Now() time.Time { return v.cfg.Clock.Now() }
+
 // Health reports the loops' liveness and the age of the oldest request
-// that waits, as of now.
+// that waits, as of now (View.Now).
 func (v *View) Health(now time.Time) Health {
 	s := v.snap.Load()
 	h := Health{
@@ -189,8 +193,8 @@ func (v *View) HiCache() []TierSnapshot {
 func (v *View) Collectives() []dist.Snapshot { return v.sup.cur().collectives() }
 
 // Stalls lists the collectives of either communicator that have waited
-// longer than threshold, with the ranks that have not arrived; each names
-// its communicator.
+// longer than threshold at now (View.Now), with the ranks that have not
+// arrived; each names its communicator.
 func (v *View) Stalls(now time.Time, threshold time.Duration) []dist.Stall {
 	var out []dist.Stall
 	for _, g := range v.sup.cur().groups() {
