@@ -86,9 +86,7 @@ func parseSample(line, name string) (MetricSample, error) {
 			}
 			s.Labels[key] = val.String()
 			rest = strings.TrimLeft(rest, " \t")
-			if strings.HasPrefix(rest, ",") {
-				rest = rest[1:]
-			}
+			rest = strings.TrimPrefix(rest, ",")
 		}
 	}
 	fields := strings.Fields(rest)
