@@ -75,7 +75,7 @@ func (r *rawPeer) expectHandshake(asServer bool, socketType string) {
 	}
 }
 
-func pipePush(t *testing.T, peerGreeting []byte) (*Push, error, *rawPeer) {
+func pipePush(t *testing.T, peerGreeting []byte) (*Push, *rawPeer, error) {
 	t.Helper()
 	a, b := net.Pipe()
 	t.Cleanup(func() { a.Close(); b.Close() })
@@ -95,7 +95,7 @@ func pipePush(t *testing.T, peerGreeting []byte) (*Push, error, *rawPeer) {
 	r := <-res
 	b.Close()
 	<-w
-	return r.p, r.err, peer
+	return r.p, peer, r.err
 }
 
 func TestPushSendsMultipart(t *testing.T) {
@@ -157,7 +157,7 @@ func TestHandshakeRefusals(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err, _ := pipePush(t, tt.input)
+			_, _, err := pipePush(t, tt.input)
 			if err == nil || !errors.Is(err, ErrProtocol) || err.Error() != "zmtp: "+tt.want {
 				t.Fatalf("err = %v, want zmtp: %s", err, tt.want)
 			}
