@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -79,9 +78,6 @@ func serverState(t *testing.T, n *node) string {
 	}
 	return fmt.Sprintf("index_k %s, hicache %s, bandwidth %d, faults %v", st.IndexK, onOff(h.On), st.HiCache.LoadBandwidthBytesPerSecond, st.FaultsOn)
 }
-
-// masked replaces the run's volatile figures in indexk ab's progress.
-var abVolatile = regexp.MustCompile(`\b[0-9]+(\.[0-9]+)?(ms|s)\b`)
 
 // TestIndexKAB runs the whole matrix against a live PD cluster with every
 // fault off: every cell of fp8 and bf16 × HiCache on and off compares 48
