@@ -385,16 +385,3 @@ func rankWhere(st *debug.StepsResponse, rank int) string {
 	}
 	return loopName + " loop, "
 }
-
-// stepOf returns ", step N" for a rank with a step record.
-func stepOf(st *debug.StepsResponse, rank int) string {
-	if st == nil {
-		return ""
-	}
-	for _, r := range st.Ranks {
-		if r.Rank == rank {
-			return fmt.Sprintf(", step %d", r.Step)
-		}
-	}
-	return ""
-}
