@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -326,5 +325,3 @@ func TestDebugWhileLoopStuck(t *testing.T) {
 	}
 	waitIdle(t, e.eng)
 }
-
-func itoa(n uint64) string { return strconv.FormatUint(n, 10) }
