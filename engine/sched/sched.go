@@ -297,7 +297,9 @@ func (s *Scheduler) Schedule(now time.Duration, freePages int) (Plan, error) {
 		}
 		free += s.retractNewest(&p)
 	}
-	budget := s.cfg.MaxBatchTokens
+	// budget is the step's tokens left for prefill chunks, after one per
+	// decode; each pass sets it afresh, as a retraction may drop a decode.
+	var budget int
 	for {
 		budget = s.cfg.MaxBatchTokens - len(s.running)
 		left := free
