@@ -200,9 +200,6 @@ func (c Config) maxSeqs() int {
 	return 2 * c.MaxRunning
 }
 
-// pagesFor is the number of pages that hold n tokens.
-func (c Config) pagesFor(n int) int { return (n + c.PageSize - 1) / c.PageSize }
-
 // Pages is the number of KV pages of each rank's pool.
 func (c Config) Pages() int {
 	if c.PageSize < 1 {

@@ -251,7 +251,7 @@ func (pd *rankPD) sendChecked(id uint64, what, to string, m pdproto.Message) {
 // prompt: the machine granted pages every rank agreed are free.
 func (pd *rankPD) reserve(lp pdLoop, id uint64, tokens int) error {
 	pool := lp.pool
-	need := (tokens + pd.host.pageSize - 1) / pd.host.pageSize // Config.pagesFor
+	need := (tokens + pd.host.pageSize - 1) / pd.host.pageSize // pages, rounded up
 	if short := need - pool.FreePages(); short > 0 && lp.cache != nil {
 		lp.cache.Evict(short)
 	}
