@@ -14,6 +14,7 @@ import (
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // GET /debug/v1/requests shows a saturated engine's queues; the admin API
@@ -27,7 +28,7 @@ func TestAdminAbortAndQueues(t *testing.T) {
 	go func() { resB <- e.stream(t, map[string]any{"prompt": "b", "max_tokens": 400, "ignore_eos": true}) }()
 
 	var q debug.RequestsResponse
-	eventually(t, "a waiting request", func() bool {
+	waitfor.For(t, "a waiting request", 20*time.Second, func() bool {
 		getJSON(t, e, "/debug/v1/requests?queue=waiting", &q)
 		return len(q.Requests) == 1
 	})
@@ -57,7 +58,7 @@ func TestAdminAbortAndQueues(t *testing.T) {
 	if r := readStream(t, rdA); r.finish != openai.FinishAbort || !r.done {
 		t.Errorf("A after abort: %+v", r)
 	}
-	eventually(t, "A gone from the snapshot", func() bool {
+	waitfor.For(t, "A gone from the snapshot", 20*time.Second, func() bool {
 		getJSON(t, e, "/debug/v1/requests", &q)
 		return len(q.Requests) == 1
 	})

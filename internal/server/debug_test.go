@@ -18,6 +18,7 @@ import (
 	"github.com/pdkit/pdkit/engine/model/builtin"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 	"github.com/pdkit/pdkit/kernels/cpu"
 )
@@ -67,16 +68,6 @@ func getJSON(t *testing.T, e *env, path string, v any) {
 	}
 }
 
-// eventually polls cond every few milliseconds for up to 20s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for end := time.Now().Add(20 * time.Second); !cond(); time.Sleep(2 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
-
 // openStream starts a streamed completion and reads its first chunk; it
 // returns the response id and the reader positioned after that chunk.
 func openStream(t *testing.T, e *env, body map[string]any) (string, *bufio.Reader, io.Closer) {
@@ -104,7 +95,7 @@ func TestDebugStepsTP2(t *testing.T) {
 	e.complete(t, map[string]any{"prompt": prompt, "max_tokens": 5, "ignore_eos": true})
 	waitIdle(t, e.eng)
 	var last debug.StepsResponse
-	eventually(t, "ranks agreeing", func() bool {
+	waitfor.For(t, "ranks agreeing", 20*time.Second, func() bool {
 		getJSON(t, e, "/debug/v1/steps", &last)
 		return last.Agree
 	})
@@ -134,7 +125,7 @@ func TestDebugCollectivesIdle(t *testing.T) {
 	// ranks wait for its next step input in a control broadcast (a
 	// heartbeat at most); no rank is in a forward collective.
 	var c debug.CollectivesResponse
-	eventually(t, "rank 0 out of collectives", func() bool {
+	waitfor.For(t, "rank 0 out of collectives", 20*time.Second, func() bool {
 		getJSON(t, e, "/debug/v1/collectives", &c)
 		return len(c.Comms) == 2 && c.Comms[0].Rank(0).Waiting == nil && c.Comms[1].Rank(0).Waiting == nil
 	})
@@ -190,7 +181,7 @@ func TestDebugCollectivesPerComm(t *testing.T) {
 	agreed := func(what string, cond func(debug.Step) bool) debug.Step {
 		t.Helper()
 		var s debug.StepsResponse
-		eventually(t, what, func() bool {
+		waitfor.For(t, what, 20*time.Second, func() bool {
 			getJSON(t, e, "/debug/v1/steps", &s)
 			return s.Agree && len(s.Ranks) == 2 && s.Ranks[0].Phase == "idle" && cond(s.Ranks[0])
 		})
@@ -282,7 +273,7 @@ func TestDebugWhileLoopStuck(t *testing.T) {
 	// for rank 0 in its first control call, the step input's broadcast.
 	var c debug.CollectivesResponse
 	var ctrl *debug.Communicator
-	eventually(t, "rank 1 stalled in a control collective", func() bool {
+	waitfor.For(t, "rank 1 stalled in a control collective", 20*time.Second, func() bool {
 		getJSON(t, e, "/debug/v1/collectives?stall=1ms", &c)
 		ctrl = c.Comm(debug.CommControl)
 		return ctrl != nil && ctrl.Rank(1).Waiting != nil && len(ctrl.Stalls) > 0

@@ -3,10 +3,12 @@ package server
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // TestDebugDecisionsTP2: after a completion at TP 2, GET
@@ -19,7 +21,7 @@ func TestDebugDecisionsTP2(t *testing.T) {
 	e.complete(t, map[string]any{"prompt": prompt, "max_tokens": 5, "ignore_eos": true})
 	waitIdle(t, e.eng)
 	var resp debug.DecisionsResponse
-	eventually(t, "both ranks at the same step", func() bool {
+	waitfor.For(t, "both ranks at the same step", 20*time.Second, func() bool {
 		getJSON(t, e, debug.DecisionsPath, &resp)
 		return len(resp.Ranks) == 2 && resp.Ranks[0].LastStep == resp.Ranks[1].LastStep
 	})
@@ -80,7 +82,7 @@ func TestDebugDecisionsTP2(t *testing.T) {
 func TestDebugDecisionsStalled(t *testing.T) {
 	e := newEnvWith(t, serve.Config{TP: 2, PageSize: 4, MaxRunning: 8, Faults: []string{serve.FaultStallLastRank}}, Options{})
 	var resp debug.DecisionsResponse
-	eventually(t, "rank 0 waiting in its first input", func() bool {
+	waitfor.For(t, "rank 0 waiting in its first input", 20*time.Second, func() bool {
 		getJSON(t, e, debug.DecisionsPath, &resp)
 		w := resp.Ranks[0].Waiting
 		return w != nil && w.Comm == debug.CommControl && w.Op == "Broadcast" && resp.Ranks[0].Open != nil

@@ -13,23 +13,22 @@ import (
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/engine/dist"
 	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // pollHealth asks srv for /health until ok accepts the answer, failing the
 // test at the deadline.
 func pollHealth(t *testing.T, e *env, what string, within time.Duration, ok func(int, HealthResponse) bool) (int, HealthResponse) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		code, h := healthOf(t, e.srv)
-		if ok(code, h) {
-			return code, h
+	var code int
+	var h HealthResponse
+	waitfor.NoError(t, what, within, func() error {
+		if code, h = healthOf(t, e.srv); !ok(code, h) {
+			return fmt.Errorf("last /health: %d %+v", code, h)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v; last /health: %d %+v", what, within, code, h)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
+	return code, h
 }
 
 // durations masks the times in a health reason, which change from run to
@@ -97,8 +96,7 @@ func TestHealthNamesTheStalledCollective(t *testing.T) {
 // collective on the control communicator.
 func waitControlCompleted(t *testing.T, e *env, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	waitfor.For(t, "a control collective completed on every rank", within, func() bool {
 		for _, g := range e.eng.View().Collectives() {
 			if g.Name != debug.CommControl {
 				continue
@@ -108,14 +106,11 @@ func waitControlCompleted(t *testing.T, e *env, within time.Duration) {
 				done = done && r.LastCompleted > 0
 			}
 			if done {
-				return
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no control collective completed on every rank within %v", within)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return false
+	})
 }
 
 // brokenGroup is a communicator broken as the overlap-schedule desync
@@ -201,13 +196,7 @@ func TestCollectivesKeepTheRecoveredGroup(t *testing.T) {
 	if err := e.eng.SetFault(serve.FaultStallLastRank, true); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for e.eng.View().Restarts() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the engine did not recover within 20s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitfor.For(t, "the engine recovering", 20*time.Second, func() bool { return e.eng.View().Restarts() != 0 })
 	if err := e.eng.SetFault(serve.FaultStallLastRank, false); err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -23,6 +24,7 @@ import (
 	"github.com/pdkit/pdkit/engine/sched"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -228,8 +230,7 @@ func checkSame(t *testing.T, what string, got, want []result) {
 func waitPoolsFree(t *testing.T, eng *serve.Engine) {
 	t.Helper()
 	waitIdle(t, eng)
-	end := time.Now().Add(20 * time.Second)
-	for {
+	waitfor.NoError(t, "the KV pools free", 20*time.Second, func() error {
 		free := true
 		var state []string
 		for r := range eng.View().Ranks() {
@@ -237,20 +238,17 @@ func waitPoolsFree(t *testing.T, eng *serve.Engine) {
 			state = append(state, fmt.Sprintf("rank %d: %d used, %d cached of %d", r, used, cached, total))
 			free = free && used == cached && cached <= total
 		}
-		if free {
-			if eng.Config().DisablePrefixCache {
-				for r := range eng.View().Ranks() {
-					if _, cached, _ := eng.View().KVPages(r); cached != 0 {
-						t.Errorf("rank %d: %d cached pages with the prefix cache off", r, cached)
-					}
-				}
+		if !free {
+			return errors.New(strings.Join(state, "; "))
+		}
+		return nil
+	})
+	if eng.Config().DisablePrefixCache {
+		for r := range eng.View().Ranks() {
+			if _, cached, _ := eng.View().KVPages(r); cached != 0 {
+				t.Errorf("rank %d: %d cached pages with the prefix cache off", r, cached)
 			}
-			return
 		}
-		if time.Now().After(end) {
-			t.Fatalf("KV pools not free: %s", strings.Join(state, "; "))
-		}
-		time.Sleep(2 * time.Millisecond)
 	}
 }
 
@@ -565,22 +563,24 @@ func disconnectStorm(t *testing.T, tp int) {
 // n tokens is prefilling, or past that; it reports whether it saw it
 // prefilling.
 func waitPrefilling(eng *serve.Engine, n int) bool {
-	seen := false
-	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Microsecond) {
+	seen, prefilling := false, false
+	waitfor.Poll(10*time.Second, func() bool {
 		q := eng.View().Snapshot().Queue
 		find := func(rs []sched.ReqInfo) bool {
 			return slices.ContainsFunc(rs, func(r sched.ReqInfo) bool { return r.PromptLen == n })
 		}
 		switch {
 		case find(q.Prefilling):
+			prefilling = true
 			return true
 		case find(q.Waiting):
 			seen = true
 		case find(q.Running) || find(q.Aborting):
-			return false
+			return true // past it
 		case seen:
-			return false // gone
+			return true // gone
 		}
-	}
-	return false
+		return false
+	})
+	return prefilling
 }

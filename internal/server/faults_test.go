@@ -14,6 +14,7 @@ import (
 	"github.com/pdkit/pdkit/engine/model/builtin"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -90,7 +91,7 @@ func TestAdminAbortRoom(t *testing.T) {
 		}
 		res <- out.Finish
 	}()
-	eventually(t, "the room known", func() bool { _, ok := de.eng.PD().RoomRequest(room); return ok })
+	waitfor.For(t, "the room known", 20*time.Second, func() bool { _, ok := de.eng.PD().RoomRequest(room); return ok })
 	for _, c := range []struct {
 		path   string
 		status int
@@ -113,14 +114,8 @@ func TestAdminAbortRoom(t *testing.T) {
 		t.Fatal("the aborted request did not end")
 	}
 	// The loop forgets the room after it ends the request's stream.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, ok := de.eng.PD().RoomRequest(room); !ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the room outlived its request by 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitfor.For(t, "the room forgotten after its request", 10*time.Second, func() bool {
+		_, ok := de.eng.PD().RoomRequest(room)
+		return !ok
+	})
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/pdkit/pdkit/engine/model/builtin"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -61,16 +63,14 @@ func TestHealthBusyIsNotDead(t *testing.T) {
 	// both saw the request waiting, since the engine may take it any moment.
 	var h, hb HealthResponse
 	var code, codeb int
-	for end := time.Now().Add(20 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+	waitfor.NoError(t, "the waiting request queued on both", 20*time.Second, func() error {
 		code, h = healthOf(t, e.srv)
 		codeb, hb = healthOf(t, busy)
-		if h.Queued >= 1 && hb.Queued >= 1 {
-			break
+		if h.Queued < 1 || hb.Queued < 1 {
+			return fmt.Errorf("%d %+v; %d %+v", code, h, codeb, hb)
 		}
-		if time.Now().After(end) {
-			t.Fatalf("the waiting request never showed as queued on both: %d %+v; %d %+v", code, h, codeb, hb)
-		}
-	}
+		return nil
+	})
 	if code != 200 || h.Status != HealthOK || h.Running != 1 || h.Queued != h.Waiting+h.Pending {
 		t.Errorf("plain server while a request waits: %d %+v", code, h)
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // admin POSTs path with the bearer token tok (none when empty) and body,
@@ -108,7 +110,7 @@ func TestHiCacheAdmin(t *testing.T) {
 		}
 	}
 	waitIdle(t, e.eng)
-	eventually(t, "a prefix loaded back from host on every rank", func() bool {
+	waitfor.For(t, "a prefix loaded back from host on every rank", 20*time.Second, func() bool {
 		getJSON(t, e, debug.HiCachePath, &h)
 		return !slices.ContainsFunc(h.Ranks, func(rk debug.HiCacheRank) bool { return rk.Totals.HostHits == 0 || len(rk.Loads) > 0 })
 	})
@@ -206,7 +208,7 @@ func TestHiCacheSwitchPending(t *testing.T) {
 	if code, b := e.admin(t, "/admin/v1/faults/"+serve.FaultStallLastRank+"/on", "tok", ""); code != 200 {
 		t.Fatalf("fault on: %d %s", code, b)
 	}
-	eventually(t, "rank 0 waiting for rank 1 in a control collective", func() bool {
+	waitfor.For(t, "rank 0 waiting for rank 1 in a control collective", 20*time.Second, func() bool {
 		var c debug.CollectivesResponse
 		getJSON(t, e, "/debug/v1/collectives?stall=100ms", &c)
 		ctrl := c.Comm(debug.CommControl)
@@ -223,7 +225,7 @@ func TestHiCacheSwitchPending(t *testing.T) {
 	if code, b := e.admin(t, "/admin/v1/faults/"+serve.FaultStallLastRank+"/off", "tok", ""); code != 200 {
 		t.Fatalf("fault off: %d %s", code, b)
 	}
-	eventually(t, "the tier off on every rank", func() bool {
+	waitfor.For(t, "the tier off on every rank", 20*time.Second, func() bool {
 		var h debug.HiCacheResponse
 		getJSON(t, e, debug.HiCachePath, &h)
 		return !h.On && !slices.ContainsFunc(h.Ranks, func(rk debug.HiCacheRank) bool { return rk.On })

@@ -16,6 +16,7 @@ import (
 	"github.com/pdkit/pdkit/engine/model/builtin"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -84,7 +85,7 @@ func TestIndexKAdmin(t *testing.T) {
 		t.Errorf("settings after the switch: index_k %q, switch %q", st.IndexK, st.IndexKSwitch)
 	}
 	// The totals come with the loop's next published snapshot.
-	eventually(t, "the switch counted in the state's totals", func() bool {
+	waitfor.For(t, "the switch counted in the state's totals", 20*time.Second, func() bool {
 		var state debug.StateResponse
 		getJSON(t, e, debug.StatePath, &state)
 		return state.Snapshot != nil && state.Snapshot.Totals.IndexKSwitches == 1 && state.Settings.IndexK == "bf16"
@@ -107,7 +108,7 @@ func TestIndexKAdmin(t *testing.T) {
 	if r := e.indexKSwitch(t, debug.IndexKFP8, "?drain=5s", 200); !r.Changed || r.From != "bf16" || r.To != "fp8" || r.Aborted != 0 {
 		t.Errorf("switch back to fp8: %+v", r)
 	}
-	eventually(t, "two switches counted", func() bool { return scrape(t, e).must(t, `pdkit_indexk_switches_total`) == 2 })
+	waitfor.For(t, "two switches counted", 20*time.Second, func() bool { return scrape(t, e).must(t, `pdkit_indexk_switches_total`) == 2 })
 }
 
 // A switch the loops cannot take (the last rank held by stall-last-rank)
@@ -119,7 +120,7 @@ func TestIndexKSwitchPending(t *testing.T) {
 	if code, b := e.admin(t, "/admin/v1/faults/"+serve.FaultStallLastRank+"/on", "tok", ""); code != 200 {
 		t.Fatalf("fault on: %d %s", code, b)
 	}
-	eventually(t, "rank 0 waiting for rank 1 in a control collective", func() bool {
+	waitfor.For(t, "rank 0 waiting for rank 1 in a control collective", 20*time.Second, func() bool {
 		var c debug.CollectivesResponse
 		getJSON(t, e, "/debug/v1/collectives?stall=100ms", &c)
 		ctrl := c.Comm(debug.CommControl)
@@ -143,12 +144,12 @@ func TestIndexKSwitchPending(t *testing.T) {
 	if code, b := e.admin(t, "/admin/v1/faults/"+serve.FaultStallLastRank+"/off", "tok", ""); code != 200 {
 		t.Fatalf("fault off: %d %s", code, b)
 	}
-	eventually(t, "the switch done", func() bool {
+	waitfor.For(t, "the switch done", 20*time.Second, func() bool {
 		st = debug.Settings{} // index_k_switch is left out when empty
 		getJSON(t, e, debug.SettingsPath, &st)
 		return st.IndexK == "bf16" && st.IndexKSwitch == ""
 	})
-	eventually(t, "the switch counted", func() bool { return scrape(t, e).must(t, `pdkit_indexk_switches_total`) == 1 })
+	waitfor.For(t, "the switch counted", 20*time.Second, func() bool { return scrape(t, e).must(t, `pdkit_indexk_switches_total`) == 1 })
 }
 
 // A model without a sparse indexer has no index-K precision: the switch is

@@ -16,6 +16,7 @@ import (
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/metrics"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -99,13 +100,12 @@ func TestMetrics(t *testing.T) {
 	}
 	waitIdle(t, eng)
 	// The loop tells the observer of a step after it publishes it: wait
-	// until the step histogram has caught up with the published count.
-	for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	// until the step histogram has caught up with the published count;
+	// past the bound the checks below say what is off.
+	waitfor.Poll(10*time.Second, func() bool {
 		x = scrape(t, e)
-		if x["pdkit_step_duration_seconds_count"] == x["pdkit_steps_total"] || time.Now().After(end) {
-			break
-		}
-	}
+		return x["pdkit_step_duration_seconds_count"] == x["pdkit_steps_total"]
+	})
 	t.Logf("prompt %d, completion %d tokens; steps %v", prompt, completion, x["pdkit_steps_total"])
 	if v := x.must(t, "pdkit_generation_tokens_total"); v != float64(completion) {
 		t.Errorf("generation_tokens_total %v, completions returned %d tokens", v, completion)

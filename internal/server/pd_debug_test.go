@@ -17,6 +17,7 @@ import (
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -93,7 +94,7 @@ func TestDebugPD(t *testing.T) {
 	}
 	for _, e := range []*env{pe, de} {
 		var r debug.PDResponse
-		eventually(t, "empty pd queues", func() bool {
+		waitfor.For(t, "empty pd queues", 20*time.Second, func() bool {
 			r = debug.PDResponse{}
 			getJSON(t, e, debug.PDPath, &r)
 			return pdEmpty(r)
@@ -125,7 +126,7 @@ func TestDebugPD(t *testing.T) {
 		}
 	}()
 	var r debug.PDResponse
-	eventually(t, "the decode request in its transfer queue", func() bool {
+	waitfor.For(t, "the decode request in its transfer queue", 20*time.Second, func() bool {
 		r = debug.PDResponse{}
 		getJSON(t, de, debug.PDPath+"?queue="+debug.PDQueueTransfer, &r)
 		return len(r.Ranks) == 2 && len(r.Ranks[0].Entries) == 1 && len(r.Ranks[1].Entries) == 1
@@ -163,7 +164,7 @@ func TestDebugPD(t *testing.T) {
 	// ack deadline, and its queues drain.
 	cancel()
 	<-done
-	eventually(t, "the aborted decode request gone", func() bool {
+	waitfor.For(t, "the aborted decode request gone", 20*time.Second, func() bool {
 		r = debug.PDResponse{} // a fresh one: decoding merges into maps
 		getJSON(t, de, debug.PDPath, &r)
 		return pdEmpty(r)
@@ -187,7 +188,7 @@ func TestDebugPDFailures(t *testing.T) {
 		"bootstrap_room": uint64(1<<63 + 1)}); err == nil {
 		t.Fatal("a prefill request without a decode succeeded")
 	}
-	eventually(t, "the failure counted", func() bool {
+	waitfor.For(t, "the failure counted", 20*time.Second, func() bool {
 		r = debug.PDResponse{}
 		getJSON(t, pe, debug.PDPath, &r)
 		return r.FailedRequests == 1

@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/metrics"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 func getProbe(t *testing.T, e *env, path string) (int, ProbeResponse) {
@@ -54,16 +56,10 @@ func TestReadinessFollowsFailedRequests(t *testing.T) {
 	if code, _, _ := getStatus(t, e, "/health"); code != 200 {
 		t.Fatalf("health with every request failing: %d", code)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if code, _ := getProbe(t, e, "/readyz"); code == 200 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("readyz did not recover once the failures aged out")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitfor.For(t, "readyz recovering once the failures aged out", 10*time.Second, func() bool {
+		code, _ := getProbe(t, e, "/readyz")
+		return code == 200
+	})
 }
 
 // /livez fails when the engine has stopped for good; /readyz with it.
@@ -73,17 +69,12 @@ func TestLivenessOfAClosedEngine(t *testing.T) {
 		t.Fatalf("livez of a running engine: %d %+v", code, p)
 	}
 	e.eng.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		code, p := getProbe(t, e, "/livez")
-		if code == 503 && p.Status == "not_live" && p.Reason != "" {
-			break
+	waitfor.NoError(t, "livez failing after the engine closed", 10*time.Second, func() error {
+		if code, p := getProbe(t, e, "/livez"); code != 503 || p.Status != "not_live" || p.Reason == "" {
+			return fmt.Errorf("%d %+v", code, p)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("livez after the engine closed: %d %+v", code, p)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	if code, p := getProbe(t, e, "/readyz"); code != 503 {
 		t.Fatalf("readyz after the engine closed: %d %+v", code, p)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // pdHalves are a PD request's two bodies as a router sends them: the
@@ -68,7 +69,7 @@ func TestRedTeamDuplicateRoom(t *testing.T) {
 			}
 			// One half arrives alone and waits for the other.
 			firstAnswer := async(holder, first)
-			eventually(t, "the room taken", func() bool { _, ok := holder.eng.PD().RoomRequest(room); return ok })
+			waitfor.For(t, "the room taken", 20*time.Second, func() bool { _, ok := holder.eng.PD().RoomRequest(room); return ok })
 
 			start := time.Now()
 			code, body := holder.post(t, "/v1/completions", dupe)

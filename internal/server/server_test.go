@@ -23,6 +23,7 @@ import (
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/engine/tokenizer"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 	"github.com/pdkit/pdkit/kernels/cpu"
 )
@@ -397,18 +398,13 @@ func ranksFree(eng *serve.Engine) bool {
 
 func waitIdle(t *testing.T, eng *serve.Engine) {
 	t.Helper()
-	end := time.Now().Add(20 * time.Second)
-	for {
-		s := eng.View().Snapshot()
-		q := s.Queue
+	waitfor.NoError(t, "the engine idle", 20*time.Second, func() error {
+		q := eng.View().Snapshot().Queue
 		if q.HeldPages == 0 && len(q.Waiting)+len(q.Prefilling)+len(q.Running)+len(q.Aborting) == 0 && eng.View().Health(time.Now()).Pending == 0 && ranksFree(eng) {
-			return
+			return nil
 		}
-		if time.Now().After(end) {
-			t.Fatalf("engine not idle: %+v", q)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return fmt.Errorf("%+v", q)
+	})
 }
 
 // disconnectAfter streams a completion of body, reads events data lines
@@ -597,12 +593,14 @@ func TestInfoEndpoints(t *testing.T) {
 	}
 	// A stalled loop is reported.
 	stalled := New(e.eng, e.m, Options{StallAfter: time.Nanosecond})
-	rec := httptest.NewRecorder()
-	time.Sleep(time.Millisecond)
-	stalled.ServeHTTP(rec, httptest.NewRequest("GET", "/health", nil))
-	if rec.Code != 503 || !strings.Contains(rec.Body.String(), "not iterated") {
-		t.Errorf("stalled health: %d %s", rec.Code, rec.Body)
-	}
+	waitfor.NoError(t, "health reporting a loop stalled past 1ns", 10*time.Second, func() error {
+		rec := httptest.NewRecorder()
+		stalled.ServeHTTP(rec, httptest.NewRequest("GET", "/health", nil))
+		if rec.Code != 503 || !strings.Contains(rec.Body.String(), "not iterated") {
+			return fmt.Errorf("stalled health: %d %s", rec.Code, rec.Body)
+		}
+		return nil
+	})
 }
 
 // FuzzRequests posts arbitrary bodies: every answer is a 200 or an
