@@ -9,6 +9,7 @@ import (
 	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/clusterauth"
 	"github.com/pdkit/pdkit/api/debug"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // TestAbortAuthenticated: on a cluster with a secret, pdctl's synthetic
@@ -19,7 +20,7 @@ func TestAbortAuthenticated(t *testing.T) {
 	c, text := newSecretCluster(t)
 
 	done := c.prefillOnly(t, 7)
-	poll(t, "room 7 in the prefill's bootstrap queue", 10*time.Second, func() bool {
+	waitfor.For(t, "room 7 in the prefill's bootstrap queue", 10*time.Second, func() bool {
 		return pdCounts(t, c.prefill, debug.PDQueueBootstrap) == 2
 	})
 	code, out, errOut := c.pdctl(t, false, "abort", "--prefill", c.prefill.ts.URL, "--rank", "0", "--room", "7", "--wait", "2s")
@@ -32,7 +33,7 @@ func TestAbortAuthenticated(t *testing.T) {
 	// The debug API tells the operator what was refused and why. The
 	// refusal is counted from libzmq's monitor events, which the rank reads
 	// on its own goroutine, so the count can trail pdctl's exit a little.
-	poll(t, "rank 0's socket counting the refused pdctl", 10*time.Second, func() bool {
+	waitfor.For(t, "rank 0's socket counting the refused pdctl", 10*time.Second, func() bool {
 		pd, err := client.New(c.prefill.ts.URL, "", nil).PD(t.Context(), "")
 		if err != nil {
 			t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/server"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // TestAbortDrillOverlapBrokenGroupDiagnosed: the overlap loop at TP 2
@@ -59,7 +60,7 @@ func TestAbortDrillOverlapBrokenGroupDiagnosed(t *testing.T) {
 		return resp.StatusCode, h
 	}
 	for _, s := range servers {
-		poll(t, s.name+"'s group broken", drillBreakBound, func() bool {
+		waitfor.For(t, s.name+"'s group broken", drillBreakBound, func() bool {
 			code, h := health(s.url)
 			return code == http.StatusServiceUnavailable && len(h.Broken) > 0
 		})

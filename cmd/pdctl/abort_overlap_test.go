@@ -11,6 +11,7 @@ import (
 	"github.com/pdkit/pdkit/internal/clustertest"
 	"github.com/pdkit/pdkit/internal/router"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -52,7 +53,7 @@ func TestAbortDrillOverlapLocalDecision(t *testing.T) {
 		}
 		start := time.Now()
 		c.pdctl(t, false, "abort", "--sessions", "60", "--max-tokens", "100", "--drain-timeout", "3s", "--check", "0")
-		poll(t, fmt.Sprintf("run %d: a rank group broken and rebuilt", run), drillBreakBound, func() bool { return restarts(c) > before })
+		waitfor.For(t, fmt.Sprintf("run %d: a rank group broken and rebuilt", run), drillBreakBound, func() bool { return restarts(c) > before })
 		took := time.Since(start)
 		worst = max(worst, took)
 		for _, s := range []string{c.prefill.ts.URL, c.decode.ts.URL} {

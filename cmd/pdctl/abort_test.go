@@ -15,6 +15,7 @@ import (
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/api/zmtp"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // prefillOnly sends a prefill-only request for room to c's prefill server
@@ -45,13 +46,7 @@ func (c *cluster) prefillOnly(t *testing.T, room uint64) <-chan int {
 
 func waitEnded(t *testing.T, what string, done <-chan int) int {
 	t.Helper()
-	select {
-	case code := <-done:
-		return code
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s: the request did not end within 10s", what)
-		return 0
-	}
+	return waitfor.Recv(t, what+": the request's end", 10*time.Second, done)
 }
 
 func checkRun(t *testing.T, c *cluster, wantCode exitCode, wantOut, wantErr string, args ...string) {
@@ -69,7 +64,7 @@ func TestAbortSynthetic(t *testing.T) {
 	// room, the request fails on every rank (the ranks agree by MIN) and
 	// ends.
 	done := c.prefillOnly(t, 7)
-	poll(t, "room 7 in the prefill's bootstrap queue", 10*time.Second, func() bool {
+	waitfor.For(t, "room 7 in the prefill's bootstrap queue", 10*time.Second, func() bool {
 		return pdCounts(t, c.prefill, debug.PDQueueBootstrap) == 2
 	})
 	checkRun(t, c, exitOK, "7\t0\tPREFILL-RANK0\tacked\tno\t*\talive\n", "",
@@ -77,7 +72,7 @@ func TestAbortSynthetic(t *testing.T) {
 	if code := waitEnded(t, "room 7", done); code == http.StatusOK {
 		t.Fatalf("room 7 answered %d after its ABORT", code)
 	}
-	poll(t, "room 7 out of the bootstrap queue", 10*time.Second, func() bool {
+	waitfor.For(t, "room 7 out of the bootstrap queue", 10*time.Second, func() bool {
 		return pdCounts(t, c.prefill, debug.PDQueueBootstrap) == 0
 	})
 
@@ -89,7 +84,7 @@ func TestAbortSynthetic(t *testing.T) {
 	// least one rank.
 	done = c.prefillOnly(t, 8)
 	done9 := c.prefillOnly(t, 9)
-	poll(t, "rooms 8 and 9 in the prefill's bootstrap queue", 10*time.Second, func() bool {
+	waitfor.For(t, "rooms 8 and 9 in the prefill's bootstrap queue", 10*time.Second, func() bool {
 		return pdCounts(t, c.prefill, debug.PDQueueBootstrap) == 4
 	})
 	code, out, errOut := c.pdctl(t, false, "abort", "--prefill", c.prefill.ts.URL, "--rooms-from-queue", "bootstrap")
@@ -173,7 +168,7 @@ func TestAbortDeadLoop(t *testing.T) {
 		t.Fatalf("fault on: exit %d: %s", code, errOut)
 	}
 	c.prefillOnly(t, 7)
-	poll(t, "room 7 in the prefill's bootstrap queue", 10*time.Second, func() bool {
+	waitfor.For(t, "room 7 in the prefill's bootstrap queue", 10*time.Second, func() bool {
 		return pdCounts(t, c.prefill, debug.PDQueueBootstrap) == 2
 	})
 	checkRun(t, c, exitError,

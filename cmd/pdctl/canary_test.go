@@ -18,6 +18,7 @@ import (
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/diag"
 	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -61,7 +62,7 @@ func TestDiagnoseCanariesHealthy(t *testing.T) {
 		t.Fatal(err)
 	}
 	served, stop := load(t, c.router, 4)
-	poll(t, "the load served 8 completions", 20*time.Second, func() bool { return served() >= 8 })
+	waitfor.For(t, "the load served 8 completions", 20*time.Second, func() bool { return served() >= 8 })
 	for run := range 3 {
 		before, loadBefore := hostHits(c.prefill), served()
 		code, stdout, stderr := c.pdctl(t, false, "diagnose", "--window", "1s", "--interval", "500ms", "--canaries", "3", "--canary-seed", "7")

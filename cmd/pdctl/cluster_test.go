@@ -74,9 +74,6 @@ func newCluster(t *testing.T) *cluster {
 		secret: testConfig.PD.Secret}
 }
 
-// poll waits until cond holds, failing the test after within.
-var poll = clustertest.Poll
-
 // pdctl runs pdctl against c with args; tty says whether stdout is a
 // terminal. Volatile cells are masked and the servers' URLs replaced by
 // PREFILL, DECODE and ROUTER.

@@ -18,6 +18,7 @@ import (
 	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/diag"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // load keeps n streaming sessions going through base, each sending one
@@ -76,7 +77,7 @@ func newClusterKV(t *testing.T, kvTokens int) *cluster {
 func TestDiagnoseHealthyUnderLoad(t *testing.T) {
 	c := newCluster(t)
 	served, stop := load(t, c.router, 60)
-	poll(t, "the load served 60 completions", 20*time.Second, func() bool { return served() >= 60 })
+	waitfor.For(t, "the load served 60 completions", 20*time.Second, func() bool { return served() >= 60 })
 	for run := range 3 {
 		before := served()
 		code, stdout, stderr := c.pdctl(t, false, "diagnose", "--window", "2s", "--interval", "500ms")
@@ -142,7 +143,7 @@ func TestDiagnoseBootstrapAbortCrash(t *testing.T) {
 			"prompt": fmt.Sprintf("drill %d: a long story about the sea and the ships and the sailors", i), "max_tokens": 200,
 			"temperature": 0, "ignore_eos": true, "stream": true}))
 	}
-	poll(t, "the drill's sessions at the decode", 10*time.Second, func() bool {
+	waitfor.For(t, "the drill's sessions at the decode", 10*time.Second, func() bool {
 		return pdTotal(t, c.decode) > 0
 	})
 	var wg sync.WaitGroup
@@ -156,14 +157,14 @@ func TestDiagnoseBootstrapAbortCrash(t *testing.T) {
 	// its transfer queue for KV no prefill will send, and its client goes.
 	held := send(t, c.decode.ts.URL, map[string]any{"prompt": "once upon a time", "max_tokens": 4, "temperature": 0,
 		"ignore_eos": true, "bootstrap_room": 4242, "bootstrap_url": c.registry})
-	poll(t, "the held session in the decode's transfer queue", 10*time.Second, func() bool {
+	waitfor.For(t, "the held session in the decode's transfer queue", 10*time.Second, func() bool {
 		return pdCounts(t, c.decode, debug.PDQueueTransfer) > 0
 	})
 	held()
 	var dead []int
 	// Both decode ranks held the room, and each sends ABORT to its prefill
 	// peer: every prefill rank's loop dies.
-	poll(t, "the prefill's control loops dead", 10*time.Second, func() bool {
+	waitfor.For(t, "the prefill's control loops dead", 10*time.Second, func() bool {
 		dead = deadRanks(t, c)
 		return len(dead) == c.prefill.eng.View().Ranks()
 	})
@@ -179,7 +180,7 @@ func TestDiagnoseBootstrapAbortCrash(t *testing.T) {
 	// the window and make it look as if it moved.
 	var settled int
 	var since time.Time
-	poll(t, "the decode's transfer queue holding the new requests, settled", 15*time.Second, func() bool {
+	waitfor.For(t, "the decode's transfer queue holding the new requests, settled", 15*time.Second, func() bool {
 		n := pdCounts(t, c.decode, debug.PDQueueTransfer)
 		if n != settled {
 			settled, since = n, time.Now()
@@ -379,7 +380,7 @@ func TestDiagnoseStalledRank(t *testing.T) {
 		t.Fatal(err)
 	}
 	var seq uint64
-	poll(t, "decode rank 0 waiting in a control collective", 10*time.Second, func() bool {
+	waitfor.For(t, "decode rank 0 waiting in a control collective", 10*time.Second, func() bool {
 		col, err := client.New(c.decode.ts.URL, "", nil).Collectives(t.Context())
 		w := col.Comm(debug.CommControl).Rank(0)
 		if err != nil || w == nil || w.Waiting == nil || w.Waiting.DurationMS < 200 {
@@ -425,7 +426,7 @@ func TestDiagnoseDecodeLoopDead(t *testing.T) {
 		t.Fatal(err)
 	}
 	send(t, c.router, map[string]any{"prompt": "once upon a time", "max_tokens": 4, "temperature": 0, "ignore_eos": true})
-	poll(t, "the decode's KV loops dead", 10*time.Second, func() bool {
+	waitfor.For(t, "the decode's KV loops dead", 10*time.Second, func() bool {
 		pd, err := client.New(c.decode.ts.URL, "", nil).PD(t.Context(), "")
 		return err == nil && len(pd.Ranks) == 2 && !pd.Ranks[0].Socket.Alive && !pd.Ranks[1].Socket.Alive
 	})
@@ -464,7 +465,7 @@ func TestDiagnoseRequestsFailing(t *testing.T) {
 	for i := range 2 {
 		send(t, c.router, map[string]any{"prompt": fmt.Sprintf("request %d", i), "max_tokens": 4, "temperature": 0})
 	}
-	poll(t, "both requests in the prefill's bootstrap queue", 10*time.Second, func() bool {
+	waitfor.For(t, "both requests in the prefill's bootstrap queue", 10*time.Second, func() bool {
 		return pdCounts(t, c.prefill, debug.PDQueueBootstrap) == 4 // 2 rooms on 2 ranks
 	})
 	code, findings, keys := diagnoseJSON(t, c, "--window", "4s", "--interval", "500ms")

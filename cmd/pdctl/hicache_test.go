@@ -11,6 +11,7 @@ import (
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/server"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // TestHiCache shows and switches the host tier of live servers through
@@ -81,7 +82,7 @@ func TestHiCache(t *testing.T) {
 				if err := c.decode.eng.SetFault(serve.FaultStallLastRank, true); err != nil {
 					t.Fatal(err)
 				}
-				poll(t, "the decode's rank 0 waiting for rank 1", 10*time.Second, func() bool {
+				waitfor.For(t, "the decode's rank 0 waiting for rank 1", 10*time.Second, func() bool {
 					var cr debug.CollectivesResponse
 					err := client.New(c.decode.ts.URL, "", nil).GetJSON(t.Context(), "/debug/v1/collectives?stall=100ms", &cr)
 					ctrl := cr.Comm(debug.CommControl)
@@ -127,7 +128,7 @@ func TestHiCache(t *testing.T) {
 	if err := c.decode.eng.SetFault(serve.FaultStallLastRank, false); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "the decode's tier on", 10*time.Second, func() bool {
+	waitfor.For(t, "the decode's tier on", 10*time.Second, func() bool {
 		_, stdout, _ := c.pdctl(t, false, "--server", c.decode.ts.URL, "hicache", "status", "--json")
 		var out struct{ Servers []serverHiCache }
 		return json.Unmarshal([]byte(stdout), &out) == nil && len(out.Servers) == 1 && out.Servers[0].HiCache != nil && out.Servers[0].HiCache.On

@@ -22,6 +22,7 @@ import (
 	"github.com/pdkit/pdkit/internal/router"
 	"github.com/pdkit/pdkit/internal/server"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -30,7 +31,7 @@ import (
 // the switch.
 func waitSwitches(t *testing.T, n *node, want uint64) {
 	t.Helper()
-	poll(t, "the switches counted", 10*time.Second, func() bool {
+	waitfor.For(t, "the switches counted", 10*time.Second, func() bool {
 		st, err := client.New(n.ts.URL, "", nil).State(t.Context())
 		return err == nil && st.Snapshot != nil && st.Snapshot.Totals.IndexKSwitches == want
 	})
@@ -167,7 +168,7 @@ func TestIndexK(t *testing.T) {
 				// The switch goes in once the stall holds: rank 1 may be
 				// past the switch's check in the iteration under way, and
 				// that iteration would then carry the switch to its end.
-				poll(t, "the prefill's rank 0 waiting for its stalled rank 1", 10*time.Second, func() bool {
+				waitfor.For(t, "the prefill's rank 0 waiting for its stalled rank 1", 10*time.Second, func() bool {
 					for _, g := range c.prefill.eng.View().Collectives() {
 						if g.Name == serve.CommControl && len(g.Ranks) == 2 {
 							return g.Ranks[0].Waiting != nil && g.Ranks[1].Waiting == nil
@@ -180,7 +181,7 @@ func TestIndexK(t *testing.T) {
 					_, err := pc.SetIndexK(context.Background(), debug.IndexKBF16, 0)
 					pending <- err
 				}()
-				poll(t, "the prefill's switch under way", 10*time.Second, func() bool {
+				waitfor.For(t, "the prefill's switch under way", 10*time.Second, func() bool {
 					var st debug.Settings
 					return pc.GetJSON(t.Context(), debug.SettingsPath, &st) == nil && st.IndexKSwitch == debug.IndexKBF16
 				})
@@ -318,7 +319,7 @@ func TestIndexKSetUnderLoad(t *testing.T) {
 			}
 		})
 	}
-	poll(t, "requests served before the switch", 20*time.Second, func() bool { return sent.Load() >= 8 })
+	waitfor.For(t, "requests served before the switch", 20*time.Second, func() bool { return sent.Load() >= 8 })
 	code, stdout, stderr := c.pdctl(t, false, "indexk", "set", "bf16", "--drain", "20s")
 	stop.Store(true)
 	wg.Wait()
@@ -347,7 +348,7 @@ func TestIndexKSetUnderLoad(t *testing.T) {
 	after.Wait()
 	// Nothing leaked: both pools hold only cached pages once idle.
 	for _, n := range []*node{c.prefill, c.decode} {
-		poll(t, n.ts.URL+" idle", 20*time.Second, func() bool {
+		waitfor.For(t, n.ts.URL+" idle", 20*time.Second, func() bool {
 			r, err := client.New(n.ts.URL, "", nil).Requests(t.Context(), "")
 			return err == nil && len(r.Requests) == 0 && r.Pending == 0 &&
 				!slices.ContainsFunc(r.KV, func(kv debug.KVPages) bool { return kv.Held() != 0 })

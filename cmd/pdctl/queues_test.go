@@ -12,6 +12,7 @@ import (
 	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // oneSided leaves c with two rooms stuck on one side each: room 7 sent to
@@ -29,7 +30,7 @@ func (c *cluster) oneSided(t *testing.T) {
 	}
 	send(t, c.prefill.ts.URL, p)
 	send(t, c.decode.ts.URL, d)
-	poll(t, "room 7 in the prefill's bootstrap queue, room 9 in the decode's transfer queue", 10*time.Second, func() bool {
+	waitfor.For(t, "room 7 in the prefill's bootstrap queue, room 9 in the decode's transfer queue", 10*time.Second, func() bool {
 		return pdCounts(t, c.prefill, debug.PDQueueBootstrap) == 2 && pdCounts(t, c.decode, debug.PDQueueTransfer) == 2
 	})
 }
@@ -265,17 +266,17 @@ func newWedged(t *testing.T) *cluster {
 			"ignore_eos": true, "bootstrap_room": room, "bootstrap_url": c.registry})
 	}
 	decodeOnly(9)
-	poll(t, "room 9 in the decode's transfer queue", 10*time.Second, func() bool {
+	waitfor.For(t, "room 9 in the decode's transfer queue", 10*time.Second, func() bool {
 		return pdCounts(t, c.decode, debug.PDQueueTransfer) == 2
 	})
 	if _, err := client.New(c.decode.ts.URL, "", nil).AbortRoom(ctx, 9); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "every prefill control loop dead", 10*time.Second, func() bool {
+	waitfor.For(t, "every prefill control loop dead", 10*time.Second, func() bool {
 		return len(deadRanks(t, c)) == c.prefill.eng.View().Ranks()
 	})
 	decodeOnly(10)
-	poll(t, "room 10 in the decode's transfer queue", 10*time.Second, func() bool {
+	waitfor.For(t, "room 10 in the decode's transfer queue", 10*time.Second, func() bool {
 		return pdCounts(t, c.decode, debug.PDQueueTransfer) == 2 && pdCounts(t, c.decode, debug.PDQueueAborting) == 2
 	})
 	return c

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/diag"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // TestRedTeamSquattedRegistryDiagnosed: a registration that points a
@@ -70,7 +71,7 @@ func TestRedTeamSquattedRegistryDiagnosed(t *testing.T) {
 	if served != 0 {
 		t.Fatalf("%d of %d requests were served with the rank squatted", served, n)
 	}
-	poll(t, "the router not ready", 10*time.Second, func() bool {
+	waitfor.For(t, "the router not ready", 10*time.Second, func() bool {
 		resp, err := http.Get(c.router + "/readyz")
 		if err != nil {
 			return false

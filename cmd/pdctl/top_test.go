@@ -12,6 +12,7 @@ import (
 	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/internal/syncbuf"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -108,7 +109,7 @@ func TestTopStalledRank(t *testing.T) {
 	if _, err := dc.SetFault(t.Context(), "stall-last-rank", true); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "decode rank 0 waiting in a control collective", 10*time.Second, func() bool {
+	waitfor.For(t, "decode rank 0 waiting in a control collective", 10*time.Second, func() bool {
 		col, err := dc.Collectives(t.Context())
 		w := col.Comm(debug.CommControl).Rank(0)
 		return err == nil && w != nil && w.Waiting != nil && w.Waiting.DurationMS > 200
@@ -146,7 +147,7 @@ func TestTopLive(t *testing.T) {
 	f.screen.width, f.screen.height = 250, 60
 	done := make(chan exitCode, 1)
 	go func() { done <- run(t.Context(), f, []string{"top", "--interval", "50ms"}) }()
-	poll(t, "a frame with both servers and a finding section", 10*time.Second, func() bool {
+	waitfor.For(t, "a frame with both servers and a finding section", 10*time.Second, func() bool {
 		s := out.String()
 		return strings.Contains(s, c.prefill.ts.URL) && strings.Contains(s, c.decode.ts.URL) && strings.Contains(s, "FINDINGS")
 	})

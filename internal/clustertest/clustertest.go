@@ -28,6 +28,7 @@ import (
 	"github.com/pdkit/pdkit/internal/metrics"
 	"github.com/pdkit/pdkit/internal/router"
 	"github.com/pdkit/pdkit/internal/server"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 var quiet = slog.New(slog.DiscardHandler)
@@ -190,7 +191,7 @@ func New(t testing.TB, o Options) *Cluster {
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
 	hc := &http.Client{Transport: tr, Timeout: within}
-	Poll(t, "every server healthy at the router", within, func() bool {
+	waitfor.For(t, "every server healthy at the router", within, func() bool {
 		resp, err := hc.Get(c.Router.URL + "/health")
 		if err != nil {
 			return false
@@ -201,17 +202,4 @@ func New(t testing.TB, o Options) *Cluster {
 		return err == nil && resp.StatusCode == http.StatusOK && h.HealthyPrefill == len(ro.Prefill) && h.HealthyDecode == len(ro.Decode)
 	})
 	return c
-}
-
-// Poll waits until cond holds, trying every 5ms, and fails the test after
-// within.
-func Poll(t testing.TB, what string, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }

@@ -27,6 +27,7 @@ import (
 
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/internal/syncbuf"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // Fixed ports are safe: each server has a namespace of its own.
@@ -222,19 +223,20 @@ func (p *proc) kill(t *testing.T) {
 func (p *proc) waitLog(t *testing.T, re string) string {
 	t.Helper()
 	rx := regexp.MustCompile(re)
-	deadline := time.Now().Add(time.Minute)
-	for time.Now().Before(deadline) {
-		if m := rx.FindStringSubmatch(p.out.String()); m != nil {
-			return m[1]
-		}
+	var m []string
+	logged := waitfor.Poll(time.Minute, func() bool {
 		select {
 		case <-p.done:
 			t.Fatalf("%s exited (%v) before logging %q:\n%s", p.name, p.err, re, p.out.String())
-		case <-time.After(50 * time.Millisecond):
+		default:
 		}
+		m = rx.FindStringSubmatch(p.out.String())
+		return m != nil
+	})
+	if !logged {
+		t.Fatalf("%s logged no %q within a minute:\n%s", p.name, re, p.out.String())
 	}
-	t.Fatalf("%s logged no %q within a minute:\n%s", p.name, re, p.out.String())
-	return ""
+	return m[1]
 }
 
 // checkAdvertised checks that the prefill advertises addr, never a
@@ -315,40 +317,30 @@ func checkOutputs(t *testing.T, when string, got, want []string) {
 // waitServed sends prompt to base until its answer is want.
 func waitServed(t *testing.T, base, prompt, want string, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	var last error
-	for time.Now().Before(deadline) {
+	waitfor.NoError(t, base+" serving a request", within, func() error {
 		got, err := complete(base, prompt)
-		if err == nil && got == want {
-			return
+		if err == nil && got != want {
+			err = fmt.Errorf("answered %q; want %q", got, want)
 		}
-		if last = err; err == nil {
-			last = fmt.Errorf("answered %q; want %q", got, want)
-		}
-		time.Sleep(200 * time.Millisecond) // the poll's pace, not a wait for a condition
-	}
-	t.Fatalf("%s served no request within %v: %v", base, within, last)
+		return err
+	})
 }
 
 // waitHealthy polls url until it answers 200.
 func waitHealthy(t *testing.T, url string, within time.Duration) {
 	t.Helper()
 	c := http.Client{Timeout: 2 * time.Second}
-	deadline := time.Now().Add(within)
-	var last error
-	for time.Now().Before(deadline) {
+	waitfor.NoError(t, url+" healthy", within, func() error {
 		resp, err := c.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-			err = errors.New(resp.Status)
+		if err != nil {
+			return err
 		}
-		last = err
-		time.Sleep(100 * time.Millisecond) // the poll's pace
-	}
-	t.Fatalf("%s not healthy within %v: %v", url, within, last)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return errors.New(resp.Status)
+		}
+		return nil
+	})
 }
 
 func getJSON(t *testing.T, url string, v any) {

@@ -31,6 +31,7 @@ import (
 	"github.com/pdkit/pdkit/internal/router"
 	"github.com/pdkit/pdkit/internal/server"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -65,9 +66,6 @@ func newClusterWrapped(t *testing.T, m *model.Model, cfg serve.Config, wrap func
 	return &pdCluster{m: m, prefill: cc.Prefill, decode: cc.Decode, router: cc.Router,
 		client: &http.Client{Transport: tr, Timeout: 60 * time.Second}}
 }
-
-// poll waits until cond holds, failing the test after within.
-var poll = clustertest.Poll
 
 // completion is a completion's outcome as a client sees it.
 type completion struct {
@@ -216,18 +214,13 @@ func quietState(t *testing.T, client *http.Client, n *clustertest.Node) string {
 // drained waits until neither server holds a PD queue entry or a KV page.
 func (c *pdCluster) drained(t *testing.T, within time.Duration) {
 	t.Helper()
-	var p, d string
-	deadline := time.Now().Add(within)
-	for {
-		p, d = quietState(t, c.client, c.prefill), quietState(t, c.client, c.decode)
+	waitfor.NoError(t, "the cluster drained", within, func() error {
+		p, d := quietState(t, c.client, c.prefill), quietState(t, c.client, c.decode)
 		if p == "" && d == "" {
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not drained within %v: prefill [%s], decode [%s]", within, p, d)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return fmt.Errorf("prefill [%s], decode [%s]", p, d)
+	})
 }
 
 // PD greedy output through the router equals a colocated server's for 50
@@ -468,7 +461,7 @@ func TestClusterBootstrapAbortCrashWedges(t *testing.T) {
 	// The held session, not a drill session still there (theirs have 100
 	// tokens or more): cancelled before its decode sent TRANSFER_INFO, it
 	// would send no ABORT.
-	poll(t, "the held session in the decode's transfer queue", 10*time.Second, func() bool {
+	waitfor.For(t, "the held session in the decode's transfer queue", 10*time.Second, func() bool {
 		for _, rk := range pdState(t, c.client, c.decode).Ranks {
 			for _, e := range rk.Entries {
 				if e.Queue == debug.PDQueueTransfer && e.Tokens < 100 {
@@ -482,7 +475,7 @@ func TestClusterBootstrapAbortCrashWedges(t *testing.T) {
 	<-held
 
 	var dead debug.PDSocket
-	poll(t, "the prefill's control loop dead", 10*time.Second, func() bool {
+	waitfor.For(t, "the prefill's control loop dead", 10*time.Second, func() bool {
 		for _, rk := range pdState(t, c.client, c.prefill).Ranks {
 			if !rk.Socket.Alive {
 				dead = rk.Socket

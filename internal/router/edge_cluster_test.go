@@ -24,6 +24,7 @@ import (
 	"github.com/pdkit/pdkit/internal/router"
 	"github.com/pdkit/pdkit/internal/server"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 func edgeConfig() serve.Config {
@@ -86,7 +87,7 @@ func TestClusterAdmissionAtTheEdge(t *testing.T) {
 			results[i] = r
 		})
 	}
-	poll(t, "the admitted sessions at the prefill's door", 20*time.Second, func() bool { return gated.Load() == bound })
+	waitfor.For(t, "the admitted sessions at the prefill's door", 20*time.Second, func() bool { return gated.Load() == bound })
 
 	for i := range excess {
 		start := time.Now()
@@ -119,7 +120,7 @@ func TestClusterAdmissionAtTheEdge(t *testing.T) {
 	}
 	// A client has its [DONE] a moment before the router has its end.
 	var rm string
-	poll(t, "the router done with the sessions", 10*time.Second, func() bool {
+	waitfor.For(t, "the router done with the sessions", 10*time.Second, func() bool {
 		rm = scrape(t, client, cc.Router.URL)
 		return strings.Contains(rm, `pdkit_router_requests_total{outcome="ok"} 4`)
 	})
@@ -179,7 +180,7 @@ func TestGenerateThroughRouter(t *testing.T) {
 	if code != 400 || json.Unmarshal([]byte(b), &eb) != nil || eb.Error.Param == nil || *eb.Error.Param != "sampling_params.temperature" {
 		t.Errorf("bad parameter: %d %s", code, b)
 	}
-	poll(t, "the router done with the bad request", 10*time.Second, func() bool {
+	waitfor.For(t, "the router done with the bad request", 10*time.Second, func() bool {
 		return strings.Contains(scrape(t, c.client, c.router.URL), `pdkit_router_requests_total{outcome="client_error"} 1`)
 	})
 	if rm := scrape(t, c.client, c.router.URL); strings.Contains(rm, "pdkit_router_upstream_errors_total{") ||
@@ -219,7 +220,7 @@ func TestExpositionsLint(t *testing.T) {
 		"colocated": {col.TS.URL, serverWant},
 	} {
 		var x string
-		poll(t, name+" metrics", 10*time.Second, func() bool {
+		waitfor.For(t, name+" metrics", 10*time.Second, func() bool {
 			x = scrape(t, c.client, tc.base)
 			for _, w := range tc.want {
 				if !strings.Contains(x, w) {

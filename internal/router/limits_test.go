@@ -15,6 +15,7 @@ import (
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/internal/httpx"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // guarded serves the router behind an httpx.Guard of limits on a real
@@ -41,13 +42,12 @@ func guarded(t *testing.T, c *cluster, g *httpx.Guard) string {
 // waitHits polls the guard until limit was hit want times.
 func waitHits(t *testing.T, g *httpx.Guard, limit string, want uint64, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for g.Hits(limit) < want {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s hits: %d, want %d", limit, g.Hits(limit), want)
+	waitfor.NoError(t, limit+" hits", within, func() error {
+		if got := g.Hits(limit); got < want {
+			return fmt.Errorf("%d, want %d", got, want)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // metricLine returns the /metrics line of pdkit_http_limit_hits_total
@@ -242,22 +242,17 @@ func TestRedTeamConnectionCap(t *testing.T) {
 
 	// A place freed serves again.
 	cancels[0]()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	waitfor.NoError(t, "a place freed after a stream ended", 5*time.Second, func() error {
 		client := &http.Client{Transport: &http.Transport{}}
 		resp, err := client.Get(base + "/health")
-		if err == nil && resp.StatusCode == 200 {
-			readAll(t, resp)
-			break
+		if err != nil {
+			return err
 		}
-		if err == nil {
-			readAll(t, resp)
+		if body := readAll(t, resp); resp.StatusCode != 200 {
+			return fmt.Errorf("%d %s", resp.StatusCode, body)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no place freed after a stream ended: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	if line := metricLine(t, c.srv.URL, httpx.LimitConnections); !strings.HasPrefix(line, "pdkit_http_limit_hits_total") {
 		t.Errorf("metrics: no connections line: %q", line)
 	}
@@ -273,7 +268,9 @@ func TestBodyTimeoutSparesStreams(t *testing.T) {
 			for range 8 {
 				openai.WriteEvent(w, map[string]any{"id": "cmpl-1", "choices": []any{map[string]any{"text": "a"}}})
 				w.(http.Flusher).Flush()
-				time.Sleep(50 * time.Millisecond) // the stream outlasts the body timeout
+				// Real time passes between events: the body timeout under
+				// test runs on the wall clock, and the stream must outlast it.
+				time.Sleep(50 * time.Millisecond)
 			}
 			openai.WriteDone(w)
 		}

@@ -11,8 +11,8 @@ import (
 
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/engine/serve"
-	"github.com/pdkit/pdkit/internal/clustertest"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // no_cache through the router reaches both sides of a PD request: a
@@ -24,7 +24,9 @@ func TestClusterNoCache(t *testing.T) {
 	c := newCluster(t, m, serve.Config{TP: 2, PageSize: 4, KVTokens: 512, MaxRunning: 8})
 	prompt := testmodel.Prompts(91, 1, 48, 48, m.Config.VocabSize)[0] // token ids
 	text := strings.Repeat("the cache must not matter ", 6)
+	sent := uint64(0) // requests sent, each one finishing on both servers
 	post := func(path string, req map[string]any, out any) {
+		sent++
 		b, _ := json.Marshal(req)
 		resp, err := c.client.Post(c.router.URL+path, "application/json", bytes.NewReader(b))
 		if err != nil {
@@ -58,15 +60,17 @@ func TestClusterNoCache(t *testing.T) {
 			return r.Text
 		}},
 	}
-	// cached is each server's cached-token total once both are idle.
+	// cached is each server's cached-token total once both are idle. A
+	// request's cached tokens are counted when it is admitted, before it
+	// finishes: a published state that counts every request sent as
+	// finished counts their cached tokens too.
 	cached := func() (prefill, decode uint64) {
 		c.drained(t, 5*time.Second)
 		var p, d uint64
-		clustertest.Poll(t, "both totals settled", 5*time.Second, func() bool {
-			p1, d1 := c.prefill.Eng.View().Snapshot().Totals.CachedTokens, c.decode.Eng.View().Snapshot().Totals.CachedTokens
-			time.Sleep(20 * time.Millisecond)
-			p, d = c.prefill.Eng.View().Snapshot().Totals.CachedTokens, c.decode.Eng.View().Snapshot().Totals.CachedTokens
-			return p == p1 && d == d1
+		waitfor.For(t, "both servers publishing every request finished", 5*time.Second, func() bool {
+			ps, ds := c.prefill.Eng.View().Snapshot().Totals, c.decode.Eng.View().Snapshot().Totals
+			p, d = ps.CachedTokens, ds.CachedTokens
+			return ps.Finished == sent && ds.Finished == sent
 		})
 		return p, d
 	}

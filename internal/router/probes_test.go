@@ -2,6 +2,7 @@ package router
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // probe GETs path and decodes its body into v.
@@ -66,19 +68,16 @@ func TestReadinessFollowsFailures(t *testing.T) {
 	}
 
 	failing.Store(false)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	waitfor.NoError(t, "readyz recovering, a request to the mended decode a try", 5*time.Second, func() error {
 		resp := c.post(t, t.Context(), "/v1/completions", `{"prompt":"x"}`)
 		if body := readAll(t, resp); resp.StatusCode != 200 {
 			t.Fatalf("a request to the mended decode: %d %s", resp.StatusCode, body)
 		}
-		if code := c.probe(t, "/readyz", &ready); code == 200 {
-			break
+		if code := c.probe(t, "/readyz", &ready); code != 200 {
+			return fmt.Errorf("%d %+v", code, ready)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("readyz did not recover: %+v", ready)
-		}
-	}
+		return nil
+	})
 	if ready.RecentFailed != 6 || ready.RecentRequests != 12 {
 		t.Errorf("recovered at %d failed of %d, want 6 of 12 (not above half)", ready.RecentFailed, ready.RecentRequests)
 	}

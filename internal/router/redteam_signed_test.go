@@ -14,6 +14,7 @@ import (
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/clustertest"
 	"github.com/pdkit/pdkit/internal/router"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // unsignedRefused reads a server's pdkit_pd_refused_reqs_total{reason=
@@ -77,7 +78,7 @@ func TestRedTeamRouterSigns(t *testing.T) {
 	t.Cleanup(func() { rt.Close() })
 	ts := httptest.NewServer(rt)
 	t.Cleanup(ts.Close)
-	clustertest.Poll(t, "the unsigned router sees its servers", 20*time.Second, func() bool {
+	waitfor.For(t, "the unsigned router sees its servers", 20*time.Second, func() bool {
 		resp, err := client.Get(ts.URL + "/health")
 		if err != nil {
 			return false
@@ -97,7 +98,7 @@ func TestRedTeamRouterSigns(t *testing.T) {
 	// The router sends both halves at once and gives up on the other when
 	// one is refused: the other may not have reached its server, and the
 	// count of the one that did may trail the client's error.
-	clustertest.Poll(t, "a server counting the unsigned PD request", 10*time.Second, func() bool {
+	waitfor.For(t, "a server counting the unsigned PD request", 10*time.Second, func() bool {
 		return unsignedRefused(t, client, cc.Prefill) != "0" || unsignedRefused(t, client, cc.Decode) != "0"
 	})
 	// The cluster still serves through its own router.

@@ -18,6 +18,7 @@ import (
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // stub stands in for a prefill or decode server: it answers /health and
@@ -139,13 +140,12 @@ func (s *stub) lastBodies() []map[string]any {
 // waitRequests waits until the stub has received n generation requests.
 func (s *stub) waitRequests(t *testing.T, n int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for s.count() < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("the %s stand-in got %d requests, want %d", s.role, s.count(), n)
+	waitfor.NoError(t, fmt.Sprintf("the %s stand-in's requests", s.role), 5*time.Second, func() error {
+		if got := s.count(); got < n {
+			return fmt.Errorf("%d, want %d", got, n)
 		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // waitCancel waits until the stub has seen a request's context end.
@@ -220,17 +220,14 @@ func (c *cluster) clusterState(t *testing.T) debug.ClusterResponse {
 // waitFor polls the cluster listing until cond holds, with a deadline.
 func (c *cluster) waitFor(t *testing.T, what string, cond func(debug.ClusterResponse) bool) debug.ClusterResponse {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		cr := c.clusterState(t)
-		if cond(cr) {
-			return cr
+	var cr debug.ClusterResponse
+	waitfor.NoError(t, what, 5*time.Second, func() error {
+		if cr = c.clusterState(t); !cond(cr) {
+			return fmt.Errorf("%+v", cr)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s: %+v", what, cr)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
+	return cr
 }
 
 // settle waits until the router has want requests in flight over all
