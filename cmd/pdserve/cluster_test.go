@@ -27,6 +27,7 @@ import (
 	"github.com/pdkit/pdkit/engine/model/builtin"
 	"github.com/pdkit/pdkit/internal/syncbuf"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -114,19 +115,20 @@ func TestClusterLaunch(t *testing.T) {
 	// The endpoint table.
 	table := regexp.MustCompile(`(?m)^(prefill|decode|router) +(\S+) +(http://127\.0\.0\.1:\d+) +(\d+)`)
 	var rows [][]string
-	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	printed := waitfor.Poll(90*time.Second, func() bool {
 		if s := stdout.String(); strings.Contains(s, "curl -s") {
 			rows = table.FindAllStringSubmatch(s, -1)
-			break
+			return true
 		}
 		select {
 		case err := <-done:
 			t.Fatalf("launch ended: %v\n%s", err, errb)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no endpoint table:\n%s\n%s", stdout, errb)
-		}
+		return false
+	})
+	if !printed {
+		t.Fatalf("no endpoint table:\n%s\n%s", stdout, errb)
 	}
 	urls, pid := map[string]string{}, map[string]int{}
 	for _, r := range rows {
@@ -149,10 +151,8 @@ func TestClusterLaunch(t *testing.T) {
 		}
 		return resp.StatusCode
 	}
-	for deadline := time.Now().Add(20 * time.Second); get(urls["router"]+"/health", nil) != 200; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("router not healthy:\n%s", errb)
-		}
+	if !waitfor.Poll(20*time.Second, func() bool { return get(urls["router"]+"/health", nil) == 200 }) {
+		t.Fatalf("router not healthy:\n%s", errb)
 	}
 
 	// Greedy through the router equals generate.
@@ -266,15 +266,13 @@ func TestClusterLaunch(t *testing.T) {
 		}
 		r.err = sc.Err()
 	}()
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	waiting := waitfor.Poll(20*time.Second, func() bool {
 		var pd debug.PDResponse
 		get(urls["decode"]+debug.PDPath+"?queue="+debug.PDQueueTransfer, &pd)
-		if len(pd.Ranks) == 1 && len(pd.Ranks[0].Entries) == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the requests never waited in the decode's transfer queue:\n%s", errb)
-		}
+		return len(pd.Ranks) == 1 && len(pd.Ranks[0].Entries) == 2
+	})
+	if !waiting {
+		t.Fatalf("the requests never waited in the decode's transfer queue:\n%s", errb)
 	}
 	killed := time.Now()
 	if err := syscall.Kill(pid["prefill"], syscall.SIGKILL); err != nil {

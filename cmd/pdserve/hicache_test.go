@@ -15,6 +15,7 @@ import (
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/config"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -126,10 +127,8 @@ func TestServeHiCache(t *testing.T) {
 			t.Errorf("rank %d: %+v", rk.Rank, rk)
 		}
 	}
-	for end := time.Now().Add(5 * time.Second); !strings.Contains(s.errb.String(), "hicache on"); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("no start-up line for the tier:\n%s", s.errb)
-		}
+	if !waitfor.Poll(5*time.Second, func() bool { return strings.Contains(s.errb.String(), "hicache on") }) {
+		t.Fatalf("no start-up line for the tier:\n%s", s.errb)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -89,7 +90,7 @@ func TestServeListenerLimits(t *testing.T) {
 	// would give their places up: TestRedTeamIdleConnectionsYield.)
 	var held []net.Conn
 	for range 2 {
-		for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		waitfor.NoError(t, "a connection under the cap taken", 10*time.Second, func() error {
 			c, err := net.Dial("tcp", addr)
 			if err != nil {
 				t.Fatal(err)
@@ -99,13 +100,11 @@ func TestServeListenerLimits(t *testing.T) {
 			line, err := bufio.NewReader(c).ReadString('\n')
 			if errors.Is(err, os.ErrDeadlineExceeded) { // taken, reading the headers
 				held = append(held, c)
-				break
+				return nil
 			}
 			c.Close()
-			if time.Now().After(end) {
-				t.Fatalf("a connection under the cap: %q %v", line, err)
-			}
-		}
+			return fmt.Errorf("%q %v", line, err)
+		})
 	}
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
@@ -122,20 +121,17 @@ func TestServeListenerLimits(t *testing.T) {
 	for _, c := range held {
 		c.Close()
 	}
-	for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	waitfor.NoError(t, "both hits on /metrics", 10*time.Second, func() error {
 		resp, err := once.Get(s.url + "/metrics")
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if strings.Contains(string(b), `pdkit_http_limit_hits_total{limit="body_timeout"} 1`) &&
-				regexp.MustCompile(`pdkit_http_limit_hits_total\{limit="connections"\} [1-9]`).Match(b) {
-				break
-			}
-			if time.Now().After(end) {
-				t.Fatalf("metrics without the hits: %s", b)
-			}
-		} else if time.Now().After(end) {
-			t.Fatal(err)
+		if err != nil {
+			return err
 		}
-	}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(b), `pdkit_http_limit_hits_total{limit="body_timeout"} 1`) ||
+			!regexp.MustCompile(`pdkit_http_limit_hits_total\{limit="connections"\} [1-9]`).Match(b) {
+			return fmt.Errorf("metrics without the hits: %s", b)
+		}
+		return nil
+	})
 }

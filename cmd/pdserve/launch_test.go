@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/internal/syncbuf"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 func TestLaunchUsageErrors(t *testing.T) {
@@ -160,17 +161,16 @@ func TestLaunchEndToEnd(t *testing.T) {
 	t.Setenv("PD_HICACHE_WRITE_POLICY", "write-back") // launch's own too: passed on as a flag
 	t.Setenv("PD_KV_DTYPE", "bf16")                   // likewise
 	dir, stdout, stderr, cancel, code := startFakeLaunch(t, "--decode", "1", "--tp", "2", "--fault", "bootstrap-abort-crash", "--hicache", "--hicache-size", "64MiB")
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(stdout.String(), "curl -s") {
+	printed := waitfor.Poll(30*time.Second, func() bool {
 		select {
 		case c := <-code:
 			t.Fatalf("launch exited %d:\n%s", c, stderr)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no endpoint table:\n%s\n%s", stdout, stderr)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return strings.Contains(stdout.String(), "curl -s")
+	})
+	if !printed {
+		t.Fatalf("no endpoint table:\n%s\n%s", stdout, stderr)
 	}
 	out := stdout.String()
 	for _, re := range []string{

@@ -19,6 +19,7 @@ import (
 	"github.com/pdkit/pdkit/engine/model/builtin"
 	"github.com/pdkit/pdkit/internal/syncbuf"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -56,9 +57,10 @@ func startServe(t *testing.T, args ...string) *serving {
 	})
 
 	re := regexp.MustCompile(`on (http://[0-9.:]+)\n`)
-	for end := time.Now().Add(20 * time.Second); s.url == ""; time.Sleep(5 * time.Millisecond) {
+	listening := waitfor.Poll(20*time.Second, func() bool {
 		if m := re.FindStringSubmatch(s.errb.String()); m != nil {
 			s.url = m[1]
+			return true
 		}
 		select {
 		case err := <-s.done:
@@ -66,9 +68,10 @@ func startServe(t *testing.T, args ...string) *serving {
 			t.Fatalf("serve ended early: %v: %s", err, s.errb.String())
 		default:
 		}
-		if time.Now().After(end) {
-			t.Fatalf("no listening URL: %s", s.errb.String())
-		}
+		return false
+	})
+	if !listening {
+		t.Fatalf("no listening URL: %s", s.errb.String())
 	}
 	return s
 }
@@ -301,20 +304,24 @@ func TestServeAdminToken(t *testing.T) {
 			}
 		}
 		re := regexp.MustCompile(`on http://\S*:([0-9]+)\n`)
-		for end := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var port string
+		listening := waitfor.Poll(20*time.Second, func() bool {
 			if m := re.FindStringSubmatch(errb.String()); m != nil {
-				return "http://127.0.0.1:" + m[1], errb, stop
+				port = m[1]
+				return true
 			}
 			select {
 			case err := <-done:
 				t.Fatalf("serve ended early: %v: %s", err, errb.String())
 			default:
 			}
-			if time.Now().After(end) {
-				cancel()
-				t.Fatalf("no listening URL: %s", errb.String())
-			}
+			return false
+		})
+		if !listening {
+			cancel()
+			t.Fatalf("no listening URL: %s", errb.String())
 		}
+		return "http://127.0.0.1:" + port, errb, stop
 	}
 	abortAll := func(url, auth string) int {
 		t.Helper()
