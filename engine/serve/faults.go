@@ -40,7 +40,7 @@ const (
 	// nothing for it since its last iteration it takes the idle branch,
 	// skipping the iteration's poll, admit and room, while its peers, on
 	// the agreed state, enter the poll. The group breaks as in incident 2
-	// (overlap.go, localIdle). The lock-step loop has no such branch.
+	// (overlap.go, rankPD.localIdle). The lock-step loop has no such branch.
 	FaultOverlapLocalDecision = "overlap-local-decision"
 )
 

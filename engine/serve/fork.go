@@ -41,16 +41,6 @@ type forkOf struct {
 	toks   []sampled // n-1: sample i+1's first token
 }
 
-// forkRoom reduces the room to fork in: what every rank can allocate.
-func (l *rankLoop) forkRoom(p rankcore.Phase) (pages, rows int, err error) {
-	pool := l.rk.Pool()
-	reduced := []int64{int64(l.px.freePages()), int64(pool.Config().MaxSeqs - pool.Live())}
-	if err := l.ag.ints(p, reduced); err != nil {
-		return 0, 0, err
-	}
-	return int(reduced[0]), int(reduced[1]), nil
-}
-
 // forkAll forks the samples of the parents of the step. It runs on every
 // rank after the step's tokens are appended and before StepDone, while the
 // parents' sequences hold their prompt's KV. rankcore plans which samples
@@ -59,7 +49,7 @@ func (l *rankLoop) forkAll(fs []forkOf) error {
 	if len(fs) == 0 {
 		return nil
 	}
-	pages, rows, err := l.forkRoom(rankcore.Fork)
+	pages, rows, err := l.room(rankcore.Fork)
 	if err != nil {
 		return err
 	}
@@ -189,7 +179,7 @@ func (l *rankLoop) pdForkAll(free int) (int, error) {
 		return free, nil
 	}
 	l.pdForks = nil
-	pages, rows, err := l.forkRoom(rankcore.PDFork)
+	pages, rows, err := l.room(rankcore.PDFork)
 	if err != nil {
 		return 0, err
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/kernels"
 )
@@ -65,44 +66,31 @@ var ErrIndexKBusy = errors.New("serve: an index-K precision switch is already un
 
 // drainStep, on rank 0 while a switch drains, puts the switch into the step
 // input, or the aborts of what still holds it past the bound, as
-// rankcore.DrainStep decides from state every rank holds alike.
-func (l *rankLoop) drainStep(op *indexKOp, in *stepInput) {
-	e := l.e
-	facts := rankcore.DrainFacts{Scheduled: l.sched.Len(), Rooms: l.pd.rooms(), Handshaking: l.pd.handshaking(),
-		Seqs: len(l.seqs), Joining: len(in.adds), PastBound: !e.now().Before(op.deadline)}
+// rankcore.DrainStep decides from state every rank holds alike (the
+// counts in f, and spared: whether a request is a PD room an abort would
+// not change). It reports whether the switch went in.
+func (s *streams) drainStep(op *indexKOp, in *stepInput, f rankcore.DrainFacts, spared func(id uint64) bool) bool {
 	var held []rankcore.DrainHeld
-	if facts.PastBound {
-		for id, r := range e.streams.front {
-			h := rankcore.DrainHeld{ID: id, Cut: r.cut != "", Spared: l.pd.inHandshake(id) || l.pd.finishing(id)}
+	if f.PastBound {
+		for id, r := range s.front {
+			h := rankcore.DrainHeld{ID: id, Cut: r.cut != "", Spared: spared(id)}
 			for _, f := range r.forks {
 				h.Forks = append(h.Forks, f.id)
 			}
 			held = append(held, h)
 		}
 	}
-	d := rankcore.DrainStep(facts, held)
+	d := rankcore.DrainStep(f, held)
 	if d.Switch {
 		in.switchIndexK, in.indexK = true, op.to
-		if l.cache != nil && l.cache.Attached() {
-			// Sized here, once, for every rank: a rank that read the
-			// machine's memory on its own could decide otherwise.
-			c := l.rk.Pool().Config()
-			ik := *c.IndexK
-			ik.DType = op.to
-			c.IndexK = &ik
-			pages, err := e.cfg.HiCache.hostPages(c, e.cfg.TP)
-			if err != nil {
-				e.cfg.Logger.Warn("serve: hicache stays off after the index-K switch", "server", e.cfg.Name, "err", err)
-			}
-			in.indexKTier = pages
-		}
-		return
+		return true
 	}
 	for _, id := range d.Cut {
-		e.streams.front[id].cut = ReasonAbort
+		s.front[id].cut = ReasonAbort
 		in.aborts = append(in.aborts, abortMsg{id: id, by: AbortBySwitch})
 		op.cut++
 	}
+	return false
 }
 
 // applyIndexK switches this rank's pool, cache, host tier and PD machine to
@@ -158,4 +146,19 @@ func indexKName(dt kernels.IndexKDType) string {
 		return "bf16"
 	}
 	return "fp8"
+}
+
+// tierPagesIn is the host tier's size in pages once the pool dev holds
+// index keys in dt: sized once, on rank 0, for every rank (a rank that
+// read the machine's memory on its own could decide otherwise); 0, the
+// tier staying off, when the memory is not there.
+func (e *Engine) tierPagesIn(dev kvcache.Config, dt kernels.IndexKDType) int {
+	ik := *dev.IndexK
+	ik.DType = dt
+	dev.IndexK = &ik
+	pages, err := e.cfg.HiCache.hostPages(dev, e.cfg.TP)
+	if err != nil {
+		e.cfg.Logger.Warn("serve: hicache stays off after the index-K switch", "server", e.cfg.Name, "err", err)
+	}
+	return pages
 }

@@ -149,7 +149,12 @@ func (l *rankLoop) receive(ran bool) (stepInput, error) {
 		op := l.e.inbox.draining()
 		in = l.e.takeInbox(op == nil)
 		if op != nil {
-			l.drainStep(op, &in)
+			f := rankcore.DrainFacts{Scheduled: l.sched.Len(), Rooms: l.pd.rooms(), Handshaking: l.pd.handshaking(),
+				Seqs: len(l.seqs), Joining: len(in.adds), PastBound: !l.e.now().Before(op.deadline)}
+			spared := func(id uint64) bool { return l.pd.inHandshake(id) || l.pd.finishing(id) }
+			if l.e.streams.drainStep(op, &in, f, spared) && l.cache != nil && l.cache.Attached() {
+				in.indexKTier = l.e.tierPagesIn(l.rk.Pool().Config(), op.to)
+			}
 		}
 		l.wire = in.encode(l.wire[:0])
 		data = l.wire
@@ -183,7 +188,7 @@ func (l *rankLoop) front(in stepInput, start time.Time) (*planned, error) {
 		l.publish(rec)
 		return nil, nil
 	}
-	if overlap && l.localIdle() {
+	if overlap && l.pd != nil && l.r == len(l.e.sup.loops)-1 && l.e.faults.onAt(idxOverlapLocal) && l.pd.localIdle(l.step+1) {
 		// The fault overlap-local-decision (overlap.go): this rank goes
 		// idle on its own view while its peers go on to the poll.
 		l.publish(rec)
@@ -196,7 +201,7 @@ func (l *rankLoop) front(in stepInput, start time.Time) (*planned, error) {
 	if err := l.admit(append(adds, joins...)); err != nil {
 		return nil, err
 	}
-	free, rows, err := l.room()
+	free, rows, err := l.room(rankcore.Room)
 	if err != nil {
 		return nil, err
 	}

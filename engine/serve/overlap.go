@@ -27,7 +27,7 @@ import (
 // order of the table rankcore.Overlap.
 //
 // The fault overlap-local-decision puts the incident's bug into this loop:
-// see localIdle.
+// see rankPD.localIdle and its paragraph below.
 
 // Schedules a rank loop runs. ScheduleAuto is a caller's choice, turned
 // into one of the other two by ResolveSchedule before an engine starts.
@@ -211,7 +211,7 @@ func dropVoided(plan *sched.Plan, voided []uint64) {
 // and the digest agreed again: every rank lands the same step and sees the
 // same scheduler, so every rank replans.
 func (l *rankLoop) replan(rec *StepRecord) (sched.Plan, error) {
-	free, rows, err := l.room()
+	free, rows, err := l.room(rankcore.Room)
 	if err != nil {
 		return sched.Plan{}, err
 	}
@@ -261,15 +261,6 @@ func (l *rankLoop) replan(rec *StepRecord) (sched.Plan, error) {
 //
 // With Config.CollectiveTimeout set, both recover (recover.go): the
 // mismatch as a broken group at once, the hang once the collective has
-// waited the timeout. The lock-step loop never takes this branch.
-func (l *rankLoop) localIdle() bool {
-	if l.pd == nil || l.r != len(l.e.sup.loops)-1 || !l.e.faults.onAt(idxOverlapLocal) {
-		return false
-	}
-	idle, n := l.pd.noNewMail()
-	if idle {
-		l.e.cfg.Logger.Warn("fault overlap-local-decision: rank takes the idle branch on its own mail while its peers poll",
-			"server", l.e.cfg.Name, "role", l.e.cfg.Role, "rank", l.r, "step", l.step+1, "mail_filed", n)
-	}
-	return idle
-}
+// waited the timeout. The lock-step loop never takes this branch. The
+// branch is front's, on the highest rank of a PD server with the switch
+// on; rankPD.localIdle is the rank-local view it takes.

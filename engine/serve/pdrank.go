@@ -236,12 +236,18 @@ func (pd *rankPD) releaseRooms() {
 	}
 }
 
-// noNewMail reports whether the mailbox filed no message under a room since
-// it was last asked, and the count now: the rank-local view that the fault
-// overlap-local-decision branches on (overlap.go), and nothing else may.
-func (pd *rankPD) noNewMail() (bool, uint64) {
+// localIdle is the fault overlap-local-decision's branch (overlap.go),
+// taken by the rank when the switch is on: whether the mailbox filed no
+// message under a room since the rank last asked, the rank-local view that
+// nothing else may branch on before a collective. step is the iteration,
+// for the log line that says so.
+func (pd *rankPD) localIdle(step uint64) bool {
 	n := pd.mb.filed.Load()
 	idle := n == pd.mailSeen
 	pd.mailSeen = n
-	return idle, n
+	if idle {
+		pd.host.logger.Warn("fault overlap-local-decision: rank takes the idle branch on its own mail while its peers poll",
+			"server", pd.host.name, "role", pd.host.role, "rank", pd.rank, "step", step, "mail_filed", n)
+	}
+	return idle
 }

@@ -32,13 +32,14 @@ func (l *rankLoop) poll() ([]addMsg, error) {
 	return l.pd.applyPoll(l.pdLoop(), votes)
 }
 
-// room MIN-reduces what every rank could allocate (free pages plus unused
-// cached pages) and its free sequence rows: what the decode's PD rooms
-// (grantPagesSendInfo) and then the scheduler share.
-func (l *rankLoop) room() (pages, rows int, err error) {
+// room MIN-reduces, as phase p, what every rank could allocate (free pages
+// plus unused cached pages) and its free sequence rows: in the room phase
+// what the decode's PD rooms (grantPagesSendInfo) and then the scheduler
+// share, in the fork phases (pd_fork, fork) the room to fork samples in.
+func (l *rankLoop) room(p rankcore.Phase) (pages, rows int, err error) {
 	pool := l.rk.Pool()
 	reduced := []int64{int64(l.px.freePages()), int64(pool.Config().MaxSeqs - pool.Live())}
-	if err := l.ag.ints(rankcore.Room, reduced); err != nil {
+	if err := l.ag.ints(p, reduced); err != nil {
 		return 0, 0, err
 	}
 	return int(reduced[0]), int(reduced[1]), nil
