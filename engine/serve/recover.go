@@ -124,6 +124,29 @@ func newBoot(now time.Time) uint64 {
 	}
 }
 
+// groupOptions are the options of the communicator name: its flight
+// recorder and watchdog, whose times are the engine's clock (the
+// watchdog, Stalls and recovery judge waits on them), and the stalls the
+// watchdog reports counted.
+func (s *supervisor) groupOptions(name string) dist.Options {
+	cfg := &s.e.cfg
+	o := dist.Options{Name: name, FlightRecorderLen: cfg.FlightRecorderLen, Clock: s.e.now}
+	if cfg.CollectiveWatchdog > 0 {
+		onStall := cfg.OnStall
+		if onStall == nil {
+			onStall = func(st dist.Stall) {
+				slog.Warn("collective stalled", "server", cfg.Name, "role", cfg.Role, "stall", st.String())
+			}
+		}
+		o.Watchdog = cfg.CollectiveWatchdog
+		o.OnStall = func(st dist.Stall) {
+			s.stalls.Add(1)
+			onStall(st)
+		}
+	}
+	return o
+}
+
 // build makes an incarnation: the ranks (their shards and pools), the two
 // communicators, and one loop per rank with its scheduler, prefix cache,
 // host tier (tier says on) and PD sockets (bound to endpoints[r] when
@@ -139,31 +162,12 @@ func (s *supervisor) build(endpoints []string) error {
 	wall, now := time.Now(), e.now()
 	inc := &incarnation{quit: make(chan struct{}), boot: newBoot(wall), started: wall}
 	inc.instance = fmt.Sprintf("%x", inc.boot)
-	gopts := func(name string) dist.Options {
-		// The recorder's times and the watchdog's now are the engine's
-		// clock: the watchdog, Stalls and recovery judge waits on them.
-		o := dist.Options{Name: name, FlightRecorderLen: cfg.FlightRecorderLen, Clock: e.now}
-		if cfg.CollectiveWatchdog > 0 {
-			onStall := cfg.OnStall
-			if onStall == nil {
-				onStall = func(s dist.Stall) {
-					slog.Warn("collective stalled", "server", cfg.Name, "role", cfg.Role, "stall", s.String())
-				}
-			}
-			o.Watchdog = cfg.CollectiveWatchdog
-			o.OnStall = func(st dist.Stall) {
-				s.stalls.Add(1)
-				onStall(st)
-			}
-		}
-		return o
-	}
 	shards, err := tp.NewShards(e.m, tp.Options{Ranks: cfg.TP, Backend: cfg.Backend, PageSize: cfg.PageSize,
-		KVTokens: cfg.KVTokens, MaxSeqs: cfg.maxSeqs(), IndexK: kernels.IndexKDType(e.indexK.Load()), KVType: cfg.KVType, Group: gopts(CommForward)})
+		KVTokens: cfg.KVTokens, MaxSeqs: cfg.maxSeqs(), IndexK: kernels.IndexKDType(e.indexK.Load()), KVType: cfg.KVType, Group: s.groupOptions(CommForward)})
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	control, err := dist.NewGroup(cfg.TP, gopts(CommControl))
+	control, err := dist.NewGroup(cfg.TP, s.groupOptions(CommControl))
 	if err != nil {
 		shards.Close()
 		return fmt.Errorf("serve: %w", err)
