@@ -151,14 +151,10 @@ func indexKName(dt kernels.IndexKDType) string {
 // tierPagesIn is the host tier's size in pages once the pool dev holds
 // index keys in dt: sized once, on rank 0, for every rank (a rank that
 // read the machine's memory on its own could decide otherwise); 0, the
-// tier staying off, when the memory is not there.
-func (e *Engine) tierPagesIn(dev kvcache.Config, dt kernels.IndexKDType) int {
+// tier staying off, with the reason when the memory is not there.
+func (c Config) tierPagesIn(dev kvcache.Config, dt kernels.IndexKDType) (int, error) {
 	ik := *dev.IndexK
 	ik.DType = dt
 	dev.IndexK = &ik
-	pages, err := e.cfg.HiCache.hostPages(dev, e.cfg.TP)
-	if err != nil {
-		e.cfg.Logger.Warn("serve: hicache stays off after the index-K switch", "server", e.cfg.Name, "err", err)
-	}
-	return pages
+	return c.HiCache.hostPages(dev, c.TP)
 }

@@ -153,7 +153,10 @@ func (l *rankLoop) receive(ran bool) (stepInput, error) {
 				Seqs: len(l.seqs), Joining: len(in.adds), PastBound: !l.e.now().Before(op.deadline)}
 			spared := func(id uint64) bool { return l.pd.inHandshake(id) || l.pd.finishing(id) }
 			if l.e.streams.drainStep(op, &in, f, spared) && l.cache != nil && l.cache.Attached() {
-				in.indexKTier = l.e.tierPagesIn(l.rk.Pool().Config(), op.to)
+				var err error
+				if in.indexKTier, err = l.e.cfg.tierPagesIn(l.rk.Pool().Config(), op.to); err != nil {
+					l.e.cfg.Logger.Warn("serve: hicache stays off after the index-K switch", "server", l.e.cfg.Name, "err", err)
+				}
 			}
 		}
 		l.wire = in.encode(l.wire[:0])
