@@ -10,6 +10,8 @@
 // functions, files and the methods of their types (size_test.go). And
 // staticcheck finds nothing in the module (staticcheck_test.go): the
 // version go.mod's tool line pins, the checks staticcheck.conf chooses.
+// Every time.Sleep in a test says in a comment why real time must pass
+// instead of waiting on a condition with internal/waitfor (sleep_test.go).
 //
 // The package has no non-test code.
 package lint
