@@ -7,6 +7,7 @@ import (
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/clock"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // TestManualClockBootstrapTimeout: a prefill's bootstrap timeout is judged
@@ -24,14 +25,14 @@ func TestManualClockBootstrapTimeout(t *testing.T) {
 	e := newEngine(t, m, cfg)
 	q := Request{Prompt: testmodel.Prompts(3, 1, 10, 10, m.Config.VocabSize)[0], MaxTokens: 4, IgnoreEOS: true}
 	p := submitHalf(t, e, q, newAbortRoom(), "")
-	poll(t, "prefill bootstrap", abortFinishWithin, func() bool { return inQueue(e, p.s.ID, "bootstrap") })
+	waitfor.Check(t, "prefill bootstrap", abortFinishWithin, func() bool { return inQueue(e, p.s.ID, "bootstrap") })
 
 	// afterAdvance waits for two more iterations of rank 0: the second
 	// took its step input, the clock, after the advance.
 	afterAdvance := func() {
 		t.Helper()
 		step := e.View().LastStep().Step
-		poll(t, "two iterations after the advance", abortFinishWithin, func() bool { return e.View().LastStep().Step >= step+2 })
+		waitfor.Check(t, "two iterations after the advance", abortFinishWithin, func() bool { return e.View().LastStep().Step >= step+2 })
 	}
 	clk.Advance(cfg.PD.BootstrapTimeout) // the bound itself: not past it
 	afterAdvance()

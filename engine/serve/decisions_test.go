@@ -9,6 +9,7 @@ import (
 
 	"github.com/pdkit/pdkit/engine/dist"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // sameDecision compares two ranks' records of one step: equal but for the
@@ -50,7 +51,7 @@ func TestDecisionsAgreeTP2(t *testing.T) {
 		}
 	}
 	var logs []RankDecisions
-	poll(t, "both ranks past the load's last step", 10*time.Second, func() bool {
+	waitfor.Check(t, "both ranks past the load's last step", 10*time.Second, func() bool {
 		logs = e.View().Decisions(0)
 		return logs[0].LastStep == logs[1].LastStep && logs[0].LastStep > 0
 	})
@@ -168,7 +169,7 @@ func TestDecisionsStalledRank(t *testing.T) {
 		}
 	}
 	var d []RankDecisions
-	poll(t, "rank 0 waiting in the next step's input", 10*time.Second, func() bool {
+	waitfor.Check(t, "rank 0 waiting in the next step's input", 10*time.Second, func() bool {
 		d = read()
 		// Held there for 100ms: rank 1 is not merely late.
 		w := d[0].Waiting
@@ -193,7 +194,7 @@ func TestDecisionsStalledRank(t *testing.T) {
 	if toks, fin := collect(t, s, 10*time.Second); len(toks) != 4 || fin.Reason != ReasonLength {
 		t.Fatalf("after the stall: %d tokens, %q", len(toks), fin.Reason)
 	}
-	poll(t, "the ranks agreeing after the stall", 10*time.Second, func() bool {
+	waitfor.Check(t, "the ranks agreeing after the stall", 10*time.Second, func() bool {
 		d = read()
 		return d[0].LastStep == d[1].LastStep && d[0].LastStep > r0.Open.Step
 	})

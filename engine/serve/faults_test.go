@@ -11,6 +11,7 @@ import (
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/dist"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // TestFaultList: names are unique, fit the switch array, each applies to a
@@ -58,7 +59,7 @@ func TestFaultStallLastRank(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "a stall waiting for rank 1", 10*time.Second, func() bool {
+	waitfor.Check(t, "a stall waiting for rank 1", 10*time.Second, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return slices.ContainsFunc(stalls, func(s dist.Stall) bool {

@@ -13,6 +13,7 @@ import (
 	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/engine/kvcache/kvtest"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -226,7 +227,7 @@ func TestHiCacheLiveToggles(t *testing.T) {
 			t.Error(err)
 			return false
 		}
-		if !poll(t, "the hicache switch taking effect", 20*time.Second, func() bool {
+		if !waitfor.Check(t, "the hicache switch taking effect", 20*time.Second, func() bool {
 			for _, ts := range e.View().HiCache() {
 				if ts.On != v {
 					return false

@@ -18,6 +18,7 @@ import (
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -30,7 +31,7 @@ func switchAfter(t *testing.T, e *Engine, finished uint64, to ...kernels.IndexKD
 	wg.Go(func() {
 		for _, dt := range to {
 			from := e.View().Snapshot().Totals.Finished
-			if !poll(t, "requests finishing before the switch", 60*time.Second, func() bool {
+			if !waitfor.Check(t, "requests finishing before the switch", 60*time.Second, func() bool {
 				return e.View().Snapshot().Totals.Finished >= from+finished
 			}) {
 				return
@@ -101,7 +102,7 @@ func TestIndexKSwitchUnderLoad(t *testing.T) {
 		}
 	}
 	// The snapshot is published at the end of the iteration that switched.
-	poll(t, "two switches counted", 10*time.Second, func() bool { return e.View().Snapshot().Totals.IndexKSwitches == 2 })
+	waitfor.Check(t, "two switches counted", 10*time.Second, func() bool { return e.View().Snapshot().Totals.IndexKSwitches == 2 })
 	if e.View().IndexK() != kernels.IndexFP8 || e.View().Settings().IndexK != "fp8" {
 		t.Errorf("after two switches: index-K %v, settings %q, switches %d", e.View().IndexK(), e.View().Settings().IndexK, e.View().Snapshot().Totals.IndexKSwitches)
 	}
@@ -128,7 +129,7 @@ func TestIndexKSwitchDrainBound(t *testing.T) {
 		}
 		streams = append(streams, s)
 	}
-	poll(t, "the requests running", 20*time.Second, func() bool { return e.View().Snapshot().Totals.Sampled >= 8 })
+	waitfor.Check(t, "the requests running", 20*time.Second, func() bool { return e.View().Snapshot().Totals.Sampled >= 8 })
 	res, err := e.SetIndexK(context.Background(), kernels.IndexBF16, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -288,9 +289,9 @@ func TestIndexKSwitchSkipsRoomsInBootstrap(t *testing.T) {
 	q := func(i int) Request { return Request{Prompt: ps[i], MaxTokens: 4, IgnoreEOS: true} }
 
 	da := pp.decodeHalf(t, q(0), 31000)
-	poll(t, "A waiting for its KV", 20*time.Second, func() bool { return inQueue(pp.decode, da.s.ID, "transfer") })
+	waitfor.Check(t, "A waiting for its KV", 20*time.Second, func() bool { return inQueue(pp.decode, da.s.ID, "transfer") })
 	pb, db := pp.prefillHalf(t, q(1), 31001), pp.decodeHalf(t, q(1), 31001)
-	poll(t, "B in bootstrap, its decode waiting for pages", 20*time.Second, func() bool {
+	waitfor.Check(t, "B in bootstrap, its decode waiting for pages", 20*time.Second, func() bool {
 		return inQueue(pp.prefill, pb.s.ID, "bootstrap") && inQueue(pp.decode, db.s.ID, "prealloc")
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -336,7 +337,7 @@ func TestIndexKSwitchSkipsRoomsInBootstrap(t *testing.T) {
 func pastTheBound(t *testing.T, e *Engine, deadline time.Time) {
 	t.Helper()
 	var first time.Time
-	poll(t, "two iterations past the drain bound", 20*time.Second, func() bool {
+	waitfor.Check(t, "two iterations past the drain bound", 20*time.Second, func() bool {
 		start := e.View().Snapshot().Step.Start
 		switch {
 		case !start.After(deadline):
@@ -368,7 +369,7 @@ func TestIndexKSwitchCutsPastTheBound(t *testing.T) {
 	qb := Request{Prompt: testmodel.Prompts(83, 1, 48, 48, vocab)[0], MaxTokens: 1}
 	x := f.inflight(qx, 32000)
 	b := pp.prefillHalf(t, qb, 32001)
-	poll(t, "B in bootstrap", 20*time.Second, func() bool { return inQueue(pp.prefill, b.s.ID, "bootstrap") })
+	waitfor.Check(t, "B in bootstrap", 20*time.Second, func() bool { return inQueue(pp.prefill, b.s.ID, "bootstrap") })
 
 	const drain = 50 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -430,14 +431,14 @@ func TestIndexKSwitchSparesSamplesInTheHandshake(t *testing.T) {
 	allowRegistry(t, pp.decode, slow.URL)
 
 	da := pp.decodeHalf(t, Request{Prompt: ps[0], MaxTokens: 4, IgnoreEOS: true}, 33000)
-	poll(t, "A waiting for its KV", 20*time.Second, func() bool { return inQueue(pp.decode, da.s.ID, "transfer") })
+	waitfor.Check(t, "A waiting for its KV", 20*time.Second, func() bool { return inQueue(pp.decode, da.s.ID, "transfer") })
 	dbs, err := pp.decode.SubmitN(context.Background(), Request{Prompt: ps[1], MaxTokens: 4, IgnoreEOS: true, N: 2,
 		PD: &PDRequest{Room: 33001, BootstrapURL: slow.URL}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	pb := pp.prefillHalf(t, Request{Prompt: ps[1], MaxTokens: 4, IgnoreEOS: true}, 33001)
-	poll(t, "B resolving its registry", 20*time.Second, func() bool { return inQueue(pp.decode, dbs[0].ID, "prealloc") })
+	waitfor.Check(t, "B resolving its registry", 20*time.Second, func() bool { return inQueue(pp.decode, dbs[0].ID, "prealloc") })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/engine/dist"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 type recordingObserver struct {
@@ -48,7 +49,7 @@ func TestObserverSeesPublishedSteps(t *testing.T) {
 	toks, _ := collect(t, s, 20*time.Second)
 	// The finish reaches the stream inside the last step, before the loop
 	// reports that step.
-	poll(t, "the last step reported", 10*time.Second, func() bool {
+	waitfor.Check(t, "the last step reported", 10*time.Second, func() bool {
 		obs.mu.Lock()
 		defer obs.mu.Unlock()
 		return len(obs.steps) >= 4

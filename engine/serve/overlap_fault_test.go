@@ -9,6 +9,7 @@ import (
 
 	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // overlapFaultBound is how long after its first PD request a server with
@@ -71,7 +72,7 @@ func TestFaultOverlapLocalDecision(t *testing.T) {
 			t.Errorf("%s: the group broke %v after the request, want within %v", side.name, took, overlapFaultBound)
 		}
 		collect(t, other, 30*time.Second) // the peer server's side fails too
-		poll(t, side.name+"'s restart", 10*time.Second, func() bool { return e.View().Restarts() >= 1 && e.sup.cur().boot != boot })
+		waitfor.Check(t, side.name+"'s restart", 10*time.Second, func() bool { return e.View().Restarts() >= 1 && e.sup.cur().boot != boot })
 		if err := e.SetFault(FaultOverlapLocalDecision, false); err != nil {
 			t.Fatal(err)
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/engine/sched"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // Abort in every state × cause, on both sides.
@@ -138,17 +139,18 @@ func pdEntry(e *Engine, id uint64) (PDEntry, bool) {
 
 // settle waits until both sides hold no PD request and their loops are
 // quiet, then checks that every rank's KV pool is fully free: what drained
-// and checkPools check, with two differences. It checks every millisecond
+// and checkPools check, with one difference: it judges quiet from what
+// each rank published: rank 0's snapshot of step N holds nothing, and
+// every rank has published a record of step N or later and, after it,
+// empty PD queues (a rank publishes its queues after the iteration's
+// releases, and all ranks release a room in the same iteration).
+// checkPools instead wants every record later than the snapshot, which
+// holds only in the instant of an idle iteration between another rank's
+// record and rank 0's next snapshot (rank 0 waits its heartbeat before
+// each idle iteration), so its poll catches it by chance, after hundreds
+// of milliseconds or seconds. Both poll through waitfor, which backs off
 // rather than spinning (a spinning poll competes with the loops for the
-// CPUs). And it judges quiet from what each rank published: rank 0's
-// snapshot of step N holds nothing, and every rank has published a record
-// of step N or later and, after it, empty PD queues (a rank publishes its
-// queues after the iteration's releases, and all ranks release a room in
-// the same iteration). checkPools instead wants every record later than
-// the snapshot, which holds only in the instant of an idle iteration
-// between another rank's record and rank 0's next snapshot (rank 0 waits
-// its heartbeat before each idle iteration), so its spinning poll catches
-// it by chance, after hundreds of milliseconds or seconds.
+// CPUs).
 func (pp *pdPair) settle(t *testing.T, within time.Duration) {
 	t.Helper()
 	quiet := func(e *Engine) bool {
@@ -168,19 +170,13 @@ func (pp *pdPair) settle(t *testing.T, within time.Duration) {
 		}
 		return betweenIterations(e)
 	}
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	end := time.Now().Add(within)
-	for !quiet(pp.prefill) || !quiet(pp.decode) {
-		if time.Now().After(end) {
-			for _, e := range []*Engine{pp.prefill, pp.decode} {
-				snap := e.View().Snapshot()
-				t.Errorf("%s not quiet within %v: queues %v, %d pages held, %d of %d requests finished",
-					e.cfg.Role, within, e.PD().Queues(), snap.Queue.HeldPages, snap.Totals.Finished, e.nextID.Load())
-			}
-			return
+	if !waitfor.Poll(within, func() bool { return quiet(pp.prefill) && quiet(pp.decode) }) {
+		for _, e := range []*Engine{pp.prefill, pp.decode} {
+			snap := e.View().Snapshot()
+			t.Errorf("%s not quiet within %v: queues %v, %d pages held, %d of %d requests finished",
+				e.cfg.Role, within, e.PD().Queues(), snap.Queue.HeldPages, snap.Totals.Finished, e.nextID.Load())
 		}
-		<-tick.C
+		return
 	}
 	// The loops are idle and between iterations: reading the pools is
 	// ordered after their last changes (the records were published after
@@ -356,7 +352,7 @@ func (f *fakeDecode) inflight(q Request, room uint64) half {
 		return &pdproto.TransferInfo{Room: room, Endpoint: f.inbox[r].Endpoint(), Rank: uint32(r), Tokens: uint32(len(q.Prompt)),
 			Prompt: pdproto.PromptFingerprint(q.Prompt), IndexKDType: ik, RequestID: "fake"}
 	})
-	poll(f.t, "prefill inflight", abortFinishWithin, func() bool {
+	waitfor.Check(f.t, "prefill inflight", abortFinishWithin, func() bool {
 		return f.count(f.finals, room) == len(f.inbox) && inQueue(f.pp.prefill, h.s.ID, "inflight")
 	})
 	return h
@@ -405,7 +401,7 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 		room := newAbortRoom()
 		p = pp.prefillHalf(t, long, room)
 		d = pp.decodeHalf(t, long, room)
-		poll(t, "prefill prefilling", abortFinishWithin, func() bool { return prefilling(pp.prefill, p.s.ID) })
+		waitfor.Check(t, "prefill prefilling", abortFinishWithin, func() bool { return prefilling(pp.prefill, p.s.ID) })
 		if !inQueue(pp.prefill, p.s.ID, "active") || !inQueue(pp.decode, d.s.ID, "transfer") {
 			t.Errorf("not active/transfer: prefill %v, decode %v", pp.prefill.PD().QueueEntries()[0], pp.decode.PD().QueueEntries()[0])
 		}
@@ -416,7 +412,7 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 	bootstrapping := func(t *testing.T, pp *pdPair) half {
 		t.Helper()
 		p := pp.prefillHalf(t, short, newAbortRoom())
-		poll(t, "prefill bootstrap", abortFinishWithin, func() bool { return inQueue(pp.prefill, p.s.ID, "bootstrap") })
+		waitfor.Check(t, "prefill bootstrap", abortFinishWithin, func() bool { return inQueue(pp.prefill, p.s.ID, "bootstrap") })
 		return p
 	}
 	// transferring submits a decode half alone and waits for it in the
@@ -424,7 +420,7 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 	transferring := func(t *testing.T, pp *pdPair) half {
 		t.Helper()
 		d := pp.decodeHalf(t, short, newAbortRoom())
-		poll(t, "decode transfer", abortFinishWithin, func() bool { return inQueue(pp.decode, d.s.ID, "transfer") })
+		waitfor.Check(t, "decode transfer", abortFinishWithin, func() bool { return inQueue(pp.decode, d.s.ID, "transfer") })
 		return d
 	}
 	// preallocating submits a decode half alone against a registry that
@@ -432,7 +428,7 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 	preallocating := func(t *testing.T, pp *pdPair) half {
 		t.Helper()
 		d := submitHalf(t, pp.decode, short, newAbortRoom(), serveRegistry(t, nil, 2))
-		poll(t, "decode prealloc", abortFinishWithin, func() bool { return inQueue(pp.decode, d.s.ID, "prealloc") })
+		waitfor.Check(t, "decode prealloc", abortFinishWithin, func() bool { return inQueue(pp.decode, d.s.ID, "prealloc") })
 		return d
 	}
 	// running opens both halves of a request with many tokens to decode
@@ -479,12 +475,12 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 			// abort reaches the prefill in bootstrap.
 			q := Request{Prompt: prompt(40), MaxTokens: 4, IgnoreEOS: true}
 			blocker := pp.decodeHalf(t, q, newAbortRoom())
-			poll(t, "blocker in transfer", abortFinishWithin, func() bool { return inQueue(pp.decode, blocker.s.ID, "transfer") })
+			waitfor.Check(t, "blocker in transfer", abortFinishWithin, func() bool { return inQueue(pp.decode, blocker.s.ID, "transfer") })
 			room := newAbortRoom()
 			p := pp.prefillHalf(t, q, room)
-			poll(t, "prefill bootstrap", abortFinishWithin, func() bool { return inQueue(pp.prefill, p.s.ID, "bootstrap") })
+			waitfor.Check(t, "prefill bootstrap", abortFinishWithin, func() bool { return inQueue(pp.prefill, p.s.ID, "bootstrap") })
 			d := pp.decodeHalf(t, q, room)
-			poll(t, "decode waiting for pages", abortFinishWithin, func() bool {
+			waitfor.Check(t, "decode waiting for pages", abortFinishWithin, func() bool {
 				en, ok := pdEntry(pp.decode, d.s.ID)
 				return ok && en.Queue == "prealloc" && en.Peer != ""
 			})
@@ -550,7 +546,7 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 			// room then, or, when another rank's ABORT failed the room
 			// on every rank first (this rank then sent STATUS Failed),
 			// as an ABORT for a room it no longer has.
-			poll(t, "every prefill rank acknowledged the ABORT", abortFinishWithin, func() bool {
+			waitfor.Check(t, "every prefill rank acknowledged the ABORT", abortFinishWithin, func() bool {
 				return f.count(f.acks, room) == pp.prefill.View().Ranks()
 			})
 		}},
@@ -607,7 +603,7 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 			expectEnd(t, "decode", d.s, finishIs(ReasonAbort))
 			// Its pages stay reserved until the deadline (the prefill
 			// never saw the room, so nobody acknowledges).
-			poll(t, "decode aborting with ABORT sent", abortFinishWithin, func() bool {
+			waitfor.Check(t, "decode aborting with ABORT sent", abortFinishWithin, func() bool {
 				en, ok := pdEntry(pp.decode, d.s.ID)
 				return !ok || en.Queue == "aborting" && en.AbortSent
 			})
@@ -621,9 +617,9 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 			// is aborted by the prefill's operator mid-prefill.
 			room := newAbortRoom()
 			d := pp.decodeHalf(t, long, room)
-			poll(t, "decode transfer", abortFinishWithin, func() bool { return inQueue(pp.decode, d.s.ID, "transfer") })
+			waitfor.Check(t, "decode transfer", abortFinishWithin, func() bool { return inQueue(pp.decode, d.s.ID, "transfer") })
 			p := pp.prefillHalf(t, long, room)
-			poll(t, "prefill prefilling", abortFinishWithin, func() bool { return prefilling(pp.prefill, p.s.ID) })
+			waitfor.Check(t, "prefill prefilling", abortFinishWithin, func() bool { return prefilling(pp.prefill, p.s.ID) })
 			pp.prefill.Abort(p.s.ID)
 			expectEnd(t, "prefill", p.s, finishIs(ReasonAbort))
 			expectEnd(t, "decode", d.s, byPrefill)
@@ -702,7 +698,7 @@ func TestPDAbortAckUnknownRoom(t *testing.T) {
 	// Not arrived yet.
 	early := newAbortRoom()
 	f.abort(early)
-	poll(t, "the ABORTs for a room not arrived acknowledged", abortFinishWithin, func() bool { return f.count(f.acks, early) == ranks })
+	waitfor.Check(t, "the ABORTs for a room not arrived acknowledged", abortFinishWithin, func() bool { return f.count(f.acks, early) == ranks })
 	p := pp.prefillHalf(t, q, early)
 	expectEnd(t, "prefill after its ABORT", p.s, finishHas("error: pd: aborted by the decode: the client went"))
 
@@ -711,7 +707,7 @@ func TestPDAbortAckUnknownRoom(t *testing.T) {
 	p = f.inflight(q, done)
 	f.status(done, pdproto.Success, "")
 	expectEnd(t, "prefill", p.s, finishIs(ReasonLength))
-	poll(t, "the room gone from every rank", abortFinishWithin, func() bool {
+	waitfor.Check(t, "the room gone from every rank", abortFinishWithin, func() bool {
 		for _, es := range pp.prefill.PD().QueueEntries() {
 			if len(es) != 0 {
 				return false
@@ -720,7 +716,7 @@ func TestPDAbortAckUnknownRoom(t *testing.T) {
 		return true
 	})
 	f.abort(done)
-	poll(t, "the ABORTs for an ended room acknowledged", abortFinishWithin, func() bool { return f.count(f.acks, done) == ranks })
+	waitfor.Check(t, "the ABORTs for an ended room acknowledged", abortFinishWithin, func() bool { return f.count(f.acks, done) == ranks })
 	pp.settle(t, 5*time.Second)
 	pp.followUp(t)
 }

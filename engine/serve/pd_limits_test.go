@@ -11,6 +11,7 @@ import (
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/pd/zmqlink"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // forger sends a hostile peer's messages to every prefill rank's control
@@ -49,7 +50,7 @@ func (f *forger) flood(n int, msg func(r, i int) pdproto.Message) (taken func())
 	}
 	return func() {
 		f.t.Helper()
-		poll(f.t, "the flood taken in by every prefill rank", 30*time.Second, func() bool {
+		waitfor.Check(f.t, "the flood taken in by every prefill rank", 30*time.Second, func() bool {
 			for r, l := range f.pp.prefill.PD().Links() {
 				if l.Inbox.Messages < links[r].Inbox.Messages+uint64(n) {
 					return false
@@ -161,7 +162,7 @@ func TestRedTeamPendingFlood(t *testing.T) {
 		q := Request{Prompt: testmodel.Prompts(uint64(i)+31, 1, 6, 12, vocab)[0], MaxTokens: 3, IgnoreEOS: true}
 		room := newAbortRoom()
 		d := pp.decodeHalf(t, q, room)
-		poll(t, "the decode's TRANSFER_INFO sent", 10*time.Second, func() bool { return inQueue(pp.decode, d.s.ID, "transfer") })
+		waitfor.Check(t, "the decode's TRANSFER_INFO sent", 10*time.Second, func() bool { return inQueue(pp.decode, d.s.ID, "transfer") })
 		p := pp.prefillHalf(t, q, room)
 		expectEnd(t, "decode", d.s, finishIs(ReasonLength))
 		expectEnd(t, "prefill", p.s, finishIs(ReasonLength))
@@ -215,7 +216,7 @@ func TestRepliesDropWhatCannotGo(t *testing.T) {
 	for i := range n {
 		r.post(dead, &pdproto.AbortAck{Room: uint64(i)})
 	}
-	poll(t, "every reply sent, held or dropped", 10*time.Second, func() bool {
+	waitfor.Check(t, "every reply sent, held or dropped", 10*time.Second, func() bool {
 		s := out.Stats()
 		return r.dropped.Load()+s.Sent+uint64(s.Backlog) == n
 	})
@@ -239,7 +240,7 @@ func TestRedTeamAbortEndpointsBounded(t *testing.T) {
 	newForger(t, pp).flood(endpoints, func(r, i int) pdproto.Message {
 		return &pdproto.Abort{Room: 7_000_000 + uint64(i), Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 1+i), Rank: uint32(r), Reason: "forged"}
 	})()
-	poll(t, "every ack sent, evicted with its peer, or dropped", 30*time.Second, func() bool {
+	waitfor.Check(t, "every ack sent, evicted with its peer, or dropped", 30*time.Second, func() bool {
 		for _, l := range pp.prefill.PD().Links() {
 			if l.Outbox.Sent+l.Outbox.SendErrors+l.Outbox.QueueFull+l.RepliesDropped < endpoints {
 				return false

@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -22,6 +21,7 @@ import (
 	"github.com/pdkit/pdkit/engine/pd/zmqlink"
 	"github.com/pdkit/pdkit/internal/syncbuf"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // pdPair is a prefill and a decode engine in one process, on real ZeroMQ
@@ -105,7 +105,7 @@ func inQueue(e *Engine, id uint64, queue string) bool {
 // drained waits until both sides hold no PD request and no KV.
 func (pp *pdPair) drained(t *testing.T, within time.Duration) {
 	t.Helper()
-	poll(t, "PD queues empty", within, func() bool {
+	waitfor.Check(t, "PD queues empty", within, func() bool {
 		for _, e := range []*Engine{pp.prefill, pp.decode} {
 			for _, v := range e.PD().Queues() {
 				if v != 0 {
@@ -135,10 +135,7 @@ func TestPDMassAbortDrill(t *testing.T) {
 			switch phase {
 			case "prealloc", "transfer":
 				// Best effort: the phase may pass before it is seen.
-				deadline := time.Now().Add(5 * time.Second)
-				for !inQueue(pp.decode, s.d.ID, phase) && len(s.d.Events) == 0 && time.Now().Before(deadline) {
-					runtime.Gosched()
-				}
+				waitfor.Poll(5*time.Second, func() bool { return inQueue(pp.decode, s.d.ID, phase) || len(s.d.Events) != 0 })
 			case "decoding":
 				if ev := <-s.d.Events; ev.Finish != nil {
 					t.Errorf("session %d finished before decoding: %+v", i, ev.Finish)
@@ -181,11 +178,11 @@ func TestPDBootstrapAbortCrashWedges(t *testing.T) {
 	ps := testmodel.Prompts(37, 2, 200, 300, m.Config.VocabSize)
 	// Abort a session in transfer: the decode sends ABORT to the prefill.
 	s := pp.open(t, Request{Prompt: ps[0], MaxTokens: 8, IgnoreEOS: true}, 1)
-	poll(t, "in transfer", 10*time.Second, func() bool { return inQueue(pp.decode, s.d.ID, "transfer") || len(s.d.Events) > 0 })
+	waitfor.Check(t, "in transfer", 10*time.Second, func() bool { return inQueue(pp.decode, s.d.ID, "transfer") || len(s.d.Events) > 0 })
 	s.cancel()
 	collect(t, s.d, 30*time.Second)
 	collect(t, s.p, 30*time.Second)
-	poll(t, "control loop dead", 10*time.Second, func() bool { return !pp.prefill.PD().Links()[0].Inbox.Alive })
+	waitfor.Check(t, "control loop dead", 10*time.Second, func() bool { return !pp.prefill.PD().Links()[0].Inbox.Alive })
 	if r := pp.prefill.PD().Links()[0].Inbox.ExitReason; !strings.Contains(r, "unknown message type ABORT") {
 		t.Errorf("exit reason %q", r)
 	}
@@ -234,7 +231,7 @@ func TestPDPrefillDeathAndRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "in transfer", 10*time.Second, func() bool { return inQueue(decode, ds.ID, "transfer") })
+	waitfor.Check(t, "in transfer", 10*time.Second, func() bool { return inQueue(decode, ds.ID, "transfer") })
 	died := time.Now()
 	if err := prefill.Close(); err != nil {
 		t.Fatal(err)
@@ -244,7 +241,7 @@ func TestPDPrefillDeathAndRestart(t *testing.T) {
 		t.Errorf("decode finish %q, want the prefill found silent", fin.Reason)
 	}
 	t.Logf("failed %v after the prefill died: %s", time.Since(died).Round(time.Millisecond), fin.Reason)
-	poll(t, "decode queues empty", 10*time.Second, func() bool { return decode.PD().Queues()["aborting"] == 0 && decode.PD().Queues()["transfer"] == 0 })
+	waitfor.Check(t, "decode queues empty", 10*time.Second, func() bool { return decode.PD().Queues()["aborting"] == 0 && decode.PD().Queues()["transfer"] == 0 })
 	checkPools(t, decode)
 
 	restarted := newEngine(t, m, pc)
@@ -305,7 +302,7 @@ func TestPDSocketsSurviveGarbage(t *testing.T) {
 			}
 		}
 	}
-	poll(t, "garbage received", 10*time.Second, func() bool {
+	waitfor.Check(t, "garbage received", 10*time.Second, func() bool {
 		return pp.prefill.PD().Links()[0].Inbox.Messages >= uint64(len(msgs)) && pp.decode.PD().Links()[0].Inbox.Messages >= uint64(len(msgs))
 	})
 	for _, e := range []*Engine{pp.prefill, pp.decode} {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // After every iteration the ranks agree: same step, same plan digest, same
@@ -31,7 +32,7 @@ func TestRanksAgreeEachStep(t *testing.T) {
 	// Poll until both ranks published the same iteration (they may be one
 	// idle iteration apart when read).
 	var recs []StepRecord
-	poll(t, "ranks at the same step", 10*time.Second, func() bool {
+	waitfor.Check(t, "ranks at the same step", 10*time.Second, func() bool {
 		recs = e.View().RankSteps()
 		return recs[0].Step == recs[1].Step
 	})

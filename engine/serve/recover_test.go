@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // TestRecoverStalledCollective: with stall-last-rank on and a short
@@ -47,7 +48,7 @@ func TestRecoverStalledCollective(t *testing.T) {
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("the request failed after %v", took)
 	}
-	poll(t, "the restart counted", 10*time.Second, func() bool { return e.View().Snapshot().Totals.Restarts >= 1 })
+	waitfor.Check(t, "the restart counted", 10*time.Second, func() bool { return e.View().Snapshot().Totals.Restarts >= 1 })
 	switch f := e.View().LastFailure(); {
 	case f == nil:
 		t.Fatal("no last failure after a restart")
@@ -62,7 +63,7 @@ func TestRecoverStalledCollective(t *testing.T) {
 		if !strings.HasPrefix(f.Reason, "rank 1 did not reach control seq ") {
 			t.Fatalf("last failure of a later group %+v, want the stalled rank", f)
 		}
-		poll(t, "the second restart counted", 10*time.Second, func() bool { return e.View().Restarts() >= 2 })
+		waitfor.Check(t, "the second restart counted", 10*time.Second, func() bool { return e.View().Restarts() >= 2 })
 	}
 	f := e.View().LastFailure()
 	if len(f.Collectives) != 2 || f.Collectives[0].Name != CommControl || len(f.Collectives[0].Ranks[0].Records) == 0 {
@@ -116,7 +117,7 @@ func TestRecoverPDPrefill(t *testing.T) {
 	// would fail the next request too.
 	ps, ds := pp.submit(t, ctx, q, 5001)
 	_, pfin := collect(t, ps, 30*time.Second)
-	poll(t, "the prefill's restart", 10*time.Second, func() bool { return pp.prefill.View().Snapshot().Totals.Restarts >= 1 })
+	waitfor.Check(t, "the prefill's restart", 10*time.Second, func() bool { return pp.prefill.View().Snapshot().Totals.Restarts >= 1 })
 	if err := pp.prefill.SetFault(FaultStallLastRank, false); err != nil {
 		t.Fatal(err)
 	}
@@ -135,16 +136,20 @@ func TestRecoverPDPrefill(t *testing.T) {
 	// racing that restart fails on the changed incarnation, as it must.
 	// Once a request passes, the restarts are over and the next ones pass.
 	room := uint64(5002)
-	end := time.Now().Add(10 * time.Second)
-	for {
-		toks, fin, _ := pp.run(t, ctx, q, room)
+	var toks []int32
+	passed := waitfor.Poll(10*time.Second, func() bool {
+		toks, fin, _ = pp.run(t, ctx, q, room)
 		room++
 		if fin.Reason == ReasonLength && slices.Equal(toks, ref) {
-			break
+			return true
 		}
-		if !strings.Contains(fin.Reason, "restarted") && !strings.Contains(fin.Reason, "prefill peer failed or went away") || time.Now().After(end) {
+		if !strings.Contains(fin.Reason, "restarted") && !strings.Contains(fin.Reason, "prefill peer failed or went away") {
 			t.Fatalf("after the restart: %v %q, want %v", toks, fin.Reason, ref)
 		}
+		return false
+	})
+	if !passed {
+		t.Fatalf("after the restart, still failing after 10s: %v %q, want %v", toks, fin.Reason, ref)
 	}
 	for i := range 3 {
 		toks, fin, _ := pp.run(t, ctx, q, room+uint64(i))

@@ -12,6 +12,7 @@ import (
 	"github.com/pdkit/pdkit/engine/pd/rooms"
 	"github.com/pdkit/pdkit/engine/pd/zmqlink"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // TestRedTeamPDForgedWithoutCredentials: a PD pair sharing a cluster
@@ -58,7 +59,7 @@ func TestRedTeamPDForgedWithoutCredentials(t *testing.T) {
 			}
 		}
 	}
-	poll(t, "the forgers refused on both servers", 10*time.Second, func() bool {
+	waitfor.Check(t, "the forgers refused on both servers", 10*time.Second, func() bool {
 		return pp.prefill.PD().Links()[0].Inbox.AuthDenied >= 2 && pp.decode.PD().Links()[0].Inbox.AuthDenied >= 2
 	})
 	for _, e := range []*Engine{pp.prefill, pp.decode} {

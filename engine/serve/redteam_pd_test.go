@@ -11,6 +11,7 @@ import (
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/engine/pd/zmqlink"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // A forger on the decode's KV socket sends a room the whole, well-formed
@@ -50,7 +51,7 @@ func TestRedTeamForgedFingerprint(t *testing.T) {
 	// comes.
 	const room = 9002
 	d := submitHalf(t, pp.decode, Request{Prompt: victim, MaxTokens: 4, IgnoreEOS: true}, room, pp.url)
-	poll(t, "the victim in transfer", 10*time.Second, func() bool { return inQueue(pp.decode, d.s.ID, "transfer") })
+	waitfor.Check(t, "the victim in transfer", 10*time.Second, func() bool { return inQueue(pp.decode, d.s.ID, "transfer") })
 
 	out, err := zmqlink.NewOutbox(nil)
 	if err != nil {
@@ -72,7 +73,7 @@ func TestRedTeamForgedFingerprint(t *testing.T) {
 	if n := pp.decode.PD().FailuresByReason()["prompt-mismatch"]; n != 1 {
 		t.Errorf("%d prompt-mismatch failures counted, want 1", n)
 	}
-	poll(t, "the decode's queues empty", 10*time.Second, func() bool {
+	waitfor.Check(t, "the decode's queues empty", 10*time.Second, func() bool {
 		q := pp.decode.PD().Queues()
 		return q["transfer"]+q["aborting"]+q["prealloc"] == 0
 	})
@@ -143,14 +144,14 @@ func TestRoomHeldWhileAborting(t *testing.T) {
 	const room = 9100
 	q := Request{Prompt: []int32{5, 6, 7, 8, 9}, MaxTokens: 4}
 	d := submitHalf(t, pp.decode, q, room, pp.url)
-	poll(t, "in transfer", 10*time.Second, func() bool { return inQueue(pp.decode, d.s.ID, "transfer") })
+	waitfor.Check(t, "in transfer", 10*time.Second, func() bool { return inQueue(pp.decode, d.s.ID, "transfer") })
 	d.cancel()
 	collect(t, d.s, 10*time.Second) // ended; its pages wait for the ack until the deadline
 	q.PD = &PDRequest{Room: room, BootstrapURL: pp.url}
 	if _, err := pp.decode.Submit(context.Background(), q); !errors.Is(err, ErrRoomInUse) {
 		t.Fatalf("a request for the aborting room: %v, want ErrRoomInUse", err)
 	}
-	poll(t, "the aborting room gone", 10*time.Second, func() bool {
+	waitfor.Check(t, "the aborting room gone", 10*time.Second, func() bool {
 		_, held := pp.decode.PD().RoomRequest(room)
 		return pp.decode.PD().Queues()["aborting"] == 0 && !held
 	})
@@ -177,7 +178,7 @@ func TestRebuildFreesHeldRooms(t *testing.T) {
 	const room = 9200
 	q := Request{Prompt: []int32{5, 6, 7, 8, 9}, MaxTokens: 4}
 	d := submitHalf(t, pp.decode, q, room, pp.url)
-	poll(t, "in transfer", 10*time.Second, func() bool { return inQueue(pp.decode, d.s.ID, "transfer") })
+	waitfor.Check(t, "in transfer", 10*time.Second, func() bool { return inQueue(pp.decode, d.s.ID, "transfer") })
 	d.cancel()
 	collect(t, d.s, 10*time.Second)
 	q.PD = &PDRequest{Room: room, BootstrapURL: pp.url}
@@ -188,7 +189,7 @@ func TestRebuildFreesHeldRooms(t *testing.T) {
 	if err := pp.decode.SetFault(FaultStallLastRank, true); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "the decode rebuilt", 10*time.Second, func() bool { return pp.decode.View().Restarts() >= 1 })
+	waitfor.Check(t, "the decode rebuilt", 10*time.Second, func() bool { return pp.decode.View().Restarts() >= 1 })
 	if err := pp.decode.SetFault(FaultStallLastRank, false); err != nil {
 		t.Fatal(err)
 	}

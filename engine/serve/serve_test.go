@@ -16,6 +16,7 @@ import (
 	"github.com/pdkit/pdkit/engine/runner"
 	"github.com/pdkit/pdkit/engine/sample"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
 	"github.com/pdkit/pdkit/kernels/cpu"
 )
@@ -70,22 +71,6 @@ func collect(t *testing.T, s *Stream, deadline time.Duration) ([]int32, Finish) 
 	}
 }
 
-// poll waits for cond, without sleeping, until the deadline; it reports
-// an error and returns false when the deadline passes. It may be called
-// from any goroutine.
-func poll(t *testing.T, what string, deadline time.Duration, cond func() bool) bool {
-	t.Helper()
-	end := time.Now().Add(deadline)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Errorf("%s: not within %v", what, deadline)
-			return false
-		}
-		runtime.Gosched()
-	}
-	return true
-}
-
 // checkPools verifies that every rank's pool is fully free. The loop is
 // idle (every stream has finished), and the releases happened before the
 // finishes were sent, so reading the pools here is ordered after them.
@@ -95,32 +80,33 @@ func poll(t *testing.T, what string, deadline time.Duration, cond func() bool) b
 // rank's pool. The loop is idle by then, so reading the pools is safe.
 func checkPools(t *testing.T, e *Engine) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		snap := e.View().Snapshot()
-		if snap.Queue.HeldPages == 0 && snap.Totals.Finished == e.nextID.Load() {
-			// Rank 0 published that at the end of its iteration; the
-			// other ranks ran the same iteration (lock-step) and are
-			// done with its releases once they published its record.
-			quiet := true
-			for _, rec := range e.View().RankSteps()[1:] {
-				quiet = quiet && rec.Step >= snap.Step.Step
-			}
-			// A PD request may end before its pages are released (held
-			// until the peer acks an abort): every rank must have
-			// published empty PD queues, after its releases.
-			for _, entries := range e.PD().QueueEntries() {
-				quiet = quiet && len(entries) == 0
-			}
-			if quiet {
-				break
+	var snap *EngineSnapshot
+	quiet := waitfor.Poll(20*time.Second, func() bool {
+		snap = e.View().Snapshot()
+		if snap.Queue.HeldPages != 0 || snap.Totals.Finished != e.nextID.Load() {
+			return false
+		}
+		// Rank 0 published that at the end of its iteration; the other
+		// ranks ran the same iteration (lock-step) and are done with its
+		// releases once they published its record.
+		for _, rec := range e.View().RankSteps()[1:] {
+			if rec.Step < snap.Step.Step {
+				return false
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Errorf("engine not quiet: %d pages held, %d of %d requests finished", snap.Queue.HeldPages, snap.Totals.Finished, e.nextID.Load())
-			return
+		// A PD request may end before its pages are released (held until
+		// the peer acks an abort): every rank must have published empty
+		// PD queues, after its releases.
+		for _, entries := range e.PD().QueueEntries() {
+			if len(entries) != 0 {
+				return false
+			}
 		}
-		runtime.Gosched()
+		return true
+	})
+	if !quiet {
+		t.Errorf("engine not quiet within 20s: %d pages held, %d of %d requests finished", snap.Queue.HeldPages, snap.Totals.Finished, e.nextID.Load())
+		return
 	}
 	for r, l := range e.sup.loops {
 		p := l.rk.Pool()
@@ -294,7 +280,7 @@ func TestAbortStorm(t *testing.T) {
 					case prefill:
 						// Wait until it is admitted (or has already
 						// produced an event), then abort.
-						poll(t, "admitted", 20*time.Second, func() bool {
+						waitfor.Check(t, "admitted", 20*time.Second, func() bool {
 							if len(s.Events) > 0 {
 								return true
 							}
@@ -469,7 +455,7 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 	if _, err := e.Submit(context.Background(), Request{Prompt: ps[0], MaxTokens: 1}); err != ErrClosed {
 		t.Errorf("submit after close: %v", err)
 	}
-	poll(t, "goroutines back to the start", 10*time.Second, func() bool { return runtime.NumGoroutine() <= before })
+	waitfor.Check(t, "goroutines back to the start", 10*time.Second, func() bool { return runtime.NumGoroutine() <= before })
 }
 
 // While the loop is stuck (here: blocked on its inbox lock), LastStep,
@@ -483,7 +469,7 @@ func TestReadersWhileStuck(t *testing.T) {
 	}
 	collect(t, s, 20*time.Second)
 	e.inbox.mu.Lock()
-	grew := poll(t, "loop age grows", 10*time.Second, func() bool { return e.View().Health(time.Now()).LoopAge > 100*time.Millisecond })
+	grew := waitfor.Check(t, "loop age grows", 10*time.Second, func() bool { return e.View().Health(time.Now()).LoopAge > 100*time.Millisecond })
 	rec := e.View().LastStep()
 	snap := e.View().Snapshot()
 	e.inbox.mu.Unlock()
@@ -493,7 +479,7 @@ func TestReadersWhileStuck(t *testing.T) {
 	if rec.Step == 0 || snap == nil || snap.Totals.Sampled != 3 {
 		t.Errorf("while stuck: step %+v, snapshot %+v", rec, snap)
 	}
-	poll(t, "loop age recovers", 10*time.Second, func() bool { return e.View().Health(time.Now()).LoopAge < 100*time.Millisecond })
+	waitfor.Check(t, "loop age recovers", 10*time.Second, func() bool { return e.View().Health(time.Now()).LoopAge < 100*time.Millisecond })
 }
 
 // A request whose timeout expires finishes with "timeout" and frees its KV.
