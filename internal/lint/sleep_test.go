@@ -12,12 +12,12 @@ import (
 )
 
 // A test waits on a condition, never on a sleep: internal/waitfor polls
-// one with a bound. A time.Sleep left in a test is there because real time
+// one with a bound. A sleep left in a test is there because real time
 // must pass (a timer under test runs on the wall clock, a peer must stay
 // silent, a synctest bubble's clock moves by sleeping) and says so in a
 // comment on the line above it or on its own line.
 
-// sleepsWithoutComment returns "file:line" of each time.Sleep call in f,
+// sleepsWithoutComment returns "file:line" of each call of time's Sleep in f,
 // parsed from src, that has neither a comment of its own lines ending on
 // the line above it nor one on its own line.
 func sleepsWithoutComment(fset *token.FileSet, rel string, src []byte, f *ast.File) []string {
@@ -64,7 +64,7 @@ func sleepsWithoutComment(fset *token.FileSet, rel string, src []byte, f *ast.Fi
 	return bare
 }
 
-// TestSleepsInTestsSayWhy fails on a time.Sleep in a test file with no
+// TestSleepsInTestsSayWhy fails on a sleep in a test file with no
 // comment saying why nothing but real time will do.
 func TestSleepsInTestsSayWhy(t *testing.T) {
 	root, _ := moduleRoot(t)
@@ -83,7 +83,7 @@ func TestSleepsInTestsSayWhy(t *testing.T) {
 			continue
 		}
 		for _, at := range sleepsWithoutComment(fset, rel, src, f) {
-			t.Errorf("%s: time.Sleep in a test with no comment on why: wait on the condition with internal/waitfor, or say why real time must pass", at)
+			t.Errorf("%s: a sleep in a test with no comment on why: wait on the condition with internal/waitfor, or say why real time must pass", at)
 		}
 	}
 }
@@ -95,7 +95,7 @@ func TestSleepsWithoutComment(t *testing.T) {
 
 import (
 	clock "time"
-	"other/time"
+	"other"
 )
 
 func f() {
@@ -103,7 +103,7 @@ func f() {
 	clock.Sleep(1)
 	clock.Sleep(2) // the peer stays silent
 	clock.Sleep(3)
-	time.Sleep(4)
+	other.Sleep(4)
 }
 `
 	fset := token.NewFileSet()
