@@ -400,10 +400,10 @@ func TestDiagnoseStalledRank(t *testing.T) {
 		faultR   = "unless a drill needs it, switch it off (pdctl fault off stall-last-rank --server DECODE); a server started with --fault keeps it across restarts until the flag is removed."
 	)
 	want := "critical\tengine-stalled\tDECODE\t-\tno rank of the decode server finished a step in *\t" +
-		"window=* over * samples (threshold 1s); ranks=rank 0 at step * (idle, last step ended * before the sample), waits in control seq N Broadcast for *; " +
+		"window=* over * samples (threshold 1s); ranks=rank 0 at step * (idle, last step ended * before the sample), waits in control seq N Broadcast (input) for *; " +
 		"rank 1 at step * (idle, last step ended * before the sample), not in a collective\t" + stalled + "\n" +
-		"critical\trank-divergence\tDECODE\t0\trank 0 waits in control seq N Broadcast for * while rank 1 is not in a collective (last control seq M)\t" +
-		"rank 0=lockstep loop, step * (idle), waits in control seq N Broadcast for * (threshold 2s); " +
+		"critical\trank-divergence\tDECODE\t0\trank 0 waits in control seq N Broadcast (input) for * while rank 1 is not in a collective (last control seq M)\t" +
+		"rank 0=lockstep loop, step * (idle), waits in control seq N Broadcast (input) for * (threshold 2s); " +
 		"rank 1=lockstep loop, step * (idle), not in a collective (control: last entered seq M, last completed M; forward: last entered seq 0, last completed 0); " +
 		"fault switch=stall-last-rank on: " + doc + "\t" + divergeR + "\n" +
 		"warning\tfault-switch-on\tDECODE\t-\tthe decode server runs with the fault switch on: stall-last-rank\tstall-last-rank=" + doc + "\t" + faultR + "\n"

@@ -124,8 +124,8 @@ func TestTopStalledRank(t *testing.T) {
 	if want := []string{"critical rank-divergence DECODE 0", "warning fault-switch-on DECODE -"}; code != exitFindings || !slices.Equal(rules, want) {
 		t.Errorf("exit %d, findings %q, want %q\n%s", code, rules, want, stdout)
 	}
-	// The finding names the call with its communicator.
-	if !regexp.MustCompile(`\trank 0 waits in control seq \d+ Broadcast for .* while rank 1 is not in a collective \(last control seq \d+\)\n`).MatchString(stdout) {
+	// The finding names the call with its communicator and its phase.
+	if !regexp.MustCompile(`\trank 0 waits in control seq \d+ Broadcast \(input\) for .* while rank 1 is not in a collective \(last control seq \d+\)\n`).MatchString(stdout) {
 		t.Errorf("no decode rank 0 waiting in a control Broadcast:\n%s", stdout)
 	}
 }
