@@ -2,6 +2,7 @@ package rankcore
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"text/tabwriter"
 )
@@ -28,36 +29,34 @@ type Table struct {
 	Rows []Row
 }
 
-// Lockstep is the lock-step loop: each step's forward pass in line with
-// the rest of its iteration.
-var Lockstep = Table{Name: "lockstep", Rows: []Row{
+// frontRows are the rows every loop runs first, up to the agreed plan.
+var frontRows = []Row{
 	{Input, "N", "every iteration"},
 	{Poll, "N", "the PD machine holds rooms"},
 	{Admit, "N", "requests join the scheduler and the prefix cache is on"},
 	{Room, "N", "there is work: requests joining, scheduled or PD rooms"},
 	{PDFork, "N", "a decode arrival of n > 1 samples forks"},
 	{Agree, "N", "the scheduler holds requests"},
-	{Forward, "N", "the plan runs a batch"},
-	{Results, "N", "the plan ran a batch"},
-	{Fork, "N", "a request of n > 1 samples sampled its first tokens"},
-}}
+}
+
+// Lockstep is the lock-step loop: each step's forward pass in line with
+// the rest of its iteration.
+var Lockstep = Table{Name: "lockstep", Rows: append(slices.Clip(frontRows),
+	Row{Forward, "N", "the plan runs a batch"},
+	Row{Results, "N", "the plan ran a batch"},
+	Row{Fork, "N", "a request of n > 1 samples sampled its first tokens"},
+)}
 
 // Overlap is the overlap loop: step N's forward pass runs on the forward
 // communicator while iteration N+1's rows up to agree run on the control
 // one; N lands (results, fork) once N+1 is agreed.
-var Overlap = Table{Name: "overlap", Rows: []Row{
-	{Input, "N", "every iteration"},
-	{Poll, "N", "the PD machine holds rooms"},
-	{Admit, "N", "requests join the scheduler and the prefix cache is on"},
-	{Room, "N", "there is work: requests joining, scheduled or PD rooms"},
-	{PDFork, "N", "a decode arrival of n > 1 samples forks"},
-	{Agree, "N", "the scheduler holds requests"},
-	{Results, "N-1", "a step is in flight: it lands"},
-	{Fork, "N-1", "a request of n > 1 samples sampled its first tokens in N-1"},
-	{Room, "N", "N-1 landed and left N's plan empty, and the scheduler holds requests: plan again"},
-	{Agree, "N", "N was planned again"},
-	{Forward, "N", "the plan runs a batch; the rows of N+1 up to agree run beside it"},
-}}
+var Overlap = Table{Name: "overlap", Rows: append(slices.Clip(frontRows),
+	Row{Results, "N-1", "a step is in flight: it lands"},
+	Row{Fork, "N-1", "a request of n > 1 samples sampled its first tokens in N-1"},
+	Row{Room, "N", "N-1 landed and left N's plan empty, and the scheduler holds requests: plan again"},
+	Row{Agree, "N", "N was planned again"},
+	Row{Forward, "N", "the plan runs a batch; the rows of N+1 up to agree run beside it"},
+)}
 
 // Tables are the loops' tables.
 func Tables() []Table { return []Table{Lockstep, Overlap} }

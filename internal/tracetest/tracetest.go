@@ -11,10 +11,13 @@ package tracetest
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testdata/*.txt traces")
@@ -101,4 +104,60 @@ func Run(t *testing.T, glob string, newRunner func(t *testing.T) func(cmd string
 			}
 		})
 	}
+}
+
+// Args are a command's key=value arguments.
+type Args map[string]string
+
+// SplitArgs splits a command's fields into its key=value arguments and the
+// rest, in order.
+func SplitArgs(fields []string) (Args, []string) {
+	a := Args{}
+	var rest []string
+	for _, f := range fields {
+		if k, v, ok := strings.Cut(f, "="); ok {
+			a[k] = v
+		} else {
+			rest = append(rest, f)
+		}
+	}
+	return a, rest
+}
+
+// Int is argument k as an integer, def when absent.
+func (a Args) Int(k string, def int) (int, error) {
+	v, ok := a[k]
+	if !ok {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q: %v", k, v, err)
+	}
+	return n, nil
+}
+
+// Dur is argument k as a duration (a bare number is seconds), def when
+// absent.
+func (a Args) Dur(k string, def time.Duration) (time.Duration, error) {
+	v, ok := a[k]
+	if !ok {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		if n, nerr := strconv.Atoi(v); nerr == nil {
+			return time.Duration(n) * time.Second, nil
+		}
+		return 0, fmt.Errorf("%s=%q: %v", k, v, err)
+	}
+	return d, nil
+}
+
+// Str is argument k, def when absent.
+func (a Args) Str(k, def string) string {
+	if v, ok := a[k]; ok {
+		return v
+	}
+	return def
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/pd/rooms"
+	"github.com/pdkit/pdkit/internal/tracetest"
 )
 
 // harness drives one rank's mailbox with the trace language:
@@ -37,6 +38,14 @@ import (
 // the room's own number written "same". Times are offsets from an
 // arbitrary wall-clock instant; a heartbeat's time prints as one. After
 // every command the harness runs Check: a broken invariant is an error.
+// targs are a command's arguments, with the harness's own readings.
+type targs struct{ tracetest.Args }
+
+func splitArgs(fields []string) (targs, []string) {
+	a, rest := tracetest.SplitArgs(fields)
+	return targs{a}, rest
+}
+
 type harness struct {
 	m *Machine
 	// What the caller would count, from the decisions.
@@ -47,58 +56,9 @@ type harness struct {
 // base is the wall-clock instant t=0 of a trace.
 var base = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
-type targs map[string]string
-
-func splitArgs(fields []string) (targs, []string) {
-	a := targs{}
-	var rest []string
-	for _, f := range fields {
-		if k, v, ok := strings.Cut(f, "="); ok {
-			a[k] = v
-		} else {
-			rest = append(rest, f)
-		}
-	}
-	return a, rest
-}
-
-func (a targs) int(k string, def int) (int, error) {
-	v, ok := a[k]
-	if !ok {
-		return def, nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil {
-		return 0, fmt.Errorf("%s=%q: %v", k, v, err)
-	}
-	return n, nil
-}
-
-func (a targs) dur(k string, def time.Duration) (time.Duration, error) {
-	v, ok := a[k]
-	if !ok {
-		return def, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		if n, nerr := strconv.Atoi(v); nerr == nil {
-			return time.Duration(n) * time.Second, nil
-		}
-		return 0, fmt.Errorf("%s=%q: %v", k, v, err)
-	}
-	return d, nil
-}
-
-func (a targs) str(k, def string) string {
-	if v, ok := a[k]; ok {
-		return v
-	}
-	return def
-}
-
 // at is the wall-clock time of t= in a.
 func (a targs) at() (time.Time, error) {
-	t, err := a.dur("t", 0)
+	t, err := a.Dur("t", 0)
 	return base.Add(t), err
 }
 
@@ -144,19 +104,19 @@ func (h *harness) run(line string) (string, error) {
 }
 
 func (h *harness) config(a targs) error {
-	c := Config{Role: rooms.Prefill, Sender: a.str("sender", "tcp://prefill"), Rank: 0}
-	switch a["role"] {
+	c := Config{Role: rooms.Prefill, Sender: a.Str("sender", "tcp://prefill"), Rank: 0}
+	switch a.Args["role"] {
 	case "prefill":
 	case "decode":
 		c.Role = rooms.Decode
-		c.Sender = a.str("sender", "tcp://decode")
+		c.Sender = a.Str("sender", "tcp://decode")
 	default:
-		return fmt.Errorf("role=%q: want prefill or decode", a["role"])
+		return fmt.Errorf("role=%q: want prefill or decode", a.Args["role"])
 	}
-	rank, e1 := a.int("rank", 0)
-	per, e2 := a.int("per-sender", 0)
-	rb, e3 := a.int("room-bytes", 0)
-	boot, e4 := a.int("boot", 1)
+	rank, e1 := a.Int("rank", 0)
+	per, e2 := a.Int("per-sender", 0)
+	rb, e3 := a.Int("room-bytes", 0)
+	boot, e4 := a.Int("boot", 1)
 	if err := errors.Join(e1, e2, e3, e4); err != nil {
 		return err
 	}
@@ -172,8 +132,8 @@ func (h *harness) config(a targs) error {
 // perRoom runs a room's command for n rooms from room= on: one output
 // each for one room, a tally for more.
 func (h *harness) perRoom(cmd string, a targs, rest []string, out *strings.Builder) error {
-	first, e1 := a.int("room", 0)
-	n, e2 := a.int("n", 1)
+	first, e1 := a.Int("room", 0)
+	n, e2 := a.Int("n", 1)
 	if err := errors.Join(e1, e2); err != nil {
 		return err
 	}
@@ -194,7 +154,7 @@ func (h *harness) perRoom(cmd string, a targs, rest []string, out *strings.Build
 		case "take":
 			b.WriteString(formatMail(h.m.Take(room)) + "\n")
 		case "forget":
-			if to, ack := h.m.Forget(room, a["why"]); ack != nil {
+			if to, ack := h.m.Forget(room, a.Args["why"]); ack != nil {
 				fmt.Fprintf(&b, "answer %s to=%s\n", formatMessage(ack), to)
 			}
 		}
@@ -229,26 +189,26 @@ func (h *harness) file(room uint64, a targs, rest []string, out *strings.Builder
 		return errors.New("file: want one of info, queued, abort, chunk, status, ack, probe, reply")
 	}
 	rank := uint32(h.m.cfg.Rank)
-	from := a.str("from", "tcp://decode")
+	from := a.Str("from", "tcp://decode")
 	var msg pdproto.Message
 	switch rest[0] {
 	case "info":
-		tokens, err := a.int("tokens", 8)
+		tokens, err := a.Int("tokens", 8)
 		if err != nil {
 			return err
 		}
 		msg = &pdproto.TransferInfo{Room: room, Endpoint: from, Rank: rank, Tokens: uint32(tokens)}
 	case "queued":
-		pos, err := a.int("position", 0)
+		pos, err := a.Int("position", 0)
 		if err != nil {
 			return err
 		}
 		msg = &pdproto.Queued{Room: room, Endpoint: from, Rank: rank, Position: uint32(pos)}
 	case "abort":
-		msg = &pdproto.Abort{Room: room, Endpoint: from, Rank: rank, Reason: a.str("reason", "client gone")}
+		msg = &pdproto.Abort{Room: room, Endpoint: from, Rank: rank, Reason: a.Str("reason", "client gone")}
 	case "chunk":
-		idx, e1 := a.int("index", 0)
-		n, e2 := a.int("bytes", 1024)
+		idx, e1 := a.Int("index", 0)
+		n, e2 := a.Int("bytes", 1024)
 		if err := errors.Join(e1, e2); err != nil {
 			return err
 		}
@@ -257,25 +217,25 @@ func (h *harness) file(room uint64, a targs, rest []string, out *strings.Builder
 		}
 		msg = &pdproto.KVChunk{Room: room, Chunk: uint32(idx), Start: uint32(4 * idx), End: uint32(4*idx + 4), Layers: []pdproto.LayerKV{{K: make([]byte, n)}}}
 	case "status":
-		st, ok := pdproto.ParseKVPoll(a.str("state", "Success"))
+		st, ok := pdproto.ParseKVPoll(a.Str("state", "Success"))
 		if !ok {
-			return fmt.Errorf("state=%q: want a KVPoll name", a["state"])
+			return fmt.Errorf("state=%q: want a KVPoll name", a.Args["state"])
 		}
-		msg = &pdproto.Status{Room: room, Rank: rank, State: st, Error: a["error"]}
+		msg = &pdproto.Status{Room: room, Rank: rank, State: st, Error: a.Args["error"]}
 	case "ack":
 		msg = &pdproto.AbortAck{Room: room, Rank: rank}
 	case "probe":
-		seq, err := a.int("seq", 1)
+		seq, err := a.Int("seq", 1)
 		if err != nil {
 			return err
 		}
 		msg = &pdproto.Heartbeat{Sender: from, Seq: uint64(seq), UnixNano: now.UnixNano()}
 	case "reply":
-		boot, err := a.int("boot", 7)
+		boot, err := a.Int("boot", 7)
 		if err != nil {
 			return err
 		}
-		msg = &pdproto.Heartbeat{Sender: a.str("from", "tcp://prefill"), Boot: uint64(boot), UnixNano: now.UnixNano(), Reply: true}
+		msg = &pdproto.Heartbeat{Sender: a.Str("from", "tcp://prefill"), Boot: uint64(boot), UnixNano: now.UnixNano(), Reply: true}
 	default:
 		return fmt.Errorf("file %s: unknown kind", rest[0])
 	}
@@ -341,7 +301,7 @@ func formatMail(m rooms.Mail) string {
 
 func (h *harness) expire(a targs, out *strings.Builder) error {
 	now, e1 := a.at()
-	ttl, e2 := a.dur("ttl", 10*time.Second)
+	ttl, e2 := a.Dur("ttl", 10*time.Second)
 	if err := errors.Join(e1, e2); err != nil {
 		return err
 	}
@@ -353,12 +313,12 @@ func (h *harness) expire(a targs, out *strings.Builder) error {
 
 func (h *harness) probe(a targs, out *strings.Builder) error {
 	now, e1 := a.at()
-	every, e2 := a.dur("every", time.Second)
-	boot, e3 := a.int("boot", int(h.m.cfg.Boot))
+	every, e2 := a.Dur("every", time.Second)
+	boot, e3 := a.Int("boot", int(h.m.cfg.Boot))
 	if err := errors.Join(e1, e2, e3); err != nil {
 		return err
 	}
-	hb := h.m.Probe(now, a.str("peer", "tcp://prefill"), uint64(boot), every)
+	hb := h.m.Probe(now, a.Str("peer", "tcp://prefill"), uint64(boot), every)
 	if hb == nil {
 		out.WriteString("no probe\n")
 		return nil
@@ -372,7 +332,7 @@ func (h *harness) liveness(a targs, out *strings.Builder) error {
 	if err != nil {
 		return err
 	}
-	l := h.m.Liveness(now, a.str("peer", "tcp://prefill"))
+	l := h.m.Liveness(now, a.Str("peer", "tcp://prefill"))
 	fmt.Fprintf(out, "silent=%v boot=%d\n", l.Silent, l.Boot)
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/internal/tracetest"
 )
 
 // harness drives one TP group's machines, one per rank, with the trace
@@ -37,56 +38,22 @@ import (
 // endpoints: "tcp://x" becomes "tcp://x/rN" on rank N. After every command
 // the harness checks that the ranks agree on every room's phase and agreed
 // state; a disagreement is an error, as it would be a desync.
+// targs are a command's arguments, with the harness's own readings.
+type targs struct{ tracetest.Args }
+
+func splitArgs(fields []string) (targs, []string) {
+	a, rest := tracetest.SplitArgs(fields)
+	return targs{a}, rest
+}
+
 type harness struct {
 	cfg Config
 	ms  []*Machine
 }
 
-type targs map[string]string
-
-func splitArgs(fields []string) (targs, []string) {
-	a := targs{}
-	var rest []string
-	for _, f := range fields {
-		if k, v, ok := strings.Cut(f, "="); ok {
-			a[k] = v
-		} else {
-			rest = append(rest, f)
-		}
-	}
-	return a, rest
-}
-
-func (a targs) int(k string, def int) (int, error) {
-	v, ok := a[k]
-	if !ok {
-		return def, nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil {
-		return 0, fmt.Errorf("%s=%q: %v", k, v, err)
-	}
-	return n, nil
-}
-
-func (a targs) dur(k string, def time.Duration) (time.Duration, error) {
-	v, ok := a[k]
-	if !ok {
-		return def, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		if n, nerr := strconv.Atoi(v); nerr == nil {
-			return time.Duration(n) * time.Second, nil
-		}
-		return 0, fmt.Errorf("%s=%q: %v", k, v, err)
-	}
-	return d, nil
-}
-
 // ranks are the machines a command with args a goes to.
 func (h *harness) ranks(a targs) ([]int, error) {
-	if v, ok := a["rank"]; ok {
+	if v, ok := a.Args["rank"]; ok {
 		r, err := strconv.Atoi(v)
 		if err != nil || r < 0 || r >= len(h.ms) {
 			return nil, fmt.Errorf("rank=%q: want 0 to %d", v, len(h.ms)-1)
@@ -161,18 +128,18 @@ func (h *harness) run(line string) (string, error) {
 
 func (h *harness) config(a targs) error {
 	c := Config{Role: Prefill, PageSize: 4, IndexKDType: "fp8", ReservedDecodeTokens: -1}
-	switch a["role"] {
+	switch a.Args["role"] {
 	case "prefill":
 	case "decode":
 		c.Role = Decode
 	default:
-		return fmt.Errorf("role=%q: want prefill or decode", a["role"])
+		return fmt.Errorf("role=%q: want prefill or decode", a.Args["role"])
 	}
 	var err error
-	n, err1 := a.int("ranks", 1)
-	c.PageSize, err = a.int("page", c.PageSize)
-	c.ReservedDecodeTokens, _ = a.int("reserve", c.ReservedDecodeTokens)
-	if v, ok := a["indexk"]; ok {
+	n, err1 := a.Int("ranks", 1)
+	c.PageSize, err = a.Int("page", c.PageSize)
+	c.ReservedDecodeTokens, _ = a.Int("reserve", c.ReservedDecodeTokens)
+	if v, ok := a.Args["indexk"]; ok {
 		c.IndexKDType = v
 	}
 	var errs []error
@@ -185,7 +152,7 @@ func (h *harness) config(a targs) error {
 		{"heartbeat", &c.HeartbeatTimeout, 3 * time.Second}, {"request", &c.RequestTimeout, 0},
 		{"queued", &c.QueuedInterval, 500 * time.Millisecond}} {
 		var derr error
-		*d.p, derr = a.dur(d.k, d.def)
+		*d.p, derr = a.Dur(d.k, d.def)
 		errs = append(errs, derr)
 	}
 	if err := errors.Join(append(errs, err, err1)...); err != nil {
@@ -207,16 +174,16 @@ func (h *harness) config(a targs) error {
 }
 
 func (h *harness) admit(a targs) error {
-	id, err1 := a.int("id", 0)
-	rm, err2 := a.int("room", id)
-	prompt, err3 := a.int("prompt", 8)
-	mx, err4 := a.int("max", 1)
-	t, err5 := a.dur("t", 0)
+	id, err1 := a.Int("id", 0)
+	rm, err2 := a.Int("room", id)
+	prompt, err3 := a.Int("prompt", 8)
+	mx, err4 := a.Int("max", 1)
+	t, err5 := a.Dur("t", 0)
 	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
 		return err
 	}
 	for _, m := range h.ms {
-		if err := m.Admit(t, Request{ID: uint64(id), Room: uint64(rm), PromptLen: prompt, MaxTokens: mx, URL: a["url"], Prompt: a.fingerprint()}); err != nil {
+		if err := m.Admit(t, Request{ID: uint64(id), Room: uint64(rm), PromptLen: prompt, MaxTokens: mx, URL: a.Args["url"], Prompt: a.fingerprint()}); err != nil {
 			return err
 		}
 	}
@@ -228,14 +195,14 @@ func (h *harness) mail(a targs, rest []string, out *strings.Builder) error {
 	if err != nil {
 		return err
 	}
-	t, err := a.dur("t", 0)
+	t, err := a.Dur("t", 0)
 	if err != nil {
 		return err
 	}
 	kind := ""
 	if len(rest) > 0 {
 		kind = rest[0]
-	} else if _, ok := a["status"]; ok {
+	} else if _, ok := a.Args["status"]; ok {
 		kind = "status"
 	}
 	for _, r := range ranks {
@@ -243,23 +210,23 @@ func (h *harness) mail(a targs, rest []string, out *strings.Builder) error {
 		var mail Mail
 		switch kind {
 		case "info":
-			tokens, err := a.int("tokens", 0)
-			from, err2 := a.int("from", r)
+			tokens, err := a.Int("tokens", 0)
+			from, err2 := a.Int("from", r)
 			if err := errors.Join(err, err2); err != nil {
 				return err
 			}
 			dtype := m.cfg.IndexKDType
-			if v, ok := a["dtype"]; ok {
+			if v, ok := a.Args["dtype"]; ok {
 				dtype = v
 			}
-			mail.Info = &pdproto.TransferInfo{Room: id, Endpoint: onRank(or(a["endpoint"], "tcp://decode"), r), Rank: uint32(from), Tokens: uint32(tokens), IndexKDType: dtype,
+			mail.Info = &pdproto.TransferInfo{Room: id, Endpoint: onRank(or(a.Args["endpoint"], "tcp://decode"), r), Rank: uint32(from), Tokens: uint32(tokens), IndexKDType: dtype,
 				Prompt: a.fingerprint()}
 		case "abort":
-			mail.Abort = &pdproto.Abort{Room: id, Endpoint: onRank(or(a["endpoint"], "tcp://decode"), r), Rank: uint32(r), Reason: or(a["reason"], "client gone")}
+			mail.Abort = &pdproto.Abort{Room: id, Endpoint: onRank(or(a.Args["endpoint"], "tcp://decode"), r), Rank: uint32(r), Reason: or(a.Args["reason"], "client gone")}
 		case "chunk":
-			idx, e1 := a.int("index", 0)
-			start, e2 := a.int("start", 0)
-			end, e3 := a.int("end", 0)
+			idx, e1 := a.Int("index", 0)
+			start, e2 := a.Int("start", 0)
+			end, e3 := a.Int("end", 0)
 			if err := errors.Join(e1, e2, e3); err != nil {
 				return err
 			}
@@ -268,7 +235,7 @@ func (h *harness) mail(a targs, rest []string, out *strings.Builder) error {
 			}
 			ch := &pdproto.KVChunk{Room: id, Chunk: uint32(idx), Start: uint32(start), End: uint32(end), Prompt: a.fingerprint(),
 				Layers: []pdproto.LayerKV{{K: make([]byte, 4*max(0, end-start))}}}
-			if v, ok := a["first"]; ok {
+			if v, ok := a.Args["first"]; ok {
 				tok, err := strconv.Atoi(v)
 				if err != nil {
 					return fmt.Errorf("first=%q: %v", v, err)
@@ -277,15 +244,15 @@ func (h *harness) mail(a targs, rest []string, out *strings.Builder) error {
 			}
 			mail.Chunks = []*pdproto.KVChunk{ch}
 		case "status":
-			st, ok := pdproto.ParseKVPoll(a["status"])
+			st, ok := pdproto.ParseKVPoll(a.Args["status"])
 			if !ok {
-				return fmt.Errorf("status=%q: want a KVPoll name", a["status"])
+				return fmt.Errorf("status=%q: want a KVPoll name", a.Args["status"])
 			}
-			mail.Status = &pdproto.Status{Room: id, Rank: uint32(r), State: st, Error: a["error"]}
+			mail.Status = &pdproto.Status{Room: id, Rank: uint32(r), State: st, Error: a.Args["error"]}
 		case "acked":
 			mail.Acked = true
 		case "queued":
-			pos, err := a.int("position", 0)
+			pos, err := a.Int("position", 0)
 			if err != nil {
 				return err
 			}
@@ -301,7 +268,7 @@ func (h *harness) mail(a targs, rest []string, out *strings.Builder) error {
 // fingerprint is the fingerprint of the prompt named by fp= (its bytes as
 // tokens); none (zero) without.
 func (a targs) fingerprint() pdproto.Fingerprint {
-	name, ok := a["fp"]
+	name, ok := a.Args["fp"]
 	if !ok {
 		return pdproto.Fingerprint{}
 	}
@@ -321,7 +288,7 @@ func or(v, def string) string {
 
 // idRanks reads a command's id= and the ranks it goes to.
 func (h *harness) idRanks(a targs) (uint64, []int, error) {
-	id, err := a.int("id", 0)
+	id, err := a.Int("id", 0)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -335,8 +302,8 @@ func (h *harness) resolve(a targs) error {
 		return err
 	}
 	for _, r := range ranks {
-		res := Resolution{Endpoint: onRank(or(a["endpoint"], "tcp://prefill"), r)}
-		if e, ok := a["err"]; ok {
+		res := Resolution{Endpoint: onRank(or(a.Args["endpoint"], "tcp://prefill"), r)}
+		if e, ok := a.Args["err"]; ok {
 			res = Resolution{Err: errors.New(e)}
 		}
 		h.ms[r].Resolve(id, res)
@@ -349,13 +316,13 @@ func (h *harness) peer(a targs) error {
 	if err != nil {
 		return err
 	}
-	silent, err1 := a.dur("silent", 0)
-	boot, err2 := a.int("boot", 0)
+	silent, err1 := a.Dur("silent", 0)
+	boot, err2 := a.Int("boot", 0)
 	if err := errors.Join(err1, err2); err != nil {
 		return err
 	}
 	for _, r := range ranks {
-		h.ms[r].Peer(onRank(or(a["endpoint"], "tcp://prefill"), r), Liveness{Silent: silent, Boot: uint64(boot)})
+		h.ms[r].Peer(onRank(or(a.Args["endpoint"], "tcp://prefill"), r), Liveness{Silent: silent, Boot: uint64(boot)})
 	}
 	return nil
 }
@@ -367,16 +334,16 @@ func (h *harness) failed(cmd string, a targs) error {
 	}
 	for _, r := range ranks {
 		if cmd == "send-failed" {
-			h.ms[r].SendFailed(id, or(a["what"], "a message"), errors.New(or(a["err"], "send timed out")))
+			h.ms[r].SendFailed(id, or(a.Args["what"], "a message"), errors.New(or(a.Args["err"], "send timed out")))
 		} else {
-			h.ms[r].Failed(id, Reason{Kind: KindBadChunk, Text: or(a["err"], "write failed")})
+			h.ms[r].Failed(id, Reason{Kind: KindBadChunk, Text: or(a.Args["err"], "write failed")})
 		}
 	}
 	return nil
 }
 
 func (h *harness) poll(a targs, out *strings.Builder) error {
-	t, err := a.dur("t", 0)
+	t, err := a.Dur("t", 0)
 	if err != nil {
 		return err
 	}
@@ -424,11 +391,11 @@ func formatVotes(v []int64) string {
 }
 
 func (h *harness) grant(a targs, out *strings.Builder) error {
-	t, e1 := a.dur("t", 0)
-	free, e2 := a.int("free", 0)
-	rows, e3 := a.int("rows", 0)
-	growth, e4 := a.int("growth", 0)
-	slots, e5 := a.int("slots", 0)
+	t, e1 := a.Dur("t", 0)
+	free, e2 := a.Int("free", 0)
+	rows, e3 := a.Int("rows", 0)
+	growth, e4 := a.Int("growth", 0)
+	slots, e5 := a.Int("slots", 0)
 	if err := errors.Join(e1, e2, e3, e4, e5); err != nil {
 		return err
 	}
@@ -444,7 +411,7 @@ func (h *harness) grant(a targs, out *strings.Builder) error {
 
 // indexK switches every rank's index-K precision, printing each refusal.
 func (h *harness) indexK(a targs, out *strings.Builder) error {
-	dt, ok := a["dt"]
+	dt, ok := a.Args["dt"]
 	if !ok {
 		return errors.New("indexk: want dt=")
 	}
@@ -457,13 +424,13 @@ func (h *harness) indexK(a targs, out *strings.Builder) error {
 }
 
 func (h *harness) abort(a targs, out *strings.Builder) error {
-	id, e1 := a.int("id", 0)
-	t, e2 := a.dur("t", 0)
+	id, e1 := a.Int("id", 0)
+	t, e2 := a.Dur("t", 0)
 	if err := errors.Join(e1, e2); err != nil {
 		return err
 	}
 	h.each(out, "the caller aborts it in the scheduler", func(m *Machine) ([]Action, bool) {
-		return m.Abort(t, uint64(id), or(a["why"], "abort"))
+		return m.Abort(t, uint64(id), or(a.Args["why"], "abort"))
 	})
 	return nil
 }
@@ -481,26 +448,26 @@ func (h *harness) each(out *strings.Builder, caller string, event func(*Machine)
 }
 
 func (h *harness) schedFinished(a targs, out *strings.Builder) error {
-	id, e1 := a.int("id", 0)
-	t, e2 := a.dur("t", 0)
-	produced, e3 := strconv.ParseBool(or(a["produced"], "true"))
+	id, e1 := a.Int("id", 0)
+	t, e2 := a.Dur("t", 0)
+	produced, e3 := strconv.ParseBool(or(a.Args["produced"], "true"))
 	if err := errors.Join(e1, e2, e3); err != nil {
 		return err
 	}
 	h.each(out, "the caller ends it by the scheduler's reason", func(m *Machine) ([]Action, bool) {
-		return m.SchedFinished(t, uint64(id), produced, or(a["why"], "abort"))
+		return m.SchedFinished(t, uint64(id), produced, or(a.Args["why"], "abort"))
 	})
 	return nil
 }
 
 func (h *harness) sent(a targs, out *strings.Builder) error {
-	id, e1 := a.int("id", 0)
-	end, e2 := a.int("end", 0)
+	id, e1 := a.Int("id", 0)
+	end, e2 := a.Int("end", 0)
 	if err := errors.Join(e1, e2); err != nil {
 		return err
 	}
 	var final *pdproto.ChunkFinal
-	if v, ok := a["first"]; ok {
+	if v, ok := a.Args["first"]; ok {
 		tok, err := strconv.Atoi(v)
 		if err != nil {
 			return fmt.Errorf("first=%q: %v", v, err)
