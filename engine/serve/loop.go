@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -451,12 +452,7 @@ func (l *rankLoop) publish(rec StepRecord) StepRecord {
 // the engine is shutting down and has nobody else to tell.
 func (l *rankLoop) drop(release bool) {
 	release = release && !l.sched.InFlight()
-	ids := make([]uint64, 0, len(l.seqs))
-	for id := range l.seqs {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
+	for _, id := range slices.Sorted(maps.Keys(l.seqs)) {
 		s := l.seqs[id]
 		delete(l.seqs, id)
 		if !release {

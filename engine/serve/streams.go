@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -260,11 +261,7 @@ func (s *streams) deliver(r *request, f Finish) {
 // endAll ends every request the ranks knew with reason, in id order, and
 // returns how many it ended.
 func (s *streams) endAll(reason string) int {
-	ids := make([]uint64, 0, len(s.front))
-	for id := range s.front {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
+	ids := slices.Sorted(maps.Keys(s.front))
 	for _, id := range ids {
 		r := s.front[id]
 		delete(s.front, id)
