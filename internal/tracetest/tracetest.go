@@ -161,3 +161,15 @@ func (a Args) Str(k, def string) string {
 	}
 	return def
 }
+
+// Errors turns a command runner that can fail into one Run takes: a
+// command's error is its output, as "error: ..." on one line.
+func Errors(run func(cmd string) (string, error)) func(string) string {
+	return func(cmd string) string {
+		out, err := run(cmd)
+		if err != nil {
+			return "error: " + err.Error() + "\n"
+		}
+		return out
+	}
+}

@@ -11,13 +11,6 @@ import (
 // regenerate the expected outputs, then read the diff.
 func TestTraces(t *testing.T) {
 	tracetest.Run(t, "testdata/*.txt", func(t *testing.T) func(string) string {
-		h := &harness{}
-		return func(cmd string) string {
-			out, err := h.run(cmd)
-			if err != nil {
-				return "error: " + err.Error() + "\n"
-			}
-			return out
-		}
+		return tracetest.Errors((&harness{}).run)
 	})
 }
