@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/pdkit/pdkit/api/openai"
@@ -39,6 +40,24 @@ func guarded(t *testing.T, c *cluster, g *httpx.Guard) string {
 	return "http://" + ln.Addr().String()
 }
 
+// guardedMem is guarded on the in-memory network m, for a test in a
+// synctest bubble.
+func guardedMem(t *testing.T, m *memNet, c *cluster, g *httpx.Guard) string {
+	t.Helper()
+	ln := m.listen("guarded")
+	srv := g.Server(c.rt, nil)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.Serve(g.Listener(ln))
+	}()
+	t.Cleanup(func() {
+		srv.Close()
+		<-done
+	})
+	return "http://" + ln.Addr().String()
+}
+
 // waitHits polls the guard until limit was hit want times.
 func waitHits(t *testing.T, g *httpx.Guard, limit string, want uint64, within time.Duration) {
 	t.Helper()
@@ -52,9 +71,9 @@ func waitHits(t *testing.T, g *httpx.Guard, limit string, want uint64, within ti
 
 // metricLine returns the /metrics line of pdkit_http_limit_hits_total
 // for limit.
-func metricLine(t *testing.T, base, limit string) string {
+func metricLine(t *testing.T, client *http.Client, base, limit string) string {
 	t.Helper()
-	resp, err := http.Get(base + "/metrics")
+	resp, err := client.Get(base + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,12 +91,12 @@ func metricLine(t *testing.T, base, limit string) string {
 // headers and then its body a byte at a time every interval, and returns
 // a channel that gets, per connection, the first line of its answer (or
 // the read error) once the server has answered or closed it.
-func slowBodies(t *testing.T, addr string, n int, interval time.Duration) <-chan string {
+func slowBodies(t *testing.T, m *memNet, addr string, n int, interval time.Duration) <-chan string {
 	t.Helper()
 	out := make(chan string, n)
 	body := `{"prompt":"` + strings.Repeat("x", 4000) + `"}`
 	for range n {
-		conn, err := net.Dial("tcp", addr)
+		conn, err := m.dial(t.Context(), addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -110,21 +129,28 @@ func slowBodies(t *testing.T, addr string, n int, interval time.Duration) <-chan
 
 // Connections that send their body slowly are answered 408 and cut at the
 // body timeout, and counted, while a normal request is served meanwhile.
+// It runs in a synctest bubble over an in-memory network: the body
+// timeout fires on the bubble's clock, at 500ms of it however loaded the
+// machine is.
 func TestRedTeamSlowBody(t *testing.T) {
-	testSlowBody(t, 20)
+	synctest.Test(t, func(t *testing.T) { testSlowBody(t, 20) })
 }
 
+// testSlowBody runs inside a synctest bubble.
 func testSlowBody(t *testing.T, n int) {
-	p := newStub(t, pdproto.RolePrefill, nil)
-	d := newStub(t, pdproto.RoleDecode, nil)
-	g := httpx.NewGuard(httpx.Limits{HeaderTimeout: 5 * time.Second, BodyTimeout: 500 * time.Millisecond, MaxConns: n + 16})
-	c := start(t, []*stub{p}, []*stub{d}, func(o *Options) { o.Guard = g })
-	base := guarded(t, c, g)
+	const bodyTimeout = 500 * time.Millisecond
+	m := newMemNet()
+	p := newMemStub(t, m, pdproto.RolePrefill, nil)
+	d := newMemStub(t, m, pdproto.RoleDecode, nil)
+	g := httpx.NewGuard(httpx.Limits{HeaderTimeout: 5 * time.Second, BodyTimeout: bodyTimeout, MaxConns: n + 16})
+	c := startMem(t, m, []*stub{p}, []*stub{d}, func(o *Options) { o.Guard = g })
+	base := guardedMem(t, m, c, g)
+	client := m.client(t)
 	start := time.Now()
-	answers := slowBodies(t, strings.TrimPrefix(base, "http://"), n, 50*time.Millisecond)
+	answers := slowBodies(t, m, strings.TrimPrefix(base, "http://"), n, 50*time.Millisecond)
 
 	// Served meanwhile.
-	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"hi"}`))
+	resp, err := client.Post(base+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"hi"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,16 +164,16 @@ func testSlowBody(t *testing.T, n int) {
 				t.Fatalf("a slow body's answer: %q, want 408", line)
 			}
 		case <-time.After(10 * time.Second):
-			t.Fatalf("slow bodies still held after %v (body timeout 500ms)", time.Since(start))
+			t.Fatalf("slow bodies still held after %v (body timeout %v)", time.Since(start), bodyTimeout)
 		}
 	}
-	took := time.Since(start)
-	if took > 5*time.Second {
-		t.Errorf("the slow bodies were cut after %v, want about the 500ms body timeout", took)
+	// The bubble's clock moves only when everything waits: the slow
+	// bodies were cut at the body timeout, to the tick of their writers.
+	if took := time.Since(start); took < bodyTimeout || took > bodyTimeout+50*time.Millisecond {
+		t.Errorf("the slow bodies were cut after %v, want the %v body timeout", took, bodyTimeout)
 	}
-	t.Logf("%d slow bodies answered 408 and cut within %v of their start", n, took.Round(time.Millisecond))
 	waitHits(t, g, httpx.LimitBodyTimeout, uint64(n), 5*time.Second)
-	if line := metricLine(t, base, httpx.LimitBodyTimeout); !strings.HasSuffix(line, fmt.Sprintf(" %d", n)) {
+	if line := metricLine(t, client, base, httpx.LimitBodyTimeout); !strings.HasSuffix(line, fmt.Sprintf(" %d", n)) {
 		t.Errorf("metrics: %q, want %d body timeouts", line, n)
 	}
 	if p.count() != 1 {
@@ -156,25 +182,33 @@ func testSlowBody(t *testing.T, n int) {
 }
 
 // Connections that send their headers slowly (or nothing) are closed at
-// the header timeout and counted.
+// the header timeout and counted. In a synctest bubble over an in-memory
+// network, the header timeout fires on the bubble's clock.
 func TestRedTeamSlowHeaders(t *testing.T) {
-	p := newStub(t, pdproto.RolePrefill, nil)
-	d := newStub(t, pdproto.RoleDecode, nil)
-	g := httpx.NewGuard(httpx.Limits{HeaderTimeout: 300 * time.Millisecond, BodyTimeout: 5 * time.Second, MaxConns: 64})
-	c := start(t, []*stub{p}, []*stub{d}, func(o *Options) { o.Guard = g })
-	base := guarded(t, c, g)
+	synctest.Test(t, testSlowHeaders)
+}
+
+func testSlowHeaders(t *testing.T) {
+	const headerTimeout = 300 * time.Millisecond
+	m := newMemNet()
+	p := newMemStub(t, m, pdproto.RolePrefill, nil)
+	d := newMemStub(t, m, pdproto.RoleDecode, nil)
+	g := httpx.NewGuard(httpx.Limits{HeaderTimeout: headerTimeout, BodyTimeout: 5 * time.Second, MaxConns: 64})
+	c := startMem(t, m, []*stub{p}, []*stub{d}, func(o *Options) { o.Guard = g })
+	base := guardedMem(t, m, c, g)
 	const n = 6
+	start := time.Now()
 	var wg sync.WaitGroup
 	for i := range n {
-		conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+		conn, err := m.dial(t.Context(), strings.TrimPrefix(base, "http://"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer conn.Close()
-		if i%2 == 0 {
-			conn.Write([]byte("GET /health HTTP/1.1\r\nHost: r")) // never ends its headers
-		}
 		wg.Go(func() {
+			if i%2 == 0 {
+				conn.Write([]byte("GET /health HTTP/1.1\r\nHost: r")) // never ends its headers
+			}
 			conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 			if _, err := io.ReadAll(conn); err != nil {
 				t.Errorf("a slow header connection was not closed: %v", err)
@@ -182,9 +216,12 @@ func TestRedTeamSlowHeaders(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	if took := time.Since(start); took < headerTimeout || took > headerTimeout+time.Millisecond {
+		t.Errorf("the slow header connections were closed after %v, want the %v header timeout", took, headerTimeout)
+	}
 	waitHits(t, g, httpx.LimitHeaderTimeout, n, 5*time.Second)
 	// A kept-alive connection that idles is not a hit.
-	resp, err := http.Get(base + "/health")
+	resp, err := m.client(t).Get(base + "/health")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,38 +290,51 @@ func TestRedTeamConnectionCap(t *testing.T) {
 		}
 		return nil
 	})
-	if line := metricLine(t, c.srv.URL, httpx.LimitConnections); !strings.HasPrefix(line, "pdkit_http_limit_hits_total") {
+	if line := metricLine(t, http.DefaultClient, c.srv.URL, httpx.LimitConnections); !strings.HasPrefix(line, "pdkit_http_limit_hits_total") {
 		t.Errorf("metrics: no connections line: %q", line)
 	}
 }
 
 // The body timeout bounds reading the body only: a stream that lasts far
-// longer than it, on a connection whose body came in time, is not cut.
+// longer than it, on a connection whose body came in time, is not cut. In
+// a synctest bubble over an in-memory network: the stream outlasts the
+// body timeout on the bubble's clock, which the deadline under test reads.
 func TestBodyTimeoutSparesStreams(t *testing.T) {
-	p := newStub(t, pdproto.RolePrefill, nil)
-	d := newStub(t, pdproto.RoleDecode, func(s *stub) {
+	synctest.Test(t, testBodyTimeoutSparesStreams)
+}
+
+func testBodyTimeoutSparesStreams(t *testing.T) {
+	const bodyTimeout = 100 * time.Millisecond
+	m := newMemNet()
+	p := newMemStub(t, m, pdproto.RolePrefill, nil)
+	d := newMemStub(t, m, pdproto.RoleDecode, func(s *stub) {
 		s.gen = func(w http.ResponseWriter, r *http.Request, _ map[string]any) {
 			w.Header().Set("Content-Type", "text/event-stream")
 			for range 8 {
 				openai.WriteEvent(w, map[string]any{"id": "cmpl-1", "choices": []any{map[string]any{"text": "a"}}})
 				w.(http.Flusher).Flush()
-				// Real time passes between events: the body timeout under
-				// test runs on the wall clock, and the stream must outlast it.
+				// The bubble's clock moves between events: the stream
+				// must outlast the body timeout.
 				time.Sleep(50 * time.Millisecond)
 			}
 			openai.WriteDone(w)
 		}
 	})
-	g := httpx.NewGuard(httpx.Limits{HeaderTimeout: 5 * time.Second, BodyTimeout: 100 * time.Millisecond, MaxConns: 8})
-	c := start(t, []*stub{p}, []*stub{d}, func(o *Options) { o.Guard = g })
-	base := guarded(t, c, g)
+	g := httpx.NewGuard(httpx.Limits{HeaderTimeout: 5 * time.Second, BodyTimeout: bodyTimeout, MaxConns: 8})
+	c := startMem(t, m, []*stub{p}, []*stub{d}, func(o *Options) { o.Guard = g })
+	base := guardedMem(t, m, c, g)
+	client := m.client(t)
 	for range 2 { // the second on the kept-alive connection
-		resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"x","stream":true}`))
+		start := time.Now()
+		resp, err := client.Post(base+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"x","stream":true}`))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if body := readAll(t, resp); resp.StatusCode != 200 || !strings.Contains(body, "[DONE]") {
 			t.Fatalf("a stream longer than the body timeout: %d %q", resp.StatusCode, body)
+		}
+		if took := time.Since(start); took < 4*bodyTimeout {
+			t.Fatalf("the stream lasted %v, not past the %v body timeout", took, bodyTimeout)
 		}
 	}
 	if h := g.Hits(httpx.LimitBodyTimeout) + g.Hits(httpx.LimitHeaderTimeout); h != 0 {

@@ -161,6 +161,15 @@ func (s *stub) waitCancel(t *testing.T, what string) {
 type cluster struct {
 	rt  *Router
 	srv *httptest.Server
+	// client reaches srv (default http.DefaultClient).
+	client *http.Client
+}
+
+func (c *cluster) httpClient() *http.Client {
+	if c.client != nil {
+		return c.client
+	}
+	return http.DefaultClient
 }
 
 // start runs a router over the stubs and waits until every stub that
@@ -205,7 +214,7 @@ func start(t *testing.T, prefill, decode []*stub, tweaks ...func(*Options)) *clu
 
 func (c *cluster) clusterState(t *testing.T) debug.ClusterResponse {
 	t.Helper()
-	resp, err := http.Get(c.srv.URL + debug.ClusterPath)
+	resp, err := c.httpClient().Get(c.srv.URL + debug.ClusterPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +279,7 @@ func (c *cluster) post(t *testing.T, ctx context.Context, path, body string) *ht
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := c.httpClient().Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +288,7 @@ func (c *cluster) post(t *testing.T, ctx context.Context, path, body string) *ht
 
 func (c *cluster) get(t *testing.T, path string) *http.Response {
 	t.Helper()
-	resp, err := http.Get(c.srv.URL + path)
+	resp, err := c.httpClient().Get(c.srv.URL + path)
 	if err != nil {
 		t.Fatal(err)
 	}
