@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/pdkit/pdkit/api/clusterauth"
@@ -385,12 +386,50 @@ func TestClientLookupWaitsForLastRank(t *testing.T) {
 	}
 }
 
+// handlerTransport serves a client's requests with a handler, in memory:
+// a test in a synctest bubble has no sockets, whose waits would keep the
+// bubble's clock from moving.
+type handlerTransport struct{ h http.Handler }
+
+func (ht handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if err := req.Context().Err(); err != nil {
+		return nil, err
+	}
+	rec := httptest.NewRecorder()
+	ht.h.ServeHTTP(rec, req)
+	resp := rec.Result()
+	resp.Request = req
+	return resp, nil
+}
+
+// refusedTransport fails every request as a dial to nothing listening does.
+type refusedTransport struct{}
+
+func (refusedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	return nil, errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
+}
+
+// A lookup retries until its context ends, and the error says so and
+// carries the last 503. It runs in a synctest bubble against an in-memory
+// registry: the 100ms deadline and the backoffs pass on the bubble's
+// clock, so a loaded machine cannot let the deadline pass before the
+// first answer.
 func TestClientLookupGivesUp(t *testing.T) {
-	_, srv := newServer(t, Options{TPSize: 2})
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	synctest.Test(t, testClientLookupGivesUp)
+}
+
+func testClientLookupGivesUp(t *testing.T) {
+	const deadline = 100 * time.Millisecond
+	mux := http.NewServeMux()
+	mux.Handle(pdproto.BootstrapPrefix, NewRegistry(Options{TPSize: 2, Secret: testSecret}))
+	c := fastClient()
+	c.HTTP = &http.Client{Transport: handlerTransport{mux}}
+	var attempts atomic.Int32
+	c.OnRetry = func(int, error) { attempts.Add(1) }
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
 	start := time.Now()
-	_, err := fastClient().Lookup(ctx, srv.URL)
+	_, err := c.Lookup(ctx, "http://registry.test")
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("want a deadline error, got %v", err)
 	}
@@ -398,18 +437,26 @@ func TestClientLookupGivesUp(t *testing.T) {
 	if !errors.As(err, &be) || be.Code != pdproto.CodeNotReady || be.RetryAfter != time.Second {
 		t.Errorf("the error should carry the last 503: %v", err)
 	}
-	if d := time.Since(start); d > 5*time.Second {
-		t.Errorf("gave up after %v", d)
+	// Backoffs of 1ms to 10ms within 100ms: several attempts, and the
+	// lookup gave up at its deadline, not later.
+	if n := attempts.Load(); n < 5 {
+		t.Errorf("%d attempts retried before the deadline, want backoffs of at most 10ms", n)
+	}
+	if d := time.Since(start); d != deadline {
+		t.Errorf("gave up after %v, want the %v deadline", d, deadline)
 	}
 
 	// Nothing listening: retried until the deadline too.
-	dead := httptest.NewServer(http.NotFoundHandler())
-	url := dead.URL
-	dead.Close()
-	ctx2, cancel2 := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	c = fastClient()
+	c.HTTP = &http.Client{Transport: refusedTransport{}}
+	ctx2, cancel2 := context.WithTimeout(context.Background(), deadline)
 	defer cancel2()
-	if _, err := fastClient().Lookup(ctx2, url); !errors.Is(err, context.DeadlineExceeded) {
+	start = time.Now()
+	if _, err := c.Lookup(ctx2, "http://registry.test"); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("no server: %v", err)
+	}
+	if d := time.Since(start); d != deadline {
+		t.Errorf("no server: gave up after %v, want the %v deadline", d, deadline)
 	}
 }
 
