@@ -146,7 +146,7 @@ func startMem(t *testing.T, m *memNet, prefill, decode []*stub, tweaks ...func(*
 		srv.Close()
 		rt.Close()
 	})
-	c := &cluster{rt: rt, srv: srv, client: m.client(t)}
+	c := &cluster{rt: rt, srv: srv, client: m.client(t), bubble: true}
 	c.waitFor(t, "every server checked", func(cr debug.ClusterResponse) bool {
 		if !cr.Ready {
 			return false

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/pdkit/pdkit/api/debug"
@@ -163,6 +164,8 @@ type cluster struct {
 	srv *httptest.Server
 	// client reaches srv (default http.DefaultClient).
 	client *http.Client
+	// bubble says the cluster runs in a synctest bubble (startMem).
+	bubble bool
 }
 
 func (c *cluster) httpClient() *http.Client {
@@ -230,6 +233,20 @@ func (c *cluster) clusterState(t *testing.T) debug.ClusterResponse {
 func (c *cluster) waitFor(t *testing.T, what string, cond func(debug.ClusterResponse) bool) debug.ClusterResponse {
 	t.Helper()
 	var cr debug.ClusterResponse
+	if c.bubble {
+		// In a synctest bubble: look once a millisecond of the bubble's
+		// clock, where waitfor would first spin with the clock still.
+		for start := time.Now(); ; {
+			if cr = c.clusterState(t); cond(cr) {
+				return cr
+			}
+			if time.Since(start) > 5*time.Second {
+				t.Fatalf("%s: not within 5s: %+v", what, cr)
+			}
+			// The bubble's clock moves while it sleeps: the next look.
+			time.Sleep(time.Millisecond)
+		}
+	}
 	waitfor.NoError(t, what, 5*time.Second, func() error {
 		if cr = c.clusterState(t); !cond(cr) {
 			return fmt.Errorf("%+v", cr)
@@ -661,17 +678,33 @@ func TestLeastLoadedAndRoundRobin(t *testing.T) {
 	<-done
 }
 
+// TestHealthDownAndBack: a server that fails FailThreshold health checks
+// in a row leaves the rotation and comes back once it passes one. It runs
+// in a synctest bubble over an in-memory network: the checks come every
+// HealthInterval of the bubble's clock, so the server is down within
+// FailThreshold intervals of failing, however loaded the machine is.
 func TestHealthDownAndBack(t *testing.T) {
-	p := newStub(t, pdproto.RolePrefill, nil)
-	d1 := newStub(t, pdproto.RoleDecode, nil)
-	d2 := newStub(t, pdproto.RoleDecode, nil)
-	c := start(t, []*stub{p}, []*stub{d1, d2})
+	synctest.Test(t, testHealthDownAndBack)
+}
+
+func testHealthDownAndBack(t *testing.T) {
+	m := newMemNet()
+	p := newMemStub(t, m, pdproto.RolePrefill, nil)
+	d1 := newMemStub(t, m, pdproto.RoleDecode, nil)
+	d2 := newMemStub(t, m, pdproto.RoleDecode, nil)
+	c := startMem(t, m, []*stub{p}, []*stub{d1, d2})
 	c.waitFor(t, "both decode servers up", func(cr debug.ClusterResponse) bool { return cr.HealthyDecode == 2 })
 
 	d2.healthy.Store(false)
+	failed := time.Now()
 	cr := c.waitFor(t, "d2 down", func(cr debug.ClusterResponse) bool { return !server(cr, d2.url()).Healthy })
 	if s := server(cr, d2.url()); !strings.Contains(s.Reason, "503") || s.ConsecutiveFailures < 2 {
 		t.Errorf("down server listed as %+v", s)
+	}
+	// Two checks (the default FailThreshold) 10ms apart, seen by a look
+	// every millisecond.
+	if took := time.Since(failed); took < c.rt.opts.HealthInterval || took > 2*c.rt.opts.HealthInterval+time.Millisecond {
+		t.Errorf("d2 down %v after it began failing, want within %d checks %v apart", took, c.rt.opts.FailThreshold, c.rt.opts.HealthInterval)
 	}
 	for range 4 {
 		c.call(t, `{"prompt":"x"}`, 0)
