@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/pdkit/pdkit/api/debug"
@@ -29,11 +30,20 @@ func (c *cluster) probe(t *testing.T, path string, v any) int {
 // goes 503 with the reason and /livez stays 200 (restarting the router
 // would mend nothing); /health is unchanged. Once requests succeed again,
 // /readyz recovers.
+//
+// It runs in a synctest bubble over an in-memory network: the requests
+// fall within the readiness window of the bubble's clock, however long
+// the machine takes to send them.
 func TestReadinessFollowsFailures(t *testing.T) {
+	synctest.Test(t, testReadinessFollowsFailures)
+}
+
+func testReadinessFollowsFailures(t *testing.T) {
 	var failing atomic.Bool
 	failing.Store(true)
-	p := newStub(t, pdproto.RolePrefill, nil)
-	d := newStub(t, pdproto.RoleDecode, func(s *stub) {
+	m := newMemNet()
+	p := newMemStub(t, m, pdproto.RolePrefill, nil)
+	d := newMemStub(t, m, pdproto.RoleDecode, func(s *stub) {
 		s.gen = func(w http.ResponseWriter, r *http.Request, _ map[string]any) {
 			if failing.Load() {
 				http.Error(w, `{"error":{"message":"decode broke","type":"server_error"}}`, http.StatusInternalServerError)
@@ -43,7 +53,7 @@ func TestReadinessFollowsFailures(t *testing.T) {
 			w.Write([]byte(`{"id":"cmpl-1","choices":[{"text":"ok"}]}`))
 		}
 	})
-	c := start(t, []*stub{p}, []*stub{d}, func(o *Options) { o.ReadyMinRequests = 4 })
+	c := startMem(t, m, []*stub{p}, []*stub{d}, func(o *Options) { o.ReadyMinRequests = 4 })
 	var ready ReadyResponse
 	if code := c.probe(t, "/readyz", &ready); code != 200 || ready.Status != "ok" {
 		t.Fatalf("readyz before any request: %d %+v", code, ready)
@@ -83,11 +93,18 @@ func TestReadinessFollowsFailures(t *testing.T) {
 	}
 }
 
-// Readiness needs a healthy server of each role; liveness does not.
+// Readiness needs a healthy server of each role; liveness does not. In a
+// synctest bubble over an in-memory network, the health checks that mark
+// the decode down tick on the bubble's clock.
 func TestReadinessNeedsServers(t *testing.T) {
-	p := newStub(t, pdproto.RolePrefill, nil)
-	d := newStub(t, pdproto.RoleDecode, nil)
-	c := start(t, []*stub{p}, []*stub{d})
+	synctest.Test(t, testReadinessNeedsServers)
+}
+
+func testReadinessNeedsServers(t *testing.T) {
+	m := newMemNet()
+	p := newMemStub(t, m, pdproto.RolePrefill, nil)
+	d := newMemStub(t, m, pdproto.RoleDecode, nil)
+	c := startMem(t, m, []*stub{p}, []*stub{d})
 	d.healthy.Store(false)
 	c.waitFor(t, "decode down", func(cr debug.ClusterResponse) bool { return cr.HealthyDecode == 0 })
 	var ready ReadyResponse
