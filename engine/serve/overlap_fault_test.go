@@ -50,6 +50,10 @@ func TestFaultOverlapLocalDecision(t *testing.T) {
 		e    *Engine
 	}{{"prefill", pp.prefill}, {"decode", pp.decode}} {
 		e := side.e
+		// The room the last side's restart failed may still wait on this
+		// side for its peer's word; with the switch on, its iteration
+		// would break the group before the request does.
+		pp.drained(t, 10*time.Second)
 		boot := e.sup.cur().boot
 		if err := e.SetFault(FaultOverlapLocalDecision, true); err != nil {
 			t.Fatal(err)
