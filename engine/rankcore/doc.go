@@ -82,7 +82,11 @@
 // its prompt's length and decodes it step by step (agree, forward,
 // results), rank 0 streaming each token. An abort, from either side, is a
 // vote of Failed in poll: every rank fails the room in the same
-// iteration. The traces of engine/pd/rooms tell the machine's side.
+// iteration. A decode's ABORT for a room the prefill does not know (yet,
+// or any more) is acknowledged at once by the prefill's receive side,
+// engine/pd/mailbox, without waiting for an iteration: incident 1's
+// message. The traces of engine/pd/rooms and engine/pd/mailbox tell the
+// machines' side.
 //
 // # Decisions
 //
@@ -95,10 +99,10 @@
 // or unpinning it, or let it go for the agreed device part), which
 // waiting requests give their cached prefixes up when nothing runs and
 // the head does not fit ([Unstall]: newest first, never the head, until
-// it fits), and rank 0's step of an
-// index-K precision switch's drain ([DrainStep]: the switch once nothing
-// holds the old precision, past the bound the aborts of what still does,
-// sparing what an abort would not change), and the forks of a request's
+// it fits), rank 0's step of an index-K precision switch's drain
+// ([DrainStep]: the switch once nothing holds the old precision, past the
+// bound the aborts of what still does, sparing what an abort would not
+// change), and the forks of a request's
 // later samples ([Forks] keeps each parent's budget, spent once;
 // [PlanFirstForks] and [PlanArrivalForks] say, within the room agreed in
 // fork or pd_fork, which samples fork, wait without KV, or end at once).
