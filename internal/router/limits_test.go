@@ -27,17 +27,7 @@ func guarded(t *testing.T, c *cluster, g *httpx.Guard) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := g.Server(c.rt, nil)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		srv.Serve(g.Listener(ln))
-	}()
-	t.Cleanup(func() {
-		srv.Close()
-		<-done
-	})
-	return "http://" + ln.Addr().String()
+	return serveGuarded(t, ln, c, g)
 }
 
 // guardedMem is guarded on the in-memory network m, for a test in a
@@ -45,17 +35,7 @@ func guarded(t *testing.T, c *cluster, g *httpx.Guard) string {
 func guardedMem(t *testing.T, m *memNet, c *cluster, g *httpx.Guard) string {
 	t.Helper()
 	ln := m.listen("guarded")
-	srv := g.Server(c.rt, nil)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		srv.Serve(g.Listener(ln))
-	}()
-	t.Cleanup(func() {
-		srv.Close()
-		<-done
-	})
-	return "http://" + ln.Addr().String()
+	return serveGuarded(t, ln, c, g)
 }
 
 // waitHits polls the guard until limit was hit want times.
@@ -340,4 +320,21 @@ func testBodyTimeoutSparesStreams(t *testing.T) {
 	if h := g.Hits(httpx.LimitBodyTimeout) + g.Hits(httpx.LimitHeaderTimeout); h != 0 {
 		t.Errorf("limit hits %d on streams that sent their request in time", h)
 	}
+}
+
+// serveGuarded serves the router of c on ln through guard g until the test
+// ends, and returns its URL.
+func serveGuarded(t *testing.T, ln net.Listener, c *cluster, g *httpx.Guard) string {
+	t.Helper()
+	srv := g.Server(c.rt, nil)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.Serve(g.Listener(ln))
+	}()
+	t.Cleanup(func() {
+		srv.Close()
+		<-done
+	})
+	return "http://" + ln.Addr().String()
 }

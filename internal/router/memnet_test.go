@@ -11,8 +11,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/pdkit/pdkit/api/debug"
 )
 
 // memNet is an in-memory network of net.Pipe connections, for tests run
@@ -147,16 +145,6 @@ func startMem(t *testing.T, m *memNet, prefill, decode []*stub, tweaks ...func(*
 		rt.Close()
 	})
 	c := &cluster{rt: rt, srv: srv, client: m.client(t), bubble: true}
-	c.waitFor(t, "every server checked", func(cr debug.ClusterResponse) bool {
-		if !cr.Ready {
-			return false
-		}
-		for _, s := range cr.Servers {
-			if s.LastCheck == nil {
-				return false
-			}
-		}
-		return true
-	})
+	c.waitChecked(t)
 	return c
 }

@@ -201,6 +201,14 @@ func start(t *testing.T, prefill, decode []*stub, tweaks ...func(*Options)) *clu
 		rt.Close()
 	})
 	c := &cluster{rt: rt, srv: srv}
+	c.waitChecked(t)
+	return c
+}
+
+// waitChecked waits until the router is ready and has checked every
+// server once.
+func (c *cluster) waitChecked(t *testing.T) {
+	t.Helper()
 	c.waitFor(t, "every server checked", func(cr debug.ClusterResponse) bool {
 		if !cr.Ready {
 			return false
@@ -212,7 +220,6 @@ func start(t *testing.T, prefill, decode []*stub, tweaks ...func(*Options)) *clu
 		}
 		return true
 	})
-	return c
 }
 
 func (c *cluster) clusterState(t *testing.T) debug.ClusterResponse {
