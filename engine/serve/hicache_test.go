@@ -54,12 +54,23 @@ func runSessions(t *testing.T, e *Engine, ss []chat, maxTok int) [][][]int32 {
 
 func runChats(t *testing.T, e *Engine, ss []chat, maxTok int) [][][]int32 {
 	t.Helper()
+	return runChatsGated(t, e, ss, maxTok, nil)
+}
+
+// runChatsGated is runChats where each session calls before(j), when it is
+// not nil, ahead of its turn j: a test holds turns back with it to make the
+// load at a given moment a fact rather than a matter of timing.
+func runChatsGated(t *testing.T, e *Engine, ss []chat, maxTok int, before func(turn int)) [][][]int32 {
+	t.Helper()
 	out := make([][][]int32, len(ss))
 	var wg sync.WaitGroup
 	for i, s := range ss {
 		out[i] = make([][]int32, len(s))
 		wg.Go(func() {
 			for j, p := range s {
+				if before != nil {
+					before(j)
+				}
 				st, err := e.Submit(context.Background(), Request{Prompt: p, MaxTokens: maxTok, IgnoreEOS: true})
 				if err != nil {
 					t.Error(err)

@@ -22,17 +22,29 @@ import (
 	"github.com/pdkit/pdkit/kernels"
 )
 
-// switchAfter switches e's index-K precision to each of to in turn, each
-// once finished more requests have finished since the last; it returns the
-// switches' outcomes when done.
-func switchAfter(t *testing.T, e *Engine, finished uint64, to ...kernels.IndexKDType) func() []IndexKSwitch {
+// switchPerTurn switches e's index-K precision to to[k] while the sessions'
+// turn k runs, once half of that turn's requests have finished; turn k+1
+// waits for switch k (its gate), so every switch meets the same load however
+// the machine schedules: half a turn finished, the rest in the scheduler or
+// the inbox. It returns the gate for runChatsGated and the switches'
+// outcomes, which wait for the last.
+func switchPerTurn(t *testing.T, e *Engine, sessions int, to ...kernels.IndexKDType) (func(turn int), func() []IndexKSwitch) {
+	gates := make([]chan struct{}, len(to))
+	for k := range gates {
+		gates[k] = make(chan struct{})
+	}
 	var out []IndexKSwitch
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		for _, dt := range to {
-			from := e.View().Snapshot().Totals.Finished
-			if !waitfor.Check(t, "requests finishing before the switch", 60*time.Second, func() bool {
-				return e.View().Snapshot().Totals.Finished >= from+finished
+		defer func() { // a failed switch must not hold the sessions forever
+			for _, g := range gates[len(out):] {
+				close(g)
+			}
+		}()
+		for k, dt := range to {
+			want := uint64(k*sessions + sessions/2)
+			if !waitfor.Check(t, fmt.Sprintf("half of turn %d finishing before the switch", k), 60*time.Second, func() bool {
+				return e.View().Snapshot().Totals.Finished >= want
 			}) {
 				return
 			}
@@ -42,9 +54,20 @@ func switchAfter(t *testing.T, e *Engine, finished uint64, to ...kernels.IndexKD
 				return
 			}
 			out = append(out, res)
+			close(gates[k])
 		}
 	})
-	return func() []IndexKSwitch { wg.Wait(); return out }
+	gate := func(turn int) {
+		if turn == 0 || turn > len(gates) {
+			return
+		}
+		select {
+		case <-gates[turn-1]:
+		case <-time.After(2 * time.Minute):
+			t.Errorf("turn %d: switch %d never came", turn, turn-1)
+		}
+	}
+	return gate, func() []IndexKSwitch { wg.Wait(); return out }
 }
 
 // A live index-K precision switch under a 60-session load, with HiCache on:
@@ -77,8 +100,8 @@ func TestIndexKSwitchUnderLoad(t *testing.T) {
 	on := cfg
 	on.HiCache = HiCacheConfig{Enabled: true, Ratio: 4}
 	e := newEngine(t, m, on)
-	wait := switchAfter(t, e, 30, kernels.IndexBF16, kernels.IndexFP8)
-	got := runChats(t, e, ss, maxTok)
+	gate, wait := switchPerTurn(t, e, len(ss), kernels.IndexBF16, kernels.IndexFP8)
+	got := runChatsGated(t, e, ss, maxTok, gate)
 	switches := wait()
 	if len(switches) != 2 {
 		t.Fatalf("switches %+v", switches)
