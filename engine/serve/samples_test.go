@@ -4,11 +4,13 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/pdkit/pdkit/engine/sample"
 	"github.com/pdkit/pdkit/internal/testmodel"
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // collectAll reads every stream of a request of n samples.
@@ -85,42 +87,139 @@ func TestSamplesShareThePrefill(t *testing.T) {
 	}
 }
 
+// tokenHold is an Observer that holds rank 0's loop once, inside the
+// first token emitted after arm whose count reaches n: the test acts while
+// the engine can do nothing, then resumes it. A request of a few dozen
+// tokens on the tiny model ends in milliseconds, sooner than a test
+// goroutine may be scheduled on a loaded machine: without the hold, "abort
+// after the first token" would race the request's end.
+type tokenHold struct {
+	mu      sync.Mutex
+	n       int // 0: disarmed
+	reached chan struct{}
+	resumed chan struct{}
+}
+
+func newTokenHold() *tokenHold {
+	return &tokenHold{reached: make(chan struct{}), resumed: make(chan struct{})}
+}
+
+func (h *tokenHold) arm(n int) { h.mu.Lock(); h.n = n; h.mu.Unlock() }
+
+func (h *tokenHold) TokenEmitted(_ uint64, n int, _ time.Duration) {
+	h.mu.Lock()
+	hold := h.n > 0 && n >= h.n
+	if hold {
+		h.n = 0
+	}
+	h.mu.Unlock()
+	if !hold {
+		return
+	}
+	select {
+	case h.reached <- struct{}{}:
+	case <-time.After(time.Minute): // the test gave up
+		return
+	}
+	select {
+	case <-h.resumed:
+	case <-time.After(time.Minute):
+	}
+}
+
+func (h *tokenHold) RequestFinished(uint64, Finish) {}
+func (h *tokenHold) StepFinished(StepRecord)        {}
+
+// wait waits until the loop is held.
+func (h *tokenHold) wait(t *testing.T) {
+	t.Helper()
+	select {
+	case <-h.reached:
+	case <-time.After(time.Minute):
+		t.Fatal("the engine never reached the hold")
+	}
+}
+
+// resume lets the held loop go on.
+func (h *tokenHold) resume(t *testing.T) {
+	t.Helper()
+	select {
+	case h.resumed <- struct{}{}:
+	case <-time.After(time.Minute):
+		t.Fatal("the held loop never took the resume")
+	}
+}
+
+// queuedAborts is the number of aborts in e's inbox.
+func queuedAborts(e *Engine) int {
+	e.inbox.mu.Lock()
+	defer e.inbox.mu.Unlock()
+	return len(e.inbox.aborts)
+}
+
 // Aborting one stream of a request ends every sample, in any state; the
-// pools end free.
+// pools end free. Each abort lands while rank 0's loop is held, so the
+// state it meets is the one the case names, whatever the scheduling.
 func TestSamplesAbort(t *testing.T) {
 	m := tinyModel(t)
-	e := newEngine(t, m, Config{PageSize: 4, KVTokens: 512, MaxRunning: 8, MaxBatchTokens: 64, PrefillChunk: 8})
+	hold := newTokenHold()
+	e := newEngine(t, m, Config{PageSize: 4, KVTokens: 512, MaxRunning: 8, MaxBatchTokens: 64, PrefillChunk: 8, Observer: hold})
 	ps := testmodel.Prompts(3, 12, 4, 30, m.Config.VocabSize)
 	for i, p := range ps {
+		var blocker *Stream
+		switch i % 3 {
+		case 0:
+			// At once: the loop is held in another request's first token
+			// while the request and its abort come in, so both reach the
+			// same step input.
+			hold.arm(1)
+			var err error
+			if blocker, err = e.Submit(context.Background(), Request{Prompt: ps[0], MaxTokens: 40, IgnoreEOS: true}); err != nil {
+				t.Fatal(err)
+			}
+			hold.wait(t)
+		case 1:
+			hold.arm(1) // after the first token
+		case 2:
+			hold.arm(5) // in the decode
+		}
 		ss, err := e.SubmitN(context.Background(), Request{Prompt: p, MaxTokens: 40, IgnoreEOS: true, N: 3})
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Abort at once, after the first token, or in the decode.
-		switch i % 3 {
-		case 1:
-			<-ss[1].Events
-		case 2:
-			for range 5 {
-				<-ss[2].Events
-			}
+		if blocker == nil {
+			hold.wait(t)
 		}
 		ss[i%3].Abort()
+		if blocker != nil {
+			blocker.Abort()
+		}
+		hold.resume(t)
 		_, fins := collectAll(t, ss)
 		for j, f := range fins {
 			if f.Reason != ReasonAbort && f.Reason != AbortByClient.String() {
 				t.Errorf("request %d sample %d: finish %+v", i, j, f)
 			}
 		}
+		if blocker != nil {
+			if _, f := collect(t, blocker, 30*time.Second); f.Reason == ReasonLength {
+				t.Errorf("the blocker ran to its end after its abort")
+			}
+		}
 	}
-	// A cancelled context ends them too.
+	// A cancelled context ends them too; the cancel's abort is queued
+	// (context.AfterFunc calls it on a goroutine of its own) before the
+	// loop goes on.
 	ctx, cancel := context.WithCancel(context.Background())
+	hold.arm(1)
 	ss, err := e.SubmitN(ctx, Request{Prompt: ps[0], MaxTokens: 40, IgnoreEOS: true, N: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
-	<-ss[3].Events
+	hold.wait(t)
 	cancel()
+	waitfor.Check(t, "the cancel's aborts queued", 30*time.Second, func() bool { return queuedAborts(e) >= 4 })
+	hold.resume(t)
 	_, fins := collectAll(t, ss)
 	for j, f := range fins {
 		if f.Reason == ReasonLength {
