@@ -340,8 +340,10 @@ func TestIndexKSwitchSkipsRoomsInBootstrap(t *testing.T) {
 		e    *Engine
 		want map[string]uint64
 	}{{pp.prefill, map[string]uint64{"refused": 2}}, {pp.decode, map[string]uint64{"peer-failed": 2}}} {
-		if got := c.e.PD().FailuresByReason(); !maps.Equal(got, c.want) {
-			t.Errorf("%s: failures %v, want %v", c.e.cfg.Role, got, c.want)
+		// The rank that owns a failure counts it as it ends the room;
+		// with TP 2 that may be rank 1, after rank 0 ended the stream.
+		if !waitfor.Check(t, "the failures counted", 20*time.Second, func() bool { return maps.Equal(c.e.PD().FailuresByReason(), c.want) }) {
+			t.Errorf("%s: failures %v, want %v", c.e.cfg.Role, c.e.PD().FailuresByReason(), c.want)
 		}
 	}
 	if _, err := pp.decode.SetIndexK(ctx, kernels.IndexBF16, time.Minute); err != nil {
