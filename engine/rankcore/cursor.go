@@ -60,6 +60,33 @@ func (c *Cursor) Enter(p Phase) error {
 	return fmt.Errorf("rankcore: %s table: %s after %s is out of order (next: %s)", c.t.Name, p, c.after(), c.next())
 }
 
+// Runs says whether phase p's next row, the one Enter(p) would enter,
+// runs on facts f: the row's condition, which reads agreed values only.
+// A phase out of the table's order does not run.
+func (c *Cursor) Runs(p Phase, f Facts) bool {
+	j := c.find(p)
+	return j >= 0 && c.t.Rows[j].If(f)
+}
+
+// find is the row Enter(p) would enter, -1 when none.
+func (c *Cursor) find(p Phase) int {
+	if p >= NumPhases {
+		return -1
+	}
+	if p.Comm() == Fwd {
+		return c.t.index(p)
+	}
+	for j := c.at + 1; j < len(c.t.Rows); j++ {
+		if c.t.Rows[j].Phase == p {
+			return j
+		}
+	}
+	if p == c.t.Rows[0].Phase {
+		return 0
+	}
+	return -1
+}
+
 // after names the row entered last.
 func (c *Cursor) after() string {
 	if c.at < 0 {

@@ -61,10 +61,10 @@ func (f *Forks) Drop(parent uint64) []uint64 {
 // Len is the number of parents with samples pending.
 func (f *Forks) Len() int { return len(f.pending) }
 
-// ForkRoom is the room to fork in, as the ranks agreed it: the least over the
-// ranks of their free pages (free plus evictable cached) and free
-// sequence rows.
-type ForkRoom struct{ Pages, Rows int }
+// Capacity is what the ranks agreed they can allocate, in the room,
+// pd_fork or fork phase: the least over the ranks of their free pages
+// (free plus evictable cached) and free sequence rows.
+type Capacity struct{ Pages, Rows int }
 
 // First is a parent whose first token the step sampled, with the facts
 // every rank holds of it.
@@ -166,7 +166,7 @@ func (s Sample) String() string {
 // order, and the room the forks leave.
 type ForkPlan struct {
 	Samples []Sample
-	Left    ForkRoom
+	Left    Capacity
 }
 
 func (p ForkPlan) String() string {
@@ -184,7 +184,7 @@ func (p ForkPlan) String() string {
 // token stops it, or whose parent may emit one token, ends at once; the
 // others fork, one row and the prompt's pages each, until the room runs
 // out, and the rest wait. Waiting is not failing: busy is not dead.
-func PlanFirstForks(room ForkRoom, pageSize int, parents []First) ForkPlan {
+func PlanFirstForks(room Capacity, pageSize int, parents []First) ForkPlan {
 	var out []Sample
 	for i, p := range parents {
 		need := pagesFor(p.Prompt, pageSize)
@@ -213,7 +213,7 @@ func PlanFirstForks(room ForkRoom, pageSize int, parents []First) ForkPlan {
 // order, within the agreed room: each copies all but its prompt's last
 // token; one that does not fit waits, and an arrival aborted since it
 // arrived ends its samples.
-func PlanArrivalForks(room ForkRoom, pageSize int, arrivals []Arrival) ForkPlan {
+func PlanArrivalForks(room Capacity, pageSize int, arrivals []Arrival) ForkPlan {
 	var out []Sample
 	for i, a := range arrivals {
 		copied := a.Prompt - 1

@@ -124,7 +124,7 @@ type parentSpec struct {
 	gone                 bool
 }
 
-func roomArgs(args []string) (room ForkRoom, page int, specs []parentSpec, err error) {
+func roomArgs(args []string) (room Capacity, page int, specs []parentSpec, err error) {
 	for _, a := range args {
 		if k, v, ok := strings.Cut(a, "="); ok && !strings.Contains(k, ":") {
 			n, err := strconv.Atoi(v)

@@ -16,9 +16,40 @@ type Row struct {
 	// Of is the iteration the row serves: "N", the iteration whose input
 	// opens the table, or "N-1", the step still in flight (overlap).
 	Of string
-	// When is the agreed condition under which the row runs.
+	// When is the agreed condition under which the row runs, in words;
+	// If is the same condition as code, over the agreed facts.
 	When string
+	If   func(Facts) bool
 }
+
+// Facts are the agreed values the rows' conditions read: every rank holds
+// them alike where it asks, so every rank runs the same rows. The
+// executor fills in what the row it asks about reads.
+type Facts struct {
+	Rooms     int  // rooms the PD machine holds
+	Joining   int  // requests joining the scheduler in this iteration
+	PrefixOn  bool // the prefix cache is on (a setting every rank shares)
+	Scheduled int  // requests the scheduler holds
+	Arrivals  int  // decode arrivals whose later samples fork
+	Batch     int  // items the agreed plan runs
+	Firsts    int  // parents of n > 1 samples whose first token the step sampled
+	InFlight  bool // a step is in flight (overlap)
+	Replan    bool // the landed step left the plan empty (overlap)
+}
+
+// The rows' conditions.
+var (
+	always    = func(Facts) bool { return true }
+	hasRooms  = func(f Facts) bool { return f.Rooms > 0 }
+	matches   = func(f Facts) bool { return f.Joining > 0 && f.PrefixOn }
+	hasWork   = func(f Facts) bool { return f.Joining > 0 || f.Scheduled > 0 || f.Rooms > 0 }
+	forksIn   = func(f Facts) bool { return f.Arrivals > 0 }
+	scheduled = func(f Facts) bool { return f.Scheduled > 0 }
+	runsBatch = func(f Facts) bool { return f.Batch > 0 }
+	firsts    = func(f Facts) bool { return f.Firsts > 0 }
+	lands     = func(f Facts) bool { return f.InFlight }
+	replans   = func(f Facts) bool { return f.Replan && f.Scheduled > 0 }
+)
 
 // Table is the order of one loop's phases: the executor runs a table's
 // rows in order, skipping those whose condition does not hold, and may end
@@ -31,31 +62,31 @@ type Table struct {
 
 // frontRows are the rows every loop runs first, up to the agreed plan.
 var frontRows = []Row{
-	{Input, "N", "every iteration"},
-	{Poll, "N", "the PD machine holds rooms"},
-	{Admit, "N", "requests join the scheduler and the prefix cache is on"},
-	{Room, "N", "there is work: requests joining, scheduled or PD rooms"},
-	{PDFork, "N", "a decode arrival of n > 1 samples forks"},
-	{Agree, "N", "the scheduler holds requests"},
+	{Input, "N", "every iteration", always},
+	{Poll, "N", "the PD machine holds rooms", hasRooms},
+	{Admit, "N", "requests join the scheduler and the prefix cache is on", matches},
+	{Room, "N", "there is work: requests joining, scheduled or PD rooms", hasWork},
+	{PDFork, "N", "a decode arrival of n > 1 samples forks", forksIn},
+	{Agree, "N", "the scheduler holds requests", scheduled},
 }
 
 // Lockstep is the lock-step loop: each step's forward pass in line with
 // the rest of its iteration.
 var Lockstep = Table{Name: "lockstep", Rows: append(slices.Clip(frontRows),
-	Row{Forward, "N", "the plan runs a batch"},
-	Row{Results, "N", "the plan ran a batch"},
-	Row{Fork, "N", "a request of n > 1 samples sampled its first tokens"},
+	Row{Forward, "N", "the plan runs a batch", runsBatch},
+	Row{Results, "N", "the plan ran a batch", runsBatch},
+	Row{Fork, "N", "a request of n > 1 samples sampled its first tokens", firsts},
 )}
 
 // Overlap is the overlap loop: step N's forward pass runs on the forward
 // communicator while iteration N+1's rows up to agree run on the control
 // one; N lands (results, fork) once N+1 is agreed.
 var Overlap = Table{Name: "overlap", Rows: append(slices.Clip(frontRows),
-	Row{Results, "N-1", "a step is in flight: it lands"},
-	Row{Fork, "N-1", "a request of n > 1 samples sampled its first tokens in N-1"},
-	Row{Room, "N", "N-1 landed and left N's plan empty, and the scheduler holds requests: plan again"},
-	Row{Agree, "N", "N was planned again"},
-	Row{Forward, "N", "the plan runs a batch; the rows of N+1 up to agree run beside it"},
+	Row{Results, "N-1", "a step is in flight: it lands", lands},
+	Row{Fork, "N-1", "a request of n > 1 samples sampled its first tokens in N-1", firsts},
+	Row{Room, "N", "N-1 landed and left N's plan empty, and the scheduler holds requests: plan again", replans},
+	Row{Agree, "N", "N was planned again", replans},
+	Row{Forward, "N", "the plan runs a batch; the rows of N+1 up to agree run beside it", runsBatch},
 )}
 
 // Tables are the loops' tables.

@@ -3,7 +3,6 @@ package serve
 import (
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/engine/prefix"
@@ -16,20 +15,57 @@ import (
 // (PlanAdmit, Unstall), releases a waiting request's match, and evicts
 // cached pages for a plan's room. The decisions every rank must take
 // alike are rankcore's; this only locks, unlocks and loads pages. The
-// loop's per-request state (its seqState, its scheduler) comes in as
-// arguments, so the loop stays the only owner of its requests; what it
-// did comes back as counts, which rank 0's loop adds to the totals.
+// core (what every rank holds alike: the scheduler, the tokens) comes in
+// as an argument; what this rank's cache keeps for each request, its
+// hold, is this executor's own. What it did comes back as counts, which
+// rank 0's loop adds to the totals.
 type rankPrefix struct {
 	r     int
 	cache *prefix.Cache // nil when the prefix cache is off
 	pool  *kvcache.Pool
 	tier  *rankTier // the cache's host tier (tier.go), for the host pins
+	// holds are, by request, what the cache keeps for it: rank-local
+	// pages and pins, which the core never sees.
+	holds map[uint64]*hold
 }
 
 // newRankPrefix is rank r's prefix cache executor over cache (nil when
 // the prefix cache is off), pool and tier.
 func newRankPrefix(r int, cache *prefix.Cache, pool *kvcache.Pool, tier *rankTier) *rankPrefix {
-	return &rankPrefix{r: r, cache: cache, pool: pool, tier: tier}
+	return &rankPrefix{r: r, cache: cache, pool: pool, tier: tier, holds: make(map[uint64]*hold)}
+}
+
+// release ends request id's sequence (of tokens): its full pages go to the
+// prefix cache (which unlocks the request's matched prefix), the rest is
+// freed. The request's hold stays, emptied: a retracted request is
+// recomputed and keeps its host pins none.
+func (px *rankPrefix) release(id uint64, tokens []int32) error {
+	seq, ok := px.pool.Seq(id)
+	if !ok {
+		return fmt.Errorf("no live sequence %d", id)
+	}
+	if px.cache == nil {
+		return px.pool.Release(seq)
+	}
+	var matched []int32
+	if h := px.holds[id]; h != nil {
+		matched, h.matched = h.matched, nil
+	}
+	return px.cache.Finish(seq, tokens[:seq.Len()], matched)
+}
+
+// forget lets go of everything request id held once it ended: its
+// sequence (of tokens) when it has one, else its locked match and pins.
+func (px *rankPrefix) forget(id uint64, tokens []int32, hasSeq bool) error {
+	var err error
+	switch {
+	case hasSeq:
+		err = px.release(id, tokens)
+	case px.cache != nil:
+		err = px.unlock(px.holds[id]) // finished while waiting
+	}
+	delete(px.holds, id)
+	return err
 }
 
 // on reports whether the prefix cache is on: only then do the ranks run
@@ -55,22 +91,22 @@ func (px *rankPrefix) match(adds []addMsg) ([]prefix.HostMatch, []rankcore.Match
 	return hms, ms
 }
 
-// keep applies d to the match hm of a request of prompt, whose state is s:
+// keep applies d to the match hm of a request of prompt, into its hold h:
 // the match stays whole (its host part pinned to load at the request's
 // first admission, or unpinned now when nothing is to load), or, when a
 // peer matched less, it goes and the agreed device part is locked again.
-func (px *rankPrefix) keep(prompt []int32, hm prefix.HostMatch, d rankcore.Admission, s *seqState) error {
+func (px *rankPrefix) keep(prompt []int32, hm prefix.HostMatch, d rankcore.Admission, h *hold) error {
 	if d.Keep == rankcore.KeepAgreed {
 		if err := px.dropMatch(&hm); err != nil {
 			return err
 		}
-		s.matched, _ = px.cache.Match(prompt[:d.Agreed.Device])
+		h.matched, _ = px.cache.Match(prompt[:d.Agreed.Device])
 		return nil
 	}
-	s.matched = hm.Pages
-	s.hm = &hm
+	h.matched = hm.Pages
+	h.hm = &hm
 	if d.Keep == rankcore.KeepUnpin {
-		return px.tier.dropHostMatch(s)
+		return px.tier.dropHostMatch(h)
 	}
 	return nil
 }
@@ -88,13 +124,13 @@ func (px *rankPrefix) dropMatch(hm *prefix.HostMatch) error {
 }
 
 // unlock lets go of what a request that holds no sequence keeps in the
-// cache: its host pins and its locked match. The pages stay s.matched
-// (the caller forgets them).
-func (px *rankPrefix) unlock(s *seqState) error {
-	if px.cache == nil {
+// cache, its hold h: its host pins and its locked match. The pages stay
+// h.matched (the caller forgets them).
+func (px *rankPrefix) unlock(h *hold) error {
+	if px.cache == nil || h == nil {
 		return nil
 	}
-	return errors.Join(px.tier.dropHostMatch(s), px.cache.Unlock(s.matched))
+	return errors.Join(px.tier.dropHostMatch(h), px.cache.Unlock(h.matched))
 }
 
 // unstall runs rankcore's Unstall over sc's waiting queue, when nothing
@@ -102,31 +138,34 @@ func (px *rankPrefix) unlock(s *seqState) error {
 // prefix up (it will compute it), in the cache and in the scheduler, and
 // the cache's free pages after it go into the next decision. It returns
 // how many gave up, also when it fails.
-func (px *rankPrefix) unstall(seqs map[uint64]*seqState, sc *sched.Scheduler, now time.Duration) (int, error) {
+func (px *rankPrefix) unstall(core *rankcore.Core) (int, error) {
+	holds := px.holds
 	if px.cache == nil {
 		return 0, nil
 	}
-	_, need, ok := sc.Head()
+	_, need, ok := core.Head()
 	if !ok {
 		return 0, nil
 	}
-	ids := sc.WaitingIDs()
+	ids := core.WaitingIDs()
 	ws := make([]rankcore.Waiter, len(ids))
 	for i, id := range ids {
 		ws[i].ID = id
-		if s := seqs[id]; s != nil {
-			ws[i].Locked, ws[i].Pinned = len(s.matched), s.hm != nil
+		if h := holds[id]; h != nil {
+			ws[i].Locked, ws[i].Pinned = len(h.matched), h.hm != nil
 		}
 	}
 	u := rankcore.StartUnstall(need, ws)
 	n := 0
 	for w, ok := u.Next(px.cache.Free()); ok; w, ok = u.Next(px.cache.Free()) {
-		s := seqs[w.ID]
-		if err := px.unlock(s); err != nil {
+		h := holds[w.ID]
+		if err := px.unlock(h); err != nil {
 			return n, fmt.Errorf("serve: rank %d: unstall: %w", px.r, err)
 		}
-		s.matched = nil
-		if err := sc.Uncache(w.ID, 0, now); err != nil {
+		if h != nil {
+			h.matched = nil
+		}
+		if err := core.Uncache(w.ID, 0); err != nil {
 			return n, fmt.Errorf("serve: rank %d: unstall: %w", px.r, err)
 		}
 		n++

@@ -45,6 +45,10 @@ func (c Config) table() *rankcore.Table {
 	return &rankcore.Lockstep
 }
 
+// runs says whether phase p's next row in the table runs on the agreed
+// facts f: the row's condition, never the executor's own.
+func (a *agreer) runs(p rankcore.Phase, f rankcore.Facts) bool { return a.cursor.Runs(p, f) }
+
 // ints runs phase p's reduction of the rank's proposal vals, as its table
 // says, and logs the agreed values.
 func (a *agreer) ints(p rankcore.Phase, vals []int64) error {

@@ -3,7 +3,6 @@ package serve
 import (
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/engine/prefix"
@@ -34,59 +33,39 @@ import (
 // first token (an abort, a timeout, an admission refused) ends its pending
 // samples the same way.
 
-// forkOf is a parent whose first token was sampled in this step, with its
-// samples' first tokens.
-type forkOf struct {
-	parent uint64
-	toks   []sampled // n-1: sample i+1's first token
-}
-
 // forkAll forks the samples of the parents of the step. It runs on every
 // rank after the step's tokens are appended and before StepDone, while the
 // parents' sequences hold their prompt's KV. rankcore plans which samples
 // fork, wait or end; this runs the plan.
-func (l *rankLoop) forkAll(fs []forkOf) error {
-	if len(fs) == 0 {
+func (l *rankLoop) forkAll(fs []rankcore.Forked) error {
+	if !l.ag.runs(rankcore.Fork, rankcore.Facts{Firsts: len(fs)}) {
 		return nil
 	}
 	pages, rows, err := l.room(rankcore.Fork)
 	if err != nil {
 		return err
 	}
-	firsts := make([]rankcore.First, len(fs))
-	for i, f := range fs {
-		s := l.seqs[f.parent]
-		stops := make([]bool, len(f.toks))
-		for j, t := range f.toks {
-			stops[j] = t.stop
-		}
-		firsts[i] = rankcore.First{Parent: f.parent, Prompt: len(s.all) - 1, MaxTokens: s.maxTokens, Stops: stops}
-	}
-	plan := rankcore.PlanFirstForks(rankcore.ForkRoom{Pages: pages, Rows: rows}, l.e.cfg.PageSize, firsts)
+	plan := rankcore.PlanFirstForks(rankcore.Capacity{Pages: pages, Rows: rows}, l.e.cfg.PageSize, l.core.Firsts(fs))
 	kv := kvCopy{pool: l.rk.Pool(), cache: l.cache, layers: l.e.m.Config.Layers}
 	for _, d := range plan.Samples {
-		s := l.seqs[d.Parent]
-		prompt, t := s.all[:len(s.all)-1], fs[d.Of].toks[d.Index]
 		switch d.Act {
 		case rankcore.ActEnd:
-			l.end(d.ID, ending{reason: d.End}) // done at its first token: nothing to hold
+			l.ex.end(d.ID, ending{reason: d.End}) // done at its first token: nothing to hold
 		case rankcore.ActWait:
 			// Computes its prompt and first token once admitted; holding
 			// no KV, a refusal has nothing to give back.
-			tokens, maxTokens := append(slices.Clone(prompt), t.tok), s.maxTokens-1
-			l.joinSample(sched.Request{ID: d.ID, PromptLen: len(tokens), MaxTokens: maxTokens}, &seqState{
-				all: append(make([]int32, 0, len(tokens)+maxTokens), tokens...), maxTokens: maxTokens,
-				ignoreEOS: s.ignoreEOS, stop: slices.Clone(s.stop)}, nil)
+			req, st := l.core.ForkJoin(d, fs)
+			if err := l.joinSample(req, st, nil); err != nil {
+				return err
+			}
 		case rankcore.ActFork:
 			seq, evicted, err := kv.copy(d.Parent, d.ID, d.Copy, d.Pages)
 			if l.r == 0 {
 				l.e.streams.totals.PrefixEvictions += uint64(evicted)
 			}
 			if err == nil {
-				all := append(make([]int32, 0, len(prompt)+s.maxTokens), prompt...)
-				err = l.joinSample(sched.Request{ID: d.ID, PromptLen: len(prompt) + 1, MaxTokens: s.maxTokens - 1, Transferred: len(prompt)},
-					&seqState{all: append(all, t.tok), maxTokens: s.maxTokens, ignoreEOS: s.ignoreEOS,
-						stop: slices.Clone(s.stop), decoding: true}, seq)
+				req, st := l.core.ForkJoin(d, fs)
+				err = l.joinSample(req, st, seq)
 			}
 			if err != nil {
 				return fmt.Errorf("serve: rank %d: fork %d of %d: %w", l.r, d.ID, d.Parent, err)
@@ -99,15 +78,13 @@ func (l *rankLoop) forkAll(fs []forkOf) error {
 // joinSample adds a sample to the scheduler as req, with its state st;
 // seq, when not nil, holds the KV copied for it. A sample the scheduler
 // refuses ends at once and gives its KV back: the error is the release's.
-func (l *rankLoop) joinSample(req sched.Request, st *seqState, seq *kvcache.Seq) error {
-	if err := l.sched.Add(req, l.now); err != nil {
-		l.end(req.ID, ending{reason: sched.ReasonError, err: err.Error()})
+func (l *rankLoop) joinSample(req sched.Request, st rankcore.Seq, seq *kvcache.Seq) error {
+	if err := l.core.Join(req, st); err != nil {
+		l.ex.end(req.ID, ending{reason: sched.ReasonError, err: err.Error()})
 		if seq != nil {
 			return l.rk.Pool().Release(seq)
 		}
-		return nil
 	}
-	l.seqs[req.ID] = st
 	return nil
 }
 
@@ -175,7 +152,7 @@ type pdFork struct {
 // rankcore plans which samples fork, wait or end; this runs the plan.
 func (l *rankLoop) pdForkAll(free int) (int, error) {
 	fs := l.pdForks
-	if len(fs) == 0 {
+	if !l.ag.runs(rankcore.PDFork, rankcore.Facts{Arrivals: len(fs)}) {
 		return free, nil
 	}
 	l.pdForks = nil
@@ -189,7 +166,7 @@ func (l *rankLoop) pdForkAll(free int) (int, error) {
 		src, held := pool.Seq(f.add.id)
 		arrivals[i], srcs[i] = rankcore.Arrival{Parent: f.add.id, Samples: f.n, Prompt: len(f.add.prompt), Held: held}, src
 	}
-	plan := rankcore.PlanArrivalForks(rankcore.ForkRoom{Pages: pages, Rows: rows}, l.e.cfg.PageSize, arrivals)
+	plan := rankcore.PlanArrivalForks(rankcore.Capacity{Pages: pages, Rows: rows}, l.e.cfg.PageSize, arrivals)
 	kv := kvCopy{pool: pool, cache: l.cache, layers: l.e.m.Config.Layers}
 	samples := plan.Samples
 	for i, f := range fs {
@@ -198,14 +175,13 @@ func (l *rankLoop) pdForkAll(free int) (int, error) {
 			switch d.Act {
 			case rankcore.ActEnd:
 				// Gone between its arrival and now: aborted.
-				l.end(d.ID, ending{reason: d.End})
+				l.ex.end(d.ID, ending{reason: d.End})
 				continue
 			case rankcore.ActWait:
 				// Computes its prompt once admitted; holding no KV, a
 				// refusal has nothing to give back.
 				l.joinSample(sched.Request{ID: d.ID, PromptLen: len(add.prompt), MaxTokens: add.maxTokens},
-					&seqState{all: append(make([]int32, 0, len(add.prompt)+add.maxTokens), add.prompt...),
-						maxTokens: add.maxTokens, ignoreEOS: add.ignoreEOS, stop: slices.Clone(add.stop)}, nil)
+					add.seq(), nil)
 				continue
 			}
 			var seq *kvcache.Seq
@@ -220,9 +196,7 @@ func (l *rankLoop) pdForkAll(free int) (int, error) {
 				}
 			}
 			req := sched.Request{ID: d.ID, PromptLen: len(add.prompt), MaxTokens: add.maxTokens, Transferred: d.Copy}
-			st := &seqState{all: append(make([]int32, 0, len(add.prompt)+add.maxTokens), add.prompt...),
-				maxTokens: add.maxTokens, ignoreEOS: add.ignoreEOS, stop: slices.Clone(add.stop)}
-			if err := l.joinSample(req, st, seq); err != nil {
+			if err := l.joinSample(req, add.seq(), seq); err != nil {
 				return 0, err
 			}
 		}

@@ -98,7 +98,7 @@ func (s *streams) drainStep(op *indexKOp, in *stepInput, f rankcore.DrainFacts, 
 func (l *rankLoop) applyIndexK(dt kernels.IndexKDType, tierPages int) error {
 	e := l.e
 	if l.cache != nil {
-		if err := l.tier.detach(l.seqs, l.sched, l.now); err != nil {
+		if err := l.tier.detach(l.px.holds, l.core); err != nil {
 			return err
 		}
 		l.cache.Evict(l.cache.Pages())

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -26,16 +25,13 @@ type rankLoop struct {
 	e     *Engine
 	r     int
 	rk    *tp.Rank
-	sched *sched.Scheduler
-	cache *prefix.Cache // nil when the prefix cache is off
-	tier  *rankTier     // the cache's host tier executor (tier.go)
-	px    *rankPrefix   // the cache's admission and eviction executor (admission.go)
-	pd    *rankPD       // nil on a colocated server
-	seqs  map[uint64]*seqState
+	core  *rankcore.Core // what every rank holds alike: scheduler, tokens, fork budgets
+	ex    *exits         // how requests leave the rank (end.go)
+	cache *prefix.Cache  // nil when the prefix cache is off
+	tier  *rankTier      // the cache's host tier executor (tier.go)
+	px    *rankPrefix    // the cache's admission and eviction executor (admission.go)
+	pd    *rankPD        // nil on a colocated server
 	step  uint64
-	// forks is, by parent id, the number of later samples (Request.N > 1)
-	// not forked yet: they fork at the parent's first token (fork.go).
-	forks rankcore.Forks
 	// pdForks are decode arrivals whose later samples fork in this
 	// iteration, after the room is granted (fork.go).
 	pdForks []*pdFork
@@ -45,26 +41,27 @@ type rankLoop struct {
 
 	// ag runs every collective of the loop's own, in its table's order,
 	// and logs what was agreed (agree.go).
-	ag       *agreer
-	wire     []byte        // rank 0's encoding buffer
-	quit     chan struct{} // closed when the group is given up or the engine stops (recover.go)
-	flight   *flight       // the step whose forward pass ran and has not landed (overlap.go)
-	now      time.Duration
-	finished int // requests finished in the current iteration
+	ag     *agreer
+	wire   []byte        // rank 0's encoding buffer
+	quit   chan struct{} // closed when the group is given up or the engine stops (recover.go)
+	flight *flight       // the step whose forward pass ran and has not landed (overlap.go)
 }
 
-// seqState is what every rank knows of a request.
-type seqState struct {
-	all       []int32 // prompt, then generated tokens
-	maxTokens int
-	ignoreEOS bool
-	stop      []int32
-	decoding  bool    // prefilled since its last admission
-	cut       bool    // aborted; its outcome is ignored
-	matched   []int32 // cached prefix pages locked for it, until its sequence ends
-	// hm is its prefix's host part, pinned on host from admit until its
-	// first admission loads it back (LoadBack) or it ends.
-	hm *prefix.HostMatch
+// hold is what a request keeps in this rank's prefix cache: the cached
+// prefix pages locked for it until its sequence ends, and its prefix's
+// host part, pinned on host from admit until its first admission loads it
+// back (LoadBack) or it ends. A nil hold keeps nothing.
+type hold struct {
+	matched []int32
+	hm      *prefix.HostMatch
+}
+
+// locked is the number of pages h keeps locked.
+func (h *hold) locked() int {
+	if h == nil {
+		return 0
+	}
+	return len(h.matched)
 }
 
 // ctx is the loops' context: a loop stuck in a collective is woken by
@@ -150,8 +147,8 @@ func (l *rankLoop) receive(ran bool) (stepInput, error) {
 		op := l.e.inbox.draining()
 		in = l.e.takeInbox(op == nil)
 		if op != nil {
-			f := rankcore.DrainFacts{Scheduled: l.sched.Len(), Rooms: l.pd.rooms(), Handshaking: l.pd.handshaking(),
-				Seqs: len(l.seqs), Joining: len(in.adds), PastBound: !l.e.now().Before(op.deadline)}
+			f := rankcore.DrainFacts{Scheduled: l.core.Scheduled(), Rooms: l.pd.rooms(), Handshaking: l.pd.handshaking(),
+				Seqs: l.core.Len(), Joining: len(in.adds), PastBound: !l.e.now().Before(op.deadline)}
 			spared := func(id uint64) bool { return l.pd.inHandshake(id) || l.pd.finishing(id) }
 			if l.e.streams.drainStep(op, &in, f, spared) && l.cache != nil && l.cache.Attached() {
 				var err error
@@ -177,7 +174,7 @@ func (l *rankLoop) receive(ran bool) (stepInput, error) {
 // input applied, the votes, admissions, room and plan; nil when the
 // iteration has nothing to run (it is published then).
 func (l *rankLoop) front(in stepInput, start time.Time) (*planned, error) {
-	l.now, l.finished = in.now, 0
+	l.core.Begin(in.now)
 	l.ag.input(l.step+1, in)
 	rec := StepRecord{Rank: l.r, Loop: LoopLockstep, Step: l.step + 1, Phase: "idle", Start: start}
 	overlap := l.e.cfg.Schedule == ScheduleOverlap
@@ -188,7 +185,7 @@ func (l *rankLoop) front(in stepInput, start time.Time) (*planned, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(adds) == 0 && l.sched.Len() == 0 && l.pd.rooms() == 0 {
+	if !l.ag.runs(rankcore.Room, rankcore.Facts{Joining: len(adds), Scheduled: l.core.Scheduled(), Rooms: l.pd.rooms()}) {
 		l.publish(rec)
 		return nil, nil
 	}
@@ -209,23 +206,23 @@ func (l *rankLoop) front(in stepInput, start time.Time) (*planned, error) {
 	if err != nil {
 		return nil, err
 	}
-	if free, err = l.pd.grantPagesSendInfo(l.pdLoop(), free, rows, l.sched); err != nil {
+	if free, err = l.pd.grantPagesSendInfo(l.pdLoop(), free, rows, l.core); err != nil {
 		return nil, err
 	}
 	if free, err = l.pdForkAll(free); err != nil {
 		return nil, err
 	}
-	if l.sched.Len() == 0 {
+	if !l.ag.runs(rankcore.Agree, rankcore.Facts{Scheduled: l.core.Scheduled()}) {
 		l.publish(rec)
 		return nil, nil
 	}
-	plan, err := l.sched.Schedule(l.now, free)
+	plan, err := l.core.Schedule(rankcore.Capacity{Pages: free})
 	if err != nil {
 		return nil, fmt.Errorf("serve: rank %d: schedule: %w", l.r, err)
 	}
-	if len(plan.Run) == 0 && l.sched.Admitted() == 0 {
+	if len(plan.Run) == 0 && l.core.Admitted() == 0 {
 		// Nothing runs: the head may wait on pages its followers hold.
-		n, err := l.px.unstall(l.seqs, l.sched, l.now)
+		n, err := l.px.unstall(l.core)
 		if l.r == 0 {
 			l.e.streams.totals.Unstalls += uint64(n)
 		}
@@ -272,28 +269,27 @@ func (l *rankLoop) back(p *planned) (bool, *iteration, error) {
 				return false, nil, err
 			}
 			landed = nil
-			if l.sched.Len() > 0 {
+			if l.ag.runs(rankcore.Room, rankcore.Facts{Replan: true, Scheduled: l.core.Scheduled()}) {
 				if plan, err = l.replan(&rec); err != nil {
 					return false, nil, err
 				}
 			}
 		}
 	}
-	if err := l.finish(plan.Finished); err != nil {
+	if err := l.ex.finish(plan.Finished); err != nil {
 		return false, nil, err
 	}
+	l.core.Retracted(plan)
 	for _, rt := range plan.Retract {
-		s := l.seqs[rt.ID]
-		if err := l.release(rt.ID, s); err != nil {
+		if err := l.px.release(rt.ID, l.core.Seq(rt.ID).Tokens); err != nil {
 			return false, nil, fmt.Errorf("serve: rank %d: release retracted %d: %w", l.r, rt.ID, err)
 		}
-		s.decoding = false
 		if l.r == 0 {
 			l.e.streams.totals.Retractions++
 		}
 	}
 	rec.Retracted = len(plan.Retract)
-	if len(plan.Run) == 0 {
+	if !l.ag.runs(rankcore.Forward, rankcore.Facts{Batch: len(plan.Run)}) {
 		if err := l.landBack(landed); err != nil {
 			return false, nil, err
 		}
@@ -340,7 +336,7 @@ func (l *rankLoop) back(p *planned) (bool, *iteration, error) {
 // adds to the scheduler.
 func (l *rankLoop) arrive(in stepInput) ([]addMsg, error) {
 	if in.tier != nil {
-		if err := l.tier.apply(*in.tier, l.seqs, l.sched, l.now); err != nil {
+		if err := l.tier.apply(*in.tier, l.px.holds, l.core); err != nil {
 			return nil, err
 		}
 	}
@@ -360,24 +356,24 @@ func (l *rankLoop) arrive(in stepInput) ([]addMsg, error) {
 	}
 	var adds []addMsg
 	for _, a := range in.adds {
-		l.forks.Expect(a.id, a.n)
+		l.core.Expect(a.id, a.n)
 		switch {
 		case a.pd && l.pd != nil:
-			if err := l.pd.admit(l.now, a); err != nil {
+			if err := l.pd.admit(l.core.Now(), a); err != nil {
 				return nil, err
 			}
 		case slices.ContainsFunc(in.aborts, func(x abortMsg) bool { return x.id == a.id }):
-			l.end(a.id, ending{reason: sched.ReasonAbort})
+			l.ex.end(a.id, ending{reason: sched.ReasonAbort})
 		default:
 			adds = append(adds, a)
 		}
 	}
 	for _, a := range in.aborts {
-		if err := l.cut(a.id, a.by.String()); err != nil {
+		if err := l.ex.cut(a.id, a.by.String()); err != nil {
 			return nil, err
 		}
 	}
-	if err := l.finish(l.sched.Tick(l.now)); err != nil {
+	if err := l.ex.finish(l.core.Tick()); err != nil {
 		return nil, err
 	}
 	if l.pd.rooms() > 0 {
@@ -391,7 +387,7 @@ func (l *rankLoop) arrive(in stepInput) ([]addMsg, error) {
 // pdLoop is what the PD executor takes from the loop for one call: the
 // clock, the pool and cache, and the loop's effects it runs in order.
 func (l *rankLoop) pdLoop() pdLoop {
-	return pdLoop{now: l.now, pool: l.rk.Pool(), cache: l.cache, cut: l.cut, end: l.end, join: l.joinArrival}
+	return pdLoop{now: l.core.Now(), pool: l.rk.Pool(), cache: l.cache, cut: l.ex.cut, end: l.ex.end, join: l.joinArrival}
 }
 
 // joinArrival takes a decode request on once its prompt's KV is committed
@@ -407,27 +403,27 @@ func (l *rankLoop) joinArrival(add addMsg, tok int32, seq *kvcache.Seq) error {
 	// agreed on the room for them (pdForkAll); the sequence stays until
 	// then even when this sample ends here.
 	release := pool.Release
-	if k := l.forks.Take(add.id); k > 0 {
+	if k := l.core.TakeForks(add.id); k > 0 {
 		f := pdFork{add: add, n: k}
 		l.pdForks = append(l.pdForks, &f)
 		release = func(*kvcache.Seq) error { f.release = true; return nil }
 	}
-	stop := (!add.ignoreEOS && l.e.m.Tokenizer.IsEOG(tok)) || slices.Contains(add.stop, tok)
+	st := add.seq()
+	stop := l.core.StopsAt(st, tok)
 	if stop || add.maxTokens == 1 {
 		reason := sched.ReasonLength
 		if stop {
 			reason = sched.ReasonStop
 		}
-		l.end(add.id, ending{reason: reason})
+		l.ex.end(add.id, ending{reason: reason})
 		return release(seq)
 	}
-	err := l.sched.Add(sched.Request{ID: add.id, PromptLen: len(add.prompt) + 1, MaxTokens: add.maxTokens - 1, Transferred: len(add.prompt)}, l.now)
+	st.Tokens, st.Decoding = append(st.Tokens, tok), true
+	err := l.core.Join(sched.Request{ID: add.id, PromptLen: len(add.prompt) + 1, MaxTokens: add.maxTokens - 1, Transferred: len(add.prompt)}, st)
 	if err != nil {
-		l.end(add.id, ending{reason: sched.ReasonError, err: err.Error()})
+		l.ex.end(add.id, ending{reason: sched.ReasonError, err: err.Error()})
 		return release(seq)
 	}
-	l.seqs[add.id] = &seqState{all: append(append(make([]int32, 0, len(add.prompt)+add.maxTokens), add.prompt...), tok),
-		maxTokens: add.maxTokens, ignoreEOS: add.ignoreEOS, stop: add.stop, decoding: true}
 	return nil
 }
 
@@ -435,40 +431,13 @@ func (l *rankLoop) joinArrival(add addMsg, tok int32, seq *kvcache.Seq) error {
 // engine snapshot. It returns the record as published.
 func (l *rankLoop) publish(rec StepRecord) StepRecord {
 	l.step++
-	rec.Finished, rec.End = l.finished, l.e.now()
+	rec.Finished, rec.End = len(l.core.Ended()), l.e.now()
 	l.ag.published(&rec)
 	l.last.Store(&rec)
-	l.pd.publish(l.now)
-	l.tier.publish(l.seqs)
+	l.pd.publish(l.core.Now())
+	l.tier.publish(l.px.holds)
 	if l.r == 0 {
 		l.e.publish(rec)
 	}
 	return rec
-}
-
-// drop forgets every request after the loop stopped; with release set (the
-// loops stopped between steps) their sequences and locks are given back, so
-// the pool's accounting still balances. A release that fails is logged:
-// the engine is shutting down and has nobody else to tell.
-func (l *rankLoop) drop(release bool) {
-	release = release && !l.sched.InFlight()
-	for _, id := range slices.Sorted(maps.Keys(l.seqs)) {
-		s := l.seqs[id]
-		delete(l.seqs, id)
-		if !release {
-			continue
-		}
-		fs, err := l.sched.Abort(id, l.now)
-		for _, f := range fs {
-			switch {
-			case f.Release:
-				err = errors.Join(err, l.release(f.ID, s))
-			case l.cache != nil:
-				err = errors.Join(err, l.px.unlock(s))
-			}
-		}
-		if err != nil {
-			l.e.cfg.Logger.Warn("serve: request not released at shutdown", "server", l.e.cfg.Name, "rank", l.r, "request", id, "err", err)
-		}
-	}
 }

@@ -153,14 +153,14 @@ func (l *rankLoop) landFront() (*landing, error) {
 		return nil, err
 	}
 	ld := &landing{plan: f.plan, out: out, rec: f.rec}
-	cut := make(map[uint64]bool, len(out.cuts))
 	for _, a := range out.cuts {
-		cut[a.id] = true
 		ld.voided = append(ld.voided, a.id)
 	}
-	if err := l.appendTokens(f.plan, out, cut, func(id uint64) { ld.voided = append(ld.voided, id) }); err != nil {
-		return nil, err
+	stopped, err := l.core.Append(f.plan, out.toks, ld.voided)
+	if err != nil {
+		return nil, fmt.Errorf("%w: rank %d: %v", errWire, l.r, err)
 	}
+	ld.voided = append(ld.voided, stopped...)
 	return ld, nil
 }
 
@@ -177,7 +177,7 @@ func (l *rankLoop) landBack(ld *landing) error {
 	if err := l.apply(ld.plan, ld.out, true); err != nil {
 		return err
 	}
-	for _, id := range l.sched.Voided() {
+	for _, id := range l.core.Voided() {
 		if !slices.Contains(ld.voided, id) {
 			return fmt.Errorf("serve: rank %d: the scheduler voided request %d, which neither stopped nor was cut", l.r, id)
 		}
@@ -215,10 +215,10 @@ func (l *rankLoop) replan(rec *StepRecord) (sched.Plan, error) {
 	if err != nil {
 		return sched.Plan{}, err
 	}
-	if free, err = l.pd.grantPagesSendInfo(l.pdLoop(), free, rows, l.sched); err != nil {
+	if free, err = l.pd.grantPagesSendInfo(l.pdLoop(), free, rows, l.core); err != nil {
 		return sched.Plan{}, err
 	}
-	plan, err := l.sched.Schedule(l.now, free)
+	plan, err := l.core.Schedule(rankcore.Capacity{Pages: free})
 	if err != nil {
 		return sched.Plan{}, fmt.Errorf("serve: rank %d: schedule: %w", l.r, err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/engine/pd/rooms"
 	"github.com/pdkit/pdkit/engine/prefix"
+	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/engine/sched"
 )
 
@@ -164,16 +165,16 @@ func (pd *rankPD) applyPoll(lp pdLoop, votes []int64) ([]addMsg, error) {
 
 // grantPagesSendInfo gives the decode rooms that wait for memory their
 // pages within what every rank can allocate (pages, rows, less what the
-// scheduler s keeps): each granted room's sequence is reserved and its
+// core's scheduler keeps): each granted room's sequence is reserved and its
 // TRANSFER_INFO sent; a room that waits on is sent QUEUED. It returns the
 // pages left for the scheduler; a prefill grants none.
-func (pd *rankPD) grantPagesSendInfo(lp pdLoop, pages, rows int, s *sched.Scheduler) (int, error) {
+func (pd *rankPD) grantPagesSendInfo(lp pdLoop, pages, rows int, core *rankcore.Core) (int, error) {
 	if pd == nil {
 		return pages, nil
 	}
-	b := rooms.Budget{FreePages: pages, FreeRows: rows, SchedSlots: s.Config().MaxRunning - s.Admitted()}
+	b := rooms.Budget{FreePages: pages, FreeRows: rows, SchedSlots: core.FreeSlots()}
 	if g := pd.cfg.ReservedDecodeTokens; g >= 0 {
-		b.SchedGrowth = s.Reserve(g)
+		b.SchedGrowth = core.Reserve(g)
 	}
 	free, acts := pd.machine.Grant(lp.now, b)
 	return free, pd.exec(lp, acts)
@@ -322,16 +323,16 @@ func (pd *rankPD) sendChunk(pool *kvcache.Pool, a rooms.SendChunk) {
 }
 
 // sendStepKV sends, after a prefill step, the KV of each PD request's new
-// tokens (seqs are the rank's requests) to its decode rank, one chunk
+// tokens (core holds the rank's requests) to its decode rank, one chunk
 // each; the chunk of an item that sampled carries the first token. toks
 // maps the step's sampled tokens by request. A decode sends nothing.
-func (pd *rankPD) sendStepKV(lp pdLoop, seqs map[uint64]*seqState, items []sched.Item, toks map[uint64]int32) error {
+func (pd *rankPD) sendStepKV(lp pdLoop, core *rankcore.Core, items []sched.Item, toks map[uint64]int32) error {
 	if pd == nil || pd.host.role != pdproto.RolePrefill {
 		return nil
 	}
 	for _, it := range items {
-		q, s := pd.reqs[it.ID], seqs[it.ID]
-		if q == nil || s == nil || s.cut {
+		q, s := pd.reqs[it.ID], core.Seq(it.ID)
+		if q == nil || s == nil || s.Cut {
 			continue
 		}
 		var final *pdproto.ChunkFinal

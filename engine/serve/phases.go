@@ -2,7 +2,6 @@ package serve
 
 import (
 	"fmt"
-	"slices"
 
 	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/engine/rankcore"
@@ -22,10 +21,10 @@ import (
 // returns the prefill requests the ranks agreed to admit (their
 // TRANSFER_INFO is in), for the iteration's admit.
 func (l *rankLoop) poll() ([]addMsg, error) {
-	if l.pd.rooms() == 0 {
+	if !l.ag.runs(rankcore.Poll, rankcore.Facts{Rooms: l.pd.rooms()}) {
 		return nil, nil
 	}
-	votes := l.pd.machine.Votes(l.now)
+	votes := l.pd.machine.Votes(l.core.Now())
 	if err := l.ag.ints(rankcore.Poll, votes); err != nil {
 		return nil, err
 	}
@@ -59,7 +58,7 @@ func (l *rankLoop) admit(adds []addMsg) error {
 	}
 	var hms []prefix.HostMatch
 	var plan []rankcore.Admission
-	if l.px.on() {
+	if l.ag.runs(rankcore.Admit, rankcore.Facts{Joining: len(adds), PrefixOn: l.px.on()}) {
 		var own []rankcore.Match
 		hms, own = l.px.match(adds)
 		agreed := rankcore.AdmitProposal(own)
@@ -70,18 +69,17 @@ func (l *rankLoop) admit(adds []addMsg) error {
 	}
 	for i, a := range adds {
 		var d rankcore.Admission
-		s := &seqState{all: append(make([]int32, 0, len(a.prompt)+a.maxTokens), a.prompt...),
-			maxTokens: a.maxTokens, ignoreEOS: a.ignoreEOS, stop: a.stop}
+		var h *hold
 		if plan != nil {
-			d = plan[i]
-			if err := l.px.keep(a.prompt, hms[i], d, s); err != nil {
+			d, h = plan[i], &hold{}
+			if err := l.px.keep(a.prompt, hms[i], d, h); err != nil {
 				return err
 			}
 		}
 		total := d.Agreed.Total
-		err := l.sched.Add(sched.Request{ID: a.id, PromptLen: len(a.prompt), MaxTokens: a.maxTokens, Cached: total, Loaded: d.Loaded()}, l.now)
+		err := l.core.Join(sched.Request{ID: a.id, PromptLen: len(a.prompt), MaxTokens: a.maxTokens, Cached: total, Loaded: d.Loaded()}, a.seq())
 		if err != nil {
-			if uerr := l.px.unlock(s); uerr != nil {
+			if uerr := l.px.unlock(h); uerr != nil {
 				return fmt.Errorf("serve: rank %d: %w", l.r, uerr)
 			}
 			if a.pd {
@@ -91,10 +89,12 @@ func (l *rankLoop) admit(adds []addMsg) error {
 					return err
 				}
 			}
-			l.end(a.id, ending{reason: sched.ReasonError, err: err.Error()})
+			l.ex.end(a.id, ending{reason: sched.ReasonError, err: err.Error()})
 			continue
 		}
-		l.seqs[a.id] = s
+		if h != nil {
+			l.px.holds[a.id] = h
+		}
 		if l.r == 0 {
 			t := &l.e.streams.totals
 			t.PromptTokens += uint64(len(a.prompt))
@@ -146,7 +146,7 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 			}
 			lg := logits[j*e.vocab : (j+1)*e.vocab]
 			j++
-			if l.seqs[it.ID].cut || cut[it.ID] {
+			if l.core.Seq(it.ID).Cut || cut[it.ID] {
 				continue
 			}
 			r := e.streams.front[it.ID]
@@ -166,12 +166,9 @@ func (l *rankLoop) results(plan sched.Plan) (stepOutput, error) {
 				out.cuts = append(out.cuts, abortMsg{id: it.ID, by: AbortBySlowReader})
 				continue
 			}
-			s := l.seqs[it.ID]
-			stops := func(tok int32) bool {
-				return (!s.ignoreEOS && e.m.Tokenizer.IsEOG(tok)) || slices.Contains(s.stop, tok)
-			}
-			out.toks = append(out.toks, sampled{tok: tok, stop: stops(tok)})
-			if k := l.forks.Pending(it.ID); k > 0 {
+			stops := func(tok int32) bool { return l.core.Stops(it.ID, tok) }
+			out.toks = append(out.toks, rankcore.Sampled{Tok: tok, Stop: stops(tok)})
+			if k := l.core.PendingForks(it.ID); k > 0 {
 				out.toks = e.streams.sampleForks(it.ID, k, lg, stops, emitted, out.toks)
 			}
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/dist"
 	"github.com/pdkit/pdkit/engine/prefix"
+	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/engine/sched"
 	"github.com/pdkit/pdkit/engine/tp"
 	"github.com/pdkit/pdkit/kernels"
@@ -189,16 +190,16 @@ func (s *supervisor) build(endpoints []string) error {
 	}
 	hostPages := 0 // per rank, once the first rank's pool is known
 	for r := range cfg.TP {
-		sc, err := sched.New(sched.Config{
+		core, err := rankcore.NewCore(sched.Config{
 			MaxRunning: cfg.MaxRunning, MaxBatchTokens: cfg.MaxBatchTokens, PrefillChunk: cfg.PrefillChunk,
 			PageSize: cfg.PageSize, TotalPages: cfg.Pages(),
 			WaitingTimeout: cfg.WaitingTimeout, PrefillTimeout: cfg.PrefillTimeout, RequestTimeout: max(0, cfg.RequestTimeout),
 			Overlap: cfg.Schedule == ScheduleOverlap,
-		})
+		}, e.m.Tokenizer.IsEOG)
 		if err != nil {
 			return fail(fmt.Errorf("serve: %w", err))
 		}
-		l := &rankLoop{e: e, r: r, rk: shards.Rank(r), sched: sc, seqs: make(map[uint64]*seqState), quit: inc.quit,
+		l := &rankLoop{e: e, r: r, rk: shards.Rank(r), core: core, quit: inc.quit,
 			ag: newAgreer(r, control.Rank(r), shards.Rank(r).Comm(), cfg.table(), cfg.DecisionLogLen)}
 		s.loops = append(s.loops, l)
 		if cfg.Role != pdproto.RoleColocated {
@@ -215,6 +216,10 @@ func (s *supervisor) build(endpoints []string) error {
 		}
 		l.tier = newRankTier(r, cfg, l.cache, l.rk.Pool(), &e.faults, &e.hicacheBandwidth)
 		l.px = newRankPrefix(r, l.cache, l.rk.Pool(), l.tier)
+		l.ex = &exits{r: r, core: core, px: l.px, pd: l.pd, lp: l.pdLoop, logger: cfg.Logger, name: cfg.Name}
+		if r == 0 {
+			l.ex.streams = e.streams
+		}
 		if l.cache != nil {
 			if tierOn {
 				if hostPages == 0 {
@@ -226,7 +231,7 @@ func (s *supervisor) build(endpoints []string) error {
 					return fail(fmt.Errorf("serve: rank %d: %w", r, err))
 				}
 			}
-			l.tier.publish(l.seqs)
+			l.tier.publish(l.px.holds)
 		}
 		l.beat.Store(now.UnixNano())
 		l.last.Store(&StepRecord{Rank: r, Loop: LoopLockstep, Phase: "idle", Start: now, End: now})
@@ -351,7 +356,7 @@ func (s *supervisor) restart(reason string, snaps []dist.Snapshot) bool {
 	// still in the inbox wait for the next incarnation.
 	e.inbox.filterAborts(func(a abortMsg) bool { return !e.streams.known(a.id) })
 	for _, l := range s.loops {
-		l.drop(true)
+		l.ex.drop(true)
 	}
 	e.streams.totals.Finished += uint64(e.streams.endAll(fin))
 	if err := s.closeTiers(); err != nil {
@@ -435,7 +440,7 @@ func (s *supervisor) shutdown() {
 		reason = "error: " + s.err.Error()
 	}
 	for _, l := range s.loops {
-		l.drop(s.err == nil)
+		l.ex.drop(s.err == nil)
 	}
 	e.streams.endAll(reason)
 	for _, r := range pending {

@@ -5,10 +5,13 @@
 // # One loop per rank
 //
 // Each TP rank runs its own event loop goroutine (pprof labels server, role
-// and rank) with its own scheduler (engine/sched), its own KV pool, its own
-// radix prefix cache (engine/prefix), its shard of the weights (engine/tp)
-// and, on a prefill or decode server, its own PD queue machine
-// (engine/pd/rooms). The loops move in lock-step through two communicators
+// and rank) with its own core (rankcore.Core: the scheduler, every
+// request's tokens and stop rules, the fork budgets, which requests ended;
+// the state every rank holds alike), its own KV pool, its own radix prefix
+// cache (engine/prefix), its shard of the weights (engine/tp) and, on a
+// prefill or decode server, its own PD queue machine (engine/pd/rooms).
+// The loop does the I/O around the core: the pool's pages, the forward
+// pass, the sockets, the streams. The loops move in lock-step through two communicators
 // of the rank group (engine/dist): "control" for the loop's agreements and
 // "forward" for the model's collectives. The order of an iteration's
 // collectives is a table in engine/rankcore (rankcore.Lockstep,
@@ -17,8 +20,10 @@
 // plan's digest; rank 0 its inbox and its sampled tokens), the group
 // reduces or broadcasts it, and every rank applies the agreed value. The
 // loop enters each phase through its rank's agreer (agree.go), whose
-// rankcore.Cursor refuses a phase out of the table's order, and tags the collective with the phase's name, which
-// the flight recorder keeps and the collective layer checks across ranks.
+// rankcore.Cursor refuses a phase out of the table's order and says
+// whether the phase runs at all (the row's condition, on agreed facts),
+// and tags the collective with the phase's name, which the flight
+// recorder keeps and the collective layer checks across ranks.
 // In words: rank 0 broadcasts the step input; every rank applies it (PD
 // requests to the PD machine, aborts, timeouts, its own PD mail); the
 // ranks agree on the PD votes, the prefix matches of the requests that
@@ -270,7 +275,7 @@ func (e *Engine) takeInbox(admit bool) stepInput {
 // publish stores rank 0's snapshot; called by rank 0's loop and by the
 // supervisor (a build, the shutdown) while no loop runs.
 func (e *Engine) publish(rec StepRecord) {
-	s := &EngineSnapshot{Taken: e.now(), Step: rec, Queue: e.sup.loops[0].sched.Snapshot(), Totals: e.streams.totals}
+	s := &EngineSnapshot{Taken: e.now(), Step: rec, Queue: e.sup.loops[0].core.Snapshot(), Totals: e.streams.totals}
 	if e.sup.err != nil {
 		s.Err = e.sup.err.Error()
 	}

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/engine/sample"
 )
 
@@ -185,18 +186,18 @@ func (s *streams) emitFirst(id uint64, tok int32) {
 
 // sampleForks, on rank 0, samples the first tokens of a parent's later
 // samples from the parent's logits and streams them.
-func (s *streams) sampleForks(parent uint64, n int, lg []float32, stops func(int32) bool, at time.Time, out []sampled) []sampled {
+func (s *streams) sampleForks(parent uint64, n int, lg []float32, stops func(int32) bool, at time.Time, out []rankcore.Sampled) []rankcore.Sampled {
 	for i := range n {
 		r := s.front[parent+uint64(i)+1]
 		if r == nil {
-			out = append(out, sampled{tok: 0, stop: true}) // cannot happen: a fork's front lives until it ends
+			out = append(out, rankcore.Sampled{Tok: 0, Stop: true}) // cannot happen: a fork's front lives until it ends
 			continue
 		}
 		tok := r.sampler.Sample(lg)
 		s.totals.Sampled++
 		r.gen++
 		s.emit(r, tok, at)
-		out = append(out, sampled{tok: tok, stop: stops(tok)})
+		out = append(out, rankcore.Sampled{Tok: tok, Stop: stops(tok)})
 	}
 	return out
 }

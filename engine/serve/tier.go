@@ -5,13 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
+	"slices"
 	"sync/atomic"
 	"time"
 
 	"github.com/pdkit/pdkit/engine/hicache"
 	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/engine/prefix"
+	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/engine/sched"
 )
 
@@ -89,24 +92,25 @@ func (rt *rankTier) attach(pages int) error {
 	return nil
 }
 
-// detach takes the rank's host tier off: waiting requests (of seqs, whose
-// scheduler is sc) give up the host part of their cached prefix (they will
+// detach takes the rank's host tier off: waiting requests (of holds, whose
+// core is core) give up the host part of their cached prefix (they will
 // compute it), loads in flight finish, and the host pool's memory goes
 // back to the OS.
-func (rt *rankTier) detach(seqs map[uint64]*seqState, sc *sched.Scheduler, now time.Duration) error {
+func (rt *rankTier) detach(holds map[uint64]*hold, core *rankcore.Core) error {
 	if !rt.cache.Attached() {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	for id, s := range seqs {
-		if s.hm == nil {
+	for _, id := range slices.Sorted(maps.Keys(holds)) {
+		h := holds[id]
+		if h.hm == nil {
 			continue
 		}
-		if err := rt.dropHostMatch(s); err != nil {
+		if err := rt.dropHostMatch(h); err != nil {
 			return err
 		}
-		if err := sc.Uncache(id, len(s.matched)*rt.pageSize, now); err != nil {
+		if err := core.Uncache(id, len(h.matched)*rt.pageSize); err != nil {
 			return fmt.Errorf("serve: rank %d: hicache off: %w", rt.r, err)
 		}
 	}
@@ -122,19 +126,19 @@ func (rt *rankTier) detach(seqs map[uint64]*seqState, sc *sched.Scheduler, now t
 	return nil
 }
 
-// dropHostMatch lets go of s's host pins from admit (its host part is not
+// dropHostMatch lets go of h's host pins from admit (its host part is not
 // loaded: the request ended or the tier goes).
-func (rt *rankTier) dropHostMatch(s *seqState) error {
-	if s.hm == nil {
+func (rt *rankTier) dropHostMatch(h *hold) error {
+	if h == nil || h.hm == nil {
 		return nil
 	}
-	hm := *s.hm
-	s.hm = nil
+	hm := *h.hm
+	h.hm = nil
 	pages, _, err := rt.cache.LoadBack(ctx, nil, hm, hm.N)
 	if err != nil {
 		return fmt.Errorf("serve: rank %d: %w", rt.r, err)
 	}
-	s.matched = pages
+	h.matched = pages
 	return nil
 }
 
@@ -151,9 +155,9 @@ func (rt *rankTier) addTotals(t *TierTotals) {
 	}
 }
 
-// publish stores the rank's tier snapshot for readers off the loop; seqs
+// publish stores the rank's tier snapshot for readers off the loop; holds
 // name the requests reading each load in flight.
-func (rt *rankTier) publish(seqs map[uint64]*seqState) {
+func (rt *rankTier) publish(holds map[uint64]*hold) {
 	if rt.cache == nil {
 		return
 	}
@@ -185,11 +189,12 @@ func (rt *rankTier) publish(seqs map[uint64]*seqState) {
 	for _, li := range rt.cache.LoadsInFlight() {
 		kv, idx, over := li.Load.Progress()
 		ls := LoadSnapshot{Pages: len(li.Pages), KVLayers: kv, IndexLayers: idx, Layers: len(rt.waitKV), Over: over}
-		for id, s := range seqs {
-			if readsAny(s, li.Pages) {
+		for id, h := range holds {
+			if readsAny(h, li.Pages) {
 				ls.Requests = append(ls.Requests, id)
 			}
 		}
+		slices.Sort(ls.Requests)
 		snap.Loads = append(snap.Loads, ls)
 	}
 	snap.WaitKVSeconds = make([]float64, len(rt.waitKV))
@@ -201,9 +206,9 @@ func (rt *rankTier) publish(seqs map[uint64]*seqState) {
 	rt.snap.Store(snap)
 }
 
-// readsAny reports whether s's matched prefix includes one of pages.
-func readsAny(s *seqState, pages []int32) bool {
-	for _, p := range s.matched {
+// readsAny reports whether h's matched prefix includes one of pages.
+func readsAny(h *hold, pages []int32) bool {
+	for _, p := range h.matched {
 		for _, q := range pages {
 			if p == q {
 				return true
@@ -233,13 +238,13 @@ func (rt *rankTier) gate(loads hicache.Loads) hicache.Gate {
 }
 
 // apply runs the step input's HiCache switch on this rank; switching off
-// detaches (see detach for seqs, sc and now).
-func (rt *rankTier) apply(op tierOp, seqs map[uint64]*seqState, sc *sched.Scheduler, now time.Duration) error {
+// detaches (see detach for holds and core).
+func (rt *rankTier) apply(op tierOp, holds map[uint64]*hold, core *rankcore.Core) error {
 	if rt.cache == nil {
 		return nil
 	}
 	if op.off {
-		return rt.detach(seqs, sc, now)
+		return rt.detach(holds, core)
 	}
 	if rt.cache.Attached() {
 		return nil
@@ -250,26 +255,26 @@ func (rt *rankTier) apply(op tierOp, seqs map[uint64]*seqState, sc *sched.Schedu
 	return nil
 }
 
-// loadBack loads the host part of a request's cached prefix back at its
-// first admission, extending its locked match over the loaded pages. The
-// scheduler planned their pages, so the room is there; a shortfall is a
-// broken plan.
-func (rt *rankTier) loadBack(it sched.Item, s *seqState) error {
-	if s.hm == nil {
-		if len(s.matched)*rt.pageSize < it.Cached {
-			return fmt.Errorf("serve: rank %d: admit %d: %d cached tokens planned, %d matched and nothing to load", rt.r, it.ID, it.Cached, len(s.matched)*rt.pageSize)
+// loadBack loads the host part of a request's cached prefix (of tokens,
+// held in h) back at its first admission, extending its locked match over
+// the loaded pages. The scheduler planned their pages, so the room is
+// there; a shortfall is a broken plan.
+func (rt *rankTier) loadBack(it sched.Item, tokens []int32, h *hold) error {
+	if h == nil || h.hm == nil {
+		if h.locked()*rt.pageSize < it.Cached {
+			return fmt.Errorf("serve: rank %d: admit %d: %d cached tokens planned, %d matched and nothing to load", rt.r, it.ID, it.Cached, h.locked()*rt.pageSize)
 		}
 		return nil
 	}
-	hm := *s.hm
-	s.hm = nil
+	hm := *h.hm
+	h.hm = nil
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	pages, got, err := rt.cache.LoadBack(ctx, s.all, hm, it.Cached)
+	pages, got, err := rt.cache.LoadBack(ctx, tokens, hm, it.Cached)
 	if err != nil {
 		return fmt.Errorf("serve: rank %d: load back %d: %w", rt.r, it.ID, err)
 	}
-	s.matched = pages
+	h.matched = pages
 	if got != it.Cached {
 		return fmt.Errorf("serve: rank %d: load back %d: %d of %d cached tokens on the device, the plan's room did not suffice", rt.r, it.ID, got, it.Cached)
 	}

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
+	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -48,6 +50,13 @@ type addMsg struct {
 	noCache   bool   // Request.NoCache
 }
 
+// seq is the core's state of a request a from its prompt: room for its
+// tokens to come, its own copy of the stop tokens.
+func (a addMsg) seq() rankcore.Seq {
+	return rankcore.Seq{Tokens: append(make([]int32, 0, len(a.prompt)+a.maxTokens), a.prompt...),
+		MaxTokens: a.maxTokens, IgnoreEOS: a.ignoreEOS, Stop: slices.Clone(a.stop)}
+}
+
 // stepOutput closes a step that ran a forward pass.
 type stepOutput struct {
 	now  time.Duration
@@ -55,12 +64,7 @@ type stepOutput struct {
 	// toks has one entry per Run item that wants logits and is not cut
 	// (before or by this message), in plan order; the first token of a
 	// request with more samples is followed by theirs (n-1 entries).
-	toks []sampled
-}
-
-type sampled struct {
-	tok  int32
-	stop bool // the token ends the generation
+	toks []rankcore.Sampled
 }
 
 var errWire = errors.New("serve: corrupt step message")
@@ -152,8 +156,8 @@ func (m *stepOutput) encode(b []byte) []byte {
 	b = appendAborts(b, m.cuts)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.toks)))
 	for _, s := range m.toks {
-		b = binary.LittleEndian.AppendUint32(b, uint32(s.tok))
-		b = appendBool(b, s.stop)
+		b = binary.LittleEndian.AppendUint32(b, uint32(s.Tok))
+		b = appendBool(b, s.Stop)
 	}
 	return b
 }
@@ -163,9 +167,9 @@ func (m *stepOutput) decode(b []byte) error {
 	*m = stepOutput{now: time.Duration(r.u64())}
 	m.cuts = r.aborts()
 	n := r.count(5)
-	m.toks = make([]sampled, 0, n)
+	m.toks = make([]rankcore.Sampled, 0, n)
 	for range n {
-		m.toks = append(m.toks, sampled{tok: int32(r.u32()), stop: r.bool()})
+		m.toks = append(m.toks, rankcore.Sampled{Tok: int32(r.u32()), Stop: r.bool()})
 	}
 	return r.done()
 }

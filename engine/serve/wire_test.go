@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -17,7 +18,7 @@ func TestWireRoundTrip(t *testing.T) {
 	if err := got.decode(in.encode(nil)); err != nil || !reflect.DeepEqual(got, in) {
 		t.Errorf("input: %v\n got %+v\nwant %+v", err, got, in)
 	}
-	out := stepOutput{now: 5, cuts: []abortMsg{{id: 3, by: AbortBySlowReader}}, toks: []sampled{{tok: 11, stop: false}, {tok: 2, stop: true}}}
+	out := stepOutput{now: 5, cuts: []abortMsg{{id: 3, by: AbortBySlowReader}}, toks: []rankcore.Sampled{{Tok: 11, Stop: false}, {Tok: 2, Stop: true}}}
 	var gotOut stepOutput
 	if err := gotOut.decode(out.encode(nil)); err != nil || !reflect.DeepEqual(gotOut, out) {
 		t.Errorf("output: %v\n got %+v\nwant %+v", err, gotOut, out)
@@ -42,7 +43,7 @@ func TestWireRoundTrip(t *testing.T) {
 
 func FuzzWireDecode(f *testing.F) {
 	f.Add(((&stepInput{adds: []addMsg{{id: 1, maxTokens: 2, prompt: []int32{3}}}}).encode(nil)))
-	f.Add((&stepOutput{cuts: []abortMsg{{id: 1}}, toks: []sampled{{tok: 1}}}).encode(nil))
+	f.Add((&stepOutput{cuts: []abortMsg{{id: 1}}, toks: []rankcore.Sampled{{Tok: 1}}}).encode(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var in stepInput
 		if in.decode(b) == nil {
