@@ -88,6 +88,30 @@
 // message. The traces of engine/pd/rooms and engine/pd/mailbox tell the
 // machines' side.
 //
+// # The core
+//
+// [Core] is the state of one rank that every rank holds alike: the
+// scheduler (engine/sched), each request's tokens and stop rules, the
+// fork budgets of requests of n > 1 samples, and what ended in the
+// iteration. Every change to it comes from an agreed value: the step
+// input and its clock ([Core.Begin]), an agreed [Capacity]
+// ([Core.Schedule]), the agreed plan, the broadcast tokens ([Core.Land],
+// [Core.Append]), and its own answers. It holds no clock, goroutine,
+// pool, socket or randomness; a lint test reads this package's source
+// and holds its methods to agreed parameter types and the package to
+// imports without I/O. The executor (engine/serve) does what the core
+// says: it copies and frees pages, runs the forward pass, streams tokens.
+//
+// The traces testdata/group-*.txt run several ranks of the lock-step
+// loop in one goroutine: each rank is a core with its own cursor and a
+// pool counted in pages, its iteration a coroutine that stops at every
+// collective, and the harness runs a collective once every rank has
+// reached it. They show a request's life on every rank, the room agreed
+// at the least any rank has, retraction, aborts in every state, forks
+// within the agreed room, and the second incident's shape: a rank that
+// goes idle on its own view meets its peer in another collective, and
+// the harness names both phases and the seq where the ranks parted.
+//
 // # Decisions
 //
 // The decisions that follow agreed values are functions here: agreed
