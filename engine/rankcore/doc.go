@@ -106,11 +106,14 @@
 // loop in one goroutine: each rank is a core with its own cursor and a
 // pool counted in pages, its iteration a coroutine that stops at every
 // collective, and the harness runs a collective once every rank has
-// reached it. They show a request's life on every rank, the room agreed
-// at the least any rank has, retraction, aborts in every state, forks
-// within the agreed room, and the second incident's shape: a rank that
-// goes idle on its own view meets its peer in another collective, and
-// the harness names both phases and the seq where the ranks parted.
+// reached it. They show, under the lock-step and the overlap table, a
+// request's life on every rank, the room agreed at the least any rank
+// has, retraction, aborts in every state, forks within the agreed room,
+// the overlap loop's landing, voiding and replan, a host-tier load
+// admitted at the least match, an index-K switch's drain and its bound,
+// the second incident's shape (a rank that goes idle on its own view
+// meets its peer in another collective, and the harness names both
+// phases and the seq where the ranks parted) and the rebuild after it.
 //
 // # Decisions
 //

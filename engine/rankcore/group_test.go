@@ -39,9 +39,10 @@ type call struct {
 
 // groupInput is rank 0's step input.
 type groupInput struct {
-	now    time.Duration
-	adds   []groupAdd
-	aborts []uint64
+	now     time.Duration
+	adds    []groupAdd
+	aborts  []uint64
+	switch_ bool // the index-K switch goes in
 }
 
 type groupAdd struct {
@@ -77,7 +78,14 @@ type groupRank struct {
 	plans  []sched.Plan
 	flight *sched.Plan
 	voided []uint64 // the plan made ahead's items the landed step ended
-	yield  func(*call) bool
+	// prefix: the prefix cache is on; matches are this rank's own cache's
+	// matches, by request (its own view: ranks may differ); admits are
+	// this iteration's admission decisions.
+	prefix   bool
+	matches  map[uint64]Match
+	admits   []string
+	switched int // index-K switches applied
+	yield    func(*call) bool
 }
 
 func (g *groupRank) free() int {
@@ -98,7 +106,15 @@ type group struct {
 	step    int
 	broken  bool
 	table   *Table
+	args    map[string]string // the group command's, for a rebuild
+	// drain is an index-K switch's drain in progress: the iterations it
+	// has run and its bound; new requests wait (held) until it switches.
+	drain *groupDrain
+	held  []groupAdd
 }
+
+// groupDrain is an index-K switch waiting for the ranks to hold nothing.
+type groupDrain struct{ ran, bound int }
 
 const groupEOG = 0 // the harness's end-of-generation token
 
@@ -110,13 +126,15 @@ func newGroup(args map[string]string) (*group, error) {
 	if args["loop"] == "overlap" {
 		t, cfg.Overlap = &Overlap, true
 	}
-	g := &group{samples: map[uint64][]int32{}, table: t}
+	g := &group{samples: map[uint64][]int32{}, table: t, args: args}
+	_, prefix := args["cache"]
 	for r := range n {
 		c, err := NewCore(cfg, func(t int32) bool { return t == groupEOG })
 		if err != nil {
 			return nil, err
 		}
-		g.ranks = append(g.ranks, &groupRank{r: r, core: c, cur: NewCursor(t), pages: pages, held: map[uint64]int{}, rows: rows})
+		g.ranks = append(g.ranks, &groupRank{r: r, core: c, cur: NewCursor(t), pages: pages, held: map[uint64]int{}, rows: rows,
+			prefix: prefix, matches: map[uint64]Match{}})
 	}
 	return g, nil
 }
@@ -136,7 +154,7 @@ func atoi(s string, def int) int {
 // yielded, and the agreed value read back once the harness resumes it.
 func (g *groupRank) iterate(in *groupInput, env *stepEnv, yield func(*call) bool) {
 	g.yield = yield
-	g.ends, g.forks, g.plans, g.voided = g.ends[:0], g.forks[:0], g.plans[:0], nil
+	g.ends, g.forks, g.plans, g.voided, g.admits = g.ends[:0], g.forks[:0], g.plans[:0], nil, nil
 	plan, ok := g.front(in)
 	if !ok {
 		return
@@ -196,6 +214,9 @@ func (g *groupRank) front(in *groupInput) (sched.Plan, bool) {
 	input := c.msg.(*groupInput)
 	core := g.core
 	core.Begin(input.now)
+	if input.switch_ {
+		g.switched++ // the pool's index keys change precision: nothing holds any
+	}
 	var joining []groupAdd
 	for _, a := range input.adds {
 		core.Expect(a.id, a.n)
@@ -218,8 +239,26 @@ func (g *groupRank) front(in *groupInput) (sched.Plan, bool) {
 	if !g.cur.Runs(Room, Facts{Joining: len(joining), Scheduled: core.Scheduled()}) {
 		return sched.Plan{}, false
 	}
-	for _, a := range joining {
-		if err := core.Join(a.req, a.seq); err != nil {
+	var admits []Admission
+	if g.cur.Runs(Admit, Facts{Joining: len(joining), PrefixOn: g.prefix}) {
+		own := make([]Match, len(joining))
+		for i, a := range joining {
+			own[i] = g.matches[a.id]
+		}
+		c := &call{ints: AdmitProposal(own)}
+		if !g.coll(Admit, c) {
+			return sched.Plan{}, false
+		}
+		admits = PlanAdmit(own, c.ints)
+	}
+	for i, a := range joining {
+		req := a.req
+		if admits != nil {
+			d := admits[i]
+			req.Cached, req.Loaded = d.Agreed.Total, d.Loaded()
+			g.admits = append(g.admits, fmt.Sprintf("%d: %s", a.id, d))
+		}
+		if err := core.Join(req, a.seq); err != nil {
 			g.end(a.id, sched.ReasonError)
 		}
 	}
@@ -438,6 +477,7 @@ func (gr *group) iterate(b *strings.Builder) {
 	in := gr.next
 	in.now = gr.now
 	gr.next = groupInput{}
+	gr.drainStep(&in, b)
 	env := &stepEnv{now: gr.now + time.Millisecond/2, cuts: gr.cuts, sample: func(id uint64) int32 {
 		toks := gr.samples[id]
 		if len(toks) == 0 {
@@ -516,6 +556,11 @@ func (gr *group) iterate(b *strings.Builder) {
 			fmt.Fprintf(b, "rank %d: error: %v\n", g.r, g.err)
 		}
 	}
+	for _, g := range gr.ranks {
+		for _, a := range g.admits {
+			fmt.Fprintf(b, "rank %d admits %s\n", g.r, a)
+		}
+	}
 	if v := gr.ranks[0].voided; len(v) > 0 {
 		fmt.Fprintf(b, "voided from the plan made ahead: %v\n", v)
 	}
@@ -528,6 +573,56 @@ func (gr *group) iterate(b *strings.Builder) {
 	if d := gr.differ(); d != "" {
 		fmt.Fprintf(b, "differ: %s\n", d)
 	}
+}
+
+// drainStep is rank 0's part of an index-K switch's drain at a step
+// input: new requests wait; DrainStep decides from rank 0's core, which
+// every rank holds alike, whether the switch goes in, or past the bound
+// what the input aborts.
+func (gr *group) drainStep(in *groupInput, b *strings.Builder) {
+	if gr.drain == nil {
+		if len(gr.held) > 0 {
+			in.adds, gr.held = append(gr.held, in.adds...), nil
+		}
+		return
+	}
+	gr.held, in.adds = append(gr.held, in.adds...), nil
+	core := gr.ranks[0].core
+	f := DrainFacts{Scheduled: core.Scheduled(), Seqs: core.Len(), PastBound: gr.drain.ran >= gr.drain.bound}
+	var held []DrainHeld
+	for _, id := range core.IDs() {
+		held = append(held, DrainHeld{ID: id, Cut: core.Seq(id).Cut})
+	}
+	gr.drain.ran++
+	d := DrainStep(f, held)
+	switch {
+	case d.Switch:
+		in.switch_, gr.drain = true, nil
+		fmt.Fprintf(b, "drain: nothing holds the old precision: switch\n")
+	case len(d.Cut) > 0:
+		in.aborts = append(in.aborts, d.Cut...)
+		fmt.Fprintf(b, "drain: past the bound: abort %v\n", d.Cut)
+	default:
+		fmt.Fprintf(b, "drain: %d requests hold the old precision; %d new wait\n", f.Seqs, len(gr.held))
+	}
+}
+
+// rebuild is the supervisor's recovery after a broken group: every
+// request the ranks knew ends with the restart's error, the aborts of
+// requests they knew die with them, and every rank starts on a new core,
+// cursor and pool; what came in meanwhile goes to the new group.
+func (gr *group) rebuild() string {
+	if !gr.broken {
+		return "the group is not broken\n"
+	}
+	known := gr.ranks[0].core.IDs()
+	gr.next.aborts = slices.DeleteFunc(gr.next.aborts, func(id uint64) bool { return slices.Contains(known, id) })
+	fresh, err := newGroup(gr.args)
+	if err != nil {
+		return err.Error() + "\n"
+	}
+	gr.ranks, gr.broken, gr.drain = fresh.ranks, false, nil
+	return fmt.Sprintf("restart: %v end with error: engine restarted; %d ranks rebuilt\n", known, len(gr.ranks))
 }
 
 // parted names each rank's phase when the ranks are not all in the same
@@ -566,12 +661,23 @@ func (gr *group) show(pending []*call) string {
 		for _, id := range in.aborts {
 			s = append(s, fmt.Sprintf("abort %d", id))
 		}
+		if in.switch_ {
+			s = append(s, "switch index-K")
+		}
 		if len(s) == 0 {
 			return "nothing new"
 		}
 		return strings.Join(s, ", ")
 	case Room, Fork:
 		return fmt.Sprintf("%d pages, %d rows", c.ints[0], c.ints[1])
+	case Admit:
+		k := len(c.ints) / 3
+		var s []string
+		for i := range k {
+			m := AdmitAgreed(c.ints, i, k)
+			s = append(s, fmt.Sprintf("%d on device + %d from host", m.Device, m.Total-m.Device))
+		}
+		return strings.Join(s, ", ")
 	case Agree:
 		if !PlansAgree(c.ints) {
 			return "plans differ"
@@ -643,7 +749,7 @@ func (g *groupRank) state() string {
 			fmt.Fprintf(&b, "sched %d %s fed %d gen %d pages %d\n", r.ID, r.State, r.Fed, r.Generated, r.Pages)
 		}
 	}
-	fmt.Fprintf(&b, "pages held %v, ends %v, forks %v\n", g.held, g.ends, g.forks)
+	fmt.Fprintf(&b, "pages held %v, ends %v, forks %v, index-K switches %d\n", g.held, g.ends, g.forks, g.switched)
 	return b.String()
 }
 
@@ -669,11 +775,14 @@ func tokens(s string) []int32 {
 // TestGroupTraces runs testdata/group-*.txt: ranks of the lock-step loop
 // in one goroutine, through their cores. Commands:
 //
-//	group [ranks=N] [pages=P] [page=S] [rows=R] [running=M] [batch=B] [chunk=C] [loop=overlap]
+//	group [ranks=N] [pages=P] [page=S] [rows=R] [running=M] [batch=B] [chunk=C] [loop=overlap] [cache=on]
 //	add id=ID prompt=LEN max=M [n=K] [stop=T,T] [ignore-eos]   joins the next input
 //	abort id=ID [in-step]          in the next input, or during the next step's forward pass
 //	sample id=ID toks=T,T          rank 0's next tokens for ID (7 when none; 0 ends a generation)
 //	lose rank=R pages=N            rank R's pool holds N pages fewer (its own view)
+//	match rank=R id=ID device=D host=H   rank R's own cache matches D tokens on device, H more on host (cache=on)
+//	switch-indexk [bound=K]        an index-K switch's drain from the next input; past K iterations it aborts
+//	recover                        the supervisor rebuilds a broken group
 //	local rank=R idle              at its next iteration rank R goes idle on its own view
 //	step [n=K]                     K iterations of every rank (1)
 //	state [rank=R]                 what rank R's core holds (0)
@@ -720,6 +829,16 @@ func TestGroupTraces(t *testing.T) {
 				g := gr.ranks[atoi(args["rank"], 0)]
 				g.pages -= atoi(args["pages"], 0)
 				return fmt.Sprintf("rank %d: %d pages\n", g.r, g.pages)
+			case "match":
+				g := gr.ranks[atoi(args["rank"], 0)]
+				device := atoi(args["device"], 0)
+				g.matches[uint64(atoi(args["id"], 0))] = Match{Device: device, Total: device + atoi(args["host"], 0)}
+				return "matched\n"
+			case "switch-indexk":
+				gr.drain = &groupDrain{bound: atoi(args["bound"], 3)}
+				return "draining\n"
+			case "recover":
+				return gr.rebuild()
 			case "local":
 				gr.ranks[atoi(args["rank"], 0)].idle = true
 				return "armed\n"
