@@ -85,8 +85,10 @@
 // iteration. A decode's ABORT for a room the prefill does not know (yet,
 // or any more) is acknowledged at once by the prefill's receive side,
 // engine/pd/mailbox, without waiting for an iteration: incident 1's
-// message. The traces of engine/pd/rooms and engine/pd/mailbox tell the
-// machines' side.
+// message. testdata/cluster-the-life-of-a-pd-request.txt shows all of it
+// step by step, both groups' collectives and the messages between them;
+// the traces of engine/pd/rooms and engine/pd/mailbox tell the machines'
+// side.
 //
 // # The core
 //
@@ -114,6 +116,16 @@
 // the second incident's shape (a rank that goes idle on its own view
 // meets its peer in another collective, and the harness names both
 // phases and the seq where the ranks parted) and the rebuild after it.
+//
+// The traces testdata/cluster-*.txt put two such groups together, a
+// prefill and a decode, each rank with its own rooms and mailbox machine
+// (engine/pd/rooms, engine/pd/mailbox) and a wire between the sides that
+// can hold, lose or deliver the PD protocol's messages: the life of a PD
+// request; aborts on each side, in each of its states, for each cause
+// (the client, an operator, a timeout, the peer); the first incident's
+// storm of 60 ABORTs for rooms the prefill does not know, each
+// acknowledged by its mailbox at once; and the second incident where it
+// happened, an overlap decode whose rank 1 goes idle while rank 0 polls.
 //
 // # Decisions
 //

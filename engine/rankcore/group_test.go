@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/engine/dist"
+	"github.com/pdkit/pdkit/engine/pd/rooms"
 	"github.com/pdkit/pdkit/engine/sched"
 	"github.com/pdkit/pdkit/internal/tracetest"
 )
@@ -42,14 +43,16 @@ type groupInput struct {
 	now     time.Duration
 	adds    []groupAdd
 	aborts  []uint64
-	switch_ bool // the index-K switch goes in
+	why     map[uint64]string // who asked for an abort, when not the client
+	switch_ bool              // the index-K switch goes in
 }
 
 type groupAdd struct {
-	id  uint64
-	n   int
-	req sched.Request
-	seq Seq
+	id   uint64
+	n    int
+	req  sched.Request
+	seq  Seq
+	room uint64 // a PD request's bootstrap room (cluster harness); 0: colocated
 }
 
 // groupResults is rank 0's broadcast after the forward pass.
@@ -81,6 +84,8 @@ type groupRank struct {
 	// prefix: the prefix cache is on; matches are this rank's own cache's
 	// matches, by request (its own view: ranks may differ); admits are
 	// this iteration's admission decisions.
+	pd       *pdSide  // the rank's PD side on a prefill or decode (cluster_test.go); nil colocated
+	pdActs   []string // this iteration's PD actions but sends
 	prefix   bool
 	matches  map[uint64]Match
 	admits   []string
@@ -121,7 +126,8 @@ const groupEOG = 0 // the harness's end-of-generation token
 func newGroup(args map[string]string) (*group, error) {
 	n, pages, page, rows := atoi(args["ranks"], 2), atoi(args["pages"], 16), atoi(args["page"], 4), atoi(args["rows"], 8)
 	cfg := sched.Config{MaxRunning: atoi(args["running"], 4), MaxBatchTokens: atoi(args["batch"], 64),
-		PrefillChunk: atoi(args["chunk"], 64), PageSize: page, TotalPages: pages}
+		PrefillChunk: atoi(args["chunk"], 64), PageSize: page, TotalPages: pages,
+		RequestTimeout: time.Duration(atoi(args["request-timeout"], 0)) * time.Millisecond}
 	t := &Lockstep
 	if args["loop"] == "overlap" {
 		t, cfg.Overlap = &Overlap, true
@@ -154,7 +160,7 @@ func atoi(s string, def int) int {
 // yielded, and the agreed value read back once the harness resumes it.
 func (g *groupRank) iterate(in *groupInput, env *stepEnv, yield func(*call) bool) {
 	g.yield = yield
-	g.ends, g.forks, g.plans, g.voided, g.admits = g.ends[:0], g.forks[:0], g.plans[:0], nil, nil
+	g.ends, g.forks, g.plans, g.voided, g.admits, g.pdActs = g.ends[:0], g.forks[:0], g.plans[:0], nil, nil, nil
 	plan, ok := g.front(in)
 	if !ok {
 		return
@@ -220,24 +226,41 @@ func (g *groupRank) front(in *groupInput) (sched.Plan, bool) {
 	var joining []groupAdd
 	for _, a := range input.adds {
 		core.Expect(a.id, a.n)
-		if slices.Contains(input.aborts, a.id) {
+		switch {
+		case a.room != 0 && g.pd != nil:
+			g.pd.admit(input.now, a)
+		case slices.Contains(input.aborts, a.id):
 			g.end(a.id, sched.ReasonAbort)
-			continue
+		default:
+			joining = append(joining, a)
 		}
-		joining = append(joining, a)
 	}
 	for _, id := range input.aborts {
-		g.cut(id)
+		why := "aborted by the client"
+		if w, ok := input.why[id]; ok {
+			why = w
+		}
+		g.cut(id, why)
 	}
 	g.finish(core.Tick())
+	if g.pd.rooms() > 0 {
+		g.pd.observe(input.now)
+	}
 	if g.idle {
 		// The fault: a branch on this rank's own view before a
 		// collective, the one rule the table exists to keep.
 		g.idle = false
 		return sched.Plan{}, false
 	}
-	if !g.cur.Runs(Room, Facts{Joining: len(joining), Scheduled: core.Scheduled()}) {
+	if !g.cur.Runs(Room, Facts{Joining: len(joining), Scheduled: core.Scheduled(), Rooms: g.pd.rooms()}) {
 		return sched.Plan{}, false
+	}
+	if g.cur.Runs(Poll, Facts{Rooms: g.pd.rooms()}) {
+		c := &call{ints: g.pd.machine.Votes(input.now)}
+		if !g.coll(Poll, c) {
+			return sched.Plan{}, false
+		}
+		joining = append(joining, g.pd.applyPoll(input.now, c.ints)...)
 	}
 	var admits []Admission
 	if g.cur.Runs(Admit, Facts{Joining: len(joining), PrefixOn: g.prefix}) {
@@ -263,6 +286,9 @@ func (g *groupRank) front(in *groupInput) (sched.Plan, bool) {
 		}
 	}
 	room, ok := g.room(Room)
+	if ok && g.pd != nil {
+		room.Pages = g.pd.grant(input.now, room)
+	}
 	if !ok || !g.cur.Runs(Agree, Facts{Scheduled: core.Scheduled()}) {
 		return sched.Plan{}, false
 	}
@@ -315,7 +341,7 @@ func (g *groupRank) land(plan sched.Plan, res *groupResults, appended bool) {
 	core := g.core
 	core.Later(res.now)
 	for _, id := range res.cuts {
-		g.cut(id)
+		g.cut(id, "aborted by the client")
 	}
 	landFn := core.Land
 	if appended {
@@ -348,6 +374,7 @@ func (g *groupRank) land(plan sched.Plan, res *groupResults, appended bool) {
 			}
 		}
 	}
+	g.pd.sendStepKV(plan, ld.Tokens)
 	fs, err := core.StepDone(ld.Outcomes)
 	g.finish(fs)
 	if err != nil {
@@ -442,22 +469,32 @@ func (g *groupRank) sampled(plan sched.Plan, env *stepEnv) []Sampled {
 	return out
 }
 
-func (g *groupRank) end(id uint64, why sched.Reason) {
+func (g *groupRank) end(id uint64, why sched.Reason) { g.endAs(id, why.String()) }
+
+// endAs ends request id for the reason why, with its later samples.
+func (g *groupRank) endAs(id uint64, why string) {
 	for _, s := range g.core.End(id) {
-		g.end(s, why)
+		g.endAs(s, why)
 	}
 	g.ends = append(g.ends, fmt.Sprintf("%d %s", id, why))
 }
 
-func (g *groupRank) cut(id uint64) {
+// cut aborts request id for why; one the core does not know is a PD
+// room's, which the PD machine aborts.
+func (g *groupRank) cut(id uint64, why string) {
 	c, err := g.core.Cut(id)
-	if err != nil {
+	switch {
+	case err != nil:
 		g.err = err
-		return
+	case c.Unknown:
+		g.pd.abort(g.core.Now(), id, why)
+	default:
+		g.finish(c.Finishes)
 	}
-	g.finish(c.Finishes)
 }
 
+// finish ends what the scheduler finished; a PD prefill request goes on
+// in the PD machine, which ends it once the decode has its KV.
 func (g *groupRank) finish(fs []sched.Finish) {
 	for _, f := range fs {
 		if _, err := g.core.Forget(f.ID); err != nil {
@@ -465,7 +502,9 @@ func (g *groupRank) finish(fs []sched.Finish) {
 			return
 		}
 		delete(g.held, f.ID)
-		g.end(f.ID, f.Reason)
+		if !g.pd.schedFinished(g.core.Now(), f) {
+			g.end(f.ID, f.Reason)
+		}
 	}
 }
 
@@ -561,6 +600,9 @@ func (gr *group) iterate(b *strings.Builder) {
 			fmt.Fprintf(b, "rank %d admits %s\n", g.r, a)
 		}
 	}
+	if a := gr.ranks[0].pdActs; len(a) > 0 {
+		fmt.Fprintf(b, "pd: %s\n", strings.Join(runs(byRequest(a)), "; "))
+	}
 	if v := gr.ranks[0].voided; len(v) > 0 {
 		fmt.Fprintf(b, "voided from the plan made ahead: %v\n", v)
 	}
@@ -568,7 +610,7 @@ func (gr *group) iterate(b *strings.Builder) {
 		fmt.Fprintf(b, "forks: %s\n", strings.Join(f, "; "))
 	}
 	if e := gr.ranks[0].ends; len(e) > 0 {
-		fmt.Fprintf(b, "ended: %s\n", strings.Join(e, ", "))
+		fmt.Fprintf(b, "ended: %s\n", strings.Join(runs(e), ", "))
 	}
 	if d := gr.differ(); d != "" {
 		fmt.Fprintf(b, "differ: %s\n", d)
@@ -667,9 +709,24 @@ func (gr *group) show(pending []*call) string {
 		if len(s) == 0 {
 			return "nothing new"
 		}
-		return strings.Join(s, ", ")
+		return strings.Join(runs(s), ", ")
 	case Room, Fork:
 		return fmt.Sprintf("%d pages, %d rows", c.ints[0], c.ints[1])
+	case Poll:
+		// One vote per room (the least state, and the rank that cast
+		// it), then the first token the decode's ranks received, and it
+		// negated: the ranks must agree on the token before it joins.
+		n := len(c.ints) / 3
+		var s []string
+		for i, v := range c.ints[:n] {
+			st, r := rooms.Unvote(v)
+			vote := fmt.Sprintf("%v@%d", st, r)
+			if tok := c.ints[n+i]; tok != 0 || c.ints[2*n+i] != 0 {
+				vote += fmt.Sprintf(" first %d", tok)
+			}
+			s = append(s, vote)
+		}
+		return "[" + strings.Join(runs(s), ", ") + "]"
 	case Admit:
 		k := len(c.ints) / 3
 		var s []string
@@ -862,4 +919,110 @@ func TestGroupTraces(t *testing.T) {
 			return fmt.Sprintf("unknown command %q\n", f[0])
 		}
 	})
+}
+
+// runs compresses a list for a trace: consecutive items that differ only
+// in numbers, each number the same throughout or counting up by one, are
+// written once, a counting number as "first..last" and a repeated item
+// with "×n"; other items stay as they are.
+func runs(items []string) []string {
+	type parsed struct {
+		tmpl string
+		nums []int
+	}
+	parse := func(s string) parsed {
+		var p parsed
+		var t strings.Builder
+		for i := 0; i < len(s); {
+			if s[i] < '0' || s[i] > '9' {
+				t.WriteByte(s[i])
+				i++
+				continue
+			}
+			j := i
+			for j < len(s) && s[j] >= '0' && s[j] <= '9' {
+				j++
+			}
+			n, _ := strconv.Atoi(s[i:j])
+			p.nums = append(p.nums, n)
+			t.WriteString("\x00")
+			i = j
+		}
+		p.tmpl = t.String()
+		return p
+	}
+	var out []string
+	for i := 0; i < len(items); {
+		first := parse(items[i])
+		j := i + 1
+		var delta []int // per number: 0 the same throughout, 1 counting up
+		for ; j < len(items); j++ {
+			p := parse(items[j])
+			if p.tmpl != first.tmpl {
+				break
+			}
+			if delta == nil {
+				delta = make([]int, len(p.nums))
+				for k := range p.nums {
+					delta[k] = p.nums[k] - first.nums[k]
+				}
+				if slices.ContainsFunc(delta, func(d int) bool { return d != 0 && d != 1 }) {
+					break
+				}
+			}
+			fits := true
+			for k, n := range p.nums {
+				fits = fits && n == first.nums[k]+delta[k]*(j-i)
+			}
+			if !fits {
+				break
+			}
+		}
+		if j-i < 3 {
+			out = append(out, items[i])
+			i++
+			continue
+		}
+		last := parse(items[j-1])
+		var b strings.Builder
+		counting := false
+		for k, part := range strings.Split(first.tmpl, "\x00") {
+			b.WriteString(part)
+			if k < len(first.nums) {
+				if delta[k] == 1 {
+					fmt.Fprintf(&b, "%d..%d", first.nums[k], last.nums[k])
+					counting = true
+				} else {
+					fmt.Fprintf(&b, "%d", first.nums[k])
+				}
+			}
+		}
+		line := b.String()
+		if !counting {
+			line = fmt.Sprintf("%s ×%d", line, j-i)
+		}
+		out = append(out, line)
+		i = j
+	}
+	return out
+}
+
+// byRequest joins consecutive PD actions of one request ("end 5 ...",
+// "forget 5 ...") into one item, so that runs compresses a storm of them.
+func byRequest(acts []string) []string {
+	var out []string
+	last := ""
+	for _, a := range acts {
+		f := strings.Fields(a)
+		id := ""
+		if len(f) > 1 {
+			id = f[1]
+		}
+		if len(out) > 0 && id == last {
+			out[len(out)-1] += "; " + a
+			continue
+		}
+		out, last = append(out, a), id
+	}
+	return out
 }
