@@ -176,6 +176,21 @@ func (c *Core) Cut(id uint64) (Cut, error) {
 	return Cut{Finishes: fs, InStep: len(fs) == 0}, nil
 }
 
+// Stalled says the plan runs nothing while nothing holds KV: the waiting
+// queue's head may wait on pages its followers' cached prefixes hold
+// (Unstall decides which give them up).
+func (c *Core) Stalled(plan sched.Plan) bool { return len(plan.Run) == 0 && c.sched.Admitted() == 0 }
+
+// DropVoided removes from a plan made ahead the items of requests the
+// landed step ended (they stopped or were cut in it): the scheduler's
+// StepDone voids the same.
+func DropVoided(plan sched.Plan, voided []uint64) sched.Plan {
+	if len(voided) > 0 {
+		plan.Run = slices.DeleteFunc(slices.Clone(plan.Run), func(it sched.Item) bool { return slices.Contains(voided, it.ID) })
+	}
+	return plan
+}
+
 // Retracted marks the plan's retracted requests as prefilling again.
 func (c *Core) Retracted(plan sched.Plan) {
 	for _, rt := range plan.Retract {

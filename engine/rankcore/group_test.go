@@ -409,7 +409,7 @@ func (g *groupRank) overlapBack(plan sched.Plan, env *stepEnv) {
 		g.voided = slices.DeleteFunc(slices.Clone(voided), func(id uint64) bool {
 			return !slices.ContainsFunc(plan.Run, func(it sched.Item) bool { return it.ID == id })
 		})
-		plan.Run = slices.DeleteFunc(plan.Run, func(it sched.Item) bool { return slices.Contains(voided, it.ID) })
+		plan = DropVoided(plan, voided)
 		if len(plan.Run) == 0 {
 			g.land(flown, landed, true)
 			landed = nil

@@ -220,7 +220,7 @@ func (l *rankLoop) front(in stepInput, start time.Time) (*planned, error) {
 	if err != nil {
 		return nil, fmt.Errorf("serve: rank %d: schedule: %w", l.r, err)
 	}
-	if len(plan.Run) == 0 && l.core.Admitted() == 0 {
+	if l.core.Stalled(plan) {
 		// Nothing runs: the head may wait on pages its followers hold.
 		n, err := l.px.unstall(l.core)
 		if l.r == 0 {
@@ -256,7 +256,7 @@ func (l *rankLoop) back(p *planned) (bool, *iteration, error) {
 		return false, nil, err
 	}
 	if landed != nil {
-		dropVoided(&plan, landed.voided)
+		plan = rankcore.DropVoided(plan, landed.voided)
 		if len(plan.Run) > 0 && l.r == 0 {
 			l.e.streams.totals.PlannedAhead++
 		}

@@ -199,14 +199,6 @@ func (f *flight) wait() {
 	}
 }
 
-// dropVoided removes the voided requests' items from a plan made ahead.
-func dropVoided(plan *sched.Plan, voided []uint64) {
-	if len(voided) == 0 {
-		return
-	}
-	plan.Run = slices.DeleteFunc(plan.Run, func(it sched.Item) bool { return slices.Contains(voided, it.ID) })
-}
-
 // replan schedules again once the step in flight has landed, with the room
 // and the digest agreed again: every rank lands the same step and sees the
 // same scheduler, so every rank replans.
