@@ -22,4 +22,10 @@ type ServerInfo struct {
 	// http://127.0.0.1:8998), which a router hands to the decode side in
 	// the request's bootstrap_url; empty on other roles.
 	BootstrapURL string `json:"bootstrap_url,omitempty"`
+	// ContextTokens and TokenBytes are the server's prompt bound (its
+	// model's context length, and the most bytes of prompt text one of
+	// its tokens stands for): a router refuses a prompt that cannot fit
+	// before it forwards any of it. Zero from a server that reports none.
+	ContextTokens int `json:"context_tokens,omitempty"`
+	TokenBytes    int `json:"token_bytes,omitempty"`
 }

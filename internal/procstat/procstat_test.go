@@ -20,4 +20,19 @@ func TestResident(t *testing.T) {
 	if _, err := Resident(1 << 30); err == nil {
 		t.Fatal("a process that does not exist has a resident set")
 	}
+	// The peak holds at least what is resident, and grows with a page
+	// touched beyond it.
+	rss, err1 := Resident(0)
+	peak, err2 := Peak(0)
+	if err1 != nil || err2 != nil || peak < rss {
+		t.Fatalf("peak %d, resident %d: %v %v", peak, rss, err1, err2)
+	}
+	big := make([]byte, 64<<20)
+	for i := range big {
+		big[i] = 1
+	}
+	if after, err := Peak(0); err != nil || after < rss+60<<20 {
+		t.Fatalf("after touching 64 MiB the peak is %d, resident before %d: %v", after, rss, err)
+	}
+	_ = big[len(big)-1]
 }

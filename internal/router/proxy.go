@@ -237,7 +237,11 @@ func (rt *Router) post(ctx context.Context, url string, body []byte, src *http.R
 // client has seen nothing yet.
 func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
 	arrived := time.Now()
-	fields, oerr := readObject(w, r, rt.opts.MaxBodyBytes)
+	bound := rt.promptBound()
+	fields, oerr := readObject(w, r, bound.BodyBytes(rt.opts.MaxBodyBytes))
+	if oerr == nil {
+		oerr = checkPrompt(bound, fields)
+	}
 	if oerr != nil {
 		rt.count(outcomeInvalid)
 		oerr.WriteJSON(w)

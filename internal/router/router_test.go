@@ -37,6 +37,8 @@ type stub struct {
 	healthGate chan struct{}
 	// healthBody, when set, is the /health answer (200).
 	healthBody atomic.Pointer[string]
+	// bound is the prompt bound /pd/v1/info reports (none when zero).
+	bound openai.PromptBound
 
 	mu     sync.Mutex
 	bodies []map[string]any
@@ -82,7 +84,7 @@ func (s *stub) serve(w http.ResponseWriter, r *http.Request) {
 		if role == "" {
 			role = s.role
 		}
-		info := pdproto.ServerInfo{Role: role, Model: "stub-model", TPSize: 2}
+		info := pdproto.ServerInfo{Role: role, Model: "stub-model", TPSize: 2, ContextTokens: s.bound.ContextTokens, TokenBytes: s.bound.TokenBytes}
 		if role == pdproto.RolePrefill {
 			info.BootstrapURL = "http://bootstrap.for" + strings.TrimPrefix(s.srv.URL, "http://")
 		}

@@ -10,8 +10,11 @@
 //
 // Bodies are decoded and validated by api/openai with the model's name
 // (general.name, else the file's base name), max_tokens bounded by the
-// context length and a 4 MiB body limit. A prompt longer than the context
-// less max_tokens gets 400 with param "prompt". Each request is submitted
+// context length and a body limit: 4 MiB, or less where no prompt that
+// fits the context could need as much (openai.PromptBound). A prompt longer
+// than the context less max_tokens gets 400 with param "prompt"; one whose
+// bytes of text, token ids or messages cannot fit is refused before it is
+// tokenized (promptcap.go). Each request is submitted
 // with its HTTP request's context, so a client that disconnects aborts its
 // request at once. Generated tokens are turned into text by a
 // tokenizer.StreamDecoder, so UTF-8 characters are never split across

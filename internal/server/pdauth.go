@@ -27,7 +27,7 @@ import (
 // by keepBody for the signature check.
 type rawBodyKey struct{}
 
-// keepBody reads a generation request's body (at most MaxBodyBytes+1
+// keepBody reads a generation request's body (at most its bound+1
 // bytes: past that the handler answers 413 as before) and hands the
 // handler a copy of it, keeping the bytes for verifyPD. Without a cluster
 // secret it is h.
@@ -36,7 +36,7 @@ func (s *Server) keepBody(h http.HandlerFunc) http.HandlerFunc {
 		return h
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		raw, err := io.ReadAll(io.LimitReader(r.Body, s.opts.MaxBodyBytes+1))
+		raw, err := io.ReadAll(io.LimitReader(r.Body, s.limits.MaxBodyBytes+1))
 		var body io.Reader = bytes.NewReader(raw)
 		if err != nil {
 			body = io.MultiReader(body, errReader{err}) // the handler reports it as it would have

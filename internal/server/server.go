@@ -108,6 +108,11 @@ type Server struct {
 	mux     *httpx.Mux
 	created int64
 	recent  *httpx.RecentFailures // the readiness window (probes.go)
+	// bound refuses prompts that cannot fit before they are tokenized,
+	// and tokenize holds the places of requests tokenizing now
+	// (promptcap.go).
+	bound    openai.PromptBound
+	tokenize chan struct{}
 
 	// The index-K switch the admin API started and the engine has not
 	// finished: its precision, empty when none (under indexKMu).
@@ -153,16 +158,19 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 		// registered collector serves.
 		opts.Logger.Debug("metrics: engine collector not registered", "err", err)
 	}
+	bound := openai.PromptBound{ContextTokens: m.Config.ContextLen, TokenBytes: tokenBytes(m.Tokenizer)}
 	s := &Server{
 		eng: eng, m: m, tok: m.Tokenizer, opts: opts, log: opts.Logger,
 		tmpl: PickChatTemplate(m.ChatTemplate(), m.Tokenizer, opts.Logger),
 		limits: openai.Limits{
-			MaxBodyBytes: opts.MaxBodyBytes,
+			MaxBodyBytes: bound.BodyBytes(opts.MaxBodyBytes),
 			MaxTokens:    m.Config.ContextLen,
 			Models:       []string{opts.ModelName},
 		},
-		mux:     httpx.NewMux(opts.Logger),
-		created: time.Now().Unix(),
+		mux:      httpx.NewMux(opts.Logger),
+		created:  time.Now().Unix(),
+		bound:    bound,
+		tokenize: make(chan struct{}, tokenizePlaces()),
 	}
 	s.handle("POST", "/v1/completions", arrival(s.keepBody(s.completions)))
 	s.handle("POST", "/v1/chat/completions", arrival(s.keepBody(s.chat)))
@@ -409,6 +417,10 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	j := &job{params: req.Params(s.limits), stream: req.Stream, idPrefix: "cmpl-", pd: pdOf(req.PD), n: req.Choices()}
 	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	if req.Prompt.Tokens != nil {
+		if oerr := s.bound.Tokens(len(req.Prompt.Tokens), j.params.MaxTokens); oerr != nil {
+			oerr.WriteJSON(w)
+			return
+		}
 		vocab := s.tok.VocabSize()
 		j.prompt = make([]int32, len(req.Prompt.Tokens))
 		for i, t := range req.Prompt.Tokens {
@@ -419,7 +431,16 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 			j.prompt[i] = int32(t)
 		}
 	} else {
-		p, err := s.tok.Encode(req.Prompt.Text, true)
+		if oerr := s.bound.Text("prompt", len(req.Prompt.Text), j.params.MaxTokens); oerr != nil {
+			oerr.WriteJSON(w)
+			return
+		}
+		var p []int32
+		var err error
+		if werr := s.tokenizing(r.Context(), func() error { p, err = s.tok.Encode(req.Prompt.Text, true); return nil }); werr != nil {
+			clientGone(w, werr)
+			return
+		}
 		if err != nil {
 			openai.InvalidRequest("prompt", err.Error()).WriteJSON(w)
 			return
@@ -446,7 +467,16 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	}
 	j := &job{params: req.Params(s.limits), stream: req.Stream, idPrefix: "chatcmpl-", chat: true, pd: pdOf(req.PD), n: req.Choices()}
 	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
-	p, err := EncodeChat(s.tok, s.tmpl, req.Messages)
+	if oerr := s.bound.Messages(req.Messages, j.params.MaxTokens); oerr != nil {
+		oerr.WriteJSON(w)
+		return
+	}
+	var p []int32
+	var err error
+	if werr := s.tokenizing(r.Context(), func() error { p, err = EncodeChat(s.tok, s.tmpl, req.Messages); return nil }); werr != nil {
+		clientGone(w, werr)
+		return
+	}
 	if err != nil {
 		chatError(s.log, err).WriteJSON(w)
 		return
@@ -701,7 +731,7 @@ type MetaInfo struct {
 
 func (s *Server) generateNative(w http.ResponseWriter, r *http.Request) {
 	var req GenerateRequest
-	if oerr := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); oerr != nil {
+	if oerr := decodeJSON(w, r, s.limits.MaxBodyBytes, &req); oerr != nil {
 		oerr.WriteJSON(w)
 		return
 	}
@@ -721,7 +751,16 @@ func (s *Server) generateNative(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := cr.Params(s.limits)
-	prompt, err := s.tok.Encode(req.Text, true)
+	if oerr := s.bound.Text("text", len(req.Text), p.MaxTokens); oerr != nil {
+		oerr.WriteJSON(w)
+		return
+	}
+	var prompt []int32
+	var err error
+	if werr := s.tokenizing(r.Context(), func() error { prompt, err = s.tok.Encode(req.Text, true); return nil }); werr != nil {
+		clientGone(w, werr)
+		return
+	}
 	if err != nil {
 		openai.InvalidRequest("text", err.Error()).WriteJSON(w)
 		return
@@ -813,7 +852,7 @@ func (s *Server) abort(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req AbortRequest
-	if oerr := decodeJSON(w, r, s.opts.MaxBodyBytes, &req); oerr != nil {
+	if oerr := decodeJSON(w, r, s.limits.MaxBodyBytes, &req); oerr != nil {
 		oerr.WriteJSON(w)
 		return
 	}
@@ -869,5 +908,6 @@ func filterRank(profile []byte, rank string) []byte {
 // pdInfo describes the server to a PD router.
 func (s *Server) pdInfo(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, pdproto.ServerInfo{Role: s.eng.Config().Role, Model: s.opts.ModelName,
-		TPSize: s.eng.View().Ranks(), BootstrapURL: s.opts.BootstrapURL})
+		TPSize: s.eng.View().Ranks(), BootstrapURL: s.opts.BootstrapURL,
+		ContextTokens: s.bound.ContextTokens, TokenBytes: s.bound.TokenBytes})
 }
