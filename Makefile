@@ -7,6 +7,8 @@ GOFMT ?= $(shell $(GO) env GOROOT)/bin/gofmt
 GOTESTFLAGS ?= -race -timeout 14m
 # How long each kernel benchmark runs in `make bench`.
 BENCHTIME ?= 1s
+# How long make test runs each fuzz target (the GGUF reader, the model loader).
+FUZZTIME ?= 10s
 # Flags for `bin/pdserve launch` in `make run`.
 ARGS ?=
 # How long `make soak` loads the cluster, and the go test timeout around it.
@@ -40,9 +42,11 @@ build: ## build bin/pdserve and bin/pdctl
 run: deps build ## a PD cluster on loopback (router on :8000, one prefill, one decode) with the built-in model; ARGS="..." adds launch flags
 	bin/pdserve launch $(ARGS)
 
-test: deps ## go vet, the whole test suite with the race detector, the multi-host test (as root), the deploy module's (Kubernetes manifests)
+test: deps ## go vet, the whole test suite with the race detector, the multi-host test (as root), the GGUF reader's and the model loader's fuzz targets for FUZZTIME (10s) each, the deploy module's (Kubernetes manifests)
 	$(GO) vet ./...
 	$(GO) test $(GOTESTFLAGS) ./...
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./engine/gguf/
+	$(GO) test -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZTIME) ./engine/model/
 	$(GO) test -tags netns -run '^TestMultiHost$$' ./internal/clustertest/
 	cd deploy && $(GO) vet ./... && $(GO) test ./...
 

@@ -5,7 +5,13 @@ package model
 
 import (
 	"fmt"
+	"math"
 )
+
+// MaxContextLen bounds the context length a model may declare: 16M
+// tokens, past the longest context of any released model. A file that
+// says more is refused at load, before a server sizes a KV pool by it.
+const MaxContextLen = 1 << 24
 
 // Architectures pdkit runs (GGUF general.architecture).
 const (
@@ -61,17 +67,20 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("model: %s is %d", p.name, p.v)
 		}
 	}
+	if c.ContextLen > MaxContextLen {
+		return fmt.Errorf("model: context length %d is more than the %d tokens pdkit takes", c.ContextLen, MaxContextLen)
+	}
 	if c.Heads%c.KVHeads != 0 {
 		return fmt.Errorf("model: head count %d is not a multiple of KV head count %d", c.Heads, c.KVHeads)
 	}
 	if c.RopeDim <= 0 || c.RopeDim > c.HeadDim || c.RopeDim%2 != 0 {
 		return fmt.Errorf("model: rope dimension %d must be even and in (0, head dim %d]", c.RopeDim, c.HeadDim)
 	}
-	if !(c.RopeTheta > 0) {
-		return fmt.Errorf("model: rope freq base %v must be positive", c.RopeTheta)
+	if !(c.RopeTheta > 0) || math.IsInf(float64(c.RopeTheta), 0) {
+		return fmt.Errorf("model: rope freq base %v must be positive and finite", c.RopeTheta)
 	}
-	if !(c.NormEps > 0) {
-		return fmt.Errorf("model: RMS norm epsilon %v must be positive", c.NormEps)
+	if !(c.NormEps > 0) || math.IsInf(float64(c.NormEps), 0) {
+		return fmt.Errorf("model: RMS norm epsilon %v must be positive and finite", c.NormEps)
 	}
 	switch c.Arch {
 	case ArchLlama:
@@ -85,6 +94,9 @@ func (c *Config) Validate() error {
 		}
 		if ix.Heads <= 0 || ix.Dim <= 0 || ix.TopK <= 0 {
 			return fmt.Errorf("model: indexer heads %d, key length %d, top-k %d must be positive", ix.Heads, ix.Dim, ix.TopK)
+		}
+		if ix.TopK > c.ContextLen {
+			return fmt.Errorf("model: indexer top-k %d is more than the context length %d", ix.TopK, c.ContextLen)
 		}
 		if ix.Dim%2 != 0 || ix.Dim < 2 {
 			return fmt.Errorf("model: indexer key length %d must be even (RoPE pairs)", ix.Dim)

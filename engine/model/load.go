@@ -239,8 +239,23 @@ func (m *Model) loadWeights(f *gguf.File) error {
 	} else {
 		m.Output = m.TokenEmbd
 	}
+	if err != nil {
+		return err
+	}
+	// The block count is the file's word; each block needs its tensors,
+	// so a count the tensor table cannot hold is refused before a layer
+	// is allocated, and the first missing tensor ends the load.
+	if perLayer := layerTensors(c); c.Layers > len(f.Tensors)/perLayer {
+		return fmt.Errorf("model: block count %d needs %d tensors; the file has %d in all", c.Layers, c.Layers*perLayer, len(f.Tensors))
+	}
+	if _, ok := f.Tensor(fmt.Sprintf("blk.%d.attn_norm.weight", c.Layers-1)); !ok {
+		return fmt.Errorf("model: block count %d, but tensor %q is missing", c.Layers, fmt.Sprintf("blk.%d.attn_norm.weight", c.Layers-1))
+	}
 	m.Layers = make([]Layer, c.Layers)
 	for i := range m.Layers {
+		if err != nil {
+			return err
+		}
 		l := &m.Layers[i]
 		p := fmt.Sprintf("blk.%d.", i)
 		l.AttnNorm = vec(p+"attn_norm.weight", c.Dim)
@@ -259,6 +274,14 @@ func (m *Model) loadWeights(f *gguf.File) error {
 		}
 	}
 	return err
+}
+
+// layerTensors is the number of tensors each block of c holds.
+func layerTensors(c *Config) int {
+	if c.Indexer != nil {
+		return 12
+	}
+	return 9
 }
 
 // loadMatrix checks a tensor's shape (GGUF ne = [cols, rows]; a vector is
