@@ -10,7 +10,7 @@ import (
 // Version is the protocol version carried in the guard frame. A change to
 // any message's layout bumps it; a receiver drops messages of any other
 // version (ErrVersion). docs/protocol.md lists what each version changed.
-const Version byte = 4
+const Version byte = 5
 
 // guardMagic starts frame 0; Version follows it.
 const guardMagic = "PDKIT"
@@ -231,11 +231,12 @@ func encodeStatus(m *Status) ([][]byte, error) {
 	if err := checkLen("error", len(m.Error)); err != nil {
 		return nil, err
 	}
-	buf, frames := start(TypeStatus, 8+4+1+4+len(m.Error), 0)
+	buf, frames := start(TypeStatus, 8+4+1+4+len(m.Error)+1, 0)
 	buf = appendU64(buf, m.Room)
 	buf = appendU32(buf, m.Rank)
 	buf = append(buf, byte(m.State))
 	buf = appendStr(buf, m.Error)
+	buf = append(buf, boolByte(m.Asked))
 	return finish(TypeStatus, buf, frames), nil
 }
 
@@ -246,11 +247,12 @@ func encodeAbort(m *Abort) ([][]byte, error) {
 	if err := checkLen("reason", len(m.Reason)); err != nil {
 		return nil, err
 	}
-	buf, frames := start(TypeAbort, 8+4+4+len(m.Endpoint)+4+len(m.Reason), 0)
+	buf, frames := start(TypeAbort, 8+4+4+len(m.Endpoint)+4+len(m.Reason)+1, 0)
 	buf = appendU64(buf, m.Room)
 	buf = appendU32(buf, m.Rank)
 	buf = appendStr(buf, m.Endpoint)
 	buf = appendStr(buf, m.Reason)
+	buf = append(buf, boolByte(m.Asked))
 	return finish(TypeAbort, buf, frames), nil
 }
 
@@ -514,6 +516,7 @@ func (r *reader) status() *Status {
 		r.fail(frameHeader, "state", fmt.Sprintf("%v is not a KVPoll state", m.State))
 	}
 	m.Error = r.str("error")
+	m.Asked = r.flags("asked", 1) != 0
 	return m
 }
 
@@ -523,6 +526,7 @@ func (r *reader) abort() *Abort {
 	m.Rank = r.u32("rank")
 	m.Endpoint = r.str("endpoint")
 	m.Reason = r.str("reason")
+	m.Asked = r.flags("asked", 1) != 0
 	return m
 }
 

@@ -40,8 +40,10 @@ func samples() []Message {
 		&Status{},
 		&Status{Room: 5, Rank: 3, State: Success},
 		&Status{Room: 5, Rank: 0, State: Failed, Error: "prefill aborted: client disconnected"},
+		&Status{Room: 5, Rank: 1, State: Failed, Error: "aborted on the prefill: aborted by an operator", Asked: true},
 		&Abort{},
 		&Abort{Room: 6, Endpoint: "tcp://10.0.0.2:5555", Rank: 1, Reason: "timeout in Transferring after 5s"},
+		&Abort{Room: 7, Endpoint: "tcp://10.0.0.2:5555", Rank: 0, Reason: "aborted by the client", Asked: true},
 		&AbortAck{},
 		&AbortAck{Room: 6, Rank: 1, InFlight: true},
 		&AbortAck{Room: 1<<64 - 1, Rank: 2, Known: true},
@@ -88,7 +90,7 @@ func TestRoundTrip(t *testing.T) {
 	for _, m := range samples() {
 		seen[m.Type()] = true
 		frames := mustEncode(t, m)
-		if string(frames[0]) != "PDKIT\x04" || string(frames[1]) != string(m.Type()) {
+		if string(frames[0]) != "PDKIT\x05" || string(frames[1]) != string(m.Type()) {
 			t.Fatalf("%T: frames 0 and 1 are %q %q", m, frames[0], frames[1])
 		}
 		got, err := Decode(cloneFrames(frames))
@@ -332,7 +334,7 @@ func TestAbortAckLayout(t *testing.T) {
 }
 
 func TestGuard(t *testing.T) {
-	if g := Guard(); string(g) != "PDKIT\x04" {
+	if g := Guard(); string(g) != "PDKIT\x05" {
 		t.Fatalf("Guard() = %q", g)
 	}
 }

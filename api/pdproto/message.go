@@ -107,6 +107,10 @@ type Status struct {
 	Rank  uint32 // the sending rank's TP rank
 	State KVPoll
 	Error string // why, when State is Failed; may be empty otherwise
+	// Asked marks a Failed that someone asked for (the client, the
+	// router, an operator): an abort, which the peer ends as an abort,
+	// not as a failure (since version 5).
+	Asked bool
 }
 
 // Abort tells a prefill rank that the decode side gave up on a room. The
@@ -119,6 +123,10 @@ type Abort struct {
 	Endpoint string // the decode rank's KV socket, where ABORT_ACK goes
 	Rank     uint32 // the decode rank's TP rank
 	Reason   string
+	// Asked marks an abort someone asked for (the client, the router, an
+	// operator), as against the decode's own failure (a timeout, a bad
+	// chunk): the prefill ends the request as an abort (since version 5).
+	Asked bool
 }
 
 // AbortAck answers an ABORT: from now on the prefill rank writes nothing

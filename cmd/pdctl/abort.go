@@ -359,7 +359,7 @@ func sendAborts(ctx context.Context, auth *zmtp.PlainAuth, ackEndpoint, endpoint
 		t.Result = "no ack"
 		if err == nil {
 			var frames [][]byte
-			frames, err = pdproto.Encode(&pdproto.Abort{Room: uint64(t.Room), Endpoint: ackEndpoint, Rank: uint32(t.Rank), Reason: "pdctl"})
+			frames, err = pdproto.Encode(&pdproto.Abort{Room: uint64(t.Room), Endpoint: ackEndpoint, Rank: uint32(t.Rank), Reason: "pdctl: aborted by an operator", Asked: true})
 			if err == nil {
 				err = p.Send(ctx, frames)
 			}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -43,8 +42,8 @@ func TestAbortAuthenticated(t *testing.T) {
 	})
 	checkRun(t, c, exitOK, "7\t0\tPREFILL-RANK0\tacked\tno\t*\talive\n", "",
 		"abort", "--prefill", c.prefill.ts.URL, "--rank", "0", "--room", "7", "--wait", "5s", "--cluster-secret", text)
-	if code := waitEnded(t, "room 7", done); code == http.StatusOK {
-		t.Fatalf("room 7 answered %d after its ABORT", code)
+	if end := waitEnded(t, "room 7", done); end != "200 abort" {
+		t.Fatalf("room 7 ended %q after its ABORT, want 200 abort", end)
 	}
 }
 

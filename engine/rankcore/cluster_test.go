@@ -221,9 +221,9 @@ func (pd *pdSide) exec(now time.Duration, acts []rooms.Action) {
 		case rooms.SendQueued:
 			pd.wire.post(pd.endpoint, a.Peer, &pdproto.Queued{Room: a.Room, Endpoint: pd.endpoint, Rank: uint32(g.r), Position: uint32(a.Position)})
 		case rooms.SendStatus:
-			pd.wire.post(pd.endpoint, a.Peer, &pdproto.Status{Room: a.Room, Rank: uint32(g.r), State: a.State, Error: a.Error})
+			pd.wire.post(pd.endpoint, a.Peer, &pdproto.Status{Room: a.Room, Rank: uint32(g.r), State: a.State, Error: a.Error, Asked: a.Asked})
 		case rooms.SendAbort:
-			pd.wire.post(pd.endpoint, a.Peer, &pdproto.Abort{Room: a.Room, Endpoint: pd.endpoint, Rank: uint32(g.r), Reason: a.Reason})
+			pd.wire.post(pd.endpoint, a.Peer, &pdproto.Abort{Room: a.Room, Endpoint: pd.endpoint, Rank: uint32(g.r), Reason: a.Reason, Asked: a.Asked})
 		case rooms.SendAbortAck:
 			pd.wire.post(pd.endpoint, a.To, &pdproto.AbortAck{Room: a.Room, Rank: uint32(g.r), Known: true})
 		case rooms.ApplyChunk:
@@ -239,14 +239,14 @@ func (pd *pdSide) exec(now time.Duration, acts []rooms.Action) {
 			switch {
 			case o.OK:
 				g.endAs(a.ID, "length")
-			case o.Reason.Kind == rooms.KindAborted:
+			case o.Reason.Kind == rooms.KindAborted || o.Reason.Asked:
 				g.endAs(a.ID, "abort")
 			default:
 				g.endAs(a.ID, "error: pd: "+o.Reason.Kind.String())
 			}
 		case rooms.Forget:
 			delete(pd.reqs, a.ID)
-			if to, ack := pd.mb.Forget(a.Room, a.Why); ack != nil {
+			if to, ack := pd.mb.Forget(a.Room, a.Why, a.Asked); ack != nil {
 				pd.wire.post(pd.endpoint, to, ack)
 			}
 		}
@@ -409,9 +409,16 @@ func describe(m pdproto.Message) string {
 		if m.Error != "" {
 			s += fmt.Sprintf(" %q", m.Error)
 		}
+		if m.Asked {
+			s += " (asked)"
+		}
 		return s
 	case *pdproto.Abort:
-		return fmt.Sprintf("abort room=%d %q", m.Room, m.Reason)
+		s := fmt.Sprintf("abort room=%d %q", m.Room, m.Reason)
+		if m.Asked {
+			s += " (asked)"
+		}
+		return s
 	case *pdproto.AbortAck:
 		return fmt.Sprintf("abort-ack room=%d known=%v", m.Room, m.Known)
 	case *pdproto.Queued:

@@ -182,10 +182,10 @@ func (mb *pdMailbox) admit(room uint64) {
 // remembers why a failed one failed (why set). An ABORT the loop never
 // took up is answered now: the ack and where it goes are returned for the
 // loop to send.
-func (mb *pdMailbox) forget(room uint64, why string) (to string, ack *pdproto.AbortAck) {
+func (mb *pdMailbox) forget(room uint64, why string, asked bool) (to string, ack *pdproto.AbortAck) {
 	mb.mu.Lock()
 	defer mb.mu.Unlock()
-	return mb.m.Forget(room, why)
+	return mb.m.Forget(room, why, asked)
 }
 
 // expire forgets mail for rooms the loop never took up, first filed

@@ -400,8 +400,11 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 	// A peer's failure as the other side reports it: the peer's word as
 	// rank 0 heard it, or (when another rank heard it first) the side
 	// that failed the room.
-	byDecode := finishHas("error: pd: aborted by the decode", "error: pd: another rank failed the room: its decode aborted")
 	byPrefill := finishHas("error: pd: the prefill failed", "error: pd: another rank failed the room: its prefill peer")
+	// An end the peer's side was asked for (its client, an operator) is an
+	// abort on this side too, whichever rank heard it first: the agreed
+	// vote carries it.
+	byAbort := finishIs(ReasonAbort)
 
 	// activeSession opens both halves of a long request and waits until
 	// the prefill is prefilling it (the decode, whose info the prefill
@@ -499,7 +502,7 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 			}
 			pp.decode.Abort(d.s.ID)
 			expectEnd(t, "decode", d.s, finishIs(ReasonAbort))
-			expectEnd(t, "prefill", p.s, byDecode)
+			expectEnd(t, "prefill", p.s, byAbort)
 			blocker.cancel()
 			expectEnd(t, "blocker", blocker.s, finishIs(ReasonAbort))
 		}},
@@ -509,13 +512,13 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 			p, d := activeSession(t, pp, long)
 			p.cancel()
 			expectEnd(t, "prefill", p.s, finishIs(ReasonAbort))
-			expectEnd(t, "decode", d.s, byPrefill)
+			expectEnd(t, "decode", d.s, byAbort)
 		}},
 		{side: "prefill", state: "active", cause: "operator", run: func(t *testing.T, pp *pdPair) {
 			p, d := activeSession(t, pp, long)
 			pp.prefill.Abort(p.s.ID)
 			expectEnd(t, "prefill", p.s, finishIs(ReasonAbort))
-			expectEnd(t, "decode", d.s, byPrefill)
+			expectEnd(t, "decode", d.s, byAbort)
 		}},
 		{side: "prefill", state: "active", cause: "timeout", pc: func(c *Config) {
 			c.PrefillTimeout, c.PrefillChunk, c.Clock = time.Minute, 1, clock.NewManual(time.Now())
@@ -531,7 +534,7 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 			p, d := activeSession(t, pp, long)
 			pp.decode.Abort(d.s.ID)
 			expectEnd(t, "decode", d.s, finishIs(ReasonAbort))
-			expectEnd(t, "prefill", p.s, byDecode)
+			expectEnd(t, "prefill", p.s, byAbort)
 		}},
 
 		// Prefill: inflight, against the scripted decode.
@@ -632,7 +635,7 @@ func TestPDAbortEveryStateAndCause(t *testing.T) {
 			waitfor.Check(t, "prefill prefilling", abortFinishWithin, func() bool { return prefilling(pp.prefill, p.s.ID) })
 			pp.prefill.Abort(p.s.ID)
 			expectEnd(t, "prefill", p.s, finishIs(ReasonAbort))
-			expectEnd(t, "decode", d.s, byPrefill)
+			expectEnd(t, "decode", d.s, byAbort)
 		}},
 
 		// Decode: in its scheduler (after the first token).

@@ -336,7 +336,7 @@ func FuzzMailbox(f *testing.F) {
 			mb.admit(1)
 			mb.handle(frames) // must not panic; errors are the transport's to count
 			mb.take(1)
-			mb.forget(1, "gone")
+			mb.forget(1, "gone", false)
 			mb.expire(time.Now())
 		}
 	})
@@ -479,7 +479,7 @@ func TestMailboxAcksAnAbortLeftAtForget(t *testing.T) {
 	if len(sent) != 0 {
 		t.Fatalf("a known room's ABORT was answered by the receive goroutine: %v", sent)
 	}
-	to, ack := mb.forget(7, "")
+	to, ack := mb.forget(7, "", false)
 	if ack == nil || to != "tcp://decode" || ack.Room != 7 || ack.Rank != 1 || !ack.Known {
 		t.Fatalf("forget answered %q %+v, want an ABORT_ACK of room 7 from rank 1 to tcp://decode, known", to, ack)
 	}
@@ -494,7 +494,7 @@ func TestMailboxAcksAnAbortLeftAtForget(t *testing.T) {
 	if len(sent) != 1 || sent[0].(*pdproto.AbortAck).Known {
 		t.Fatalf("an ABORT for unknown room 8 answered %+v, want one ack, not known", sent)
 	}
-	if to, ack := mb.forget(7, ""); ack != nil {
+	if to, ack := mb.forget(7, "", false); ack != nil {
 		t.Errorf("a second forget answered again: %q %+v", to, ack)
 	}
 }
@@ -567,9 +567,9 @@ func TestMailboxAnswersForAFailedRoom(t *testing.T) {
 		}
 	}
 	mb.admit(5)
-	mb.forget(5, "no word from the decode within 10s")
+	mb.forget(5, "no word from the decode within 10s", false)
 	mb.admit(6)
-	mb.forget(6, "")
+	mb.forget(6, "", false)
 	deliver(&pdproto.Queued{Room: 5, Endpoint: "tcp://d0", Position: 3})
 	deliver(&pdproto.TransferInfo{Room: 5, Endpoint: "tcp://d0", Tokens: 4})
 	deliver(&pdproto.TransferInfo{Room: 6, Endpoint: "tcp://d0", Tokens: 4})

@@ -202,9 +202,9 @@ func (pd *rankPD) exec(lp pdLoop, acts []rooms.Action) error {
 				pd.machine.Failed(a.ID, rooms.Reason{Kind: rooms.KindBadChunk, Text: werr.Error()}) // it can only be failing already otherwise
 			}
 		case rooms.SendStatus:
-			pd.sendChecked(a.ID, "status", a.Peer, &pdproto.Status{Room: a.Room, Rank: uint32(pd.rank), State: a.State, Error: a.Error})
+			pd.sendChecked(a.ID, "status", a.Peer, &pdproto.Status{Room: a.Room, Rank: uint32(pd.rank), State: a.State, Error: a.Error, Asked: a.Asked})
 		case rooms.SendAbort:
-			pd.sendChecked(a.ID, "abort", a.Peer, &pdproto.Abort{Room: a.Room, Endpoint: pd.endpoint, Rank: uint32(pd.rank), Reason: a.Reason})
+			pd.sendChecked(a.ID, "abort", a.Peer, &pdproto.Abort{Room: a.Room, Endpoint: pd.endpoint, Rank: uint32(pd.rank), Reason: a.Reason, Asked: a.Asked})
 		case rooms.SendAbortAck:
 			pd.replies.post(a.To, &pdproto.AbortAck{Room: a.Room, Rank: uint32(pd.rank), Known: true}) // to an endpoint the ABORT named
 		case rooms.Cut:
@@ -220,7 +220,7 @@ func (pd *rankPD) exec(lp pdLoop, acts []rooms.Action) error {
 			if pd.rank == 0 {
 				pd.host.freeRoom(a.Room, a.ID) // the room may serve a new request now
 			}
-			if to, ack := pd.mb.forget(a.Room, a.Why); ack != nil {
+			if to, ack := pd.mb.forget(a.Room, a.Why, a.Asked); ack != nil {
 				pd.replies.post(to, ack)
 			}
 		default:
@@ -400,7 +400,9 @@ func (pd *rankPD) endStream(lp pdLoop, a rooms.End) {
 	case o.OK:
 		lp.end(a.ID, ending{reason: sched.ReasonLength, pd: true})
 		return
-	case o.Reason.Kind == rooms.KindAborted:
+	case o.Reason.Kind == rooms.KindAborted || o.Reason.Asked:
+		// An abort someone asked for, here or on the peer's side (the
+		// client, the router, an operator): an abort, not a failure.
 		lp.end(a.ID, ending{reason: sched.ReasonAbort, pd: true})
 		return
 	}

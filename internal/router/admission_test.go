@@ -334,9 +334,11 @@ func readCut(t *testing.T, resp *http.Response) (msg string, done bool) {
 }
 
 // TestCutStreamsEndWithAnErrorEvent: a stream cut before its end (a decode
-// server that dies or ends it early, an abort, the router's shutdown) ends
-// with one SSE error event and a clean end of the response, so that the
-// client knows it was cut; a server's own error event passes through.
+// server that dies or ends it early, the router's shutdown) ends with one
+// SSE error event and a clean end of the response, so that the client
+// knows it was cut; a server's own error event passes through. An abort is
+// no failure: it ends with finish_reason "abort" and [DONE], counted as
+// aborted, whether the router's own or the server's.
 func TestCutStreamsEndWithAnErrorEvent(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -366,7 +368,12 @@ func TestCutStreamsEndWithAnErrorEvent(t *testing.T) {
 			if b := readAll(t, aresp); aresp.StatusCode != 200 {
 				t.Fatalf("abort: %d %s", aresp.StatusCode, b)
 			}
-		}, want: "the request was aborted", outcome: outcomeAborted},
+		}, want: "", outcome: outcomeAborted},
+		{name: "server abort", decode: func(w http.ResponseWriter, r *http.Request) {
+			openai.WriteEvent(w, map[string]any{"id": "cmpl-5", "choices": []any{map[string]any{"text": "a"}}})
+			openai.WriteEvent(w, map[string]any{"id": "cmpl-5", "choices": []any{map[string]any{"text": "", "finish_reason": "abort"}}})
+			openai.WriteDone(w)
+		}, want: "", outcome: outcomeAborted},
 		{name: "shutdown", act: func(t *testing.T, c *cluster, resp *http.Response) {
 			if n := c.rt.Cut(); n != 1 {
 				t.Errorf("Cut ended %d requests, want 1", n)
@@ -398,10 +405,13 @@ func TestCutStreamsEndWithAnErrorEvent(t *testing.T) {
 				tc.act(t, c, resp)
 			}
 			msg, done := readCut(t, resp)
-			if !strings.Contains(msg, tc.want) {
+			aborted := tc.outcome == outcomeAborted
+			switch {
+			case aborted && (msg != "" || !done):
+				t.Errorf("an aborted stream: error event %q, [DONE] %v; want no error event and [DONE]", msg, done)
+			case !aborted && !strings.Contains(msg, tc.want):
 				t.Errorf("error event %q, want %q", msg, tc.want)
-			}
-			if tc.name != "server error event" && done {
+			case !aborted && tc.name != "server error event" && done:
 				t.Error("a cut stream ended with [DONE]")
 			}
 			c.settle(t, 0)

@@ -17,7 +17,7 @@ const (
 	outcomeStarting      = "starting"       // 503: the first round of health checks had not ended
 	outcomeNoServer      = "no_server"      // 503: no healthy prefill or decode server
 	outcomeOverloaded    = "overloaded"     // 429: no server of a role admitted more work
-	outcomeAborted       = "aborted"        // POST /abort_request
+	outcomeAborted       = "aborted"        // POST /abort_request, or an answer that ended with finish_reason "abort"
 	outcomeClientGone    = "client_gone"    // the client disconnected
 	outcomeShutdown      = "shutdown"       // cut by the router's shutdown deadline
 )

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/debug"
+	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/internal/waitfor"
 )
@@ -119,4 +120,46 @@ func testReadinessNeedsServers(t *testing.T) {
 	if code := c.probe(t, "/livez", &live); code != 503 || !strings.Contains(live.Reason, "stopped") {
 		t.Fatalf("livez of a closed router: %d %+v", code, live)
 	}
+}
+
+// Aborted answers (finish_reason "abort": a client's, an operator's, a
+// drain's) are no failures: however many of them come, /readyz stays 200
+// and they are counted as aborted, not as upstream errors.
+func TestAbortsLeaveReadinessAlone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := newMemNet()
+		p := newMemStub(t, m, pdproto.RolePrefill, nil)
+		d := newMemStub(t, m, pdproto.RoleDecode, func(s *stub) {
+			s.gen = func(w http.ResponseWriter, r *http.Request, body map[string]any) {
+				if body["stream"] == true {
+					w.Header().Set("Content-Type", "text/event-stream")
+					openai.WriteEvent(w, map[string]any{"id": "cmpl-1", "choices": []any{map[string]any{"text": "", "finish_reason": "abort"}}})
+					openai.WriteDone(w)
+					return
+				}
+				w.Header().Set("Content-Type", "application/json")
+				w.Write([]byte(`{"id":"cmpl-1","choices":[{"text":"","finish_reason":"abort"}]}`))
+			}
+		})
+		c := startMem(t, m, []*stub{p}, []*stub{d}, func(o *Options) { o.ReadyMinRequests = 4 })
+		for i := range 16 {
+			body := `{"prompt":"x"}`
+			if i%2 == 0 {
+				body = `{"prompt":"x","stream":true}`
+			}
+			resp := c.post(t, t.Context(), "/v1/completions", body)
+			if b := readAll(t, resp); resp.StatusCode != 200 {
+				t.Fatalf("an aborted request: %d %s", resp.StatusCode, b)
+			}
+		}
+		var ready ReadyResponse
+		if code := c.probe(t, "/readyz", &ready); code != 200 || ready.RecentFailed != 0 {
+			t.Fatalf("readyz after 16 aborted requests: %d %+v", code, ready)
+		}
+		c.settle(t, 0)
+		if mt := c.metricsText(t); !strings.Contains(mt, `pdkit_router_requests_total{outcome="aborted"} 16`) ||
+			strings.Contains(mt, `outcome="upstream_error"} 1`) {
+			t.Errorf("outcomes:\n%s", mt)
+		}
+	})
 }

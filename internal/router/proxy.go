@@ -281,11 +281,24 @@ func (rt *Router) ended(w http.ResponseWriter, log *slog.Logger, d *upstream, st
 	case meter.sse && !meter.done:
 		writeCut(w, fmt.Sprintf("decode server %s ended the stream before its end", d.url))
 		fail("decode stream ended without [DONE]")
+	case meter.abortedAnswer():
+		// Someone asked for the end (the client, an operator, a drain):
+		// an abort, which is no server's failure.
+		rt.count(outcomeAborted)
+		return true
 	default:
 		rt.count(outcomeOK)
 		return true
 	}
 	return false
+}
+
+// writeAborted ends a stream the client has begun to receive and an abort
+// cut (POST /abort_request) as an aborted request ends: a last chunk whose
+// choice has finish_reason "abort", then [DONE]. It is no error.
+func writeAborted(w http.ResponseWriter) {
+	openai.WriteEvent(w, map[string]any{"choices": []any{map[string]any{"index": 0, "text": "", "delta": map[string]any{}, "finish_reason": openai.FinishAbort}}})
+	openai.WriteDone(w)
 }
 
 // writeCut ends a stream the client has begun to receive with an SSE error
@@ -367,7 +380,10 @@ func (rt *Router) cutShort(ctx context.Context, w http.ResponseWriter, r *http.R
 	case context.Cause(ctx) == errAborted:
 		rt.count(outcomeAborted)
 		log.Info("aborted")
-		msg = "the request was aborted"
+		if meter.sse && !meter.done {
+			writeAborted(w)
+		}
+		return
 	case context.Cause(ctx) == errShutdown:
 		rt.count(outcomeShutdown)
 		log.Info("cut by the shutdown")
@@ -446,6 +462,7 @@ type streamMeter struct {
 	done    bool   // data: [DONE] came
 	errored bool   // an error event came
 	errMsg  string
+	aborted bool // a choice ended with finish_reason "abort": someone asked for it
 }
 
 // maxEvent bounds an event the meter buffers; a longer one is skipped.
@@ -455,6 +472,10 @@ const maxEvent = 1 << 20
 // events it ended.
 func (m *streamMeter) add(b []byte) int {
 	if !m.sse {
+		// A whole answer: kept (up to maxEvent) for its finish reasons.
+		if len(m.partial)+len(b) <= maxEvent {
+			m.partial = append(m.partial, b...)
+		}
 		return 0
 	}
 	// Lines may end in CRLF (the SSE format allows it): read them as LF.
@@ -501,6 +522,7 @@ func (m *streamMeter) event(ev []byte) bool {
 			Delta struct {
 				Content string `json:"content"`
 			} `json:"delta"`
+			FinishReason *string `json:"finish_reason"`
 		} `json:"choices"`
 	}
 	if json.Unmarshal(data, &v) != nil {
@@ -510,8 +532,34 @@ func (m *streamMeter) event(ev []byte) bool {
 		m.errored, m.errMsg = true, v.Error.Message
 		return false
 	}
+	tok := false
 	for _, c := range v.Choices {
+		if c.FinishReason != nil && *c.FinishReason == openai.FinishAbort {
+			m.aborted = true
+		}
 		if c.Text != "" || c.Delta.Content != "" {
+			tok = true
+		}
+	}
+	return tok
+}
+
+// abortedAnswer reports whether a whole (not streamed) answer's choices
+// ended with finish_reason "abort".
+func (m *streamMeter) abortedAnswer() bool {
+	if m.sse {
+		return m.aborted
+	}
+	var v struct {
+		Choices []struct {
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	if json.Unmarshal(m.partial, &v) != nil {
+		return false
+	}
+	for _, c := range v.Choices {
+		if c.FinishReason == openai.FinishAbort {
 			return true
 		}
 	}

@@ -295,8 +295,9 @@ type outcome struct {
 }
 
 // cutError is the error event that ends a stream the engine cut (an
-// engine failure or shutdown, an abort, a timeout) before its [DONE], so
-// that the client knows it was cut; nil for a stream that ended by itself.
+// engine failure or shutdown, a timeout) before its [DONE], so that the
+// client knows it was cut; nil for a stream that ended by itself or by an
+// abort someone asked for, which its finish_reason "abort" says.
 func cutError(out outcome) *openai.Error {
 	switch {
 	case out.reason == serve.ReasonClosed:
@@ -305,9 +306,9 @@ func cutError(out outcome) *openai.Error {
 		return openai.ServerError(out.err)
 	case out.reason == serve.ReasonTimeout:
 		return openai.ServerError("the request timed out in the server")
-	case out.finish == openai.FinishAbort:
-		return openai.ServerError("the request was aborted in the server")
 	}
+	// An abort (the client's, the router's, an operator's, a drain's)
+	// ends with its finish_reason and [DONE]: it is no failure.
 	return nil
 }
 

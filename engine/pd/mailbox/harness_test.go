@@ -154,7 +154,7 @@ func (h *harness) perRoom(cmd string, a targs, rest []string, out *strings.Build
 		case "take":
 			b.WriteString(formatMail(h.m.Take(room)) + "\n")
 		case "forget":
-			if to, ack := h.m.Forget(room, a.Args["why"]); ack != nil {
+			if to, ack := h.m.Forget(room, a.Args["why"], a.Args["asked"] == "true"); ack != nil {
 				fmt.Fprintf(&b, "answer %s to=%s\n", formatMessage(ack), to)
 			}
 		}
@@ -364,8 +364,8 @@ func (h *harness) state(out *strings.Builder) {
 		fmt.Fprintf(out, "ended: %d remembered, %d in the FIFO", len(m.ended), len(m.endedOrder))
 		if len(m.endedOrder) <= 4 {
 			for _, id := range m.endedOrder {
-				if why, ok := m.ended[id]; ok {
-					fmt.Fprintf(out, "; %d %q", id, why)
+				if e, ok := m.ended[id]; ok {
+					fmt.Fprintf(out, "; %d %q", id, e.why)
 				}
 			}
 		}

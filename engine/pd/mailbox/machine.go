@@ -19,7 +19,7 @@ type Machine struct {
 	// ended remembers why a prefill's recent rooms failed, oldest first
 	// out of endedOrder past the bound. admit deletes a room from ended
 	// only: its entry in endedOrder expires on its own.
-	ended      map[uint64]string
+	ended      map[uint64]endedRoom
 	endedOrder []uint64
 	early      int            // rooms with mail that the loop does not have
 	earlyFrom  map[string]int // the early rooms by sender, which PerSender bounds
@@ -48,7 +48,7 @@ func New(cfg Config) (*Machine, error) {
 		return nil, err
 	}
 	return &Machine{cfg: cfg, prefill: cfg.Role == rooms.Prefill, bound: MaxUnknownRooms, rooms: map[uint64]*box{},
-		known: map[uint64]bool{}, peers: map[string]*peer{}, ended: map[uint64]string{}, earlyFrom: map[string]int{}}, nil
+		known: map[uint64]bool{}, peers: map[string]*peer{}, ended: map[uint64]endedRoom{}, earlyFrom: map[string]int{}}, nil
 }
 
 // SetSender sets the endpoint the rank's heartbeats name: its advertised
@@ -64,8 +64,8 @@ func (m *Machine) File(now time.Time, msg pdproto.Message) Decision {
 		return m.heartbeat(now, hb)
 	}
 	room, _ := pdproto.RoomOf(msg)
-	if why, ok := m.ended[room]; ok && !m.known[room] {
-		return m.endedAnswer(room, why, msg)
+	if e, ok := m.ended[room]; ok && !m.known[room] {
+		return m.endedAnswer(room, e, msg)
 	}
 	if !m.known[room] && (!m.prefill || (m.rooms[room] == nil && m.early >= m.bound)) {
 		// A decode has every room it expects mail for; a prefill may
@@ -150,11 +150,18 @@ func (m *Machine) dropEarly(x *box) {
 	}
 }
 
+// endedRoom is why a prefill room failed, and whether it was an abort
+// someone asked for, which the STATUS Failed it answers with says.
+type endedRoom struct {
+	why   string
+	asked bool
+}
+
 // endedAnswer answers mail about a room this prefill failed and forgot:
 // TRANSFER_INFO and QUEUED get STATUS Failed with the reason, an ABORT its
 // ack; anything else is late.
-func (m *Machine) endedAnswer(room uint64, why string, msg pdproto.Message) Decision {
-	failed := &pdproto.Status{Room: room, Rank: uint32(m.cfg.Rank), State: pdproto.Failed, Error: "the prefill ended the room: " + why}
+func (m *Machine) endedAnswer(room uint64, e endedRoom, msg pdproto.Message) Decision {
+	failed := &pdproto.Status{Room: room, Rank: uint32(m.cfg.Rank), State: pdproto.Failed, Error: "the prefill ended the room: " + e.why, Asked: e.asked}
 	switch msg := msg.(type) {
 	case *pdproto.TransferInfo:
 		return Decision{To: msg.Endpoint, Answer: failed}
@@ -264,7 +271,7 @@ func (m *Machine) Admit(room uint64) {
 // after the room's last taking) is answered now, as for any room the loop
 // does not have, but known: the ack and where it goes are returned for the
 // caller to send.
-func (m *Machine) Forget(room uint64, why string) (to string, ack *pdproto.AbortAck) {
+func (m *Machine) Forget(room uint64, why string, asked bool) (to string, ack *pdproto.AbortAck) {
 	x := m.rooms[room]
 	if x != nil && x.Abort != nil && m.prefill {
 		to, ack = x.Abort.Endpoint, &pdproto.AbortAck{Room: room, Rank: uint32(m.cfg.Rank), Known: true}
@@ -278,7 +285,7 @@ func (m *Machine) Forget(room uint64, why string) (to string, ack *pdproto.Abort
 		if _, ok := m.ended[room]; !ok {
 			m.endedOrder = append(m.endedOrder, room)
 		}
-		m.ended[room] = why
+		m.ended[room] = endedRoom{why: why, asked: asked}
 		for len(m.endedOrder) > m.bound {
 			delete(m.ended, m.endedOrder[0])
 			m.endedOrder = m.endedOrder[1:]

@@ -110,7 +110,7 @@ func runRandom(seed uint64) (err error) {
 				why = "failed"
 			}
 			hadAbort := wants[room] != nil && wants[room].abort != nil
-			to, ack := m.Forget(room, why)
+			to, ack := m.Forget(room, why, false)
 			trace = append(trace, fmt.Sprintf("forget %d %q: ack %v", room, why, ack != nil))
 			if (ack != nil) != (hadAbort && prefill) || (ack != nil && (to != wants[room].abort.Endpoint || !ack.Known || ack.Room != room)) {
 				return fmt.Errorf("forget %d: answered %q %+v, an ABORT left behind %v", room, to, ack, hadAbort)

@@ -56,6 +56,7 @@ type SendStatus struct {
 	Peer     string
 	State    pdproto.KVPoll
 	Error    string
+	Asked    bool // a Failed someone asked for: an abort (pdproto.Status.Asked)
 }
 
 // SendAbort: tell the prefill rank the decode gave up on the room.
@@ -63,6 +64,7 @@ type SendAbort struct {
 	ID, Room uint64
 	Peer     string
 	Reason   string
+	Asked    bool // an abort someone asked for, not the decode's failure (pdproto.Abort.Asked)
 }
 
 // SendAbortAck: answer an ABORT; nothing more is written for the room.
@@ -108,6 +110,7 @@ type End struct {
 type Forget struct {
 	ID, Room uint64
 	Why      string
+	Asked    bool // the room ended by an abort someone asked for
 }
 
 func (Reserve) action()          {}

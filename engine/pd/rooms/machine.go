@@ -14,11 +14,29 @@ const rankBits = 16
 const maxRank = 1<<rankBits - 1
 
 // Vote packs a rank's judgement of a room: the MIN over the ranks is the
-// lowest state and, among the ranks in it, the lowest rank.
-func Vote(st pdproto.KVPoll, rank int) int64 { return int64(st)<<rankBits | int64(rank) }
+// lowest state, a Failed nobody asked for below one asked for (an abort),
+// and, among the ranks in it, the lowest rank. So every rank learns from
+// the agreed vote whether the failure was an abort, also a rank that has
+// not heard the abort itself yet.
+func Vote(st pdproto.KVPoll, rank int) int64 { return vote(st, false, rank) }
+
+// vote is Vote for a Failed that was asked for when asked is set.
+func vote(st pdproto.KVPoll, asked bool, rank int) int64 {
+	v := int64(st)<<(rankBits+1) | int64(rank)
+	if asked && st == pdproto.Failed {
+		v |= 1 << rankBits
+	}
+	return v
+}
 
 // Unvote splits an agreed vote.
-func Unvote(v int64) (pdproto.KVPoll, int) { return pdproto.KVPoll(v >> rankBits), int(v & maxRank) }
+func Unvote(v int64) (pdproto.KVPoll, int) {
+	return pdproto.KVPoll(v >> (rankBits + 1)), int(v & maxRank)
+}
+
+// askedVote says an agreed Failed vote was an abort on every rank that
+// voted Failed.
+func askedVote(v int64) bool { return v>>rankBits&1 == 1 }
 
 // room is one bootstrap room on this rank. The fields up to local move
 // only on agreed events and are the same on every rank (but a decode's
@@ -306,7 +324,8 @@ func (m *Machine) Votes(now time.Duration) []int64 {
 		q := m.rooms[id]
 		st := m.judge(now, q)
 		q.vote = st
-		out[i] = Vote(st, m.cfg.Rank)
+		asked := q.local.Asked || (q.failed && q.reason.Asked)
+		out[i] = vote(st, asked, m.cfg.Rank)
 		if q.first != nil {
 			out[n+i], out[2*n+i] = int64(q.first.FirstToken), -int64(q.first.FirstToken)
 		}
@@ -465,7 +484,7 @@ func (m *Machine) Apply(now time.Duration, agreed []int64) ([]Action, error) {
 		}
 		q.agreed = st
 		if st == pdproto.Failed {
-			acts = m.fail(now, acts, q, owner == m.cfg.Rank)
+			acts = m.fail(now, acts, q, owner == m.cfg.Rank, askedVote(agreed[i]))
 			continue
 		}
 		switch {
@@ -501,7 +520,7 @@ func (m *Machine) Apply(now time.Duration, agreed []int64) ([]Action, error) {
 // are sent from the loop) or reports STATUS Failed; a decode that reserved
 // pages sends ABORT (unless the prefill failed the room itself: nothing
 // follows STATUS Failed) and holds them until acknowledged.
-func (m *Machine) fail(now time.Duration, acts []Action, q *room, owner bool) []Action {
+func (m *Machine) fail(now time.Duration, acts []Action, q *room, owner, asked bool) []Action {
 	if q.failed {
 		return acts
 	}
@@ -509,10 +528,11 @@ func (m *Machine) fail(now time.Duration, acts []Action, q *room, owner bool) []
 	if q.reason.IsZero() {
 		q.reason = m.otherRank(q)
 	}
+	q.reason.Asked = asked // as agreed: every rank that failed the room heard an abort
 	id, rm := q.req.ID, q.req.Room
 	end := End{ID: id, Outcome: Outcome{Reason: q.reason, Phase: q.phase, Owner: owner, Peer: q.peer}}
 	if m.cfg.Role == Prefill {
-		acts = m.tellPrefillPeer(acts, q, q.reason.Text)
+		acts = m.tellPrefillPeer(acts, q, q.reason)
 		if q.phase == Active {
 			return append(acts, Cut{ID: id, Reason: q.reason}) // its End comes with the scheduler's finish
 		}
@@ -522,14 +542,14 @@ func (m *Machine) fail(now time.Duration, acts []Action, q *room, owner bool) []
 	peerFailed := q.status != nil && q.status.State == pdproto.Failed
 	if q.phase == Prealloc {
 		if q.peer != "" && !peerFailed {
-			acts = append(acts, SendAbort{ID: id, Room: rm, Peer: q.peer, Reason: q.reason.Text})
+			acts = append(acts, SendAbort{ID: id, Room: rm, Peer: q.peer, Reason: q.reason.Text, Asked: q.reason.Asked})
 		}
 		acts = append(acts, end)
 		return m.forget(acts, q)
 	}
 	acts = append(acts, end)
 	if !peerFailed {
-		acts = append(acts, SendAbort{ID: id, Room: rm, Peer: q.peer, Reason: q.reason.Text})
+		acts = append(acts, SendAbort{ID: id, Room: rm, Peer: q.peer, Reason: q.reason.Text, Asked: q.reason.Asked})
 		q.abortTx = true
 	}
 	m.move(now, q, Aborting)
@@ -538,12 +558,12 @@ func (m *Machine) fail(now time.Duration, acts []Action, q *room, owner bool) []
 
 // tellPrefillPeer is how a failing prefill room tells its decode rank:
 // ABORT_ACK to an ABORT, else STATUS Failed to whoever sent TRANSFER_INFO.
-func (m *Machine) tellPrefillPeer(acts []Action, q *room, why string) []Action {
+func (m *Machine) tellPrefillPeer(acts []Action, q *room, why Reason) []Action {
 	switch {
 	case q.abort != nil:
 		return append(acts, SendAbortAck{ID: q.req.ID, Room: q.req.Room, To: q.abort.Endpoint})
 	case q.info != nil:
-		return append(acts, SendStatus{ID: q.req.ID, Room: q.req.Room, Peer: q.info.Endpoint, State: pdproto.Failed, Error: why})
+		return append(acts, SendStatus{ID: q.req.ID, Room: q.req.Room, Peer: q.info.Endpoint, State: pdproto.Failed, Error: why.Text, Asked: why.Asked})
 	}
 	return acts
 }
@@ -553,11 +573,15 @@ func (m *Machine) tellPrefillPeer(acts []Action, q *room, why string) []Action {
 func (m *Machine) peerWord(q *room) Reason {
 	switch s := q.status; {
 	case q.abort != nil:
-		return because(KindPeerAborted, "aborted by the decode: %s", q.abort.Reason)
+		r := because(KindPeerAborted, "aborted by the decode: %s", q.abort.Reason)
+		r.Asked = q.abort.Asked
+		return r
 	case s != nil && s.State == pdproto.Failed && m.cfg.Role == Prefill:
 		return because(KindPeerFailed, "the decode failed: %s", s.Error)
 	case s != nil && s.State == pdproto.Failed:
-		return because(KindPeerFailed, "the prefill failed: %s", s.Error)
+		r := because(KindPeerFailed, "the prefill failed: %s", s.Error)
+		r.Asked = s.Asked
+		return r
 	}
 	return Reason{}
 }
@@ -651,17 +675,21 @@ func (m *Machine) Abort(now time.Duration, id uint64, why string) (acts []Action
 	if q.phase == Inflight || q.phase == Aborting || q.failed {
 		return nil, true // the prefill's work is done, or the abort is under way
 	}
-	r := Reason{Kind: KindAborted, Text: why}
+	r := Reason{Kind: KindAborted, Text: why, Asked: true}
 	q.local = r
 	defer m.check()
 	if m.cfg.Role == Prefill {
-		acts = m.tellPrefillPeer(acts, q, "aborted on the prefill: "+why)
+		acts = m.tellPrefillPeer(acts, q, Reason{Kind: KindAborted, Text: "aborted on the prefill: " + why, Asked: true})
 		acts = append(acts, End{ID: id, Outcome: Outcome{Reason: r, Phase: q.phase, Owner: m.cfg.Rank == 0}})
 		q.failed = true
 		return m.forget(acts, q), true
 	}
-	return m.fail(now, nil, q, m.cfg.Rank == 0), true
+	return m.fail(now, nil, q, m.cfg.Rank == 0, true), true
 }
+
+// SchedAborted is the scheduler's reason for a request someone aborted:
+// SchedFinished's why, telling the decode it was an abort.
+const SchedAborted = "abort"
 
 // SchedFinished tells the machine the prefill's scheduler finished request
 // id: produced (its token is out) or not (aborted, timed out). handled says
@@ -682,7 +710,7 @@ func (m *Machine) SchedFinished(now time.Duration, id uint64, produced bool, why
 		m.move(now, q, Inflight)
 		return nil, true
 	}
-	acts = append(acts, SendStatus{ID: id, Room: q.req.Room, Peer: q.peer, State: pdproto.Failed, Error: "prefill " + why})
+	acts = append(acts, SendStatus{ID: id, Room: q.req.Room, Peer: q.peer, State: pdproto.Failed, Error: "prefill " + why, Asked: why == SchedAborted})
 	return m.forget(acts, q), false
 }
 
@@ -723,7 +751,7 @@ func (m *Machine) forget(acts []Action, q *room) []Action {
 	if why == "" {
 		why = q.local.Text
 	}
-	return append(acts, Forget{ID: q.req.ID, Room: q.req.Room, Why: why})
+	return append(acts, Forget{ID: q.req.ID, Room: q.req.Room, Why: why, Asked: q.reason.Asked || q.local.Asked})
 }
 
 // deadline is when q's phase times out on this rank, on the agreed clock,

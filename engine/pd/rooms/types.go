@@ -85,6 +85,10 @@ var Kinds = []Kind{KindAborted, KindTimeout, KindPeerAborted, KindPeerFailed, Ki
 type Reason struct {
 	Kind Kind
 	Text string
+	// Asked says the end was asked for (the client, the router, an
+	// operator, on this side or the peer's): an abort, which the stream
+	// ends as one, not a failure.
+	Asked bool
 }
 
 func (r Reason) String() string { return r.Text }
