@@ -238,7 +238,6 @@ func TestSamplesRefused(t *testing.T) {
 		want string
 	}{
 		{Request{Prompt: p, MaxTokens: 4, N: MaxN + 1}, "between 1 and"},
-		{Request{Prompt: p, MaxTokens: 4, N: 5}, "exceed the 4 requests"},
 		{Request{Prompt: p, MaxTokens: 40, N: 3}, "KV pages"},
 	} {
 		if _, err := e.SubmitN(context.Background(), c.q); err == nil || !strings.Contains(err.Error(), c.want) {
@@ -248,6 +247,58 @@ func TestSamplesRefused(t *testing.T) {
 	if _, err := e.Submit(context.Background(), Request{Prompt: p, MaxTokens: 4, N: 2}); err == nil {
 		t.Error("Submit took n 2")
 	}
+}
+
+// More samples than the engine runs at once (16 against MaxRunning 4, on
+// one rank and colocated; and through a PD pair) are served: those that do
+// not fit wait their turn in the scheduler (busy is not dead), and every
+// greedy sample equals the single sample's output.
+func TestSamplesBeyondMaxRunning(t *testing.T) {
+	m := tinyModel(t)
+	p := testmodel.Prompts(41, 1, 12, 12, m.Config.VocabSize)[0]
+	e := newEngine(t, m, Config{PageSize: 4, KVTokens: 256, MaxRunning: 4})
+	st, err := e.Submit(context.Background(), Request{Prompt: p, MaxTokens: 6, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, f := collect(t, st, 30*time.Second)
+	if f.Reason != ReasonLength {
+		t.Fatalf("one sample: %+v", f)
+	}
+	ss, err := e.SubmitN(context.Background(), Request{Prompt: p, MaxTokens: 6, IgnoreEOS: true, N: MaxN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks, fins := collectAll(t, ss)
+	for i := range ss {
+		if fins[i].Reason != ReasonLength || !slices.Equal(toks[i], one) {
+			t.Errorf("sample %d: %v %+v, want %v", i, toks[i], fins[i], one)
+		}
+	}
+	checkPools(t, e)
+
+	pp := newPDPair(t, Config{TP: 2, PageSize: 4, KVTokens: 512, MaxRunning: 4, MaxBatchTokens: 64, PrefillChunk: 8})
+	room := newAbortRoom()
+	q := Request{Prompt: p, MaxTokens: 6, IgnoreEOS: true, N: MaxN}
+	pq, dq := q, q
+	pq.PD = &PDRequest{Room: room}
+	dq.PD = &PDRequest{Room: room, BootstrapURL: pp.url}
+	pss, err := pp.prefill.SubmitN(context.Background(), pq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dss, err := pp.decode.SubmitN(context.Background(), dq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	collectAll(t, pss)
+	toks, fins = collectAll(t, dss)
+	for i := range dss {
+		if fins[i].Reason != ReasonLength || !slices.Equal(toks[i], one) {
+			t.Errorf("PD sample %d: %v %+v, want %v", i, toks[i], fins[i], one)
+		}
+	}
+	pp.settle(t, 20*time.Second)
 }
 
 // PD: one transfer per request; the decode forks the samples. Greedy

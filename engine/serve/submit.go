@@ -153,9 +153,6 @@ func (e *Engine) prepare(q *Request) (int, error) {
 		// token once; the decode forks the other samples.
 		n, q.N = 1, 0
 	}
-	if n > e.cfg.MaxRunning {
-		return 0, fmt.Errorf("serve: %d samples exceed the %d requests the engine runs at once", n, e.cfg.MaxRunning)
-	}
 	if len(q.Prompt) == 0 {
 		return 0, errors.New("serve: empty prompt")
 	}
@@ -165,9 +162,11 @@ func (e *Engine) prepare(q *Request) (int, error) {
 	if n := len(q.Prompt) + q.MaxTokens; n > c.ContextLen {
 		return 0, fmt.Errorf("serve: prompt of %d tokens plus %d to generate exceeds the context length %d", len(q.Prompt), q.MaxTokens, c.ContextLen)
 	}
-	if pages := n * ((len(q.Prompt) + q.MaxTokens - 1 + e.cfg.PageSize - 1) / e.cfg.PageSize); pages > e.cfg.Pages() {
+	// The samples that run at once (at most MaxRunning: the others wait
+	// their turn without KV, busy is not dead) must fit the pool together.
+	if pages := min(n, e.cfg.MaxRunning) * ((len(q.Prompt) + q.MaxTokens - 1 + e.cfg.PageSize - 1) / e.cfg.PageSize); pages > e.cfg.Pages() {
 		if n > 1 {
-			return 0, fmt.Errorf("serve: %d samples need %d KV pages, the pool has %d", n, pages, e.cfg.Pages())
+			return 0, fmt.Errorf("serve: %d samples, %d of them at once, need %d KV pages, the pool has %d", n, min(n, e.cfg.MaxRunning), pages, e.cfg.Pages())
 		}
 		return 0, fmt.Errorf("serve: request needs %d KV pages, the pool has %d", pages, e.cfg.Pages())
 	}
