@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,9 +33,16 @@ type Limits struct {
 	// response, a long SSE stream included, is never cut by it.
 	BodyTimeout time.Duration
 	// MaxConns caps the connections open at once on one listener; one
-	// past the cap takes the place of the kept-alive connection idle the
-	// longest, or, when none is idle, is answered 503 and closed at once.
+	// past the cap takes the place of the connection that has waited the
+	// longest without sending a whole request, else of the kept-alive
+	// connection idle the longest, or, when there is neither, is answered
+	// 503 and closed at once.
 	MaxConns int
+	// MaxConnsPerAddr caps the connections one remote address holds, by
+	// the same rule within that address's (zero: a quarter of MaxConns,
+	// and no fewer than 64 or MaxConns), so that one client cannot hold
+	// every place.
+	MaxConnsPerAddr int
 	// MaxBodyBytes is how much of a body is read under BodyTimeout before
 	// the handler runs (default openai.DefaultMaxBodyBytes); the rest of a
 	// larger body stays under the deadline for the handler, whose own
@@ -59,25 +67,30 @@ const (
 	LimitHeaderTimeout = "header_timeout"
 	LimitBodyTimeout   = "body_timeout"
 	LimitConnections   = "connections"
+	LimitPerAddress    = "connections_per_address"
+	LimitAcceptErrors  = "accept_errors"
 )
 
-var limitNames = []string{LimitHeaderTimeout, LimitBodyTimeout, LimitConnections}
+var limitNames = []string{LimitHeaderTimeout, LimitBodyTimeout, LimitConnections, LimitPerAddress, LimitAcceptErrors}
 
 var hitsDesc = prometheus.NewDesc("pdkit_http_limit_hits_total",
-	"Requests or connections cut by a listener limit: header_timeout (headers not read within --header-timeout), body_timeout (body not read within --body-timeout, answered 408), connections (a connection past --max-connections: the longest-idle kept-alive connection closed for it, or, with none idle, it answered 503 and closed).",
+	"Requests or connections cut by a listener limit: header_timeout (headers not read within --header-timeout), body_timeout (body not read within --body-timeout, answered 408), connections (a connection past --max-connections: the connection waiting longest without a whole request, else the longest-idle kept-alive one, closed for it, or, with neither, it answered 503 and closed), connections_per_address (likewise, past --max-connections-per-address from one address), accept_errors (accepting failed, as when the process is out of file descriptors).",
 	[]string{"limit"}, nil)
 
 // Guard enforces Limits on the listeners and servers it wraps and counts
 // each limit hit. Safe for concurrent use.
 type Guard struct {
 	limits Limits
-	hits   [3]atomic.Uint64 // by limitNames' order
+	hits   [5]atomic.Uint64 // by limitNames' order
 }
 
 // NewGuard returns a Guard of l.
 func NewGuard(l Limits) *Guard {
 	if l.MaxBodyBytes <= 0 {
 		l.MaxBodyBytes = openai.DefaultMaxBodyBytes
+	}
+	if l.MaxConnsPerAddr <= 0 {
+		l.MaxConnsPerAddr = max(min(l.MaxConns, 64), l.MaxConns/4)
 	}
 	return &Guard{limits: l}
 }
@@ -144,14 +157,21 @@ type capListener struct {
 	g    *Guard
 	open atomic.Int64
 
-	mu   sync.Mutex
-	idle map[*guardedConn]time.Time // kept-alive connections between requests, since when
+	mu sync.Mutex
+	// Every open connection, by its state: pending (accepted, or idle, and
+	// waiting for a whole request: a silent stranger's look like this
+	// until the header timeout) since when, idle (kept alive between
+	// requests) since when; and the open connections per remote address.
+	pending map[*guardedConn]time.Time
+	idle    map[*guardedConn]time.Time
+	byAddr  map[string][]*guardedConn
 }
 
 // markIdle records whether c waits between requests.
 func (l *capListener) markIdle(c *guardedConn, idle bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	delete(l.pending, c)
 	if !idle {
 		delete(l.idle, c)
 		return
@@ -162,25 +182,41 @@ func (l *capListener) markIdle(c *guardedConn, idle bool) {
 	l.idle[c] = time.Now()
 }
 
-// reclaimIdle closes the connection idle the longest, if any, to make
-// room for a new one: a kept-alive connection between requests holds a
-// place under the cap and nothing else, so a flood of them must not keep
-// a health probe, or anyone, out.
-func (l *capListener) reclaimIdle() bool {
-	l.mu.Lock()
-	var oldest *guardedConn
-	var since time.Time
-	for c, t := range l.idle {
-		if oldest == nil || t.Before(since) {
-			oldest, since = c, t
+// sheddable picks the connection to close for a new one among those of
+// within (nil: all): the one that has waited longest without sending a
+// whole request, else the kept-alive one idle the longest; nil when every
+// one is busy with a request. l.mu is held.
+func (l *capListener) sheddable(within func(*guardedConn) bool) *guardedConn {
+	for _, m := range []map[*guardedConn]time.Time{l.pending, l.idle} {
+		var oldest *guardedConn
+		var since time.Time
+		for c, t := range m {
+			if (within == nil || within(c)) && (oldest == nil || t.Before(since)) {
+				oldest, since = c, t
+			}
+		}
+		if oldest != nil {
+			return oldest
 		}
 	}
-	delete(l.idle, oldest)
+	return nil
+}
+
+// shed closes a connection to make room for a new one (see sheddable):
+// a connection that holds a place under the cap and no request in the
+// server's hands must not keep a health probe, or anyone, out.
+func (l *capListener) shed(within func(*guardedConn) bool) bool {
+	l.mu.Lock()
+	c := l.sheddable(within)
+	if c != nil {
+		delete(l.pending, c)
+		delete(l.idle, c)
+	}
 	l.mu.Unlock()
-	if oldest == nil {
+	if c == nil {
 		return false
 	}
-	oldest.Close()
+	c.Close()
 	return true
 }
 
@@ -192,32 +228,79 @@ var refusal = func() []byte {
 		"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n", len(b)), b...)
 }()
 
+// remote is c's remote address without its port.
+func remote(c net.Conn) string {
+	a := c.RemoteAddr()
+	if a == nil {
+		return ""
+	}
+	if host, _, err := net.SplitHostPort(a.String()); err == nil {
+		return host
+	}
+	return a.String()
+}
+
 func (l *capListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				l.g.hit(LimitAcceptErrors) // the server retries, backing off
+			}
 			return nil, err
+		}
+		addr := remote(c)
+		l.mu.Lock()
+		fromAddr := len(l.byAddr[addr])
+		l.mu.Unlock()
+		if per := l.g.limits.MaxConnsPerAddr; l.g.limits.MaxConns > 0 && fromAddr >= per {
+			l.g.hit(LimitPerAddress)
+			if !l.shed(func(o *guardedConn) bool { return o.addr == addr }) {
+				refuse(c)
+				continue
+			}
 		}
 		if n := l.open.Add(1); l.g.limits.MaxConns > 0 && n > int64(l.g.limits.MaxConns) {
 			l.g.hit(LimitConnections)
-			if l.reclaimIdle() {
-				return l.guard(c), nil
+			if !l.shed(nil) {
+				l.open.Add(-1)
+				refuse(c)
+				continue
 			}
-			l.open.Add(-1)
-			c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-			c.Write(refusal)
-			c.Close()
-			continue
 		}
-		return l.guard(c), nil
+		return l.guard(c, addr), nil
 	}
 }
 
-// guard wraps an accepted connection, counted in open.
-func (l *capListener) guard(c net.Conn) *guardedConn {
-	gc := &guardedConn{Conn: c, g: l.g, l: l}
+// refuse answers a connection past a cap 503 and closes it, without
+// reading its request.
+func refuse(c net.Conn) {
+	c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+	c.Write(refusal)
+	c.Close()
+}
+
+// guard wraps an accepted connection, counted in open and pending until
+// it sends a whole request.
+func (l *capListener) guard(c net.Conn, addr string) *guardedConn {
+	gc := &guardedConn{Conn: c, g: l.g, l: l, addr: addr}
+	l.mu.Lock()
+	if l.pending == nil {
+		l.pending, l.byAddr = map[*guardedConn]time.Time{}, map[string][]*guardedConn{}
+	}
+	l.pending[gc] = time.Now()
+	l.byAddr[addr] = append(l.byAddr[addr], gc)
+	l.mu.Unlock()
 	gc.release = sync.OnceFunc(func() {
-		l.markIdle(gc, false)
+		l.mu.Lock()
+		delete(l.pending, gc)
+		delete(l.idle, gc)
+		if cs := slices.DeleteFunc(l.byAddr[addr], func(o *guardedConn) bool { return o == gc }); len(cs) > 0 {
+			l.byAddr[addr] = cs
+		} else {
+			delete(l.byAddr, addr)
+		}
+		l.mu.Unlock()
 		l.open.Add(-1)
 	})
 	return gc
@@ -230,6 +313,7 @@ type guardedConn struct {
 	net.Conn
 	g       *Guard
 	l       *capListener
+	addr    string // the remote address, without its port
 	release func()
 	// active is set while the server handles a request on the conn (the
 	// http.Server's StateActive): its reads are then the body's, timed by

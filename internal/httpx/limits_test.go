@@ -8,9 +8,12 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // pipeListener is a listener of net.Pipe connections, for a test in a
@@ -73,7 +76,7 @@ func TestRedTeamIdleConnectionsYield(t *testing.T) {
 }
 
 func testIdleConnectionsYield(t *testing.T) {
-	g := NewGuard(Limits{HeaderTimeout: 5 * time.Second, BodyTimeout: 5 * time.Second, MaxConns: 2})
+	g := NewGuard(Limits{HeaderTimeout: 5 * time.Second, BodyTimeout: 5 * time.Second, MaxConns: 2, MaxConnsPerAddr: 3})
 	ln := newPipeListener()
 	srv := g.Server(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }), nil)
 	cl := g.Listener(ln).(*capListener)
@@ -130,5 +133,95 @@ func testIdleConnectionsYield(t *testing.T) {
 	}
 	if got := g.Hits(LimitConnections); got != 1 {
 		t.Errorf("connection hits %d, want 1", got)
+	}
+}
+
+// A flood of silent connections (opened, nothing sent: no ZeroMQ, no HTTP)
+// holds every place under the cap; a health probe still gets in, taking
+// the place of the one silent the longest, and a kept-alive client's idle
+// connection is not shed while a silent one is left. From one address the
+// per-address cap sheds that address's silent connections first, and
+// connections from another address keep their places. Real sockets on
+// loopback (127.0.0.2 is a second address of it).
+func TestRedTeamSilentConnectionsYieldToRequests(t *testing.T) {
+	const cap = 16
+	g := NewGuard(Limits{HeaderTimeout: time.Minute, BodyTimeout: time.Minute, MaxConns: cap, MaxConnsPerAddr: 8})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := g.Listener(ln).(*capListener)
+	srv := g.Server(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }), nil)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(cl) }()
+	defer func() { srv.Close(); <-done }()
+	addr := ln.Addr().String()
+	openConns := func() int64 { return cl.open.Load() }
+	dialFrom := func(local string) net.Conn {
+		t.Helper()
+		d := net.Dialer{Timeout: 10 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	// A client from 127.0.0.1 with a kept-alive connection, idle.
+	var keepDials atomic.Int32
+	keep := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		keepDials.Add(1)
+		return dialFrom("127.0.0.1"), nil
+	}}
+	defer keep.CloseIdleConnections()
+	kc := &http.Client{Transport: keep, Timeout: 10 * time.Second}
+	get := func(c *http.Client) int {
+		t.Helper()
+		resp, err := c.Get("http://" + addr + "/livez")
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := get(kc); code != 200 {
+		t.Fatalf("the kept-alive client: %d", code)
+	}
+	// Silent connections: 7 from 127.0.0.1 (with the kept-alive one, that
+	// address's 8), and 12 from 127.0.0.2, past its cap of 8.
+	for range 7 {
+		dialFrom("127.0.0.1")
+	}
+	for range 12 {
+		dialFrom("127.0.0.2")
+	}
+	// Each of 127.0.0.2's connections past its 8 took the place of its
+	// oldest silent one.
+	waitfor.For(t, "every connection accepted", 10*time.Second, func() bool {
+		cl.mu.Lock()
+		defer cl.mu.Unlock()
+		return g.Hits(LimitPerAddress) == 4 && len(cl.byAddr["127.0.0.1"]) == 8 && len(cl.byAddr["127.0.0.2"]) == 8
+	})
+	if n := openConns(); n != cap {
+		t.Fatalf("%d connections open, want the cap %d", n, cap)
+	}
+	// Every place is held; a probe from a third address gets in.
+	probe := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dialFrom("127.0.0.3"), nil }}}
+	for i := range 5 {
+		if code := get(probe); code != 200 {
+			t.Fatalf("probe %d with every place held by silent connections: %d", i, code)
+		}
+	}
+	// The kept-alive client's connection is still its own: it is served
+	// on it, not on a new one.
+	if code := get(kc); code != 200 || keepDials.Load() != 1 {
+		t.Fatalf("the kept-alive client after the flood: %d on its connection number %d, want its first", code, keepDials.Load())
+	}
+	// The first probe took a silent connection's place; each later one
+	// the place the last probe left.
+	if got := g.Hits(LimitConnections); got < 1 {
+		t.Errorf("connection hits %d, want the first probe's", got)
 	}
 }
