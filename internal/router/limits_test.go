@@ -217,7 +217,7 @@ func TestRedTeamConnectionCap(t *testing.T) {
 	const capacity = 4
 	p := newStub(t, pdproto.RolePrefill, blocking)
 	d := newStub(t, pdproto.RoleDecode, blocking)
-	g := httpx.NewGuard(httpx.Limits{HeaderTimeout: 5 * time.Second, BodyTimeout: 5 * time.Second, MaxConns: capacity})
+	g := httpx.NewGuard(httpx.Limits{HeaderTimeout: 5 * time.Second, BodyTimeout: 5 * time.Second, MaxConns: capacity, MaxConnsPerAddr: 4 * capacity})
 	c := start(t, []*stub{p}, []*stub{d}, func(o *Options) { o.Guard = g })
 	base := guarded(t, c, g)
 	addr := strings.TrimPrefix(base, "http://")
