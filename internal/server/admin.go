@@ -119,6 +119,12 @@ func (s *Server) adminAbort(w http.ResponseWriter, r *http.Request) {
 		openai.InvalidRequest("id", fmt.Sprintf("%q is not a request id (cmpl-N, chatcmpl-N or N)", raw)).WriteJSON(w)
 		return
 	}
+	if !s.ownID(raw) {
+		setResult(r, "request %q is another server's", raw)
+		(&openai.Error{Status: http.StatusNotFound, Type: openai.TypeInvalidRequest, Param: "id",
+			Message: fmt.Sprintf("%q is another server's request", raw)}).WriteJSON(w)
+		return
+	}
 	if !s.known(id) {
 		setResult(r, "request %d not found", id)
 		(&openai.Error{Status: http.StatusNotFound, Type: openai.TypeInvalidRequest, Param: "id",

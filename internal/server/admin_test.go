@@ -38,7 +38,7 @@ func TestAdminAbortAndQueues(t *testing.T) {
 		t.Errorf("waiting: %+v", q)
 	}
 	getJSON(t, e, "/debug/v1/requests?queue=running", &q)
-	if len(q.Requests) != 1 || "cmpl-"+q.Requests[0].ID.String() != idA || q.Requests[0].Generated < 1 || q.Requests[0].Pages < 1 {
+	if len(q.Requests) != 1 || e.srv.idOf("cmpl-", uint64(q.Requests[0].ID)) != idA || q.Requests[0].Generated < 1 || q.Requests[0].Pages < 1 {
 		t.Errorf("running (want %s): %+v", idA, q)
 	}
 	getJSON(t, e, "/debug/v1/requests", &q)
@@ -52,7 +52,7 @@ func TestAdminAbortAndQueues(t *testing.T) {
 	// The admin API (loopback, no token) aborts A by id, then the rest.
 	code, b := e.post(t, "/admin/v1/requests/"+idA+"/abort", "")
 	var ab debug.AbortResponse
-	if code != 200 || json.Unmarshal(b, &ab) != nil || "cmpl-"+ab.Aborted.String() != idA {
+	if code != 200 || json.Unmarshal(b, &ab) != nil || e.srv.idOf("cmpl-", uint64(ab.Aborted)) != idA {
 		t.Fatalf("abort %s: %d %s", idA, code, b)
 	}
 	if r := readStream(t, rdA); r.finish != openai.FinishAbort || !r.done {

@@ -172,8 +172,31 @@ func parseID(s string) (uint64, bool) {
 			break
 		}
 	}
+	if i := strings.LastIndexByte(s, '-'); i >= 0 {
+		s = s[i+1:] // the server's instance tag before it (see idOf)
+	}
 	id, err := strconv.ParseUint(s, 10, 64)
 	return id, err == nil
+}
+
+// idOf is the response id of engine request id under prefix ("cmpl-",
+// "chatcmpl-"): the server's instance tag (random at start) and the id,
+// so that the ids of the servers behind one router never collide.
+func (s *Server) idOf(prefix string, id uint64) string {
+	return prefix + s.instance + "-" + strconv.FormatUint(id, 10)
+}
+
+// ownID reports whether a response id names this server's instance (an
+// id with another tag is another server's); a bare N or cmpl-N is taken.
+func (s *Server) ownID(raw string) bool {
+	for _, p := range []string{"chatcmpl-", "cmpl-"} {
+		if strings.HasPrefix(raw, p) {
+			rest := raw[len(p):]
+			i := strings.LastIndexByte(rest, '-')
+			return i < 0 || rest[:i] == s.instance
+		}
+	}
+	return !strings.Contains(raw, "-")
 }
 
 // pd serves GET /debug/v1/pd: every rank's PD socket and queues, read from

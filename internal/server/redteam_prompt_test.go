@@ -286,3 +286,22 @@ func TestTokenizingIsBoundedInConcurrency(t *testing.T) {
 	}
 	t.Logf("%d requests over %d places: at most %d at once; %d tokenized", n, places, most, in)
 }
+
+// The response ids of two servers never collide (behind one router, two
+// decodes both number their requests from 1): each carries its server's
+// instance tag, and a server takes an id with another's tag for none of
+// its own (its abort of such an id answers 404).
+func TestResponseIDsAreUniqueAcrossServers(t *testing.T) {
+	a, b := newEnv(t), newEnv(t)
+	body := map[string]any{"prompt": "hello", "max_tokens": 2, "temperature": 0}
+	ra, rb := a.complete(t, body), b.complete(t, body)
+	if ra.ID == rb.ID || !strings.HasPrefix(ra.ID, "cmpl-") || !strings.HasPrefix(rb.ID, "cmpl-") {
+		t.Fatalf("ids %q and %q", ra.ID, rb.ID)
+	}
+	if b.srv.ownID(ra.ID) || !a.srv.ownID(ra.ID) || !b.srv.ownID("cmpl-7") || !b.srv.ownID("7") {
+		t.Errorf("ownership of %q: a %v, b %v", ra.ID, a.srv.ownID(ra.ID), b.srv.ownID(ra.ID))
+	}
+	if id, ok := parseID(ra.ID); !ok || b.srv.idOf("cmpl-", id) == ra.ID {
+		t.Errorf("%q parses to %d %v", ra.ID, id, ok)
+	}
+}

@@ -113,6 +113,8 @@ type Server struct {
 	// (promptcap.go).
 	bound    openai.PromptBound
 	tokenize chan struct{}
+	// instance tags this server's response ids (idOf): random at start.
+	instance string
 
 	// The index-K switch the admin API started and the engine has not
 	// finished: its precision, empty when none (under indexKMu).
@@ -171,6 +173,7 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 		created:  time.Now().Unix(),
 		bound:    bound,
 		tokenize: make(chan struct{}, tokenizePlaces()),
+		instance: fmt.Sprintf("%08x", rand.Uint32()),
 	}
 	s.handle("POST", "/v1/completions", arrival(s.keepBody(s.completions)))
 	s.handle("POST", "/v1/chat/completions", arrival(s.keepBody(s.chat)))
@@ -512,7 +515,7 @@ func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job) {
 	st := sts[0]
 	defer s.served(r)
 	defer st.Abort()
-	id := j.idPrefix + strconv.FormatUint(st.ID, 10)
+	id := s.idOf(j.idPrefix, st.ID)
 	created := time.Now().Unix()
 	if !j.stream {
 		cs := s.collectText(sts, j.params.Stop)
@@ -857,13 +860,14 @@ func (s *Server) abort(w http.ResponseWriter, r *http.Request) {
 		oerr.WriteJSON(w)
 		return
 	}
-	rid := req.RID
-	if i := strings.LastIndexByte(rid, '-'); i >= 0 {
-		rid = rid[i+1:]
-	}
-	id, err := strconv.ParseUint(rid, 10, 64)
-	if err != nil {
+	id, ok := parseID(req.RID)
+	if !ok {
 		openai.InvalidRequest("rid", fmt.Sprintf("rid %q is not a request id (cmpl-N, chatcmpl-N or N)", req.RID)).WriteJSON(w)
+		return
+	}
+	if !s.ownID(req.RID) {
+		(&openai.Error{Status: http.StatusNotFound, Type: openai.TypeInvalidRequest, Param: "rid",
+			Message: fmt.Sprintf("rid %q is another server's request", req.RID)}).WriteJSON(w)
 		return
 	}
 	s.eng.Abort(id)
