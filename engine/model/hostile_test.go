@@ -28,55 +28,18 @@ type hostileFile struct {
 // build writes h's file to bytes.
 func (h hostileFile) build(t *testing.T) []byte {
 	t.Helper()
-	src, err := builtin.Build(builtin.Spec{Arch: h.arch, Size: builtin.SizeTiny, Seed: 3, Type: kernels.F32})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	if _, err := src.WriteTo(&buf); err != nil {
-		t.Fatal(err)
-	}
-	f, err := gguf.Parse(buf.Bytes())
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := gguf.NewWriter()
-	for _, kv := range f.KVs {
-		w.Add(kv.Key, kv.Value)
-	}
-	for k, v := range h.kv {
-		w.Add(k, v)
-	}
-	for _, ti := range f.Tensors {
-		if contains(h.skip, ti.Name) {
-			continue
+	b := rebuild(t, h.arch, 3, func(w *gguf.Writer, skip map[string]bool) {
+		for k, v := range h.kv {
+			w.Add(k, v)
 		}
-		data, err := f.TensorData(ti.Name)
-		if err != nil {
-			t.Fatal(err)
+		for _, name := range h.skip {
+			skip[name] = true
 		}
-		if err := w.AddTensor(ti.Name, ti.Type, ti.Shape, data); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var out bytes.Buffer
-	if _, err := w.WriteTo(&out); err != nil {
-		t.Fatal(err)
-	}
-	b := out.Bytes()
+	})
 	if h.cut != nil {
 		b = b[:h.cut(len(b))]
 	}
 	return b
-}
-
-func contains(xs []string, x string) bool {
-	for _, y := range xs {
-		if y == x {
-			return true
-		}
-	}
-	return false
 }
 
 // hostileCorpus is the corpus: counts and dimensions out of every range,

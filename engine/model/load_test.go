@@ -2,6 +2,7 @@ package model_test
 
 import (
 	"bytes"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,7 +17,17 @@ import (
 // metadata and drop or replace tensors on the way.
 func rewrite(t *testing.T, arch string, edit func(w *gguf.Writer, skip map[string]bool)) string {
 	t.Helper()
-	src, err := builtin.Build(builtin.Spec{Arch: arch, Size: builtin.SizeTiny, Seed: 2, Type: kernels.F32})
+	path := filepath.Join(t.TempDir(), "m.gguf")
+	if err := os.WriteFile(path, rebuild(t, arch, 2, edit), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// rebuild is rewrite's copy as bytes, of the tiny model of seed.
+func rebuild(t *testing.T, arch string, seed uint64, edit func(w *gguf.Writer, skip map[string]bool)) []byte {
+	t.Helper()
+	src, err := builtin.Build(builtin.Spec{Arch: arch, Size: builtin.SizeTiny, Seed: seed, Type: kernels.F32})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,11 +57,11 @@ func rewrite(t *testing.T, arch string, edit func(w *gguf.Writer, skip map[strin
 			t.Fatal(err)
 		}
 	}
-	path := filepath.Join(t.TempDir(), "m.gguf")
-	if err := w.WriteFile(path); err != nil {
+	var out bytes.Buffer
+	if _, err := w.WriteTo(&out); err != nil {
 		t.Fatal(err)
 	}
-	return path
+	return out.Bytes()
 }
 
 func TestLoadRefusesBadModels(t *testing.T) {
