@@ -92,6 +92,24 @@ func (pp *pdPair) submit(t *testing.T, ctx context.Context, q Request, room uint
 	return ps, ds
 }
 
+// submitN sends q of q.N samples to both sides under room, as a router
+// does: the prefill's one stream and the decode's, one a sample.
+func (pp *pdPair) submitN(t *testing.T, q Request, room uint64) (prefill, decode []*Stream) {
+	t.Helper()
+	pq, dq := q, q
+	pq.PD = &PDRequest{Room: room}
+	dq.PD = &PDRequest{Room: room, BootstrapURL: pp.url}
+	ps, err := pp.prefill.SubmitN(context.Background(), pq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := pp.decode.SubmitN(context.Background(), dq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ps, ds
+}
+
 // inQueue reports whether request id is in queue on rank 0 of e.
 func inQueue(e *Engine, id uint64, queue string) bool {
 	for _, en := range e.PD().QueueEntries()[0] {

@@ -280,17 +280,7 @@ func TestSamplesBeyondMaxRunning(t *testing.T) {
 	pp := newPDPair(t, Config{TP: 2, PageSize: 4, KVTokens: 512, MaxRunning: 4, MaxBatchTokens: 64, PrefillChunk: 8})
 	room := newAbortRoom()
 	q := Request{Prompt: p, MaxTokens: 6, IgnoreEOS: true, N: MaxN}
-	pq, dq := q, q
-	pq.PD = &PDRequest{Room: room}
-	dq.PD = &PDRequest{Room: room, BootstrapURL: pp.url}
-	pss, err := pp.prefill.SubmitN(context.Background(), pq)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dss, err := pp.decode.SubmitN(context.Background(), dq)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pss, dss := pp.submitN(t, q, room)
 	collectAll(t, pss)
 	toks, fins = collectAll(t, dss)
 	for i := range dss {
@@ -327,17 +317,7 @@ func TestPDSamples(t *testing.T) {
 				for k := range runs {
 					before := pp.prefill.View().Snapshot().Totals.Tokens
 					room := newAbortRoom()
-					pq, dq := q, q
-					pq.PD = &PDRequest{Room: room}
-					dq.PD = &PDRequest{Room: room, BootstrapURL: pp.url}
-					pstream, err := pp.prefill.SubmitN(context.Background(), pq)
-					if err != nil {
-						t.Fatal(err)
-					}
-					dss, err := pp.decode.SubmitN(context.Background(), dq)
-					if err != nil {
-						t.Fatal(err)
-					}
+					pstream, dss := pp.submitN(t, q, room)
 					if len(pstream) != 1 || len(dss) != n {
 						t.Fatalf("%d prefill and %d decode streams", len(pstream), len(dss))
 					}
@@ -378,17 +358,7 @@ func TestPDSamplesAbort(t *testing.T) {
 	for i, p := range ps {
 		room := newAbortRoom()
 		q := Request{Prompt: p, MaxTokens: 60, IgnoreEOS: true, N: 3}
-		pq, dq := q, q
-		pq.PD = &PDRequest{Room: room}
-		dq.PD = &PDRequest{Room: room, BootstrapURL: pp.url}
-		pss, err := pp.prefill.SubmitN(context.Background(), pq)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dss, err := pp.decode.SubmitN(context.Background(), dq)
-		if err != nil {
-			t.Fatal(err)
-		}
+		pss, dss := pp.submitN(t, q, room)
 		if i%2 == 1 {
 			for range 3 {
 				<-dss[i%3].Events
