@@ -100,10 +100,17 @@ type PDSocket struct {
 	// peer's address when known; none; a connection that ended first).
 	AuthAdmitted   uint64 `json:"auth_admitted"`
 	LastAuthDenied string `json:"last_auth_denied,omitempty"`
-	// Connections open on the socket now; ConnectionsRefused counts those
-	// shut at once because --pd-max-connections were open.
+	// Connections open on the socket now, and those of them not yet past
+	// their handshake; ConnectionsRefused counts the connections shut by
+	// --pd-max-connections, ConnectionsShed those of them shut while
+	// still before their handshake, to keep strangers' silent connections
+	// to a quarter of the places (and to a sixteenth from one source);
+	// LastShed names the last one shed and why.
 	Connections        int64  `json:"connections"`
+	ConnectionsPending int64  `json:"connections_pending"`
 	ConnectionsRefused uint64 `json:"connections_refused"`
+	ConnectionsShed    uint64 `json:"connections_shed"`
+	LastShed           string `json:"last_shed,omitempty"`
 	// Alive: the receive loop runs; ExitReason says why it ended.
 	Alive         bool   `json:"alive"`
 	ExitReason    string `json:"exit_reason,omitempty"`

@@ -88,7 +88,7 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 		f.IntVar(&o.cfg.PD.MaxPeerSockets, "max-peer-sockets", def.PD.MaxPeerSockets, "peer sockets a rank keeps open, the least recently used closed first (counted)")
 		f.DurationVar(&o.cfg.PD.PeerSocketIdle, "peer-socket-idle", def.PD.PeerSocketIdle, "a peer socket unused this long is closed (counted); the next message reconnects")
 		f.DurationVar(&o.cfg.PD.HandshakeTimeout, "pd-handshake-timeout", def.PD.HandshakeTimeout, "a connection to a PD socket that has not authenticated within this is closed (counted with the refused ones), so silent connections cannot pile up")
-		f.IntVar(&o.cfg.PD.MaxConnections, "pd-max-connections", def.PD.MaxConnections, "connections a rank's PD socket holds at once; one past it is shut down at once and counted (a refused peer reconnects)")
+		f.IntVar(&o.cfg.PD.MaxConnections, "pd-max-connections", def.PD.MaxConnections, "connections a rank's PD socket holds at once; those not yet authenticated hold at most a quarter of the places (a sixteenth from one source), the oldest shed first, and a newcomer is refused (a refused peer reconnects) only when members hold every place")
 		f.IntVar(&o.cfg.PD.ReplyQueue, "reply-queue", def.PD.ReplyQueue, "replies (ABORT_ACK, heartbeats) a rank holds for sending; one that finds the queue or its peer's backlog full is dropped and counted")
 		o.secret.register(f)
 	}

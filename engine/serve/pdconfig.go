@@ -89,9 +89,10 @@ type PDConfig struct {
 	// (default 5s; libzmq's own is 30s).
 	HandshakeTimeout time.Duration
 	// MaxConnections bounds the connections a rank's PD socket holds at
-	// once (default zmqlink.DefaultMaxConnections): one past it is shut
-	// down at once and counted, so a stranger opening connections cannot
-	// take the process's descriptors.
+	// once (default zmqlink.DefaultMaxConnections), so a stranger opening
+	// connections cannot take the process's descriptors; those not yet
+	// authenticated hold at most a quarter of the places, so he cannot
+	// shut members out either.
 	MaxConnections int
 	// ReplyQueue bounds the replies waiting to be sent (ABORT_ACK,
 	// heartbeats, STATUS for a forgotten room); one that finds it full,

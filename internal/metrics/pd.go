@@ -34,6 +34,8 @@ type pdDescs struct {
 	lost          *prometheus.Desc // peer connections the socket lost
 	conns         *prometheus.Desc // peer connections open on the socket
 	connsRefused  *prometheus.Desc // connections shut past --pd-max-connections
+	connsPending  *prometheus.Desc // connections open, not yet past their handshake
+	connsShed     *prometheus.Desc // pending connections shut to make room
 	closed        *prometheus.Desc // peer sockets closed by the Outbox's bounds, by reason
 }
 
@@ -102,7 +104,9 @@ func newPDDescs(role string) *pdDescs {
 		authDenied:   d("pd_auth_denied_total", "Peer connections the rank's PD socket refused at the handshake: no cluster credential, or another cluster's.", "rank"),
 		lost:         d("pd_peer_disconnects_total", "Peer connections the rank's PD socket lost, among them peers dropped for a frame over --max-message-bytes.", "rank"),
 		conns:        d("pd_connections", "Peer connections open on the rank's PD socket.", "rank"),
-		connsRefused: d("pd_connections_refused_total", "Connections the rank's PD socket shut down on arrival because --pd-max-connections were open.", "rank"),
+		connsRefused: d("pd_connections_refused_total", "Connections the rank's PD socket shut down to stay within --pd-max-connections, among them those counted by pdkit_pd_connections_shed_total.", "rank"),
+		connsPending: d("pd_connections_pending", "Connections open on the rank's PD socket and not yet past their handshake (they hold at most a quarter of --pd-max-connections).", "rank"),
+		connsShed:    d("pd_connections_shed_total", "Connections the rank's PD socket shut down before their handshake, the oldest first, to keep unauthenticated connections to a quarter of --pd-max-connections and a sixteenth from one source: a rise while no peer restarts is a flood of strangers.", "rank"),
 		closed:       d("pd_peer_sockets_closed_total", "Peer sockets the rank closed, by reason (evicted: to stay within --max-peer-sockets; idle: unused for --peer-socket-idle).", "rank", "reason"),
 	}
 }
@@ -114,7 +118,7 @@ func (p *pdDescs) describe(ch chan<- *prometheus.Desc) {
 	for _, q := range p.queues {
 		ch <- q.desc
 	}
-	for _, d := range []*prometheus.Desc{p.failed, p.bytes, p.rankBytes, p.received, p.dropped, p.sent, p.sendErrors, p.loopUp, p.refused, p.evicted, p.lost, p.closed, p.authDenied, p.conns, p.connsRefused} {
+	for _, d := range []*prometheus.Desc{p.failed, p.bytes, p.rankBytes, p.received, p.dropped, p.sent, p.sendErrors, p.loopUp, p.refused, p.evicted, p.lost, p.closed, p.authDenied, p.conns, p.connsRefused, p.connsPending, p.connsShed} {
 		ch <- d
 	}
 }
@@ -162,6 +166,8 @@ func (p *pdDescs) collect(eng *serve.Engine, unsigned uint64, ch chan<- promethe
 		val(p.authDenied, prometheus.CounterValue, float64(l.Inbox.AuthDenied), rank)
 		val(p.conns, prometheus.GaugeValue, float64(l.Inbox.Connections), rank)
 		val(p.connsRefused, prometheus.CounterValue, float64(l.Inbox.ConnectionsRefused), rank)
+		val(p.connsPending, prometheus.GaugeValue, float64(l.Inbox.ConnectionsPending), rank)
+		val(p.connsShed, prometheus.CounterValue, float64(l.Inbox.ConnectionsShed), rank)
 		val(p.closed, prometheus.CounterValue, float64(l.Outbox.Evicted), rank, PeerClosedEvicted)
 		val(p.closed, prometheus.CounterValue, float64(l.Outbox.IdleClosed), rank, PeerClosedIdle)
 		up := 0.0

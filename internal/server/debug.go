@@ -259,7 +259,8 @@ func nonNil(m map[string]uint64) map[string]uint64 {
 func debugPDSocket(l serve.PDLink) debug.PDSocket {
 	in, out := l.Inbox, l.Outbox
 	sock := debug.PDSocket{Endpoint: in.Endpoint, Advertised: l.Advertised, AuthDenied: in.AuthDenied, AuthAdmitted: in.AuthAdmitted, LastAuthDenied: in.LastAuthDenied,
-		Connections: in.Connections, ConnectionsRefused: in.ConnectionsRefused, Alive: in.Alive, ExitReason: in.ExitReason, Messages: in.Messages, Bytes: in.Bytes,
+		Connections: in.Connections, ConnectionsPending: in.ConnectionsPending, ConnectionsRefused: in.ConnectionsRefused,
+		ConnectionsShed: in.ConnectionsShed, LastShed: in.LastShed, Alive: in.Alive, ExitReason: in.ExitReason, Messages: in.Messages, Bytes: in.Bytes,
 		HandlerErrors: in.HandlerErrors, HandlerPanics: in.HandlerPanics, RecvErrors: in.RecvErrors, Disconnects: in.Disconnects, LastError: in.LastError,
 		Late: l.Late, Misplaced: l.Misplaced, Faulted: l.Faulted, OverQuota: l.OverQuota, RepliesDropped: l.RepliesDropped,
 		Outbox: debug.PDOutbox{Alive: out.Alive, Peers: out.Peers, Queued: out.Queued, Backlog: out.Backlog, Sent: out.Sent,

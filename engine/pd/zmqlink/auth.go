@@ -215,8 +215,8 @@ func (h *authHandler) run() {
 			continue
 		}
 		// Events first: a connection's accept is published before its
-		// ZAP request is sent, so one past MaxConnections is shut before
-		// its handshake is answered, and nothing of it is delivered.
+		// ZAP request is sent, so one the connection cap shuts is shut
+		// before its handshake is answered, and nothing of it is delivered.
 		if !h.readEvents() || !h.serveZAP() {
 			return
 		}
@@ -294,7 +294,7 @@ func (h *authHandler) countEvent(ev [][]byte) {
 		return
 	}
 	event, value := binary.NativeEndian.Uint16(ev[0]), binary.NativeEndian.Uint32(ev[0][2:])
-	capped := h.conns.event(event, int32(value))
+	capped := h.conns.event(event, int32(value), time.Now())
 	switch {
 	case event == eventDisconnected:
 		if !capped {

@@ -2,6 +2,9 @@
 
 package zmqlink
 
+import "net/netip"
+
 // Without shutdown(2) on libzmq's descriptors the cap only counts.
-func isConnOnPort(fd, port int) bool       { return true }
-func shutdownConnOnPort(fd, port int) bool { return false }
+func (p *sysProbe) peer(fd int32) (netip.AddrPort, bool)        { return netip.AddrPort{}, true }
+func (p *sysProbe) shutdown(fd int32, peer netip.AddrPort) bool { return false }
+func (p *sysProbe) handshaken(fd int32) bool                    { return false }

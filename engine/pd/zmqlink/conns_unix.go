@@ -2,33 +2,51 @@
 
 package zmqlink
 
-import "syscall"
+import (
+	"net/netip"
+	"syscall"
+)
 
-// isConnOnPort reports whether fd is a connected socket whose local port
-// is port.
-func isConnOnPort(fd, port int) bool {
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		return false
+// peer is the remote address of fd when fd is a connected socket whose
+// local port is the Inbox's; any descriptor counts, with no address,
+// until the Inbox is bound on a TCP port.
+func (p *sysProbe) peer(fd int32) (netip.AddrPort, bool) {
+	port := int(p.port.Load())
+	if port == 0 {
+		return netip.AddrPort{}, true
 	}
-	var local int
+	sa, err := syscall.Getsockname(int(fd))
+	if err != nil || sockPort(sa) != port {
+		return netip.AddrPort{}, false
+	}
+	sa, err = syscall.Getpeername(int(fd))
+	if err != nil {
+		return netip.AddrPort{}, false
+	}
 	switch a := sa.(type) {
 	case *syscall.SockaddrInet4:
-		local = a.Port
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port)), true
 	case *syscall.SockaddrInet6:
-		local = a.Port
-	default:
-		return false
+		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port)), true
 	}
-	if local != port {
-		return false
-	}
-	_, err = syscall.Getpeername(fd)
-	return err == nil
+	return netip.AddrPort{}, false
 }
 
-// shutdownConnOnPort ends the connection fd if it is one on port, and
-// reports whether it did.
-func shutdownConnOnPort(fd, port int) bool {
-	return isConnOnPort(fd, port) && syscall.Shutdown(fd, syscall.SHUT_RDWR) == nil
+func sockPort(sa syscall.Sockaddr) int {
+	switch a := sa.(type) {
+	case *syscall.SockaddrInet4:
+		return a.Port
+	case *syscall.SockaddrInet6:
+		return a.Port
+	}
+	return -1
+}
+
+// shutdown ends fd if it is still the connection to peer.
+func (p *sysProbe) shutdown(fd int32, peer netip.AddrPort) bool {
+	if !peer.IsValid() {
+		return false
+	}
+	now, ok := p.peer(fd)
+	return ok && now == peer && syscall.Shutdown(int(fd), syscall.SHUT_RDWR) == nil
 }

@@ -43,7 +43,9 @@
 //     message. MaxMsgSize bounds the frames a peer may send: libzmq drops
 //     a peer that declares a larger one, counted as a disconnect.
 //     MaxConnections bounds the connections the socket holds at once,
-//     from the socket monitor's accept and hang-up events (conns.go).
+//     from the socket monitor's accept and hang-up events, and
+//     MaxPending those not yet past their handshake, so that strangers
+//     cannot keep members out (conns.go).
 //   - An Outbox owns PUSH sockets to its peers, all on one sender
 //     goroutine: at most MaxPeers (the least recently used that Send did not
 //     feed within PeerIdle is closed for a new one; a stream's socket is

@@ -57,11 +57,17 @@ type InboxOptions struct {
 	HandshakeTimeout time.Duration
 	// MaxConnections bounds the connections the socket holds at once (0:
 	// no bound; DefaultMaxConnections suits a rank). libzmq has no such
-	// limit: one accepted past it is shut down at once and counted
+	// limit: the cap shuts down what it will not keep and counts it
 	// (InboxStats.ConnectionsRefused), so a stranger cannot take every
-	// descriptor of the process. A refused ZeroMQ peer reconnects, and
-	// gets in once a connection ends.
+	// descriptor of the process. A refused ZeroMQ peer reconnects.
 	MaxConnections int
+	// MaxPending bounds, within MaxConnections, the connections not yet
+	// past their handshake, and MaxPendingPerAddress those of one source
+	// (an IPv4 address or an IPv6 /64); one that arrives past either
+	// sheds the oldest such connection (conns.go), so that silent
+	// connections cannot keep members out. 0: a quarter of
+	// MaxConnections, and a quarter of MaxPending (at least 2).
+	MaxPending, MaxPendingPerAddress int
 }
 
 const defaultInboxHWM = 1000
@@ -86,10 +92,15 @@ type InboxStats struct {
 	// oversized frames. With Auth the handshake monitor (auth.go), which
 	// holds the socket's one monitor, counts them.
 	Disconnects uint64 `json:"disconnects"`
-	// Connections open now; ConnectionsRefused counts those shut down at
-	// once because MaxConnections were open.
+	// Connections open now, and those of them not yet past their
+	// handshake; ConnectionsRefused counts those the cap shut down
+	// (MaxConnections), ConnectionsShed those of them shut while pending
+	// to make room (MaxPending), and LastShed says whose and why.
 	Connections        int64  `json:"connections"`
+	ConnectionsPending int64  `json:"connections_pending"`
 	ConnectionsRefused uint64 `json:"connections_refused"`
+	ConnectionsShed    uint64 `json:"connections_shed"`
+	LastShed           string `json:"last_shed,omitempty"`
 	// With SocketOptions.Auth: connections admitted; connections refused
 	// (none of their messages is delivered) for a wrong credential, none,
 	// another mechanism, or for ending before they authenticated, as a
@@ -125,6 +136,7 @@ type Inbox struct {
 	lastError     atomic.Pointer[string]
 	auth          authStats
 	conns         *connCap
+	probe         sysProbe
 }
 
 // Listen binds a PULL socket on endpoint (for example "tcp://127.0.0.1:0";
@@ -150,10 +162,11 @@ func Listen(endpoint string, h Handler, opts *InboxOptions) (*Inbox, error) {
 	if in.opts.HWM <= 0 {
 		in.opts.HWM = defaultInboxHWM
 	}
-	if in.opts.MaxConnections < 0 {
-		return nil, fmt.Errorf("zmqlink: max connections %d: want 0 (no cap) or more", in.opts.MaxConnections)
+	if o := in.opts; o.MaxConnections < 0 || o.MaxPending < 0 || o.MaxPendingPerAddress < 0 {
+		return nil, fmt.Errorf("zmqlink: max connections %d, pending %d, pending per address %d: want 0 (the default) or more",
+			o.MaxConnections, o.MaxPending, o.MaxPendingPerAddress)
 	}
-	in.conns = newConnCap(in.opts.MaxConnections)
+	in.conns = newConnCap(in.opts.MaxConnections, in.opts.MaxPending, in.opts.MaxPendingPerAddress, in.opts.HandshakeTimeout, &in.probe)
 	ready := make(chan error, 1)
 	in.alive.Store(true)
 	go in.run(endpoint, ready)
@@ -197,7 +210,11 @@ func (in *Inbox) Stats() InboxStats {
 		s.LastError = *p
 	}
 	in.auth.fill(&s)
-	s.Connections, s.ConnectionsRefused = in.conns.open.Load(), in.conns.refused.Load()
+	s.Connections, s.ConnectionsPending = in.conns.open.Load(), in.conns.pendingNow.Load()
+	s.ConnectionsRefused, s.ConnectionsShed = in.conns.refused.Load(), in.conns.shed.Load()
+	if p := in.conns.lastShed.Load(); p != nil {
+		s.LastShed = *p
+	}
 	return s
 }
 
@@ -309,7 +326,7 @@ func (in *Inbox) bind(ctx zContext, endpoint string) (zSocket, error) {
 		return fail(fmt.Errorf("zmqlink: last endpoint: %w", err))
 	}
 	in.endpoint = ep
-	in.conns.bound(ep)
+	in.probe.bound(ep)
 	return sock, nil
 }
 
@@ -355,7 +372,7 @@ func (in *Inbox) readDisconnects(mon zSocket) {
 		}
 		if len(ev) > 0 && len(ev[0]) >= 6 {
 			event := binary.NativeEndian.Uint16(ev[0])
-			capped := in.conns.event(event, int32(binary.NativeEndian.Uint32(ev[0][2:])))
+			capped := in.conns.event(event, int32(binary.NativeEndian.Uint32(ev[0][2:])), time.Now())
 			if event == eventDisconnected && !capped {
 				in.disconnects.Add(1)
 			}
