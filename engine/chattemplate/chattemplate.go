@@ -61,6 +61,10 @@
 // raise_exception is returned as a *RaiseError: the template refuses the
 // conversation (roles that do not alternate, a system message the model
 // does not take). Any other failure is the template's or the engine's.
+//
+// Compile and Render run in the calling process with no bound; a server
+// renders a model's template through a Sandbox instead (sandbox.go), in
+// worker processes under bounds of time, memory, stack and output.
 package chattemplate
 
 import (
@@ -90,6 +94,9 @@ type Options struct {
 	BOS, EOS string
 	// Now is strftime_now's clock; nil means time.Now.
 	Now func() time.Time
+	// MaxOutput bounds a sandboxed render's output in bytes (0: the
+	// Sandbox's Bounds.Output).
+	MaxOutput int
 }
 
 // Template is a compiled chat template. It is safe for concurrent use.
@@ -202,10 +209,15 @@ var Probes = [][]Message{
 // template uses something the engine lacks), or when the template refuses
 // them all.
 func (t *Template) Check() error {
+	return check(func(msgs []Message) (string, error) { return t.Render(msgs, true) })
+}
+
+// check is Check with render rendering a conversation.
+func check(render func([]Message) (string, error)) error {
 	var refusal error
 	ok := false
 	for _, p := range Probes {
-		_, err := t.Render(p, true)
+		_, err := render(p)
 		var re *RaiseError
 		switch {
 		case err == nil:

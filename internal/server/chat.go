@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -102,11 +103,17 @@ func DefaultChatTemplate() ChatTemplate { return chatTemplates[ChatDefault] }
 // see jinjaTemplate.encode. Any other template is rendered and encoded with
 // Encode(text, true).
 func EncodeChat(t tokenizer.Tokenizer, tmpl ChatTemplate, msgs []openai.Message) ([]int32, error) {
+	return encodeChat(context.Background(), t, tmpl, msgs)
+}
+
+// encodeChat is EncodeChat for a request: a render of the model's own
+// template ends with ctx.
+func encodeChat(ctx context.Context, t tokenizer.Tokenizer, tmpl ChatTemplate, msgs []openai.Message) ([]int32, error) {
 	if tmpl == nil {
 		tmpl = DefaultChatTemplate()
 	}
 	if jt, ok := tmpl.(*jinjaTemplate); ok {
-		return jt.encode(t, msgs)
+		return jt.encode(ctx, t, msgs)
 	}
 	ct, ok := tmpl.(*chatTemplate)
 	if !ok {

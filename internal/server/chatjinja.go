@@ -1,10 +1,12 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"slices"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/pdkit/pdkit/api/openai"
@@ -19,16 +21,18 @@ const ChatJinja = "jinja"
 // PickChatTemplate returns the template chat requests are rendered with for
 // a model whose GGUF carries the Jinja chat template src (tokenizer.
 // chat_template) and whose tokenizer is tok: src itself, rendered by
-// engine/chattemplate, when it compiles and renders the test conversations
-// (chattemplate.Template.Check). A template that does not is logged as a
+// engine/chattemplate in sb's worker processes under its bounds, when it
+// compiles and renders the test conversations (chattemplate.Template.Check).
+// A template that does not, or passes a bound doing it, is logged as a
 // warning, with the reason, and the recognised family's template takes its
 // place (DetectChatTemplate: the default template when no family is
-// recognised). Without src the default template is used.
-func PickChatTemplate(src string, tok tokenizer.Tokenizer, log *slog.Logger) ChatTemplate {
+// recognised). Without src the default template is used. maxOutput bounds
+// a render's output (the most text a prompt that fits can have).
+func PickChatTemplate(src string, tok tokenizer.Tokenizer, sb *chattemplate.Sandbox, maxOutput int, log *slog.Logger) ChatTemplate {
 	if src == "" {
 		return DefaultChatTemplate()
 	}
-	t, err := NewJinjaChatTemplate(src, tok)
+	t, err := NewJinjaChatTemplate(src, tok, sb, maxOutput)
 	if err == nil {
 		return t
 	}
@@ -40,20 +44,28 @@ func PickChatTemplate(src string, tok tokenizer.Tokenizer, log *slog.Logger) Cha
 }
 
 // NewJinjaChatTemplate compiles the Jinja chat template src for a model
-// whose tokenizer is tok and checks that it renders the test conversations.
-// bos_token and eos_token are the spellings of tok's BOS and EOS.
-func NewJinjaChatTemplate(src string, tok tokenizer.Tokenizer) (ChatTemplate, error) {
+// whose tokenizer is tok, in sb (nil: chattemplate.Shared), and checks that
+// it renders the test conversations. bos_token and eos_token are the
+// spellings of tok's BOS and EOS.
+func NewJinjaChatTemplate(src string, tok tokenizer.Tokenizer, sb *chattemplate.Sandbox, maxOutput int) (ChatTemplate, error) {
+	if sb == nil {
+		sb = chattemplate.Shared()
+	}
 	text := func(id int32) string {
 		if tt, ok := tok.(interface{ TokenText(int32) string }); ok && id >= 0 {
 			return tt.TokenText(id)
 		}
 		return ""
 	}
-	t, err := chattemplate.Compile(src, chattemplate.Options{BOS: text(tok.BOS()), EOS: text(tok.EOS())})
+	// Compiling and the test renders are bounded by the sandbox, each
+	// render by its time bound; this bounds the waits for a worker too.
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Duration(len(chattemplate.Probes)+1)*sb.Bounds().Time)
+	defer cancel()
+	t, err := sb.Compile(ctx, src, chattemplate.Options{BOS: text(tok.BOS()), EOS: text(tok.EOS()), MaxOutput: maxOutput})
 	if err != nil {
 		return nil, err
 	}
-	if err := t.Check(); err != nil {
+	if err := t.Check(ctx); err != nil {
 		return nil, err
 	}
 	return &jinjaTemplate{t: t, src: src, specials: newSpecials(tok)}, nil
@@ -61,24 +73,27 @@ func NewJinjaChatTemplate(src string, tok tokenizer.Tokenizer) (ChatTemplate, er
 
 // jinjaTemplate is a model's Jinja chat template.
 type jinjaTemplate struct {
-	t        *chattemplate.Template
+	t        *chattemplate.Sandboxed
 	src      string
 	specials *specials
 }
 
 func (j *jinjaTemplate) Name() string { return ChatJinja }
 
-// Render renders msgs with the generation prompt. A conversation the
-// template refuses (its raise_exception) is a *chattemplate.RaiseError;
-// another failure is a *TemplateError.
+// Render renders msgs with the generation prompt, bounded by the
+// sandbox's time bound. A conversation the template refuses (its
+// raise_exception) is a *chattemplate.RaiseError, one that passes a
+// bound a *chattemplate.BoundError; another failure is a *TemplateError.
 func (j *jinjaTemplate) Render(msgs []openai.Message) (string, error) {
-	return j.render(toTemplate(msgs))
+	return j.render(context.Background(), toTemplate(msgs))
 }
 
-func (j *jinjaTemplate) render(msgs []chattemplate.Message) (string, error) {
-	s, err := j.t.Render(msgs, true)
+func (j *jinjaTemplate) render(ctx context.Context, msgs []chattemplate.Message) (string, error) {
+	s, err := j.t.Render(ctx, msgs, true)
 	if err != nil {
-		if _, ok := errors.AsType[*chattemplate.RaiseError](err); ok {
+		_, raised := errors.AsType[*chattemplate.RaiseError](err)
+		_, bound := errors.AsType[*chattemplate.BoundError](err)
+		if raised || bound || ctx.Err() != nil {
 			return "", err
 		}
 		return "", &TemplateError{Err: err}
@@ -95,12 +110,17 @@ func (e *TemplateError) Unwrap() error { return e.Err }
 
 // chatError is the answer to a chat request whose prompt could not be made:
 // a template's failure is the server's (500, logged to log), anything else (a role the
-// template refuses, its raise_exception, text the tokenizer cannot encode)
-// the request's (400, param messages).
+// template refuses, its raise_exception, a render past one of the
+// template's bounds, text the tokenizer cannot encode) the request's
+// (400, param messages).
 func chatError(log *slog.Logger, err error) *openai.Error {
 	if _, ok := errors.AsType[*TemplateError](err); ok {
 		log.Error("chat request: the chat template failed", "err", err)
 		return openai.ServerError(err.Error())
+	}
+	if be, ok := errors.AsType[*chattemplate.BoundError](err); ok {
+		log.Warn("chat request: the chat template passed a bound on this conversation", "bound", be.Bound, "limit", be.Limit)
+		return openai.InvalidRequest("messages", be.Error()+" on this conversation")
 	}
 	if re, ok := errors.AsType[*chattemplate.RaiseError](err); ok {
 		return openai.InvalidRequest("messages", "the model's chat template refuses the conversation: "+re.Message)
@@ -123,13 +143,13 @@ func toTemplate(msgs []openai.Message) []chattemplate.Message {
 // conversation contains, and the character is encoded as the spelling's
 // text. The tokenizer's BOS is put first when the vocabulary asks for one
 // (add_bos_token) and the template did not write it, never twice.
-func (j *jinjaTemplate) encode(t tokenizer.Tokenizer, msgs []openai.Message) ([]int32, error) {
+func (j *jinjaTemplate) encode(ctx context.Context, t tokenizer.Tokenizer, msgs []openai.Message) ([]int32, error) {
 	tm := toTemplate(msgs)
 	masks, err := j.mask(tm)
 	if err != nil {
 		return nil, err
 	}
-	text, err := j.render(tm)
+	text, err := j.render(ctx, tm)
 	if err != nil {
 		return nil, err
 	}

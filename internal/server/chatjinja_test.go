@@ -42,7 +42,7 @@ func chatTokenizer(t *testing.T) (tokenizer.Tokenizer, int32, int32) {
 
 func jinja(t *testing.T, src string, tok tokenizer.Tokenizer) ChatTemplate {
 	t.Helper()
-	tmpl, err := NewJinjaChatTemplate(src, tok)
+	tmpl, err := NewJinjaChatTemplate(src, tok, nil, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,6 +156,14 @@ func TestPickChatTemplate(t *testing.T) {
 			`fallback=default`},
 		{"refuses everything, llama3 markers", `{{ raise_exception('tools only') }}<|start_header_id|><|eot_id|>`, ChatLlama3,
 			`err="chat template refuses every test conversation: tools only" fallback=llama3`},
+		// Hostile templates (each would end the server were it rendered in
+		// it) pass a bound at start-up: a warning, and the family.
+		{"100 GB at start-up, chatml markers", `{{ 'x' * 100000000000 }}<|im_start|><|im_end|>`, ChatML,
+			`passed its memory bound of 512 MiB" fallback=chatml`},
+		{"a macro that calls itself, llama3 markers", `{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}<|start_header_id|><|eot_id|>`, ChatLlama3,
+			`passed its recursion bound of a 16 MiB stack" fallback=llama3`},
+		{"more output than the context, chatml markers", `{% for i in range(2000) %}{{ 'x' * 1000 }}{% endfor %}<|im_start|><|im_end|>`, ChatML,
+			`passed its output bound of 1048576 bytes" fallback=chatml`},
 	} {
 		var buf syncbuf.Buffer
 		log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
@@ -164,7 +172,7 @@ func TestPickChatTemplate(t *testing.T) {
 			}
 			return a
 		}}))
-		got := PickChatTemplate(c.src, tok, log)
+		got := PickChatTemplate(c.src, tok, nil, 1<<20, log)
 		if got.Name() != c.want {
 			t.Errorf("%s: picked %s, want %s", c.name, got.Name(), c.want)
 		}
@@ -177,34 +185,44 @@ func TestPickChatTemplate(t *testing.T) {
 // TestChatTemplateFromGGUF serves a copy of the tiny model whose GGUF
 // carries a ChatML template and ChatML's control tokens: the server renders
 // the GGUF's Jinja, with a fallback when it cannot.
+// chatModel is a copy of the tiny model whose GGUF carries template and
+// ChatML's control tokens.
+func chatModel(t *testing.T, template string) *model.Model {
+	t.Helper()
+	spec := builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32}
+	w, err := builtin.Build(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _, _ := chatVocab(t)
+	w.Add("tokenizer.ggml.tokens", v.Tokens)
+	w.Add("tokenizer.ggml.token_type", v.Types)
+	w.Add(model.KeyChatTemplate, template)
+	path := filepath.Join(t.TempDir(), "chat.gguf")
+	if err := w.WriteFile(path); err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	if m.ChatTemplate() != template {
+		t.Fatalf("ChatTemplate() = %q", m.ChatTemplate())
+	}
+	return m
+}
+
+func chatRequest(t *testing.T, e *env, msgs []openai.Message) (int, []byte) {
+	return e.post(t, "/v1/chat/completions", map[string]any{"messages": msgs, "max_tokens": 4, "temperature": 0})
+}
+
 func TestChatTemplateFromGGUF(t *testing.T) {
 	serveWith := func(t *testing.T, template string) (*env, *model.Model) {
-		spec := builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32}
-		w, err := builtin.Build(spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		v, _, _ := chatVocab(t)
-		w.Add("tokenizer.ggml.tokens", v.Tokens)
-		w.Add("tokenizer.ggml.token_type", v.Types)
-		w.Add(model.KeyChatTemplate, template)
-		path := filepath.Join(t.TempDir(), "chat.gguf")
-		if err := w.WriteFile(path); err != nil {
-			t.Fatal(err)
-		}
-		m, err := model.Open(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { m.Close() })
-		if m.ChatTemplate() != template {
-			t.Fatalf("ChatTemplate() = %q", m.ChatTemplate())
-		}
+		m := chatModel(t, template)
 		return newEnvModel(t, m, serve.Config{PageSize: 4, MaxRunning: 8}), m
 	}
-	chat := func(t *testing.T, e *env, msgs []openai.Message) (int, []byte) {
-		return e.post(t, "/v1/chat/completions", map[string]any{"messages": msgs, "max_tokens": 4, "temperature": 0})
-	}
+	chat := chatRequest
 	state := func(t *testing.T, e *env) string {
 		var st debug.StateResponse
 		code, b := get(t, e, "/debug/v1/state")

@@ -72,11 +72,15 @@
 // with raise_exception (roles that do not alternate, a system message the
 // model does not take) is a 400 with param "messages" and the template's
 // reason; a template that fails otherwise on a request is a 500, logged.
+// The template runs in chattemplate.Sandbox's worker processes, never in
+// the server (Options.ChatSandbox): a conversation that makes it pass a
+// bound of time, memory, stack or output (the model's context in text) is
+// a 400 naming the bound, and its render ends when its client leaves.
 //
 // At New the template is compiled and rendered with four test
 // conversations (chattemplate.Probes). A template that does not compile,
-// fails to render one of them for another reason than its raise_exception,
-// or refuses them all, is logged as a warning with the reason, and the
+// fails to render one of them for another reason than its raise_exception
+// (a bound passed among them), or refuses them all, is logged as a warning with the reason, and the
 // server falls back to the family DetectChatTemplate recognises by the
 // template's markers (anything else gets the default template); so does a
 // model without a template (the built-in model has none). GET

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pdkit/pdkit/engine/chattemplate"
+
 	"github.com/pdkit/pdkit/api/clusterauth"
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/openai"
@@ -49,6 +51,9 @@ type Options struct {
 	MaxBodyBytes int64
 	// Logger receives the server's logs (default slog.Default()).
 	Logger *slog.Logger
+	// ChatSandbox renders the model's chat template in its worker
+	// processes, under its bounds (nil: chattemplate.Shared()).
+	ChatSandbox *chattemplate.Sandbox
 	// Metrics backs GET /metrics. The server attaches the engine to it
 	// (Metrics.Watch). Set the same Metrics as the engine's
 	// serve.Config.Observer to get the token counters and the latency
@@ -163,7 +168,7 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 	bound := openai.PromptBound{ContextTokens: m.Config.ContextLen, TokenBytes: tokenBytes(m.Tokenizer)}
 	s := &Server{
 		eng: eng, m: m, tok: m.Tokenizer, opts: opts, log: opts.Logger,
-		tmpl: PickChatTemplate(m.ChatTemplate(), m.Tokenizer, opts.Logger),
+		tmpl: PickChatTemplate(m.ChatTemplate(), m.Tokenizer, opts.ChatSandbox, bound.ContextTokens*bound.TokenBytes, opts.Logger),
 		limits: openai.Limits{
 			MaxBodyBytes: bound.BodyBytes(opts.MaxBodyBytes),
 			MaxTokens:    m.Config.ContextLen,
@@ -477,7 +482,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	}
 	var p []int32
 	var err error
-	if werr := s.tokenizing(r.Context(), func() error { p, err = EncodeChat(s.tok, s.tmpl, req.Messages); return nil }); werr != nil {
+	if werr := s.tokenizing(r.Context(), func() error { p, err = encodeChat(r.Context(), s.tok, s.tmpl, req.Messages); return nil }); werr != nil {
 		clientGone(w, werr)
 		return
 	}

@@ -47,12 +47,19 @@ func newEnv(t *testing.T) *env {
 // server; both are closed with the test.
 func newEnvModel(t *testing.T, m *model.Model, cfg serve.Config) *env {
 	t.Helper()
+	return newEnvModelOpts(t, m, cfg, Options{})
+}
+
+// newEnvModelOpts is newEnvModel with the server's options.
+func newEnvModelOpts(t *testing.T, m *model.Model, cfg serve.Config, opts Options) *env {
+	t.Helper()
 	eng, err := serve.New(m, withCPU(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
 	// As pdserve does, a PD server holds the cluster's secret.
-	srv := New(eng, m, Options{ModelName: "tiny", ClusterSecret: cfg.PD.Secret})
+	opts.ModelName, opts.ClusterSecret = "tiny", cfg.PD.Secret
+	srv := New(eng, m, opts)
 	ts := httptest.NewServer(srv)
 	t.Cleanup(func() {
 		ts.Close()
