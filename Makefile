@@ -53,7 +53,7 @@ test: deps ## go vet, the whole test suite with the race detector, the multi-hos
 soak: deps ## make run's cluster under 60 greedy sessions for SOAK_DURATION (10m): outputs against references, pdctl diagnose every 30s, RSS and goroutines flat
 	$(GO) test -tags soak -run '^TestSoak$$' -v -timeout $(SOAK_TIMEOUT) ./internal/soak/ -args -soak.duration=$(SOAK_DURATION)
 
-bench: deps build ## kernel micro-benchmarks, the model benchmark on the built-in small and medium models (bin/pdserve bench; medium with one run per figure instead of three, about a minute), the serving one (bin/pdserve bench serve), the overlap loop against lock-step on it at every CPU and one thread, interleaved (bin/pdserve bench overlap), PD vs colocated TTFT and the KV transport against raw TCP (bin/pdserve bench pd), 200 sessions at once through a real PD cluster (bin/pdserve bench load), the HiCache index-K race and host hits against recompute (bin/pdserve bench hicache, 300 requests per cell), then the PD wire codec and the ZeroMQ transport against raw loopback TCP
+bench: deps build ## kernel micro-benchmarks, the model benchmark on the built-in small and medium models (bin/pdserve bench; medium with one run per figure instead of three, about a minute), the serving one (bin/pdserve bench serve), the overlap loop against lock-step on it at every CPU and one thread, interleaved (bin/pdserve bench overlap), PD vs colocated TTFT and the KV transport against raw TCP (bin/pdserve bench pd), 200 sessions at once through a real PD cluster (bin/pdserve bench load), the HiCache index-K race and host hits against recompute (bin/pdserve bench hicache, 300 requests per cell), then the PD wire codec, the ZeroMQ transport against raw loopback TCP, and a chat template rendered in its sandbox against in the process
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./kernels/...
 	bin/pdserve bench
 	bin/pdserve bench --size medium --repeats 1
@@ -62,7 +62,7 @@ bench: deps build ## kernel micro-benchmarks, the model benchmark on the built-i
 	bin/pdserve bench pd
 	bin/pdserve bench load
 	bin/pdserve bench hicache --requests-per-cell 300
-	$(GO) test -run '^$$' -bench . -benchmem ./api/pdproto/ ./engine/pd/zmqlink/
+	$(GO) test -run '^$$' -bench . -benchmem ./api/pdproto/ ./engine/pd/zmqlink/ ./engine/chattemplate/
 
 check: deps ## fail on unformatted files, go vet findings or a go.mod that go mod tidy would change
 	@files=$$(find . -name '*.go' -not -path './.git/*' -not -path './bin/*' -not -path '*/testdata/*' \
