@@ -24,6 +24,12 @@ type ClusterResponse struct {
 	// Ready is false until the router's first round of health checks has
 	// ended; until then it answers 503 with Retry-After.
 	Ready bool `json:"ready"`
+	// Paused says an operator has paused admission (PausePath): new
+	// requests wait at the edge until PausedUntilMS from now at most;
+	// Waiting counts them.
+	Paused        bool    `json:"paused,omitempty"`
+	PausedUntilMS float64 `json:"paused_until_ms,omitempty"`
+	Waiting       int     `json:"waiting,omitempty"`
 	// Servers lists the prefill servers, then the decode servers, in the
 	// order the router was given them.
 	Servers []ClusterServer `json:"servers"`

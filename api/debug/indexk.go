@@ -10,8 +10,8 @@ import "time"
 // passed), reallocates the index keys, drops the cached prefixes (device
 // and host tier) written in the old precision, and resumes. The two sides
 // of a PD pair must run the same precision (the handshake refuses a
-// mismatch), so a cluster is switched prefill servers first, then decode
-// servers.
+// mismatch), so a cluster is switched with its router paused (PausePath),
+// prefill servers first, then decode servers.
 
 // The index-K precisions, as the API names them.
 const (

@@ -105,7 +105,7 @@ $ pdctl hicache off --server http://127.0.0.1:30000
 # Every server's index-K precision
 $ pdctl indexk status
 
-# Switch the whole cluster to bf16 (prefill servers first, then decode servers)
+# Switch the whole cluster to bf16, the router paused meanwhile
 $ pdctl indexk set bf16
 `,
 	"indexk status": `

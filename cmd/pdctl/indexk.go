@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/spf13/cobra"
@@ -25,14 +26,16 @@ one): each server drains (it stops admitting, lets the requests in flight
 finish for at most --drain, then aborts what is left), drops the prefixes
 it cached in the old precision and resumes in the new one.
 
-The two sides of a PD pair must run the same precision: a decode refuses a
-prefill's KV in another one at the handshake, and those requests fail. So
-"indexk set" switches every prefill server first, then every decode server:
-a prefill's requests in flight still need their decode to finish, and once
-a decode has switched it would refuse them. A colocated server has no peer
-and switches with the prefill servers. Between the two rounds, requests
-routed to a switched prefill and an unswitched decode fail, naming the
-precisions; once both rounds are done the pairs agree again.`,
+The two sides of a PD pair must run the same precision: the handshake
+refuses a prefill's KV in another one. So "indexk set" first pauses the
+router (POST /admin/v1/pause): new requests wait at its edge, queued, and
+the requests in flight finish (for at most --drain). Once none is left, no
+pair can meet mid-switch, and every server switches at once; then the
+router resumes and the requests that waited are served. A request still in
+flight past --drain ends as an abort (finish_reason "abort"), never as an
+error. With --server (no router to pause), or a router that cannot be
+paused, it switches every prefill server first, then every decode server,
+and requests routed between the two rounds fail, naming the precisions.`,
 		Args: needsCommand("status, set or ab"),
 		RunE: func(cmd *cobra.Command, args []string) error { return nil },
 	}
@@ -131,22 +134,31 @@ func newCmdIndexKSet(f *factory, runF func(context.Context, *indexkSetOptions) e
 	opts := &indexkSetOptions{f: f, Attach: &f.attach}
 	cmd := &cobra.Command{
 		Use:   "set fp8|bf16",
-		Short: "Switch the index-K precision of the whole cluster: prefill servers first, then decode servers",
+		Short: "Switch the index-K precision of the whole cluster, the router paused so that no request meets two precisions",
 		Long: `Switches every server to the precision given (through POST
-/admin/v1/indexk/fp8 or /bf16): first every prefill server and colocated
-server at once, then, once every prefill server runs the new precision,
-every decode server at once. A decode switched before its prefill servers
-would refuse their KV, and their requests in flight would fail; so when a
-prefill server does not switch (it refused, could not be reached, or was
-still draining when it answered), the decode servers are left as they are,
-and so they are when a server that could not be reached has no known role.
+/admin/v1/indexk/fp8 or /bf16). The router is paused first (POST
+/admin/v1/pause, with a lease after which it resumes by itself): new
+requests wait at its edge, and the call waits up to --drain for those in
+flight. Once they have ended, every server switches at once, with what is
+left of --drain for requests that did not come through the router; then the
+router resumes (POST /admin/v1/resume).
 
-Each server drains for at most --drain: the requests in flight finish, or
-are aborted once it has passed; new requests wait, queued, until the switch
-is done. One row per server, in the order they were switched: its precision
-before and after, how long it paused (did not admit), the requests the
-drain bound aborted, and the result: switched, already (it ran that
-precision), pending (still draining when it answered; GET
+Without a router to pause (--server), or when the pause fails or the
+requests in flight outlast --drain, it switches every prefill and colocated
+server first, then, once every prefill server runs the new precision,
+every decode server: a decode switched before its prefill servers would
+refuse their KV. So when a prefill server does not switch (it refused,
+could not be reached, or was still draining when it answered), the decode
+servers are left as they are, and so they are when a server that could not
+be reached has no known role.
+
+Each server drains for at most the drain given: the requests in flight
+finish, or are aborted once it has passed; new requests wait, queued, until
+the switch is done. One row for the router (how long it was paused, how many
+requests waited), then one per server, in the order they were switched: its
+precision before and after, how long it paused (did not admit), the
+requests the drain bound aborted, and the result: switched, already (it ran
+that precision), pending (still draining when it answered; GET
 /debug/v1/settings shows index_k once done), skipped (no sparse indexer;
 or a decode server left alone), refused or unreachable. A server that did
 not switch makes the exit status 1, and the message says which servers run
@@ -223,6 +235,7 @@ func indexKRound(role string) int {
 // the decode servers, each draining for at most drain; it returns one row
 // per server in that order, with the precision each reports afterwards.
 func switchIndexK(ctx context.Context, targets []*target, to string, drain time.Duration) []indexKRow {
+	roundOf := indexKRound
 	rows := make([]indexKRow, len(targets))
 	for i, t := range targets {
 		rows[i] = indexKRow{URL: t.URL, Role: t.Role}
@@ -273,7 +286,7 @@ func switchIndexK(ctx context.Context, targets []*target, to string, drain time.
 		var sub []*target
 		var idx []int
 		for i, t := range targets {
-			if rows[i].Result == "" && indexKRound(t.Role) == n {
+			if rows[i].Result == "" && roundOf(t.Role) == n {
 				sub, idx = append(sub, t), append(idx, i)
 			}
 		}
@@ -284,13 +297,13 @@ func switchIndexK(ctx context.Context, targets []*target, to string, drain time.
 	// server whose role is not known (it could not be reached).
 	var held []string
 	for i, t := range targets {
-		if rows[i].failed() && t.Role != pdproto.RoleColocated && indexKRound(t.Role) == 1 {
+		if rows[i].failed() && t.Role != pdproto.RoleColocated && roundOf(t.Role) == 1 {
 			held = append(held, t.URL)
 		}
 	}
 	if len(held) > 0 {
 		for i, t := range targets {
-			if rows[i].Result == "" && indexKRound(t.Role) == 2 {
+			if rows[i].Result == "" && roundOf(t.Role) == 2 {
 				rows[i].Result = indexKSkipped
 				rows[i].Detail = "left as it is: not every prefill server switched (" + strings.Join(held, ", ") + ")"
 			}
@@ -359,15 +372,26 @@ func indexkSetRun(ctx context.Context, opts *indexkSetOptions) error {
 	if err != nil {
 		return err
 	}
+	// The router forms no new pair while the servers switch.
+	rp := pauseRouter(ctx, opts.Attach.routerClient(f), opts.Drain)
 	rows := switchIndexK(ctx, targets, opts.To, opts.Drain)
+	rp.resume(ctx)
 	if opts.JSON {
 		err = writeJSON(f.Out, struct {
-			To      string      `json:"to"`
-			DrainMS float64     `json:"drain_ms"`
-			Servers []indexKRow `json:"servers"`
-		}{opts.To, float64(opts.Drain) / float64(time.Millisecond), rows})
+			To      string          `json:"to"`
+			DrainMS float64         `json:"drain_ms"`
+			Router  *routerPauseRow `json:"router,omitempty"`
+			Servers []indexKRow     `json:"servers"`
+		}{opts.To, float64(opts.Drain) / float64(time.Millisecond), rp, rows})
 	} else {
 		tab := newTable([]string{"SERVER", "ROLE", "FROM", "TO", "PAUSED", "ABORTED", "RESULT"}, "PAUSED")
+		if rp != nil {
+			paused := ""
+			if rp.paused {
+				paused = fmtMS(rp.PausedMS)
+			}
+			tab.add(rp.URL, pdproto.RoleRouter, "", "", paused, "", rp.Result)
+		}
 		for _, r := range rows {
 			paused, aborted := "", ""
 			if r.Result == indexKSwitched || r.Result == indexKPending {
@@ -388,4 +412,73 @@ func indexkSetRun(ctx context.Context, opts *indexkSetOptions) error {
 		return err
 	}
 	return indexKSwitchError(rows, opts.To)
+}
+
+// routerPauseRow is the router's part of indexk set: it pauses admission
+// while the servers switch (JSON as shown).
+type routerPauseRow struct {
+	URL string `json:"url"`
+	// Result says how the pause went: "paused, N requests waited", or
+	// why the router was not paused (the servers then switch in two
+	// rounds, and requests routed between them may fail).
+	Result string `json:"result"`
+	// WaitedMS is how long the router's requests in flight took to end;
+	// PausedMS how long it admitted nothing; Held the requests that
+	// waited at its edge meanwhile.
+	WaitedMS float64 `json:"waited_ms"`
+	PausedMS float64 `json:"paused_ms"`
+	Held     uint64  `json:"held"`
+
+	c      *client.Client
+	paused bool
+}
+
+// pauseLease bounds a pause for a switch with drain: the router's drain,
+// each server's own drain and answer margin, and room to spare. A pdctl
+// that dies mid-switch leaves the router paused no longer than this.
+func pauseLease(drain time.Duration) time.Duration {
+	return 2*drain + 2*debug.IndexKSwitchMargin + 30*time.Second
+}
+
+// pauseRouter pauses the router of rc for a switch (nil without a
+// router: the servers were named with --server), waiting up to drain for
+// its requests in flight to end.
+func pauseRouter(ctx context.Context, rc *client.Client, drain time.Duration) *routerPauseRow {
+	if rc == nil {
+		return nil
+	}
+	rp := &routerPauseRow{URL: rc.BaseURL, c: rc}
+	res, err := rc.Pause(ctx, drain, pauseLease(drain))
+	if err != nil {
+		rp.Result = "not paused: " + err.Error() + "; the servers switch prefill first, and requests routed between the two rounds may fail"
+		return rp
+	}
+	rp.paused, rp.WaitedMS = true, res.WaitedMS
+	if !res.Drained {
+		rp.Result = fmt.Sprintf("paused; %s still in flight after --drain", pluralf(res.InFlight, "request", "requests"))
+	}
+	return rp
+}
+
+// resume resumes the router paused by pauseRouter, even when ctx has
+// ended (an operator's ^C must not leave the cluster closed until the
+// lease ends).
+func (rp *routerPauseRow) resume(ctx context.Context) {
+	if rp == nil || !rp.paused {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	res, err := rp.c.Resume(ctx)
+	if err != nil {
+		rp.Result = "paused, and the resume failed: " + err.Error() + "; it resumes by itself when its lease ends"
+		return
+	}
+	rp.PausedMS, rp.Held = res.PausedMS, res.Held
+	waited := pluralf(int(res.Held), "request", "requests") + " waited"
+	if rp.Result == "" {
+		rp.Result = "paused: " + waited
+	} else {
+		rp.Result += "; " + waited
+	}
 }

@@ -66,12 +66,12 @@ func TestIndexK(t *testing.T) {
 		{
 			name:   "set bf16: the prefill first",
 			args:   []string{"indexk", "set", "bf16"},
-			stdout: "PREFILL\tprefill\tfp8\tbf16\t*\t0\tswitched\nDECODE\tdecode\tfp8\tbf16\t*\t0\tswitched\n",
+			stdout: "ROUTER\trouter\t-\t-\t*\t-\tpaused: 0 requests waited\n" + "PREFILL\tprefill\tfp8\tbf16\t*\t0\tswitched\nDECODE\tdecode\tfp8\tbf16\t*\t0\tswitched\n",
 		},
 		{
 			name:   "set bf16 again",
 			args:   []string{"indexk", "set", "bf16", "--drain", "1s"},
-			stdout: "PREFILL\tprefill\tbf16\tbf16\t-\t0\talready\nDECODE\tdecode\tbf16\tbf16\t-\t0\talready\n",
+			stdout: "ROUTER\trouter\t-\t-\t*\t-\tpaused: 0 requests waited\n" + "PREFILL\tprefill\tbf16\tbf16\t-\t0\talready\nDECODE\tdecode\tbf16\tbf16\t-\t0\talready\n",
 		},
 		{
 			name:   "status after the switch; a server without an indexer",
@@ -188,7 +188,7 @@ func TestIndexK(t *testing.T) {
 			},
 			args: []string{"indexk", "set", "bf16"},
 			code: exitError,
-			stdout: "PREFILL\tprefill\tfp8\t-\t-\t-\trefused: PREFILL/admin/v1/indexk/bf16?drain=30s: 409 an index-K switch to bf16 is under way: retry once GET /debug/v1/settings shows index_k bf16\n" +
+			stdout: "ROUTER\trouter\t-\t-\t*\t-\tpaused: 0 requests waited\n" + "PREFILL\tprefill\tfp8\t-\t-\t-\trefused: PREFILL/admin/v1/indexk/bf16?drain=30s: 409 an index-K switch to bf16 is under way: retry once GET /debug/v1/settings shows index_k bf16\n" +
 				"DECODE\tdecode\tfp8\t-\t-\t-\tskipped: left as it is: not every prefill server switched (PREFILL)\n",
 			stderr: "pdctl: the switch to bf16 did not take on 2 servers (PREFILL, DECODE); the cluster may be mixed: fp8 on PREFILL, DECODE\n",
 		},
@@ -211,7 +211,7 @@ func TestIndexK(t *testing.T) {
 				}
 			},
 			args:   []string{"indexk", "set", "bf16"},
-			stdout: "PREFILL\tprefill\tbf16\tbf16\t-\t0\talready\nDECODE\tdecode\tfp8\tbf16\t*\t0\tswitched\n",
+			stdout: "ROUTER\trouter\t-\t-\t*\t-\tpaused: 0 requests waited\n" + "PREFILL\tprefill\tbf16\tbf16\t-\t0\talready\nDECODE\tdecode\tfp8\tbf16\t*\t0\tswitched\n",
 		},
 		{
 			name:   "no precision",
@@ -258,94 +258,133 @@ func TestIndexK(t *testing.T) {
 	// On a terminal: aligned, with a header, PAUSED masked.
 	_, stdout, _ = c.pdctl(t, true, "indexk", "set", "fp8")
 	if got := regexp.MustCompile(` {2,}`).ReplaceAllString(stdout, "  "); got != "SERVER  ROLE  FROM  TO  PAUSED  ABORTED  RESULT\n"+
+		"ROUTER  router  -  -  *  -  paused: 0 requests waited\n"+
 		"PREFILL  prefill  bf16  fp8  *  0  switched\nDECODE  decode  bf16  fp8  *  0  switched\n" {
 		t.Errorf("terminal:\n%s", stdout)
 	}
 }
 
-// TestIndexKSetUnderLoad switches a PD cluster with pdctl while clients
-// keep sending requests through the router: every server switches (the
-// prefill first), requests in flight either finish or fail (those routed
-// between the two rounds, naming the precisions), none hangs, and once the
-// switch is done every request succeeds through the router, in the new
-// precision on both sides, with the pools back to idle.
-func TestIndexKSetUnderLoad(t *testing.T) {
+// TestIndexKSetUnderLoad switches a PD cluster with pdctl, back and forth,
+// while clients keep sending requests through the router: the router is
+// paused for each switch, so every request succeeds (none meets a prefill
+// and a decode in two precisions), each output is the greedy output of its
+// prompt in one of the two precisions, and once the switches are done the
+// pools are back to idle. The long form (30 switches under 32 clients)
+// runs with -tags redteam.
+func TestIndexKSetUnderLoad(t *testing.T) { indexKSwitchesUnderLoad(t, 4, 8) }
+
+func indexKSwitchesUnderLoad(t *testing.T, switches, clients int) {
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
 	cfg := serve.Config{TP: 2, PageSize: 4, KVTokens: 256, MaxRunning: 4, IndexK: kernels.IndexFP8,
-		// A room a decode refused waits this long on its prefill.
 		PD: serve.PDConfig{BootstrapTimeout: 2 * time.Second, AbortAckTimeout: 200 * time.Millisecond}}
 	cc := clustertest.New(t, clustertest.Options{Model: m, Config: cfg,
 		Router: router.Options{HealthInterval: 20 * time.Millisecond}, HealthyWithin: 10 * time.Second})
 	c := &cluster{m: m, prefill: nodeOf(cc.Prefill), decode: nodeOf(cc.Decode), registry: cc.Registry, router: cc.Router.URL}
 
-	complete := func(ctx context.Context, i int) (int, string) {
-		b, _ := json.Marshal(map[string]any{"prompt": strings.Repeat("once upon a time ", 1+i%4), "max_tokens": 6, "ignore_eos": true, "temperature": 0})
+	const prompts = 4
+	prompt := func(i int) string { return strings.Repeat("once upon a time ", 1+i%prompts) }
+	// complete sends prompt i and returns the status and, on 200, the
+	// choice's text and finish reason; else the body.
+	complete := func(ctx context.Context, i int) (code int, text, finish string) {
+		b, _ := json.Marshal(map[string]any{"prompt": prompt(i), "max_tokens": 6, "ignore_eos": true, "temperature": 0})
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.router+"/v1/completions", bytes.NewReader(b))
 		if err != nil {
-			return 0, err.Error()
+			return 0, err.Error(), ""
 		}
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
-			return 0, err.Error()
+			return 0, err.Error(), ""
 		}
 		defer resp.Body.Close()
 		var body bytes.Buffer
 		body.ReadFrom(resp.Body)
-		return resp.StatusCode, body.String()
+		var out struct {
+			Choices []struct {
+				Text         string `json:"text"`
+				FinishReason string `json:"finish_reason"`
+			} `json:"choices"`
+		}
+		if resp.StatusCode != http.StatusOK || json.Unmarshal(body.Bytes(), &out) != nil || len(out.Choices) != 1 {
+			return resp.StatusCode, body.String(), ""
+		}
+		return resp.StatusCode, out.Choices[0].Text, out.Choices[0].FinishReason
 	}
-	// Four clients, each sending one request after the other until the
-	// switch is done.
+	set := func(to string) {
+		t.Helper()
+		code, stdout, stderr := c.pdctl(t, false, "indexk", "set", to, "--drain", "20s")
+		lines := strings.Split(strings.TrimSpace(stdout), "\n")
+		if code != exitOK || stderr != "" || len(lines) != 3 || !strings.HasPrefix(lines[0], "ROUTER\trouter\t-\t-\t*\t-\tpaused: ") ||
+			!strings.HasPrefix(lines[1], "PREFILL\tprefill\t") || !strings.HasSuffix(lines[1], "\tswitched") ||
+			!strings.HasPrefix(lines[2], "DECODE\tdecode\t") || !strings.HasSuffix(lines[2], "\tswitched") {
+			t.Fatalf("indexk set %s: exit %d\n%s\n%s", to, code, stdout, stderr)
+		}
+	}
+	// The greedy output of every prompt in each precision, on a quiet
+	// cluster.
+	want := map[string][prompts]string{}
+	for _, dt := range []string{debug.IndexKFP8, debug.IndexKBF16, debug.IndexKFP8} {
+		if dt != debug.IndexKFP8 || len(want) > 0 {
+			set(dt)
+		}
+		var outs [prompts]string
+		for i := range prompts {
+			code, text, finish := complete(t.Context(), i)
+			if code != http.StatusOK || finish != "length" {
+				t.Fatalf("prompt %d in %s: %d %s %s", i, dt, code, text, finish)
+			}
+			outs[i] = text
+		}
+		if prev, ok := want[dt]; ok && prev != outs {
+			t.Fatalf("the outputs in %s differ between two quiet runs: %q and %q", dt, prev, outs)
+		}
+		want[dt] = outs
+	}
+
+	// The clients, each sending one request after the other until the
+	// switches are done.
 	var stop atomic.Bool
-	var sent, failed atomic.Int64
+	var sent, failed, corrupt atomic.Int64
 	var wg sync.WaitGroup
-	for w := range 4 {
+	for w := range clients {
 		wg.Go(func() {
-			for i := w; !stop.Load(); i += 4 {
+			for i := w; !stop.Load(); i += clients {
 				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-				code, body := complete(ctx, i)
+				code, text, finish := complete(ctx, i)
 				cancel()
 				sent.Add(1)
-				if code != http.StatusOK {
+				switch {
+				case code != http.StatusOK || finish != "length":
 					failed.Add(1)
-					t.Logf("during the switch: %d %s", code, strings.TrimSpace(body))
-					// Routed between the two rounds: the precisions are
-					// named where rank 0 decided the failure; where another
-					// rank did, rank 0 says so.
-					if !strings.Contains(body, "index-K") && !strings.Contains(body, "index_k_dtype") && !strings.Contains(body, "another rank failed the room") {
-						t.Errorf("a request failed during the switch without naming the precisions: %d %s", code, body)
-					}
+					t.Errorf("during the switches: %d %s (finish %q)", code, strings.TrimSpace(text), finish)
+				case text != want[debug.IndexKFP8][i%prompts] && text != want[debug.IndexKBF16][i%prompts]:
+					corrupt.Add(1)
+					t.Errorf("prompt %d during the switches: %q, neither fp8's %q nor bf16's %q", i%prompts, text,
+						want[debug.IndexKFP8][i%prompts], want[debug.IndexKBF16][i%prompts])
 				}
 			}
 		})
 	}
-	waitfor.For(t, "requests served before the switch", 20*time.Second, func() bool { return sent.Load() >= 8 })
-	code, stdout, stderr := c.pdctl(t, false, "indexk", "set", "bf16", "--drain", "20s")
+	to := debug.IndexKFP8
+	for k := range switches {
+		n := sent.Load()
+		waitfor.For(t, "requests served between two switches", 30*time.Second, func() bool { return sent.Load() >= n+int64(clients) })
+		to = map[string]string{debug.IndexKFP8: debug.IndexKBF16, debug.IndexKBF16: debug.IndexKFP8}[to]
+		set(to)
+		t.Logf("switch %d to %s done, %d requests so far", k+1, to, sent.Load())
+	}
 	stop.Store(true)
 	wg.Wait()
-	t.Logf("%d requests during the load, %d failed", sent.Load(), failed.Load())
-	lines := strings.Split(strings.TrimSpace(stdout), "\n")
-	if code != exitOK || stderr != "" || len(lines) != 2 || !strings.HasPrefix(lines[0], "PREFILL\tprefill\tfp8\tbf16\t*\t") ||
-		!strings.HasSuffix(lines[0], "\tswitched") || !strings.HasPrefix(lines[1], "DECODE\tdecode\tfp8\tbf16\t*\t") || !strings.HasSuffix(lines[1], "\tswitched") {
-		t.Fatalf("indexk set: exit %d\n%s\n%s", code, stdout, stderr)
+	t.Logf("%d switches under %d clients: %d requests, %d failed, %d corrupt", switches, clients, sent.Load(), failed.Load(), corrupt.Load())
+	dt := kernels.IndexFP8
+	if to == debug.IndexKBF16 {
+		dt = kernels.IndexBF16
 	}
 	for _, n := range []*node{c.prefill, c.decode} {
-		if got := n.eng.View().IndexK(); got != kernels.IndexBF16 {
-			t.Errorf("%s: index-K %v after the switch", n.ts.URL, got)
+		if got := n.eng.View().IndexK(); got != dt {
+			t.Errorf("%s: index-K %v after the switches, want %v", n.ts.URL, got, dt)
 		}
 	}
-	// After the switch, every request through the router succeeds.
-	var after sync.WaitGroup
-	for i := range 12 {
-		after.Go(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
-			if code, body := complete(ctx, i); code != http.StatusOK || !strings.Contains(body, `"finish_reason":"length"`) {
-				t.Errorf("request %d after the switch: %d %s", i, code, body)
-			}
-		})
-	}
-	after.Wait()
 	// Nothing leaked: both pools hold only cached pages once idle.
 	for _, n := range []*node{c.prefill, c.decode} {
 		waitfor.For(t, n.ts.URL+" idle", 20*time.Second, func() bool {
@@ -354,10 +393,7 @@ func TestIndexKSetUnderLoad(t *testing.T) {
 				!slices.ContainsFunc(r.KV, func(kv debug.KVPages) bool { return kv.Held() != 0 })
 		})
 	}
-	waitSwitches(t, c.prefill, 1)
-	waitSwitches(t, c.decode, 1)
-	_, stdout, _ = c.pdctl(t, false, "indexk", "status")
-	if stdout != "PREFILL\tprefill\tbf16\tyes\t1\nDECODE\tdecode\tbf16\tyes\t1\n" {
-		t.Errorf("status after the switch:\n%s", stdout)
-	}
+	total := uint64(2 + switches)
+	waitSwitches(t, c.prefill, total)
+	waitSwitches(t, c.decode, total)
 }

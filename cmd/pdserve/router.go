@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pdkit/pdkit/internal/httpx"
 	"github.com/pdkit/pdkit/internal/router"
 )
 
@@ -20,6 +21,7 @@ type routerOptions struct {
 	healthInterval time.Duration
 	maxQueued      int
 	shutdown       time.Duration
+	adminToken     string
 	http           httpFlags
 	secret         secretFlags
 }
@@ -43,6 +45,7 @@ func newRouterCmd() *cobra.Command {
 	f.DurationVar(&o.healthInterval, "health-interval", time.Second, "time between two health checks of a server; two failed checks in a row mark it down")
 	f.IntVar(&o.maxQueued, "max-queued", router.DefaultMaxQueued, "admission bound: a server whose queue depth (its queued requests at the last health check plus the router's sent since) reaches this gets no new request; when no server of a role has room, requests are answered 429 with Retry-After (0: no bound)")
 	f.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a shutdown lets requests in flight, streams included, finish; those still running then end with an error event")
+	f.StringVar(&o.adminToken, "admin-token", "", "bearer token the router's admin calls (POST /admin/v1/pause and /admin/v1/resume) require (empty: with a cluster secret, the token it derives, which pdctl sends given the secret; without one, admin calls only when listening on loopback)")
 	o.http.register(f)
 	o.secret.register(f)
 	f.Lookup("cluster-secret").Usage = "the PD cluster's shared secret, the servers' (at least 16 bytes; prefer PD_CLUSTER_SECRET or --cluster-secret-file): " +
@@ -96,17 +99,21 @@ func routerRun(cmd *cobra.Command, o routerOptions) error {
 	if err != nil {
 		return err
 	}
-	rt, err := router.New(router.Options{Prefill: o.prefill, Decode: o.decode, HealthInterval: o.healthInterval, MaxQueued: maxQueued, Logger: log,
-		ReadyFailureRate: o.http.readyFailureRate, ReadyWindow: o.http.readyWindow, Guard: guard, ClusterSecret: secret})
-	if err != nil {
-		return usageError{err} // only a bad server list is refused
-	}
-	defer rt.Close()
-
 	ln, err := listen(o.host, o.port, "--port")
 	if err != nil {
 		return err
 	}
+	admin := httpx.AdminRule{Token: o.adminToken}
+	if admin.Token == "" {
+		admin = httpx.AdminRule{Token: secret.AdminToken(), Derived: secret != nil, Loopback: isLoopback(ln.Addr())}
+	}
+	rt, err := router.New(router.Options{Prefill: o.prefill, Decode: o.decode, HealthInterval: o.healthInterval, MaxQueued: maxQueued, Logger: log,
+		ReadyFailureRate: o.http.readyFailureRate, ReadyWindow: o.http.readyWindow, Guard: guard, ClusterSecret: secret, Admin: admin})
+	if err != nil {
+		ln.Close()
+		return usageError{err} // only a bad server list is refused
+	}
+	defer rt.Close()
 	srv := guard.Server(rt, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 	fmt.Fprintf(stderr, "routing on %s (prefill %v, decode %v)\n", clientURL(ln, o.host, o.advertise), o.prefill, o.decode)
 

@@ -25,6 +25,7 @@ import (
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/httpx"
 	"github.com/pdkit/pdkit/internal/metrics"
 	"github.com/pdkit/pdkit/internal/router"
 	"github.com/pdkit/pdkit/internal/server"
@@ -171,6 +172,11 @@ func New(t testing.TB, o Options) *Cluster {
 	}
 	if ro.ClusterSecret == nil {
 		ro.ClusterSecret = o.Config.PD.Secret // as pdserve launch gives the router the servers' secret
+	}
+	if ro.Admin == (httpx.AdminRule{}) {
+		// As pdserve router's rule, on loopback.
+		tok := ro.ClusterSecret.AdminToken()
+		ro.Admin = httpx.AdminRule{Token: tok, Derived: tok != "", Loopback: true}
 	}
 	rt, err := router.New(ro)
 	if err != nil {

@@ -317,6 +317,9 @@ func (rt *Router) cluster(w http.ResponseWriter, _ *http.Request) {
 		Ready:            rt.ready.Load(),
 		Servers:          []debug.ClusterServer{},
 	}
+	if paused, left, waiting, _ := rt.gate.status(); paused {
+		resp.Paused, resp.PausedUntilMS, resp.Waiting = true, ms(left), waiting
+	}
 	for _, u := range rt.servers() {
 		u.mu.Lock()
 		s := debug.ClusterServer{

@@ -36,6 +36,7 @@ type metrics struct {
 	liveRooms      prometheus.Gauge
 	retries        prometheus.Counter
 	refusals       *prometheus.CounterVec
+	pauseWaits     prometheus.Counter
 	ttft           *prometheus.HistogramVec
 	itl            *prometheus.HistogramVec
 	e2e            *prometheus.HistogramVec
@@ -69,6 +70,8 @@ func newMetrics() *metrics {
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "admission_refusals_total",
 			Help: "Requests answered 429 at the edge because every healthy server of role was at the admission bound or busy."},
 			[]string{"role"}),
+		pauseWaits: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "paused_waits_total",
+			Help: "Requests that waited at the edge while an operator had paused admission (POST /admin/v1/pause)."}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "time_to_first_token_seconds",
 			Help:    "Streams: time from a request's arrival at the router to its first token event sent to the client, queueing in the cluster included, by model (mirrors sglang:time_to_first_token_seconds).",
 			Buckets: tokenBuckets}, []string{"model"}),
@@ -79,7 +82,7 @@ func newMetrics() *metrics {
 			Help:    "Time from a request's arrival at the router to the end of its answer, for requests answered 2xx to their end, by model (mirrors sglang:e2e_request_latency_seconds).",
 			Buckets: requestBuckets}, []string{"model"}),
 	}
-	m.reg.MustRegister(m.requests, m.upstreamErrors, m.inFlight, m.healthy, m.liveRooms, m.retries, m.refusals, m.ttft, m.itl, m.e2e)
+	m.reg.MustRegister(m.requests, m.upstreamErrors, m.inFlight, m.healthy, m.liveRooms, m.retries, m.refusals, m.pauseWaits, m.ttft, m.itl, m.e2e)
 	// The Go runtime, the process and the build, as on every server.
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewBuildInfoCollector())

@@ -251,6 +251,15 @@ func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
 		rt.unavailable(w, outcomeStarting, errStarting)
 		return
 	}
+	// While an operator has paused admission the request waits here,
+	// before anything of it is sent (pause.go).
+	if waited, err := rt.gate.enter(r.Context()); err != nil {
+		rt.count(outcomeClientGone)
+		return // the client went while it waited
+	} else if waited {
+		rt.metrics.pauseWaits.Inc()
+	}
+	defer rt.gate.leave()
 	if dead := rt.route(w, r, fields, nil, arrived); dead != nil {
 		rt.log.Info("prefill refused the connection; routing again", "prefill", dead.url, "path", r.URL.Path)
 		rt.metrics.retries.Inc()

@@ -43,8 +43,9 @@
 // Routes: POST /v1/completions, /v1/chat/completions and /generate (proxied),
 // POST /abort_request, GET /v1/models (from a healthy decode server),
 // GET /health, /livez and /readyz, GET /metrics (Prometheus, namespace
-// pdkit), GET /debug/v1/cluster (api/debug.ClusterResponse) and GET
-// /pd/v1/info.
+// pdkit), GET /debug/v1/cluster (api/debug.ClusterResponse), GET
+// /pd/v1/info, and the admin calls POST /admin/v1/pause and /resume
+// (pause.go).
 package router
 
 import (
@@ -104,6 +105,9 @@ type Options struct {
 	// (clusterauth.SignRequest): servers with the secret refuse unsigned PD
 	// requests.
 	ClusterSecret *clusterauth.Secret
+	// Admin is who may call the router's admin API (POST /admin/v1/pause
+	// and /admin/v1/resume): the zero rule lets no one.
+	Admin httpx.AdminRule
 	// Guard, when set, is the listener guard the router is served behind;
 	// GET /metrics exports its limit hits.
 	Guard *httpx.Guard
@@ -136,6 +140,7 @@ type Router struct {
 	ready  atomic.Bool  // the first round of health checks has ended
 	round  atomic.Int64 // when the health loop last began a round (unix ns)
 	recent *httpx.RecentFailures
+	gate   *gate // the operator's pause of admission (pause.go)
 
 	stop   context.CancelFunc
 	done   chan struct{} // closed when the health loop has returned
@@ -181,6 +186,7 @@ func New(opts Options) (*Router, error) {
 		reqs:   requests{byID: map[string]*tracked{}},
 		recent: httpx.NewRecentFailures(opts.ReadyFailureRate, opts.ReadyWindow, opts.ReadyMinRequests),
 		done:   make(chan struct{}),
+		gate:   newGate(),
 	}
 	rt.round.Store(time.Now().UnixNano())
 	seen := map[string]bool{}
@@ -208,7 +214,7 @@ func New(opts Options) (*Router, error) {
 			rt.metrics.inFlight.WithLabelValues(role, u).Set(0)
 		}
 	}
-	rt.metrics.reg.MustRegister(queueCollector{rt})
+	rt.metrics.reg.MustRegister(queueCollector{rt}, pauseCollector{rt.gate})
 	if opts.Guard != nil {
 		rt.metrics.reg.MustRegister(opts.Guard)
 	}
@@ -223,6 +229,7 @@ func New(opts Options) (*Router, error) {
 	rt.handle("GET", "/metrics", rt.metrics.handler().ServeHTTP)
 	rt.handle("GET", "/debug/v1/cluster", rt.cluster)
 	rt.handle("GET", pdproto.InfoPath, rt.info)
+	rt.adminRoutes()
 
 	ctx, cancel := context.WithCancel(context.Background())
 	rt.stop = cancel

@@ -2,12 +2,10 @@ package server
 
 import (
 	"context"
-	"crypto/subtle"
 	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/pdkit/pdkit/api/debug"
@@ -28,7 +26,7 @@ func setResult(r *http.Request, format string, args ...any) {
 }
 
 // adminHandler serves /admin/v1/: every call is checked first (see
-// authorize), whatever its path, then dispatched and logged with the
+// adminRule), whatever its path, then dispatched and logged with the
 // caller's address, the call and its result.
 func (s *Server) adminHandler() http.Handler {
 	mux := http.NewServeMux()
@@ -63,11 +61,8 @@ func (s *Server) adminHandler() http.Handler {
 			s.log.Info("admin call", "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path,
 				"status", rw.Status, "result", result)
 		}()
-		if oerr := s.authorize(r); oerr != nil {
+		if oerr := s.adminRule().Check(rw, r); oerr != nil {
 			result = oerr.Message
-			if oerr.Status == http.StatusUnauthorized {
-				rw.Header().Set("WWW-Authenticate", `Bearer realm="pdkit admin"`)
-			}
 			oerr.WriteJSON(rw)
 			return
 		}
@@ -75,36 +70,19 @@ func (s *Server) adminHandler() http.Handler {
 	})
 }
 
-// authorize applies the admin rule: with Options.AdminToken set, the call
-// must carry "Authorization: Bearer <token>" (compared in constant time);
-// without one, a server with a cluster secret takes the token the secret
-// derives (clusterauth.Secret.AdminToken), and only a server without
-// either, bound to loopback (Options.Loopback), takes admin calls without
-// a token: on a cluster with a secret, a stranger on the host cannot
-// switch faults or abort requests any more than a stranger elsewhere.
-func (s *Server) authorize(r *http.Request) *openai.Error {
-	token, whose := s.opts.AdminToken, ""
-	if token == "" {
-		token = s.opts.ClusterSecret.AdminToken()
-		whose = "; this server takes the token its cluster secret derives, which pdctl sends given the secret (--cluster-secret-file, PD_CLUSTER_SECRET)"
+// adminRule is the admin rule: with Options.AdminToken set, the call must
+// carry "Authorization: Bearer <token>"; without one, a server with a
+// cluster secret takes the token the secret derives
+// (clusterauth.Secret.AdminToken), and only a server without either, bound
+// to loopback (Options.Loopback), takes admin calls without a token: on a
+// cluster with a secret, a stranger on the host cannot switch faults or
+// abort requests any more than a stranger elsewhere.
+func (s *Server) adminRule() httpx.AdminRule {
+	if s.opts.AdminToken != "" {
+		return httpx.AdminRule{Token: s.opts.AdminToken}
 	}
-	if token == "" {
-		if s.opts.Loopback {
-			return nil
-		}
-		return &openai.Error{Status: http.StatusForbidden, Type: openai.TypeInvalidRequest,
-			Message: "admin API disabled: set --admin-token"}
-	}
-	scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return &openai.Error{Status: http.StatusUnauthorized, Type: openai.TypeInvalidRequest,
-			Message: "admin API: missing bearer token (Authorization: Bearer <token>)" + whose}
-	}
-	if subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(token)) != 1 {
-		return &openai.Error{Status: http.StatusUnauthorized, Type: openai.TypeInvalidRequest,
-			Message: "admin API: wrong bearer token" + whose}
-	}
-	return nil
+	tok := s.opts.ClusterSecret.AdminToken()
+	return httpx.AdminRule{Token: tok, Derived: tok != "", Loopback: s.opts.Loopback}
 }
 
 // knownWait bounds how long an abort by id waits for a pending request to

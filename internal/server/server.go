@@ -848,15 +848,12 @@ type AbortRequest struct {
 	RID string `json:"rid"`
 }
 
-// abort serves POST /abort_request under the admin rule (authorize): the
+// abort serves POST /abort_request under the admin rule (adminRule): the
 // engine's ids are sequential, so anyone else could cancel any stream. A
 // client reaches its own streams' abort through the router, whose ids are
 // unguessable.
 func (s *Server) abort(w http.ResponseWriter, r *http.Request) {
-	if oerr := s.authorize(r); oerr != nil {
-		if oerr.Status == http.StatusUnauthorized {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="pdkit admin"`)
-		}
+	if oerr := s.adminRule().Check(w, r); oerr != nil {
 		oerr.WriteJSON(w)
 		return
 	}
