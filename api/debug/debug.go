@@ -298,18 +298,21 @@ type RequestsResponse struct {
 
 // RequestInfo is one request in the scheduler.
 type RequestInfo struct {
-	ID           ID      `json:"id"`
-	Queue        string  `json:"queue"`
-	AgeMS        float64 `json:"age_ms"`      // since arrival, as of the answer
-	InStateMS    float64 `json:"in_state_ms"` // since entering the queue, as of the answer
-	PromptTokens int     `json:"prompt_tokens"`
-	MaxTokens    int     `json:"max_tokens"`
-	Generated    int     `json:"generated"`
-	Fed          int     `json:"fed"`       // tokens whose KV is held
-	InFlight     int     `json:"in_flight"` // tokens in the step in flight
-	Cached       int     `json:"cached"`    // prompt tokens read from prefix-cache pages
-	Pages        int     `json:"pages"`
-	Retractions  int     `json:"retractions"`
+	ID ID `json:"id"`
+	// ClientRequestID is the client's X-Request-Id, when it sent one (the
+	// router passes it on, or its own id).
+	ClientRequestID string  `json:"client_request_id,omitempty"`
+	Queue           string  `json:"queue"`
+	AgeMS           float64 `json:"age_ms"`      // since arrival, as of the answer
+	InStateMS       float64 `json:"in_state_ms"` // since entering the queue, as of the answer
+	PromptTokens    int     `json:"prompt_tokens"`
+	MaxTokens       int     `json:"max_tokens"`
+	Generated       int     `json:"generated"`
+	Fed             int     `json:"fed"`       // tokens whose KV is held
+	InFlight        int     `json:"in_flight"` // tokens in the step in flight
+	Cached          int     `json:"cached"`    // prompt tokens read from prefix-cache pages
+	Pages           int     `json:"pages"`
+	Retractions     int     `json:"retractions"`
 }
 
 // KVPages is one rank's KV pool.

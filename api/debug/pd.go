@@ -158,9 +158,11 @@ type PDOutbox struct {
 
 // PDEntry is one PD request on one rank.
 type PDEntry struct {
-	ID    ID     `json:"id"`   // the request's id on this server
-	Room  ID     `json:"room"` // the bootstrap room
-	Queue string `json:"queue"`
+	ID ID `json:"id"` // the request's id on this server
+	// ClientRequestID is the client's X-Request-Id, when it sent one.
+	ClientRequestID string `json:"client_request_id,omitempty"`
+	Room            ID     `json:"room"` // the bootstrap room
+	Queue           string `json:"queue"`
 	// InQueueMS is the time in the queue as of the rank's last iteration.
 	InQueueMS float64 `json:"in_queue_ms"`
 	Peer      string  `json:"peer,omitempty"` // the peer rank's endpoint, once known

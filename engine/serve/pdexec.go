@@ -136,7 +136,7 @@ func (pd *rankPD) schedFinished(lp pdLoop, f sched.Finish) (bool, error) {
 		// to the decode by the STATUS among acts.
 		pd.host.failed(rooms.Active, rooms.KindScheduler)
 		pd.host.logger.Warn("pd: request failed", "server", pd.host.name, "role", pd.host.role, "request", f.ID,
-			"rank", pd.rank, "phase", rooms.Active.String(), "reason", rooms.KindScheduler.String(), "error", "prefill "+f.Reason.String())
+			"client_request_id", pd.tagOf(f.ID), "rank", pd.rank, "phase", rooms.Active.String(), "reason", rooms.KindScheduler.String(), "error", "prefill "+f.Reason.String())
 	}
 	return handled, pd.exec(lp, acts)
 }
@@ -245,7 +245,7 @@ func (pd *rankPD) sendChecked(id uint64, what, to string, m pdproto.Message) {
 	}
 	// The room is gone or failing already: nothing left to vote; the
 	// peer finds out by its own timeout or heartbeat.
-	pd.host.logger.Warn("pd: peer not told", "server", pd.host.name, "rank", pd.rank, "request", id, "to", to, "message", what, "err", err)
+	pd.host.logger.Warn("pd: peer not told", "server", pd.host.name, "rank", pd.rank, "request", id, "client_request_id", pd.tagOf(id), "to", to, "message", what, "err", err)
 }
 
 // reserve starts the decode sequence of request id with room for its
@@ -385,6 +385,14 @@ func releaseReserved(pool *kvcache.Pool, id uint64) error {
 	return pool.Release(seq)
 }
 
+// tagOf is the client's id of request id ("" without one, or once gone).
+func (pd *rankPD) tagOf(id uint64) string {
+	if q := pd.reqs[id]; q != nil {
+		return q.add.tag
+	}
+	return ""
+}
+
 // endStream ends a PD request's stream by its typed outcome. A failure is
 // logged and counted once, by the rank whose vote decided it.
 func (pd *rankPD) endStream(lp pdLoop, a rooms.End) {
@@ -410,13 +418,13 @@ func (pd *rankPD) endStream(lp pdLoop, a rooms.End) {
 		pd.host.forgetResolution(q.add.url) // a restarted prefill has new endpoints
 	}
 	if o.Owner {
-		room := uint64(0)
+		room, tag := uint64(0), ""
 		if q != nil {
-			room = q.add.room
+			room, tag = q.add.room, q.add.tag
 		}
 		pd.host.failed(o.Phase, o.Reason.Kind)
 		pd.host.logger.Warn("pd: request failed", "server", pd.host.name, "role", pd.host.role, "request", a.ID, "room", room,
-			"rank", pd.rank, "phase", o.Phase.String(), "peer", o.Peer, "reason", o.Reason.Kind.String(), "error", o.Reason.Text)
+			"client_request_id", tag, "rank", pd.rank, "phase", o.Phase.String(), "peer", o.Peer, "reason", o.Reason.Kind.String(), "error", o.Reason.Text)
 	}
 	lp.end(a.ID, ending{reason: sched.ReasonError, err: "pd: " + o.Reason.Text, pd: true})
 }

@@ -54,7 +54,13 @@ type Request struct {
 	// prefix cache or its host tier (its pages still go to the cache when
 	// it ends). A reference, or a canary, that must not depend on cached KV.
 	NoCache bool
+	// Tag is the client's id of the request (its X-Request-Id), named in
+	// the engine's log lines of it on every rank; it decides nothing.
+	Tag string
 }
+
+// MaxTagBytes bounds Request.Tag.
+const MaxTagBytes = 128
 
 // MaxN bounds Request.N.
 const MaxN = 16
@@ -145,6 +151,9 @@ func (e *Engine) SubmitN(ctx context.Context, q Request) ([]*Stream, error) {
 func (e *Engine) prepare(q *Request) (int, error) {
 	c := &e.m.Config
 	n := max(1, q.N)
+	if len(q.Tag) > MaxTagBytes {
+		return 0, fmt.Errorf("serve: a tag of %d bytes, more than %d", len(q.Tag), MaxTagBytes)
+	}
 	if q.N < 0 || q.N > MaxN {
 		return 0, fmt.Errorf("serve: n %d must be between 1 and %d", q.N, MaxN)
 	}

@@ -21,8 +21,8 @@ import (
 //
 // The phases run in order, and each one's undoing is deferred here, so
 // that they unwind in reverse on every path out.
-func (rt *Router) route(w http.ResponseWriter, r *http.Request, fields map[string]json.RawMessage, avoid *upstream, arrived time.Time) (retry *upstream) {
-	a := &attempt{rt: rt, w: w, r: r, fields: fields, avoid: avoid, arrived: arrived}
+func (rt *Router) route(w http.ResponseWriter, r *http.Request, fields map[string]json.RawMessage, clientID string, avoid *upstream, arrived time.Time) (retry *upstream) {
+	a := &attempt{rt: rt, w: w, r: r, fields: fields, clientID: clientID, avoid: avoid, arrived: arrived}
 	if !a.admit() {
 		return nil
 	}
@@ -48,12 +48,15 @@ func (rt *Router) route(w http.ResponseWriter, r *http.Request, fields map[strin
 // Only route's goroutine touches it after send, except for the fields the
 // two senders read, which are set before they start and never change.
 type attempt struct {
-	rt      *Router
-	w       http.ResponseWriter
-	r       *http.Request
-	fields  map[string]json.RawMessage
-	avoid   *upstream // a prefill server the first attempt found refusing
-	arrived time.Time
+	rt     *Router
+	w      http.ResponseWriter
+	r      *http.Request
+	fields map[string]json.RawMessage
+	// clientID is the client's X-Request-Id ("" without one): echoed,
+	// passed to both servers and named in every log line.
+	clientID string
+	avoid    *upstream // a prefill server the first attempt found refusing
+	arrived  time.Time
 
 	// Admission: both servers, counted on until released. Each release
 	// runs once, as soon as that server's answer has ended, or at the end.
@@ -167,9 +170,29 @@ func (a *attempt) track() {
 	a.ctx, a.cancel = context.WithCancelCause(a.r.Context())
 	a.t = &tracked{id: newRequestID(), cancel: a.cancel}
 	a.rt.reqs.add(a.t)
-	a.w.Header().Set(RequestIDHeader, a.t.id)
+	a.setIDs(a.w.Header())
 	a.log = a.rt.log.With("request_id", a.t.id, "path", a.r.URL.Path, "room", a.room, "prefill", a.p.url, "decode", a.d.url)
+	if a.clientID != "" {
+		a.log = a.log.With("client_request_id", a.clientID)
+	}
 	a.log.Debug("routing")
+}
+
+// setIDs names the request in the response headers h: AbortIDHeader, the
+// router's id; RequestIDHeader, the client's own when it gave one, else
+// the router's.
+func (a *attempt) setIDs(h http.Header) {
+	h.Set(AbortIDHeader, a.t.id)
+	h.Set(RequestIDHeader, a.id())
+}
+
+// id is the id the servers and the logs know the request by: the client's
+// own, else the router's.
+func (a *attempt) id() string {
+	if a.clientID != "" {
+		return a.clientID
+	}
+	return a.t.id
 }
 
 func (a *attempt) untrack() {
@@ -194,7 +217,7 @@ func (a *attempt) send(pbody, dbody []byte) {
 // sendPrefill posts the prefill side's request and reads its answer
 // whole, releasing the server as soon as it has ended.
 func (a *attempt) sendPrefill(ch chan<- upResult, body []byte) {
-	resp, err := a.rt.post(a.ctx, a.p.url+a.r.URL.Path, body, a.r)
+	resp, err := a.rt.post(a.ctx, a.p.url+a.r.URL.Path, body, a.r, a.id())
 	if err != nil {
 		a.rt.transportFailed(a.ctx, a.p, err)
 		a.releasePrefill()
@@ -211,7 +234,7 @@ func (a *attempt) sendPrefill(ch chan<- upResult, body []byte) {
 // sendDecode posts the decode side's request and passes on its answer
 // with the body unread.
 func (a *attempt) sendDecode(ch chan<- upResult, body []byte) {
-	resp, err := a.rt.post(a.ctx, a.d.url+a.r.URL.Path, body, a.r)
+	resp, err := a.rt.post(a.ctx, a.d.url+a.r.URL.Path, body, a.r, a.id())
 	a.rt.transportFailed(a.ctx, a.d, err)
 	ch <- upResult{resp: resp, err: err}
 }
@@ -435,7 +458,7 @@ func (a *attempt) writeHeader() {
 		}
 		h[k] = vs
 	}
-	h.Set(RequestIDHeader, a.t.id)
+	a.setIDs(h)
 	a.w.WriteHeader(a.resp.StatusCode)
 }
 

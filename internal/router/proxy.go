@@ -15,11 +15,18 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/openai"
+	"github.com/pdkit/pdkit/internal/httpx"
 )
 
-// RequestIDHeader carries the router's id of a request in its response; POST
-// /abort_request accepts it, and only it, as the rid.
-const RequestIDHeader = "X-Request-Id"
+// Two headers name a request in the router's response. AbortIDHeader
+// carries the router's id, which POST /abort_request accepts, and only it,
+// as the rid. RequestIDHeader carries the client's own X-Request-Id when it
+// sent one (validated, passed to both servers and named in every log line
+// and debug entry of the request), else the router's id too.
+const (
+	AbortIDHeader   = "X-Pdkit-Abort-Id"
+	RequestIDHeader = httpx.RequestIDHeader
+)
 
 // newRequestID returns a request id no one can guess: "router-" and 130
 // random bits (rand.Text's 26 base32 characters). Holding it is what lets a client abort the request,
@@ -218,7 +225,7 @@ func (res upResult) failed() bool { return res.err != nil || res.status < 200 ||
 
 // post sends body to url with ctx, signed with the cluster secret when
 // the router has one.
-func (rt *Router) post(ctx context.Context, url string, body []byte, src *http.Request) (*http.Response, error) {
+func (rt *Router) post(ctx context.Context, url string, body []byte, src *http.Request, id string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
@@ -227,6 +234,7 @@ func (rt *Router) post(ctx context.Context, url string, body []byte, src *http.R
 	if a := src.Header.Get("Accept"); a != "" {
 		req.Header.Set("Accept", a)
 	}
+	req.Header.Set(RequestIDHeader, id)
 	rt.opts.ClusterSecret.SignRequest(req, body, time.Now())
 	return rt.client.Do(req)
 }
@@ -238,7 +246,11 @@ func (rt *Router) post(ctx context.Context, url string, body []byte, src *http.R
 func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
 	arrived := time.Now()
 	bound := rt.promptBound()
-	fields, oerr := readObject(w, r, bound.BodyBytes(rt.opts.MaxBodyBytes))
+	clientID, oerr := httpx.ClientRequestID(r)
+	var fields map[string]json.RawMessage
+	if oerr == nil {
+		fields, oerr = readObject(w, r, bound.BodyBytes(rt.opts.MaxBodyBytes))
+	}
 	if oerr == nil {
 		oerr = checkPrompt(bound, fields)
 	}
@@ -260,10 +272,10 @@ func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
 		rt.metrics.pauseWaits.Inc()
 	}
 	defer rt.gate.leave()
-	if dead := rt.route(w, r, fields, nil, arrived); dead != nil {
+	if dead := rt.route(w, r, fields, clientID, nil, arrived); dead != nil {
 		rt.log.Info("prefill refused the connection; routing again", "prefill", dead.url, "path", r.URL.Path)
 		rt.metrics.retries.Inc()
-		rt.route(w, r, fields, dead, arrived)
+		rt.route(w, r, fields, clientID, dead, arrived)
 	}
 }
 

@@ -10,7 +10,7 @@
 // Aborts fan out: when the client disconnects, or on POST /abort_request
 // with the router's request id, both upstream requests are cancelled, and
 // the servers abort a request whose client went away. The router's id (the
-// X-Request-Id response header) carries 130 random bits, and possession of it
+// X-Pdkit-Abort-Id response header) carries 130 random bits, and possession of it
 // is the authorization to abort: /abort_request accepts no other id (not
 // the decode side's response id, which servers number in sequence), so a
 // client cannot cancel another's request. Operators abort any request on

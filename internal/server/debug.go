@@ -136,7 +136,7 @@ func (s *Server) requests(w http.ResponseWriter, r *http.Request) {
 		}
 		for _, ri := range queueOf(q, name) {
 			resp.Requests = append(resp.Requests, debug.RequestInfo{
-				ID: debug.ID(ri.ID), Queue: name, AgeMS: ms(ri.Age + since), InStateMS: ms(ri.InState + since),
+				ID: debug.ID(ri.ID), ClientRequestID: s.tagOf(ri.ID), Queue: name, AgeMS: ms(ri.Age + since), InStateMS: ms(ri.InState + since),
 				PromptTokens: ri.PromptLen, MaxTokens: ri.MaxTokens, Generated: ri.Generated, Fed: ri.Fed,
 				InFlight: ri.InFlight, Cached: ri.Cached, Pages: ri.Pages, Retractions: ri.Retractions,
 			})
@@ -234,7 +234,7 @@ func (s *Server) pd(w http.ResponseWriter, r *http.Request) {
 			if filter != "" && e.Queue != filter {
 				continue
 			}
-			en := debug.PDEntry{ID: debug.ID(e.ID), Room: debug.ID(e.Room), Queue: e.Queue, InQueueMS: ms(e.InQueue), Peer: e.Peer,
+			en := debug.PDEntry{ID: debug.ID(e.ID), ClientRequestID: s.tagOf(e.ID), Room: debug.ID(e.Room), Queue: e.Queue, InQueueMS: ms(e.InQueue), Peer: e.Peer,
 				Tokens: e.Tokens, Chunks: e.Chunks, Bytes: e.Bytes, AbortSent: e.AbortSent, Acked: e.Acked,
 				Poll: e.Poll.String(), Agreed: e.Agreed.String(), Error: e.Error, Leased: e.Leased, Position: e.Position}
 			if e.HasDeadline {

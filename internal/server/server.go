@@ -103,6 +103,9 @@ func (o Options) Validate() error {
 
 // Server is the HTTP handler. It is safe for concurrent use.
 type Server struct {
+	// tags is each stream's client request id (X-Request-Id), by engine
+	// id, while it runs: the debug entries name it.
+	tags    sync.Map
 	eng     *serve.Engine
 	m       *model.Model
 	tok     tokenizer.Tokenizer
@@ -256,7 +259,11 @@ func pdOf(f openai.PD) *serve.PDRequest {
 // submit checks the prompt against the context and submits the job: one
 // stream per choice (a prefill server's side of a PD request has one
 // whatever n is: the decode samples the choices).
-func (s *Server) submit(r *http.Request, j *job) ([]*serve.Stream, *openai.Error) {
+func (s *Server) submit(w http.ResponseWriter, r *http.Request, j *job) ([]*serve.Stream, *openai.Error) {
+	tag, oerr := httpx.ClientRequestID(r)
+	if oerr != nil {
+		return nil, oerr
+	}
 	if len(j.prompt) == 0 {
 		return nil, openai.InvalidRequest("prompt", "the prompt is empty")
 	}
@@ -278,9 +285,16 @@ func (s *Server) submit(r *http.Request, j *job) ([]*serve.Stream, *openai.Error
 		NoCache:   j.params.NoCache,
 		PD:        j.pd,
 		N:         j.n,
+		Tag:       tag,
 	})
 	switch {
 	case err == nil:
+		if tag != "" {
+			w.Header().Set(httpx.RequestIDHeader, tag)
+			for _, x := range st {
+				s.tags.Store(x.ID, tag)
+			}
+		}
 		return st, nil
 	case errors.Is(err, serve.ErrClosed):
 		return nil, &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: err.Error()}
@@ -292,6 +306,21 @@ func (s *Server) submit(r *http.Request, j *job) ([]*serve.Stream, *openai.Error
 		return nil, &openai.Error{Status: 499, Type: openai.TypeInvalidRequest, Message: "client closed the request"}
 	}
 	return nil, openai.InvalidRequest("", err.Error())
+}
+
+// untag forgets the client request id of sts, which have ended.
+func (s *Server) untag(sts []*serve.Stream) {
+	for _, st := range sts {
+		s.tags.Delete(st.ID)
+	}
+}
+
+// tagOf is the client request id of engine request id ("" without one).
+func (s *Server) tagOf(id uint64) string {
+	if v, ok := s.tags.Load(id); ok {
+		return v.(string)
+	}
+	return ""
 }
 
 // outcome is how a generation ended.
@@ -512,11 +541,12 @@ func total(cs []*choice) openai.Usage {
 }
 
 func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job) {
-	sts, oerr := s.submit(r, j)
+	sts, oerr := s.submit(w, r, j)
 	if oerr != nil {
 		oerr.WriteJSON(w)
 		return
 	}
+	defer s.untag(sts)
 	st := sts[0]
 	defer s.served(r)
 	defer st.Abort()
@@ -787,11 +817,12 @@ func (s *Server) generateNative(w http.ResponseWriter, r *http.Request) {
 		openai.InvalidRequest("sampling_params.n", fmt.Sprintf(`"sampling_params.n" must be between 1 and %d, got %d`, openai.MaxChoices, n)).WriteJSON(w)
 		return
 	}
-	sts, oerr := s.submit(r, &job{prompt: prompt, params: p, pd: pd, n: n})
+	sts, oerr := s.submit(w, r, &job{prompt: prompt, params: p, pd: pd, n: n})
 	if oerr != nil {
 		oerr.WriteJSON(w)
 		return
 	}
+	defer s.untag(sts)
 	defer s.served(r)
 	defer sts[0].Abort()
 	cs := s.collectText(sts, p.Stop)

@@ -36,7 +36,7 @@ func (s *Server) state(w http.ResponseWriter, _ *http.Request) {
 		q := snap.Queue
 		ds := &debug.EngineSnapshot{Taken: snap.Taken, Step: debugStep(snap.Step), Counts: queueCounts(q),
 			StepInFlight: q.StepInFlight, HeldPages: q.HeldPages, TotalPages: q.TotalPages,
-			Requests: requestInfos(q, time.Since(snap.Taken)), Error: snap.Err}
+			Requests: s.requestInfos(q, time.Since(snap.Taken)), Error: snap.Err}
 		t := snap.Totals
 		ds.Totals = debug.Totals{Steps: t.Steps, Tokens: t.Tokens, Sampled: t.Sampled, Retractions: t.Retractions,
 			Aborts: t.Aborts, AbortsInStep: t.AbortsInStep, Finished: t.Finished, PromptTokens: t.PromptTokens,
@@ -57,12 +57,12 @@ func queueCounts(q sched.Snapshot) map[string]int {
 
 // requestInfos lists the requests of every queue, their ages as of the
 // snapshot plus since.
-func requestInfos(q sched.Snapshot, since time.Duration) []debug.RequestInfo {
+func (s *Server) requestInfos(q sched.Snapshot, since time.Duration) []debug.RequestInfo {
 	out := []debug.RequestInfo{}
 	for _, name := range debug.Queues {
 		for _, ri := range queueOf(q, name) {
 			out = append(out, debug.RequestInfo{
-				ID: debug.ID(ri.ID), Queue: name, AgeMS: ms(ri.Age + since), InStateMS: ms(ri.InState + since),
+				ID: debug.ID(ri.ID), ClientRequestID: s.tagOf(ri.ID), Queue: name, AgeMS: ms(ri.Age + since), InStateMS: ms(ri.InState + since),
 				PromptTokens: ri.PromptLen, MaxTokens: ri.MaxTokens, Generated: ri.Generated, Fed: ri.Fed,
 				InFlight: ri.InFlight, Cached: ri.Cached, Pages: ri.Pages, Retractions: ri.Retractions,
 			})
