@@ -1,6 +1,7 @@
 package main
 
 import (
+	"log/slog"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -37,4 +38,13 @@ func (h *httpFlags) guard() (*httpx.Guard, error) {
 	}
 	h.g = httpx.NewGuard(h.limits)
 	return h.g, nil
+}
+
+// logClamped warns when the process's descriptor limit lowered
+// --max-connections (httpx.ConnsWithin): a flood then meets the cap, where
+// silent connections are shed, before the process runs out of descriptors.
+func logClamped(log *slog.Logger, g *httpx.Guard) {
+	if asked, taken, ok := g.Clamped(); ok {
+		log.Warn("--max-connections lowered to fit the open-file limit (ulimit -n) less a reserve", "asked", asked, "taken", taken)
+	}
 }

@@ -93,6 +93,7 @@ func routerRun(cmd *cobra.Command, o routerOptions) error {
 		maxQueued = -1 // router.Options: negative is no bound
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	logClamped(log, guard)
 	// The servers' rule: without a secret, only a router whose servers are
 	// all on loopback runs (its requests go unsigned).
 	secret, err := o.secret.load(log, hosts...)

@@ -199,6 +199,7 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	met := metrics.New(nil)
 	cfg.Observer = met
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	logClamped(log, guard)
 	if why != "" {
 		log.Info("rank loop", "schedule", schedule, "why", why)
 	}

@@ -136,7 +136,7 @@ func (pd *rankPD) schedFinished(lp pdLoop, f sched.Finish) (bool, error) {
 		// to the decode by the STATUS among acts.
 		pd.host.failed(rooms.Active, rooms.KindScheduler)
 		pd.host.logger.Warn("pd: request failed", "server", pd.host.name, "role", pd.host.role, "request", f.ID,
-			"client_request_id", pd.tagOf(f.ID), "rank", pd.rank, "phase", rooms.Active.String(), "reason", rooms.KindScheduler.String(), "error", "prefill "+f.Reason.String())
+			"client_request_id", tagOf(pd.reqs, f.ID), "rank", pd.rank, "phase", rooms.Active.String(), "reason", rooms.KindScheduler.String(), "error", "prefill "+f.Reason.String())
 	}
 	return handled, pd.exec(lp, acts)
 }
@@ -245,7 +245,7 @@ func (pd *rankPD) sendChecked(id uint64, what, to string, m pdproto.Message) {
 	}
 	// The room is gone or failing already: nothing left to vote; the
 	// peer finds out by its own timeout or heartbeat.
-	pd.host.logger.Warn("pd: peer not told", "server", pd.host.name, "rank", pd.rank, "request", id, "client_request_id", pd.tagOf(id), "to", to, "message", what, "err", err)
+	pd.host.logger.Warn("pd: peer not told", "server", pd.host.name, "rank", pd.rank, "request", id, "client_request_id", tagOf(pd.reqs, id), "to", to, "message", what, "err", err)
 }
 
 // reserve starts the decode sequence of request id with room for its
@@ -385,9 +385,10 @@ func releaseReserved(pool *kvcache.Pool, id uint64) error {
 	return pool.Release(seq)
 }
 
-// tagOf is the client's id of request id ("" without one, or once gone).
-func (pd *rankPD) tagOf(id uint64) string {
-	if q := pd.reqs[id]; q != nil {
+// tagOf is the client's id of request id among reqs ("" without one, or
+// once gone).
+func tagOf(reqs map[uint64]*pdReq, id uint64) string {
+	if q := reqs[id]; q != nil {
 		return q.add.tag
 	}
 	return ""

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -69,19 +70,23 @@ const (
 	LimitConnections   = "connections"
 	LimitPerAddress    = "connections_per_address"
 	LimitAcceptErrors  = "accept_errors"
+	LimitDescriptors   = "descriptors"
 )
 
-var limitNames = []string{LimitHeaderTimeout, LimitBodyTimeout, LimitConnections, LimitPerAddress, LimitAcceptErrors}
+var limitNames = []string{LimitHeaderTimeout, LimitBodyTimeout, LimitConnections, LimitPerAddress, LimitAcceptErrors, LimitDescriptors}
 
 var hitsDesc = prometheus.NewDesc("pdkit_http_limit_hits_total",
-	"Requests or connections cut by a listener limit: header_timeout (headers not read within --header-timeout), body_timeout (body not read within --body-timeout, answered 408), connections (a connection past --max-connections: the connection waiting longest without a whole request, else the longest-idle kept-alive one, closed for it, or, with neither, it answered 503 and closed), connections_per_address (likewise, past --max-connections-per-address from one address), accept_errors (accepting failed, as when the process is out of file descriptors).",
+	"Requests or connections cut by a listener limit: header_timeout (headers not read within --header-timeout), body_timeout (body not read within --body-timeout, answered 408), connections (a connection past --max-connections: the connection waiting longest without a whole request, else the longest-idle kept-alive one, closed for it, or, with neither, it answered 503 and closed), connections_per_address (likewise, past --max-connections-per-address from one address), accept_errors (accepting failed, as when the process is out of file descriptors), descriptors (with the process out of file descriptors, a connection closed to free one: the longest waiting without a whole request, else the longest-idle kept-alive one, or, with neither, the newcomer answered 503 on the listener's spare descriptor).",
 	[]string{"limit"}, nil)
 
 // Guard enforces Limits on the listeners and servers it wraps and counts
 // each limit hit. Safe for concurrent use.
 type Guard struct {
 	limits Limits
-	hits   [5]atomic.Uint64 // by limitNames' order
+	hits   [6]atomic.Uint64 // by limitNames' order
+	// clampedFrom is the MaxConns asked for when the descriptor limit
+	// lowered it (0: not lowered).
+	clampedFrom int
 }
 
 // NewGuard returns a Guard of l.
@@ -89,10 +94,34 @@ func NewGuard(l Limits) *Guard {
 	if l.MaxBodyBytes <= 0 {
 		l.MaxBodyBytes = openai.DefaultMaxBodyBytes
 	}
+	g := &Guard{}
+	if limit := descriptorLimit(); l.MaxConns > 0 && limit > 0 {
+		if most := ConnsWithin(limit); l.MaxConns > most {
+			g.clampedFrom, l.MaxConns = l.MaxConns, most
+		}
+	}
 	if l.MaxConnsPerAddr <= 0 {
 		l.MaxConnsPerAddr = max(min(l.MaxConns, 64), l.MaxConns/4)
 	}
-	return &Guard{limits: l}
+	g.limits = l
+	return g
+}
+
+// ConnsWithin is the most connections a listener takes in a process that
+// may open limit file descriptors: the limit less a reserve (an eighth,
+// and at least 32) for the model file, the PD sockets, the logs and the
+// server's own connections, so that a flood of connections meets the cap,
+// where the oldest silent one is shed for the newcomer, before the process
+// runs out of descriptors.
+func ConnsWithin(limit int) int {
+	return max(1, limit-max(32, limit/8))
+}
+
+// Clamped reports the --max-connections asked for and the one taken when
+// the process's descriptor limit lowered it (ConnsWithin); ok is false when
+// it did not.
+func (g *Guard) Clamped() (asked, taken int, ok bool) {
+	return g.clampedFrom, g.limits.MaxConns, g.clampedFrom > 0
 }
 
 // Limits returns the guard's limits.
@@ -149,13 +178,19 @@ func (g *Guard) Server(h http.Handler, errorLog *log.Logger) *http.Server {
 // client or load balancer learns to retry elsewhere. Both are counted. Each connection also reports a header
 // timeout to the guard.
 func (g *Guard) Listener(ln net.Listener) net.Listener {
-	return &capListener{Listener: ln, g: g}
+	l := &capListener{Listener: ln, g: g}
+	l.spare, _ = os.Open(os.DevNull) // nil when even that fails: relieve then sheds only
+	return l
 }
 
 type capListener struct {
 	net.Listener
 	g    *Guard
 	open atomic.Int64
+	// spare is a descriptor held back for when the process has run out:
+	// closed, it lets Accept take the connection waiting in the backlog and
+	// answer it (relieve). Only Accept's goroutine touches it.
+	spare *os.File
 
 	mu sync.Mutex
 	// Every open connection, by its state: pending (accepted, or idle, and
@@ -244,10 +279,15 @@ func (l *capListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
-			if !errors.Is(err, net.ErrClosed) {
-				l.g.hit(LimitAcceptErrors) // the server retries, backing off
+			if errors.Is(err, net.ErrClosed) {
+				l.closeSpare()
+				return nil, err
 			}
-			return nil, err
+			l.g.hit(LimitAcceptErrors)
+			if outOfDescriptors(err) && l.relieve() {
+				continue
+			}
+			return nil, err // the server retries, backing off
 		}
 		addr := remote(c)
 		l.mu.Lock()
@@ -270,6 +310,49 @@ func (l *capListener) Accept() (net.Conn, error) {
 		}
 		return l.guard(c, addr), nil
 	}
+}
+
+// relieve frees a descriptor for the next Accept when the process has run
+// out: it closes the connection that has waited longest without sending a
+// whole request, else the kept-alive one idle the longest (as the cap
+// does), so that a flood of silent connections cannot keep a health probe
+// out even past the descriptor limit. With neither (every connection is
+// busy with a request), it spends the spare descriptor on the connection
+// waiting in the backlog, answering it 503 so that its client learns at
+// once, and takes the spare back. It reports whether the next Accept may
+// succeed.
+func (l *capListener) relieve() bool {
+	if l.shed(nil) {
+		l.g.hit(LimitDescriptors)
+		return true
+	}
+	if l.spare == nil {
+		l.spare, _ = os.Open(os.DevNull)
+		return false
+	}
+	l.spare.Close()
+	l.spare = nil
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.g.hit(LimitDescriptors)
+		refuse(c)
+	}
+	l.spare, _ = os.Open(os.DevNull)
+	return err == nil
+}
+
+// closeSpare gives the spare descriptor back once the listener is closed.
+func (l *capListener) closeSpare() {
+	if l.spare != nil {
+		l.spare.Close()
+		l.spare = nil
+	}
+}
+
+// outOfDescriptors reports whether err is the process's or the system's
+// file descriptor limit.
+func outOfDescriptors(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
 }
 
 // refuse answers a connection past a cap 503 and closes it, without
