@@ -10,9 +10,13 @@
 // HMAC-SHA256(secret, purpose), so a credential seen or guessed for one
 // use says nothing about another or about the secret.
 //
-//   - The bootstrap registry: a registration over HTTP is signed
-//     (SignRequest, VerifyRequest): an HMAC of the method, path, time and
-//     body hash, accepted within MaxSkew of the receiver's clock.
+//   - Signed HTTP requests (the router's PD requests to its servers, a
+//     registration with the bootstrap registry): SignRequest, Verifier.
+//     An HMAC of the method, path, time, a random nonce, the target (the
+//     server the request is for, by the id it publishes) and the body
+//     hash, accepted within MaxSkew of the receiver's clock, by the target
+//     only, and once: a request sniffed on the way can be replayed
+//     neither against another server nor against its own.
 //   - ZeroMQ: every PD socket authenticates its peers with the PLAIN
 //     mechanism and a ZAP handler that admits only the credential ZMQ
 //     derives; a peer without it is never delivered.
@@ -29,6 +33,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -42,6 +47,7 @@ const MaxSkew = time.Minute
 // Headers of a signed HTTP request.
 const (
 	HeaderTime      = "X-PD-Auth-Time"      // Unix seconds
+	HeaderNonce     = "X-PD-Auth-Nonce"     // 128 random bits, hex
 	HeaderSignature = "X-PD-Auth-Signature" // hex HMAC-SHA256
 )
 
@@ -130,52 +136,128 @@ func (s *Secret) AdminToken() string {
 	return hex.EncodeToString(s.derive("admin bearer v1"))
 }
 
-// signature is the HMAC of a request's method, path, time and body.
-func (s *Secret) signature(method, path string, unix int64, body []byte) []byte {
+// signature is the HMAC of a request's method, path, time, nonce, target
+// and body.
+func (s *Secret) signature(method, path string, unix int64, nonce, target string, body []byte) []byte {
 	h := sha256.Sum256(body)
-	m := hmac.New(sha256.New, s.derive("registry http v1"))
-	fmt.Fprintf(m, "%s\n%s\n%d\n%x", method, path, unix, h)
+	m := hmac.New(sha256.New, s.derive("signed http v2"))
+	fmt.Fprintf(m, "%s\n%s\n%d\n%s\n%s\n%x", method, path, unix, nonce, target, h)
 	return m.Sum(nil)
 }
 
-// SignRequest signs r, whose body is body, at now. Without a secret it
-// does nothing.
-func (s *Secret) SignRequest(r *http.Request, body []byte, now time.Time) {
+// SignRequest signs r, whose body is body, at now, for target: the id of
+// the server it is for (its ServerInfo.ID; a Verifier for another id
+// refuses it). Without a secret it does nothing.
+func (s *Secret) SignRequest(r *http.Request, body []byte, now time.Time, target string) {
 	if s == nil {
 		return
 	}
 	unix := now.Unix()
+	nonce := make([]byte, 16)
+	rand.Read(nonce)
+	n := hex.EncodeToString(nonce)
 	r.Header.Set(HeaderTime, strconv.FormatInt(unix, 10))
-	r.Header.Set(HeaderSignature, hex.EncodeToString(s.signature(r.Method, r.URL.Path, unix, body)))
+	r.Header.Set(HeaderNonce, n)
+	r.Header.Set(HeaderSignature, hex.EncodeToString(s.signature(r.Method, r.URL.Path, unix, n, target, body)))
 }
 
-// Errors of VerifyRequest.
+// Errors of Verifier.Verify.
 var (
 	ErrUnsigned     = errors.New("the request is not signed with the cluster secret")
-	ErrBadSignature = errors.New("the request's signature does not match the cluster secret")
+	ErrBadSignature = errors.New("the request's signature does not match the cluster secret, or it was signed for another server")
 	ErrStale        = errors.New("the request's signing time is too far from this server's clock")
+	ErrReplayed     = errors.New("the request was received before: a signed request is good once")
 )
 
-// VerifyRequest checks r's signature over body at now (the receiver's
-// clock). It is an error without a secret: nothing can be verified then.
-func (s *Secret) VerifyRequest(r *http.Request, body []byte, now time.Time) error {
+// MaxRemembered bounds the signatures a Verifier remembers (about 40 bytes
+// each): within MaxSkew either way, more than about 2,000 signed requests a
+// second to one server. Past it the oldest is forgotten first, and the
+// request it signed could be received once more within its window.
+const MaxRemembered = 1 << 18
+
+// Verifier checks the signed requests a server receives: signed with the
+// cluster secret, for this server (Self), within MaxSkew, and never
+// before. Safe for concurrent use.
+type Verifier struct {
+	Secret *Secret
+	// Self is this server's id, the target its requests are signed for.
+	Self string
+
+	mu   sync.Mutex
+	seen map[[16]byte]time.Time // signature prefix -> when it can be forgotten
+	ring [][16]byte             // seen's keys, oldest first
+	head int
+	// forgotten counts signatures forgotten for room before their window
+	// ended.
+	forgotten uint64
+}
+
+// Verify checks r, whose body is body, at now (the receiver's clock). It
+// is an error without a secret: nothing can be verified then.
+func (v *Verifier) Verify(r *http.Request, body []byte, now time.Time) error {
+	s := v.Secret
 	if s == nil {
 		return errors.New("clusterauth: no cluster secret to verify with")
 	}
-	ts, sig := r.Header.Get(HeaderTime), r.Header.Get(HeaderSignature)
-	if ts == "" || sig == "" {
+	ts, nonce, sig := r.Header.Get(HeaderTime), r.Header.Get(HeaderNonce), r.Header.Get(HeaderSignature)
+	if ts == "" || sig == "" || nonce == "" {
 		return ErrUnsigned
 	}
 	unix, err := strconv.ParseInt(ts, 10, 64)
 	if err != nil {
 		return ErrUnsigned
 	}
-	if d := now.Sub(time.Unix(unix, 0)); d > MaxSkew || d < -MaxSkew {
+	at := time.Unix(unix, 0)
+	if d := now.Sub(at); d > MaxSkew || d < -MaxSkew {
 		return ErrStale
 	}
 	got, err := hex.DecodeString(sig)
-	if err != nil || !hmac.Equal(got, s.signature(r.Method, r.URL.Path, unix, body)) {
+	if err != nil || !hmac.Equal(got, s.signature(r.Method, r.URL.Path, unix, nonce, v.Self, body)) {
 		return ErrBadSignature
 	}
+	if !v.once([16]byte(got[:16]), at.Add(MaxSkew+time.Second), now) {
+		return ErrReplayed
+	}
 	return nil
+}
+
+// once records a signature good until until, and reports whether it was
+// new.
+func (v *Verifier) once(key [16]byte, until, now time.Time) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.seen == nil {
+		v.seen = map[[16]byte]time.Time{}
+	}
+	if t, ok := v.seen[key]; ok && now.Before(t) {
+		return false
+	}
+	// Forget what has expired, oldest first; and, at the bound, the
+	// oldest regardless.
+	for v.head < len(v.ring) {
+		old := v.ring[v.head]
+		expired := !now.Before(v.seen[old])
+		if !expired && len(v.seen) < MaxRemembered {
+			break
+		}
+		if !expired {
+			v.forgotten++
+		}
+		delete(v.seen, old)
+		v.head++
+	}
+	if v.head > 1024 && 2*v.head > len(v.ring) {
+		v.ring, v.head = append(v.ring[:0], v.ring[v.head:]...), 0
+	}
+	v.seen[key] = until
+	v.ring = append(v.ring, key)
+	return true
+}
+
+// Forgotten counts the signatures forgotten at MaxRemembered before their
+// window had ended.
+func (v *Verifier) Forgotten() uint64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.forgotten
 }

@@ -19,10 +19,14 @@ func TestSignVerify(t *testing.T) {
 		r, _ := http.NewRequest(http.MethodPut, "http://x/bootstrap/v1/ranks/0", nil)
 		return r
 	}
+	v := &Verifier{Secret: s, Self: "srv-a"}
 	r := req()
-	s.SignRequest(r, body, now)
-	if err := s.VerifyRequest(r, body, now.Add(30*time.Second)); err != nil {
+	s.SignRequest(r, body, now, "srv-a")
+	if err := v.Verify(r, body, now.Add(30*time.Second)); err != nil {
 		t.Fatalf("a signed request: %v", err)
+	}
+	if err := v.Verify(r, body, now.Add(31*time.Second)); !errors.Is(err, ErrReplayed) {
+		t.Fatalf("the same request again: %v, want %v", err, ErrReplayed)
 	}
 	cases := []struct {
 		name string
@@ -33,6 +37,14 @@ func TestSignVerify(t *testing.T) {
 			r.Header.Del(HeaderSignature)
 			return body, now
 		}, ErrUnsigned},
+		{"without its nonce", func(r *http.Request) ([]byte, time.Time) {
+			r.Header.Del(HeaderNonce)
+			return body, now
+		}, ErrUnsigned},
+		{"another nonce", func(r *http.Request) ([]byte, time.Time) {
+			r.Header.Set(HeaderNonce, "00")
+			return body, now
+		}, ErrBadSignature},
 		{"another body", func(r *http.Request) ([]byte, time.Time) { return []byte(`{"rank":1}`), now }, ErrBadSignature},
 		{"another path", func(r *http.Request) ([]byte, time.Time) {
 			r.URL.Path = "/bootstrap/v1/ranks/1"
@@ -43,16 +55,48 @@ func TestSignVerify(t *testing.T) {
 	}
 	for _, c := range cases {
 		r := req()
-		s.SignRequest(r, body, now)
+		s.SignRequest(r, body, now, "srv-a")
 		b, at := c.mod(r)
-		if err := s.VerifyRequest(r, b, at); !errors.Is(err, c.want) {
+		if err := v.Verify(r, b, at); !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.want)
 		}
 	}
 	r = req()
-	other.SignRequest(r, body, now)
-	if err := s.VerifyRequest(r, body, now); !errors.Is(err, ErrBadSignature) {
+	other.SignRequest(r, body, now, "srv-a")
+	if err := v.Verify(r, body, now); !errors.Is(err, ErrBadSignature) {
 		t.Errorf("signed with another secret: %v", err)
+	}
+	// Signed for another server: refused by this one, taken by that one.
+	r = req()
+	s.SignRequest(r, body, now, "srv-b")
+	if err := v.Verify(r, body, now); !errors.Is(err, ErrBadSignature) {
+		t.Errorf("signed for another server: %v", err)
+	}
+	if err := (&Verifier{Secret: s, Self: "srv-b"}).Verify(r, body, now); err != nil {
+		t.Errorf("at the server it was signed for: %v", err)
+	}
+}
+
+// A verifier remembers a signature for its whole window and forgets it
+// after; at MaxRemembered it forgets the oldest first, and counts that.
+func TestVerifierRemembers(t *testing.T) {
+	v := &Verifier{}
+	now := time.Unix(1_800_000_000, 0)
+	key := func(i int) [16]byte { return [16]byte{byte(i), byte(i >> 8), byte(i >> 16), byte(i >> 24)} }
+	if !v.once(key(1), now.Add(MaxSkew), now) || v.once(key(1), now.Add(MaxSkew), now.Add(MaxSkew-time.Second)) {
+		t.Fatal("a signature taken twice within its window")
+	}
+	if !v.once(key(1), now.Add(3*MaxSkew), now.Add(MaxSkew)) {
+		t.Fatal("a signature refused after its window")
+	}
+	for i := range MaxRemembered + 10 {
+		v.once(key(100+i), now.Add(time.Hour), now.Add(2*MaxSkew))
+	}
+	if len(v.seen) > MaxRemembered || v.Forgotten() == 0 {
+		t.Fatalf("%d remembered (bound %d), %d forgotten", len(v.seen), MaxRemembered, v.Forgotten())
+	}
+	if v.once(key(100+MaxRemembered+9), now.Add(time.Hour), now.Add(2*MaxSkew)) {
+		t.Fatal("the newest signature forgotten")
 	}
 }
 

@@ -15,6 +15,10 @@ const InfoPath = "/pd/v1/info"
 
 // ServerInfo is the answer of InfoPath.
 type ServerInfo struct {
+	// ID names this run of the server (random, new at every start): a
+	// router signs each PD request for the ID of the server it sends it
+	// to, and a server refuses one signed for another.
+	ID     string `json:"id,omitempty"`
 	Role   string `json:"role"`
 	Model  string `json:"model"`
 	TPSize int    `json:"tp_size"`

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/api/zmtp"
@@ -32,7 +33,11 @@ func (c *cluster) prefillOnly(t *testing.T, room uint64) <-chan string {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	c.secret.SignRequest(req, b, time.Now()) // as the router does: PD requests to a server with a secret are signed
+	info, err := client.New(c.prefill.ts.URL, "", nil).Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.secret.SignRequest(req, b, time.Now(), info.ID) // as the router does: PD requests to a server with a secret are signed
 	go func() {
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

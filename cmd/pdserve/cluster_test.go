@@ -177,6 +177,12 @@ func TestClusterLaunch(t *testing.T) {
 	if get(urls["prefill"]+"/pd/v1/info", &info); info.BootstrapURL == "" {
 		t.Fatalf("the prefill reports no bootstrap URL")
 	}
+	var decodeInfo struct {
+		ID string `json:"id"`
+	}
+	if get(urls["decode"]+"/pd/v1/info", &decodeInfo); decodeInfo.ID == "" {
+		t.Fatalf("the decode reports no id")
+	}
 
 	// The prefill is stopped first, so that a long streaming request is
 	// certain to wait for its KV (the decode reaches its transfer queue
@@ -216,7 +222,7 @@ func TestClusterLaunch(t *testing.T) {
 	go func() {
 		req, _ := http.NewRequest(http.MethodPost, urls["decode"]+"/v1/completions", bytes.NewReader(directBody))
 		req.Header.Set("Content-Type", "application/json")
-		secret.SignRequest(req, directBody, time.Now())
+		secret.SignRequest(req, directBody, time.Now(), decodeInfo.ID)
 		resp, err := client.Do(req)
 		if err != nil {
 			dres <- direct{err: err}

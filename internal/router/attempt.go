@@ -63,6 +63,7 @@ type attempt struct {
 	p, d                          *upstream
 	releasePrefill, releaseDecode func()
 	bootstrapURL                  string // the prefill server's, for the decode side
+	pid, did                      string // the servers' ids, which their requests are signed for
 	model                         string // the decode server's, for the latency metrics
 
 	room uint64
@@ -108,6 +109,7 @@ func (a *attempt) admit() bool {
 	_, pinfo := p.state()
 	_, dinfo := d.state()
 	a.bootstrapURL = pinfo.BootstrapURL
+	a.pid, a.did = pinfo.ID, dinfo.ID
 	a.model = dinfo.Model
 	if a.model == "" {
 		a.model = "unknown"
@@ -217,7 +219,7 @@ func (a *attempt) send(pbody, dbody []byte) {
 // sendPrefill posts the prefill side's request and reads its answer
 // whole, releasing the server as soon as it has ended.
 func (a *attempt) sendPrefill(ch chan<- upResult, body []byte) {
-	resp, err := a.rt.post(a.ctx, a.p.url+a.r.URL.Path, body, a.r, a.id())
+	resp, err := a.rt.post(a.ctx, a.p.url+a.r.URL.Path, body, a.r, a.id(), a.pid)
 	if err != nil {
 		a.rt.transportFailed(a.ctx, a.p, err)
 		a.releasePrefill()
@@ -234,7 +236,7 @@ func (a *attempt) sendPrefill(ch chan<- upResult, body []byte) {
 // sendDecode posts the decode side's request and passes on its answer
 // with the body unread.
 func (a *attempt) sendDecode(ch chan<- upResult, body []byte) {
-	resp, err := a.rt.post(a.ctx, a.d.url+a.r.URL.Path, body, a.r, a.id())
+	resp, err := a.rt.post(a.ctx, a.d.url+a.r.URL.Path, body, a.r, a.id(), a.did)
 	a.rt.transportFailed(a.ctx, a.d, err)
 	ch <- upResult{resp: resp, err: err}
 }

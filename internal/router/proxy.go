@@ -223,9 +223,10 @@ type upResult struct {
 
 func (res upResult) failed() bool { return res.err != nil || res.status < 200 || res.status > 299 }
 
-// post sends body to url with ctx, signed with the cluster secret when
-// the router has one.
-func (rt *Router) post(ctx context.Context, url string, body []byte, src *http.Request, id string) (*http.Response, error) {
+// post sends body to url with ctx and the request id id, signed with the
+// cluster secret (when the router has one) for the server whose id is
+// target.
+func (rt *Router) post(ctx context.Context, url string, body []byte, src *http.Request, id, target string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
@@ -235,7 +236,7 @@ func (rt *Router) post(ctx context.Context, url string, body []byte, src *http.R
 		req.Header.Set("Accept", a)
 	}
 	req.Header.Set(RequestIDHeader, id)
-	rt.opts.ClusterSecret.SignRequest(req, body, time.Now())
+	rt.opts.ClusterSecret.SignRequest(req, body, time.Now(), target)
 	return rt.client.Do(req)
 }
 

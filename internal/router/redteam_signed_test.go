@@ -2,11 +2,15 @@ package router_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -104,5 +108,86 @@ func TestRedTeamRouterSigns(t *testing.T) {
 	// The cluster still serves through its own router.
 	if c, err := complete(context.Background(), client, cc.Router.URL, req); err != nil || c.status != http.StatusOK {
 		t.Errorf("through the router with the secret afterwards: %+v %v", c, err)
+	}
+}
+
+// recorder is a transport that keeps a copy of every request it sends to
+// one host (its body and headers) before sending it.
+type recorder struct {
+	host string
+	mu   sync.Mutex
+	reqs []recorded
+}
+
+type recorded struct {
+	path   string
+	header http.Header
+	body   []byte
+}
+
+func (rc *recorder) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL.Host == rc.host && r.Method == http.MethodPost && r.Body != nil {
+		b, err := io.ReadAll(r.Body)
+		r.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		rc.mu.Lock()
+		rc.reqs = append(rc.reqs, recorded{path: r.URL.Path, header: r.Header.Clone(), body: b})
+		rc.mu.Unlock()
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// A signed PD request sniffed on its way from the router is good once and
+// for its server only: replayed against the same decode it is refused as
+// received before, against another server (the prefill) as signed for
+// another; both counted as unsigned, and neither reaches an engine.
+func TestRedTeamSignedReplay(t *testing.T) {
+	secret, _ := clusterauth.Generate()
+	cfg := serve.Config{PageSize: 4, KVTokens: 512, MaxRunning: 4,
+		PD: serve.PDConfig{Secret: secret, BootstrapTimeout: 10 * time.Second, TransferTimeout: 10 * time.Second}}
+	rec := &recorder{}
+	cc := clustertest.New(t, clustertest.Options{Model: tinyModel(t), Config: cfg,
+		Router: router.Options{HealthInterval: 50 * time.Millisecond, Client: &http.Client{Transport: rec}}})
+	u, _ := url.Parse(cc.Decode.TS.URL)
+	rec.mu.Lock()
+	rec.host = u.Host
+	rec.mu.Unlock()
+	client := &http.Client{Timeout: 60 * time.Second}
+	if c, err := complete(context.Background(), client, cc.Router.URL, body([]int32{5, 6, 7, 8}, 4, false, map[string]any{"ignore_eos": true})); err != nil || c.status != http.StatusOK {
+		t.Fatalf("through the router: %+v %v", c, err)
+	}
+	rec.mu.Lock()
+	if len(rec.reqs) != 1 {
+		t.Fatalf("%d requests to the decode recorded, want 1", len(rec.reqs))
+	}
+	sniffed := rec.reqs[0]
+	rec.mu.Unlock()
+	replay := func(base string) (int, string) {
+		req, err := http.NewRequest(http.MethodPost, base+sniffed.path, bytes.NewReader(sniffed.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header = sniffed.header.Clone()
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, b := replay(cc.Decode.TS.URL); code != http.StatusUnauthorized || !strings.Contains(b, "received before") {
+		t.Errorf("replayed against its decode: %d %s", code, b)
+	}
+	if code, b := replay(cc.Prefill.TS.URL); code != http.StatusUnauthorized || !strings.Contains(b, "signed for another server") {
+		t.Errorf("replayed against the prefill: %d %s", code, b)
+	}
+	for _, n := range []*clustertest.Node{cc.Prefill, cc.Decode} {
+		if v := unsignedRefused(t, client, n); v != "1" {
+			t.Errorf("%s counted %s refusals, want 1", n.TS.URL, v)
+		}
 	}
 }

@@ -14,8 +14,10 @@ import (
 
 // PD requests (those with a bootstrap_room) come from the cluster's router,
 // which signs them with the cluster secret (clusterauth.SignRequest over
-// the method, path, time and the exact body). With Options.ClusterSecret
-// set, a server refuses an unsigned or wrongly signed PD request with 401
+// the method, path, time, a nonce, this server's id and the exact body).
+// With Options.ClusterSecret set, a server refuses with 401 a PD request
+// unsigned, wrongly signed, signed for another server (or an earlier run
+// of this one) or received before (a sniffed request replayed)
 // before anything of it reaches the engine, and counts it
 // (pdkit_pd_refused_reqs_total{reason="unsigned"}): a stranger's unpaired
 // PD request would hold a decode slot and KV pages (or a prefill's
@@ -66,7 +68,7 @@ func (s *Server) verifyPD(w http.ResponseWriter, r *http.Request) bool {
 		return true
 	}
 	raw, _ := r.Context().Value(rawBodyKey{}).([]byte)
-	err := secret.VerifyRequest(r, raw, time.Now())
+	err := s.verifier.Verify(r, raw, time.Now())
 	if err == nil {
 		return true
 	}
@@ -81,7 +83,9 @@ func unsignedPD(err error) *openai.Error {
 	why := "it is not signed"
 	switch {
 	case errors.Is(err, clusterauth.ErrBadSignature):
-		why = "its signature does not match"
+		why = "its signature does not match, or it was signed for another server"
+	case errors.Is(err, clusterauth.ErrReplayed):
+		why = "it was received before (a signed request is good once)"
 	case errors.Is(err, clusterauth.ErrStale):
 		why = "its signing time is too far from this server's clock"
 	}

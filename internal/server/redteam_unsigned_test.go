@@ -19,7 +19,7 @@ func postSigned(t *testing.T, e *env, path string, body any, secret *clusterauth
 		if sign == nil {
 			sign = b
 		}
-		secret.SignRequest(req, sign, now)
+		secret.SignRequest(req, sign, now, e.srv.id)
 	})
 }
 

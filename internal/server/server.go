@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	crand "crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -103,6 +104,10 @@ func (o Options) Validate() error {
 
 // Server is the HTTP handler. It is safe for concurrent use.
 type Server struct {
+	// id names this run of the server (pdproto.ServerInfo.ID): the PD
+	// requests it takes are signed for it, and verifier takes each once.
+	id       string
+	verifier *clusterauth.Verifier
 	// tags is each stream's client request id (X-Request-Id), by engine
 	// id, while it runs: the debug entries name it.
 	tags    sync.Map
@@ -182,7 +187,9 @@ func New(eng *serve.Engine, m *model.Model, opts Options) *Server {
 		bound:    bound,
 		tokenize: make(chan struct{}, tokenizePlaces()),
 		instance: fmt.Sprintf("%08x", rand.Uint32()),
+		id:       "srv-" + crand.Text(),
 	}
+	s.verifier = &clusterauth.Verifier{Secret: opts.ClusterSecret, Self: s.id}
 	s.handle("POST", "/v1/completions", arrival(s.keepBody(s.completions)))
 	s.handle("POST", "/v1/chat/completions", arrival(s.keepBody(s.chat)))
 	s.handle("GET", "/v1/models", s.models)
@@ -945,7 +952,7 @@ func filterRank(profile []byte, rank string) []byte {
 
 // pdInfo describes the server to a PD router.
 func (s *Server) pdInfo(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, pdproto.ServerInfo{Role: s.eng.Config().Role, Model: s.opts.ModelName,
+	writeJSON(w, http.StatusOK, pdproto.ServerInfo{ID: s.id, Role: s.eng.Config().Role, Model: s.opts.ModelName,
 		TPSize: s.eng.View().Ranks(), BootstrapURL: s.opts.BootstrapURL,
 		ContextTokens: s.bound.ContextTokens, TokenBytes: s.bound.TokenBytes})
 }

@@ -223,7 +223,7 @@ func (c *Client) do(ctx context.Context, method, url string, body []byte, out an
 	req.Header.Set("Accept", "application/json")
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
-		c.Secret.SignRequest(req, body, time.Now())
+		c.Secret.SignRequest(req, body, time.Now(), RegistryTarget)
 	}
 	resp, err := c.http().Do(req)
 	if err != nil {

@@ -99,7 +99,13 @@ type Registry struct {
 	ranks map[int]pdproto.RankInfo
 
 	unauthenticated, futureStart atomic.Uint64
+	verifier                     *clusterauth.Verifier // registrations over HTTP
 }
+
+// RegistryTarget is the target a registration over HTTP is signed for
+// (clusterauth.SignRequest): a registry, which a rank finds by the URL it
+// was given rather than by a server id.
+const RegistryTarget = "bootstrap registry"
 
 // NewRegistry returns an empty registry.
 func NewRegistry(opts Options) *Registry {
@@ -109,7 +115,8 @@ func NewRegistry(opts Options) *Registry {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Registry{opts: opts, ranks: map[int]pdproto.RankInfo{}}
+	return &Registry{opts: opts, ranks: map[int]pdproto.RankInfo{},
+		verifier: &clusterauth.Verifier{Secret: opts.Secret, Self: RegistryTarget}}
 }
 
 // Stats returns the registry's refusal counts.
@@ -205,7 +212,7 @@ func (g *Registry) authenticate(r *http.Request, body []byte) *pdproto.Bootstrap
 		return &pdproto.BootstrapError{Status: http.StatusForbidden, Code: pdproto.CodeForbidden,
 			Message: "this prefill server has no cluster secret, so it takes no registration over HTTP"}
 	}
-	if err := g.opts.Secret.VerifyRequest(r, body, g.opts.Now()); err != nil {
+	if err := g.verifier.Verify(r, body, g.opts.Now()); err != nil {
 		return &pdproto.BootstrapError{Status: http.StatusUnauthorized, Code: pdproto.CodeUnauthorized,
 			Message: "registration refused: " + err.Error()}
 	}

@@ -89,7 +89,7 @@ func sendAs(t *testing.T, secret *clusterauth.Secret, method, url string, body [
 		t.Fatal(err)
 	}
 	if method == http.MethodPut {
-		secret.SignRequest(req, body, time.Now())
+		secret.SignRequest(req, body, time.Now(), RegistryTarget)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -612,7 +612,7 @@ func TestRedTeamRegistryHijack(t *testing.T) {
 	// A real signature over the real body, replayed with the fake body.
 	req, _ := http.NewRequest(http.MethodPut, url, bytes.NewReader(body))
 	realBody, _ := json.Marshal(pdproto.RegisterRequest{RankInfo: real})
-	testSecret.SignRequest(req, realBody, time.Now())
+	testSecret.SignRequest(req, realBody, time.Now(), RegistryTarget)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
