@@ -14,6 +14,7 @@ require (
 	github.com/prometheus/common v0.72.0
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.9
+	golang.org/x/crypto v0.59.0
 	golang.org/x/sys v0.50.0
 	gorgonia.org/cu v0.9.6
 )

@@ -17,12 +17,19 @@
 //     hash, accepted within MaxSkew of the receiver's clock, by the target
 //     only, and once: a request sniffed on the way can be replayed
 //     neither against another server nor against its own.
-//   - ZeroMQ: every PD socket authenticates its peers with the PLAIN
-//     mechanism and a ZAP handler that admits only the credential ZMQ
-//     derives; a peer without it is never delivered.
+//   - ZeroMQ: a prefill rank's control socket (TRANSFER_INFO, ABORT,
+//     heartbeats; a stranger who could send there could abort rooms or
+//     redirect KV) runs CURVE with the keys CurveKeys derives: both ends
+//     authenticated, every byte encrypted. A decode rank's KV socket runs
+//     PLAIN with a rotating credential (KVCredential, KVAdmit): each
+//     socket presents its own, derived from the secret and the time, good
+//     for at most KVLifetime, so one sniffed on the wire is soon useless;
+//     the KV bytes themselves cross in the clear (CURVE would cut their
+//     throughput to about 0.15). A peer refused is never delivered.
 package clusterauth
 
 import (
+	"crypto/ecdh"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -50,9 +57,6 @@ const (
 	HeaderNonce     = "X-PD-Auth-Nonce"     // 128 random bits, hex
 	HeaderSignature = "X-PD-Auth-Signature" // hex HMAC-SHA256
 )
-
-// ZMQUser is the PLAIN user name every cluster member presents.
-const ZMQUser = "pdkit"
 
 // Secret is a cluster's shared secret. The nil *Secret is "no secret":
 // every method on it is defined (nothing signed, nothing derived).
@@ -115,13 +119,80 @@ func (s *Secret) derive(purpose string) []byte {
 	return m.Sum(nil)
 }
 
-// ZMQ is the PLAIN credential of the cluster's ZeroMQ sockets; ok is false
-// without a secret.
-func (s *Secret) ZMQ() (user, password string, ok bool) {
+// CurveKeys derives the cluster's CURVE keypairs (raw 32-byte X25519
+// keys): every control socket is a CURVE server with the server keypair
+// and admits only the client public key, which every member presents.
+// ok is false without a secret.
+func (s *Secret) CurveKeys() (serverPublic, serverSecret, clientPublic, clientSecret string, ok bool) {
 	if s == nil {
-		return "", "", false
+		return "", "", "", "", false
 	}
-	return ZMQUser, hex.EncodeToString(s.derive("zmq plain v1")), true
+	pair := func(label string) (string, string) {
+		k, err := ecdh.X25519().NewPrivateKey(s.derive(label))
+		if err != nil {
+			panic(err) // cannot happen: any 32 bytes are an X25519 key
+		}
+		return string(k.PublicKey().Bytes()), string(k.Bytes())
+	}
+	serverPublic, serverSecret = pair("zmq curve server v1")
+	clientPublic, clientSecret = pair("zmq curve client v1")
+	return serverPublic, serverSecret, clientPublic, clientSecret, true
+}
+
+// KVEpoch is the period of the KV sockets' rotating credential: a socket
+// presents the credential of the epoch it was made in and is made anew
+// once it is older than KVEpoch and quiet; a receiver admits the
+// credentials of the two epochs before now, now's and the next (clocks
+// drift), so one is good for at most KVLifetime.
+const (
+	KVEpoch    = 10 * time.Minute
+	KVLifetime = 3 * KVEpoch
+)
+
+// kvUserPrefix begins every KV credential's user name.
+const kvUserPrefix = "pdkit-kv/"
+
+// KVCredential is a fresh PLAIN credential for a KV socket made at now:
+// the user name says the epoch and a random nonce (so that each socket's
+// is its own), the password is the HMAC of the user name. Empty without a
+// secret.
+func (s *Secret) KVCredential(now time.Time) (user, password string) {
+	if s == nil {
+		return "", ""
+	}
+	nonce := make([]byte, 8)
+	rand.Read(nonce)
+	user = fmt.Sprintf("%s%d/%x", kvUserPrefix, now.Unix()/int64(KVEpoch/time.Second), nonce)
+	return user, hex.EncodeToString(s.kvPassword(user))
+}
+
+func (s *Secret) kvPassword(user string) []byte {
+	m := hmac.New(sha256.New, s.derive("zmq kv v1"))
+	m.Write([]byte(user))
+	return m.Sum(nil)
+}
+
+// KVAdmit reports whether user and password are a KV credential of this
+// secret still good at now (see KVEpoch).
+func (s *Secret) KVAdmit(user, password []byte, now time.Time) bool {
+	if s == nil {
+		return false
+	}
+	rest, ok := strings.CutPrefix(string(user), kvUserPrefix)
+	if !ok {
+		return false
+	}
+	es, _, ok := strings.Cut(rest, "/")
+	epoch, err := strconv.ParseInt(es, 10, 64)
+	if !ok || err != nil {
+		return false
+	}
+	cur := now.Unix() / int64(KVEpoch/time.Second)
+	if epoch < cur-2 || epoch > cur+1 {
+		return false
+	}
+	got, err := hex.DecodeString(string(password))
+	return err == nil && hmac.Equal(got, s.kvPassword(string(user)))
 }
 
 // AdminToken is the bearer token of the servers' admin API that the

@@ -103,14 +103,52 @@ func TestVerifierRemembers(t *testing.T) {
 func TestDerivedKeysDiffer(t *testing.T) {
 	a, _ := New("0123456789abcdef-a")
 	b, _ := New("0123456789abcdef-b")
-	ua, pa, _ := a.ZMQ()
-	_, pb, _ := b.ZMQ()
-	if ua != ZMQUser || pa == pb || len(pa) != 64 || strings.Contains(pa, "0123456789abcdef") {
-		t.Fatalf("ZMQ credentials %q %q", pa, pb)
+	_, _, _, pa, _ := a.CurveKeys()
+	_, _, _, pb, _ := b.CurveKeys()
+	if pa == pb || len(pa) != 32 || strings.Contains(pa, "0123456789abcdef") {
+		t.Fatalf("CURVE client secret keys %x %x", pa, pb)
+	}
+	if a.AdminToken() == b.AdminToken() || strings.Contains(a.AdminToken(), "0123456789abcdef") {
+		t.Fatal("the admin tokens of two secrets")
 	}
 	var none *Secret
-	if _, _, ok := none.ZMQ(); ok || none.Set() {
-		t.Fatal("the nil secret derives a credential")
+	if _, _, _, _, ok := none.CurveKeys(); ok || none.Set() {
+		t.Fatal("the nil secret derives keys")
+	}
+}
+
+// A KV credential is its own per call, admitted by its secret only and
+// within its lifetime only.
+func TestKVCredential(t *testing.T) {
+	s, _ := Generate()
+	other, _ := Generate()
+	now := time.Unix(1_800_000_000, 0)
+	u1, p1 := s.KVCredential(now)
+	u2, p2 := s.KVCredential(now)
+	if u1 == u2 || p1 == p2 {
+		t.Fatal("two calls made the same credential")
+	}
+	for _, c := range []struct {
+		name     string
+		s        *Secret
+		u, p     string
+		at       time.Time
+		admitted bool
+	}{
+		{"fresh", s, u1, p1, now, true},
+		{"an epoch on (the socket lives one more)", s, u1, p1, now.Add(KVEpoch), true},
+		{"two epochs on (a reconnect's margin)", s, u1, p1, now.Add(2 * KVEpoch), true},
+		{"past its lifetime", s, u1, p1, now.Add(KVLifetime), false},
+		{"from a clock an epoch behind", s, u1, p1, now.Add(-KVEpoch), true},
+		{"from a clock two epochs behind", s, u1, p1, now.Add(-2 * KVEpoch), false},
+		{"another secret", other, u1, p1, now, false},
+		{"another user", s, u2, p1, now, false},
+		{"the epoch changed", s, strings.Replace(u1, "/3000000/", "/3000001/", 1), p1, now, false},
+		{"not a KV user", s, "pdkit", p1, now, false},
+	} {
+		if got := c.s.KVAdmit([]byte(c.u), []byte(c.p), c.at); got != c.admitted {
+			t.Errorf("%s: admitted %v, want %v", c.name, got, c.admitted)
+		}
 	}
 }
 
@@ -135,9 +173,7 @@ func TestLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	v, _ := Load("0123456789abcdef0123", "")
-	_, p1, _ := s.ZMQ()
-	_, p2, _ := v.ZMQ()
-	if p1 != p2 {
+	if s.AdminToken() != v.AdminToken() {
 		t.Fatal("the file's trailing newline changed the secret")
 	}
 	if _, err := Load("0123456789abcdef0123", f); err == nil {

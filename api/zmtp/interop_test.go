@@ -7,6 +7,7 @@ package zmtp
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -121,6 +122,73 @@ func TestInteropOutboxToPull(t *testing.T) {
 		}
 		if errs := p.Errors(); len(errs) > 0 {
 			t.Fatalf("peer errors: %v", errs)
+		}
+	})
+}
+
+// TestInteropCurvePushToInbox: a CURVE Push delivers to a zmqlink Inbox
+// that is a CURVE server (libzmq's CurveZMQ), frames whole and in order, a
+// large one included; a Push with another client key, or expecting
+// another server key, is refused and delivers nothing.
+func TestInteropCurvePushToInbox(t *testing.T) {
+	keys, err := zmqlink.CurveKeysFrom("interop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := zmqlink.CurveKeysFrom("stranger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth := func(server, client *zmqlink.CurveKeys) *CurveAuth {
+		return &CurveAuth{ServerPublic: [32]byte([]byte(server.ServerPublic)),
+			ClientPublic: [32]byte([]byte(client.ClientPublic)), ClientSecret: [32]byte([]byte(client.ClientSecret))}
+	}
+	eachZeroCopy(t, func(t *testing.T, zc bool) {
+		got := make(chan [][]byte, 8)
+		in, err := zmqlink.Listen("tcp://127.0.0.1:0", func(fr [][]byte) error {
+			got <- zmqlink.CloneFrames(fr)
+			return nil
+		}, &zmqlink.InboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: zc, Curve: keys}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer in.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, a := range []*CurveAuth{auth(keys, other), auth(other, keys)} {
+			if p, err := DialCurve(ctx, in.Endpoint(), a); err == nil {
+				p.Close()
+				t.Fatal("a stranger's CURVE keys were admitted")
+			} else if !errors.Is(err, ErrAuthRefused) {
+				t.Errorf("a stranger's keys: %v, want ErrAuthRefused", err)
+			}
+		}
+		if _, err := Dial(ctx, in.Endpoint()); !errors.Is(err, ErrAuthRequired) {
+			t.Errorf("NULL against a CURVE server: %v, want ErrAuthRequired", err)
+		}
+		p, err := DialCurve(ctx, in.Endpoint(), auth(keys, keys))
+		if err != nil {
+			t.Fatal(err)
+		}
+		big := bytes.Repeat([]byte{0xCD}, 300<<10)
+		for i := range 3 {
+			if err := p.Send(ctx, [][]byte{{byte(i)}, {}, big}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p.Close()
+		for i := range 3 {
+			select {
+			case m := <-got:
+				if len(m) != 3 || !bytes.Equal(m[0], []byte{byte(i)}) || len(m[1]) != 0 || !bytes.Equal(m[2], big) {
+					t.Fatalf("message %d: %d frames", i, len(m))
+				}
+			case <-ctx.Done():
+				t.Fatalf("message %d never arrived", i)
+			}
+		}
+		if st := in.Stats(); st.Messages != 3 || st.AuthAdmitted != 1 {
+			t.Errorf("inbox stats %+v", st)
 		}
 	})
 }

@@ -18,12 +18,18 @@ import (
 
 // PlainAuth is a PLAIN credential: what a Push presents (DialAuth,
 // SendAuth) and the only one a Pull admits (ListenAuth). Both are at most
-// 255 bytes and not empty.
+// 255 bytes and not empty. A Pull with Admit set admits instead whatever
+// credential Admit says (a rotating one, as pdkit's KV sockets present;
+// Username and Password are then unused).
 type PlainAuth struct {
 	Username, Password string
+	Admit              func(user, password []byte) bool
 }
 
 func (a *PlainAuth) validate() error {
+	if a.Admit != nil {
+		return nil
+	}
 	if a.Username == "" || a.Password == "" {
 		return errors.New("zmtp: empty PLAIN username or password")
 	}
@@ -109,8 +115,13 @@ func (zc *conn) plainServer(mine string, auth *PlainAuth) error {
 	if err != nil {
 		return err
 	}
-	ok := subtle.ConstantTimeCompare(user, []byte(auth.Username)) & subtle.ConstantTimeCompare(pass, []byte(auth.Password))
-	if ok != 1 {
+	ok := false
+	if auth.Admit != nil {
+		ok = auth.Admit(user, pass)
+	} else {
+		ok = subtle.ConstantTimeCompare(user, []byte(auth.Username))&subtle.ConstantTimeCompare(pass, []byte(auth.Password)) == 1
+	}
+	if !ok {
 		_ = zc.writeCommand(append(command("ERROR"), 3, '4', '0', '0'))
 		return &authError{ErrAuthRefused, fmt.Sprintf("refused the credentials of user %q", user)}
 	}

@@ -37,6 +37,22 @@ func DialAuth(ctx context.Context, endpoint string, auth *PlainAuth) (*Push, err
 			return nil, err
 		}
 	}
+	return dial(ctx, endpoint, auth, nil)
+}
+
+// DialCurve is Dial as a CURVE client with curve's keys, as a pdkit
+// control socket with a cluster secret requires: every frame is encrypted
+// and authenticated. A server that does not open with curve.ServerPublic,
+// or refuses the client key, gives an error matching ErrAuthRefused; one
+// that speaks another mechanism, one matching ErrAuthRequired.
+func DialCurve(ctx context.Context, endpoint string, curve *CurveAuth) (*Push, error) {
+	if curve == nil {
+		return nil, errors.New("zmtp: DialCurve without keys")
+	}
+	return dial(ctx, endpoint, nil, curve)
+}
+
+func dial(ctx context.Context, endpoint string, auth *PlainAuth, curve *CurveAuth) (*Push, error) {
 	addr, err := tcpAddress(endpoint)
 	if err != nil {
 		return nil, err
@@ -48,16 +64,16 @@ func DialAuth(ctx context.Context, endpoint string, auth *PlainAuth) (*Push, err
 	if err != nil {
 		return nil, fmt.Errorf("zmtp: connecting to %s: %w", endpoint, err)
 	}
-	return newPush(ctx, c, auth)
+	return newPush(ctx, c, auth, curve)
 }
 
 // newPush runs the PUSH side's handshake on c (closed on failure).
-func newPush(ctx context.Context, c net.Conn, auth *PlainAuth) (*Push, error) {
+func newPush(ctx context.Context, c net.Conn, auth *PlainAuth, curve *CurveAuth) (*Push, error) {
 	deadline, _ := ctx.Deadline()
 	if deadline.IsZero() {
 		deadline = time.Now().Add(DefaultHandshakeTimeout)
 	}
-	zc, err := handshake(c, TypePUSH, false, auth, deadline)
+	zc, err := handshake(c, TypePUSH, false, auth, curve, deadline)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -190,7 +206,7 @@ func (p *Pull) serve(c net.Conn) {
 		delete(p.conns, c)
 		p.mu.Unlock()
 	}()
-	zc, err := handshake(c, TypePULL, true, p.auth, time.Now().Add(DefaultHandshakeTimeout))
+	zc, err := handshake(c, TypePULL, true, p.auth, nil, time.Now().Add(DefaultHandshakeTimeout))
 	if err != nil {
 		p.noteError(err)
 		return

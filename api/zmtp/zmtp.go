@@ -1,7 +1,9 @@
 // Package zmtp is a minimal, pure-Go ZeroMQ peer: exactly what pdctl needs
 // to speak to the PD sockets of a pdkit cluster without cgo. It implements
 // ZMTP 3.0 (https://rfc.zeromq.org/spec/23/) over TCP with the NULL and
-// PLAIN security mechanisms, for two socket types only:
+// PLAIN security mechanisms, and CURVE as a client (curve.go: DialCurve,
+// what a pdkit control socket with a cluster secret requires), for two
+// socket types only:
 //
 //   - a PUSH socket that dials one PULL peer and sends multipart messages
 //     (Dial, DialAuth, Push.Send), as a decode rank does to a prefill
@@ -110,8 +112,12 @@ func checkGreeting(g []byte, mech string) error {
 		return &authError{ErrAuthRequired, "the peer requires the PLAIN mechanism: connect with credentials (a PlainAuth)"}
 	case peer == mechNULL && mech == mechPLAIN:
 		return &authError{ErrAuthRequired, "the peer speaks NULL, without authentication, and this side requires PLAIN"}
+	case peer == mechCURVE && mech != mechCURVE:
+		return &authError{ErrAuthRequired, "the peer requires the CURVE mechanism: connect with CURVE keys (a CurveAuth, which pdctl derives from the cluster secret)"}
+	case mech == mechCURVE:
+		return &authError{ErrAuthRequired, fmt.Sprintf("the peer speaks %s, and this side requires CURVE", peer)}
 	}
-	return protof("peer asks for security mechanism %q, only NULL and PLAIN are supported", peer)
+	return protof("peer asks for security mechanism %q, only NULL, PLAIN and CURVE (as a client) are supported", peer)
 }
 
 // compatible says whether a socket of type mine may talk to one of type peer.
@@ -121,9 +127,10 @@ func compatible(mine, peer string) bool {
 
 // conn is one ZMTP connection after or during its handshake.
 type conn struct {
-	c  net.Conn
-	r  *bufio.Reader
-	wb []byte // frame header buffer
+	c     net.Conn
+	r     *bufio.Reader
+	wb    []byte      // frame header buffer
+	curve *curveState // the CURVE session, nil under NULL and PLAIN
 }
 
 // command encodes a command frame's body: the name, then properties.
@@ -152,23 +159,29 @@ func appendFrame(b []byte, flags byte, body []byte) []byte {
 
 // handshake exchanges greetings and READY commands as a socket of type
 // mine, by deadline; with auth, it runs the PLAIN mechanism instead
-// (plain.go).
-func handshake(c net.Conn, mine string, asServer bool, auth *PlainAuth, deadline time.Time) (*conn, error) {
+// (plain.go), with curve (a client only) CURVE (curve.go).
+func handshake(c net.Conn, mine string, asServer bool, auth *PlainAuth, curve *CurveAuth, deadline time.Time) (*conn, error) {
 	if err := c.SetDeadline(deadline); err != nil {
 		return nil, err
 	}
 	zc := &conn{c: c, r: bufio.NewReaderSize(c, 64<<10)}
 	mech, after := mechNULL, appendFrame(nil, flagCommand, metadata("READY", mine))
-	if auth != nil {
+	switch {
+	case curve != nil:
+		mech, after = mechCURVE, nil
+	case auth != nil:
 		mech, after = mechPLAIN, nil
 	}
 	_, werr, err := zc.greet(mech, asServer, after)
 	if err != nil {
 		return nil, err
 	}
-	if auth != nil {
+	switch {
+	case curve != nil:
+		err = zc.curveClient(mine, curve, werr)
+	case auth != nil:
 		err = zc.plainHandshake(mine, asServer, auth, werr)
-	} else {
+	default:
 		err = zc.readReady(mine)
 	}
 	if err != nil {
@@ -460,6 +473,10 @@ func (zc *conn) writeMessage(frames [][]byte) error {
 	}
 	b := zc.wb[:0]
 	for i, f := range frames {
+		if zc.curve != nil {
+			b = zc.curve.sealMessage(b, i < len(frames)-1, f)
+			continue
+		}
 		var flags byte
 		if i < len(frames)-1 {
 			flags = flagMore

@@ -85,7 +85,7 @@ func pipePush(t *testing.T, peerGreeting []byte) (*Push, *rawPeer, error) {
 		err error
 	}, 1)
 	go func() {
-		p, err := newPush(context.Background(), a, nil)
+		p, err := newPush(context.Background(), a, nil, nil)
 		res <- struct {
 			p   *Push
 			err error
@@ -107,7 +107,7 @@ func TestPushSendsMultipart(t *testing.T) {
 	var push *Push
 	go func() {
 		var err error
-		push, err = newPush(context.Background(), a, nil)
+		push, err = newPush(context.Background(), a, nil, nil)
 		if err == nil {
 			long := bytes.Repeat([]byte{'x'}, 300)
 			err = push.Send(context.Background(), [][]byte{[]byte("PDKIT\x02"), {}, long})
@@ -145,7 +145,8 @@ func TestHandshakeRefusals(t *testing.T) {
 	}{
 		{"signature", bad(func(g []byte) []byte { g[9] = 0; return g }), "not a ZMTP 3 greeting: signature ff 00 00 00 00 00 00 00 00 00"},
 		{"zmtp 2", bad(func(g []byte) []byte { g[10], g[11] = 2, 0; return g }), "peer speaks ZMTP 2.0, only 3.x is supported"},
-		{"curve", bad(func(g []byte) []byte { copy(g[12:32], "CURVE\x00\x00\x00"); return g }), `peer asks for security mechanism "CURVE", only NULL and PLAIN are supported`},
+		{"curve", bad(func(g []byte) []byte { copy(g[12:32], "CURVE\x00\x00\x00"); return g }), `the peer requires the CURVE mechanism: connect with CURVE keys (a CurveAuth, which pdctl derives from the cluster secret)`},
+		{"gssapi", bad(func(g []byte) []byte { copy(g[12:32], "GSSAPI\x00\x00"); return g }), `peer asks for security mechanism "GSSAPI", only NULL, PLAIN and CURVE (as a client) are supported`},
 		{"socket type", append(greeting(mechNULL, true), ready("PUB")...), "peer is a PUB socket, a PUSH socket only talks to PULL"},
 		{"push to push", append(greeting(mechNULL, true), ready(TypePUSH)...), "peer is a PUSH socket, a PUSH socket only talks to PULL"},
 		{"no socket type", append(greeting(mechNULL, true), appendFrame(nil, flagCommand, command("READY"))...), "READY without a Socket-Type property"},

@@ -215,11 +215,11 @@ func syntheticAbortRun(ctx context.Context, opts *abortOptions) error {
 		return nil
 	}
 
-	auth, err := opts.Attach.zmtpAuth(f)
+	curve, acks, err := opts.Attach.pdAuth(f)
 	if err != nil {
 		return err
 	}
-	pull, err := zmtp.ListenAuth(opts.Listen, auth)
+	pull, err := zmtp.ListenAuth(opts.Listen, acks)
 	if err != nil {
 		return err
 	}
@@ -237,7 +237,7 @@ func syntheticAbortRun(ctx context.Context, opts *abortOptions) error {
 	waitCtx, cancel := context.WithTimeout(ctx, opts.Wait)
 	defer cancel()
 	for _, ep := range endpoints {
-		sendAborts(waitCtx, auth, pull.Endpoint(), ep, byEndpoint[ep], pending)
+		sendAborts(waitCtx, curve, pull.Endpoint(), ep, byEndpoint[ep], pending)
 	}
 	for len(pending) > 0 {
 		frames, err := pull.Recv(waitCtx)
@@ -349,9 +349,16 @@ func authHint(err error) string {
 }
 
 // sendAborts sends the ABORTs of targets to one prefill rank's control
-// endpoint over one connection, each asking for its ack at ackEndpoint.
-func sendAborts(ctx context.Context, auth *zmtp.PlainAuth, ackEndpoint, endpoint string, targets []*abortTarget, pending map[ackKey]*abortTarget) {
-	p, err := zmtp.DialAuth(ctx, endpoint, auth)
+// endpoint over one connection (CURVE with the cluster secret's keys,
+// NULL without a secret), each asking for its ack at ackEndpoint.
+func sendAborts(ctx context.Context, curve *zmtp.CurveAuth, ackEndpoint, endpoint string, targets []*abortTarget, pending map[ackKey]*abortTarget) {
+	var p *zmtp.Push
+	var err error
+	if curve != nil {
+		p, err = zmtp.DialCurve(ctx, endpoint, curve)
+	} else {
+		p, err = zmtp.Dial(ctx, endpoint)
+	}
 	if err == nil {
 		defer p.Close()
 	}

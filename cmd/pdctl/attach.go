@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/pdkit/pdkit/api/clusterauth"
 	"github.com/pdkit/pdkit/api/zmtp"
@@ -44,18 +45,23 @@ func addAttachFlags(cmd *cobra.Command, f *factory, o *attachOptions) {
 	fl.StringVar(&o.SecretFile, "cluster-secret-file", "", "file holding the cluster secret, mode 600 (env PD_CLUSTER_SECRET_FILE; pdserve launch prints its own)")
 }
 
-// zmtpAuth is the PLAIN credential of the cluster secret, from the flags
-// or the environment; nil without a secret.
-func (o *attachOptions) zmtpAuth(f *factory) (*zmtp.PlainAuth, error) {
+// pdAuth is what pdctl needs of the cluster secret on the PD plane, from
+// the flags or the environment: the CURVE keys it dials a prefill rank's
+// control socket with, and the rule its own PULL socket admits the
+// ranks' acks by (the rotating credential of the KV sockets, which a
+// prefill rank's outbox presents). Both nil without a secret.
+func (o *attachOptions) pdAuth(f *factory) (*zmtp.CurveAuth, *zmtp.PlainAuth, error) {
 	secret, err := o.secret(f)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	user, password, ok := secret.ZMQ()
+	sp, _, cp, cs, ok := secret.CurveKeys()
 	if !ok {
-		return nil, nil
+		return nil, nil, nil
 	}
-	return &zmtp.PlainAuth{Username: user, Password: password}, nil
+	curve := &zmtp.CurveAuth{ServerPublic: [32]byte([]byte(sp)), ClientPublic: [32]byte([]byte(cp)), ClientSecret: [32]byte([]byte(cs))}
+	acks := &zmtp.PlainAuth{Admit: func(user, password []byte) bool { return secret.KVAdmit(user, password, time.Now()) }}
+	return curve, acks, nil
 }
 
 // token is --token, else PDCTL_TOKEN, else the admin token the cluster

@@ -142,8 +142,8 @@ on a loopback HTTP port, KV over ZeroMQ on loopback) over the same built-in mode
 configuration. For each prompt length it runs the same greedy requests one at a time on both
 and reports time to first token percentiles and their PD/colocated ratio; PD tokens must equal
 the colocated ones. Then it sends real KV_CHUNK messages over the ZeroMQ link for a while, with
-and without PLAIN authentication (what a cluster secret turns on) in interleaved rounds, and moves
-the same bytes over raw loopback TCP; it reports the rates and two ratios: ZeroMQ over raw TCP
+and without the KV sockets' PLAIN authentication and its rotating credential (what a cluster
+secret turns on) in interleaved rounds, and moves the same bytes over raw loopback TCP; it reports the rates and two ratios: ZeroMQ over raw TCP
 (goal ≥ 0.8) and authenticated over not (goal: authentication costs at most 10%, read against the
 rounds' noise: the one-sided 95% upper bound of the rounds' ratio ≥ 0.9).`,
 		Args: usageArgs(cobra.NoArgs),

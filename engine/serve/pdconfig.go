@@ -175,14 +175,30 @@ func (c PDConfig) validate() error {
 	return nil
 }
 
-// zmqAuth is the PD sockets' credential, derived from the cluster secret;
-// nil without one.
-func (c *PDConfig) zmqAuth() *zmqlink.PlainAuth {
-	user, password, ok := c.Secret.ZMQ()
+// socketAuth sets on o the mechanism of a rank's inbox (inbox) or outbox
+// of role, derived from the cluster secret (none without one): a
+// prefill's inbox is its control socket and a decode's outbox talks to
+// one, both CURVE; a decode's inbox is its KV socket and a prefill's
+// outbox feeds it, both PLAIN with the rotating KV credential.
+func (c *PDConfig) socketAuth(o *zmqlink.SocketOptions, prefill, inbox bool) {
+	sp, ss, cp, cs, ok := c.Secret.CurveKeys()
 	if !ok {
+		return
+	}
+	if prefill == inbox { // the control socket's two ends
+		o.Curve = &zmqlink.CurveKeys{ServerPublic: sp, ServerSecret: ss, ClientPublic: cp, ClientSecret: cs}
+		return
+	}
+	o.Rotating = KVAuth(c.Secret)
+}
+
+// KVAuth is the rotating PLAIN credential of the KV sockets
+// (clusterauth.Secret.KVCredential); nil without a secret.
+func KVAuth(secret *clusterauth.Secret) *zmqlink.RotatingAuth {
+	if !secret.Set() {
 		return nil
 	}
-	return &zmqlink.PlainAuth{Username: user, Password: password}
+	return &zmqlink.RotatingAuth{Credential: secret.KVCredential, Admit: secret.KVAdmit, Rotate: clusterauth.KVEpoch}
 }
 
 // PDRequest is the PD part of a Request.

@@ -116,7 +116,9 @@ func newRankPD(e *Engine, rank int, boot uint64, endpoint string) (*rankPD, erro
 	prefill := e.cfg.Role == pdproto.RolePrefill
 	pd := &rankPD{rank: rank, host: pdHostOf(e), mb: newMailbox(e.mailboxConfig(rank, boot), e.inbox.poke, &e.faults), machine: machine,
 		reqs: map[uint64]*pdReq{}, boot: boot, cfg: &e.cfg.PD}
-	out, err := zmqlink.NewOutbox(&zmqlink.OutboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: prefill, Auth: e.cfg.PD.zmqAuth()},
+	outOpts := zmqlink.SocketOptions{ZeroCopy: prefill}
+	e.cfg.PD.socketAuth(&outOpts, prefill, false)
+	out, err := zmqlink.NewOutbox(&zmqlink.OutboxOptions{SocketOptions: outOpts,
 		MaxPeers: e.cfg.PD.MaxPeerSockets, PeerIdle: e.cfg.PD.PeerSocketIdle})
 	if err != nil {
 		return nil, err
@@ -130,7 +132,9 @@ func newRankPD(e *Engine, rank int, boot uint64, endpoint string) (*rankPD, erro
 	if endpoint == "" {
 		endpoint = "tcp://" + net.JoinHostPort(e.cfg.PD.Host, "0")
 	}
-	in, err := zmqlink.Listen(endpoint, pd.mb.handle, &zmqlink.InboxOptions{SocketOptions: zmqlink.SocketOptions{ZeroCopy: !prefill, Auth: e.cfg.PD.zmqAuth()},
+	inOpts := zmqlink.SocketOptions{ZeroCopy: !prefill}
+	e.cfg.PD.socketAuth(&inOpts, prefill, true)
+	in, err := zmqlink.Listen(endpoint, pd.mb.handle, &zmqlink.InboxOptions{SocketOptions: inOpts,
 		MaxMsgSize: e.maxMessageBytes(), HandshakeTimeout: e.cfg.PD.HandshakeTimeout, MaxConnections: e.cfg.PD.MaxConnections})
 	if err != nil {
 		pd.replies.stop()

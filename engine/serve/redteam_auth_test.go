@@ -16,17 +16,38 @@ import (
 )
 
 // TestRedTeamPDForgedWithoutCredentials: a PD pair sharing a cluster
-// secret; strangers (no credential, and one derived from another secret)
-// send well-formed KV_CHUNK, STATUS and ABORT frames for a room to both
-// servers' sockets. Their connections are refused at the handshake and
-// counted, nothing of theirs reaches a handler, and the pair serves a real
-// request in that room afterwards.
+// secret; strangers send well-formed KV_CHUNK, STATUS and ABORT frames for
+// a room to both servers' sockets: with no credential, with the
+// credentials of another secret (CURVE keys, a KV credential), and with a
+// KV credential of the right secret sniffed long ago (past KVLifetime) or
+// presented to the control socket, which takes CURVE only. Their
+// connections are refused at the handshake and counted, nothing of theirs
+// reaches a handler, and the pair serves a real request in that room
+// afterwards.
 func TestRedTeamPDForgedWithoutCredentials(t *testing.T) {
 	secret, _ := clusterauth.Generate()
 	pp := newPDPair(t, Config{PageSize: 4, KVTokens: 512, MaxRunning: 4, PD: PDConfig{Secret: secret}})
 	other, _ := clusterauth.Generate()
-	user, password, _ := other.ZMQ()
-	forgers := []*zmqlink.SocketOptions{nil, {Auth: &zmqlink.PlainAuth{Username: user, Password: password}}}
+	control, kv := pp.prefill.PD().Links()[0].Inbox.Endpoint, pp.decode.PD().Links()[0].Inbox.Endpoint
+	plain := func(s *clusterauth.Secret, at time.Time) *zmqlink.SocketOptions {
+		user, password := s.KVCredential(at)
+		return &zmqlink.SocketOptions{Auth: &zmqlink.PlainAuth{Username: user, Password: password}}
+	}
+	sp, _, cp, cs, _ := other.CurveKeys()
+	rsp, _, _, _, _ := secret.CurveKeys()
+	now := time.Now()
+	forgers := []struct {
+		name      string
+		opts      *zmqlink.SocketOptions
+		endpoints []string
+	}{
+		{"no credential", nil, []string{control, kv}},
+		{"another secret's KV credential", plain(other, now), []string{control, kv}},
+		{"another secret's CURVE keys", &zmqlink.SocketOptions{Curve: &zmqlink.CurveKeys{ServerPublic: sp, ClientPublic: cp, ClientSecret: cs, ServerSecret: cs}}, []string{control}},
+		{"another secret's client keys, the right server key", &zmqlink.SocketOptions{Curve: &zmqlink.CurveKeys{ServerPublic: rsp, ClientPublic: cp, ClientSecret: cs, ServerSecret: cs}}, []string{control}},
+		{"a KV credential sniffed past its lifetime", plain(secret, now.Add(-clusterauth.KVLifetime-clusterauth.KVEpoch)), []string{kv}},
+		{"a fresh KV credential at the control socket", plain(secret, now), []string{control}},
+	}
 	const room = 77
 	forged := [][][]byte{}
 	for _, m := range []pdproto.Message{
@@ -40,18 +61,23 @@ func TestRedTeamPDForgedWithoutCredentials(t *testing.T) {
 		}
 		forged = append(forged, f)
 	}
-	endpoints := []string{pp.prefill.PD().Links()[0].Inbox.Endpoint, pp.decode.PD().Links()[0].Inbox.Endpoint}
-	for _, so := range forgers {
+	atControl, atKV := uint64(0), uint64(0)
+	for _, fg := range forgers {
 		opts := &zmqlink.OutboxOptions{}
-		if so != nil {
-			opts.SocketOptions = *so
+		if fg.opts != nil {
+			opts.SocketOptions = *fg.opts
 		}
 		out, err := zmqlink.NewOutbox(opts)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s: %v", fg.name, err)
 		}
 		defer out.Close()
-		for _, ep := range endpoints {
+		for _, ep := range fg.endpoints {
+			if ep == control {
+				atControl++
+			} else {
+				atKV++
+			}
 			for _, f := range forged {
 				if err := out.Send(context.Background(), ep, zmqlink.CloneFrames(f)); err != nil {
 					t.Fatal(err)
@@ -60,7 +86,7 @@ func TestRedTeamPDForgedWithoutCredentials(t *testing.T) {
 		}
 	}
 	waitfor.Check(t, "the forgers refused on both servers", 10*time.Second, func() bool {
-		return pp.prefill.PD().Links()[0].Inbox.AuthDenied >= 2 && pp.decode.PD().Links()[0].Inbox.AuthDenied >= 2
+		return pp.prefill.PD().Links()[0].Inbox.AuthDenied >= atControl && pp.decode.PD().Links()[0].Inbox.AuthDenied >= atKV
 	})
 	for _, e := range []*Engine{pp.prefill, pp.decode} {
 		if l := e.PD().Links()[0]; l.Inbox.Messages != 0 || l.Inbox.HandlerErrors != 0 {

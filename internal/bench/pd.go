@@ -462,8 +462,7 @@ func measureTransport(ctx context.Context, msg *pdproto.KVChunk, d time.Duration
 	}
 	defer none.close()
 	secret, _ := clusterauth.Generate()
-	user, password, _ := secret.ZMQ()
-	plain, err := openKVLink(ctx, &zmqlink.PlainAuth{Username: user, Password: password})
+	plain, err := openKVLink(ctx, serve.KVAuth(secret)) // the KV sockets' rotating PLAIN credential
 	if err != nil {
 		return t, err
 	}
@@ -522,9 +521,9 @@ type kvLink struct {
 
 // openKVLink listens, connects and waits for the connection (and its
 // handshake, with auth) by sending one chunk, so that no run times it.
-func openKVLink(ctx context.Context, auth *zmqlink.PlainAuth) (*kvLink, error) {
+func openKVLink(ctx context.Context, auth *zmqlink.RotatingAuth) (*kvLink, error) {
 	l := &kvLink{ctx: ctx}
-	so := zmqlink.SocketOptions{ZeroCopy: true, Auth: auth}
+	so := zmqlink.SocketOptions{ZeroCopy: true, Rotating: auth}
 	var err error
 	l.in, err = zmqlink.Listen("tcp://127.0.0.1:0", func(frames [][]byte) error {
 		m, err := pdproto.Decode(frames)

@@ -118,7 +118,7 @@ func TestAdminAuth(t *testing.T) {
 	// admin API (switch faults, abort everything) without the secret.
 	secret, _ := clusterauth.Generate()
 	derived := "Bearer " + secret.AdminToken()
-	_, zmqPassword, _ := secret.ZMQ()
+	_, kvPassword := secret.KVCredential(time.Now())
 	secLoop := Options{ClusterSecret: secret, Loopback: true}
 	secTok := Options{ClusterSecret: secret, AdminToken: "s3cret", Loopback: true}
 	for _, c := range []struct {
@@ -147,7 +147,7 @@ func TestAdminAuth(t *testing.T) {
 		{"abort_request, no token, not loopback", Options{}, "POST", "/abort_request", "", 403, "admin API disabled"},
 		{"secret, loopback, none given", secLoop, "POST", "/admin/v1/abort_all", "", 401, "missing bearer token (Authorization: Bearer <token>); this server takes the token its cluster secret derives, which pdctl sends given the secret"},
 		{"secret, loopback, fault switch, none given", secLoop, "POST", "/admin/v1/faults/stall-last-rank/on", "", 401, "missing bearer token"},
-		{"secret, loopback, the PD password", secLoop, "POST", "/admin/v1/abort_all", "Bearer " + zmqPassword, 401, "wrong bearer token"},
+		{"secret, loopback, a KV socket password", secLoop, "POST", "/admin/v1/abort_all", "Bearer " + kvPassword, 401, "wrong bearer token"},
 		{"secret, loopback, derived token", secLoop, "POST", "/admin/v1/abort_all", derived, 200, ""},
 		{"secret, not loopback, derived token", Options{ClusterSecret: secret}, "POST", "/admin/v1/abort_all", derived, 200, ""},
 		{"secret, abort_request, none given", secLoop, "POST", "/abort_request", "", 401, "missing bearer token"},

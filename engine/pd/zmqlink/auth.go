@@ -41,7 +41,8 @@ const zapDomain = "pdkit"
 const zapEndpoint = "inproc://zeromq.zap.01"
 
 // applyAuth makes s a PLAIN server (server: an Inbox's socket) or client
-// (an Outbox's), or a CURVE one (benchmarks only). No credential: NULL.
+// (an Outbox's) with a fixed or a rotating credential, or a CURVE one. No
+// credential: NULL.
 func (o SocketOptions) applyAuth(s zSocket, server bool) error {
 	var err error
 	switch {
@@ -55,8 +56,19 @@ func (o SocketOptions) applyAuth(s zSocket, server bool) error {
 		}
 	case o.Auth != nil:
 		err = setOpts(s, []sockOpt{optPlainUsername, optPlainPassword}, []string{o.Auth.Username, o.Auth.Password})
-	case o.curve != nil:
-		err = o.curve.apply(s, server)
+	case o.Rotating != nil && server:
+		err = setOpts(s, []sockOpt{optZapDomain}, []string{zapDomain})
+		if err == nil {
+			err = s.setOpt(optPlainServer, 1)
+		}
+		if err == nil {
+			err = s.monitor(monitorEndpoint, authEvents)
+		}
+	case o.Rotating != nil:
+		user, pass := o.Rotating.Credential(time.Now())
+		err = setOpts(s, []sockOpt{optPlainUsername, optPlainPassword}, []string{user, pass})
+	case o.Curve != nil:
+		err = o.Curve.apply(s, server)
 	}
 	if err != nil {
 		return fmt.Errorf("zmqlink: auth: %w", err)
@@ -111,6 +123,43 @@ func admitPlain(a PlainAuth) admitFunc {
 		}
 		ok := subtle.ConstantTimeCompare(creds[0], user) & subtle.ConstantTimeCompare(creds[1], pass)
 		return ok == 1
+	}
+}
+
+// RotatingAuth is PLAIN with a credential that changes with time
+// (SocketOptions.Rotating), for the KV sockets: a credential sniffed on
+// the wire is good for a bounded time only, without the cost of CURVE on
+// every KV byte. An Outbox's socket presents Credential(now) when it is
+// made, and is made anew with a fresh one once it is older than Rotate and
+// quiet (see sender.peer); an Inbox admits what Admit says.
+type RotatingAuth struct {
+	// Credential is the PLAIN username and password to present at now.
+	Credential func(now time.Time) (user, password string)
+	// Admit says whether a peer presenting user and password at now is
+	// admitted; it must take every credential Credential gave within
+	// Rotate plus a reconnect's margin before now.
+	Admit func(user, password []byte, now time.Time) bool
+	// Rotate is how long an Outbox's socket keeps its credential, and
+	// Quiet how long a peer must have had no message before its socket is
+	// made anew (default DefaultRotateQuiet): what the old socket still
+	// held has left by then, so that the new one cannot overtake it.
+	Rotate, Quiet time.Duration
+}
+
+// DefaultRotateQuiet is RotatingAuth.Quiet's default.
+const DefaultRotateQuiet = time.Second
+
+func (a *RotatingAuth) validate() error {
+	if a.Credential == nil || a.Admit == nil || a.Rotate <= 0 {
+		return errors.New("zmqlink: auth: a rotating credential needs Credential, Admit and a positive Rotate")
+	}
+	return nil
+}
+
+// admitRotating admits PLAIN peers whose credential a admits now.
+func admitRotating(a *RotatingAuth) admitFunc {
+	return func(mech string, creds [][]byte) bool {
+		return mech == "PLAIN" && len(creds) == 2 && a.Admit(creds[0], creds[1], time.Now())
 	}
 }
 

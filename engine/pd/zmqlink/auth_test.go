@@ -2,7 +2,10 @@ package zmqlink
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -119,30 +122,107 @@ func TestAuthValidated(t *testing.T) {
 	}
 }
 
-// CURVE (benchmarks only) works over both backends and between them, and
-// its ZAP handler refuses a client key it was not given.
-func TestCurveRoundTrip(t *testing.T) {
-	keys, err := curveKeysFrom("test")
+// Only one mechanism at a time, and a rotating credential needs all its
+// parts.
+func TestAuthMechanismsExclusive(t *testing.T) {
+	keys, err := CurveKeysFrom("test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := curveKeysFrom("other")
+	rot := &RotatingAuth{Credential: func(time.Time) (string, string) { return "u", "p" },
+		Admit: func([]byte, []byte, time.Time) bool { return true }, Rotate: time.Minute}
+	for _, o := range []SocketOptions{
+		{Auth: &testAuth, Curve: keys},
+		{Rotating: rot, Curve: keys},
+		{Rotating: &RotatingAuth{Rotate: time.Minute}},
+		{Curve: &CurveKeys{ServerPublic: "short"}},
+	} {
+		if _, err := NewOutbox(&OutboxOptions{SocketOptions: o}); err == nil {
+			t.Errorf("NewOutbox accepted %+v", o)
+		}
+	}
+}
+
+// A rotating credential: each Outbox socket presents its own, the Inbox
+// admits what Admit says, and a socket older than Rotate is made anew
+// with a fresh credential once quiet, its messages still in order.
+func TestRotatingCredential(t *testing.T) {
+	var mu sync.Mutex
+	var made, seen []string
+	n := 0
+	rot := &RotatingAuth{
+		Credential: func(time.Time) (string, string) {
+			mu.Lock()
+			defer mu.Unlock()
+			n++
+			u := fmt.Sprintf("kv-%d", n)
+			made = append(made, u)
+			return u, "pw-" + u
+		},
+		Admit: func(user, password []byte, _ time.Time) bool {
+			mu.Lock()
+			defer mu.Unlock()
+			seen = append(seen, string(user))
+			return string(password) == "pw-"+string(user) && string(user) != "kv-refused"
+		},
+		Rotate: time.Nanosecond, Quiet: time.Nanosecond,
+	}
+	var c collector
+	inbox, err := Listen("tcp://127.0.0.1:0", c.handle, &InboxOptions{SocketOptions: SocketOptions{Rotating: rot}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inbox.Close()
+	o, err := NewOutbox(&OutboxOptions{SocketOptions: SocketOptions{Rotating: rot}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	for i := range 3 {
+		if err := o.Send(context.Background(), inbox.Endpoint(), [][]byte{{byte(i)}}); err != nil {
+			t.Fatal(err)
+		}
+		waitfor.For(t, fmt.Sprintf("message %d", i), 20*time.Second, func() bool { return c.len() == i+1 })
+	}
+	for i, m := range c.snapshot() {
+		if len(m) != 1 || m[0][0] != byte(i) {
+			t.Fatalf("message %d: %v", i, m)
+		}
+	}
+	if st := o.Stats(); st.Rotated != 2 {
+		t.Errorf("rotated %d sockets, want 2", st.Rotated)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(made) != 3 || !slices.Equal(seen, made) {
+		t.Errorf("credentials made %q, admitted %q: want a fresh one per socket, each admitted", made, seen)
+	}
+}
+
+// CURVE works over both backends and between them, and
+// its ZAP handler refuses a client key it was not given.
+func TestCurveRoundTrip(t *testing.T) {
+	keys, err := CurveKeysFrom("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := CurveKeysFrom("other")
 	if err != nil {
 		t.Fatal(err)
 	}
 	stranger := *keys
-	stranger.clientPublic, stranger.clientSecret = other.clientPublic, other.clientSecret
+	stranger.ClientPublic, stranger.ClientSecret = other.ClientPublic, other.ClientSecret
 	for _, in := range backends {
 		for _, out := range backends {
 			t.Run(in.name+"-inbox/"+out.name+"-outbox", func(t *testing.T) {
 				var c collector
-				inbox, err := Listen("tcp://127.0.0.1:0", c.handle, &InboxOptions{SocketOptions: SocketOptions{ZeroCopy: in.zc, curve: keys}})
+				inbox, err := Listen("tcp://127.0.0.1:0", c.handle, &InboxOptions{SocketOptions: SocketOptions{ZeroCopy: in.zc, Curve: keys}})
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer inbox.Close()
-				for _, k := range []*curveKeys{&stranger, keys} {
-					o, err := NewOutbox(&OutboxOptions{SocketOptions: SocketOptions{ZeroCopy: out.zc, curve: k}})
+				for _, k := range []*CurveKeys{&stranger, keys} {
+					o, err := NewOutbox(&OutboxOptions{SocketOptions: SocketOptions{ZeroCopy: out.zc, Curve: k}})
 					if err != nil {
 						t.Fatal(err)
 					}

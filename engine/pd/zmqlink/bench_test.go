@@ -52,17 +52,27 @@ var zmqCases = []zmqCase{
 	// ZAP handler (SocketOptions.Auth), checked once per connection, and
 	// CURVE, which also encrypts every byte.
 	{name: "4MiB/plain", size: 4 * mib, frames: 1, conns: 1, opts: SocketOptions{Auth: &benchAuth}},
-	{name: "4MiB/curve", size: 4 * mib, frames: 1, conns: 1, opts: SocketOptions{curve: benchCurve}},
+	{name: "4MiB/curve", size: 4 * mib, frames: 1, conns: 1, opts: SocketOptions{Curve: benchCurve}},
 	{name: "1MiB/plain", size: mib, frames: 1, conns: 1, opts: SocketOptions{Auth: &benchAuth}},
+	// What a cluster with a secret runs: CURVE on the control sockets,
+	// whose messages are small (beside 1KiB/default), and the rotating
+	// PLAIN credential on the KV sockets (beside 4MiB/default).
+	{name: "1KiB/curve", size: 1 << 10, frames: 1, conns: 1, opts: SocketOptions{Curve: benchCurve}},
+	{name: "4MiB/rotating", size: 4 * mib, frames: 1, conns: 1, opts: SocketOptions{Rotating: benchRotating}},
 }
 
 var (
-	benchAuth  = PlainAuth{Username: "pdkit", Password: strings.Repeat("c3", 32)}
-	benchCurve = mustCurveKeys("pdkit-bench")
+	benchAuth     = PlainAuth{Username: "pdkit", Password: strings.Repeat("c3", 32)}
+	benchCurve    = mustCurveKeys("pdkit-bench")
+	benchRotating = &RotatingAuth{
+		Credential: func(time.Time) (string, string) { return "pdkit-kv/0/bench", "bench" },
+		Admit:      func(u, p []byte, _ time.Time) bool { return string(u) == "pdkit-kv/0/bench" && string(p) == "bench" },
+		Rotate:     time.Hour,
+	}
 )
 
-func mustCurveKeys(seed string) *curveKeys {
-	k, err := curveKeysFrom(seed)
+func mustCurveKeys(seed string) *CurveKeys {
+	k, err := CurveKeysFrom(seed)
 	if err != nil {
 		panic(err)
 	}

@@ -54,10 +54,8 @@ func isIntr(err error) bool { return isErrno(err, syscall.EINTR) }
 // newContext makes a ZeroMQ context of the backend o selects, with
 // o.IOThreads I/O threads (0: libzmq's default).
 func newContext(o SocketOptions, box *freeBox) (zContext, error) {
-	if o.Auth != nil {
-		if err := o.Auth.validate(); err != nil {
-			return nil, err
-		}
+	if err := o.validateAuth(); err != nil {
+		return nil, err
 	}
 	ctx, err := newBackendContext(o, box)
 	if err != nil {
@@ -93,8 +91,33 @@ type SocketOptions struct {
 	// counts the refused ones (InboxStats.AuthDenied); an Outbox presents
 	// it to every peer. Either backend may talk to the other with it.
 	Auth *PlainAuth
+	// Rotating is PLAIN with a credential that changes with time (the KV
+	// sockets), Curve the CURVE mechanism (the control sockets); at most
+	// one of Auth, Rotating and Curve is set.
+	Rotating *RotatingAuth
+	Curve    *CurveKeys
+}
 
-	curve *curveKeys // CURVE instead of PLAIN: benchmarks only
+// validateAuth checks that at most one mechanism is set, and its
+// credential.
+func (o SocketOptions) validateAuth() error {
+	n := 0
+	for _, set := range []bool{o.Auth != nil, o.Rotating != nil, o.Curve != nil} {
+		if set {
+			n++
+		}
+	}
+	switch {
+	case n > 1:
+		return errors.New("zmqlink: auth: more than one of Auth, Rotating and Curve")
+	case o.Auth != nil:
+		return o.Auth.validate()
+	case o.Rotating != nil:
+		return o.Rotating.validate()
+	case o.Curve != nil:
+		return o.Curve.validate()
+	}
+	return nil
 }
 
 // apply sets o's options on s, an Outbox's socket (outbox: HWM is the

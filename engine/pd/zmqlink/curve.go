@@ -7,20 +7,33 @@ import (
 	"fmt"
 )
 
-// CURVE, measured beside PLAIN in the benchmarks (bench_test.go) and not
-// offered to callers: it authenticates and encrypts every byte, which the
-// KV path cannot afford (see doc.go). The keys are derived from one
-// seed, so both ends agree without exchanging them: every server shares
-// one keypair and every client another.
+// CURVE (SocketOptions.Curve): ZeroMQ's CurveZMQ mechanism, which
+// authenticates both ends and encrypts every byte. pdkit uses it on the
+// control sockets, whose small messages can afford it; the KV path cannot
+// (0.15 of its throughput, doc.go) and uses RotatingAuth instead. The keys
+// are derived from one seed (the cluster secret's), so both ends agree
+// without exchanging them: every server shares one keypair and every
+// client another, and an Inbox admits only the client public key.
 
-// curveKeys are the raw 32-byte CURVE keys of one cluster.
-type curveKeys struct {
-	serverPublic, serverSecret string
-	clientPublic, clientSecret string
+// CurveKeys are the raw 32-byte CURVE keys of one cluster: an Inbox is a
+// CURVE server with the server keypair and admits only ClientPublic; an
+// Outbox presents the client keypair and expects ServerPublic.
+type CurveKeys struct {
+	ServerPublic, ServerSecret string
+	ClientPublic, ClientSecret string
 }
 
-// curveKeysFrom derives the server and client keypairs from seed.
-func curveKeysFrom(seed string) (*curveKeys, error) {
+func (k *CurveKeys) validate() error {
+	for _, v := range []string{k.ServerPublic, k.ServerSecret, k.ClientPublic, k.ClientSecret} {
+		if len(v) != 32 {
+			return fmt.Errorf("zmqlink: curve: a key of %d bytes, want 32", len(v))
+		}
+	}
+	return nil
+}
+
+// CurveKeysFrom derives the server and client keypairs from seed.
+func CurveKeysFrom(seed string) (*CurveKeys, error) {
 	sp, ss, err := curveKeypair(seed + "/server")
 	if err != nil {
 		return nil, err
@@ -29,7 +42,7 @@ func curveKeysFrom(seed string) (*curveKeys, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &curveKeys{serverPublic: sp, serverSecret: ss, clientPublic: cp, clientSecret: cs}, nil
+	return &CurveKeys{ServerPublic: sp, ServerSecret: ss, ClientPublic: cp, ClientSecret: cs}, nil
 }
 
 // curveKeypair derives one X25519 keypair (CURVE's keys) from label.
@@ -44,9 +57,9 @@ func curveKeypair(label string) (public, secret string, err error) {
 
 // apply makes s a CURVE server with the server keypair, or a client that
 // presents the client keypair and expects the server's public key.
-func (k *curveKeys) apply(s zSocket, server bool) error {
+func (k *CurveKeys) apply(s zSocket, server bool) error {
 	if server {
-		if err := setOpts(s, []sockOpt{optZapDomain, optCurveSecretKey}, []string{zapDomain, k.serverSecret}); err != nil {
+		if err := setOpts(s, []sockOpt{optZapDomain, optCurveSecretKey}, []string{zapDomain, k.ServerSecret}); err != nil {
 			return err
 		}
 		if err := s.setOpt(optCurveServer, 1); err != nil {
@@ -55,12 +68,12 @@ func (k *curveKeys) apply(s zSocket, server bool) error {
 		return s.monitor(monitorEndpoint, authEvents)
 	}
 	return setOpts(s, []sockOpt{optCurveServerKey, optCurvePublicKey, optCurveSecretKey},
-		[]string{k.serverPublic, k.clientPublic, k.clientSecret})
+		[]string{k.ServerPublic, k.ClientPublic, k.ClientSecret})
 }
 
 // admit admits the client public key.
-func (k *curveKeys) admit() admitFunc {
-	want := []byte(k.clientPublic)
+func (k *CurveKeys) admit() admitFunc {
+	want := []byte(k.ClientPublic)
 	return func(mech string, creds [][]byte) bool {
 		return mech == "CURVE" && len(creds) == 1 && bytes.Equal(creds[0], want)
 	}

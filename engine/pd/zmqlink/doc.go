@@ -68,46 +68,46 @@
 //
 // # Authentication
 //
-// SocketOptions.Auth (a PlainAuth: a username and a password) turns on
-// connection authentication with ZeroMQ's PLAIN mechanism (auth.go); nil
-// leaves it off. An Inbox's socket becomes a PLAIN server, and its
-// context gets a ZAP handler: a REP socket bound to
-// inproc://zeromq.zap.01, on a goroutine of its own that starts before
-// the socket binds and stops after it closes, before the context
-// terminates. libzmq asks it once per incoming connection, during the
-// handshake; it admits exactly the configured username and password
-// (compared in constant time) and refuses anything else, so no message of
-// a refused connection ever reaches the socket, and an admitted
-// connection pays nothing per message. A peer with no credential or
-// another mechanism is refused by libzmq before ZAP is asked; the same
-// goroutine reads the socket's monitor and counts those too.
-// InboxStats.AuthDenied counts every refusal, AuthAdmitted the admitted
-// connections, LastAuthDenied says why the last refusal was made (with
-// the peer's address when ZAP had it). An Outbox with Auth presents the
-// credential (PLAIN_USERNAME, PLAIN_PASSWORD) to every peer. Both
-// backends do it, and talk to each other; api/zmtp speaks PLAIN as well.
+// SocketOptions sets at most one mechanism (auth.go, curve.go); none
+// leaves the socket on NULL. An authenticating Inbox's context gets a ZAP
+// handler: a REP socket bound to inproc://zeromq.zap.01, on a goroutine of
+// its own that starts before the socket binds and stops after it closes,
+// before the context terminates. libzmq asks it once per incoming
+// connection, during the handshake, so no message of a refused connection
+// ever reaches the socket, and an admitted connection pays nothing per
+// message for the check. A peer with no credential or another mechanism
+// is refused by libzmq before ZAP is asked; the same goroutine reads the
+// socket's monitor and counts those too. InboxStats.AuthDenied counts
+// every refusal, AuthAdmitted the admitted connections, LastAuthDenied
+// says why the last refusal was made (with the peer's address when ZAP had
+// it). Both backends do it all, and talk to each other.
 //
-// PLAIN authenticates connections; it neither encrypts nor protects
-// messages: the password crosses the wire in the clear, once per
-// connection, and someone on the path could read or alter the traffic.
-// It answers an off-path attacker, who can connect to a port but cannot
-// see the traffic between members; the password should be derived from
-// a cluster secret, never be the secret. CURVE would also encrypt and
-// authenticate every byte.
+//   - Auth (a PlainAuth): ZeroMQ's PLAIN with one fixed username and
+//     password, compared in constant time.
+//   - Rotating (a RotatingAuth): PLAIN with a credential that changes with
+//     time, what engine/serve's KV sockets run: an Outbox's socket presents
+//     Credential(now) when it is made, and is made anew (OutboxStats.Rotated)
+//     once older than Rotate and quiet; an Inbox admits what Admit says.
+//     The password crosses the wire in the clear once per connection, so a
+//     sniffed one is good only until Admit stops taking it.
+//   - Curve (CurveKeys): CurveZMQ, what engine/serve's control sockets
+//     run: both ends authenticated by long-term keys, every frame encrypted
+//     and authenticated with per-connection transient keys; the ZAP handler
+//     admits only the client public key.
 //
 // bench_test.go measures the cost. BenchmarkAuthCost interleaves bursts of
 // 4 MiB messages over a pair without authentication and one with PLAIN,
 // so both see the same machine, and reports the ratio plain/none;
-// BenchmarkZMQ has 4MiB/plain and 4MiB/curve (CURVE keys derived from
-// one seed, unexported, for the benchmark only) beside 4MiB/default, and
-// BenchmarkRawTCP in the same run. On a busy 2-core machine the ratio
-// plain/none was 1.01 with the shim (0.96-1.03 over 3 runs of 200
-// rounds) and 0.92-1.20 with pebbe/zmq4: no cost beyond the noise, as
-// nothing is done per message. In BenchmarkZMQ (medians of 5
-// interleaved runs) 4 MiB messages over the shim moved at 3.4 GB/s with
-// PLAIN, 3.2 GB/s without and 3.0 GB/s over raw TCP; with CURVE at
-// 0.64 GB/s, 0.15 of the same run without authentication (0.41 GB/s over
-// pebbe/zmq4). So PLAIN is the mechanism the package offers.
+// BenchmarkZMQ has 4MiB/plain, 4MiB/rotating and 4MiB/curve beside
+// 4MiB/default, 1KiB/curve beside 1KiB/default, and BenchmarkRawTCP in
+// the same run. On a busy 2-core machine the ratio plain/none was 1.01
+// with the shim (0.96-1.03 over 3 runs of 200 rounds) and 0.92-1.20 with
+// pebbe/zmq4: no cost beyond the noise, as nothing is done per message. In
+// BenchmarkZMQ (medians of 5 interleaved runs) 4 MiB messages over the shim
+// moved at 3.4 GB/s with PLAIN, 3.2 GB/s without and 3.0 GB/s over raw
+// TCP; with CURVE at 0.64 GB/s, 0.15 of the same run without
+// authentication (0.41 GB/s over pebbe/zmq4). So the KV path keeps PLAIN
+// and the control path, whose messages are small, runs CURVE.
 //
 // # Throughput
 //

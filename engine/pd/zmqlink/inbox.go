@@ -287,8 +287,10 @@ func (in *Inbox) startAuth(ctx zContext) (*authHandler, error) {
 	switch {
 	case o.Auth != nil:
 		return startAuthHandler(ctx, admitPlain(*o.Auth), &in.auth, in.conns, in.opts.PollInterval)
-	case o.curve != nil:
-		return startAuthHandler(ctx, o.curve.admit(), &in.auth, in.conns, in.opts.PollInterval)
+	case o.Rotating != nil:
+		return startAuthHandler(ctx, admitRotating(o.Rotating), &in.auth, in.conns, in.opts.PollInterval)
+	case o.Curve != nil:
+		return startAuthHandler(ctx, o.Curve.admit(), &in.auth, in.conns, in.opts.PollInterval)
 	}
 	return nil, nil
 }

@@ -69,6 +69,7 @@ type OutboxStats struct {
 	QueueFull  uint64 `json:"queue_full"`  // Send or Offer calls refused: the queue or the peer's pending slots stayed full
 	Evicted    uint64 `json:"evicted"`     // peer sockets closed to stay within MaxPeers
 	IdleClosed uint64 `json:"idle_closed"` // peer sockets closed after PeerIdle without a message
+	Rotated    uint64 `json:"rotated"`     // peer sockets made anew for a fresh rotating credential
 	LastError  string `json:"last_error,omitempty"`
 }
 
@@ -90,6 +91,7 @@ type peer struct {
 	endpoint string
 	sock     zSocket
 	backlog  []outItem
+	made     time.Time     // when the socket was made (and its credential)
 	used     time.Time     // the last message for the peer
 	sent     time.Time     // the last message Send (not Offer) gave it
 	lru      *list.Element // the peer's place in sender.lru
@@ -120,6 +122,7 @@ type Outbox struct {
 	queueFull  atomic.Uint64
 	evicted    atomic.Uint64
 	idleClosed atomic.Uint64
+	rotated    atomic.Uint64
 	lastError  atomic.Pointer[string]
 }
 
@@ -312,6 +315,7 @@ func (o *Outbox) Stats() OutboxStats {
 		QueueFull:  o.queueFull.Load(),
 		Evicted:    o.evicted.Load(),
 		IdleClosed: o.idleClosed.Load(),
+		Rotated:    o.rotated.Load(),
 	}
 	if p := o.lastError.Load(); p != nil {
 		s.LastError = *p
@@ -393,10 +397,13 @@ func sweepInterval(idle time.Duration) time.Duration {
 // peer returns endpoint's peer, connecting when there is none (after
 // evicting the least recently used peer at MaxPeers), as just used.
 func (s *sender) peer(endpoint string) (*peer, error) {
-	if p := s.peers[endpoint]; p != nil {
+	if p := s.peers[endpoint]; p != nil && !s.stale(p) {
 		p.used = time.Now()
 		s.lru.MoveToFront(p.lru)
 		return p, nil
+	} else if p != nil {
+		s.o.rotated.Add(1)
+		s.closePeer(endpoint, p) // lingers as configured: what libzmq holds still leaves
 	}
 	for len(s.peers) >= s.o.opts.MaxPeers {
 		if !s.evict() {
@@ -420,11 +427,29 @@ func (s *sender) peer(endpoint string) (*peer, error) {
 	if err := sock.connect(endpoint); err != nil {
 		return fail(fmt.Errorf("zmqlink: connect %s: %w", endpoint, err))
 	}
-	p := &peer{endpoint: endpoint, sock: sock, used: time.Now()}
+	now := time.Now()
+	p := &peer{endpoint: endpoint, sock: sock, made: now, used: now}
 	p.lru = s.lru.PushFront(p)
 	s.peers[endpoint] = p
 	s.o.peers.Add(1)
 	return p, nil
+}
+
+// stale reports whether p's socket presents a rotating credential older
+// than its Rotate and may be made anew: it holds no backlog and has been
+// quiet (RotatingAuth.Quiet). A peer never quiet keeps its connection
+// (libzmq would present the old credential only on a reconnect).
+func (s *sender) stale(p *peer) bool {
+	r := s.o.opts.Rotating
+	if r == nil || len(p.backlog) > 0 {
+		return false
+	}
+	quiet := r.Quiet
+	if quiet <= 0 {
+		quiet = DefaultRotateQuiet
+	}
+	now := time.Now()
+	return now.Sub(p.made) >= r.Rotate && now.Sub(p.used) >= quiet
 }
 
 func (s *sender) handle(it outItem) {
