@@ -46,7 +46,7 @@ const zapEndpoint = "inproc://zeromq.zap.01"
 func (o SocketOptions) applyAuth(s zSocket, server bool) error {
 	var err error
 	switch {
-	case o.Auth != nil && server:
+	case (o.Auth != nil || o.Rotating != nil) && server: // ZAP checks either credential
 		err = setOpts(s, []sockOpt{optZapDomain}, []string{zapDomain})
 		if err == nil {
 			err = s.setOpt(optPlainServer, 1)
@@ -56,14 +56,6 @@ func (o SocketOptions) applyAuth(s zSocket, server bool) error {
 		}
 	case o.Auth != nil:
 		err = setOpts(s, []sockOpt{optPlainUsername, optPlainPassword}, []string{o.Auth.Username, o.Auth.Password})
-	case o.Rotating != nil && server:
-		err = setOpts(s, []sockOpt{optZapDomain}, []string{zapDomain})
-		if err == nil {
-			err = s.setOpt(optPlainServer, 1)
-		}
-		if err == nil {
-			err = s.monitor(monitorEndpoint, authEvents)
-		}
 	case o.Rotating != nil:
 		user, pass := o.Rotating.Credential(time.Now())
 		err = setOpts(s, []sockOpt{optPlainUsername, optPlainPassword}, []string{user, pass})
