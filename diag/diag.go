@@ -94,6 +94,9 @@ type RouterSample struct {
 	// errors and 5xx answers) by server URL
 	// (pdkit_router_upstream_errors_total).
 	UpstreamErrors map[string]uint64 `json:"upstream_errors"`
+	// Paused says an operator has paused the router's admission
+	// (pdkit_router_paused; pdctl indexk set pauses it for a switch).
+	Paused bool `json:"paused,omitempty"`
 }
 
 // Sample is the cluster at one instant: every server, in a stable order,
@@ -287,6 +290,7 @@ func RulesWith(c Config) []Rule {
 		controlLoopDead(),
 		peerUnreachable(),
 		registryMismatch(),
+		configMismatch(),
 		engineStalled(c),
 		rankDivergence(c),
 		pdQueueStuck(),

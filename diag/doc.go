@@ -50,6 +50,15 @@
 //   - registry-mismatch (critical): a prefill server's bootstrap registry
 //     lists a rank at an endpoint the rank does not listen on (a
 //     registration by someone else, or a stale one).
+//   - config-mismatch (critical; info during a live index-K switch): a
+//     prefill and a decode server disagree on what their PD handshake
+//     compares (pdproto.Differences, the handshake's own comparison, over
+//     the Handshake each publishes in its settings, and the PD protocol
+//     version), so every request routed to the pair fails, traffic in the
+//     window or not. The evidence gives both values of each field and how
+//     old each side's settings are; the remedy names the flags. A
+//     precision that differs while either server switches, or while the
+//     router is paused (pdctl indexk set), is the switch under way: info.
 //   - engine-stalled (critical): no rank of a server finished a step
 //     between the first and the last sample, over a window of at least
 //     LoopStall (a loop iterates every heartbeat even idle): each rank's

@@ -1,6 +1,10 @@
 package debug
 
-import "time"
+import (
+	"time"
+
+	"github.com/pdkit/pdkit/api/pdproto"
+)
 
 // SettingsPath is a server's effective settings (GET, JSON Settings).
 const SettingsPath = "/debug/v1/settings"
@@ -44,6 +48,13 @@ type Settings struct {
 	// /admin/v1/indexk/...: the server drains, then switches); empty when
 	// none is.
 	IndexKSwitch string `json:"index_k_switch,omitempty"`
+	// Handshake is what a PD handshake compares between a prefill and a
+	// decode (pdproto.Differences: TP size, page size, KV and index-K
+	// element types, the model and its KV shape), with the precision in
+	// use now; PDProtocol is the PD wire protocol's version. pdctl
+	// diagnose compares every pair by them before any request fails.
+	Handshake  *pdproto.DecodeInfo `json:"handshake,omitempty"`
+	PDProtocol int                 `json:"pd_protocol,omitempty"`
 
 	// HeartbeatMS is the loop heartbeat: how long a loop waits for work
 	// before it iterates anyway, so an idle server still finishes a step

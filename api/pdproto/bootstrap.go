@@ -193,16 +193,25 @@ func (r RankInfo) Same(o RankInfo) bool {
 }
 
 // DecodeInfo is what a decode server checks a prefill group against: its
-// own TP size and the layout of its KV pool (per rank).
+// own TP size and the layout of its KV pool (per rank). Servers publish
+// theirs (debug.Settings.Handshake), so that a tool can compare a pair
+// before any request fails on it.
 type DecodeInfo struct {
-	TPSize      int
-	PageSize    int
-	KVDType     string
-	IndexKDType string // empty when the model has no indexer
-	Model       string
-	Layers      int
-	KVHeads     int // KV heads of one decode rank
-	HeadDim     int
+	TPSize      int    `json:"tp_size"`
+	PageSize    int    `json:"page_size"`
+	KVDType     string `json:"kv_dtype"`
+	IndexKDType string `json:"index_k_dtype,omitempty"` // empty when the model has no indexer
+	Model       string `json:"model"`
+	Layers      int    `json:"layers"`
+	KVHeads     int    `json:"kv_heads"` // KV heads of one decode rank
+	HeadDim     int    `json:"head_dim"`
+}
+
+// RankInfo is d as a rank of a prefill group with d's layout, for
+// FirstDifference and Differences.
+func (d DecodeInfo) RankInfo() RankInfo {
+	return RankInfo{TPSize: d.TPSize, PageSize: d.PageSize, KVDType: d.KVDType, IndexKDType: d.IndexKDType,
+		Model: d.Model, Layers: d.Layers, KVHeads: d.KVHeads, HeadDim: d.HeadDim}
 }
 
 // ErrIncompatible is matched (errors.Is) by every *IncompatibleError.
@@ -271,8 +280,7 @@ func CheckCompatible(local DecodeInfo, remote []RankInfo) error {
 			Prefill: fmt.Sprint(n), Decode: fmt.Sprint(local.TPSize),
 			Reason: "different TP sizes on prefill and decode are not supported yet"}
 	}
-	mine := RankInfo{TPSize: local.TPSize, PageSize: local.PageSize, KVDType: local.KVDType, IndexKDType: local.IndexKDType,
-		Model: local.Model, Layers: local.Layers, KVHeads: local.KVHeads, HeadDim: local.HeadDim}
+	mine := local.RankInfo()
 	for _, r := range remote {
 		if field, pv, dv := FirstDifference(r, mine); field != "" {
 			return &IncompatibleError{Rank: r.Rank, Field: field,
@@ -283,18 +291,32 @@ func CheckCompatible(local DecodeInfo, remote []RankInfo) error {
 	return nil
 }
 
-// compatValue formats a compared value; strings are quoted so that an empty one
-// is visible.
 // FirstDifference names the first setting that every rank of a PD pair
 // must share (tp_size, page_size, kv_dtype, index_k_dtype, model, layers,
 // kv_heads, head_dim) in which a and b differ, with both values; "" when
 // they agree. The registry checks a prefill group with it, the handshake a
 // decode server against that group.
 func FirstDifference(a, b RankInfo) (field string, av, bv any) {
-	for _, c := range []struct {
-		field string
-		a, b  any
-	}{
+	if d := Differences(a, b); len(d) > 0 {
+		return d[0].Field, d[0].A, d[0].B
+	}
+	return "", nil, nil
+}
+
+// Difference is one setting a PD pair must share in which two ranks
+// differ.
+type Difference struct {
+	Field string
+	A, B  any
+}
+
+// Differences lists every setting a PD pair must share in which a and b
+// differ, in FirstDifference's order: what a handshake between them would
+// refuse, so that a tool comparing two servers checks exactly what the
+// handshake does.
+func Differences(a, b RankInfo) []Difference {
+	var out []Difference
+	for _, c := range []Difference{
 		{"tp_size", a.TPSize, b.TPSize},
 		{"page_size", a.PageSize, b.PageSize},
 		{"kv_dtype", a.KVDType, b.KVDType},
@@ -304,13 +326,15 @@ func FirstDifference(a, b RankInfo) (field string, av, bv any) {
 		{"kv_heads", a.KVHeads, b.KVHeads},
 		{"head_dim", a.HeadDim, b.HeadDim},
 	} {
-		if c.a != c.b {
-			return c.field, c.a, c.b
+		if c.A != c.B {
+			out = append(out, c)
 		}
 	}
-	return "", nil, nil
+	return out
 }
 
+// compatValue formats a compared value; strings are quoted so that an empty one
+// is visible.
 func compatValue(v any) string {
 	if s, ok := v.(string); ok {
 		return fmt.Sprintf("%q", s)

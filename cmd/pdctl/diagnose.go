@@ -271,6 +271,7 @@ func sampleOnce(ctx context.Context, p probe, bound time.Duration) diag.Sample {
 const (
 	routerRequestsMetric       = "pdkit_router_requests_total"        // by outcome
 	routerUpstreamErrorsMetric = "pdkit_router_upstream_errors_total" // by role and server
+	routerPausedMetric         = "pdkit_router_paused"                // 1 while an operator paused admission
 )
 
 // sampleRouter reads the router's request outcome and upstream error
@@ -282,7 +283,7 @@ func sampleRouter(ctx context.Context, c *client.Client, bound time.Duration) *d
 	text, err := c.Metrics(ctx)
 	var ms []client.MetricSample
 	if err == nil {
-		ms, err = client.ParseMetrics(text, routerRequestsMetric, routerUpstreamErrorsMetric)
+		ms, err = client.ParseMetrics(text, routerRequestsMetric, routerUpstreamErrorsMetric, routerPausedMetric)
 	}
 	if err != nil {
 		r.Error = strings.ReplaceAll(err.Error(), "\n", "; ")
@@ -295,6 +296,8 @@ func sampleRouter(ctx context.Context, c *client.Client, bound time.Duration) *d
 			r.Outcomes[m.Labels["outcome"]] += uint64(m.Value)
 		case routerUpstreamErrorsMetric:
 			r.UpstreamErrors[m.Labels["server"]] += uint64(m.Value)
+		case routerPausedMetric:
+			r.Paused = m.Value == 1
 		}
 	}
 	return r

@@ -18,7 +18,14 @@ import (
 	"github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/diag"
+	"github.com/pdkit/pdkit/engine/model"
+	"github.com/pdkit/pdkit/engine/model/builtin"
+	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/clustertest"
+	"github.com/pdkit/pdkit/internal/router"
+	"github.com/pdkit/pdkit/internal/testmodel"
 	"github.com/pdkit/pdkit/internal/waitfor"
+	"github.com/pdkit/pdkit/kernels"
 )
 
 // load keeps n streaming sessions going through base, each sending one
@@ -491,6 +498,33 @@ func TestDiagnoseRequestsFailing(t *testing.T) {
 		}
 		if f.Server == "PREFILL" && !strings.Contains(f.Remedy, "--bootstrap-timeout") {
 			t.Errorf("prefill remedy %q", f.Remedy)
+		}
+	}
+}
+
+// A decode that stores KV in another element type than its prefill fails
+// every request at the handshake; diagnose names the pair, both values and
+// the flag, though the window holds no request at all.
+func TestDiagnoseConfigMismatch(t *testing.T) {
+	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
+	cc := clustertest.New(t, clustertest.Options{Model: m, Config: testConfig,
+		Decode: func(c *serve.Config) { c.KVType = kernels.BF16 },
+		Router: router.Options{HealthInterval: 20 * time.Millisecond}, HealthyWithin: 10 * time.Second})
+	c := &cluster{m: m, prefill: nodeOf(cc.Prefill), decode: nodeOf(cc.Decode), registry: cc.Registry, bootstrap: cc.Bootstrap, router: cc.Router.URL,
+		secret: testConfig.PD.Secret}
+	start := time.Now()
+	code, findings, keys := diagnoseJSON(t, c, "--window", "1s", "--interval", "500ms")
+	t.Logf("named in %v: %q", time.Since(start).Round(time.Millisecond), keys)
+	if code != exitFindings || !slices.Contains(keys, "config-mismatch DECODE null") {
+		t.Fatalf("exit %d, findings %q", code, keys)
+	}
+	for _, f := range findings {
+		if f.Rule != "config-mismatch" {
+			continue
+		}
+		if f.Severity != diag.Critical || !strings.Contains(f.Summary, "kv_dtype") || !strings.Contains(f.Remedy, "--kv-dtype") ||
+			!slices.Contains(f.Evidence, diag.Evidence{Key: "kv_dtype", Value: `prefill "f32", decode "bf16"`}) {
+			t.Errorf("finding %+v", f)
 		}
 	}
 }

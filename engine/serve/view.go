@@ -301,6 +301,10 @@ func (v *View) Settings() debug.Settings {
 	}
 	s := settingsOf(*v.cfg, v.m != nil && v.m.Config.Indexer != nil, on)
 	s.IndexK = v.IndexK().String() // settable live (SetIndexK): the value now
+	if v.m != nil {
+		hs := v.decodeInfo()
+		s.Handshake, s.PDProtocol = &hs, int(pdproto.Version)
+	}
 	if s.HiCache != nil {
 		// Settable live (SetHiCacheBandwidth): the value now.
 		s.HiCache.LoadBandwidthBytesPerSecond = v.hicacheBandwidth.Load()

@@ -87,6 +87,9 @@ type Options struct {
 	Model *model.Model
 	// Config is both servers' configuration; New sets each one's Role.
 	Config serve.Config
+	// Decode, when set, changes the decode's configuration after that:
+	// a pair that disagrees (a mismatch the handshake refuses).
+	Decode func(*serve.Config)
 	// WrapPrefill, when set, stands in front of the prefill server.
 	WrapPrefill func(http.Handler) http.Handler
 	// Router configures the router; New fills in Prefill, Decode,
@@ -136,6 +139,9 @@ func New(t testing.TB, o Options) *Cluster {
 
 	pc, dc := o.Config, o.Config
 	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
+	if o.Decode != nil {
+		o.Decode(&dc)
+	}
 	dc.PD.PrefillBootstrap = append(dc.PD.PrefillBootstrap, c.Registry)
 	pc.PD.OnRankInfos = func(infos []pdproto.RankInfo) { // after a live index-K switch
 		regMu.Lock()
