@@ -161,4 +161,3 @@ func showValue(v any) string {
 func age(t, at time.Time) string {
 	return t.Sub(at).Round(time.Millisecond).String()
 }
-
