@@ -231,12 +231,16 @@ type Config struct {
 	// least every heartbeat even idle, so LimitsOf raises it to twice a
 	// server's heartbeat when that is longer.
 	LoopStall time.Duration
+	// RecentRestart is how long before the last sample a rank group's
+	// rebuild still counts as near the window (engine-restarts names it
+	// from the server's last failure even when the window saw none).
+	RecentRestart time.Duration
 }
 
 // DefaultConfig returns the default parameters: no override of the
 // servers' timeouts.
 func DefaultConfig() Config {
-	return Config{Grace: time.Second, CollectiveWait: 2 * time.Second, LoopStall: time.Second}
+	return Config{Grace: time.Second, CollectiveWait: 2 * time.Second, LoopStall: time.Second, RecentRestart: 2 * time.Minute}
 }
 
 // Limits are the parameters one server is judged by: c's, fitted to the
@@ -293,6 +297,7 @@ func RulesWith(c Config) []Rule {
 		configMismatch(),
 		engineStalled(c),
 		rankDivergence(c),
+		engineRestarts(c),
 		pdQueueStuck(),
 		pdEntryOverdue(c),
 		kvLeak(c),

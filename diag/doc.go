@@ -76,6 +76,17 @@
 //     each fault switch on; the remedy switches stall-last-rank off when it
 //     holds the last rank on purpose (the ranks meet again), and otherwise
 //     keeps a bundle, switches off the faults on and restarts the server.
+//   - engine-restarts (critical for a restart loop, warning otherwise): a
+//     server rebuilt its rank group (GET /debug/v1/collectives' restarts
+//     and last_failure) during the window, or within RecentRestart (2 m)
+//     before its last sample, so a window that opens after the storm still
+//     names it. The evidence is the failed group's last error and where
+//     each of its ranks was on each communicator when it gave up (the
+//     desync of incident 2 by name, after the rebuild), and the fault
+//     switches on; RestartLoop (3) rebuilds in the window, or 2 within a
+//     minute, are a loop. The remedy switches off the faults on, else
+//     tells a slow group (a longer --collective-timeout) from ranks that
+//     branch apart.
 //   - pd-queue-stuck (critical for bootstrap and transfer, warning for
 //     inflight and prealloc): a PD queue non-empty in the first and the last
 //     sample with no room leaving it between any two samples.

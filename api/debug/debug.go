@@ -169,6 +169,9 @@ type CollectivesResponse struct {
 	// why, its boot number and its communicators as they were, flight
 	// recorders included. Absent when the engine never recovered.
 	LastFailure *GroupFailure `json:"last_failure,omitempty"`
+	// Restarts counts the rank group's rebuilds since the server started
+	// (pdkit_engine_restarts_total).
+	Restarts uint64 `json:"restarts"`
 }
 
 // GroupFailure is a rank group the engine recovered from.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,5 +79,44 @@ func TestAbortDrillHealthyBothLoops(t *testing.T) {
 				t.Fatalf("exit %d, %d restarts\nstdout:\n%s\nstderr:\n%s", code, restarts(c), out, errOut)
 			}
 		})
+	}
+}
+
+// TestDiagnoseRestartAfterTheStorm: the overlap fault breaks a server's
+// rank group under the drill and the server rebuilds it; a diagnose whose
+// window opens after that names the rebuild from the server's state (its
+// restart count and last failure), with the failed group's calls, the
+// fault switch and the remedy that switches it off.
+func TestDiagnoseRestartAfterTheStorm(t *testing.T) {
+	c := newScheduleCluster(t, serve.ScheduleOverlap)
+	for _, s := range []string{c.prefill.ts.URL, c.decode.ts.URL} {
+		if code, _, errOut := c.pdctl(t, false, "--server", s, "fault", "on", "overlap-local-decision"); code != exitOK {
+			t.Fatalf("fault on: exit %d: %s", code, errOut)
+		}
+	}
+	c.pdctl(t, false, "abort", "--sessions", "60", "--max-tokens", "100", "--drain-timeout", "3s", "--check", "0")
+	waitfor.For(t, "a rank group broken and rebuilt", drillBreakBound, func() bool { return restarts(c) > 0 })
+	start := time.Now()
+	code, findings, keys := diagnoseJSON(t, c, "--window", "1s", "--interval", "500ms")
+	t.Logf("named in %v: %q", time.Since(start).Round(time.Millisecond), keys)
+	if code != exitFindings {
+		t.Fatalf("exit %d, findings %q", code, keys)
+	}
+	named := 0
+	for _, f := range findings {
+		if f.Rule != "engine-restarts" {
+			continue
+		}
+		named++
+		var last bool
+		for _, e := range f.Evidence {
+			last = last || e.Key == "last failure"
+		}
+		if !last || !strings.Contains(f.Remedy, "pdctl fault off overlap-local-decision") {
+			t.Errorf("%s: %+v", f.Where(), f)
+		}
+	}
+	if named == 0 {
+		t.Fatalf("no engine-restarts finding: %q", keys)
 	}
 }

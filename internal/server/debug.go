@@ -57,7 +57,7 @@ func (s *Server) collectives(w http.ResponseWriter, r *http.Request) {
 		threshold = d
 	}
 	now := time.Now()
-	resp := debug.CollectivesResponse{StallThresholdMS: ms(threshold), Comms: []debug.Communicator{}}
+	resp := debug.CollectivesResponse{StallThresholdMS: ms(threshold), Comms: []debug.Communicator{}, Restarts: s.eng.View().Restarts()}
 	for _, g := range s.eng.View().Collectives() {
 		resp.Comms = append(resp.Comms, s.debugComm(g, now))
 	}
