@@ -125,6 +125,9 @@ type Window struct {
 	// Canaries are what diagnose's canaries found during the window (an
 	// active probe, sent only with --canaries); nil when none were sent.
 	Canaries *Canaries `json:"canaries,omitempty"`
+	// DiscoveredAt, when set, says the servers are the ones pdctl last
+	// discovered through the router, then: the router did not answer.
+	DiscoveredAt *time.Time `json:"discovered_at,omitempty"`
 }
 
 // First returns the oldest sample; the zero Sample when there is none.
@@ -293,6 +296,7 @@ func RulesWith(c Config) []Rule {
 		faultSwitchOn(),
 		controlLoopDead(),
 		peerUnreachable(),
+		routerUnreachable(),
 		registryMismatch(),
 		configMismatch(),
 		engineStalled(c),

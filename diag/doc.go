@@ -47,6 +47,10 @@
 //   - peer-unreachable (critical): a server that did not answer in the last
 //     sample, or a decode rank whose PD entries say their prefill peer went
 //     silent past the heartbeat timeout.
+//   - router-unreachable (critical): the router did not answer in the last
+//     sample (frozen, gone, its port unreachable). When pdctl could not
+//     discover the servers through it, it samples them as it last did
+//     (kept under $PDKIT_HOME), and the evidence says how old that is.
 //   - registry-mismatch (critical): a prefill server's bootstrap registry
 //     lists a rank at an endpoint the rank does not listen on (a
 //     registration by someone else, or a stale one).

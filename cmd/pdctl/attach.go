@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/clusterauth"
+	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/zmtp"
 
 	"github.com/pdkit/pdkit/api/client"
@@ -137,12 +138,8 @@ func (o *attachOptions) targets(ctx context.Context, f *factory) ([]*target, err
 		if len(servers) == 0 {
 			return nil, errors.New("the router at " + o.Router + " lists no servers")
 		}
-		out := make([]*target, len(servers))
-		for i, s := range servers {
-			out[i] = &target{URL: s.URL, Role: s.Role, TPSize: s.TPSize, Model: s.Model,
-				Healthy: s.Healthy, Reason: s.Reason, c: client.New(s.URL, tok, o.HTTP)}
-		}
-		return out, nil
+		saveDiscovery(f, o.Router, servers, time.Now())
+		return o.clusterTargets(f, servers), nil
 	}
 	out := make([]*target, len(o.Servers))
 	var wg sync.WaitGroup
@@ -170,6 +167,17 @@ func (o *attachOptions) targets(ctx context.Context, f *factory) ([]*target, err
 	}
 	wg.Wait()
 	return out, nil
+}
+
+// clusterTargets are the targets of the servers a router listed.
+func (o *attachOptions) clusterTargets(f *factory, servers []debug.ClusterServer) []*target {
+	tok := o.token(f)
+	out := make([]*target, len(servers))
+	for i, s := range servers {
+		out[i] = &target{URL: s.URL, Role: s.Role, TPSize: s.TPSize, Model: s.Model,
+			Healthy: s.Healthy, Reason: s.Reason, c: client.New(s.URL, tok, o.HTTP)}
+	}
+	return out
 }
 
 // isPD says whether a server of role has PD queues.

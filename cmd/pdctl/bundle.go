@@ -158,7 +158,7 @@ func bundleRun(ctx context.Context, opts *bundleOptions) error {
 
 	fmt.Fprintf(f.ErrOut, "diagnosing for %v…\n", opts.Window)
 	interval := min(opts.Window, 500*time.Millisecond)
-	findings, _, err := diagnose(ctx, probe{targets: targets, router: opts.Attach.routerClient(f)}, opts.Window, interval, diag.DefaultConfig())
+	findings, _, err := diagnose(ctx, probe{targets: targets, router: opts.Attach.routerClient(f)}, opts.Window, interval, diag.DefaultConfig(), nil)
 	var noRun *cannotRunError
 	switch {
 	case ctx.Err() != nil:

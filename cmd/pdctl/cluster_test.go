@@ -16,6 +16,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -34,7 +35,19 @@ import (
 	"github.com/pdkit/pdkit/kernels"
 )
 
-func TestMain(m *testing.M) { testmodel.Main(m) }
+// TestMain keeps what pdctl writes to the user's cache folder (the
+// discoveries diagnose falls back on) in a folder of the run's own.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "pdctl-test-cache")
+	if err != nil {
+		panic(err)
+	}
+	os.Setenv("XDG_CACHE_HOME", dir)
+	code := m.Run()
+	testmodel.Cleanup()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
 
 // node is one engine served over HTTP.
 type node struct {

@@ -153,6 +153,15 @@ func attachAll(ctx context.Context, f *factory, o *attachOptions) ([]*target, er
 func diagnoseRun(ctx context.Context, opts *diagnoseOptions) error {
 	f := opts.f
 	targets, err := attachAll(ctx, f, opts.Attach)
+	var kept *discovery
+	if err != nil && len(opts.Attach.Servers) == 0 && ctx.Err() == nil {
+		// The router does not answer: reach its servers directly, as
+		// pdctl last discovered them, and name the router.
+		if d, lerr := loadDiscovery(f, opts.Attach.Router); lerr == nil {
+			fmt.Fprintf(f.ErrOut, "the router does not answer (%v); sampling its servers as discovered %v ago\n", err, time.Since(d.Taken).Round(time.Second))
+			targets, kept, err = opts.Attach.clusterTargets(f, d.Servers), d, nil
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -163,7 +172,7 @@ func diagnoseRun(ctx context.Context, opts *diagnoseOptions) error {
 		}
 	}
 	fmt.Fprintf(f.ErrOut, "sampling %s every %v for %v…\n", pluralf(len(targets), "server", "servers"), opts.Interval, opts.Window)
-	findings, w, err := diagnose(ctx, p, opts.Window, opts.Interval, opts.Config)
+	findings, w, err := diagnose(ctx, p, opts.Window, opts.Interval, opts.Config, kept)
 	if err != nil {
 		return err
 	}
@@ -197,7 +206,9 @@ type probe struct {
 // diagnose samples p over window, runs its canaries beside (when it has
 // any: they may outlast the window) and runs the rules of cfg. It is an
 // error (cannot run) when no server answered in any sample.
-func diagnose(ctx context.Context, p probe, window, interval time.Duration, cfg diag.Config) ([]diag.Finding, diag.Window, error) {
+// kept, when set, is the discovery the targets came from, the router not
+// answering.
+func diagnose(ctx context.Context, p probe, window, interval time.Duration, cfg diag.Config, kept *discovery) ([]diag.Finding, diag.Window, error) {
 	var canaries *diag.Canaries
 	var wg sync.WaitGroup
 	if p.canaries != nil {
@@ -206,6 +217,9 @@ func diagnose(ctx context.Context, p probe, window, interval time.Duration, cfg 
 	w, err := sampleWindow(ctx, p, window, interval)
 	wg.Wait()
 	w.Canaries = canaries
+	if kept != nil {
+		w.DiscoveredAt = &kept.Taken
+	}
 	if err != nil {
 		return nil, w, err
 	}
@@ -230,28 +244,37 @@ func diagnose(ctx context.Context, p probe, window, interval time.Duration, cfg 
 }
 
 // sampleWindow samples p at once, every interval, until window has
-// passed: window/interval+1 samples, the first at once.
+// passed: window/interval+1 samples, the first at once. Each sample starts
+// on time whatever the last one waits for, and reads every server in
+// parallel, each bounded by sampleBound: a frozen server is unreachable in
+// every sample, and the window ends within window+sampleBound, not a bound
+// per sample later.
 func sampleWindow(ctx context.Context, p probe, window, interval time.Duration) (diag.Window, error) {
-	var w diag.Window
-	// A server that does not answer within the bound is unreachable in
-	// that sample; the next sample is then late, not lost.
-	bound := max(interval, 2*time.Second)
+	n := int(window/interval) + 1
+	w := diag.Window{Samples: make([]diag.Sample, n)}
+	bound := sampleBound(interval)
 	start := time.Now()
-	for i := 1; ; i++ {
-		w.Samples = append(w.Samples, sampleOnce(ctx, p, bound))
-		if err := ctx.Err(); err != nil {
-			return w, err
+	var wg sync.WaitGroup
+	for i := range n {
+		if i > 0 {
+			select {
+			case <-ctx.Done():
+				wg.Wait()
+				w.Samples = w.Samples[:i]
+				return w, ctx.Err()
+			case <-time.After(time.Until(start.Add(time.Duration(i) * interval))):
+			}
 		}
-		if time.Duration(i)*interval > window {
-			return w, nil
-		}
-		select {
-		case <-ctx.Done():
-			return w, ctx.Err()
-		case <-time.After(time.Until(start.Add(time.Duration(i) * interval))):
-		}
+		wg.Go(func() { w.Samples[i] = sampleOnce(ctx, p, bound) })
 	}
+	wg.Wait()
+	return w, ctx.Err()
 }
+
+// sampleBound is how long one server may take to answer a sample: an
+// interval, and no less than 2 s (a busy server's debug API may be slow to
+// answer, which is not a fault).
+func sampleBound(interval time.Duration) time.Duration { return max(interval, 2*time.Second) }
 
 // sampleOnce reads every target, and the router, at once.
 func sampleOnce(ctx context.Context, p probe, bound time.Duration) diag.Sample {

@@ -528,3 +528,33 @@ func TestDiagnoseConfigMismatch(t *testing.T) {
 		}
 	}
 }
+
+// A router that stops answering is named, and its servers are still
+// sampled, directly, as pdctl last discovered them through it.
+func TestDiagnoseRouterGone(t *testing.T) {
+	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
+	cc := clustertest.New(t, clustertest.Options{Model: m, Config: testConfig,
+		Router: router.Options{HealthInterval: 20 * time.Millisecond}, HealthyWithin: 10 * time.Second})
+	c := &cluster{m: m, prefill: nodeOf(cc.Prefill), decode: nodeOf(cc.Decode), registry: cc.Registry, bootstrap: cc.Bootstrap, router: cc.Router.URL,
+		secret: testConfig.PD.Secret}
+	if code, _, keys := diagnoseJSON(t, c, "--window", "200ms", "--interval", "200ms"); code != exitOK {
+		t.Fatalf("before: exit %d, %q", code, keys)
+	}
+	cc.Router.Close()
+	code, findings, keys := diagnoseJSON(t, c, "--window", "1s", "--interval", "500ms")
+	if code != exitFindings || len(findings) != 1 || findings[0].Rule != "router-unreachable" || findings[0].Server != "ROUTER" {
+		t.Fatalf("exit %d, findings %q", code, keys)
+	}
+	var servers bool
+	for _, e := range findings[0].Evidence {
+		servers = servers || (e.Key == "servers" && strings.Contains(e.Value, "sampled directly"))
+	}
+	if !servers {
+		t.Errorf("evidence %+v", findings[0].Evidence)
+	}
+	// With no discovery kept, diagnose cannot run.
+	c.router = "http://127.0.0.1:1"
+	if code, _, stderr := c.pdctl(t, false, "diagnose", "--window", "200ms", "--interval", "200ms"); code != exitUsage {
+		t.Errorf("a router never discovered: exit %d, want 2: %s", code, stderr)
+	}
+}

@@ -43,8 +43,9 @@ func TestSampleWindowSchedule(t *testing.T) {
 
 // TestSampleWindowSilentServer: a server that answers nothing is
 // unreachable in each sample after the bound (2s, the floor), and the
-// samples after it are late, never lost: the schedule goes on from its
-// start; cancelling ends the window with what it has.
+// samples after it start on time, not a bound late: the window ends one
+// bound after its last sample; cancelling ends the window with what it
+// has.
 func TestSampleWindowSilentServer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		silent := &target{URL: "http://silent", Role: "decode", TPSize: 1,
@@ -54,11 +55,14 @@ func TestSampleWindowSilentServer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Each sample waits out the 2s bound: taken at 0, 2, 4 and 6s
-		// (the 1s, 2s and 3s slots are late, not skipped).
-		want := []time.Duration{0, 2 * time.Second, 4 * time.Second, 6 * time.Second}
+		// The samples are taken at 0, 1, 2 and 3s, each waiting out the
+		// 2s bound beside the next.
+		want := []time.Duration{0, time.Second, 2 * time.Second, 3 * time.Second}
 		if len(w.Samples) != len(want) {
 			t.Fatalf("%d samples, want %d", len(w.Samples), len(want))
+		}
+		if took := time.Since(start); took != 5*time.Second {
+			t.Errorf("the window ended after %v, want 5s (its last sample at 3s, and the 2s bound)", took)
 		}
 		for i, s := range w.Samples {
 			if got := s.Taken.Sub(start); got != want[i] {

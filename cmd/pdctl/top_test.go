@@ -31,16 +31,19 @@ func TestTopOnce(t *testing.T) {
 	checkRun(t, c, exitOK, servers+"\n"+ranks+"\n", "", "top")
 
 	// The index-K precision and the host tier of each server: the decode
-	// switched to bf16 alone (no request runs), the prefill's tier on.
+	// switched to bf16 alone (no request runs), the prefill's tier on. The
+	// pair then disagrees on what its handshake compares: a finding.
 	if _, err := c.decode.eng.SetIndexK(t.Context(), kernels.IndexBF16, time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := client.New(c.prefill.ts.URL, "", nil).SetHiCache(t.Context(), true); err != nil {
 		t.Fatal(err)
 	}
-	checkRun(t, c, exitOK, "ROUTER\trouter\t-\tup\t-\t-\t-\t-\t0\t-\t-\t-\n"+
+	checkRun(t, c, exitFindings, "ROUTER\trouter\t-\tup\t-\t-\t-\t-\t0\t-\t-\t-\n"+
 		"PREFILL\tprefill\t2\tup\t0\t0\t0\t0\t0\tfp8\ton 0/512\t-\n"+
-		"DECODE\tdecode\t2\tup\t0\t0\t0\t0\t0\tbf16\toff\t-\n\n"+ranks+"\n", "", "top")
+		"DECODE\tdecode\t2\tup\t0\t0\t0\t0\t0\tbf16\toff\t-\n\n"+ranks+"\n"+
+		"critical\tconfig-mismatch\tDECODE\t-\tthis decode server and prefill server PREFILL disagree on index_k_dtype: every request routed to the pair fails at the handshake\n",
+		"pdctl: top: 1 finding (1 critical)\n", "top")
 	if _, err := c.decode.eng.SetIndexK(t.Context(), kernels.IndexFP8, time.Second); err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ func guarded(t *testing.T, c *cluster, g *httpx.Guard) string {
 // synctest bubble.
 func guardedMem(t *testing.T, m *memNet, c *cluster, g *httpx.Guard) string {
 	t.Helper()
-	ln := m.listen("guarded")
+	ln := m.Listen("guarded")
 	return serveGuarded(t, ln, c, g)
 }
 
@@ -76,7 +76,7 @@ func slowBodies(t *testing.T, m *memNet, addr string, n int, interval time.Durat
 	out := make(chan string, n)
 	body := `{"prompt":"` + strings.Repeat("x", 4000) + `"}`
 	for range n {
-		conn, err := m.dial(t.Context(), addr)
+		conn, err := m.Dial(t.Context(), addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -180,7 +180,7 @@ func testSlowHeaders(t *testing.T) {
 	start := time.Now()
 	var wg sync.WaitGroup
 	for i := range n {
-		conn, err := m.dial(t.Context(), strings.TrimPrefix(base, "http://"))
+		conn, err := m.Dial(t.Context(), strings.TrimPrefix(base, "http://"))
 		if err != nil {
 			t.Fatal(err)
 		}
