@@ -1,12 +1,14 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"runtime"
 
 	"github.com/spf13/pflag"
 
+	"github.com/pdkit/pdkit/engine/gguf"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
 	"github.com/pdkit/pdkit/engine/serve"
@@ -63,9 +65,12 @@ func resolveModel(path string, stderr io.Writer) (string, error) {
 		return "", err
 	}
 	spec := builtin.Default()
-	p, err := builtin.Ensure(home, spec)
+	p, repaired, err := builtin.EnsureRepaired(home, spec)
 	if err != nil {
 		return "", err
+	}
+	if repaired != nil {
+		fmt.Fprintf(stderr, "model: the cached built-in model was damaged (%v); generated it anew\n", repaired)
 	}
 	fmt.Fprintf(stderr, "model: %s (built-in %s %s)\n", p, spec.Arch, spec.Size)
 	return p, nil
@@ -115,12 +120,23 @@ func (e *engineFlags) open(stderr io.Writer) (*model.Model, kernels.Backend, ker
 		closeB()
 		return nil, nil, 0, nil, err
 	}
-	m, err := model.Open(path)
+	m, err := openModel(path)
 	if err != nil {
 		closeB()
 		return nil, nil, 0, nil, err
 	}
 	return m, b, ik, func() { m.Close(); closeB() }, nil
+}
+
+// openModel opens the model at path; a file that is not a whole GGUF says
+// what to do about it.
+func openModel(path string) (*model.Model, error) {
+	m, err := model.Open(path)
+	if errors.Is(err, gguf.ErrFormat) {
+		return nil, fmt.Errorf("%w\nthe model file is damaged or not a GGUF (a truncated copy, a disk that filled while it was written?): "+
+			"copy it again, or run without --model to use the built-in model, which pdserve generates anew when its cached copy is damaged", err)
+	}
+	return m, err
 }
 
 // resolveSchedule checks --schedule and turns auto into the loop that

@@ -3,6 +3,8 @@ package main
 import (
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -169,5 +171,24 @@ func TestLaunchHiCache(t *testing.T) {
 	t.Setenv("PD_NO_PREFIX_CACHE", "true")
 	if _, stderr, code := run(t, "launch", "--hicache"); code != 2 || !strings.Contains(stderr, "PD_NO_PREFIX_CACHE turns off") {
 		t.Errorf("launch --hicache with PD_NO_PREFIX_CACHE: exit %d, %q", code, stderr)
+	}
+}
+
+// A truncated model file stops the server with what to do about it.
+func TestServeTruncatedModel(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cut.gguf")
+	if err := builtin.WriteFile(path, builtin.Spec{Arch: model.ArchLlama, Size: builtin.SizeTiny, Seed: 1, Type: kernels.F32}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, st.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, code := run(t, "serve", "--model", path, "--port", "0", "--threads", "1")
+	if code == 0 || !strings.Contains(stderr, "extends past end of file") || !strings.Contains(stderr, "copy it again") {
+		t.Fatalf("exit %d: %s", code, stderr)
 	}
 }

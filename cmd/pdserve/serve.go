@@ -18,7 +18,6 @@ import (
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/dist"
 	"github.com/pdkit/pdkit/engine/hicache"
-	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/config"
@@ -189,7 +188,7 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 	if err != nil {
 		return err
 	}
-	m, err := model.Open(path)
+	m, err := openModel(path)
 	if err != nil {
 		return err
 	}

@@ -289,19 +289,35 @@ func WriteFile(path string, s Spec) error {
 }
 
 // Ensure returns the path of s in the cache folder dir, generating it on
-// first use. Concurrent callers are safe: the file appears by rename.
+// first use, and anew when the cached file is damaged (a truncated copy, a
+// disk that filled while it was written): the cache is pdkit's own, so a
+// file that does not parse as a whole GGUF (gguf.Open checks that every
+// tensor's data lies inside it, touching none) is replaced; Repaired
+// reports why. Concurrent callers are safe: the file appears by rename.
 func Ensure(dir string, s Spec) (string, error) {
-	path := filepath.Join(dir, s.FileName())
-	if _, err := os.Stat(path); err == nil {
-		return path, nil
+	path, _, err := EnsureRepaired(dir, s)
+	return path, err
+}
+
+// EnsureRepaired is Ensure, and says why it replaced a damaged cached file
+// (nil when the file was sound or new).
+func EnsureRepaired(dir string, s Spec) (path string, repaired error, err error) {
+	path = filepath.Join(dir, s.FileName())
+	if _, serr := os.Stat(path); serr == nil {
+		f, oerr := gguf.Open(path)
+		if oerr == nil {
+			f.Close()
+			return path, nil, nil
+		}
+		repaired = oerr
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("builtin: cache folder: %w", err)
+		return "", repaired, fmt.Errorf("builtin: cache folder: %w", err)
 	}
 	if err := WriteFile(path, s); err != nil {
-		return "", err
+		return "", repaired, err
 	}
-	return path, nil
+	return path, repaired, nil
 }
 
 // Home is the cache folder: $PDKIT_HOME, else ~/.cache/pdkit.

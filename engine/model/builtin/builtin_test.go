@@ -5,6 +5,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/pdkit/pdkit/engine/gguf"
@@ -179,6 +180,36 @@ func TestEnsureGeneratesOnce(t *testing.T) {
 	st2, _ := os.Stat(p2)
 	if st2.Mode().Perm() != 0o600 || st2.Size() != st1.Size() {
 		t.Fatal("Ensure regenerated an existing model")
+	}
+}
+
+// A cached model cut short (a disk that filled while it was written, a
+// truncated copy) is generated anew, and Ensure says why; the new file
+// equals a fresh one.
+func TestEnsureRepairsATruncatedModel(t *testing.T) {
+	dir := t.TempDir()
+	s := Spec{Arch: model.ArchLlama, Size: SizeTiny, Seed: 1, Type: kernels.F32}
+	p, err := Ensure(dir, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(p, int64(len(whole)/2)); err != nil {
+		t.Fatal(err)
+	}
+	p2, repaired, err := EnsureRepaired(dir, s)
+	if err != nil || p2 != p || repaired == nil || !strings.Contains(repaired.Error(), "extends past end of file") {
+		t.Fatalf("Ensure of a truncated model: %q, repaired %v, %v", p2, repaired, err)
+	}
+	again, err := os.ReadFile(p)
+	if err != nil || !bytes.Equal(again, whole) {
+		t.Fatalf("the model generated anew differs from the first (%d bytes against %d)", len(again), len(whole))
+	}
+	if _, repaired, err := EnsureRepaired(dir, s); repaired != nil || err != nil {
+		t.Fatalf("a sound model repaired: %v, %v", repaired, err)
 	}
 }
 
