@@ -97,6 +97,9 @@ type RouterSample struct {
 	// Paused says an operator has paused the router's admission
 	// (pdkit_router_paused; pdctl indexk set pauses it for a switch).
 	Paused bool `json:"paused,omitempty"`
+	// Ready is the router's GET /readyz: its verdict on its recent
+	// requests, state older than the window; nil when it did not answer.
+	Ready *debug.RouterReady `json:"ready,omitempty"`
 }
 
 // Sample is the cluster at one instant: every server, in a stable order,

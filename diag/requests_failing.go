@@ -124,6 +124,30 @@ func checkRequestsFailing(w Window) []Finding {
 		}
 	}
 
+	// The router's readiness: its recent requests, older than the window
+	// (a cluster that fails every request is named even when the window
+	// holds none).
+	if rl := last.Router; len(out) == 0 && rl != nil && rl.Reachable && rl.Ready != nil && rl.Ready.RecentFailed > 0 {
+		rd := rl.Ready
+		share := float64(rd.RecentFailed) / float64(max(1, rd.RecentRequests))
+		sev := Warning
+		if rd.Status != "ok" || share >= criticalShare {
+			sev = Critical
+		}
+		out = append(out, Finding{
+			Rule: "requests-failing", Severity: sev, Server: rl.URL, Rank: nil,
+			Summary: fmt.Sprintf("%d of the router's %d recent requests failed upstream (%s), before this window: none failed in it",
+				rd.RecentFailed, rd.RecentRequests, percent(share)),
+			Evidence: []Evidence{
+				ev("window", "%s", window),
+				ev("readiness", "%s%s", rd.Status, map[bool]string{true: ": " + rd.Reason, false: ""}[rd.Reason != ""]),
+				ev("as of", "the router's readiness window (--ready-window) before the last sample"),
+			},
+			Remedy: "the servers' requests-failing and config-mismatch findings, when any, say why; send a request through the router " +
+				"(or pdctl diagnose --canaries 1) to see whether it still fails, and read pdctl status for each server's health.",
+		})
+	}
+
 	// The PD servers: the failures each counted over the window.
 	for _, s := range last.Servers {
 		if !s.Reachable || s.PD == nil {

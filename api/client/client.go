@@ -72,6 +72,8 @@ type APIError struct {
 	URL     string
 	Status  int
 	Message string // the OpenAI-style error body's message, else the body
+
+	body []byte // the answer's body, for a call that reads it anyway
 }
 
 func (e *APIError) Error() string {
@@ -133,7 +135,7 @@ func (c *Client) doWithin(ctx context.Context, within time.Duration, method, pat
 		return fmt.Errorf("%s %s: reading the answer: %w", method, u, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		return &APIError{URL: u, Status: resp.StatusCode, Message: errorMessage(body)}
+		return &APIError{URL: u, Status: resp.StatusCode, Message: errorMessage(body), body: body}
 	}
 	if v == nil {
 		return nil

@@ -2,6 +2,8 @@ package client
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"net/http"
 	"net/url"
 	"time"
@@ -23,4 +25,18 @@ func (c *Client) Pause(ctx context.Context, drain, lease time.Duration) (debug.P
 func (c *Client) Resume(ctx context.Context) (debug.ResumeResponse, error) {
 	var v debug.ResumeResponse
 	return v, c.do(ctx, http.MethodPost, debug.ResumePath, true, &v)
+}
+
+// RouterReady reads a router's GET /readyz: its verdict and what it was
+// judged on, whether ready (200) or not (503).
+func (c *Client) RouterReady(ctx context.Context) (debug.RouterReady, error) {
+	var v debug.RouterReady
+	err := c.GetJSON(ctx, "/readyz", &v)
+	var ae *APIError
+	if errors.As(err, &ae) && ae.Status == http.StatusServiceUnavailable && ae.body != nil {
+		if jerr := json.Unmarshal(ae.body, &v); jerr == nil && v.Status != "" {
+			return v, nil
+		}
+	}
+	return v, err
 }

@@ -70,3 +70,17 @@ type ClusterServer struct {
 	// its --max-queue-age; it gets no new request until it says otherwise.
 	Busy bool `json:"busy"`
 }
+
+// RouterReady is the body of the router's GET /readyz (200 when ready, 503
+// when not): the verdict and what it was judged on.
+type RouterReady struct {
+	Status         string `json:"status"` // ok or not_ready
+	Reason         string `json:"reason,omitempty"`
+	HealthyPrefill int    `json:"healthy_prefill"`
+	HealthyDecode  int    `json:"healthy_decode"`
+	// RecentRequests are the proxied requests of the readiness window
+	// whose outcome says whether the cluster served them (ok or
+	// upstream_error), RecentFailed those that failed upstream.
+	RecentRequests int `json:"recent_requests"`
+	RecentFailed   int `json:"recent_failed"`
+}

@@ -313,6 +313,9 @@ func sampleRouter(ctx context.Context, c *client.Client, bound time.Duration) *d
 		return r
 	}
 	r.Reachable = true
+	if rd, err := c.RouterReady(ctx); err == nil {
+		r.Ready = &rd
+	}
 	for _, m := range ms {
 		switch m.Name {
 		case routerRequestsMetric:

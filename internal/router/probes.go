@@ -2,8 +2,11 @@ package router
 
 import (
 	"fmt"
+
 	"net/http"
 	"time"
+
+	"github.com/pdkit/pdkit/api/debug"
 )
 
 // Probe statuses of GET /livez and /readyz.
@@ -20,18 +23,8 @@ type LiveResponse struct {
 }
 
 // ReadyResponse is the body of the router's GET /readyz: the verdict and
-// what it was judged on.
-type ReadyResponse struct {
-	Status         string `json:"status"` // ok or not_ready
-	Reason         string `json:"reason,omitempty"`
-	HealthyPrefill int    `json:"healthy_prefill"`
-	HealthyDecode  int    `json:"healthy_decode"`
-	// RecentRequests are the proxied requests of the readiness window
-	// whose outcome says whether the cluster served them (ok or
-	// upstream_error), RecentFailed those that failed upstream.
-	RecentRequests int `json:"recent_requests"`
-	RecentFailed   int `json:"recent_failed"`
-}
+// what it was judged on (api/debug's, which pdctl reads).
+type ReadyResponse = debug.RouterReady
 
 // livez answers 200 while the router can serve: its HTTP server answers
 // (this handler runs) and its health loop is not stuck. What its servers
