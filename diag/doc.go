@@ -46,7 +46,12 @@
 //     rooms of other servers that wait on the rank.
 //   - peer-unreachable (critical): a server that did not answer in the last
 //     sample, or a decode rank whose PD entries say their prefill peer went
-//     silent past the heartbeat timeout.
+//     silent past the heartbeat timeout. When that prefill answers HTTP,
+//     its rank's receive loop is alive and its registry lists the same
+//     instance over the window, it is a partition of the PD link, not a
+//     restart: the finding says so, and which way is cut where the
+//     prefill's own socket shows it (messages still arriving from the
+//     decode: its answers are lost).
 //   - router-unreachable (critical): the router did not answer in the last
 //     sample (frozen, gone, its port unreachable). When pdctl could not
 //     discover the servers through it, it samples them as it last did
