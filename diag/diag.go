@@ -302,6 +302,7 @@ func RulesWith(c Config) []Rule {
 		routerUnreachable(),
 		registryMismatch(),
 		configMismatch(),
+		modelIdentity(),
 		engineStalled(c),
 		rankDivergence(c),
 		engineRestarts(c),
@@ -309,6 +310,7 @@ func RulesWith(c Config) []Rule {
 		pdEntryOverdue(c),
 		kvLeak(c),
 		requestsFailing(),
+		serverSlow(),
 		outputDivergence(),
 	}
 }

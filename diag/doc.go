@@ -68,6 +68,11 @@
 //     old each side's settings are; the remedy names the flags. A
 //     precision that differs while either server switches, or while the
 //     router is paused (pdctl indexk set), is the switch under way: info.
+//   - model-identity (critical; warning for servers of different
+//     weights): a server's model file changed under it (its settings'
+//     model_file: the same file, size, modification time and sampled hash
+//     as at load), or the servers' fingerprints (the handshake's model,
+//     name@fingerprint) differ across the cluster.
 //   - engine-stalled (critical): no rank of a server finished a step
 //     between the first and the last sample, over a window of at least
 //     LoopStall (a loop iterates every heartbeat even idle): each rank's
@@ -119,6 +124,13 @@
 //     which its decode aborted (a client that left, or a failure the decode
 //     counts itself). The remedy follows the reasons. Counters that went
 //     down (a restarted process) count from zero.
+//   - server-slow (warning): a server's steps (GET /debug/v1/steps' rates:
+//     rank 0's recent and baseline step times by phase and power-of-two
+//     batch size) are SlowFactor (3) times slower than its own baseline or
+//     than its fastest peer of the same role, at the same phase and batch
+//     size, so load, which grows the batch, is not slowness. The evidence
+//     gives the CPU the process got over the window and its cgroup's quota
+//     throttling; the remedy follows it.
 //   - output-divergence (critical): a canary gave other greedy tokens from
 //     the cache than computed without it (no_cache). Canaries are an active
 //     probe that pdctl sends only when asked (diagnose --canaries N) and

@@ -118,6 +118,34 @@ type StepsResponse struct {
 	// Spread is the largest step less the smallest.
 	Spread uint64 `json:"spread"`
 	Ranks  []Step `json:"ranks"`
+	// Rates are rank 0's step times by phase and batch size (batches of
+	// more than Tokens/2 and at most Tokens tokens): the recent average
+	// (the last few dozen steps) against the baseline (the last few
+	// thousand), so that a slow server can be told from a busy one.
+	Rates []StepRate `json:"rates,omitempty"`
+	// Process is the server process's CPU time and its cgroup's quota
+	// throttling, as of the answer; nil where they cannot be read.
+	Process *ProcessCPU `json:"process,omitempty"`
+}
+
+// StepRate is one phase and batch-size bucket of a server's step times.
+type StepRate struct {
+	Phase      string  `json:"phase"`
+	Tokens     int     `json:"tokens"`
+	Steps      uint64  `json:"steps"`
+	RecentMS   float64 `json:"recent_ms"`
+	BaselineMS float64 `json:"baseline_ms"`
+}
+
+// ProcessCPU is a process's CPU time, and what its cgroup's quota held
+// back (cgroup v1 or v2 cpu.stat; zero without a quota).
+type ProcessCPU struct {
+	Taken            time.Time `json:"taken"`
+	CPUSeconds       float64   `json:"cpu_seconds"`
+	Periods          uint64    `json:"periods"`
+	Throttled        uint64    `json:"throttled"`
+	ThrottledSeconds float64   `json:"throttled_seconds"`
+	Cgroup           string    `json:"cgroup,omitempty"`
 }
 
 // Step is one rank's last finished loop iteration.

@@ -55,6 +55,9 @@ type Settings struct {
 	// diagnose compares every pair by them before any request fails.
 	Handshake  *pdproto.DecodeInfo `json:"handshake,omitempty"`
 	PDProtocol int                 `json:"pd_protocol,omitempty"`
+	// ModelFile is the model's file as the server last checked it; nil
+	// for a model not opened from a file.
+	ModelFile *ModelFile `json:"model_file,omitempty"`
 
 	// HeartbeatMS is the loop heartbeat: how long a loop waits for work
 	// before it iterates anyway, so an idle server still finishes a step
@@ -201,4 +204,17 @@ type Totals struct {
 	Unstalls uint64 `json:"unstalls"`
 	// IndexKSwitches counts the live index-K precision switches done.
 	IndexKSwitches uint64 `json:"index_k_switches"`
+}
+
+// ModelFile is a server's model file: the fingerprint of the weights taken
+// at load (a hash of the file's head and of blocks sampled over its data)
+// and whether the file still is what was loaded (the same file, size and
+// modification time, the same sampled hash), as last checked (at most
+// every 5 s, when the settings are read).
+type ModelFile struct {
+	Path        string     `json:"path"`
+	Fingerprint string     `json:"fingerprint"`
+	Changed     bool       `json:"changed"`
+	Why         string     `json:"why,omitempty"`
+	Checked     *time.Time `json:"checked,omitempty"`
 }

@@ -24,7 +24,8 @@ type Model struct {
 	Output     *kernels.Matrix // vocab × dim (TokenEmbd when tied)
 	Layers     []Layer
 
-	file *gguf.File
+	file  *gguf.File
+	watch *fileWatch // the file loaded from and its fingerprint; nil from Load alone
 }
 
 // Layer is one transformer block's weights.
@@ -47,6 +48,10 @@ func Open(path string) (*Model, error) {
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if m.watch, err = newFileWatch(path, f.DataOffset); err != nil {
+		m.Close()
+		return nil, err
 	}
 	return m, nil
 }

@@ -437,6 +437,11 @@ func (l *rankLoop) publish(rec StepRecord) StepRecord {
 	l.pd.publish(l.core.Now())
 	l.tier.publish(l.px.holds)
 	if l.r == 0 {
+		d := rec.End.Sub(rec.Start)
+		if !rec.ForwardEnd.IsZero() {
+			d = rec.ForwardEnd.Sub(rec.ForwardStart) // the overlap loop's forward runs past its iteration
+		}
+		l.e.rates.Add(rec.Phase, rec.BatchTokens, d)
 		l.e.publish(rec)
 	}
 	return rec

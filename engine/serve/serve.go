@@ -143,6 +143,7 @@ import (
 
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/model"
+	"github.com/pdkit/pdkit/engine/steprate"
 )
 
 // Engine is the serving engine. Its methods are safe for concurrent use.
@@ -169,6 +170,7 @@ type Engine struct {
 	sup     *supervisor // the rank group's life: build, run, recover, shut down
 	pd      *pdEngine   // nil on a colocated server
 	view    *View
+	rates   steprate.Tracker // rank 0's step times by phase and batch size (View.StepRates)
 	pdView  *PDView
 
 	faults           faultSet
@@ -205,7 +207,7 @@ func New(m *model.Model, cfg Config) (*Engine, error) {
 	}
 	e.inbox = newInbox(e.stop, e.cfg.Heartbeat)
 	e.sup = &supervisor{e: e}
-	e.view = &View{cfg: &e.cfg, m: m, sup: e.sup, inbox: e.inbox, snap: &e.snap, faults: &e.faults,
+	e.view = &View{cfg: &e.cfg, m: m, sup: e.sup, inbox: e.inbox, snap: &e.snap, faults: &e.faults, rates: &e.rates,
 		indexK: &e.indexK, hicacheBandwidth: &e.hicacheBandwidth}
 	for _, name := range cfg.Faults {
 		e.faults.set(faultIndex(name), true) // checked by Validate

@@ -10,6 +10,7 @@ import (
 	"github.com/pdkit/pdkit/engine/dist"
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/sched"
+	"github.com/pdkit/pdkit/engine/steprate"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -33,6 +34,7 @@ type View struct {
 	// SetHiCacheBandwidth).
 	indexK           *atomic.Int32
 	hicacheBandwidth *atomic.Int64
+	rates            *steprate.Tracker
 }
 
 // StepRecord describes one loop iteration of one rank. It is immutable once
@@ -221,6 +223,10 @@ func (v *View) CollectiveWait(comm string, r int) time.Duration {
 // none.
 func (v *View) LastFailure() *Failure { return v.sup.lastFailure.Load() }
 
+// StepRates are rank 0's step times by phase and batch size: the recent
+// average against the baseline (engine/steprate).
+func (v *View) StepRates() []steprate.Rate { return v.rates.Rates() }
+
 // Restarts counts the rank group's rebuilds.
 func (v *View) Restarts() uint64 { return v.sup.restarts.Load() }
 
@@ -304,6 +310,13 @@ func (v *View) Settings() debug.Settings {
 	if v.m != nil {
 		hs := v.decodeInfo()
 		s.Handshake, s.PDProtocol = &hs, int(pdproto.Version)
+		if fc := v.m.CheckFile(time.Now(), modelCheckEvery); fc.Path != "" {
+			s.ModelFile = &debug.ModelFile{Path: fc.Path, Fingerprint: fc.Fingerprint, Changed: fc.Changed, Why: fc.Why}
+			if !fc.Checked.IsZero() {
+				t := fc.Checked
+				s.ModelFile.Checked = &t
+			}
+		}
 	}
 	if s.HiCache != nil {
 		// Settable live (SetHiCacheBandwidth): the value now.
@@ -321,6 +334,10 @@ func (v *View) indexKName() string {
 	return indexKName(v.IndexK())
 }
 
+// modelCheckEvery bounds how often the settings re-check the model's file
+// (model.CheckFile): a stat and about 256 KiB read.
+const modelCheckEvery = 5 * time.Second
+
 // decodeInfo is this server as a PD peer checks it: the shapes and types
 // its KV moves in.
 func (v *View) decodeInfo() pdproto.DecodeInfo {
@@ -328,6 +345,13 @@ func (v *View) decodeInfo() pdproto.DecodeInfo {
 	// KVDType is how the pools store K and V (Config.KVType): a prefill
 	// and a decode that differ would move rows of the wrong size, so the
 	// bootstrap compare refuses the pair by name.
+	// Model names the weights by their fingerprint too: a pair serving
+	// different weights (another seed, a file changed between the two
+	// starts) is refused as a mismatch, not left to give other tokens.
+	name := v.m.Name
+	if fp := v.m.Fingerprint(); fp != "" {
+		name += "@" + fp
+	}
 	return pdproto.DecodeInfo{TPSize: v.cfg.TP, PageSize: v.cfg.PageSize, KVDType: kernels.KVName(v.cfg.KVType), IndexKDType: v.indexKName(),
-		Model: v.m.Name, Layers: c.Layers, KVHeads: c.KVHeads / v.cfg.TP, HeadDim: c.HeadDim}
+		Model: name, Layers: c.Layers, KVHeads: c.KVHeads / v.cfg.TP, HeadDim: c.HeadDim}
 }

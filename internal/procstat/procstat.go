@@ -1,5 +1,7 @@
 // Package procstat reads a process's resident set from Linux's /proc, for
-// the tests and soaks that check memory goes back to the OS.
+// the tests and soaks that check memory goes back to the OS, and its CPU
+// time and its cgroup's throttling, which servers publish so that a slow
+// server can say why (cpu.go).
 package procstat
 
 import (

@@ -14,6 +14,7 @@ import (
 	"github.com/pdkit/pdkit/engine/dist"
 	"github.com/pdkit/pdkit/engine/sched"
 	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/internal/procstat"
 )
 
 // The debug handlers read only the engine's lock-free accessors (atomics
@@ -34,6 +35,14 @@ func (s *Server) steps(w http.ResponseWriter, _ *http.Request) {
 	}
 	if len(recs) > 0 {
 		resp.Spread = hi - lo
+	}
+	for _, r := range s.eng.View().StepRates() {
+		resp.Rates = append(resp.Rates, debug.StepRate{Phase: r.Phase, Tokens: r.Tokens, Steps: r.Steps,
+			RecentMS: ms(r.Recent), BaselineMS: ms(r.Baseline)})
+	}
+	if c, err := procstat.CPUOf(); err == nil {
+		resp.Process = &debug.ProcessCPU{Taken: time.Now(), CPUSeconds: c.Used.Seconds(), Periods: c.Periods, Throttled: c.Throttled,
+			ThrottledSeconds: c.ThrottledTime.Seconds(), Cgroup: c.Cgroup}
 	}
 	writeJSON(w, http.StatusOK, resp)
 }

@@ -1,0 +1,65 @@
+package diag
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+func modelIdentity() Rule {
+	return Rule{
+		Name: "model-identity",
+		Doc: "A server's model file changed under it (rewritten in place, another file moved to its path): " +
+			"the weights it serves are mapped from that file, so its outputs change or it serves what no other server does; " +
+			"or servers of one cluster serve different weights (their fingerprints differ).",
+		Severity: Critical,
+		Check:    checkModelIdentity,
+	}
+}
+
+func checkModelIdentity(w Window) []Finding {
+	last := w.Last()
+	var out []Finding
+	byWeights := map[string][]string{} // the weights' name@fingerprint -> servers
+	for _, s := range last.Servers {
+		if !s.Reachable || s.Settings == nil {
+			continue
+		}
+		if hs := s.Settings.Handshake; hs != nil && hs.Model != "" {
+			byWeights[hs.Model] = append(byWeights[hs.Model], s.URL)
+		}
+		mf := s.Settings.ModelFile
+		if mf == nil || !mf.Changed {
+			continue
+		}
+		out = append(out, Finding{
+			Rule: "model-identity", Severity: Critical, Server: s.URL,
+			Summary: fmt.Sprintf("the %s server's model file changed under it: %s", s.Role, mf.Why),
+			Evidence: []Evidence{
+				ev("file", "%s", mf.Path),
+				ev("fingerprint at load", "%s", mf.Fingerprint),
+				ev("what changed", "%s", mf.Why),
+			},
+			Remedy: "restart the server on the weights it should serve (pdserve serve|prefill|decode --model PATH); " +
+				"replace a model file by renaming a new file into place, never by writing over it.",
+		})
+	}
+	if len(byWeights) > 1 {
+		var kinds []string
+		for k := range byWeights {
+			kinds = append(kinds, k)
+		}
+		slices.Sort(kinds)
+		var evidence []Evidence
+		for _, k := range kinds {
+			evidence = append(evidence, ev(k, "%s", strings.Join(byWeights[k], ", ")))
+		}
+		out = append(out, Finding{
+			Rule: "model-identity", Severity: Warning, Server: byWeights[kinds[0]][0],
+			Summary:  fmt.Sprintf("the cluster's servers serve %d different weights (their fingerprints differ)", len(kinds)),
+			Evidence: evidence,
+			Remedy:   "start every server on the same model file (pdserve ... --model PATH); PD pairs of different weights are refused at the handshake.",
+		})
+	}
+	return out
+}

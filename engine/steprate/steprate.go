@@ -1,0 +1,110 @@
+// Package steprate keeps a server's step times per kind of step, so that a
+// slow server can be told from a busy one: a step's time grows with its
+// batch, so steps are compared only with steps of the same phase and of a
+// batch of about the same size (a power-of-two bucket of its tokens). Each
+// bucket keeps a recent average (the last few dozen steps) and a baseline
+// (the last few thousand): a server several times slower than its own
+// baseline, or than its peers at the same bucket, is slow, whatever its
+// load. No clock and no goroutines: the caller gives each step's time.
+package steprate
+
+import (
+	"math/bits"
+	"slices"
+	"sync"
+	"time"
+)
+
+// The averages' weights: an exponential moving average over about 32
+// steps, and one over about 4,096.
+const (
+	recentWeight   = 1.0 / 32
+	baselineWeight = 1.0 / 4096
+)
+
+// Rate is one bucket's figures.
+type Rate struct {
+	Phase string // prefill, decode or mixed
+	// Tokens is the bucket's bound: batches of more than Tokens/2 and at
+	// most Tokens tokens.
+	Tokens   int
+	Steps    uint64
+	Recent   time.Duration
+	Baseline time.Duration
+}
+
+type key struct {
+	phase  string
+	tokens int
+}
+
+type avg struct {
+	steps            uint64
+	recent, baseline float64 // seconds
+}
+
+// Tracker is safe for concurrent use: one loop adds, readers snapshot.
+type Tracker struct {
+	mu sync.Mutex
+	m  map[key]*avg
+}
+
+// bucket is the power of two at or above tokens.
+func bucket(tokens int) int {
+	if tokens <= 1 {
+		return 1
+	}
+	return 1 << bits.Len(uint(tokens-1))
+}
+
+// Add records one step of phase over batchTokens tokens that took d. Idle
+// steps, and steps of no token, are not rates.
+func (t *Tracker) Add(phase string, batchTokens int, d time.Duration) {
+	if phase == "" || phase == "idle" || batchTokens <= 0 || d <= 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m == nil {
+		t.m = map[key]*avg{}
+	}
+	k := key{phase, bucket(batchTokens)}
+	a := t.m[k]
+	if a == nil {
+		a = &avg{}
+		t.m[k] = a
+	}
+	s := d.Seconds()
+	if a.steps == 0 {
+		a.recent, a.baseline = s, s
+	} else {
+		// The first steps weigh more, so that a bucket's averages mean
+		// something before it has seen their whole spans.
+		rw := max(recentWeight, 1/float64(a.steps+1))
+		bw := max(baselineWeight, 1/float64(a.steps+1))
+		a.recent += rw * (s - a.recent)
+		a.baseline += bw * (s - a.baseline)
+	}
+	a.steps++
+}
+
+// Rates returns every bucket, by phase then size.
+func (t *Tracker) Rates() []Rate {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]Rate, 0, len(t.m))
+	for k, a := range t.m {
+		out = append(out, Rate{Phase: k.phase, Tokens: k.tokens, Steps: a.steps,
+			Recent: time.Duration(a.recent * float64(time.Second)), Baseline: time.Duration(a.baseline * float64(time.Second))})
+	}
+	slices.SortFunc(out, func(a, b Rate) int {
+		if a.Phase != b.Phase {
+			if a.Phase < b.Phase {
+				return -1
+			}
+			return 1
+		}
+		return a.Tokens - b.Tokens
+	})
+	return out
+}
