@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -556,5 +558,45 @@ func TestDiagnoseRouterGone(t *testing.T) {
 	c.router = "http://127.0.0.1:1"
 	if code, _, stderr := c.pdctl(t, false, "diagnose", "--window", "200ms", "--interval", "200ms"); code != exitUsage {
 		t.Errorf("a router never discovered: exit %d, want 2: %s", code, stderr)
+	}
+}
+
+// A model file written over in place under a running cluster: the weights
+// are mapped from it, so outputs change; diagnose names the file on each
+// server that serves it.
+func TestDiagnoseModelChangedUnderTheCluster(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tiny.gguf")
+	spec := builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32}
+	if err := builtin.WriteFile(path, spec); err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	cc := clustertest.New(t, clustertest.Options{Model: m, Config: testConfig,
+		Router: router.Options{HealthInterval: 20 * time.Millisecond}, HealthyWithin: 10 * time.Second})
+	c := &cluster{m: m, prefill: nodeOf(cc.Prefill), decode: nodeOf(cc.Decode), registry: cc.Registry, bootstrap: cc.Bootstrap, router: cc.Router.URL,
+		secret: testConfig.PD.Secret}
+	if code, _, keys := diagnoseJSON(t, c, "--window", "200ms", "--interval", "200ms"); code != exitOK {
+		t.Fatalf("before: exit %d, %q", code, keys)
+	}
+	// Written over in place, as a careless copy does: the same size, a
+	// later modification time.
+	later := time.Now().Add(time.Minute)
+	if err := os.Chtimes(path, later, later); err != nil {
+		t.Fatal(err)
+	}
+	// The servers check their file at most every 5 s, when their
+	// settings are read: the window spans that.
+	code, findings, keys := diagnoseJSON(t, c, "--window", "6s", "--interval", "1s")
+	if code != exitFindings || !slices.Contains(keys, "model-identity PREFILL null") || !slices.Contains(keys, "model-identity DECODE null") {
+		t.Fatalf("exit %d, findings %q", code, keys)
+	}
+	for _, f := range findings {
+		if f.Rule == "model-identity" && (f.Severity != diag.Critical || !strings.Contains(f.Summary, "after the server loaded it")) {
+			t.Errorf("%+v", f)
+		}
 	}
 }
