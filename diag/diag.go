@@ -97,6 +97,9 @@ type RouterSample struct {
 	// Paused says an operator has paused the router's admission
 	// (pdkit_router_paused; pdctl indexk set pauses it for a switch).
 	Paused bool `json:"paused,omitempty"`
+	// Canaries counts the router's own canaries (pdkit_router_canaries_total)
+	// by prefill server and result (match, mismatch, skipped, failed).
+	Canaries map[string]map[string]uint64 `json:"canaries,omitempty"`
 	// Ready is the router's GET /readyz: its verdict on its recent
 	// requests, state older than the window; nil when it did not answer.
 	Ready *debug.RouterReady `json:"ready,omitempty"`

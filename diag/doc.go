@@ -132,7 +132,11 @@
 //     gives the CPU the process got over the window and its cgroup's quota
 //     throttling; the remedy follows it.
 //   - output-divergence (critical): a canary gave other greedy tokens from
-//     the cache than computed without it (no_cache). Canaries are an active
+//     the cache than computed without it (no_cache). The router's own
+//     canaries (one a minute by default, pdkit_router_canaries_total by
+//     prefill and result) are read every window: a mismatch over it is
+//     critical, one since the router started a warning, so that the race
+//     of incident 3 is named without --canaries. Canaries are an active
 //     probe that pdctl sends only when asked (diagnose --canaries N) and
 //     puts in the Window (Canaries): each prompt sent once, offloaded to the
 //     host tier of every prefill and colocated server whose tier is on, then

@@ -71,9 +71,10 @@ func outputDivergence() Rule {
 }
 
 func checkOutputDivergence(w Window) []Finding {
+	out := routerCanaries(w)
 	cs := w.Canaries
 	if cs == nil {
-		return nil
+		return out
 	}
 	var bad []Canary
 	ran := 0
@@ -234,4 +235,44 @@ func faultsOn(s *ServerSample) []string {
 		return s.Settings.FaultsOn
 	}
 	return nil
+}
+
+// routerCanaries judges the router's own canaries (--canary-interval):
+// mismatches over the window are critical; older ones, since the router
+// started, a warning, so that the race of incident 3 is named without
+// diagnose --canaries.
+func routerCanaries(w Window) []Finding {
+	first, last := w.First().Router, w.Last().Router
+	if last == nil || !last.Reachable || len(last.Canaries) == 0 {
+		return nil
+	}
+	var out []Finding
+	for _, prefill := range slices.Sorted(maps.Keys(last.Canaries)) {
+		now := last.Canaries[prefill]
+		bad := now["mismatch"]
+		if bad == 0 {
+			continue
+		}
+		var before uint64
+		if first != nil && first.Reachable {
+			before = min(first.Canaries[prefill]["mismatch"], bad)
+		}
+		judged := now["match"] + bad
+		sev, when := Warning, "since the router started, none over this window"
+		if bad > before {
+			sev, when = Critical, fmt.Sprintf("%d over this window", bad-before)
+		}
+		out = append(out, Finding{
+			Rule: "output-divergence", Severity: sev, Server: prefill,
+			Summary: fmt.Sprintf("%d of the router's %d canaries through this prefill server gave other greedy tokens from the cache than computed without it (%s): cached KV is corrupt",
+				bad, judged, when),
+			Evidence: []Evidence{
+				ev("router canaries", "%s", countList(now, nil)),
+				ev("last mismatch", "GET %s/debug/v1/cluster (canaries.last_mismatch: both outputs)", last.URL),
+			},
+			Remedy: "look for a fault switch on the prefill server (pdctl fault list); turn HiCache off on every server (pdctl hicache off) until the cause is fixed: " +
+				"outputs computed without the host tier are right; pdctl diagnose --canaries N then shows which cell corrupts.",
+		})
+	}
+	return out
 }

@@ -86,13 +86,13 @@ func checkServerSlow(w Window) []Finding {
 		if first := firstWithProcess(w, s.URL); first != nil && s.Steps.Process != nil {
 			a, b := first, s.Steps.Process
 			if wall := b.Taken.Sub(a.Taken).Seconds(); wall > 0 {
-				evidence = append(evidence, ev("cpu", "%.2f cores used over the window's %s", (b.CPUSeconds-a.CPUSeconds)/wall,
+				evidence = append(evidence, ev("cpu", "%.2f cores used over the window's %s", (b.CPUMS-a.CPUMS)/1000/wall,
 					b.Taken.Sub(a.Taken).Round(time.Millisecond)))
 			}
 			if b.Throttled > a.Throttled {
 				throttled = true
 				evidence = append(evidence, ev("cgroup", "%s: throttled in %d of %d quota periods over the window, %.1fs held back",
-					b.Cgroup, b.Throttled-a.Throttled, b.Periods-a.Periods, b.ThrottledSeconds-a.ThrottledSeconds))
+					b.Cgroup, b.Throttled-a.Throttled, b.Periods-a.Periods, (b.ThrottledMS-a.ThrottledMS)/1000))
 			}
 		}
 		remedy := "find what takes the CPU from the server (other processes on its cores: top, or its host's metrics) and move one of them; " +

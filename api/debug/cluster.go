@@ -30,6 +30,9 @@ type ClusterResponse struct {
 	Paused        bool    `json:"paused,omitempty"`
 	PausedUntilMS float64 `json:"paused_until_ms,omitempty"`
 	Waiting       int     `json:"waiting,omitempty"`
+	// Canaries are the router's correctness probes (--canary-interval);
+	// nil when they are off.
+	Canaries *Canaries `json:"canaries,omitempty"`
 	// Servers lists the prefill servers, then the decode servers, in the
 	// order the router was given them.
 	Servers []ClusterServer `json:"servers"`
@@ -83,4 +86,22 @@ type RouterReady struct {
 	// upstream_error), RecentFailed those that failed upstream.
 	RecentRequests int `json:"recent_requests"`
 	RecentFailed   int `json:"recent_failed"`
+}
+
+// Canaries are a router's correctness probes: their counts by result
+// (match, mismatch, skipped, failed) and the last mismatch.
+type Canaries struct {
+	Results      map[string]uint64 `json:"results"`
+	LastMismatch *CanaryMismatch   `json:"last_mismatch,omitempty"`
+}
+
+// CanaryMismatch is a canary whose cached (or host-loaded) output differed
+// from the one computed without the cache.
+type CanaryMismatch struct {
+	At       time.Time `json:"at"`
+	Prefill  string    `json:"prefill"`
+	Decode   string    `json:"decode"`
+	Seed     uint64    `json:"seed"`
+	Cached   string    `json:"cached"`
+	Computed string    `json:"computed"`
 }

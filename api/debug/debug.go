@@ -140,12 +140,12 @@ type StepRate struct {
 // ProcessCPU is a process's CPU time, and what its cgroup's quota held
 // back (cgroup v1 or v2 cpu.stat; zero without a quota).
 type ProcessCPU struct {
-	Taken            time.Time `json:"taken"`
-	CPUSeconds       float64   `json:"cpu_seconds"`
-	Periods          uint64    `json:"periods"`
-	Throttled        uint64    `json:"throttled"`
-	ThrottledSeconds float64   `json:"throttled_seconds"`
-	Cgroup           string    `json:"cgroup,omitempty"`
+	Taken       time.Time `json:"taken"`
+	CPUMS       float64   `json:"cpu_ms"`
+	Periods     uint64    `json:"periods"`
+	Throttled   uint64    `json:"throttled"`
+	ThrottledMS float64   `json:"throttled_ms"`
+	Cgroup      string    `json:"cgroup,omitempty"`
 }
 
 // Step is one rank's last finished loop iteration.

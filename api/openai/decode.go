@@ -513,7 +513,8 @@ func (f *fieldReader) sampling(temp, topP **float64, seed **int64, stop *[]strin
 
 // pd reads the fields a PD router adds: bootstrap_room, an unsigned 64-bit
 // integer as a JSON number or as a string of digits (which JavaScript and
-// jq keep exact above 2^53), and bootstrap_url, a string.
+// jq keep exact above 2^53), bootstrap_url, a string, and probe, which
+// marks the router's canary.
 func (f *fieldReader) pd() PD {
 	var pd PD
 	if raw, ok := f.get("bootstrap_room"); ok && f.err == nil {
@@ -529,6 +530,7 @@ func (f *fieldReader) pd() PD {
 		pd.BootstrapRoom = &n
 	}
 	pd.BootstrapURL = f.str("bootstrap_url")
+	pd.Probe = f.boolean("probe")
 	return pd
 }
 

@@ -107,6 +107,10 @@ type CompletionRequest struct {
 type PD struct {
 	BootstrapRoom *uint64 `json:"bootstrap_room,omitempty"`
 	BootstrapURL  string  `json:"bootstrap_url,omitempty"`
+	// Probe marks the router's own canary (a correctness probe), which a
+	// server leaves out of its metrics and readiness; taken only with
+	// bootstrap_room (a PD request, signed by the router).
+	Probe bool `json:"probe,omitempty"`
 }
 
 // ContentPart is one part of a chat message's content. Only "text" parts

@@ -295,6 +295,7 @@ const (
 	routerRequestsMetric       = "pdkit_router_requests_total"        // by outcome
 	routerUpstreamErrorsMetric = "pdkit_router_upstream_errors_total" // by role and server
 	routerPausedMetric         = "pdkit_router_paused"                // 1 while an operator paused admission
+	routerCanariesMetric       = "pdkit_router_canaries_total"        // the router's own canaries, by prefill and result
 )
 
 // sampleRouter reads the router's request outcome and upstream error
@@ -306,7 +307,7 @@ func sampleRouter(ctx context.Context, c *client.Client, bound time.Duration) *d
 	text, err := c.Metrics(ctx)
 	var ms []client.MetricSample
 	if err == nil {
-		ms, err = client.ParseMetrics(text, routerRequestsMetric, routerUpstreamErrorsMetric, routerPausedMetric)
+		ms, err = client.ParseMetrics(text, routerRequestsMetric, routerUpstreamErrorsMetric, routerPausedMetric, routerCanariesMetric)
 	}
 	if err != nil {
 		r.Error = strings.ReplaceAll(err.Error(), "\n", "; ")
@@ -324,6 +325,15 @@ func sampleRouter(ctx context.Context, c *client.Client, bound time.Duration) *d
 			r.UpstreamErrors[m.Labels["server"]] += uint64(m.Value)
 		case routerPausedMetric:
 			r.Paused = m.Value == 1
+		case routerCanariesMetric:
+			if r.Canaries == nil {
+				r.Canaries = map[string]map[string]uint64{}
+			}
+			p := m.Labels["prefill"]
+			if r.Canaries[p] == nil {
+				r.Canaries[p] = map[string]uint64{}
+			}
+			r.Canaries[p][m.Labels["result"]] += uint64(m.Value)
 		}
 	}
 	return r

@@ -22,6 +22,7 @@ type routerOptions struct {
 	maxQueued      int
 	shutdown       time.Duration
 	adminToken     string
+	canaries       time.Duration
 	http           httpFlags
 	secret         secretFlags
 }
@@ -46,12 +47,21 @@ func newRouterCmd() *cobra.Command {
 	f.IntVar(&o.maxQueued, "max-queued", router.DefaultMaxQueued, "admission bound: a server whose queue depth (its queued requests at the last health check plus the router's sent since) reaches this gets no new request; when no server of a role has room, requests are answered 429 with Retry-After (0: no bound)")
 	f.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a shutdown lets requests in flight, streams included, finish; those still running then end with an error event")
 	f.StringVar(&o.adminToken, "admin-token", "", "bearer token the router's admin calls (POST /admin/v1/pause and /admin/v1/resume) require (empty: with a cluster secret, the token it derives, which pdctl sends given the secret; without one, admin calls only when listening on loopback)")
+	f.DurationVar(&o.canaries, "canary-interval", router.DefaultCanaryInterval, "time between two of the router's correctness probes: a prompt sent cached (from the prefill's host tier where it is on) and without the cache through a prefill and decode pair, greedy, whose outputs must agree (pdkit_router_canaries_total; 0: none)")
 	o.http.register(f)
 	o.secret.register(f)
 	f.Lookup("cluster-secret").Usage = "the PD cluster's shared secret, the servers' (at least 16 bytes; prefer PD_CLUSTER_SECRET or --cluster-secret-file): " +
 		"the router signs every request it sends to a prefill or decode server with it, and servers holding it refuse unsigned PD requests; " +
 		"required unless every server URL's host is loopback"
 	return cmd
+}
+
+// canaryInterval is --canary-interval as router.Options takes it: 0 is none.
+func canaryInterval(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }
 
 func routerRun(cmd *cobra.Command, o routerOptions) error {
@@ -109,7 +119,7 @@ func routerRun(cmd *cobra.Command, o routerOptions) error {
 		admin = httpx.AdminRule{Token: secret.AdminToken(), Derived: secret != nil, Loopback: isLoopback(ln.Addr())}
 	}
 	rt, err := router.New(router.Options{Prefill: o.prefill, Decode: o.decode, HealthInterval: o.healthInterval, MaxQueued: maxQueued, Logger: log,
-		ReadyFailureRate: o.http.readyFailureRate, ReadyWindow: o.http.readyWindow, Guard: guard, ClusterSecret: secret, Admin: admin})
+		ReadyFailureRate: o.http.readyFailureRate, ReadyWindow: o.http.readyWindow, Guard: guard, ClusterSecret: secret, Admin: admin, CanaryInterval: canaryInterval(o.canaries)})
 	if err != nil {
 		ln.Close()
 		return usageError{err} // only a bad server list is refused

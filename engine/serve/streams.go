@@ -228,7 +228,7 @@ func (s *streams) observeServed(id uint64, now time.Time) {
 // observeToken tells the observer of r's latest token, emitted at t.
 func (s *streams) observeToken(r *request, gen int, t time.Time) {
 	o := s.observer
-	if o == nil {
+	if o == nil || r.req.Probe {
 		return
 	}
 	prev := r.lastTok
@@ -249,7 +249,7 @@ func (s *streams) deliver(r *request, f Finish) {
 	if r.req.PD != nil && !r.roomHeld {
 		s.pd.rooms.CompareAndDelete(r.req.PD.Room, r.id)
 	}
-	if o := s.observer; o != nil {
+	if o := s.observer; o != nil && !r.req.Probe {
 		o.RequestFinished(r.id, f)
 	}
 	select {

@@ -57,6 +57,10 @@ type Request struct {
 	// Tag is the client's id of the request (its X-Request-Id), named in
 	// the engine's log lines of it on every rank; it decides nothing.
 	Tag string
+	// Probe marks a canary of the router's (a correctness probe): the
+	// Observer is not told of it, so it is in no client metric and no
+	// readiness window.
+	Probe bool
 }
 
 // MaxTagBytes bounds Request.Tag.

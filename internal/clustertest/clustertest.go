@@ -179,6 +179,9 @@ func New(t testing.TB, o Options) *Cluster {
 	if ro.ClusterSecret == nil {
 		ro.ClusterSecret = o.Config.PD.Secret // as pdserve launch gives the router the servers' secret
 	}
+	if ro.CanaryInterval == 0 {
+		ro.CanaryInterval = -1 // a test asks for canaries when it wants them
+	}
 	if ro.Admin == (httpx.AdminRule{}) {
 		// As pdserve router's rule, on loopback.
 		tok := ro.ClusterSecret.AdminToken()

@@ -153,11 +153,13 @@ func (a *attempt) releaseRoom() {
 // bodies returns the request as each side gets it: the prefill's without
 // streaming, the decode's told where the prefill server bootstraps.
 func (a *attempt) bodies() (pbody, dbody []byte) {
-	pbody, err := encode(a.fields, map[string]any{"bootstrap_room": a.room, "stream": false, "stream_options": nil})
+	// "probe" marks the router's own canaries (canary.go), which servers
+	// leave out of their metrics: never a client's request.
+	pbody, err := encode(a.fields, map[string]any{"bootstrap_room": a.room, "stream": false, "stream_options": nil, "probe": nil})
 	if err != nil {
 		panic(err) // cannot happen: the values are plain
 	}
-	dbody, err = encode(a.fields, map[string]any{"bootstrap_room": a.room, "bootstrap_url": a.bootstrapURL})
+	dbody, err = encode(a.fields, map[string]any{"bootstrap_room": a.room, "bootstrap_url": a.bootstrapURL, "probe": nil})
 	if err != nil {
 		panic(err)
 	}

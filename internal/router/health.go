@@ -317,6 +317,9 @@ func (rt *Router) cluster(w http.ResponseWriter, _ *http.Request) {
 		Ready:            rt.ready.Load(),
 		Servers:          []debug.ClusterServer{},
 	}
+	if rt.canaries != nil {
+		resp.Canaries = rt.canaries.status()
+	}
 	if paused, left, waiting, _ := rt.gate.status(); paused {
 		resp.Paused, resp.PausedUntilMS, resp.Waiting = true, ms(left), waiting
 	}

@@ -48,6 +48,7 @@ func startMem(t *testing.T, m *memNet, prefill, decode []*stub, tweaks ...func(*
 		opts.Decode = append(opts.Decode, s.url())
 	}
 	opts.HealthInterval = 10 * time.Millisecond
+	opts.CanaryInterval = -1 // the canary tests ask for them
 	opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	opts.Client = m.client(t)
 	for _, tw := range tweaks {

@@ -9,12 +9,15 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	apiclient "github.com/pdkit/pdkit/api/client"
 	"github.com/pdkit/pdkit/api/clusterauth"
+	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/clustertest"
 	"github.com/pdkit/pdkit/internal/router"
@@ -188,6 +191,46 @@ func TestRedTeamSignedReplay(t *testing.T) {
 	for _, n := range []*clustertest.Node{cc.Prefill, cc.Decode} {
 		if v := unsignedRefused(t, client, n); v != "1" {
 			t.Errorf("%s counted %s refusals, want 1", n.TS.URL, v)
+		}
+	}
+}
+
+// The router's canaries through a real pair (a TP 1 prefill with HiCache
+// on): each is served end to end, signed, cached output equal to the
+// computed one, and neither the router's nor the servers' request
+// counters see it.
+func TestCanariesThroughARealPair(t *testing.T) {
+	secret, _ := clusterauth.Generate()
+	cfg := serve.Config{PageSize: 4, KVTokens: 1024, MaxRunning: 4,
+		PD: serve.PDConfig{Secret: secret, BootstrapTimeout: 10 * time.Second, TransferTimeout: 10 * time.Second}}
+	cc := clustertest.New(t, clustertest.Options{Model: tinyModel(t), Config: cfg,
+		Router: router.Options{HealthInterval: 50 * time.Millisecond, CanaryInterval: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}})
+	client := &http.Client{Timeout: 30 * time.Second}
+	if _, err := apiclient.New(cc.Prefill.TS.URL, secret.AdminToken(), client).SetHiCache(t.Context(), true); err != nil {
+		t.Fatal(err)
+	}
+	var cr debug.ClusterResponse
+	waitfor.For(t, "two canaries judged", 30*time.Second, func() bool {
+		c, err := apiclient.New(cc.Router.URL, "", client).Cluster(t.Context())
+		cr = c
+		if err == nil && c.Canaries != nil {
+			t.Logf("canaries %+v", c.Canaries.Results)
+		}
+		return err == nil && c.Canaries != nil && c.Canaries.Results[router.CanaryMatch] >= 2
+	})
+	t.Logf("canaries %+v", cr.Canaries)
+	if n := cr.Canaries.Results[router.CanaryMismatch] + cr.Canaries.Results[router.CanaryFailed]; n != 0 {
+		t.Fatalf("canaries %+v", cr.Canaries)
+	}
+	for _, u := range []string{cc.Router.URL, cc.Prefill.TS.URL, cc.Decode.TS.URL} {
+		text, err := apiclient.New(u, "", client).Metrics(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(text, "\n") {
+			if (strings.HasPrefix(l, "pdkit_router_requests_total{") || strings.HasPrefix(l, "pdkit_requests_total{")) && !strings.HasSuffix(l, " 0") {
+				t.Errorf("%s counts a canary: %s", u, l)
+			}
 		}
 	}
 }

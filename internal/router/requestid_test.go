@@ -61,6 +61,8 @@ func TestClientRequestID(t *testing.T) {
 	if own := resp.Header.Get(AbortIDHeader); !strings.HasPrefix(own, "router-") || resp.Header.Get(RequestIDHeader) != own {
 		t.Fatalf("without a client id: %s %q, %s %q", RequestIDHeader, resp.Header.Get(RequestIDHeader), AbortIDHeader, own)
 	}
+	p.waitRequests(t, 2) // the prefill half may reach its server after the client's answer
+	d.waitRequests(t, 2)
 	mu.Lock()
 	for _, role := range []string{pdproto.RolePrefill, pdproto.RoleDecode} {
 		if got := seen[role]; len(got) != 2 || got[0] != "trace-42/a:b" || got[1] != resp.Header.Get(AbortIDHeader) {

@@ -105,6 +105,9 @@ type Options struct {
 	// (clusterauth.SignRequest): servers with the secret refuse unsigned PD
 	// requests.
 	ClusterSecret *clusterauth.Secret
+	// CanaryInterval is the time between two of the router's correctness
+	// probes (canary.go; default DefaultCanaryInterval, negative: none).
+	CanaryInterval time.Duration
 	// Admin is who may call the router's admin API (POST /admin/v1/pause
 	// and /admin/v1/resume): the zero rule lets no one.
 	Admin httpx.AdminRule
@@ -142,6 +145,9 @@ type Router struct {
 	recent *httpx.RecentFailures
 	gate   *gate // the operator's pause of admission (pause.go)
 
+	canaries   *canaries     // nil when off
+	canaryDone chan struct{} // closed when the canary loop has returned
+
 	stop   context.CancelFunc
 	done   chan struct{} // closed when the health loop has returned
 	closed sync.Once
@@ -174,6 +180,9 @@ func New(opts Options) (*Router, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.CanaryInterval == 0 {
+		opts.CanaryInterval = DefaultCanaryInterval
 	}
 	if opts.Client == nil {
 		opts.Client = defaultClient()
@@ -234,6 +243,11 @@ func New(opts Options) (*Router, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	rt.stop = cancel
 	go rt.healthLoop(ctx)
+	if opts.CanaryInterval > 0 {
+		rt.canaries, rt.canaryDone = newCanaries(rt), make(chan struct{})
+		rt.metrics.reg.MustRegister(rt.canaries.counts)
+		go rt.canaries.loop(ctx, opts.CanaryInterval, rt.canaryDone)
+	}
 	return rt, nil
 }
 
@@ -278,6 +292,9 @@ func (rt *Router) Close() error {
 	rt.closed.Do(func() {
 		rt.stop()
 		<-rt.done
+		if rt.canaryDone != nil {
+			<-rt.canaryDone
+		}
 		if t, ok := rt.client.Transport.(*http.Transport); ok && rt.opts.Client == nil {
 			t.CloseIdleConnections()
 		}

@@ -189,6 +189,7 @@ func start(t *testing.T, prefill, decode []*stub, tweaks ...func(*Options)) *clu
 		opts.Decode = append(opts.Decode, s.url())
 	}
 	opts.HealthInterval = 10 * time.Millisecond
+	opts.CanaryInterval = -1 // the canary tests ask for them
 	opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, tw := range tweaks {
 		tw(&opts)

@@ -41,8 +41,8 @@ func (s *Server) steps(w http.ResponseWriter, _ *http.Request) {
 			RecentMS: ms(r.Recent), BaselineMS: ms(r.Baseline)})
 	}
 	if c, err := procstat.CPUOf(); err == nil {
-		resp.Process = &debug.ProcessCPU{Taken: time.Now(), CPUSeconds: c.Used.Seconds(), Periods: c.Periods, Throttled: c.Throttled,
-			ThrottledSeconds: c.ThrottledTime.Seconds(), Cgroup: c.Cgroup}
+		resp.Process = &debug.ProcessCPU{Taken: time.Now(), CPUMS: ms(c.Used), Periods: c.Periods, Throttled: c.Throttled,
+			ThrottledMS: ms(c.ThrottledTime), Cgroup: c.Cgroup}
 	}
 	writeJSON(w, http.StatusOK, resp)
 }

@@ -253,7 +253,13 @@ type job struct {
 	chat     bool
 	pd       *serve.PDRequest // the PD side of a disaggregated request
 	n        int              // choices: samples of the prompt (0 or 1: one)
+	probe    bool             // the router's canary: in no metric (serve.Request.Probe)
 }
+
+// probeOf says whether a request is the router's canary: marked so, and a
+// PD request (which a server with a secret takes only signed, from the
+// router).
+func probeOf(f openai.PD) bool { return f.Probe && f.BootstrapRoom != nil }
 
 // pdOf is the engine's form of a request's PD fields; nil without a room.
 func pdOf(f openai.PD) *serve.PDRequest {
@@ -293,6 +299,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request, j *job) ([]*serv
 		PD:        j.pd,
 		N:         j.n,
 		Tag:       tag,
+		Probe:     j.probe,
 	})
 	switch {
 	case err == nil:
@@ -459,7 +466,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	if req.PD.BootstrapRoom != nil && !s.verifyPD(w, r) {
 		return
 	}
-	j := &job{params: req.Params(s.limits), stream: req.Stream, idPrefix: "cmpl-", pd: pdOf(req.PD), n: req.Choices()}
+	j := &job{params: req.Params(s.limits), stream: req.Stream, idPrefix: "cmpl-", pd: pdOf(req.PD), n: req.Choices(), probe: probeOf(req.PD)}
 	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	if req.Prompt.Tokens != nil {
 		if oerr := s.bound.Tokens(len(req.Prompt.Tokens), j.params.MaxTokens); oerr != nil {
@@ -510,7 +517,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	if req.PD.BootstrapRoom != nil && !s.verifyPD(w, r) {
 		return
 	}
-	j := &job{params: req.Params(s.limits), stream: req.Stream, idPrefix: "chatcmpl-", chat: true, pd: pdOf(req.PD), n: req.Choices()}
+	j := &job{params: req.Params(s.limits), stream: req.Stream, idPrefix: "chatcmpl-", chat: true, pd: pdOf(req.PD), n: req.Choices(), probe: probeOf(req.PD)}
 	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	if oerr := s.bound.Messages(req.Messages, j.params.MaxTokens); oerr != nil {
 		oerr.WriteJSON(w)
@@ -555,7 +562,9 @@ func (s *Server) serveJob(w http.ResponseWriter, r *http.Request, j *job) {
 	}
 	defer s.untag(sts)
 	st := sts[0]
-	defer s.served(r)
+	if !j.probe {
+		defer s.served(r)
+	}
 	defer st.Abort()
 	id := s.idOf(j.idPrefix, st.ID)
 	created := time.Now().Unix()
