@@ -86,6 +86,17 @@ func (rt *Router) full(u *upstream) *refusal {
 // over; when every healthy one is full, pick returns nil and the refusal
 // of the least loaded. Without a healthy server it returns nil, nil.
 func (rt *Router) pick(role string, avoid *upstream, admit bool) (*upstream, *refusal) {
+	u, f := rt.choose(role, avoid, admit)
+	if u != nil {
+		u.served.Add(1)
+	}
+	return u, f
+}
+
+// choose is pick without counting the request as served: the router's
+// canaries (canary.go) hold a place while they run but are no client's
+// request.
+func (rt *Router) choose(role string, avoid *upstream, admit bool) (*upstream, *refusal) {
 	list, i := rt.prefill, 0
 	if role == pdproto.RoleDecode {
 		list, i = rt.decode, 1
@@ -127,7 +138,6 @@ func (rt *Router) pick(role string, avoid *upstream, admit bool) (*upstream, *re
 	}
 	rt.rr[i]++
 	best.inFlight.Add(1)
-	best.served.Add(1)
 	rt.metrics.inFlight.WithLabelValues(best.role, best.url).Inc()
 	return best, nil
 }

@@ -92,13 +92,13 @@ func (c *canaries) probe(parent context.Context, interval time.Duration) {
 		c.count("", CanarySkipped)
 		return
 	}
-	p, _ := rt.pick(pdproto.RolePrefill, nil, true)
+	p, _ := rt.choose(pdproto.RolePrefill, nil, true)
 	if p == nil {
 		c.count("", CanarySkipped)
 		return
 	}
 	defer rt.release(p)
-	d, _ := rt.pick(pdproto.RoleDecode, nil, true)
+	d, _ := rt.choose(pdproto.RoleDecode, nil, true)
 	if d == nil {
 		c.count(p.url, CanarySkipped)
 		return
