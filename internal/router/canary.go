@@ -83,9 +83,14 @@ func (c *canaries) loop(ctx context.Context, interval time.Duration, done chan<-
 	}
 }
 
-// probe sends one canary, bounded by interval.
+// canaryBound is the least time a canary may take, whatever the interval:
+// its four requests wait their turn on a busy pair like any request.
+const canaryBound = 30 * time.Second
+
+// probe sends one canary, bounded by the interval and at least canaryBound
+// (the next one waits for it).
 func (c *canaries) probe(parent context.Context, interval time.Duration) {
-	ctx, cancel := context.WithTimeout(parent, interval)
+	ctx, cancel := context.WithTimeout(parent, max(interval, canaryBound))
 	defer cancel()
 	rt := c.rt
 	if paused, _, _, _ := rt.gate.status(); paused || !rt.ready.Load() {
