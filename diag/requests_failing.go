@@ -95,11 +95,12 @@ func checkRequestsFailing(w Window) []Finding {
 		// Shedding load at the edge (429 past the admission bound, 503
 		// while the router starts) is the cluster protecting the
 		// requests it admitted, not failing them: the clients were told
-		// at once to retry. Still named, as a warning, when it is all.
+		// at once to retry. Busy is not broken: named as a note (info)
+		// when it is all.
 		edge := d["overloaded"] + d["starting"]
 		shedding := failed > 0 && failed == edge
 		if shedding {
-			severity = Warning
+			severity = Info
 		}
 		if failed > 0 {
 			evidence := []Evidence{

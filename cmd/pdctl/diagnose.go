@@ -75,8 +75,9 @@ heartbeat is longer. --bootstrap-timeout, --transfer-timeout,
 --inflight-timeout and --abort-ack-timeout override what every server
 publishes.
 
-Exit status: 0 healthy, 1 findings, 2 could not run (bad flags, or no
-server answered at all).`,
+Exit status: 0 healthy (info findings, notes such as load shed at the
+edge or a live switch under way, may be printed), 1 a warning or critical
+finding, 2 could not run (bad flags, or no server answered at all).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if opts.Window <= 0 || opts.Interval <= 0 {
@@ -108,6 +109,22 @@ server answered at all).`,
 	fl.DurationVar(&o.AbortAck, "abort-ack-timeout", 0, "judge decode aborting entries by this PD abort-ack timeout"+published)
 	fl.DurationVar(&opts.Config.CollectiveWait, "collective-wait", opts.Config.CollectiveWait, "longest a rank may wait in a collective while a peer is elsewhere before rank-divergence names it (at least twice the server's loop heartbeat)")
 	return cmd
+}
+
+// findingsResult is how a command that reports findings ends: with a
+// findingsError (exit 1) when one is a warning or worse; with notes only
+// (info: a live switch under way, load shed at the edge), healthy, and
+// stderr says how many notes it printed.
+func findingsResult(f *factory, command string, findings []diag.Finding) error {
+	for _, fd := range findings {
+		if fd.Severity > diag.Info {
+			return &findingsError{command: command, findings: findings}
+		}
+	}
+	if len(findings) > 0 {
+		fmt.Fprintf(f.ErrOut, "pdctl: %s: healthy, with %s\n", command, pluralf(len(findings), "note (info)", "notes (info)"))
+	}
+	return nil
 }
 
 // findingsError reports, after the output, that diagnose found problems.
@@ -188,10 +205,7 @@ func diagnoseRun(ctx context.Context, opts *diagnoseOptions) error {
 	if err != nil {
 		return err
 	}
-	if len(findings) > 0 {
-		return &findingsError{command: "diagnose", findings: findings}
-	}
-	return nil
+	return findingsResult(f, "diagnose", findings)
 }
 
 // probe is what one sample reads: the servers, and the router when pdctl

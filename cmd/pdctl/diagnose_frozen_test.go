@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -61,4 +63,23 @@ func TestDiagnoseFrozenServerWithinTheWindow(t *testing.T) {
 		}
 		t.Logf("a frozen server named in %v (bubble clock), window 5s, interval 1s", took)
 	})
+}
+
+// Notes (info findings: load shed at the edge, a live switch under way)
+// leave the cluster healthy, exit 0, and stderr counts them; a warning or
+// worse is exit 1.
+func TestFindingsResult(t *testing.T) {
+	var errOut strings.Builder
+	f := &factory{ErrOut: &errOut}
+	note := diag.Finding{Rule: "requests-failing", Severity: diag.Info}
+	if err := findingsResult(f, "diagnose", []diag.Finding{note}); err != nil || errOut.String() != "pdctl: diagnose: healthy, with 1 note (info)\n" {
+		t.Fatalf("a note: %v, stderr %q", err, errOut.String())
+	}
+	var fe *findingsError
+	if err := findingsResult(f, "diagnose", []diag.Finding{note, {Rule: "server-slow", Severity: diag.Warning}}); !errors.As(err, &fe) {
+		t.Fatalf("a warning: %v", err)
+	}
+	if err := findingsResult(f, "diagnose", nil); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -13,7 +13,7 @@ var examples = map[string]string{
 # Every server and rank of the cluster behind the router on :8000
 $ pdctl status
 
-# Is anything wrong? (exit 0 healthy, 1 findings)
+# Is anything wrong? (exit 0 healthy, 1 a warning or worse)
 $ pdctl diagnose
 
 # A cluster whose router is elsewhere, or one server without a router

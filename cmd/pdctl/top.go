@@ -186,10 +186,8 @@ func topOnce(ctx context.Context, opts *topOptions, fetch func(context.Context) 
 	switch {
 	case unreachable > 0:
 		return &unreachableError{n: unreachable, of: len(s.Servers)}
-	case len(findings) > 0:
-		return &findingsError{command: "top", findings: findings}
 	}
-	return nil
+	return findingsResult(f, "top", findings)
 }
 
 // fromRows makes a table of rows whose first row is the header; volatile
