@@ -9,7 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdkit/pdkit/engine/model"
+	"github.com/pdkit/pdkit/engine/model/builtin"
+	"github.com/pdkit/pdkit/internal/clustertest"
+	"github.com/pdkit/pdkit/internal/router"
+	"github.com/pdkit/pdkit/internal/testmodel"
 	"github.com/pdkit/pdkit/internal/waitfor"
+	"github.com/pdkit/pdkit/kernels"
 )
 
 // Clients that open streams and never read them (their answers sit in the
@@ -37,4 +43,27 @@ func TestDiagnoseClientsThatNeverRead(t *testing.T) {
 	if code, stdout, stderr := c.pdctl(t, false, "diagnose", "--window", "2s", "--interval", "500ms"); code != exitOK || stdout != "healthy\n" {
 		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
 	}
+}
+
+// A router at its admission bound sheds the excess at the edge (429):
+// busy, not sick. diagnose prints the shedding as a note and exits 0.
+func TestDiagnoseQueueAtTheRoutersBound(t *testing.T) {
+	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
+	cc := clustertest.New(t, clustertest.Options{Model: m, Config: testConfig,
+		Router: router.Options{HealthInterval: 20 * time.Millisecond, MaxQueued: 2}, HealthyWithin: 10 * time.Second})
+	c := &cluster{m: m, prefill: nodeOf(cc.Prefill), decode: nodeOf(cc.Decode), registry: cc.Registry, bootstrap: cc.Bootstrap, router: cc.Router.URL,
+		secret: testConfig.PD.Secret}
+	served, stop := load(t, c.router, 24)
+	defer stop()
+	waitfor.For(t, "the load served", 20*time.Second, func() bool { return served() >= 10 })
+	code, stdout, stderr := c.pdctl(t, false, "diagnose", "--window", "2s", "--interval", "500ms")
+	if code != exitOK {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(stdout), "\n") {
+		if l != "healthy" && !strings.HasPrefix(l, "info\t") {
+			t.Errorf("a finding above info: %q", l)
+		}
+	}
+	t.Logf("%s%s", stdout, stderr)
 }
