@@ -136,7 +136,8 @@
 //     canaries (one a minute by default, pdkit_router_canaries_total by
 //     prefill and result) are read every window: a mismatch over it is
 //     critical, one since the router started a warning, so that the race
-//     of incident 3 is named without --canaries. Canaries are an active
+//     of incident 3 is named without --canaries; so are a colocated
+//     server's own canaries (its settings' canaries). Canaries are an active
 //     probe that pdctl sends only when asked (diagnose --canaries N) and
 //     puts in the Window (Canaries): each prompt sent once, offloaded to the
 //     host tier of every prefill and colocated server whose tier is on, then

@@ -242,11 +242,11 @@ func faultsOn(s *ServerSample) []string {
 // started, a warning, so that the race of incident 3 is named without
 // diagnose --canaries.
 func routerCanaries(w Window) []Finding {
+	out := serverCanaries(w)
 	first, last := w.First().Router, w.Last().Router
 	if last == nil || !last.Reachable || len(last.Canaries) == 0 {
-		return nil
+		return out
 	}
-	var out []Finding
 	for _, prefill := range slices.Sorted(maps.Keys(last.Canaries)) {
 		now := last.Canaries[prefill]
 		bad := now["mismatch"]
@@ -275,4 +275,49 @@ func routerCanaries(w Window) []Finding {
 		})
 	}
 	return out
+}
+
+// serverCanaries judges a colocated server's own canaries (its settings'
+// canaries), as routerCanaries the router's.
+func serverCanaries(w Window) []Finding {
+	var out []Finding
+	for _, s := range w.Last().Servers {
+		if !s.Reachable || s.Settings == nil || s.Settings.Canaries == nil {
+			continue
+		}
+		now := s.Settings.Canaries.Results
+		bad := now["mismatch"]
+		if bad == 0 {
+			continue
+		}
+		var before uint64
+		if f := w.First().Server(s.URL); f != nil && f.Reachable && f.Settings != nil && f.Settings.Canaries != nil {
+			before = min(f.Settings.Canaries.Results["mismatch"], bad)
+		}
+		sev, when := Warning, "since the server started, none over this window"
+		if bad > before {
+			sev, when = Critical, fmt.Sprintf("%d over this window", bad-before)
+		}
+		evidence := []Evidence{ev("canaries", "%s", countList(now, nil))}
+		if lm := s.Settings.Canaries.LastMismatch; lm != nil {
+			evidence = append(evidence, ev("last mismatch", "seed %d: cached %q, computed %q", lm.Seed, clip(lm.Cached), clip(lm.Computed)))
+		}
+		out = append(out, Finding{
+			Rule: "output-divergence", Severity: sev, Server: s.URL,
+			Summary: fmt.Sprintf("%d of the server's %d canaries gave other greedy tokens from the cache than computed without it (%s): cached KV is corrupt",
+				bad, now["match"]+bad, when),
+			Evidence: evidence,
+			Remedy: "look for a fault switch on the server (pdctl fault list); turn HiCache off (pdctl hicache off) until the cause is fixed: " +
+				"outputs computed without the host tier are right.",
+		})
+	}
+	return out
+}
+
+// clip shortens an output for an evidence line.
+func clip(s string) string {
+	if r := []rune(s); len(r) > 40 {
+		return string(r[:40]) + "…"
+	}
+	return s
 }

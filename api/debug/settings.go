@@ -58,6 +58,9 @@ type Settings struct {
 	// ModelFile is the model's file as the server last checked it; nil
 	// for a model not opened from a file.
 	ModelFile *ModelFile `json:"model_file,omitempty"`
+	// Canaries are a colocated server's own correctness probes
+	// (--canary-interval); nil when none has run.
+	Canaries *Canaries `json:"canaries,omitempty"`
 
 	// HeartbeatMS is the loop heartbeat: how long a loop waits for work
 	// before it iterates anyway, so an idle server still finishes a step

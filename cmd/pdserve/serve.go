@@ -28,6 +28,7 @@ import (
 )
 
 type serveOptions struct {
+	canaries    time.Duration // --canary-interval (colocated)
 	engine      engineFlags
 	host        string
 	advertise   string // --advertise-host
@@ -126,6 +127,7 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 	f.DurationVar(&o.stallAfter, "stall-after", 5*time.Second, "/health answers 503 when the engine loop has not iterated for this long, and the collective watchdog reports a collective that waits this long (0: 5s)")
 	f.DurationVar(&o.maxQueue, "max-queue-age", 0, "/health reports the server busy (still 200: queued is not dead) while a request has waited longer than this for admission, and routers send it no new requests (0: never)")
 	f.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a shutdown lets requests in flight, streams included, finish; those still running then end with an error")
+	f.DurationVar(&o.canaries, "canary-interval", time.Minute, "a colocated server's time between two of its own correctness probes: a prompt run cached (from the host tier where it is on) and without the cache, greedy, whose outputs must agree (GET /debug/v1/settings canaries; 0: none; a prefill or decode server's router runs them)")
 	f.StringVar(&o.adminToken, "admin-token", "", "bearer token the /admin/v1/ API requires (empty: with a cluster secret, the token it derives, which pdctl sends given the secret; without one, admin calls only when listening on loopback)")
 	o.http.register(f)
 	return cmd
@@ -285,6 +287,15 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 		served = httpURL(httpHost, listenPort(ln))
 	}
 	fmt.Fprintf(stderr, "serving %s (%s) on %s\n", h.ModelName(), cfg.Role, served)
+
+	// A colocated server probes itself; the router probes PD pairs.
+	canaryCtx, stopCanaries := context.WithCancel(context.Background())
+	var canaryDone sync.WaitGroup
+	if cfg.Role == pdproto.RoleColocated && o.canaries > 0 {
+		canaryDone.Go(func() { h.RunCanaries(canaryCtx, o.canaries) })
+	}
+	defer canaryDone.Wait()
+	defer stopCanaries()
 
 	// At the shutdown deadline the engine closes first: it ends every
 	// stream still running with an error event, so its client knows.

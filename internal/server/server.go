@@ -104,6 +104,7 @@ func (o Options) Validate() error {
 
 // Server is the HTTP handler. It is safe for concurrent use.
 type Server struct {
+	canaries canaries // RunCanaries' outcomes (canary.go)
 	// id names this run of the server (pdproto.ServerInfo.ID): the PD
 	// requests it takes are signed for it, and verifier takes each once.
 	id       string
