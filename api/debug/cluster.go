@@ -31,7 +31,7 @@ type ClusterResponse struct {
 	PausedUntilMS float64 `json:"paused_until_ms,omitempty"`
 	Waiting       int     `json:"waiting,omitempty"`
 	// Canaries are the router's correctness probes (--canary-interval);
-	// nil when they are off.
+	// nil when they are off or none has run yet.
 	Canaries *Canaries `json:"canaries,omitempty"`
 	// Servers lists the prefill servers, then the decode servers, in the
 	// order the router was given them.

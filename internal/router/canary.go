@@ -9,26 +9,23 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/internal/canary"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// The router's canaries: correctness probes it sends without being asked,
-// at Options.CanaryInterval (one a minute by default), through a prefill
-// and a decode server as any request, so that corrupt KV (the HiCache
-// index-K race of incident 3) is found without pdctl diagnose --canaries.
-// Each canary is a prompt of its own, a few hundred tokens long (over
-// several KV pages, longer than an indexer's top-k): sent once, greedy, so
-// that the prefill caches it; moved to the prefill's host tier
-// (POST /admin/v1/hicache/offload, with the cluster secret's admin token;
-// where the tier is off, or the call is refused, the canary compares a
-// device cache hit instead); sent again, so that it loads back from host;
-// and sent with no_cache. Greedy decoding is batch-invariant, so the last
-// two differing is corrupt KV. A canary is skipped while the pair has no
+// The router's canaries: correctness probes (package canary's method) it
+// sends without being asked, at Options.CanaryInterval (one a minute by
+// default), through a prefill and a decode server as any request, so that
+// corrupt KV is found without pdctl diagnose --canaries. Each canary is a
+// prompt of its own, a few hundred tokens long (over several KV pages,
+// longer than an indexer's top-k), sized to the servers' context; the
+// prefill's host tier takes it through POST /admin/v1/hicache/offload, with
+// the cluster secret's admin token (where the tier is off, or the call is
+// refused, the canary compares a device cache hit instead). A canary is skipped while the pair has no
 // room (it never takes a client's place) and marked "probe": the servers
 // leave it out of their metrics and readiness, and the router out of its
 // requests, latencies and readiness; only pdkit_router_canaries_total
@@ -36,10 +33,10 @@ import (
 
 // Canary results, the result label of pdkit_router_canaries_total.
 const (
-	CanaryMatch    = "match"    // the cached or host-loaded output equals the computed one
-	CanaryMismatch = "mismatch" // it does not: corrupt KV
-	CanarySkipped  = "skipped"  // no pair had room, or the router is paused
-	CanaryFailed   = "failed"   // a request of the canary failed: not judged
+	CanaryMatch    = canary.Match
+	CanaryMismatch = canary.Mismatch
+	CanarySkipped  = canary.Skipped
+	CanaryFailed   = canary.Failed
 )
 
 // DefaultCanaryInterval is Options.CanaryInterval's default.
@@ -50,16 +47,13 @@ const canaryTokens = 16
 
 // canaries runs the probes and keeps their outcome.
 type canaries struct {
-	rt      *Router
-	counts  *prometheus.CounterVec
-	mu      sync.Mutex
-	last    *debug.CanaryMismatch
-	n       uint64 // canaries sent, for the prompts' seeds
-	results map[string]uint64
+	rt     *Router
+	counts *prometheus.CounterVec
+	tally  canary.Tally
 }
 
 func newCanaries(rt *Router) *canaries {
-	c := &canaries{rt: rt, results: map[string]uint64{},
+	c := &canaries{rt: rt,
 		counts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "pdkit", Subsystem: "router", Name: "canaries_total",
 			Help: "The router's correctness probes (--canary-interval), by prefill server and result: match; mismatch (the cached or host-loaded " +
 				"output differs from the computed one: corrupt KV); skipped (no room, or paused); failed (a request of it failed, not judged)."},
@@ -94,81 +88,49 @@ func (c *canaries) probe(parent context.Context, interval time.Duration) {
 	defer cancel()
 	rt := c.rt
 	if paused, _, _, _ := rt.gate.status(); paused || !rt.ready.Load() {
-		c.count("", CanarySkipped)
+		c.count("", CanarySkipped, nil)
 		return
 	}
 	p, _ := rt.choose(pdproto.RolePrefill, nil, true)
 	if p == nil {
-		c.count("", CanarySkipped)
+		c.count("", CanarySkipped, nil)
 		return
 	}
 	defer rt.release(p)
 	d, _ := rt.choose(pdproto.RoleDecode, nil, true)
 	if d == nil {
-		c.count(p.url, CanarySkipped)
+		c.count(p.url, CanarySkipped, nil)
 		return
 	}
 	defer rt.release(d)
-	c.mu.Lock()
-	c.n++
-	seed := c.n
-	c.mu.Unlock()
+	seed := c.tally.Next()
 	_, pinfo := p.state()
 	_, dinfo := d.state()
 	prompt := canaryPrompt(seed, canaryBytes(pinfo.ContextTokens, dinfo.ContextTokens))
-	if _, err := c.send(ctx, p, d, prompt, false); err != nil {
-		c.fail(p, err)
-		return
+	result, cached, computed, err := canary.Run(ctx, canary.Steps{
+		Send:    func(ctx context.Context, noCache bool) (string, error) { return c.send(ctx, p, d, prompt, noCache) },
+		Offload: func(ctx context.Context) { c.offload(ctx, p, prompt) },
+	})
+	var m *debug.CanaryMismatch
+	switch result {
+	case CanaryFailed:
+		rt.log.Warn("canary not judged: a request of it failed", "prefill", p.url, "err", err)
+	case CanaryMismatch:
+		m = &debug.CanaryMismatch{At: time.Now(), Prefill: p.url, Decode: d.url, Seed: seed, Cached: cached, Computed: computed}
+		rt.log.Error("canary mismatch: the cached output differs from the computed one (corrupt KV)",
+			"prefill", p.url, "decode", d.url, "seed", seed, "cached", cached, "computed", computed)
 	}
-	c.offload(ctx, p, prompt) // best effort: without a host tier the canary compares a device hit
-	cached, err := c.send(ctx, p, d, prompt, false)
-	if err != nil {
-		c.fail(p, err)
-		return
-	}
-	computed, err := c.send(ctx, p, d, prompt, true)
-	if err != nil {
-		c.fail(p, err)
-		return
-	}
-	if cached == computed {
-		c.count(p.url, CanaryMatch)
-		return
-	}
-	c.count(p.url, CanaryMismatch)
-	c.mu.Lock()
-	c.last = &debug.CanaryMismatch{At: time.Now(), Prefill: p.url, Decode: d.url, Seed: seed, Cached: cached, Computed: computed}
-	c.mu.Unlock()
-	rt.log.Error("canary mismatch: the cached output differs from the computed one (corrupt KV)",
-		"prefill", p.url, "decode", d.url, "seed", seed, "cached", cached, "computed", computed)
+	c.count(p.url, result, m)
 }
 
-func (c *canaries) fail(p *upstream, err error) {
-	c.count(p.url, CanaryFailed)
-	c.rt.log.Warn("canary not judged: a request of it failed", "prefill", p.url, "err", err)
-}
-
-func (c *canaries) count(prefill, result string) {
+func (c *canaries) count(prefill, result string, m *debug.CanaryMismatch) {
 	c.counts.WithLabelValues(prefill, result).Inc()
-	c.mu.Lock()
-	c.results[result]++
-	c.mu.Unlock()
+	c.tally.Count(result, m)
 }
 
-// status is the canaries' outcome for /debug/v1/cluster.
-func (c *canaries) status() *debug.Canaries {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := &debug.Canaries{Results: map[string]uint64{}}
-	for k, v := range c.results {
-		out.Results[k] = v
-	}
-	if c.last != nil {
-		l := *c.last
-		out.LastMismatch = &l
-	}
-	return out
-}
+// status is the canaries' outcome for /debug/v1/cluster; nil before the
+// first.
+func (c *canaries) status() *debug.Canaries { return c.tally.Status() }
 
 // canaryMaxBytes bounds a canary's prompt: about 300 words, several KV
 // pages and more than an indexer's top-k on the models pdkit runs.

@@ -27,6 +27,7 @@ import (
 	"github.com/pdkit/pdkit/engine/sample"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/engine/tokenizer"
+	"github.com/pdkit/pdkit/internal/canary"
 	"github.com/pdkit/pdkit/internal/gpu"
 	"github.com/pdkit/pdkit/internal/httpx"
 	"github.com/pdkit/pdkit/internal/metrics"
@@ -104,7 +105,7 @@ func (o Options) Validate() error {
 
 // Server is the HTTP handler. It is safe for concurrent use.
 type Server struct {
-	canaries canaries // RunCanaries' outcomes (canary.go)
+	canaries canary.Tally // RunCanaries' outcomes (canary.go)
 	// id names this run of the server (pdproto.ServerInfo.ID): the PD
 	// requests it takes are signed for it, and verifier takes each once.
 	id       string

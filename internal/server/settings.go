@@ -17,7 +17,7 @@ func (s *Server) Settings() debug.Settings {
 	st.StallAfterMS = ms(s.opts.StallAfter)
 	st.MaxQueueAgeMS = ms(s.opts.MaxQueueAge)
 	st.IndexKSwitch = s.indexKSwitchTo()
-	st.Canaries = s.canaries.status()
+	st.Canaries = s.canaries.Status()
 	return st
 }
 
