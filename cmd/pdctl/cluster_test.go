@@ -29,7 +29,6 @@ import (
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/clustertest"
-	"github.com/pdkit/pdkit/internal/router"
 	"github.com/pdkit/pdkit/internal/server"
 	"github.com/pdkit/pdkit/internal/testmodel"
 	"github.com/pdkit/pdkit/kernels"
@@ -64,6 +63,7 @@ func nodeOf(n *clustertest.Node) *node { return &node{eng: n.Eng, ts: n.TS} }
 
 // cluster is a prefill, a decode, the prefill's registry and a router.
 type cluster struct {
+	routerServer    *httptest.Server // the router's listener, for a test that stops it
 	m               *model.Model
 	prefill, decode *node
 	registry        string
@@ -81,10 +81,20 @@ var testConfig = serve.Config{TP: 2, PageSize: 4, KVTokens: 128, MaxRunning: 4,
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
-	cc := clustertest.New(t, clustertest.Options{Model: m, Config: testConfig,
-		Router: router.Options{HealthInterval: 20 * time.Millisecond}, HealthyWithin: 10 * time.Second})
+	return newClusterWith(t, m, clustertest.Options{})
+}
+
+// newClusterWith is newCluster over model m with o's changes to its
+// options: a decode that disagrees, a router's own bound.
+func newClusterWith(t *testing.T, m *model.Model, o clustertest.Options) *cluster {
+	t.Helper()
+	o.Model, o.Config, o.HealthyWithin = m, testConfig, 10*time.Second
+	if o.Router.HealthInterval == 0 {
+		o.Router.HealthInterval = 20 * time.Millisecond
+	}
+	cc := clustertest.New(t, o)
 	return &cluster{m: m, prefill: nodeOf(cc.Prefill), decode: nodeOf(cc.Decode), registry: cc.Registry, bootstrap: cc.Bootstrap, router: cc.Router.URL,
-		secret: testConfig.PD.Secret}
+		secret: testConfig.PD.Secret, routerServer: cc.Router}
 }
 
 // pdctl runs pdctl against c with args; tty says whether stdout is a

@@ -24,7 +24,6 @@ import (
 	"github.com/pdkit/pdkit/engine/model/builtin"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/clustertest"
-	"github.com/pdkit/pdkit/internal/router"
 	"github.com/pdkit/pdkit/internal/testmodel"
 	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
@@ -509,11 +508,7 @@ func TestDiagnoseRequestsFailing(t *testing.T) {
 // the flag, though the window holds no request at all.
 func TestDiagnoseConfigMismatch(t *testing.T) {
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
-	cc := clustertest.New(t, clustertest.Options{Model: m, Config: testConfig,
-		Decode: func(c *serve.Config) { c.KVType = kernels.BF16 },
-		Router: router.Options{HealthInterval: 20 * time.Millisecond}, HealthyWithin: 10 * time.Second})
-	c := &cluster{m: m, prefill: nodeOf(cc.Prefill), decode: nodeOf(cc.Decode), registry: cc.Registry, bootstrap: cc.Bootstrap, router: cc.Router.URL,
-		secret: testConfig.PD.Secret}
+	c := newClusterWith(t, m, clustertest.Options{Decode: func(c *serve.Config) { c.KVType = kernels.BF16 }})
 	start := time.Now()
 	code, findings, keys := diagnoseJSON(t, c, "--window", "1s", "--interval", "500ms")
 	t.Logf("named in %v: %q", time.Since(start).Round(time.Millisecond), keys)
@@ -534,15 +529,11 @@ func TestDiagnoseConfigMismatch(t *testing.T) {
 // A router that stops answering is named, and its servers are still
 // sampled, directly, as pdctl last discovered them through it.
 func TestDiagnoseRouterGone(t *testing.T) {
-	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
-	cc := clustertest.New(t, clustertest.Options{Model: m, Config: testConfig,
-		Router: router.Options{HealthInterval: 20 * time.Millisecond}, HealthyWithin: 10 * time.Second})
-	c := &cluster{m: m, prefill: nodeOf(cc.Prefill), decode: nodeOf(cc.Decode), registry: cc.Registry, bootstrap: cc.Bootstrap, router: cc.Router.URL,
-		secret: testConfig.PD.Secret}
+	c := newCluster(t)
 	if code, _, keys := diagnoseJSON(t, c, "--window", "200ms", "--interval", "200ms"); code != exitOK {
 		t.Fatalf("before: exit %d, %q", code, keys)
 	}
-	cc.Router.Close()
+	c.routerServer.Close()
 	code, findings, keys := diagnoseJSON(t, c, "--window", "1s", "--interval", "500ms")
 	if code != exitFindings || len(findings) != 1 || findings[0].Rule != "router-unreachable" || findings[0].Server != "ROUTER" {
 		t.Fatalf("exit %d, findings %q", code, keys)
@@ -575,10 +566,7 @@ func TestDiagnoseModelChangedUnderTheCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	cc := clustertest.New(t, clustertest.Options{Model: m, Config: testConfig,
-		Router: router.Options{HealthInterval: 20 * time.Millisecond}, HealthyWithin: 10 * time.Second})
-	c := &cluster{m: m, prefill: nodeOf(cc.Prefill), decode: nodeOf(cc.Decode), registry: cc.Registry, bootstrap: cc.Bootstrap, router: cc.Router.URL,
-		secret: testConfig.PD.Secret}
+	c := newClusterWith(t, m, clustertest.Options{})
 	if code, _, keys := diagnoseJSON(t, c, "--window", "200ms", "--interval", "200ms"); code != exitOK {
 		t.Fatalf("before: exit %d, %q", code, keys)
 	}

@@ -49,10 +49,7 @@ func TestDiagnoseClientsThatNeverRead(t *testing.T) {
 // busy, not sick. diagnose prints the shedding as a note and exits 0.
 func TestDiagnoseQueueAtTheRoutersBound(t *testing.T) {
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
-	cc := clustertest.New(t, clustertest.Options{Model: m, Config: testConfig,
-		Router: router.Options{HealthInterval: 20 * time.Millisecond, MaxQueued: 2}, HealthyWithin: 10 * time.Second})
-	c := &cluster{m: m, prefill: nodeOf(cc.Prefill), decode: nodeOf(cc.Decode), registry: cc.Registry, bootstrap: cc.Bootstrap, router: cc.Router.URL,
-		secret: testConfig.PD.Secret}
+	c := newClusterWith(t, m, clustertest.Options{Router: router.Options{MaxQueued: 2}})
 	served, stop := load(t, c.router, 24)
 	defer stop()
 	waitfor.For(t, "the load served", 20*time.Second, func() bool { return served() >= 10 })

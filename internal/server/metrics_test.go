@@ -68,10 +68,13 @@ func (x exposition) must(t *testing.T, name string) float64 {
 	return v
 }
 
-func TestMetrics(t *testing.T) {
+// newMetricsEnv is a colocated server of tp ranks on the tiny model whose
+// engine reports to the server's metrics, as pdserve wires them.
+func newMetricsEnv(t *testing.T, tp int) *env {
+	t.Helper()
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
 	met := metrics.New(nil)
-	eng, err := serve.New(m, withCPU(serve.Config{PageSize: 4, MaxRunning: 8, TP: 2, Observer: met}))
+	eng, err := serve.New(m, withCPU(serve.Config{PageSize: 4, MaxRunning: 8, TP: tp, Observer: met}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +84,11 @@ func TestMetrics(t *testing.T) {
 		ts.Close()
 		eng.Close()
 	})
-	e := &env{m: m, eng: eng, srv: srv, ts: ts}
+	return &env{m: m, eng: eng, srv: srv, ts: ts}
+}
+
+func TestMetrics(t *testing.T) {
+	e := newMetricsEnv(t, 2)
 
 	x := scrape(t, e)
 	if v := x.must(t, "pdkit_generation_tokens_total"); v != 0 {
@@ -98,7 +105,7 @@ func TestMetrics(t *testing.T) {
 	if completion == 0 {
 		t.Fatal("no tokens generated")
 	}
-	waitIdle(t, eng)
+	waitIdle(t, e.eng)
 	// The loop tells the observer of a step after it publishes it: wait
 	// until the step histogram has caught up with the published count;
 	// past the bound the checks below say what is off.
@@ -145,8 +152,8 @@ func TestMetrics(t *testing.T) {
 		if v := x.must(t, `pdkit_kv_pages_used{rank="`+r+`"}`); v != 0 {
 			t.Errorf("rank %s: %v KV pages used after completion", r, v)
 		}
-		if v := x.must(t, `pdkit_kv_pages_capacity{rank="`+r+`"}`); v != float64(eng.Config().Pages()) {
-			t.Errorf("rank %s: kv_pages_capacity %v, want %d", r, v, eng.Config().Pages())
+		if v := x.must(t, `pdkit_kv_pages_capacity{rank="`+r+`"}`); v != float64(e.eng.Config().Pages()) {
+			t.Errorf("rank %s: kv_pages_capacity %v, want %d", r, v, e.eng.Config().Pages())
 		}
 	}
 	// Each rank's time in collectives, per communicator: both ran calls.
@@ -178,7 +185,7 @@ func TestMetrics(t *testing.T) {
 		t.Error("no go_build_info")
 	}
 	// What promtool check metrics would say: nothing.
-	problems, err := testutil.GatherAndLint(met.Registry())
+	problems, err := testutil.GatherAndLint(e.srv.opts.Metrics.Registry())
 	if err != nil {
 		t.Fatal(err)
 	}
