@@ -309,6 +309,7 @@ func RulesWith(c Config) []Rule {
 		engineStalled(c),
 		rankDivergence(c),
 		engineRestarts(c),
+		pdLinkSlow(),
 		pdQueueStuck(),
 		pdEntryOverdue(c),
 		kvLeak(c),
@@ -452,4 +453,12 @@ func summarise(es []debug.PDEntry) (rooms []debug.ID, oldestMS float64) {
 	}
 	slices.Sort(rooms)
 	return rooms, oldestMS
+}
+
+// or is s, or alt when s is empty.
+func or(s, alt string) string {
+	if s == "" {
+		return alt
+	}
+	return s
 }

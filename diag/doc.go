@@ -51,7 +51,21 @@
 //     instance over the window, it is a partition of the PD link, not a
 //     restart: the finding says so, and which way is cut where the
 //     prefill's own socket shows it (messages still arriving from the
-//     decode: its answers are lost).
+//     decode: its answers are lost). The rooms are gone from the queues
+//     once they fail, so the decode ranks' peer tables (GET /debug/v1/pd
+//     peers: each prefill rank's boot as last heard, its last word, the
+//     rooms lost to its silence and when) name the loss for LostRecent
+//     (2 minutes) from state, traffic in the window or not: the same boot
+//     on a prefill that answers HTTP is a partition (mended, a warning,
+//     once the decode has heard the prefill since), a new boot or an
+//     endpoint no prefill advertises any more a restart, and KV still
+//     arriving while the heartbeats timed out a link too slow or lossy.
+//   - pd-link-slow (warning): the KV of a room has left its prefill (the
+//     prefill's entry is inflight, with more bytes sent than the decode's
+//     entry has landed) for SlowLinkAfter (1 s) or more, over the window,
+//     while the decode rank still receives: a slow or lossy link, not a
+//     cut one. The evidence gives the bytes in transit and the rate the
+//     decode received at over the window.
 //   - router-unreachable (critical): the router did not answer in the last
 //     sample (frozen, gone, its port unreachable). When pdctl could not
 //     discover the servers through it, it samples them as it last did

@@ -75,13 +75,44 @@ var PDFailureKinds = []string{PDFailTimeout, PDFailPeerAborted, PDFailPeerFailed
 
 // PDRank is one rank's PD socket and queues.
 type PDRank struct {
-	Rank   int      `json:"rank"`
+	Rank int `json:"rank"`
+	// Boot is the rank group's boot number, which its heartbeats carry:
+	// a decode hears it in a prefill's replies, and a new one means the
+	// prefill restarted (or rebuilt its rank group).
+	Boot   string   `json:"boot"`
 	Socket PDSocket `json:"socket"`
+	// Peers is a decode rank's table of the prefill ranks it probed, by
+	// endpoint; absent on a prefill.
+	Peers []PDPeer `json:"peers,omitempty"`
 	// Counts has every queue's length on the rank, whatever the filter.
 	Counts map[string]int `json:"counts"`
 	// Entries are the rank's PD requests as the rank last published them
 	// (after its last loop iteration), by id.
 	Entries []PDEntry `json:"entries"`
+}
+
+// PDPeer is what a decode rank knows of one prefill rank from its
+// heartbeats and its KV: a partition leaves the peer silent with its boot
+// unchanged, a restart answers with a new boot (or from a new endpoint).
+type PDPeer struct {
+	Endpoint string `json:"endpoint"`
+	// Boot is the boot number of the peer's last heartbeat reply; empty
+	// before the first.
+	Boot string `json:"boot,omitempty"`
+	// LastWord is the peer's last heartbeat reply or mail for a room it
+	// serves (its KV is a word: on a slow link replies wait behind it).
+	LastWord *time.Time `json:"last_word"`
+	// LastProbe is when the rank last probed it (only while a room waits
+	// on it).
+	LastProbe *time.Time `json:"last_probe"`
+	// SilentMS is how long its oldest unanswered probe has waited; 0 when
+	// none. It keeps growing after the rank stops probing (no room waits
+	// on the peer): judge it against LastProbe.
+	SilentMS float64 `json:"silent_ms"`
+	// LostRooms counts the rooms the rank failed for the peer's silence
+	// past the heartbeat timeout, LastLost the last of them.
+	LostRooms uint64     `json:"lost_rooms"`
+	LastLost  *time.Time `json:"last_lost,omitempty"`
 }
 
 // PDSocket is a rank's PD socket: the receive loop of its inbox (control

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -29,6 +30,9 @@ type diagnoseOptions struct {
 	// from the clock).
 	Canaries   int
 	CanarySeed uint64
+	// SaveWindow is a file to write the sampled window to, as JSON (the
+	// rules' input); empty: none.
+	SaveWindow string
 }
 
 func newCmdDiagnose(f *factory, runF func(context.Context, *diagnoseOptions) error) *cobra.Command {
@@ -99,6 +103,7 @@ finding, 2 could not run (bad flags, or no server answered at all).`,
 	fl.DurationVar(&opts.Window, "window", 5*time.Second, "how long to sample the cluster")
 	fl.DurationVar(&opts.Interval, "interval", time.Second, "time between two samples")
 	fl.BoolVar(&opts.JSON, "json", false, "print the findings as a JSON array")
+	fl.StringVar(&opts.SaveWindow, "save-window", "", "also write the samples the rules judged to this file, as JSON: a record of what diagnose saw, which the rules can judge again")
 	fl.IntVar(&opts.Canaries, "canaries", 0, "send this many canary prompts during the window and compare their outputs from the cache (loaded back from host) and without it (0: send nothing)")
 	fl.Uint64Var(&opts.CanarySeed, "canary-seed", 0, "seed of the canary prompts, to repeat a run (0: from the clock)")
 	o := &opts.Config.Overrides
@@ -194,6 +199,11 @@ func diagnoseRun(ctx context.Context, opts *diagnoseOptions) error {
 		return err
 	}
 	fmt.Fprintf(f.ErrOut, "%s over %v\n", pluralf(len(w.Samples), "sample", "samples"), w.Span().Round(time.Millisecond))
+	if opts.SaveWindow != "" {
+		if err := saveWindow(opts.SaveWindow, w); err != nil {
+			return err
+		}
+	}
 	if w.Canaries != nil {
 		io.WriteString(f.ErrOut, canaryReport(w.Canaries))
 	}
@@ -465,4 +475,17 @@ func printFindings(w io.Writer, findings []diag.Finding, tty bool) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// saveWindow writes w to path as indented JSON, the form the rules'
+// golden fixtures take, so that a window seen once can be judged again.
+func saveWindow(path string, w diag.Window) error {
+	b, err := json.MarshalIndent(w, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o600); err != nil {
+		return fmt.Errorf("--save-window: %w", err)
+	}
+	return nil
 }

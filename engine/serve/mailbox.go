@@ -163,6 +163,32 @@ func (mb *pdMailbox) liveness(endpoint string) rooms.Liveness {
 	return mb.m.Liveness(mb.now(), endpoint)
 }
 
+// expect records that a decode room takes its KV from the prefill rank at
+// endpoint: its mail is then a word from that peer.
+func (mb *pdMailbox) expect(room uint64, endpoint string) {
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	mb.m.Expect(room, endpoint)
+}
+
+// lost records that a room failed for endpoint's silence.
+func (mb *pdMailbox) lost(endpoint string) {
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	mb.m.Lost(mb.now(), endpoint)
+}
+
+// peers is a decode rank's table of the prefill ranks it probed; nil on
+// a prefill, which probes nobody.
+func (mb *pdMailbox) peers() []mailbox.PeerState {
+	if mb.prefill {
+		return nil
+	}
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	return mb.m.Peers(mb.now())
+}
+
 // take returns the room's mail and empties it, leaving the room's entry
 // in place (a second TRANSFER_INFO stays refused).
 func (mb *pdMailbox) take(room uint64) rooms.Mail {

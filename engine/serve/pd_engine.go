@@ -10,6 +10,7 @@ import (
 
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
+	"github.com/pdkit/pdkit/engine/pd/mailbox"
 	"github.com/pdkit/pdkit/engine/pd/rooms"
 	"github.com/pdkit/pdkit/engine/pd/zmqlink"
 )
@@ -290,7 +291,7 @@ func (v *PDView) Links() []PDLink {
 	loops := v.sup.cur().loops
 	out := make([]PDLink, len(loops))
 	for r, l := range loops {
-		out[r] = PDLink{Rank: r, Advertised: l.pd.endpoint, Inbox: l.pd.inbox.Stats(), Outbox: l.pd.outbox.Stats(), Late: l.pd.mb.late.Load(), Misplaced: l.pd.mb.bad.Load(), Faulted: l.pd.mb.faulted.Load(),
+		out[r] = PDLink{Rank: r, Advertised: l.pd.endpoint, Boot: l.pd.boot, Peers: l.pd.mb.peers(), Inbox: l.pd.inbox.Stats(), Outbox: l.pd.outbox.Stats(), Late: l.pd.mb.late.Load(), Misplaced: l.pd.mb.bad.Load(), Faulted: l.pd.mb.faulted.Load(),
 			KVBytes: l.pd.bytes.Load(), OverQuota: l.pd.mb.overQuota.Load(), RepliesDropped: l.pd.replies.dropped.Load()}
 	}
 	return out
@@ -299,6 +300,11 @@ func (v *PDView) Links() []PDLink {
 // PDLink is one rank's PD socket state.
 type PDLink struct {
 	Rank int
+	// Boot is the rank group's boot number, which its heartbeats carry.
+	Boot uint64
+	// Peers is a decode rank's table of the prefill ranks it probed
+	// (nil on a prefill).
+	Peers []mailbox.PeerState
 	// Advertised is the endpoint the rank hands to its peers (and a
 	// prefill registers); Inbox.Endpoint is the one it bound.
 	Advertised string

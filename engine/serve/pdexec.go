@@ -78,6 +78,9 @@ func (pd *rankPD) observe(lp pdLoop) error {
 			pd.machine.Resolve(r.ID, rooms.Resolution{Err: fmt.Errorf("the prefill has %d ranks", len(infos))})
 		default:
 			pd.machine.Resolve(r.ID, rooms.Resolution{Endpoint: infos[pd.rank].Endpoint})
+			if q := pd.reqs[r.ID]; q != nil {
+				pd.mb.expect(q.add.room, infos[pd.rank].Endpoint)
+			}
 		}
 	}
 	for _, peer := range pd.machine.Peers() {
@@ -417,6 +420,9 @@ func (pd *rankPD) endStream(lp pdLoop, a rooms.End) {
 	}
 	if q != nil && q.add.url != "" {
 		pd.host.forgetResolution(q.add.url) // a restarted prefill has new endpoints
+	}
+	if o.Reason.Kind == rooms.KindPeerLost && o.Peer != "" {
+		pd.mb.lost(o.Peer) // every rank's own table: each probes its own peer
 	}
 	if o.Owner {
 		room, tag := uint64(0), ""

@@ -12,6 +12,7 @@ import (
 	"github.com/pdkit/pdkit/api/openai"
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/dist"
+	"github.com/pdkit/pdkit/engine/pd/mailbox"
 	"github.com/pdkit/pdkit/engine/sched"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/procstat"
@@ -233,7 +234,8 @@ func (s *Server) pd(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, l := range links {
 		if l.Rank >= 0 && l.Rank < len(resp.Ranks) {
-			resp.Ranks[l.Rank].Socket = debugPDSocket(l)
+			rr := &resp.Ranks[l.Rank]
+			rr.Socket, rr.Boot, rr.Peers = debugPDSocket(l), strconv.FormatUint(l.Boot, 10), debugPDPeers(l.Peers)
 		}
 	}
 	for rank, es := range entries {
@@ -263,6 +265,28 @@ func nonNil(m map[string]uint64) map[string]uint64 {
 		return map[string]uint64{}
 	}
 	return m
+}
+
+// debugPDPeers is a decode rank's peer table in the debug API's shape.
+func debugPDPeers(ps []mailbox.PeerState) []debug.PDPeer {
+	if ps == nil {
+		return nil
+	}
+	at := func(t time.Time) *time.Time {
+		if t.IsZero() {
+			return nil
+		}
+		return &t
+	}
+	out := make([]debug.PDPeer, len(ps))
+	for i, p := range ps {
+		out[i] = debug.PDPeer{Endpoint: p.Endpoint, LastWord: at(p.Heard), LastProbe: at(p.Probed), SilentMS: ms(p.Silent),
+			LostRooms: p.Lost, LastLost: at(p.LostAt)}
+		if p.Boot != 0 {
+			out[i].Boot = strconv.FormatUint(p.Boot, 10)
+		}
+	}
+	return out
 }
 
 func debugPDSocket(l serve.PDLink) debug.PDSocket {

@@ -11,7 +11,7 @@ import (
 // no ended ones; a room's KV bytes are its chunks' and within the room's
 // bound; a room holds only mail its role receives; an ended room is
 // neither known nor holds mail, and is in the FIFO, which is within its
-// bound. The tests run it after every event; it walks every room, so the
+// bound; a room expecting a peer is known. The tests run it after every event; it walks every room, so the
 // machine does not run it itself.
 func (m *Machine) Check() error {
 	early, from := 0, map[string]int{}
@@ -59,6 +59,11 @@ func (m *Machine) Check() error {
 	inOrder := map[uint64]bool{}
 	for _, room := range m.endedOrder {
 		inOrder[room] = true
+	}
+	for room := range m.expect {
+		if !m.known[room] {
+			return fmt.Errorf("mailbox: room %d expects a peer but the loop does not have it", room)
+		}
 	}
 	for room := range m.ended {
 		switch {

@@ -31,6 +31,9 @@ import (
 //	expire t= ttl=
 //	probe t= [peer=] [every=] [boot=]
 //	liveness t= [peer=]
+//	expect room= [peer=]
+//	lost t= [peer=]
+//	peers t=
 //	state
 //
 // file, admit, take and forget take n=: the command runs for the n rooms
@@ -89,6 +92,16 @@ func (h *harness) run(line string) (string, error) {
 		err = h.probe(a, &out)
 	case "liveness":
 		err = h.liveness(a, &out)
+	case "expect":
+		room, e := a.Int("room", 0)
+		err = e
+		h.m.Expect(uint64(room), a.Str("peer", "tcp://prefill"))
+	case "lost":
+		now, e := a.at()
+		err = e
+		h.m.Lost(now, a.Str("peer", "tcp://prefill"))
+	case "peers":
+		err = h.peers(a, &out)
 	case "state":
 		h.state(&out)
 	default:
@@ -334,6 +347,24 @@ func (h *harness) liveness(a targs, out *strings.Builder) error {
 	}
 	l := h.m.Liveness(now, a.Str("peer", "tcp://prefill"))
 	fmt.Fprintf(out, "silent=%v boot=%d\n", l.Silent, l.Boot)
+	return nil
+}
+
+// peers prints the peer table at t=, each time on the trace's clock.
+func (h *harness) peers(a targs, out *strings.Builder) error {
+	now, err := a.at()
+	if err != nil {
+		return err
+	}
+	at := func(t time.Time) string {
+		if t.IsZero() {
+			return "never"
+		}
+		return t.Sub(base).String()
+	}
+	for _, p := range h.m.Peers(now) {
+		fmt.Fprintf(out, "%s boot=%d heard=%s probed=%s silent=%v lost=%d at %s\n", p.Endpoint, p.Boot, at(p.Heard), at(p.Probed), p.Silent, p.Lost, at(p.LostAt))
+	}
 	return nil
 }
 

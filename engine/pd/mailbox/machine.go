@@ -1,6 +1,8 @@
 package mailbox
 
 import (
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
@@ -15,7 +17,11 @@ type Machine struct {
 	bound   int // MaxUnknownRooms; smaller in tests that reach it often
 	rooms   map[uint64]*box
 	known   map[uint64]bool // rooms the loop has
-	peers   map[string]*peer
+	// expect is the prefill rank each of a decode's known rooms takes
+	// its KV from, once the room resolved (Expect): mail for the room is
+	// a word from that peer.
+	expect map[uint64]string
+	peers  map[string]*peer
 	// ended remembers why a prefill's recent rooms failed, oldest first
 	// out of endedOrder past the bound. admit deletes a room from ended
 	// only: its entry in endedOrder expires on its own.
@@ -38,8 +44,11 @@ type box struct {
 type peer struct {
 	probe      uint64    // last probe sequence number sent
 	probedAt   time.Time // when that probe went out
-	unanswered time.Time // the first probe not answered since the last reply; zero when none
+	unanswered time.Time // the first probe not answered since the peer's last word; zero when none
 	boot       uint64    // the peer's boot number from its last reply
+	heard      time.Time // the peer's last word: a reply, or mail for a room expected from it
+	lost       uint64    // rooms failed for its silence (Lost)
+	lostAt     time.Time // the last of them
 }
 
 // New returns an empty mailbox.
@@ -48,7 +57,7 @@ func New(cfg Config) (*Machine, error) {
 		return nil, err
 	}
 	return &Machine{cfg: cfg, prefill: cfg.Role == rooms.Prefill, bound: MaxUnknownRooms, rooms: map[uint64]*box{},
-		known: map[uint64]bool{}, peers: map[string]*peer{}, ended: map[uint64]endedRoom{}, earlyFrom: map[string]int{}}, nil
+		known: map[uint64]bool{}, expect: map[uint64]string{}, peers: map[string]*peer{}, ended: map[uint64]endedRoom{}, earlyFrom: map[string]int{}}, nil
 }
 
 // SetSender sets the endpoint the rank's heartbeats name: its advertised
@@ -118,7 +127,31 @@ func (m *Machine) File(now time.Time, msg pdproto.Message) Decision {
 		x.Queued = msg
 	}
 	d.Filed, d.Wake = true, true
+	if from, ok := m.expect[room]; ok {
+		m.word(now, from)
+	}
 	return d
+}
+
+// word records a word from a prefill peer at now: its reply to a probe,
+// or mail for a room it serves. Either ends its silence: a peer whose KV
+// still streams in is alive, however long its replies wait behind that KV
+// on a slow link (busy is not dead).
+func (m *Machine) word(now time.Time, endpoint string) *peer {
+	p := m.peers[endpoint]
+	if p != nil {
+		p.unanswered, p.heard = time.Time{}, now
+	}
+	return p
+}
+
+// Expect records that a decode's known room takes its KV from the prefill
+// rank at endpoint: the room's mail then counts as a word from that peer.
+// A room the loop does not have, or a prefill's, is ignored.
+func (m *Machine) Expect(room uint64, endpoint string) {
+	if !m.prefill && m.known[room] && endpoint != "" {
+		m.expect[room] = endpoint
+	}
 }
 
 // senderOf is who msg says sent it: the endpoint it names for answers (""
@@ -193,11 +226,11 @@ func (m *Machine) heartbeat(now time.Time, hb *pdproto.Heartbeat) Decision {
 		r := &pdproto.Heartbeat{Sender: m.cfg.Sender, Boot: m.cfg.Boot, Seq: hb.Seq, UnixNano: now.UnixNano(), Reply: true}
 		return Decision{To: hb.Sender, Answer: r}
 	case !m.prefill && hb.Reply:
-		p := m.peers[hb.Sender]
+		p := m.word(now, hb.Sender)
 		if p == nil {
 			return Decision{Drop: Late}
 		}
-		p.unanswered, p.boot = time.Time{}, hb.Boot
+		p.boot = hb.Boot
 		return Decision{Wake: true}
 	}
 	return Decision{Drop: Misplaced}
@@ -243,6 +276,42 @@ func (m *Machine) Liveness(now time.Time, endpoint string) rooms.Liveness {
 	return l
 }
 
+// Lost records at now that a room failed because the prefill rank at
+// endpoint stayed silent past the heartbeat timeout: the peer table then
+// says when the peer was last lost, for an operator to tell a partition
+// (the peer is up, its boot unchanged) from a restart.
+func (m *Machine) Lost(now time.Time, endpoint string) {
+	if p := m.peers[endpoint]; p != nil {
+		p.lost++
+		p.lostAt = now
+	}
+}
+
+// PeerState is what a decode rank knows of one prefill rank it probed.
+type PeerState struct {
+	Endpoint string
+	Boot     uint64    // from its last reply; 0 before the first
+	Heard    time.Time // its last word; zero before the first
+	Probed   time.Time // the last probe sent
+	Silent   time.Duration
+	Lost     uint64    // rooms failed for its silence
+	LostAt   time.Time // the last of them; zero when none
+}
+
+// Peers returns the peer table at now, by endpoint.
+func (m *Machine) Peers(now time.Time) []PeerState {
+	out := make([]PeerState, 0, len(m.peers))
+	for e, p := range m.peers {
+		st := PeerState{Endpoint: e, Boot: p.boot, Heard: p.heard, Probed: p.probedAt, Lost: p.lost, LostAt: p.lostAt}
+		if !p.unanswered.IsZero() {
+			st.Silent = now.Sub(p.unanswered)
+		}
+		out = append(out, st)
+	}
+	slices.SortFunc(out, func(a, b PeerState) int { return strings.Compare(a.Endpoint, b.Endpoint) })
+	return out
+}
+
 // Take returns the room's mail and empties it, leaving the room's entry
 // in place (a second TRANSFER_INFO stays refused).
 func (m *Machine) Take(room uint64) rooms.Mail {
@@ -280,6 +349,7 @@ func (m *Machine) Forget(room uint64, why string, asked bool) (to string, ack *p
 		m.dropEarly(x)
 	}
 	delete(m.known, room)
+	delete(m.expect, room)
 	delete(m.rooms, room)
 	if m.prefill && why != "" {
 		if _, ok := m.ended[room]; !ok {
