@@ -42,12 +42,12 @@ build: ## build bin/pdserve and bin/pdctl
 run: deps build ## a PD cluster on loopback (router on :8000, one prefill, one decode) with the built-in model; ARGS="..." adds launch flags
 	bin/pdserve launch $(ARGS)
 
-test: deps ## go vet, the whole test suite with the race detector, the multi-host and network-fault tests (as root), the GGUF reader's and the model loader's fuzz targets for FUZZTIME (10s) each, the deploy module's (Kubernetes manifests)
+test: deps ## go vet, the whole test suite with the race detector, the multi-host, network-fault and starved-decode tests (as root), the GGUF reader's and the model loader's fuzz targets for FUZZTIME (10s) each, the deploy module's (Kubernetes manifests)
 	$(GO) vet ./...
 	$(GO) test $(GOTESTFLAGS) ./...
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./engine/gguf/
 	$(GO) test -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZTIME) ./engine/model/
-	$(GO) test -tags netns -run '^(TestMultiHost|TestDiagnoseNetworkFaults)$$' ./internal/clustertest/
+	$(GO) test -tags netns -run '^(TestMultiHost|TestDiagnoseNetworkFaults|TestDiagnoseStarvedDecode)$$' ./internal/clustertest/
 	cd deploy && $(GO) vet ./... && $(GO) test ./...
 
 soak: deps ## make run's cluster under 60 greedy sessions for SOAK_DURATION (10m): outputs against references, pdctl diagnose every 30s, RSS and goroutines flat

@@ -144,7 +144,13 @@
 //     than its fastest peer of the same role, at the same phase and batch
 //     size, so load, which grows the batch, is not slowness. The evidence
 //     gives the CPU the process got over the window and its cgroup's quota
-//     throttling; the remedy follows it.
+//     throttling; the remedy follows it. A throttled process spends the
+//     held time between its steps, not in them, so the rule also reads the
+//     cycles (one decoding step's end to the next's while a batch runs
+//     on) against their own baseline: SlowFactor times slower with the
+//     cgroup throttling it over the window, CycleStarved (10) times and
+//     10 ms without (cycles that grow a little are other work on the
+//     cores: load).
 //   - output-divergence (critical): a canary gave other greedy tokens from
 //     the cache than computed without it (no_cache). The router's own
 //     canaries (one a minute by default, pdkit_router_canaries_total by

@@ -18,6 +18,17 @@ const (
 	slowMinMS    = 10.0
 )
 
+// CycleStarved is how many times slower than their baseline a server's
+// cycles (GET /debug/v1/steps rates' cycle_recent_ms: from one decoding
+// step's end to the next's) must be for server-slow to name a server its
+// cgroup does not throttle; a throttled one needs SlowFactor, and cycles
+// of at least cycleMinMS (a decode step of a small model takes a fraction
+// of a millisecond: starved to 5% of a core, its cycles take several).
+const (
+	CycleStarved = 10.0
+	cycleMinMS   = 2.0
+)
+
 func serverSlow() Rule {
 	return Rule{
 		Name: "server-slow",
@@ -61,19 +72,35 @@ func checkServerSlow(w Window) []Finding {
 		if !s.Reachable || s.Steps == nil {
 			continue
 		}
+		cpuEvidence, throttled := processEvidence(w, s)
 		var worst *debug.StepRate
 		var factor float64
-		var against string
+		var against, what string
 		for i := range s.Steps.Rates {
 			r := &s.Steps.Rates[i]
-			if r.Steps < slowMinSteps || r.RecentMS < slowMinMS {
+			// The cycles (step and what held the loop between steps)
+			// against their own baseline: a quota that throttles the
+			// process holds it there. Without throttling, cycles that
+			// grow a little are other work on the cores (load), so only
+			// CycleStarved times slower counts.
+			if r.Cycles >= slowMinSteps && r.CycleBaselineMS > 0 {
+				if f := r.CycleRecentMS / r.CycleBaselineMS; f > factor && (throttled && f >= SlowFactor && r.CycleRecentMS >= cycleMinMS ||
+					f >= CycleStarved && r.CycleRecentMS >= slowMinMS) {
+					worst, factor, what = r, f, "cycle"
+					against = fmt.Sprintf("its own baseline of %s", fineMS(r.CycleBaselineMS))
+				}
+			}
+			if r.Steps < slowMinSteps {
+				continue
+			}
+			if r.RecentMS < slowMinMS {
 				continue
 			}
 			if r.BaselineMS > 0 && r.RecentMS/r.BaselineMS >= SlowFactor && r.RecentMS/r.BaselineMS > factor {
-				worst, factor, against = r, r.RecentMS/r.BaselineMS, fmt.Sprintf("its own baseline of %s", ms(r.BaselineMS))
+				worst, factor, what, against = r, r.RecentMS/r.BaselineMS, "step", fmt.Sprintf("its own baseline of %s", ms(r.BaselineMS))
 			}
 			if f := fastest[s.Role][bucket{r.Phase, r.Tokens}]; f > 0 && r.RecentMS/f >= SlowFactor && r.RecentMS/f > factor {
-				worst, factor, against = r, r.RecentMS/f, fmt.Sprintf("the fastest %s server's %s", s.Role, ms(f))
+				worst, factor, what, against = r, r.RecentMS/f, "step", fmt.Sprintf("the fastest %s server's %s", s.Role, ms(f))
 			}
 		}
 		if worst == nil {
@@ -82,29 +109,41 @@ func checkServerSlow(w Window) []Finding {
 		evidence := []Evidence{
 			ev("steps", "%s steps of up to %d tokens: %s recently, against %s", worst.Phase, worst.Tokens, ms(worst.RecentMS), against),
 		}
-		throttled := false
-		if first := firstWithProcess(w, s.URL); first != nil && s.Steps.Process != nil {
-			a, b := first, s.Steps.Process
-			if wall := b.Taken.Sub(a.Taken).Seconds(); wall > 0 {
-				evidence = append(evidence, ev("cpu", "%.2f cores used over the window's %s", (b.CPUMS-a.CPUMS)/1000/wall,
-					b.Taken.Sub(a.Taken).Round(time.Millisecond)))
-			}
-			if b.Throttled > a.Throttled {
-				throttled = true
-				evidence = append(evidence, ev("cgroup", "%s: throttled in %d of %d quota periods over the window, %.1fs held back",
-					b.Cgroup, b.Throttled-a.Throttled, b.Periods-a.Periods, (b.ThrottledMS-a.ThrottledMS)/1000))
-			}
+		if what == "cycle" {
+			evidence = []Evidence{ev("cycles", "%s steps of up to %d tokens end %s apart recently, against %s; the steps themselves take %s",
+				worst.Phase, worst.Tokens, fineMS(worst.CycleRecentMS), against, fineMS(worst.RecentMS))}
 		}
+		evidence = append(evidence, cpuEvidence...)
 		remedy := "find what takes the CPU from the server (other processes on its cores: top, or its host's metrics) and move one of them; " +
 			"capture a bundle first (pdctl bundle -o FILE.tar.gz) to keep the evidence."
 		if throttled {
 			remedy = "the server's cgroup CPU quota holds it back: raise its CPU limit (the container's or the pod's), or give it fewer --threads than its quota."
 		}
 		out = append(out, Finding{Rule: "server-slow", Severity: Warning, Server: s.URL,
-			Summary:  fmt.Sprintf("the %s server's %s steps are %.1f times slower than %s, at the same batch size", s.Role, worst.Phase, factor, against),
+			Summary:  fmt.Sprintf("the %s server's %s %ss are %.1f times slower than %s, at the same batch size", s.Role, worst.Phase, what, factor, against),
 			Evidence: evidence, Remedy: remedy})
 	}
 	return out
+}
+
+// processEvidence is what server s's process figures over w say of its
+// CPU: the cores it used, and its cgroup's throttling, which throttled
+// reports.
+func processEvidence(w Window, s ServerSample) (evidence []Evidence, throttled bool) {
+	a, b := firstWithProcess(w, s.URL), s.Steps.Process
+	if a == nil || b == nil {
+		return nil, false
+	}
+	if wall := b.Taken.Sub(a.Taken).Seconds(); wall > 0 {
+		evidence = append(evidence, ev("cpu", "%.2f cores used over the window's %s", (b.CPUMS-a.CPUMS)/1000/wall,
+			b.Taken.Sub(a.Taken).Round(time.Millisecond)))
+	}
+	if b.Throttled > a.Throttled {
+		throttled = true
+		evidence = append(evidence, ev("cgroup", "%s: throttled in %d of %d quota periods over the window, %.1fs held back",
+			b.Cgroup, b.Throttled-a.Throttled, b.Periods-a.Periods, (b.ThrottledMS-a.ThrottledMS)/1000))
+	}
+	return evidence, throttled
 }
 
 // firstWithProcess is url's first process figures in w.
@@ -115,4 +154,17 @@ func firstWithProcess(w Window, url string) *debug.ProcessCPU {
 		}
 	}
 	return nil
+}
+
+// fineMS formats a duration given in milliseconds to three significant
+// digits: a small model's decode cycle takes a fraction of one.
+func fineMS(v float64) string {
+	d := time.Duration(v * float64(time.Millisecond))
+	switch {
+	case d >= 10*time.Millisecond:
+		return d.Round(time.Millisecond).String()
+	case d >= time.Millisecond:
+		return d.Round(10 * time.Microsecond).String()
+	}
+	return d.Round(time.Microsecond).String()
 }

@@ -135,6 +135,13 @@ type StepRate struct {
 	Steps      uint64  `json:"steps"`
 	RecentMS   float64 `json:"recent_ms"`
 	BaselineMS float64 `json:"baseline_ms"`
+	// Cycles and the cycle times are the wall time from one decoding
+	// step's end to the next's, while a batch runs on: the step and what
+	// held the loop between steps (a cgroup's CPU quota, other work on the
+	// cores). Absent for a bucket with no cycle.
+	Cycles          uint64  `json:"cycles,omitempty"`
+	CycleRecentMS   float64 `json:"cycle_recent_ms,omitempty"`
+	CycleBaselineMS float64 `json:"cycle_baseline_ms,omitempty"`
 }
 
 // ProcessCPU is a process's CPU time, and what its cgroup's quota held

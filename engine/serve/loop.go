@@ -32,6 +32,9 @@ type rankLoop struct {
 	px    *rankPrefix    // the cache's admission and eviction executor (admission.go)
 	pd    *rankPD        // nil on a colocated server
 	step  uint64
+	// busyEnd is when rank 0's last decoding step ended (zero after any
+	// other): the start of the next step's cycle (steprate.AddCycle).
+	busyEnd time.Time
 	// pdForks are decode arrivals whose later samples fork in this
 	// iteration, after the room is granted (fork.go).
 	pdForks []*pdFork
@@ -427,6 +430,20 @@ func (l *rankLoop) joinArrival(add addMsg, tok int32, seq *kvcache.Seq) error {
 	return nil
 }
 
+// cycle records rank 0's cycle for the step rates: from the end of the
+// previous step to this one's, when both decoded (a batch ran on the whole
+// time, so the loop never waited for requests in between).
+func (l *rankLoop) cycle(rec StepRecord) {
+	decoding := rec.Phase == "decode" || rec.Phase == "mixed"
+	if decoding && !l.busyEnd.IsZero() {
+		l.e.rates.AddCycle(rec.Phase, rec.BatchTokens, rec.End.Sub(l.busyEnd))
+	}
+	l.busyEnd = time.Time{}
+	if decoding {
+		l.busyEnd = rec.End
+	}
+}
+
 // publish ends an iteration: the rank's step record, and on rank 0 the
 // engine snapshot. It returns the record as published.
 func (l *rankLoop) publish(rec StepRecord) StepRecord {
@@ -442,6 +459,7 @@ func (l *rankLoop) publish(rec StepRecord) StepRecord {
 			d = rec.ForwardEnd.Sub(rec.ForwardStart) // the overlap loop's forward runs past its iteration
 		}
 		l.e.rates.Add(rec.Phase, rec.BatchTokens, d)
+		l.cycle(rec)
 		l.e.publish(rec)
 	}
 	return rec

@@ -31,6 +31,12 @@ type Rate struct {
 	Steps    uint64
 	Recent   time.Duration
 	Baseline time.Duration
+	// Cycles, CycleRecent and CycleBaseline are the same for the wall
+	// time from one busy step's end to the next's (AddCycle): the step
+	// and whatever held the loop between steps. A process its cgroup's
+	// quota throttles spends its time there, not in its steps.
+	Cycles                     uint64
+	CycleRecent, CycleBaseline time.Duration
 }
 
 type key struct {
@@ -41,6 +47,27 @@ type key struct {
 type avg struct {
 	steps            uint64
 	recent, baseline float64 // seconds
+	cycle            ewma
+}
+
+// ewma is a recent and a baseline average of one figure.
+type ewma struct {
+	n                uint64
+	recent, baseline float64 // seconds
+}
+
+// add folds in s seconds. The first values weigh more, so that the
+// averages mean something before they have seen their whole spans.
+func (e *ewma) add(s float64) {
+	if e.n == 0 {
+		e.recent, e.baseline = s, s
+	} else {
+		rw := max(recentWeight, 1/float64(e.n+1))
+		bw := max(baselineWeight, 1/float64(e.n+1))
+		e.recent += rw * (s - e.recent)
+		e.baseline += bw * (s - e.baseline)
+	}
+	e.n++
 }
 
 // Tracker is safe for concurrent use: one loop adds, readers snapshot.
@@ -65,6 +92,28 @@ func (t *Tracker) Add(phase string, batchTokens int, d time.Duration) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	a := t.bucketOf(phase, batchTokens)
+	e := ewma{n: a.steps, recent: a.recent, baseline: a.baseline}
+	e.add(d.Seconds())
+	a.steps, a.recent, a.baseline = e.n, e.recent, e.baseline
+}
+
+// AddCycle records the wall time from the end of the loop's previous busy
+// step to the end of this one, of phase over batchTokens tokens: the
+// caller passes it only when the loop had work the whole time (a decode
+// batch running on), so that waiting for requests is not counted.
+func (t *Tracker) AddCycle(phase string, batchTokens int, d time.Duration) {
+	if phase == "" || phase == "idle" || batchTokens <= 0 || d <= 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.bucketOf(phase, batchTokens).cycle.add(d.Seconds())
+}
+
+// bucketOf is the bucket of phase and batchTokens, made on first use;
+// t.mu is held.
+func (t *Tracker) bucketOf(phase string, batchTokens int) *avg {
 	if t.m == nil {
 		t.m = map[key]*avg{}
 	}
@@ -74,18 +123,7 @@ func (t *Tracker) Add(phase string, batchTokens int, d time.Duration) {
 		a = &avg{}
 		t.m[k] = a
 	}
-	s := d.Seconds()
-	if a.steps == 0 {
-		a.recent, a.baseline = s, s
-	} else {
-		// The first steps weigh more, so that a bucket's averages mean
-		// something before it has seen their whole spans.
-		rw := max(recentWeight, 1/float64(a.steps+1))
-		bw := max(baselineWeight, 1/float64(a.steps+1))
-		a.recent += rw * (s - a.recent)
-		a.baseline += bw * (s - a.baseline)
-	}
-	a.steps++
+	return a
 }
 
 // Rates returns every bucket, by phase then size.
@@ -95,7 +133,8 @@ func (t *Tracker) Rates() []Rate {
 	out := make([]Rate, 0, len(t.m))
 	for k, a := range t.m {
 		out = append(out, Rate{Phase: k.phase, Tokens: k.tokens, Steps: a.steps,
-			Recent: time.Duration(a.recent * float64(time.Second)), Baseline: time.Duration(a.baseline * float64(time.Second))})
+			Recent: seconds(a.recent), Baseline: seconds(a.baseline),
+			Cycles: a.cycle.n, CycleRecent: seconds(a.cycle.recent), CycleBaseline: seconds(a.cycle.baseline)})
 	}
 	slices.SortFunc(out, func(a, b Rate) int {
 		if a.Phase != b.Phase {
@@ -108,3 +147,5 @@ func (t *Tracker) Rates() []Rate {
 	})
 	return out
 }
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

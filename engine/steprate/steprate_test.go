@@ -35,3 +35,29 @@ func TestTracker(t *testing.T) {
 		t.Errorf("bucket(9) = %d", b)
 	}
 }
+
+// A throttled process spends its time between steps: the cycles show it
+// where the steps do not, in the same bucket, apart from the steps'.
+func TestCycles(t *testing.T) {
+	var tr Tracker
+	for range 500 {
+		tr.Add("decode", 1, 200*time.Microsecond)
+		tr.AddCycle("decode", 1, 250*time.Microsecond)
+	}
+	for range 100 {
+		tr.Add("decode", 1, 200*time.Microsecond)     // the step itself is as fast
+		tr.AddCycle("decode", 1, 20*time.Millisecond) // but the quota holds the loop between steps
+	}
+	tr.AddCycle("idle", 0, time.Second)
+	rs := tr.Rates()
+	if len(rs) != 1 {
+		t.Fatalf("buckets %+v", rs)
+	}
+	r := rs[0]
+	if r.Steps != 600 || r.Cycles != 600 || r.Recent != 200*time.Microsecond {
+		t.Errorf("steps and cycles mixed: %+v", r)
+	}
+	if ratio := float64(r.CycleRecent) / float64(r.CycleBaseline); ratio < 3 {
+		t.Errorf("cycles after the quota: %+v (recent/baseline %.1f)", r, ratio)
+	}
+}

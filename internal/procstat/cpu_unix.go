@@ -5,6 +5,7 @@ package procstat
 import (
 	"bufio"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -18,12 +19,12 @@ func CPUOf() (CPU, error) {
 		return CPU{}, err
 	}
 	c := CPU{Used: time.Duration(ru.Utime.Nano() + ru.Stime.Nano())}
-	for _, f := range []struct{ path, kind string }{
-		{"/sys/fs/cgroup/cpu.stat", "v2"},
-		{"/sys/fs/cgroup/cpu/cpu.stat", "v1"},
-		{"/sys/fs/cgroup/cpu,cpuacct/cpu.stat", "v1"},
-	} {
+	own, _ := os.ReadFile("/proc/self/cgroup")
+	for _, f := range cgroupStatFiles(string(own)) {
 		if vals, err := readStat(f.path); err == nil {
+			if _, ok := vals["nr_periods"]; !ok && f.kind == "v2" {
+				continue // a v2 cgroup without the cpu controller (a hybrid host): its v1 one holds the quota
+			}
 			c.Cgroup = f.kind
 			c.Periods, c.Throttled = vals["nr_periods"], vals["nr_throttled"]
 			if us, ok := vals["throttled_usec"]; ok { // v2
@@ -35,6 +36,34 @@ func CPUOf() (CPU, error) {
 		}
 	}
 	return c, nil
+}
+
+// statFile is a cgroup's cpu.stat and the cgroup version it belongs to.
+type statFile struct{ path, kind string }
+
+// cgroupStatFiles lists the cpu.stat files that may hold the quota
+// counters of the cgroup the process is in (own is /proc/self/cgroup),
+// most specific first: its own cgroup's under each usual mount of v2 and
+// v1, then the mounts' roots, which are its own cgroup inside a container
+// with a cgroup namespace. The process is read, not assumed, because it
+// can be moved between cgroups while it runs.
+func cgroupStatFiles(own string) []statFile {
+	var out []statFile
+	for line := range strings.Lines(own) {
+		parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
+		if len(parts) != 3 || parts[2] == "/" || strings.Contains(parts[2], "..") {
+			continue
+		}
+		dir := parts[2]
+		switch ctrls := strings.Split(parts[1], ","); {
+		case parts[0] == "0" && parts[1] == "":
+			out = append(out, statFile{"/sys/fs/cgroup" + dir + "/cpu.stat", "v2"}, statFile{"/sys/fs/cgroup/unified" + dir + "/cpu.stat", "v2"})
+		case slices.Contains(ctrls, "cpu"):
+			out = append(out, statFile{"/sys/fs/cgroup/cpu" + dir + "/cpu.stat", "v1"}, statFile{"/sys/fs/cgroup/cpu,cpuacct" + dir + "/cpu.stat", "v1"})
+		}
+	}
+	return append(out, statFile{"/sys/fs/cgroup/cpu.stat", "v2"}, statFile{"/sys/fs/cgroup/cpu/cpu.stat", "v1"},
+		statFile{"/sys/fs/cgroup/cpu,cpuacct/cpu.stat", "v1"})
 }
 
 // readStat reads a "key value" file of counters.

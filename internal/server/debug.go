@@ -39,7 +39,7 @@ func (s *Server) steps(w http.ResponseWriter, _ *http.Request) {
 	}
 	for _, r := range s.eng.View().StepRates() {
 		resp.Rates = append(resp.Rates, debug.StepRate{Phase: r.Phase, Tokens: r.Tokens, Steps: r.Steps,
-			RecentMS: ms(r.Recent), BaselineMS: ms(r.Baseline)})
+			RecentMS: ms(r.Recent), BaselineMS: ms(r.Baseline), Cycles: r.Cycles, CycleRecentMS: ms(r.CycleRecent), CycleBaselineMS: ms(r.CycleBaseline)})
 	}
 	if c, err := procstat.CPUOf(); err == nil {
 		resp.Process = &debug.ProcessCPU{Taken: time.Now(), CPUMS: ms(c.Used), Periods: c.Periods, Throttled: c.Throttled,
