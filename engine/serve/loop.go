@@ -12,6 +12,7 @@ import (
 	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/engine/rankcore"
 	"github.com/pdkit/pdkit/engine/sched"
+	"github.com/pdkit/pdkit/engine/steprate"
 	"github.com/pdkit/pdkit/engine/tp"
 )
 
@@ -22,19 +23,17 @@ var errDiverged = errors.New("serve: ranks planned different steps")
 // rankLoop is one rank's event loop and everything it owns. Only its
 // goroutine touches it, except beat and last, which are atomics for readers.
 type rankLoop struct {
-	e     *Engine
-	r     int
-	rk    *tp.Rank
-	core  *rankcore.Core // what every rank holds alike: scheduler, tokens, fork budgets
-	ex    *exits         // how requests leave the rank (end.go)
-	cache *prefix.Cache  // nil when the prefix cache is off
-	tier  *rankTier      // the cache's host tier executor (tier.go)
-	px    *rankPrefix    // the cache's admission and eviction executor (admission.go)
-	pd    *rankPD        // nil on a colocated server
-	step  uint64
-	// busyEnd is when rank 0's last decoding step ended (zero after any
-	// other): the start of the next step's cycle (steprate.AddCycle).
-	busyEnd time.Time
+	e      *Engine
+	r      int
+	rk     *tp.Rank
+	core   *rankcore.Core // what every rank holds alike: scheduler, tokens, fork budgets
+	ex     *exits         // how requests leave the rank (end.go)
+	cache  *prefix.Cache  // nil when the prefix cache is off
+	tier   *rankTier      // the cache's host tier executor (tier.go)
+	px     *rankPrefix    // the cache's admission and eviction executor (admission.go)
+	pd     *rankPD        // nil on a colocated server
+	step   uint64
+	cycles cycleClock // rank 0's step cycles, for the step rates
 	// pdForks are decode arrivals whose later samples fork in this
 	// iteration, after the room is granted (fork.go).
 	pdForks []*pdFork
@@ -430,17 +429,22 @@ func (l *rankLoop) joinArrival(add addMsg, tok int32, seq *kvcache.Seq) error {
 	return nil
 }
 
-// cycle records rank 0's cycle for the step rates: from the end of the
-// previous step to this one's, when both decoded (a batch ran on the whole
-// time, so the loop never waited for requests in between).
-func (l *rankLoop) cycle(rec StepRecord) {
+// cycleClock times a loop's cycles: from the end of one step to the
+// next's, when both decoded (a batch ran on the whole time, so the loop
+// never waited for requests in between).
+type cycleClock struct {
+	busyEnd time.Time // when the last decoding step ended; zero after any other
+}
+
+// record adds rec's cycle, if it has one, to rates.
+func (c *cycleClock) record(rates *steprate.Tracker, rec StepRecord) {
 	decoding := rec.Phase == "decode" || rec.Phase == "mixed"
-	if decoding && !l.busyEnd.IsZero() {
-		l.e.rates.AddCycle(rec.Phase, rec.BatchTokens, rec.End.Sub(l.busyEnd))
+	if decoding && !c.busyEnd.IsZero() {
+		rates.AddCycle(rec.Phase, rec.BatchTokens, rec.End.Sub(c.busyEnd))
 	}
-	l.busyEnd = time.Time{}
+	c.busyEnd = time.Time{}
 	if decoding {
-		l.busyEnd = rec.End
+		c.busyEnd = rec.End
 	}
 }
 
@@ -459,7 +463,7 @@ func (l *rankLoop) publish(rec StepRecord) StepRecord {
 			d = rec.ForwardEnd.Sub(rec.ForwardStart) // the overlap loop's forward runs past its iteration
 		}
 		l.e.rates.Add(rec.Phase, rec.BatchTokens, d)
-		l.cycle(rec)
+		l.cycles.record(&l.e.rates, rec)
 		l.e.publish(rec)
 	}
 	return rec
