@@ -17,6 +17,7 @@ func configMismatch() Rule {
 			"the router pairs them for fails at the handshake, with or without traffic in the window; during a live " +
 			"index-K switch the operator started, a precision that differs is only the switch under way.",
 		Severity: Critical,
+		Basis:    LastSample,
 		Check:    checkConfigMismatch,
 	}
 }

@@ -15,6 +15,7 @@ func controlLoopDead() Rule {
 		Name:     "control-loop-dead",
 		Doc:      "A PD rank's socket receive loop has exited, so the rank no longer hears its peers (prefill: transfer info and ABORTs; decode: KV chunks) and every room on it waits forever.",
 		Severity: Critical,
+		Basis:    LastSample,
 		Check:    checkControlLoopDead,
 	}
 }

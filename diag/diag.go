@@ -172,7 +172,11 @@ type Finding struct {
 	Rank     *int       `json:"rank"`
 	Summary  string     `json:"summary"`
 	Evidence []Evidence `json:"evidence"`
-	Remedy   string     `json:"remedy"`
+	// Seen says how recent the evidence is: the samples it comes from,
+	// or, for state older than the window (a loss, a failure, a
+	// readiness window), how long before the last sample.
+	Seen   string `json:"seen"`
+	Remedy string `json:"remedy"`
 }
 
 // AtRank returns a Finding.Rank naming rank r.
@@ -195,6 +199,9 @@ func (f Finding) String() string {
 	for _, e := range f.Evidence {
 		fmt.Fprintf(&b, "  %s: %s\n", e.Key, e.Value)
 	}
+	if f.Seen != "" {
+		fmt.Fprintf(&b, "  seen: %s\n", f.Seen)
+	}
 	fmt.Fprintf(&b, "  remedy: %s\n", f.Remedy)
 	return b.String()
 }
@@ -205,7 +212,38 @@ type Rule struct {
 	Doc  string // one sentence: what it detects and why it matters
 	// Severity is the most urgent severity the rule reports.
 	Severity Severity
-	Check    func(Window) []Finding
+	// Basis is what the rule judges: the window's samples (the zero
+	// value) or the last one. RunRules says so in each finding that does
+	// not say itself how recent its evidence is (Finding.Seen).
+	Basis Basis
+	Check func(Window) []Finding
+}
+
+// Basis is the samples a rule's findings rest on.
+type Basis int
+
+const (
+	OverWindow Basis = iota // progress, or its absence, between the samples
+	LastSample              // the state in the last sample
+)
+
+// seen is how recent evidence on basis b is, in w.
+func seen(w Window, b Basis) string {
+	if len(w.Samples) == 0 {
+		return ""
+	}
+	if b == LastSample || len(w.Samples) == 1 {
+		return "the last sample, " + clock(w.Last().Taken)
+	}
+	return fmt.Sprintf("the %d samples from %s to %s", len(w.Samples), clock(w.First().Taken), clock(w.Last().Taken))
+}
+
+// clock writes t as a UTC time of day.
+func clock(t time.Time) string { return t.UTC().Format("15:04:05.0") + " UTC" }
+
+// before says how long before the last sample of w something at t was.
+func before(w Window, t time.Time) string {
+	return fmt.Sprintf("%s before the last sample (%s)", w.Last().Taken.Sub(t).Round(100*time.Millisecond), clock(t))
 }
 
 // Timeouts are PD timeouts: an entry older than its state's timeout should
@@ -331,7 +369,12 @@ func RunRules(rules []Rule, w Window) []Finding {
 	names := make([]string, len(rules))
 	for i, r := range rules {
 		names[i] = r.Name
-		out = append(out, r.Check(w)...)
+		for _, f := range r.Check(w) {
+			if f.Seen == "" {
+				f.Seen = seen(w, r.Basis)
+			}
+			out = append(out, f)
+		}
 	}
 	sortBy(out, names)
 	return out

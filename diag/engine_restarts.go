@@ -16,6 +16,7 @@ func engineRestarts(c Config) Rule {
 			"which ranks parted in which calls, so the rank desync of incident 2 is named even after the group " +
 			"was rebuilt; several rebuilds in a minute are a restart loop.",
 		Severity: Critical,
+		Basis:    LastSample,
 		Check:    func(w Window) []Finding { return checkEngineRestarts(c, w) },
 	}
 }
@@ -70,8 +71,12 @@ func checkEngineRestarts(c Config, w Window) []Finding {
 			evidence = append(evidence, failedGroup(lf)...)
 		}
 		evidence = append(evidence, faultEvidence(s)...)
-		out = append(out, Finding{Rule: "engine-restarts", Severity: sev, Server: s.URL, Summary: summary,
-			Evidence: evidence, Remedy: restartRemedy(s, loop)})
+		f := Finding{Rule: "engine-restarts", Severity: sev, Server: s.URL, Summary: summary,
+			Evidence: evidence, Remedy: restartRemedy(s, loop)}
+		if grew == 0 && lf != nil {
+			f.Seen = "the last rebuild, " + before(w, lf.At)
+		}
+		out = append(out, f)
 	}
 	return out
 }

@@ -11,6 +11,7 @@ func faultSwitchOn() Rule {
 		Name:     "fault-switch-on",
 		Doc:      "A server runs with a fault switch on: a real code path that reproduces a failure (a drill, or one left on), which explains what the other findings show.",
 		Severity: Warning,
+		Basis:    LastSample,
 		Check:    checkFaultSwitchOn,
 	}
 }

@@ -13,6 +13,7 @@ func modelIdentity() Rule {
 			"the weights it serves are mapped from that file, so its outputs change or it serves what no other server does; " +
 			"or servers of one cluster serve different weights (their fingerprints differ).",
 		Severity: Critical,
+		Basis:    LastSample,
 		Check:    checkModelIdentity,
 	}
 }

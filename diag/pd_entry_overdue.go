@@ -12,6 +12,7 @@ func pdEntryOverdue(c Config) Rule {
 		Name:     "pd-entry-overdue",
 		Doc:      "PD entries are past their deadline (plus a grace): the one each rank publishes, a fixed timeout or a lease the peer renews; from servers that publish none, their state's timeout. The rank that should have failed them is not judging its deadlines, and their pages and peers stay held.",
 		Severity: Warning,
+		Basis:    LastSample,
 		Check:    func(w Window) []Finding { return checkPDEntryOverdue(c, w) },
 	}
 }

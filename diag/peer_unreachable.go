@@ -14,6 +14,7 @@ func peerUnreachable() Rule {
 		Name:     "peer-unreachable",
 		Doc:      "A server does not answer its debug API, or a decode rank reports its prefill peer silent past the heartbeat timeout, so requests routed there fail or hang.",
 		Severity: Critical,
+		Basis:    LastSample,
 		Check:    checkPeerUnreachable,
 	}
 }
@@ -208,12 +209,23 @@ func judgeLost(w Window, url string, rank int, p debug.PDPeer) *Finding {
 	last := w.Last()
 	ago := last.Taken.Sub(*p.LastLost).Round(time.Second)
 	lost := ev("lost", "%s failed on the heartbeat timeout, the last %s before the last sample (%s)", nRooms(int(p.LostRooms)), ago, p.LastLost.UTC().Format(time.TimeOnly))
-	heardSince := p.LastWord != nil && p.LastWord.After(*p.LastLost)
 	heard := ev("last word", "never")
 	if p.LastWord != nil {
 		heard = ev("last word", "%s (%s before the last sample)", p.LastWord.UTC().Format(time.TimeOnly), last.Taken.Sub(*p.LastWord).Round(time.Second))
 	}
 	owner, prefillRank := prefillOf(last, p.Endpoint)
+	f := judgeLostPeer(w, url, rank, p, owner, prefillRank, lost, heard, ago)
+	if f != nil {
+		f.Seen = "the last loss, " + before(w, *p.LastLost)
+	}
+	return f
+}
+
+// judgeLostPeer is judgeLost's verdict once the peer's owner (nil: no
+// reachable prefill advertises it) is found.
+func judgeLostPeer(w Window, url string, rank int, p debug.PDPeer, owner *ServerSample, prefillRank *debug.PDRank, lost, heard Evidence, ago time.Duration) *Finding {
+	last := w.Last()
+	heardSince := p.LastWord != nil && p.LastWord.After(*p.LastLost)
 	if owner == nil {
 		for _, x := range last.Servers {
 			if x.Role == "prefill" && (!x.Reachable || x.PD == nil) {

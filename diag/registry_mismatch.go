@@ -13,6 +13,7 @@ func registryMismatch() Rule {
 			"(a registration by someone else, or a stale one), so decodes send that rank's rooms elsewhere: " +
 			"their KV and first tokens come from wherever the registry points.",
 		Severity: Critical,
+		Basis:    LastSample,
 		Check:    checkRegistryMismatch,
 	}
 }

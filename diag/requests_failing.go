@@ -142,8 +142,8 @@ func checkRequestsFailing(w Window) []Finding {
 			Evidence: []Evidence{
 				ev("window", "%s", window),
 				ev("readiness", "%s%s", rd.Status, map[bool]string{true: ": " + rd.Reason, false: ""}[rd.Reason != ""]),
-				ev("as of", "the router's readiness window (--ready-window) before the last sample"),
 			},
+			Seen: "the router's readiness window (--ready-window) before the last sample, " + clock(last.Taken),
 			Remedy: "the servers' requests-failing and config-mismatch findings, when any, say why; send a request through the router " +
 				"(or pdctl diagnose --canaries 1) to see whether it still fails, and read pdctl status for each server's health.",
 		})

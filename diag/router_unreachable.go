@@ -11,6 +11,7 @@ func routerUnreachable() Rule {
 		Doc: "The router does not answer (frozen, gone, or its port unreachable), so no client request gets in, " +
 			"whatever its servers do; diagnose then samples the servers directly, as it last discovered them.",
 		Severity: Critical,
+		Basis:    LastSample,
 		Check:    checkRouterUnreachable,
 	}
 }

@@ -112,14 +112,14 @@ func TestAbortDrillOverlapBrokenGroupDiagnosed(t *testing.T) {
 			ranks = append(ranks, fmt.Sprintf("rank %d at step %d (%s, last step ended * before the sample), not in a collective", r.Rank, r.Step, r.Phase))
 		}
 		stalled += "critical\tengine-stalled\t" + s.name + "\t-\tno rank of the " + s.role + " server finished a step in *\t" +
-			"window=* over * samples (threshold 1s); ranks=" + strings.Join(ranks, "; ") + "\t" +
+			"window=* over * samples (threshold 1s); ranks=" + strings.Join(ranks, "; ") + "; seen=*\t" +
 			"the engine loop is stuck: read the ranks' stacks (pdctl bundle, or GET " + s.name + "/debug/v1/stacks?rank=N) and the collectives (rank-divergence); a fault switch such as stall-last-rank holds a rank on purpose (fault-switch-on); restart the server if it does not move.\n"
 		diverged += "critical\trank-divergence\t" + s.name + "\t-\tthe rank group of the " + s.role + " server is broken: its control communicator is broken (the ranks entered different collectives)\t" +
-			strings.Join(where, "; ") + "; control communicator=broken: " + ctl.BrokenReason + "; fault switch=overlap-local-decision on: " + doc + "\t" +
+			strings.Join(where, "; ") + "; control communicator=broken: " + ctl.BrokenReason + "; fault switch=overlap-local-decision on: " + doc + "; seen=*\t" +
 			"the ranks took different branches before a collective, or one rank is stuck outside the collectives: capture a bundle (pdctl bundle -o FILE.tar.gz) with the flight recorders and stacks, " +
 			"switch off the fault switches on (pdctl fault off overlap-local-decision --server " + s.name + "), then restart the server; " +
 			"a server started with --collective-timeout above 0 (pdserve's default) rebuilds a broken group itself and serves on.\n"
-		switches += "warning\tfault-switch-on\t" + s.name + "\t-\tthe " + s.role + " server runs with the fault switch on: overlap-local-decision\toverlap-local-decision=" + doc + "\t" +
+		switches += "warning\tfault-switch-on\t" + s.name + "\t-\tthe " + s.role + " server runs with the fault switch on: overlap-local-decision\toverlap-local-decision=" + doc + "; seen=*\t" +
 			"unless a drill needs it, switch it off (pdctl fault off overlap-local-decision --server " + s.name + "); a server started with --fault keeps it across restarts until the flag is removed.\n"
 	}
 	// Findings come by severity and rule; the servers' order within a

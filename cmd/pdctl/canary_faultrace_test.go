@@ -73,9 +73,9 @@ func TestDiagnoseCanariesIndexKRace(t *testing.T) {
 		t.Logf("run %d: exit %d, no divergence: %s", run+1, code, strings.TrimSpace(stderr))
 	}
 	piped := "critical\toutput-divergence\tROUTER\t-\t" + summary + "\tcanaries=" + counts + "; canary *=" + canary +
-		"; PREFILL=" + prefill + "; DECODE=" + decode + "\t" + remedy + "\n" +
+		"; PREFILL=" + prefill + "; DECODE=" + decode + "; seen=*\t" + remedy + "\n" +
 		"warning\tfault-switch-on\tPREFILL\t-\tthe prefill server runs with the fault switch on: hicache-indexk-ungated\t" +
-		"hicache-indexk-ungated=" + doc + "\t" + faultOff + "\n"
+		"hicache-indexk-ungated=" + doc + "; seen=*\t" + faultOff + "\n"
 	got := pipedCanaries.ReplaceAllString(mask(stdout), "; canary *="+canary+"; PREFILL=")
 	if code != exitFindings || got != piped {
 		t.Fatalf("piped: exit %d\nstdout:\n%s\nwant:\n%s\nstderr:\n%s", code, got, piped, stderr)
@@ -87,9 +87,9 @@ func TestDiagnoseCanariesIndexKRace(t *testing.T) {
 
 	// On a terminal and as JSON: the same finding, as the race allows.
 	tty := "critical output-divergence ROUTER: " + summary + "\n  canaries: " + counts + "\n  canary *: " + canary + "\n" +
-		"  PREFILL: " + prefill + "\n  DECODE: " + decode + "\n  remedy: " + remedy + "\n\n" +
+		"  PREFILL: " + prefill + "\n  DECODE: " + decode + "\n  seen: *\n  remedy: " + remedy + "\n\n" +
 		"warning fault-switch-on PREFILL: the prefill server runs with the fault switch on: hicache-indexk-ungated\n" +
-		"  hicache-indexk-ungated: " + doc + "\n  remedy: " + faultOff + "\n"
+		"  hicache-indexk-ungated: " + doc + "\n  seen: *\n  remedy: " + faultOff + "\n"
 	for run := range 3 {
 		code, stdout, _ = c.pdctl(t, true, args...)
 		if strings.Contains(stdout, "output-divergence") || run == 2 {
@@ -124,9 +124,9 @@ func TestDiagnoseCanariesIndexKRace(t *testing.T) {
 	}
 	f.Evidence = ev
 	want := []diag.Finding{
-		{Rule: "output-divergence", Severity: diag.Critical, Server: "ROUTER", Summary: summary, Remedy: remedy, Evidence: []diag.Evidence{
+		{Rule: "output-divergence", Severity: diag.Critical, Server: "ROUTER", Summary: summary, Seen: "*", Remedy: remedy, Evidence: []diag.Evidence{
 			{Key: "canaries", Value: counts}, {Key: "canary *", Value: canary}, {Key: "PREFILL", Value: prefill}, {Key: "DECODE", Value: decode}}},
-		{Rule: "fault-switch-on", Severity: diag.Warning, Server: "PREFILL", Remedy: faultOff,
+		{Rule: "fault-switch-on", Severity: diag.Warning, Server: "PREFILL", Seen: "*", Remedy: faultOff,
 			Summary:  "the prefill server runs with the fault switch on: hicache-indexk-ungated",
 			Evidence: []diag.Evidence{{Key: "hicache-indexk-ungated", Value: doc}}},
 	}

@@ -240,7 +240,7 @@ func TestDiagnoseCanaryOutput(t *testing.T) {
 	code, stdout, stderr := c.pdctl(t, false, args...)
 	piped := "critical\toutput-divergence\tROUTER\t-\t" + summary + "\tcanaries=" + counts +
 		"; canary 0=" + canary + "; canary 1=" + canary + "; canary 2=" + canary +
-		"; PREFILL=" + prefill + "; DECODE=" + decode + "\t" + remedy + "\n"
+		"; PREFILL=" + prefill + "; DECODE=" + decode + "; seen=*\t" + remedy + "\n"
 	wantErr := "3 canaries through ROUTER (seed 5, prompts of * tokens, 16 greedy tokens each): hicache on at PREFILL, DECODE; 3 of 3 differ\n" +
 		"pdctl: diagnose: 1 finding (1 critical)\n"
 	if got := maskCanaries(stdout, garbled); code != exitFindings || got != piped || !strings.HasSuffix(canaryLine.ReplaceAllString(stderr, "prompts of * tokens"), wantErr) {
@@ -250,7 +250,7 @@ func TestDiagnoseCanaryOutput(t *testing.T) {
 	code, stdout, _ = c.pdctl(t, true, args...)
 	tty := "critical output-divergence ROUTER: " + summary + "\n  canaries: " + counts + "\n" +
 		"  canary 0: " + canary + "\n  canary 1: " + canary + "\n  canary 2: " + canary + "\n" +
-		"  PREFILL: " + prefill + "\n  DECODE: " + decode + "\n  remedy: " + remedy + "\n"
+		"  PREFILL: " + prefill + "\n  DECODE: " + decode + "\n  seen: *\n  remedy: " + remedy + "\n"
 	if got := maskCanaries(stdout, garbled); code != exitFindings || got != tty {
 		t.Errorf("terminal: exit %d\nstdout:\n%s\nwant:\n%s", code, got, tty)
 	}
@@ -290,6 +290,7 @@ func TestDiagnoseCanaryOutput(t *testing.T) {
         "value": ` + q(decode) + `
       }
     ],
+    "seen": "*",
     "remedy": ` + q(remedy) + `
   }
 ]

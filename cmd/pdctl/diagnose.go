@@ -207,6 +207,11 @@ func diagnoseRun(ctx context.Context, opts *diagnoseOptions) error {
 	if w.Canaries != nil {
 		io.WriteString(f.ErrOut, canaryReport(w.Canaries))
 	}
+	if f.maskVolatile {
+		for i := range findings {
+			findings[i].Seen = "*" // times of day differ from run to run
+		}
+	}
 	if opts.JSON {
 		err = writeJSON(f.Out, findings)
 	} else {
@@ -466,6 +471,9 @@ func printFindings(w io.Writer, findings []diag.Finding, tty bool) error {
 		var ev []string
 		for _, e := range fd.Evidence {
 			ev = append(ev, e.Key+"="+e.Value)
+		}
+		if fd.Seen != "" {
+			ev = append(ev, "seen="+fd.Seen)
 		}
 		cells := []string{fd.Severity.String(), fd.Rule, fd.Server, rank, fd.Summary, strings.Join(ev, "; "), fd.Remedy}
 		for j := range cells {

@@ -308,31 +308,31 @@ func TestDiagnoseWedgedOutput(t *testing.T) {
 		return "critical\tcontrol-loop-dead\tPREFILL\t" + r + "\tthe prefill control loop of rank " + r + " is dead: " + crash +
 			"\trole=prefill; endpoint=PREFILL-RANK" + r + "; alive=false; exit_reason=" + crash + "; last_message=*; messages=*; " +
 			"handler_errors=1; handler_panics=0; recv_errors=0; queues=none; last_error=" + crash +
-			"; peer_rooms=aborting on DECODE rank " + r + " (ABORT not acked): 9; transfer on DECODE rank " + r + ": 10\t" + remedyP + "\n"
+			"; peer_rooms=aborting on DECODE rank " + r + " (ABORT not acked): 9; transfer on DECODE rank " + r + ": 10; seen=*\t" + remedyP + "\n"
 	}
 	stuck := func(r string) string {
 		return "critical\tpd-queue-stuck\tDECODE\t" + r + "\tthe transfer queue of decode rank " + r + " holds 1 room and none left it in *" +
-			"\tqueue=transfer; count=1 (first sample 1); oldest=*; rooms=10; window=*\t" + remedyD + "\n"
+			"\tqueue=transfer; count=1 (first sample 1); oldest=*; rooms=10; window=*; seen=*\t" + remedyD + "\n"
 	}
 	const faultOff = "unless a drill needs it, switch it off (pdctl fault off bootstrap-abort-crash --server PREFILL); a server started with --fault keeps it across restarts until the flag is removed."
 	switchOn := "warning\tfault-switch-on\tPREFILL\t-\tthe prefill server runs with the fault switch on: bootstrap-abort-crash" +
-		"\tbootstrap-abort-crash=the prefill control loop treats ABORT as an unknown message and exits (the mass-abort wedge)\t" + faultOff + "\n"
+		"\tbootstrap-abort-crash=the prefill control loop treats ABORT as an unknown message and exits (the mass-abort wedge); seen=*\t" + faultOff + "\n"
 	piped := loop("0") + loop("1") + stuck("0") + stuck("1") + switchOn
 	loopBlock := func(r string) string {
 		return "critical control-loop-dead PREFILL rank " + r + ": the prefill control loop of rank " + r + " is dead: " + crash + "\n" +
 			"  role: prefill\n  endpoint: PREFILL-RANK" + r + "\n  alive: false\n  exit_reason: " + crash + "\n  last_message: *\n" +
 			"  messages: *\n  handler_errors: 1\n  handler_panics: 0\n  recv_errors: 0\n  queues: none\n  last_error: " + crash + "\n" +
 			"  peer_rooms: aborting on DECODE rank " + r + " (ABORT not acked): 9; transfer on DECODE rank " + r + ": 10\n" +
-			"  remedy: " + remedyP + "\n"
+			"  seen: *\n  remedy: " + remedyP + "\n"
 	}
 	stuckBlock := func(r string) string {
 		return "critical pd-queue-stuck DECODE rank " + r + ": the transfer queue of decode rank " + r + " holds 1 room and none left it in *\n" +
-			"  queue: transfer\n  count: 1 (first sample 1)\n  oldest: *\n  rooms: 10\n  window: *\n  remedy: " + remedyD + "\n"
+			"  queue: transfer\n  count: 1 (first sample 1)\n  oldest: *\n  rooms: 10\n  window: *\n  seen: *\n  remedy: " + remedyD + "\n"
 	}
 	tty := loopBlock("0") + "\n" + loopBlock("1") + "\n" + stuckBlock("0") + "\n" + stuckBlock("1") + "\n" +
 		"warning fault-switch-on PREFILL: the prefill server runs with the fault switch on: bootstrap-abort-crash\n" +
 		"  bootstrap-abort-crash: the prefill control loop treats ABORT as an unknown message and exits (the mass-abort wedge)\n" +
-		"  remedy: " + faultOff + "\n"
+		"  seen: *\n  remedy: " + faultOff + "\n"
 	wantErr := "sampling 2 servers every 200ms for 600ms…\n* samples over *\npdctl: diagnose: 5 findings (4 critical, 1 warning)\n"
 	mask := strings.NewReplacer(crash, "control loop: unknown message type ABORT (fault bootstrap-abort-crash): zmqlink: handler ended the receive loop", remedyP, "restart the prefill server PREFILL; its rooms cannot progress until then. The exit reason names the fault bootstrap-abort-crash: switch it off (pdctl fault off bootstrap-abort-crash --server PREFILL) before the restart.", remedyD, "the decode waits for KV that the prefill does not send (the mass-abort wedge): check the prefill peer's control loop (control-loop-dead) and the prefill's bootstrap queue, abort the stuck rooms (pdctl abort --rooms-from-queue), then restart the prefill server.")
 	volatile := regexp.MustCompile(`((?:last_message|messages|oldest|window)(?:=|: ))[^;\t\n]*|(left it in )[0-9.]+m?s`)
@@ -409,12 +409,12 @@ func TestDiagnoseStalledRank(t *testing.T) {
 	)
 	want := "critical\tengine-stalled\tDECODE\t-\tno rank of the decode server finished a step in *\t" +
 		"window=* over * samples (threshold 1s); ranks=rank 0 at step * (idle, last step ended * before the sample), waits in control seq N Broadcast (input) for *; " +
-		"rank 1 at step * (idle, last step ended * before the sample), not in a collective\t" + stalled + "\n" +
+		"rank 1 at step * (idle, last step ended * before the sample), not in a collective; seen=*\t" + stalled + "\n" +
 		"critical\trank-divergence\tDECODE\t0\trank 0 waits in control seq N Broadcast (input) for * while rank 1 is not in a collective (last control seq M)\t" +
 		"rank 0=lockstep loop, step * (idle), waits in control seq N Broadcast (input) for * (threshold 2s); " +
 		"rank 1=lockstep loop, step * (idle), not in a collective (control: last entered seq M, last completed M; forward: last entered seq 0, last completed 0); " +
-		"fault switch=stall-last-rank on: " + doc + "\t" + divergeR + "\n" +
-		"warning\tfault-switch-on\tDECODE\t-\tthe decode server runs with the fault switch on: stall-last-rank\tstall-last-rank=" + doc + "\t" + faultR + "\n"
+		"fault switch=stall-last-rank on: " + doc + "; seen=*\t" + divergeR + "\n" +
+		"warning\tfault-switch-on\tDECODE\t-\tthe decode server runs with the fault switch on: stall-last-rank\tstall-last-rank=" + doc + "; seen=*\t" + faultR + "\n"
 	want = strings.NewReplacer("seq N", fmt.Sprintf("seq %d", seq), "seq M", fmt.Sprintf("seq %d", seq-1), "completed M", fmt.Sprintf("completed %d", seq-1)).Replace(want)
 	volatile := regexp.MustCompile(`(for |ended |a step in |window=)[0-9.]+(?:µs|ms|s)|(over |step )[0-9]+`)
 	got := volatile.ReplaceAllString(stdout, "$1$2*")

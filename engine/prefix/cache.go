@@ -184,6 +184,12 @@ func (c *Cache) path(pages []int32) (*node, error) {
 // held by the cache, or a page is already cached elsewhere in the tree or
 // listed twice.
 func (c *Cache) Insert(tokens, pages []int32) (added int, err error) {
+	return c.insert(tokens, pages, false)
+}
+
+// insert is Insert; cold leaves the nodes' recency as it was and makes
+// new nodes the least recently used of all, first to evict.
+func (c *Cache) insert(tokens, pages []int32, cold bool) (added int, err error) {
 	if len(tokens) < len(pages)*c.ps {
 		return 0, fmt.Errorf("prefix: insert: %d tokens for %d pages of %d", len(tokens), len(pages), c.ps)
 	}
@@ -230,7 +236,9 @@ func (c *Cache) Insert(tokens, pages []int32) (added int, err error) {
 		case child.page != pg:
 			dups = append(dups, pg)
 		}
-		child.last = c.clock
+		if !cold {
+			child.last = c.clock
+		}
 		nd = child
 	}
 	if err := c.pool.FreeCached(dups); err != nil {
@@ -247,12 +255,24 @@ func (c *Cache) Insert(tokens, pages []int32) (added int, err error) {
 // 0; at least its full pages' worth), duplicates are freed, the rest of its
 // pages are freed, and the match is unlocked.
 func (c *Cache) Finish(s *kvcache.Seq, tokens, matched []int32) error {
+	return c.finish(s, tokens, matched, false)
+}
+
+// FinishCold is Finish for a sequence whose pages should not keep
+// anything in the cache: a correctness probe's. Its new pages are indexed
+// as the least recently used of all, first to evict, and the pages it
+// shares with the tree keep the recency they had.
+func (c *Cache) FinishCold(s *kvcache.Seq, tokens, matched []int32) error {
+	return c.finish(s, tokens, matched, true)
+}
+
+func (c *Cache) finish(s *kvcache.Seq, tokens, matched []int32, cold bool) error {
 	if full := s.Len() / c.ps * c.ps; len(tokens) < full {
 		return fmt.Errorf("prefix: finish seq %d: %d tokens for %d full pages' worth", s.ID(), len(tokens), full)
 	}
 	var ierr error
 	err := c.pool.ReleaseTo(s, func(full []int32) {
-		if _, ierr = c.Insert(tokens, full); ierr != nil {
+		if _, ierr = c.insert(tokens, full, cold); ierr != nil {
 			// Give back what the tree does not index, so nothing leaks.
 			var orphans []int32
 			for _, pg := range full {

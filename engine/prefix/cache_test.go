@@ -249,3 +249,65 @@ func TestCheckCatchesCorruption(t *testing.T) {
 		})
 	}
 }
+
+// A probe's pages go to the cache cold: newer than a client's, they are
+// still evicted first, and a probe through a client's prefix does not
+// refresh it.
+func TestFinishColdIsEvictedFirst(t *testing.T) {
+	pool, c := newCache(t, 4, 16)
+	client := []int32{1, 2, 3, 4, 5, 6, 7, 8}
+	other := []int32{20, 21, 22, 23, 24, 25, 26, 27}
+	serve(t, pool, c, 1, client)
+	serve(t, pool, c, 2, other) // more recent than client
+
+	// The probe shares client's first page, then has a page of its own.
+	probe := []int32{1, 2, 3, 4, 9, 9, 9, 9}
+	pages, n := c.Match(probe)
+	s, err := pool.NewSeqWithPrefix(3, pages, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.Reserve(s, len(probe)-n); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.Commit(s, len(probe)-n); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.FinishCold(s, probe, pages); err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, pool, c)
+	if c.Pages() != 5 {
+		t.Fatalf("cached %d pages, want 5 (the probe's own page indexed)", c.Pages())
+	}
+	if got := c.Evict(1); got != 1 {
+		t.Fatalf("evicted %d", got)
+	}
+	// Matching ends with an unlock; a Match is a use, and the probe's
+	// first one (above, through client's first page) refreshed that page:
+	// the Finish did not refresh client's second, older than other's.
+	if n := matched(t, c, probe); n != 4 {
+		t.Errorf("after one eviction the probe matches %d tokens; want 4 (its own page went first)", n)
+	}
+	if got := c.Evict(1); got != 1 {
+		t.Fatalf("evicted %d", got)
+	}
+	if n := matched(t, c, other); n != 8 {
+		t.Errorf("other lost a page before client's older one: matches %d of 8 tokens", n)
+	}
+	if n := matched(t, c, client); n != 4 {
+		t.Errorf("client matches %d tokens; want 4 (its second page evicted)", n)
+	}
+	mustCheck(t, pool, c)
+}
+
+// matched is how many tokens of tokens the cache matches; the match is
+// unlocked again.
+func matched(t *testing.T, c *Cache, tokens []int32) int {
+	t.Helper()
+	pages, n := c.Match(tokens)
+	if err := c.Unlock(pages); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

@@ -48,8 +48,14 @@ func (px *rankPrefix) release(id uint64, tokens []int32) error {
 		return px.pool.Release(seq)
 	}
 	var matched []int32
+	cold := false
 	if h := px.holds[id]; h != nil {
-		matched, h.matched = h.matched, nil
+		matched, h.matched, cold = h.matched, nil, h.probe
+	}
+	if cold {
+		// A canary's pages are kept only until a client needs the room:
+		// probes hold no client's prefix out of the cache.
+		return px.cache.FinishCold(seq, tokens[:seq.Len()], matched)
 	}
 	return px.cache.Finish(seq, tokens[:seq.Len()], matched)
 }

@@ -56,6 +56,7 @@ type rankLoop struct {
 type hold struct {
 	matched []int32
 	hm      *prefix.HostMatch
+	probe   bool // a canary's: its pages go to the cache cold, first to evict
 }
 
 // locked is the number of pages h keeps locked.

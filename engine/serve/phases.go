@@ -71,7 +71,7 @@ func (l *rankLoop) admit(adds []addMsg) error {
 		var d rankcore.Admission
 		var h *hold
 		if plan != nil {
-			d, h = plan[i], &hold{}
+			d, h = plan[i], &hold{probe: a.probe}
 			if err := l.px.keep(a.prompt, hms[i], d, h); err != nil {
 				return err
 			}

@@ -62,7 +62,7 @@ func (s *streams) register(pending []*request, adds []addMsg) []addMsg {
 		for _, f := range r.forks {
 			s.front[f.id] = f
 		}
-		a := addMsg{id: r.id, maxTokens: r.req.MaxTokens, ignoreEOS: r.req.IgnoreEOS, prompt: r.req.Prompt, stop: r.req.Stop, n: 1 + len(r.forks), noCache: r.req.NoCache, tag: r.req.Tag}
+		a := addMsg{id: r.id, maxTokens: r.req.MaxTokens, ignoreEOS: r.req.IgnoreEOS, prompt: r.req.Prompt, stop: r.req.Stop, n: 1 + len(r.forks), noCache: r.req.NoCache, probe: r.req.Probe, tag: r.req.Tag}
 		if pd := r.req.PD; pd != nil {
 			a.pd, a.room, a.url = true, pd.Room, pd.BootstrapURL
 			if s.prefill {

@@ -48,6 +48,7 @@ type addMsg struct {
 	url       string // the prefill's bootstrap registry (decode role)
 	n         int    // samples (Request.N, at least 1): ids id..id+n-1
 	noCache   bool   // Request.NoCache
+	probe     bool   // Request.Probe: its pages go to the cache cold
 	tag       string // Request.Tag, for log lines only
 }
 
@@ -86,6 +87,7 @@ func (m *stepInput) encode(b []byte) []byte {
 		b = append(b, a.url...)
 		b = binary.LittleEndian.AppendUint32(b, uint32(a.n))
 		b = appendBool(b, a.noCache)
+		b = appendBool(b, a.probe)
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(a.tag)))
 		b = append(b, a.tag...)
 	}
@@ -108,7 +110,7 @@ func (m *stepInput) encode(b []byte) []byte {
 func (m *stepInput) decode(b []byte) error {
 	r := reader{b: b}
 	*m = stepInput{now: time.Duration(r.u64()), stop: r.bool()}
-	n := r.count(8 + 4 + 1 + 4 + 4 + 1 + 8 + 4 + 4 + 1 + 4)
+	n := r.count(8 + 4 + 1 + 4 + 4 + 1 + 8 + 4 + 4 + 1 + 1 + 4)
 	for range n {
 		a := addMsg{id: r.u64(), maxTokens: int(r.u32()), ignoreEOS: r.bool()}
 		a.prompt = r.tokens()
@@ -118,6 +120,7 @@ func (m *stepInput) decode(b []byte) error {
 		a.url = string(r.take(r.count(1)))
 		a.n = int(r.u32())
 		a.noCache = r.bool()
+		a.probe = r.bool()
 		a.tag = string(r.take(r.count(1)))
 		if r.err == nil && len(a.prompt) == 0 {
 			return fmt.Errorf("%w: request %d with an empty prompt", errWire, a.id)

@@ -11,7 +11,7 @@ import (
 
 func TestWireRoundTrip(t *testing.T) {
 	in := stepInput{now: 12345, stop: true,
-		adds:   []addMsg{{id: 7, maxTokens: 9, ignoreEOS: true, prompt: []int32{1, 2, 3}, stop: []int32{4}, noCache: true}, {id: 8, maxTokens: 1, prompt: []int32{5}, stop: []int32{}, pd: true, room: 1 << 60, url: "http://127.0.0.1:8998", tag: "trace-42"}},
+		adds:   []addMsg{{id: 7, maxTokens: 9, ignoreEOS: true, prompt: []int32{1, 2, 3}, stop: []int32{4}, noCache: true, probe: true}, {id: 8, maxTokens: 1, prompt: []int32{5}, stop: []int32{}, pd: true, room: 1 << 60, url: "http://127.0.0.1:8998", tag: "trace-42"}},
 		aborts: []abortMsg{{id: 7, by: AbortByClient}, {id: 99}},
 		tier:   &tierOp{pages: 42}, switchIndexK: true, indexK: kernels.IndexBF16, indexKTier: 17, offload: []int32{9, 8, 7}}
 	var got stepInput

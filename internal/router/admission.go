@@ -89,13 +89,15 @@ func (rt *Router) pick(role string, avoid *upstream, admit bool) (*upstream, *re
 	u, f := rt.choose(role, avoid, admit)
 	if u != nil {
 		u.served.Add(1)
+		rt.metrics.inFlight.WithLabelValues(u.role, u.url).Inc()
 	}
 	return u, f
 }
 
-// choose is pick without counting the request as served: the router's
-// canaries (canary.go) hold a place while they run but are no client's
-// request.
+// choose is pick without counting the request as served or in the
+// in-flight gauge: the router's canaries (canary.go) hold a place while
+// they run (their load counts in the choice of servers and admission) but
+// are no client's request; they end with releaseProbe.
 func (rt *Router) choose(role string, avoid *upstream, admit bool) (*upstream, *refusal) {
 	list, i := rt.prefill, 0
 	if role == pdproto.RoleDecode {
@@ -138,7 +140,6 @@ func (rt *Router) choose(role string, avoid *upstream, admit bool) (*upstream, *
 	}
 	rt.rr[i]++
 	best.inFlight.Add(1)
-	rt.metrics.inFlight.WithLabelValues(best.role, best.url).Inc()
 	return best, nil
 }
 

@@ -28,8 +28,8 @@ import (
 // refused, the canary compares a device cache hit instead). A canary is skipped while the pair has no
 // room (it never takes a client's place) and marked "probe": the servers
 // leave it out of their metrics and readiness, and the router out of its
-// requests, latencies and readiness; only pdkit_router_canaries_total
-// counts it.
+// requests, latencies, in-flight gauge and readiness; only
+// pdkit_router_canaries_total counts it.
 
 // Canary results, the result label of pdkit_router_canaries_total.
 const (
@@ -96,13 +96,13 @@ func (c *canaries) probe(parent context.Context, interval time.Duration) {
 		c.count("", CanarySkipped, nil)
 		return
 	}
-	defer rt.release(p)
+	defer rt.releaseProbe(p)
 	d, _ := rt.choose(pdproto.RoleDecode, nil, true)
 	if d == nil {
 		c.count(p.url, CanarySkipped, nil)
 		return
 	}
-	defer rt.release(d)
+	defer rt.releaseProbe(d)
 	seed := c.tally.Next()
 	_, pinfo := p.state()
 	_, dinfo := d.state()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // The router's canaries, on its fake clock: each sends its prompt three
@@ -16,7 +17,7 @@ import (
 // marked a probe, with the prefill's host tier asked to take it between;
 // a cached output that differs from the computed one is a mismatch,
 // counted by prefill and kept with both outputs; and nothing of them is
-// counted among the router's requests.
+// counted among the router's requests nor in its in-flight gauge.
 func TestCanaries(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		m := newMemNet()
@@ -31,10 +32,18 @@ func TestCanaries(t *testing.T) {
 				w.Write([]byte(`{"id":"prefill","choices":[]}`))
 			}
 		})
+		var rt atomic.Pointer[Router]
+		var gauged, loaded atomic.Int64 // canaries the in-flight gauge counted; those the servers' load did
 		d := newMemStub(t, m, pdproto.RoleDecode, func(s *stub) {
 			s.gen = func(w http.ResponseWriter, r *http.Request, body map[string]any) {
 				if body["probe"] == true && body["bootstrap_room"] != nil && body["bootstrap_url"] != nil {
 					probes.Add(1)
+					if rt := rt.Load(); rt != nil {
+						for _, u := range rt.decode {
+							gauged.Add(int64(testutil.ToFloat64(rt.metrics.inFlight.WithLabelValues(u.role, u.url))))
+							loaded.Add(u.inFlight.Load())
+						}
+					}
 				}
 				text := "the same tokens"
 				if corrupt.Load() && body["no_cache"] != true {
@@ -45,11 +54,17 @@ func TestCanaries(t *testing.T) {
 			}
 		})
 		c := startMem(t, m, []*stub{p}, []*stub{d}, func(o *Options) { o.CanaryInterval = time.Second })
+		rt.Store(c.rt)
 		time.Sleep(time.Second + time.Millisecond) // the bubble's clock: the first canary is due
 		synctest.Wait()
 		st := c.rt.canaries.status()
 		if st.Results[CanaryMatch] != 1 || probes.Load() != 3 || offloads.Load() != 1 {
 			t.Fatalf("after one canary: %+v, %d probes at the decode, %d offloads", st.Results, probes.Load(), offloads.Load())
+		}
+		// A canary holds a place on its servers (their load counts it)
+		// but is no client's request in flight.
+		if gauged.Load() != 0 || loaded.Load() != 3 {
+			t.Errorf("while the canary ran: the in-flight gauge counted %d, the servers' load %d of its 3 requests; want 0 and 3", gauged.Load(), loaded.Load())
 		}
 		corrupt.Store(true)
 		time.Sleep(time.Second) // the bubble's clock: the next canary

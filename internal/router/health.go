@@ -270,6 +270,9 @@ func (rt *Router) release(u *upstream) {
 	rt.metrics.inFlight.WithLabelValues(u.role, u.url).Dec()
 }
 
+// releaseProbe ends a canary that choose counted on u.
+func (rt *Router) releaseProbe(u *upstream) { u.inFlight.Add(-1) }
+
 // healthyCount counts the healthy servers of list.
 func healthyCount(list []*upstream) int {
 	n := 0
