@@ -103,6 +103,28 @@ func TestDiagnoseHealthyUnderLoad(t *testing.T) {
 	t.Logf("%d completions served", served())
 }
 
+// TestDiagnoseQuietUnder100Streams: a hundred streaming sessions at once
+// fill the decode's pool (128 tokens a rank) and queue the rest: load,
+// not sickness. diagnose raises nothing at all, slowness included (the
+// steps are timed per batch size, so a bigger batch is not a slower
+// server), run after run.
+func TestDiagnoseQuietUnder100Streams(t *testing.T) {
+	c := newCluster(t)
+	served, stop := load(t, c.router, 100)
+	defer stop()
+	waitfor.For(t, "the decode's pool full", 30*time.Second, func() bool {
+		snap := c.decode.eng.View().Snapshot()
+		return snap != nil && snap.Queue.TotalPages > 0 && snap.Queue.HeldPages*10 >= snap.Queue.TotalPages*9
+	})
+	waitfor.For(t, "the load served 100 completions", 30*time.Second, func() bool { return served() >= 100 })
+	for run := range 2 {
+		if code, stdout, stderr := c.pdctl(t, false, "diagnose", "--window", "2s", "--interval", "500ms"); code != exitOK || stdout != "healthy\n" {
+			t.Fatalf("run %d: exit %d\nstdout:\n%s\nstderr:\n%s", run, code, stdout, stderr)
+		}
+	}
+	t.Logf("%d completions served", served())
+}
+
 // TestDiagnoseUsage: bad flags and a cluster that does not answer at all
 // cannot run (exit 2).
 func TestDiagnoseUsage(t *testing.T) {
