@@ -86,7 +86,11 @@
 //     weights): a server's model file changed under it (its settings'
 //     model_file: the same file, size, modification time and sampled hash
 //     as at load), or the servers' fingerprints (the handshake's model,
-//     name@fingerprint) differ across the cluster.
+//     name@fingerprint) differ across the cluster, or servers of one
+//     fingerprint publish different full hashes of their files (model_file
+//     sha256: taken at load up to 1 GiB, or by a full rehash, which pdctl
+//     diagnose --rehash asks for; a rehash that differs from the baseline
+//     marks the file changed).
 //   - engine-stalled (critical): no rank of a server finished a step
 //     between the first and the last sample, over a window of at least
 //     LoopStall (a loop iterates every heartbeat even idle): each rank's

@@ -45,6 +45,32 @@ func checkModelIdentity(w Window) []Finding {
 				"replace a model file by renaming a new file into place, never by writing over it.",
 		})
 	}
+	// Servers of the same fingerprint whose whole files differ: the
+	// samples cannot tell them apart, a full hash (at load, or by pdctl
+	// diagnose --rehash) can.
+	byFile := map[string][]string{} // sha256 -> servers
+	for _, s := range last.Servers {
+		if s.Reachable && s.Settings != nil && s.Settings.ModelFile != nil && s.Settings.ModelFile.SHA256 != "" && !s.Settings.ModelFile.Changed {
+			byFile[s.Settings.ModelFile.SHA256] = append(byFile[s.Settings.ModelFile.SHA256], s.URL)
+		}
+	}
+	if len(byWeights) <= 1 && len(byFile) > 1 {
+		var sums []string
+		for k := range byFile {
+			sums = append(sums, k)
+		}
+		slices.Sort(sums)
+		var evidence []Evidence
+		for _, k := range sums {
+			evidence = append(evidence, ev(k, "%s", strings.Join(byFile[k], ", ")))
+		}
+		out = append(out, Finding{
+			Rule: "model-identity", Severity: Warning, Server: byFile[sums[0]][0],
+			Summary:  fmt.Sprintf("the cluster's servers load %d different model files with the same fingerprint (their full hashes differ)", len(sums)),
+			Evidence: evidence,
+			Remedy:   "the files differ where the fingerprint's samples do not read: copy one file to every server (its sha256 above) and restart them on it (pdserve ... --model PATH).",
+		})
+	}
 	if len(byWeights) > 1 {
 		var kinds []string
 		for k := range byWeights {

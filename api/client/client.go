@@ -410,3 +410,11 @@ func Each[T any](ctx context.Context, clients []*Client, call func(context.Conte
 	wg.Wait()
 	return out
 }
+
+// VerifyModel rehashes the server's whole model file against its baseline
+// (POST /admin/v1/model/verify); another verify under way is an *APIError
+// with status 409.
+func (c *Client) VerifyModel(ctx context.Context) (debug.ModelVerifyResponse, error) {
+	var v debug.ModelVerifyResponse
+	return v, c.doWithin(ctx, 10*time.Minute, http.MethodPost, debug.ModelVerifyPath, true, &v)
+}

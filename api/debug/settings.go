@@ -215,9 +215,30 @@ type Totals struct {
 // modification time, the same sampled hash), as last checked (at most
 // every 5 s, when the settings are read).
 type ModelFile struct {
-	Path        string     `json:"path"`
-	Fingerprint string     `json:"fingerprint"`
-	Changed     bool       `json:"changed"`
-	Why         string     `json:"why,omitempty"`
-	Checked     *time.Time `json:"checked,omitempty"`
+	Path        string `json:"path"`
+	Fingerprint string `json:"fingerprint"`
+	// SHA256 is the whole file's hash, taken at load (files up to 1 GiB)
+	// or by the first full rehash (POST /admin/v1/model/verify); empty
+	// before either. Servers of one cluster should publish the same one.
+	SHA256  string     `json:"sha256,omitempty"`
+	Changed bool       `json:"changed"`
+	Why     string     `json:"why,omitempty"`
+	Checked *time.Time `json:"checked,omitempty"`
+	// Verified is the last full rehash's time; absent before the first.
+	Verified *time.Time `json:"verified,omitempty"`
+}
+
+// ModelVerifyPath is the admin call that rehashes the whole model file.
+const ModelVerifyPath = "/admin/v1/model/verify"
+
+// ModelVerifyResponse is the body of POST /admin/v1/model/verify: the
+// file's full hash now against the baseline (taken at load, or by the
+// first verify, which sets it: First).
+type ModelVerifyResponse struct {
+	Path     string  `json:"path"`
+	SHA256   string  `json:"sha256"`
+	Baseline string  `json:"baseline"`
+	First    bool    `json:"first,omitempty"`
+	Matches  bool    `json:"matches"`
+	TookMS   float64 `json:"took_ms"`
 }

@@ -30,6 +30,8 @@ type diagnoseOptions struct {
 	// from the clock).
 	Canaries   int
 	CanarySeed uint64
+	// Rehash asks every server to rehash its whole model file first.
+	Rehash bool
 	// SaveWindow is a file to write the sampled window to, as JSON (the
 	// rules' input); empty: none.
 	SaveWindow string
@@ -104,6 +106,7 @@ finding, 2 could not run (bad flags, or no server answered at all).`,
 	fl.DurationVar(&opts.Interval, "interval", time.Second, "time between two samples")
 	fl.BoolVar(&opts.JSON, "json", false, "print the findings as a JSON array")
 	fl.StringVar(&opts.SaveWindow, "save-window", "", "also write the samples the rules judged to this file, as JSON: a record of what diagnose saw, which the rules can judge again")
+	fl.BoolVar(&opts.Rehash, "rehash", false, "first have every server rehash its whole model file (an admin call; it reads the file, so it is for when the sampled check is not enough): model-identity then names a file changed between the samples, and servers whose files differ")
 	fl.IntVar(&opts.Canaries, "canaries", 0, "send this many canary prompts during the window and compare their outputs from the cache (loaded back from host) and without it (0: send nothing)")
 	fl.Uint64Var(&opts.CanarySeed, "canary-seed", 0, "seed of the canary prompts, to repeat a run (0: from the clock)")
 	o := &opts.Config.Overrides
@@ -192,6 +195,9 @@ func diagnoseRun(ctx context.Context, opts *diagnoseOptions) error {
 		if p.canaries, err = newCanaryProbe(opts.Attach, targets, opts.Canaries, opts.CanarySeed); err != nil {
 			return err
 		}
+	}
+	if opts.Rehash {
+		rehash(ctx, f, targets)
 	}
 	fmt.Fprintf(f.ErrOut, "sampling %s every %v for %v…\n", pluralf(len(targets), "server", "servers"), opts.Interval, opts.Window)
 	findings, w, err := diagnose(ctx, p, opts.Window, opts.Interval, opts.Config, kept)
@@ -496,4 +502,26 @@ func saveWindow(path string, w diag.Window) error {
 		return fmt.Errorf("--save-window: %w", err)
 	}
 	return nil
+}
+
+// rehash has every target rehash its whole model file (an admin call) and
+// says on stderr what each found; the rules then read the outcome in the
+// servers' settings (model_file), a changed file included.
+func rehash(ctx context.Context, f *factory, targets []*target) {
+	for _, t := range targets {
+		if t.c == nil {
+			continue
+		}
+		v, err := t.c.VerifyModel(ctx)
+		switch {
+		case err != nil:
+			fmt.Fprintf(f.ErrOut, "rehash of %s: %v\n", t.URL, err)
+		case v.First:
+			fmt.Fprintf(f.ErrOut, "rehash of %s: %s (%s, its baseline from now on)\n", t.URL, v.SHA256, time.Duration(v.TookMS*float64(time.Millisecond)).Round(time.Millisecond))
+		case v.Matches:
+			fmt.Fprintf(f.ErrOut, "rehash of %s: %s, as at load (%s)\n", t.URL, v.SHA256, time.Duration(v.TookMS*float64(time.Millisecond)).Round(time.Millisecond))
+		default:
+			fmt.Fprintf(f.ErrOut, "rehash of %s: %s, changed since load (%s then; %s)\n", t.URL, v.SHA256, v.Baseline, time.Duration(v.TookMS*float64(time.Millisecond)).Round(time.Millisecond))
+		}
+	}
 }

@@ -610,3 +610,53 @@ func TestDiagnoseModelChangedUnderTheCluster(t *testing.T) {
 		}
 	}
 }
+
+// TestDiagnoseRehash: a byte of the weights changed between the sampled
+// check's blocks, the file's size and time kept, is invisible to the
+// servers' periodic check; diagnose --rehash has every server rehash its
+// whole file first and names the change on both.
+func TestDiagnoseRehash(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tiny.gguf")
+	if err := builtin.WriteFile(path, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	c := newClusterWith(t, m, clustertest.Options{})
+	info, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	off := info.Size()/2 + 4096 + 100 // between two of the sampled blocks
+	b := make([]byte, 1)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 1
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := os.Chtimes(path, info.ModTime(), info.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, keys := diagnoseJSON(t, c, "--window", "200ms", "--interval", "200ms"); code != exitOK {
+		t.Fatalf("without --rehash the change is between the samples: exit %d, %q", code, keys)
+	}
+	code, findings, keys := diagnoseJSON(t, c, "--rehash", "--window", "200ms", "--interval", "200ms")
+	if code != exitFindings || !slices.Contains(keys, "model-identity PREFILL null") || !slices.Contains(keys, "model-identity DECODE null") {
+		t.Fatalf("with --rehash: exit %d, findings %q", code, keys)
+	}
+	for _, f := range findings {
+		if f.Rule == "model-identity" && (f.Severity != diag.Critical || !strings.Contains(f.Summary, "full hash changed")) {
+			t.Errorf("%+v", f)
+		}
+	}
+}

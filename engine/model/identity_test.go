@@ -59,3 +59,53 @@ func TestModelIdentity(t *testing.T) {
 		t.Fatalf("another file at the path: %+v", c)
 	}
 }
+
+// A change the sampled check cannot see (one byte between its samples,
+// the file's size and time kept) is seen by a full rehash on demand, and
+// stays seen.
+func TestVerifyFileFindsWhatSamplesMiss(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "a.gguf")
+	if err := builtin.WriteFile(p, builtin.Spec{Arch: model.ArchLlama, Size: builtin.SizeTiny, Seed: 1, Type: kernels.F32}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	clock := func() time.Time { return time.Unix(100, 0) }
+	c, err := m.VerifyFile(t.Context(), clock)
+	if err != nil || !c.Matches() || c.First || !strings.HasPrefix(c.SHA256, "sha256:") || c.SHA256 != c.Baseline {
+		t.Fatalf("an untouched file, hashed whole at load: %+v, %v", c, err)
+	}
+	// Flip one byte a little past the middle of the data (the samples
+	// are 4 KiB blocks at every 64th of it), keeping size and time.
+	info, _ := os.Stat(p)
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	off := info.Size()/2 + 4096 + 100
+	b := make([]byte, 1)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0xff
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := os.Chtimes(p, info.ModTime(), info.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	if fc := m.CheckFile(time.Now(), 0); fc.Changed {
+		t.Fatalf("the sampled check saw the byte (move it between the samples): %+v", fc)
+	}
+	c, err = m.VerifyFile(t.Context(), clock)
+	if err != nil || c.Matches() {
+		t.Fatalf("after a byte changed: %+v, %v", c, err)
+	}
+	if fc := m.CheckFile(time.Now(), 0); !fc.Changed || !strings.Contains(fc.Why, "full hash changed") || fc.Verified.IsZero() {
+		t.Fatalf("the sampled check after the rehash: %+v", fc)
+	}
+}

@@ -311,10 +311,14 @@ func (v *View) Settings() debug.Settings {
 		hs := v.decodeInfo()
 		s.Handshake, s.PDProtocol = &hs, int(pdproto.Version)
 		if fc := v.m.CheckFile(time.Now(), modelCheckEvery); fc.Path != "" {
-			s.ModelFile = &debug.ModelFile{Path: fc.Path, Fingerprint: fc.Fingerprint, Changed: fc.Changed, Why: fc.Why}
+			s.ModelFile = &debug.ModelFile{Path: fc.Path, Fingerprint: fc.Fingerprint, SHA256: fc.SHA256, Changed: fc.Changed, Why: fc.Why}
 			if !fc.Checked.IsZero() {
 				t := fc.Checked
 				s.ModelFile.Checked = &t
+			}
+			if !fc.Verified.IsZero() {
+				t := fc.Verified
+				s.ModelFile.Verified = &t
 			}
 		}
 	}

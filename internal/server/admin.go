@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/openai"
+	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/httpx"
 	"github.com/pdkit/pdkit/kernels"
@@ -50,6 +52,7 @@ func (s *Server) adminHandler() http.Handler {
 	post(debug.HiCacheOffPath, s.adminHiCache(false))
 	post(debug.HiCacheBandwidthPath, s.adminHiCacheBandwidth)
 	post(debug.HiCacheOffloadPath, s.adminHiCacheOffload)
+	post(debug.ModelVerifyPath, s.adminModelVerify)
 	post(debug.IndexKPath(debug.IndexKFP8), s.adminIndexK(kernels.IndexFP8))
 	post(debug.IndexKPath(debug.IndexKBF16), s.adminIndexK(kernels.IndexBF16))
 	post(debug.IndexKPath("{dtype}"), s.adminIndexKUnknown)
@@ -225,4 +228,30 @@ func (s *Server) adminAbortRoom(w http.ResponseWriter, r *http.Request) {
 	s.eng.Abort(id)
 	setResult(r, "aborted room %d (request %d)", room, id)
 	writeJSON(w, http.StatusOK, debug.AbortResponse{Aborted: debug.ID(id)})
+}
+
+// adminModelVerify serves POST /admin/v1/model/verify: the whole model
+// file rehashed now against its baseline full hash. It reads the whole
+// file, hence an admin call, one at a time (409 while one runs); a file
+// found changed stays changed in GET /debug/v1/settings' model_file.
+func (s *Server) adminModelVerify(w http.ResponseWriter, r *http.Request) {
+	if s.m == nil {
+		setResult(r, "model verify: no model")
+		(&openai.Error{Status: http.StatusNotFound, Type: openai.TypeInvalidRequest, Message: "this server has no model to verify"}).WriteJSON(w)
+		return
+	}
+	c, err := s.m.VerifyFile(r.Context(), time.Now)
+	switch {
+	case errors.Is(err, model.ErrVerifying):
+		setResult(r, "model verify: %v", err)
+		(&openai.Error{Status: http.StatusConflict, Type: openai.TypeInvalidRequest, Message: err.Error() + ": retry when it ends"}).WriteJSON(w)
+		return
+	case err != nil:
+		setResult(r, "model verify: %v", err)
+		(&openai.Error{Status: http.StatusInternalServerError, Type: openai.TypeServer, Message: err.Error()}).WriteJSON(w)
+		return
+	}
+	setResult(r, "model verify: %s (matches %v)", c.SHA256, c.Matches())
+	writeJSON(w, http.StatusOK, debug.ModelVerifyResponse{Path: c.Path, SHA256: c.SHA256, Baseline: c.Baseline, First: c.First,
+		Matches: c.Matches(), TookMS: ms(c.Took)})
 }

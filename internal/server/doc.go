@@ -270,6 +270,10 @@
 // running queues and answers their ids, {"aborted": ["N", ...]}; requests still
 // pending are not among them.
 //
+// POST /admin/v1/model/verify rehashes the whole model file against its
+// baseline (model.VerifyFile): debug.ModelVerifyResponse; 409 while
+// another runs.
+//
 // POST /admin/v1/hicache/on and /off switch every rank's host tier live
 // (serve.Engine.SetHiCache: the ranks switch in the same iteration; on
 // sizes the pool by the server's --hicache-size or --hicache-ratio, checked

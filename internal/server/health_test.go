@@ -66,7 +66,9 @@ func TestHealthBusyIsNotDead(t *testing.T) {
 	waitfor.NoError(t, "the waiting request queued on both", 20*time.Second, func() error {
 		code, h = healthOf(t, e.srv)
 		codeb, hb = healthOf(t, busy)
-		if h.Queued < 1 || hb.Queued < 1 {
+		// The long stream's first line may come before its first step
+		// is published: wait for it running too.
+		if h.Queued < 1 || hb.Queued < 1 || h.Running < 1 {
 			return fmt.Errorf("%d %+v; %d %+v", code, h, codeb, hb)
 		}
 		return nil
