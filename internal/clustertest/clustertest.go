@@ -90,8 +90,9 @@ type Options struct {
 	// Decode, when set, changes the decode's configuration after that:
 	// a pair that disagrees (a mismatch the handshake refuses).
 	Decode func(*serve.Config)
-	// WrapPrefill, when set, stands in front of the prefill server.
-	WrapPrefill func(http.Handler) http.Handler
+	// WrapPrefill and WrapDecode, when set, stand in front of the
+	// prefill and the decode server.
+	WrapPrefill, WrapDecode func(http.Handler) http.Handler
 	// Router configures the router; New fills in Prefill, Decode,
 	// Logger (discarding) and ClusterSecret (Config.PD.Secret) where they
 	// are empty.
@@ -154,7 +155,7 @@ func New(t testing.TB, o Options) *Cluster {
 		}
 	}
 	c.Prefill = NewNode(t, o.Model, pc, server.Options{BootstrapURL: c.Registry}, o.WrapPrefill)
-	c.Decode = NewNode(t, o.Model, dc, server.Options{}, nil)
+	c.Decode = NewNode(t, o.Model, dc, server.Options{}, o.WrapDecode)
 	r := bootstrap.NewRegistry(bootstrap.Options{TPSize: c.Prefill.Eng.View().Ranks()})
 	for _, info := range c.Prefill.Eng.PD().RankInfos() {
 		if _, err := r.Register(info); err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -21,8 +22,11 @@ import (
 //
 // The phases run in order, and each one's undoing is deferred here, so
 // that they unwind in reverse on every path out.
-func (rt *Router) route(w http.ResponseWriter, r *http.Request, fields map[string]json.RawMessage, clientID string, avoid *upstream, arrived time.Time) (retry *upstream) {
-	a := &attempt{rt: rt, w: w, r: r, fields: fields, clientID: clientID, avoid: avoid, arrived: arrived}
+func (rt *Router) route(w http.ResponseWriter, r *http.Request, fields map[string]json.RawMessage, clientID string, again *reroute, arrived time.Time) *reroute {
+	a := &attempt{rt: rt, w: w, r: r, fields: fields, clientID: clientID, arrived: arrived, second: again != nil}
+	if again != nil {
+		a.avoid = again.avoid
+	}
 	if !a.admit() {
 		return nil
 	}
@@ -56,6 +60,7 @@ type attempt struct {
 	// passed to both servers and named in every log line.
 	clientID string
 	avoid    *upstream // a prefill server the first attempt found refusing
+	second   bool      // the request's second attempt: it is not routed again
 	arrived  time.Time
 
 	// Admission: both servers, counted on until released. Each release
@@ -247,7 +252,7 @@ func (a *attempt) sendDecode(ch chan<- upResult, body []byte) {
 // It returns the decode's response to stream; or nil, with the prefill
 // server to avoid when the attempt is to be retried (retryable), and nil
 // when the client has been answered.
-func (a *attempt) awaitDecode() (resp *http.Response, retry *upstream) {
+func (a *attempt) awaitDecode() (resp *http.Response, retry *reroute) {
 	for {
 		select {
 		case res := <-a.prefillCh:
@@ -257,7 +262,11 @@ func (a *attempt) awaitDecode() (resp *http.Response, retry *upstream) {
 			}
 			if a.retryable(res) {
 				a.stopDecode(errPrefill)
-				return nil, a.p
+				return nil, &reroute{avoid: a.p, why: "prefill refused the connection"}
+			}
+			if res.status == http.StatusUnauthorized && a.restarted(a.p, a.pid) {
+				a.stopDecode(errPrefill)
+				return nil, &reroute{why: "prefill restarted: the request was signed for its old id"}
 			}
 			a.failPrefill(res)
 			return nil, nil
@@ -267,9 +276,42 @@ func (a *attempt) awaitDecode() (resp *http.Response, retry *upstream) {
 				a.rt.endEarly(a.ctx, a.w, a.r, a.log, a.d, res.err)
 				return nil, nil
 			}
+			if res.resp.StatusCode == http.StatusUnauthorized && a.restarted(a.d, a.did) {
+				res.resp.Body.Close()
+				a.cancel(errDecodeRestarted)
+				return nil, &reroute{why: "decode restarted: the request was signed for its old id"}
+			}
 			return res.resp, nil
 		}
 	}
+}
+
+// reroute is an attempt that ended without answering the client, to be
+// made again: avoiding a prefill server that refused the connection, or
+// through a server that restarted under the first attempt.
+type reroute struct {
+	avoid *upstream
+	why   string
+}
+
+// errDecodeRestarted cancels an attempt whose decode server refused it as
+// signed for another server: it restarted since its last health check.
+var errDecodeRestarted = errors.New("router: the decode server restarted; routing again")
+
+// restarted says, on a first attempt that u refused as unsigned (401),
+// whether u restarted since the router last checked it: a check now finds
+// another id than signedFor, the one the request was signed for. A server
+// that restarts faster than the health checks can see would otherwise
+// refuse every request until the next check; a server that refuses for
+// another reason (a router without the cluster's secret) keeps its id, and
+// the refusal goes to the client as before.
+func (a *attempt) restarted(u *upstream, signedFor string) bool {
+	if a.second || signedFor == "" {
+		return false
+	}
+	a.rt.check(a.ctx, u)
+	healthy, info := u.state()
+	return healthy && info.ID != "" && info.ID != signedFor
 }
 
 // retryable reports whether a failed prefill answer ends the attempt
@@ -277,7 +319,7 @@ func (a *attempt) awaitDecode() (resp *http.Response, retry *upstream) {
 // refused the connection has received nothing of the request, and another
 // one is healthy to take it.
 func (a *attempt) retryable(res upResult) bool {
-	return a.avoid == nil && refused(res.err) && a.rt.otherHealthy(a.p)
+	return !a.second && refused(res.err) && a.rt.otherHealthy(a.p)
 }
 
 // stopDecode cancels the attempt with cause and, while the decode side's

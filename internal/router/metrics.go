@@ -66,7 +66,7 @@ func newMetrics() *metrics {
 		liveRooms: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "live_rooms",
 			Help: "Bootstrap rooms of the requests in flight."}),
 		retries: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "retries_total",
-			Help: "Requests routed again because their prefill server refused the connection."}),
+			Help: "Requests routed again before any answer: their prefill server refused the connection, or a server restarted under them (it refused a request signed for its old id)."}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "admission_refusals_total",
 			Help: "Requests answered 429 at the edge because every healthy server of role was at the admission bound or busy."},
 			[]string{"role"}),

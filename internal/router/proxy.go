@@ -273,10 +273,10 @@ func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
 		rt.metrics.pauseWaits.Inc()
 	}
 	defer rt.gate.leave()
-	if dead := rt.route(w, r, fields, clientID, nil, arrived); dead != nil {
-		rt.log.Info("prefill refused the connection; routing again", "prefill", dead.url, "path", r.URL.Path)
+	if again := rt.route(w, r, fields, clientID, nil, arrived); again != nil {
+		rt.log.Info("routing again", "why", again.why, "path", r.URL.Path)
 		rt.metrics.retries.Inc()
-		rt.route(w, r, fields, clientID, dead, arrived)
+		rt.route(w, r, fields, clientID, again, arrived)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +23,7 @@ import (
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/clustertest"
 	"github.com/pdkit/pdkit/internal/router"
+	"github.com/pdkit/pdkit/internal/server"
 	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
@@ -233,4 +236,68 @@ func TestCanariesThroughARealPair(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A server that restarted faster than the router's health checks can
+// see refuses the requests signed for its old id; the router checks it at
+// once, finds the new id and routes the request again, before anything
+// of it reached the client. Here the prefill's HTTP server is replaced by
+// a new one (a new id) over the same engine and address, and the router's
+// own checks are an hour apart.
+func TestRestartedServerRoutedAgain(t *testing.T) {
+	secret, _ := clusterauth.Generate()
+	cfg := serve.Config{PageSize: 4, KVTokens: 512, MaxRunning: 4,
+		PD: serve.PDConfig{Secret: secret, BootstrapTimeout: 10 * time.Second, TransferTimeout: 10 * time.Second}}
+	m := tinyModel(t)
+	var prefillH, decodeH atomic.Pointer[http.Handler]
+	swappable := func(cur *atomic.Pointer[http.Handler]) func(http.Handler) http.Handler {
+		return func(h http.Handler) http.Handler {
+			cur.Store(&h)
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*cur.Load()).ServeHTTP(w, r) })
+		}
+	}
+	cc := clustertest.New(t, clustertest.Options{Model: m, Config: cfg, WrapPrefill: swappable(&prefillH), WrapDecode: swappable(&decodeH),
+		Router: router.Options{HealthInterval: time.Hour}})
+	client := &http.Client{Timeout: 60 * time.Second}
+	req := body([]int32{5, 6, 7, 8, 9, 10, 11, 12}, 6, false, map[string]any{"ignore_eos": true})
+	if c, err := complete(context.Background(), client, cc.Router.URL, req); err != nil || c.status != http.StatusOK {
+		t.Fatalf("before the restart: %+v %v", c, err)
+	}
+	for i, side := range []struct {
+		name string
+		node *clustertest.Node
+		cur  *atomic.Pointer[http.Handler]
+		url  string
+	}{{"prefill", cc.Prefill, &prefillH, cc.Registry}, {"decode", cc.Decode, &decodeH, ""}} {
+		var restarted http.Handler = server.New(side.node.Eng, m, server.Options{ModelName: "tiny", Loopback: true, ClusterSecret: secret,
+			BootstrapURL: side.url, Logger: slog.New(slog.DiscardHandler)})
+		side.cur.Store(&restarted)
+		c, err := complete(context.Background(), client, cc.Router.URL, req)
+		if err != nil || c.status != http.StatusOK || c.tokens != 6 {
+			t.Fatalf("after the %s restarted unseen: %+v %v; want 6 tokens, the request routed again", side.name, c, err)
+		}
+		if got, want := metricValue(t, client, cc.Router.URL, "pdkit_router_retries_total"), fmt.Sprint(i+1); got != want {
+			t.Errorf("after the %s restarted: pdkit_router_retries_total %s; want %s", side.name, got, want)
+		}
+	}
+}
+
+// metricValue reads the value of an unlabelled metric from base's
+// /metrics.
+func metricValue(t *testing.T, client *http.Client, base, name string) string {
+	t.Helper()
+	resp, err := client.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			return v
+		}
+	}
+	t.Fatalf("%s: no %s on /metrics", base, name)
+	return ""
 }
