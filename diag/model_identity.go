@@ -2,6 +2,7 @@ package diag
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 )
@@ -55,38 +56,26 @@ func checkModelIdentity(w Window) []Finding {
 		}
 	}
 	if len(byWeights) <= 1 && len(byFile) > 1 {
-		var sums []string
-		for k := range byFile {
-			sums = append(sums, k)
-		}
-		slices.Sort(sums)
-		var evidence []Evidence
-		for _, k := range sums {
-			evidence = append(evidence, ev(k, "%s", strings.Join(byFile[k], ", ")))
-		}
-		out = append(out, Finding{
-			Rule: "model-identity", Severity: Warning, Server: byFile[sums[0]][0],
-			Summary:  fmt.Sprintf("the cluster's servers load %d different model files with the same fingerprint (their full hashes differ)", len(sums)),
-			Evidence: evidence,
-			Remedy:   "the files differ where the fingerprint's samples do not read: copy one file to every server (its sha256 above) and restart them on it (pdserve ... --model PATH).",
-		})
+		out = append(out, groupsFinding(byFile,
+			"the cluster's servers load %d different model files with the same fingerprint (their full hashes differ)",
+			"the files differ where the fingerprint's samples do not read: copy one file to every server (its sha256 above) and restart them on it (pdserve ... --model PATH)."))
 	}
 	if len(byWeights) > 1 {
-		var kinds []string
-		for k := range byWeights {
-			kinds = append(kinds, k)
-		}
-		slices.Sort(kinds)
-		var evidence []Evidence
-		for _, k := range kinds {
-			evidence = append(evidence, ev(k, "%s", strings.Join(byWeights[k], ", ")))
-		}
-		out = append(out, Finding{
-			Rule: "model-identity", Severity: Warning, Server: byWeights[kinds[0]][0],
-			Summary:  fmt.Sprintf("the cluster's servers serve %d different weights (their fingerprints differ)", len(kinds)),
-			Evidence: evidence,
-			Remedy:   "start every server on the same model file (pdserve ... --model PATH); PD pairs of different weights are refused at the handshake.",
-		})
+		out = append(out, groupsFinding(byWeights, "the cluster's servers serve %d different weights (their fingerprints differ)",
+			"start every server on the same model file (pdserve ... --model PATH); PD pairs of different weights are refused at the handshake."))
 	}
 	return out
+}
+
+// groupsFinding is the warning that the servers fall into several groups
+// (by weights, by file): one evidence line a group, summary given the
+// number of groups.
+func groupsFinding(groups map[string][]string, summary, remedy string) Finding {
+	keys := slices.Sorted(maps.Keys(groups))
+	var evidence []Evidence
+	for _, k := range keys {
+		evidence = append(evidence, ev(k, "%s", strings.Join(groups[k], ", ")))
+	}
+	return Finding{Rule: "model-identity", Severity: Warning, Server: groups[keys[0]][0],
+		Summary: fmt.Sprintf(summary, len(keys)), Evidence: evidence, Remedy: remedy}
 }

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -578,16 +577,7 @@ func TestDiagnoseRouterGone(t *testing.T) {
 // are mapped from it, so outputs change; diagnose names the file on each
 // server that serves it.
 func TestDiagnoseModelChangedUnderTheCluster(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "tiny.gguf")
-	spec := builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32}
-	if err := builtin.WriteFile(path, spec); err != nil {
-		t.Fatal(err)
-	}
-	m, err := model.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
+	path, m := testmodel.Own(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
 	c := newClusterWith(t, m, clustertest.Options{})
 	if code, _, keys := diagnoseJSON(t, c, "--window", "200ms", "--interval", "200ms"); code != exitOK {
 		t.Fatalf("before: exit %d, %q", code, keys)
@@ -616,37 +606,9 @@ func TestDiagnoseModelChangedUnderTheCluster(t *testing.T) {
 // servers' periodic check; diagnose --rehash has every server rehash its
 // whole file first and names the change on both.
 func TestDiagnoseRehash(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "tiny.gguf")
-	if err := builtin.WriteFile(path, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := model.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
+	path, m := testmodel.Own(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
 	c := newClusterWith(t, m, clustertest.Options{})
-	info, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	off := info.Size()/2 + 4096 + 100 // between two of the sampled blocks
-	b := make([]byte, 1)
-	if _, err := f.ReadAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	b[0] ^= 1
-	if _, err := f.WriteAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	if err := os.Chtimes(path, info.ModTime(), info.ModTime()); err != nil {
-		t.Fatal(err)
-	}
+	testmodel.FlipBetweenSamples(t, path)
 	if code, _, keys := diagnoseJSON(t, c, "--window", "200ms", "--interval", "200ms"); code != exitOK {
 		t.Fatalf("without --rehash the change is between the samples: exit %d, %q", code, keys)
 	}

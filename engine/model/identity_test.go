@@ -9,6 +9,7 @@ import (
 
 	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/model/builtin"
+	"github.com/pdkit/pdkit/internal/testmodel"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -64,40 +65,13 @@ func TestModelIdentity(t *testing.T) {
 // the file's size and time kept) is seen by a full rehash on demand, and
 // stays seen.
 func TestVerifyFileFindsWhatSamplesMiss(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "a.gguf")
-	if err := builtin.WriteFile(p, builtin.Spec{Arch: model.ArchLlama, Size: builtin.SizeTiny, Seed: 1, Type: kernels.F32}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := model.Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	p, m := testmodel.Own(t, builtin.Spec{Arch: model.ArchLlama, Size: builtin.SizeTiny, Seed: 1, Type: kernels.F32})
 	clock := func() time.Time { return time.Unix(100, 0) }
 	c, err := m.VerifyFile(t.Context(), clock)
 	if err != nil || !c.Matches() || c.First || !strings.HasPrefix(c.SHA256, "sha256:") || c.SHA256 != c.Baseline {
 		t.Fatalf("an untouched file, hashed whole at load: %+v, %v", c, err)
 	}
-	// Flip one byte a little past the middle of the data (the samples
-	// are 4 KiB blocks at every 64th of it), keeping size and time.
-	info, _ := os.Stat(p)
-	f, err := os.OpenFile(p, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	off := info.Size()/2 + 4096 + 100
-	b := make([]byte, 1)
-	if _, err := f.ReadAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	b[0] ^= 0xff
-	if _, err := f.WriteAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	if err := os.Chtimes(p, info.ModTime(), info.ModTime()); err != nil {
-		t.Fatal(err)
-	}
+	testmodel.FlipBetweenSamples(t, p)
 	if fc := m.CheckFile(time.Now(), 0); fc.Changed {
 		t.Fatalf("the sampled check saw the byte (move it between the samples): %+v", fc)
 	}

@@ -31,6 +31,19 @@ func mustCheck(t *testing.T, pool *kvcache.Pool, c *Cache) {
 // finishes it into the cache; it returns the sequence's pages.
 func serve(t *testing.T, pool *kvcache.Pool, c *Cache, id uint64, tokens []int32) []int32 {
 	t.Helper()
+	s, matched := run(t, pool, c, id, tokens)
+	all := s.Pages()
+	if err := c.Finish(s, tokens, matched); err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, pool, c)
+	return all
+}
+
+// run starts tokens as one request from the cache's longest match and
+// commits them all; it returns the sequence and the match to finish with.
+func run(t *testing.T, pool *kvcache.Pool, c *Cache, id uint64, tokens []int32) (*kvcache.Seq, []int32) {
+	t.Helper()
 	pages, n := c.Match(tokens)
 	s, err := pool.NewSeqWithPrefix(id, pages, n)
 	if err != nil {
@@ -42,12 +55,7 @@ func serve(t *testing.T, pool *kvcache.Pool, c *Cache, id uint64, tokens []int32
 	if err := pool.Commit(s, len(tokens)-n); err != nil {
 		t.Fatal(err)
 	}
-	all := s.Pages()
-	if err := c.Finish(s, tokens, pages); err != nil {
-		t.Fatal(err)
-	}
-	mustCheck(t, pool, c)
-	return all
+	return s, pages
 }
 
 func TestMatchIsWholePages(t *testing.T) {
@@ -262,17 +270,7 @@ func TestFinishColdIsEvictedFirst(t *testing.T) {
 
 	// The probe shares client's first page, then has a page of its own.
 	probe := []int32{1, 2, 3, 4, 9, 9, 9, 9}
-	pages, n := c.Match(probe)
-	s, err := pool.NewSeqWithPrefix(3, pages, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := pool.Reserve(s, len(probe)-n); err != nil {
-		t.Fatal(err)
-	}
-	if err := pool.Commit(s, len(probe)-n); err != nil {
-		t.Fatal(err)
-	}
+	s, pages := run(t, pool, c, 3, probe)
 	if err := c.FinishCold(s, probe, pages); err != nil {
 		t.Fatal(err)
 	}

@@ -175,12 +175,7 @@ func tc(t *testing.T, ns string, args ...string) {
 // third octet keep it apart from the first.
 func newBridgeNetNamed(t *testing.T, prefix string, octet int) *bridgeNet {
 	pid := os.Getpid()
-	n := &bridgeNet{bridge: fmt.Sprintf("%s%d", prefix, pid%10000), subnet: fmt.Sprintf("10.%d.%d.", 232+octet%20, 1+pid%250)}
-	t.Cleanup(func() { ip(nil, "link", "del", n.bridge) })
-	ip(t, "link", "add", n.bridge, "type", "bridge")
-	ip(t, "addr", "add", n.subnet+"1/24", "dev", n.bridge)
-	ip(t, "link", "set", n.bridge, "up")
-	return n
+	return makeBridge(t, fmt.Sprintf("%s%d", prefix, pid%10000), fmt.Sprintf("10.%d.%d.", 232+octet%20, 1+pid%250))
 }
 
 // addNIC plugs host h into the network as its eth1 and returns its address

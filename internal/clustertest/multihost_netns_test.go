@@ -133,7 +133,13 @@ type host struct{ name, addr string }
 // so that two runs do not collide, and removes it when the test ends.
 func newBridgeNet(t *testing.T) *bridgeNet {
 	pid := os.Getpid()
-	n := &bridgeNet{bridge: fmt.Sprintf("pdbr%d", pid%100000), subnet: fmt.Sprintf("10.231.%d.", 1+pid%250)}
+	return makeBridge(t, fmt.Sprintf("pdbr%d", pid%100000), fmt.Sprintf("10.231.%d.", 1+pid%250))
+}
+
+// makeBridge makes bridge with the first address of subnet ("10.N.M.")
+// and removes it when the test ends.
+func makeBridge(t *testing.T, bridge, subnet string) *bridgeNet {
+	n := &bridgeNet{bridge: bridge, subnet: subnet}
 	t.Cleanup(func() { ip(nil, "link", "del", n.bridge) })
 	ip(t, "link", "add", n.bridge, "type", "bridge")
 	ip(t, "addr", "add", n.subnet+"1/24", "dev", n.bridge)

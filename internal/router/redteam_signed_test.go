@@ -31,20 +31,7 @@ import (
 // "unsigned"}.
 func unsignedRefused(t *testing.T, client *http.Client, n *clustertest.Node) string {
 	t.Helper()
-	resp, err := client.Get(n.TS.URL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), `pdkit_pd_refused_reqs_total{reason="unsigned"} `); ok {
-			return v
-		}
-	}
-	t.Fatalf("%s: no unsigned refusal counter on /metrics", n.TS.URL)
-	return ""
+	return metricValue(t, client, n.TS.URL, `pdkit_pd_refused_reqs_total{reason="unsigned"}`)
 }
 
 // Servers holding the cluster secret take PD requests only signed with
@@ -282,8 +269,8 @@ func TestRestartedServerRoutedAgain(t *testing.T) {
 	}
 }
 
-// metricValue reads the value of an unlabelled metric from base's
-// /metrics.
+// metricValue reads the value of a metric (its name and labels as the
+// exposition writes them) from base's /metrics.
 func metricValue(t *testing.T, client *http.Client, base, name string) string {
 	t.Helper()
 	resp, err := client.Get(base + "/metrics")

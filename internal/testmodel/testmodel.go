@@ -53,6 +53,52 @@ func Open(t testing.TB, spec builtin.Spec) *model.Model {
 	return m
 }
 
+// Own writes spec's model to a file of the test's own, which it may
+// change under the model (the shared files of Path must not be), and
+// opens it; the model is closed when the test ends.
+func Own(t testing.TB, spec builtin.Spec) (path string, m *model.Model) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), spec.FileName())
+	if err := builtin.WriteFile(path, spec); err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return path, m
+}
+
+// FlipBetweenSamples flips one byte of the file at path where the model
+// fingerprint's sampled blocks do not read (a little past the middle of a
+// small file's data), keeping the file's size and modification time: a
+// change that only a full hash sees.
+func FlipBetweenSamples(t testing.TB, path string) {
+	t.Helper()
+	info, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	off := info.Size()/2 + 4096 + 100
+	b := make([]byte, 1)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0xff
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(path, info.ModTime(), info.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Cleanup removes the generated files; call it from TestMain after m.Run.
 func Cleanup() {
 	mu.Lock()
