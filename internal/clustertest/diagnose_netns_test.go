@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -32,10 +31,7 @@ func TestDiagnoseNetworkFaults(t *testing.T) {
 	requireTBF(t)
 	dir := t.TempDir()
 	pdserve, pdctl := buildTools(t, dir)
-	model := filepath.Join(dir, "tiny.gguf")
-	if out, err := exec.Command(pdserve, "model", "init", "--arch", "llama", "--size", "tiny", "-o", model).CombinedOutput(); err != nil {
-		t.Fatalf("pdserve model init: %v\n%s", err, out)
-	}
+	model := tinyModel(t, pdserve, dir)
 	env := append(os.Environ(), "PD_CLUSTER_SECRET="+rand.Text(), "XDG_CACHE_HOME="+dir)
 
 	control := newBridgeNet(t)

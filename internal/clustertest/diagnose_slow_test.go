@@ -32,10 +32,7 @@ func TestDiagnoseStarvedDecode(t *testing.T) {
 	group := newCPUGroup(t)
 	dir := t.TempDir()
 	pdserve, pdctl := buildTools(t, dir)
-	model := filepath.Join(dir, "tiny.gguf")
-	if out, err := exec.Command(pdserve, "model", "init", "--arch", "llama", "--size", "tiny", "-o", model).CombinedOutput(); err != nil {
-		t.Fatalf("pdserve model init: %v\n%s", err, out)
-	}
+	model := tinyModel(t, pdserve, dir)
 	env := append(os.Environ(), "PD_CLUSTER_SECRET="+rand.Text(), "XDG_CACHE_HOME="+dir)
 	prefill := startProc(t, "prefill", "", env, pdserve, "prefill", "--model", model, "--port", "0", "--bootstrap-port", "0")
 	prefillURL := prefill.waitLog(t, `serving \S+ \(prefill\) on (http://\S+)`)

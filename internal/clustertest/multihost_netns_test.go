@@ -50,10 +50,7 @@ func TestMultiHost(t *testing.T) {
 	requireNetns(t)
 	dir := t.TempDir()
 	pdserve, pdctl := buildTools(t, dir)
-	model := filepath.Join(dir, "tiny.gguf")
-	if out, err := exec.Command(pdserve, "model", "init", "--arch", "llama", "--size", "tiny", "-o", model).CombinedOutput(); err != nil {
-		t.Fatalf("pdserve model init: %v\n%s", err, out)
-	}
+	model := tinyModel(t, pdserve, dir)
 	env := append(os.Environ(), "PD_CLUSTER_SECRET="+rand.Text())
 
 	lan := newBridgeNet(t)
@@ -384,6 +381,17 @@ func tail(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+// tinyModel writes the tiny built-in model into dir with pdserve model
+// init, as an operator would, and returns its path.
+func tinyModel(t *testing.T, pdserve, dir string) string {
+	t.Helper()
+	model := filepath.Join(dir, "tiny.gguf")
+	if out, err := exec.Command(pdserve, "model", "init", "--arch", "llama", "--size", "tiny", "-o", model).CombinedOutput(); err != nil {
+		t.Fatalf("pdserve model init: %v\n%s", err, out)
+	}
+	return model
 }
 
 // buildTools builds pdserve and pdctl from this module into dir.
