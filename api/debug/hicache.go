@@ -48,6 +48,10 @@ type HiCacheResponse struct {
 	// PrefixCache is false on a server without a prefix cache
 	// (--no-prefix-cache): it has no tier to switch on, and Ranks is empty.
 	PrefixCache bool `json:"prefix_cache"`
+	// NoTier says why the server has no host tier to switch on (no
+	// prefix cache, or a decode server, which keeps none); empty when it
+	// can have one.
+	NoTier string `json:"no_tier,omitempty"`
 	// On says every rank's tier is on.
 	On    bool          `json:"on"`
 	Ranks []HiCacheRank `json:"ranks"`

@@ -69,7 +69,7 @@ func TestDiagnoseCanariesHealthy(t *testing.T) {
 		stderr = regexp.MustCompile(`(?m)^[0-9]+ samples over [0-9.]+m?s$`).ReplaceAllString(stderr, "* samples over *")
 		stderr = canaryLine.ReplaceAllString(stderr, "prompts of * tokens")
 		want := "sampling 2 servers every 500ms for 1s…\n* samples over *\n" +
-			"3 canaries through ROUTER (seed 7, prompts of * tokens, 16 greedy tokens each): hicache on at PREFILL, DECODE; 0 of 3 differ\n"
+			"3 canaries through ROUTER (seed 7, prompts of * tokens, 16 greedy tokens each): hicache on at PREFILL; 0 of 3 differ\n"
 		if code != exitOK || stdout != "healthy\n" || stderr != want {
 			t.Fatalf("run %d: exit %d\nstdout:\n%s\nstderr:\n%s\nwant:\n%s", run, code, stdout, stderr, want)
 		}
@@ -231,7 +231,7 @@ func TestDiagnoseCanaryOutput(t *testing.T) {
 		summary = `* of 3 canaries gave other greedy tokens from the cache than computed without it (hicache on, index-K bf16): cached KV is corrupt, outputs are garbled`
 		canary  = `* prompt tokens, offloaded * on PREFILL; loaded back "*", first "*", no_cache "GARBLED"`
 		prefill = `prefill, index-K bf16, hicache on, no fault on`
-		decode  = `decode, index-K bf16, hicache on, no fault on`
+		decode  = `decode, index-K bf16, hicache off, no fault on`
 		remedy  = `turn HiCache off on every server (pdctl hicache off) until the cause is fixed: outputs computed without the host tier are right; then run pdctl diagnose --canaries again to confirm.`
 		counts  = `* of 3 differ (greedy, 16 tokens each, prompts of * tokens, seed 5)`
 	)
@@ -241,7 +241,7 @@ func TestDiagnoseCanaryOutput(t *testing.T) {
 	piped := "critical\toutput-divergence\tROUTER\t-\t" + summary + "\tcanaries=" + counts +
 		"; canary 0=" + canary + "; canary 1=" + canary + "; canary 2=" + canary +
 		"; PREFILL=" + prefill + "; DECODE=" + decode + "; seen=*\t" + remedy + "\n"
-	wantErr := "3 canaries through ROUTER (seed 5, prompts of * tokens, 16 greedy tokens each): hicache on at PREFILL, DECODE; 3 of 3 differ\n" +
+	wantErr := "3 canaries through ROUTER (seed 5, prompts of * tokens, 16 greedy tokens each): hicache on at PREFILL; 3 of 3 differ\n" +
 		"pdctl: diagnose: 1 finding (1 critical)\n"
 	if got := maskCanaries(stdout, garbled); code != exitFindings || got != piped || !strings.HasSuffix(canaryLine.ReplaceAllString(stderr, "prompts of * tokens"), wantErr) {
 		t.Errorf("piped: exit %d\nstdout:\n%s\nwant:\n%s\nstderr:\n%s", code, got, piped, stderr)

@@ -82,6 +82,10 @@ func hicacheStatusRun(ctx context.Context, opts *hicacheStatusOptions) error {
 			tab.add(row.URL, row.Role, "", "n/a: no prefix cache")
 			continue
 		}
+		if s.HiCache.NoTier != "" {
+			tab.add(row.URL, row.Role, "", "n/a: "+tierlessRole(row.Role))
+			continue
+		}
 		for _, r := range s.HiCache.Ranks {
 			bw := "unlimited"
 			if r.LoadBandwidthBytesPerSecond > 0 {
@@ -150,6 +154,9 @@ func hicacheSetRun(ctx context.Context, opts *hicacheSetOptions) error {
 			if !h.PrefixCache {
 				return "skipped: no prefix cache on this server", switchSkipped
 			}
+			if h.NoTier != "" {
+				return "skipped: " + tierlessRole(t.Role), switchSkipped
+			}
 			r, err := t.c.SetHiCache(ctx, opts.On)
 			switch {
 			case err != nil:
@@ -161,6 +168,15 @@ func hicacheSetRun(ctx context.Context, opts *hicacheSetOptions) error {
 			}
 			return state, switchDone
 		},
-		none: errorf("no server has a prefix cache, so none has a host tier to switch %s", state),
+		none: errorf("no server has a host tier to switch %s (it needs the prefix cache, and a decode server keeps none)", state),
 	}.run(ctx, opts.f, opts.Attach)
+}
+
+// tierlessRole is the short reason a server of role has no host tier, for
+// a table cell.
+func tierlessRole(role string) string {
+	if role == "decode" {
+		return "a decode server keeps no host tier (its prompt KV comes from the prefill)"
+	}
+	return "no host tier on this server"
 }

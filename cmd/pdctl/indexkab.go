@@ -263,7 +263,8 @@ type abServerState struct {
 	URL    string `json:"url"`
 	Role   string `json:"role"`
 	IndexK string `json:"index_k"` // "" when the model has no indexer
-	// HiCache is on or off; "" without a prefix cache.
+	// HiCache is on or off; "" on a server without a host tier (no prefix
+	// cache, or a decode, which keeps none).
 	HiCache                     string   `json:"hicache"`
 	LoadBandwidthBytesPerSecond int64    `json:"load_bandwidth_bytes_per_second"`
 	FaultsOn                    []string `json:"faults_on"`

@@ -37,8 +37,11 @@ type abServer struct {
 	found    abServerState
 }
 
-// tiered says the server has a host tier to switch (a prefix cache).
-func (s *abServer) tiered() bool { return s.settings.HiCache != nil && s.tier.PrefixCache }
+// tiered says the server has a host tier to switch (a prefix cache, and
+// not a decode, which keeps none).
+func (s *abServer) tiered() bool {
+	return s.settings.HiCache != nil && s.tier.PrefixCache && s.tier.NoTier == ""
+}
 
 // computes says the server computes prompts: its prefix cache is the one
 // the workload must spill.

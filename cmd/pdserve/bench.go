@@ -343,12 +343,11 @@ var defaultHiCachePacings = []string{"0", "64MiB/s"}
 func newBenchHiCacheCmd() *cobra.Command {
 	cfg := bench.HiCacheConfig{}
 	var size, typ, policy string
-	var precisions []string
-	var pacings []string
+	var precisions, pacings, policies []string
 	var noFault bool
 	cmd := &cobra.Command{
 		Use:   "hicache",
-		Short: "Reproduce the HiCache index-K race (outputs against references, index-K fp8 and bf16, fault off and on) and measure host hits against recompute",
+		Short: "Reproduce the HiCache index-K race (outputs against references, index-K fp8 and bf16, fault off and on), measure host hits against recompute and compare the write policies",
 		Long: `hicache runs, in one process, the workload of production incident 3 on the built-in
 llama-dsa model (the one with a sparse-attention indexer): --sessions concurrent multi-turn
 sessions over one shared system prefix, with scripted histories and greedy decoding, on a
@@ -369,6 +368,16 @@ first token p50 and p99 of both and their ratio (goal: a host hit at most 0.5× 
 and the loader's copy rate (its LoadBytes over LoadSeconds, unpaced) against a plain copy of
 the same bytes in the same run (goal: at least 0.5).
 
+Then the write-policy part: --policy-prompts distinct prompts of --policy-prompt tokens, each
+sent --policy-rounds times in rounds, --max-running at a time, --policy-tokens greedy tokens
+each, on a device pool of two such prompts and a host tier 8 times it: the workload HiCache
+exists for, whose prefixes leave the device before they come back. It runs with HiCache off,
+then under each of --policies, side by side: host hits and their rate, pages and bytes backed
+up, time to first token p50 and p99 against HiCache off, and the decode steps' mean time and
+tokens per second against HiCache off, which is what the backups, copied on the writer's
+goroutine beside the steps, cost the decode. An output that differs from HiCache off's fails
+the command.
+
 The fault-on cells are a data race by design: a binary built with -race refuses them
 (--no-fault leaves them out). docs/hicache.md explains the figures.`,
 		Example: `  # The incident (fp8 and bf16, fault off and on) and the speed part, built-in small model
@@ -378,7 +387,10 @@ The fault-on cells are a data race by design: a binary built with -race refuses 
   $ pdserve bench hicache --size tiny --requests-per-cell 200 --runs 2 --prefix 256
 
   # The incident alone, bf16 index-K, the loader unpaced and at three pacings
-  $ pdserve bench hicache --index-k bf16 --load-bandwidth 0,256MiB/s,64MiB/s,16MiB/s --skip-speed`,
+  $ pdserve bench hicache --index-k bf16 --load-bandwidth 0,256MiB/s,64MiB/s,16MiB/s --skip-speed --skip-policies
+
+  # The three write policies side by side, alone, on the tiny model
+  $ pdserve bench hicache --size tiny --skip-incident --skip-speed`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			dt, err := builtin.ParseType(typ)
@@ -402,7 +414,21 @@ The fault-on cells are a data race by design: a binary built with -race refuses 
 				return usagef("--load-bandwidth needs at least one pacing (0: unlimited)")
 			}
 			if cfg.Policy, err = prefix.ParsePolicy(policy); err != nil {
-				return usagef("--write-policy %q: want write-through or write-back", policy)
+				return usagef("--write-policy %q: want %s", policy, prefix.PolicyNames())
+			}
+			cfg.Policies = cfg.Policies[:0]
+			for _, name := range policies {
+				p, err := prefix.ParsePolicy(name)
+				if err != nil {
+					return usagef("--policies: %q: want %s", name, prefix.PolicyNames())
+				}
+				cfg.Policies = append(cfg.Policies, p)
+			}
+			if len(cfg.Policies) == 0 && !cfg.SkipPolicies {
+				return usagef("--policies needs at least one policy (or --skip-policies)")
+			}
+			if cfg.PolicyPrompts < 1 || cfg.PolicyPrompt < 1 || cfg.PolicyRounds < 1 || cfg.PolicyTokens < 1 {
+				return usagef("--policy-prompts, --policy-prompt, --policy-rounds and --policy-tokens must be positive")
 			}
 			cfg.Precisions = cfg.Precisions[:0]
 			for _, p := range precisions {
@@ -428,8 +454,8 @@ The fault-on cells are a data race by design: a binary built with -race refuses 
 			if cfg.System != 0 && cfg.System <= shape.Indexer.TopK {
 				return usagef("--system %d: want more than the indexer's top-k %d, or the indexer never reads index-K", cfg.System, shape.Indexer.TopK)
 			}
-			if cfg.SkipIncident && cfg.SkipSpeed {
-				return usagef("--skip-incident and --skip-speed leave nothing to run")
+			if cfg.SkipIncident && cfg.SkipSpeed && cfg.SkipPolicies {
+				return usagef("--skip-incident, --skip-speed and --skip-policies leave nothing to run")
 			}
 			home, err := builtin.Home()
 			if err != nil {
@@ -459,7 +485,13 @@ The fault-on cells are a data race by design: a binary built with -race refuses 
 	f.StringSliceVar(&precisions, "index-k", []string{"fp8", "bf16"}, "index-K precisions of the cells")
 	f.BoolVar(&noFault, "no-fault", false, "run the fault-off cells only")
 	f.StringSliceVar(&pacings, "load-bandwidth", defaultHiCachePacings, "loader pacings of the incident cells, each rank's loads back from host in bytes per second, e.g. 64MiB/s (0: unlimited); every cell runs at each")
-	f.StringVar(&policy, "write-policy", prefix.WriteThrough.String(), "when prefix pages are backed up to host: write-through or write-back")
+	f.StringVar(&policy, "write-policy", prefix.WriteThrough.String(), "the incident and speed parts' write policy, when prefix pages are backed up to host: "+prefix.PolicyNames())
+	f.StringSliceVar(&policies, "policies", policyNames(), "the write policies the policy part compares side by side, each against HiCache off")
+	f.IntVar(&cfg.PolicyPrompts, "policy-prompts", 12, "distinct prompts of the policy part")
+	f.IntVar(&cfg.PolicyPrompt, "policy-prompt", 249, "tokens of each of the policy part's prompts (its device pool holds two)")
+	f.IntVar(&cfg.PolicyRounds, "policy-rounds", 3, "times each of the policy part's prompts is sent, in rounds")
+	f.IntVar(&cfg.PolicyTokens, "policy-tokens", 32, "greedy tokens of each of the policy part's requests: the decode the backups run beside")
+	f.BoolVar(&cfg.SkipPolicies, "skip-policies", false, "leave the write-policy part out")
 	f.DurationVar(&cfg.RequestTimeout, "request-timeout", 5*time.Minute, "bound on each request, queueing included (a request past it counts as a timeout)")
 	f.IntVar(&cfg.Prefix, "prefix", 1024, "each speed session's own prefix in tokens")
 	f.IntVar(&cfg.SpeedSessions, "speed-sessions", 4, "speed sessions taking turns on the device pool")
@@ -485,6 +517,13 @@ func hicacheVerdict(rep *bench.HiCacheReport) error {
 				return fmt.Errorf("bench hicache: %d timeouts and %d errors with the fault off (index-K %v)", r.Timeouts, r.Errors, c.IndexK)
 			case r.HostHits == 0:
 				return fmt.Errorf("bench hicache: no host hit with the fault off (index-K %v): the run measured nothing", c.IndexK)
+			}
+		}
+	}
+	if p := rep.Policies; p != nil {
+		for _, s := range p.Setups {
+			if s.Differ > 0 {
+				return fmt.Errorf("bench hicache: %d outputs of the policy part differ from HiCache off's under %s", s.Differ, s.Name)
 			}
 		}
 	}
@@ -532,4 +571,13 @@ func (m *modelFlags) resolve() (kernels.DType, model.Config, error) {
 	}
 	shape, err := m.shape()
 	return dt, shape, err
+}
+
+// policyNames is every write policy's name, the default of --policies.
+func policyNames() []string {
+	var out []string
+	for _, p := range prefix.Policies {
+		out = append(out, p.String())
+	}
+	return out
 }

@@ -23,11 +23,11 @@ var hicacheFlagNames = []string{"hicache", "hicache-size", "hicache-ratio", "hic
 
 func (h *hicacheFlags) register(f *pflag.FlagSet) {
 	def := serve.DefaultConfig().HiCache
-	f.BoolVar(&h.on, "hicache", def.Enabled, "give each rank's prefix cache a host-memory tier (HiCache): prefix pages are backed up to host memory and loaded back layer by layer; needs the prefix cache (switch it live: POST /admin/v1/hicache/on|off)")
+	f.BoolVar(&h.on, "hicache", def.Enabled, "give each rank's prefix cache a host-memory tier (HiCache): prefix pages are backed up to host memory and loaded back layer by layer; needs the prefix cache, and a decode server refuses it (it keeps no host tier: its prompts' KV comes from the prefill); switch it live: POST /admin/v1/hicache/on|off")
 	h.size = config.Bytes(def.Bytes)
 	f.Var(&h.size, "hicache-size", "host tier size per rank, e.g. 512MiB, 2GiB or plain bytes (0: --hicache-ratio × the device KV pool); refused beyond the memory available")
 	f.Float64Var(&h.ratio, "hicache-ratio", def.Ratio, "host tier size as a multiple of each rank's device KV pool, when --hicache-size is 0")
-	f.StringVar(&h.policy, "hicache-write-policy", def.Policy.String(), "when prefix pages are backed up to host: write-through (as soon as cached) or write-back (when evicted from the device)")
+	f.StringVar(&h.policy, "hicache-write-policy", def.Policy.String(), "when prefix pages are backed up to host, SGLang's three policies: write-through (as soon as a finished request's pages are cached), write-through-selective (once a cached prefix is reused) or write-back (when the device evicts it)")
 	h.bandwidth = config.Rate(def.LoadBandwidth)
 	f.Var(&h.bandwidth, "hicache-load-bandwidth", "pace each rank's loads back from host, bytes per second, e.g. 2GB/s or 500MiB/s (0: unlimited; settable live: POST /admin/v1/hicache/bandwidth)")
 }
@@ -43,7 +43,7 @@ func (h *hicacheFlags) config(noPrefixCache bool) (serve.HiCacheConfig, error) {
 	}
 	p, err := prefix.ParsePolicy(h.policy)
 	if err != nil {
-		return serve.HiCacheConfig{}, usagef("--hicache-write-policy %q: want write-through or write-back", h.policy)
+		return serve.HiCacheConfig{}, usagef("--hicache-write-policy %q: want %s", h.policy, prefix.PolicyNames())
 	}
 	c := serve.HiCacheConfig{Enabled: h.on, Bytes: int64(h.size), Ratio: h.ratio, Policy: p, LoadBandwidth: int64(h.bandwidth)}
 	if err := c.Validate(noPrefixCache); err != nil {

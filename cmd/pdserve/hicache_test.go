@@ -36,7 +36,7 @@ func TestHiCacheFlagsRefused(t *testing.T) {
 			{[]string{"--hicache-ratio", "0"}, "--hicache-ratio 0: want a positive multiple"},
 			{[]string{"--hicache-ratio", "-1"}, "--hicache-ratio -1"},
 			{[]string{"--hicache-ratio", "NaN"}, "--hicache-ratio NaN"},
-			{[]string{"--hicache-write-policy", "lazy"}, `--hicache-write-policy "lazy": want write-through or write-back`},
+			{[]string{"--hicache-write-policy", "lazy"}, `--hicache-write-policy "lazy": want write-through, write-through-selective or write-back`},
 			{[]string{"--hicache-size", "big"}, `"big" is not a size`},
 			{[]string{"--hicache-size", "-1GiB"}, `is not a size`},
 			{[]string{"--hicache-load-bandwidth", "fast"}, `"fast" is not a rate`},
@@ -46,6 +46,10 @@ func TestHiCacheFlagsRefused(t *testing.T) {
 				t.Errorf("%v: exit %d, %q; want 2 and %q", args, code, stderr, c.msg)
 			}
 		}
+	}
+	// A decode server keeps no host tier.
+	if _, stderr, code := run(t, "decode", "--model", path, "--port", "0", "--hicache"); code != 2 || !strings.Contains(stderr, "a decode server keeps no host tier") {
+		t.Errorf("decode --hicache: exit %d, %q", code, stderr)
 	}
 	// The HiCache fault applies to colocated and prefill servers, not to
 	// decode ones; serve takes --fault like the PD roles.

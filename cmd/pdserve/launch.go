@@ -47,8 +47,9 @@ in front of them, each a child process of this one listening on 127.0.0.1
 (free ports, the router on --port). Once every server answers /health it
 prints the endpoints. Ctrl-C or SIGTERM stops them all; when one of them
 dies, the others are stopped too and launch exits 1, quoting its last output.
-The --hicache flags and --kv-dtype go to every prefill and decode server
-(prefills and decodes must store KV alike). Other PD_*
+--kv-dtype goes to every prefill and decode server (prefills and decodes
+must store KV alike), the --hicache flags to the prefill servers (a decode
+server keeps no host tier). Other PD_*
 variables in the environment reach the servers. The servers and the router
 share a cluster secret (the router signs its requests to the servers with it): PD_CLUSTER_SECRET (or PD_CLUSTER_SECRET_FILE) from the environment,
 else a fresh one, written to a file (mode 600) whose path launch prints
@@ -82,7 +83,8 @@ type launchPlan struct {
 	decode          []int // HTTP ports
 	tp              int
 	faults          []string
-	engineArgs      []string // flags every prefill and decode server gets (the --hicache ones set, --kv-dtype)
+	engineArgs      []string // flags every prefill and decode server gets (--kv-dtype)
+	prefillArgs     []string // flags the prefill servers alone get (the --hicache ones set: a decode keeps no host tier)
 	env             []string // every child's environment
 }
 
@@ -98,9 +100,12 @@ func (p launchPlan) specs() []launch.Spec {
 		specs = append(specs, launch.Spec{Name: name, Role: role, Path: p.exe, Args: args, Env: p.env,
 			HealthURL: loopbackURL(port) + "/health"})
 	}
-	// Every server gets the engine args; each fault goes to the servers of
-	// the roles it applies to.
+	// Every server gets the engine args, the prefill servers the host
+	// tier's; each fault goes to the servers of the roles it applies to.
 	faults := func(role string, args []string) []string {
+		if role == "prefill" {
+			args = append(args, p.prefillArgs...)
+		}
 		args = append(args, p.engineArgs...)
 		for _, f := range p.faults {
 			if roles, _ := serve.FaultRoles(f); slices.Contains(roles, role) {
@@ -229,7 +234,7 @@ func launchRun(cmd *cobra.Command, o launchOptions) error {
 			return nil, err
 		}
 		plan = launchPlan{exe: exe, model: model, routerPort: o.port, routerPortFixed: o.port != 0, tp: o.tp, faults: o.faults,
-			engineArgs: append(hicacheArgs(cmd.Flags()), "--kv-dtype="+o.kvDType), env: env}
+			engineArgs: []string{"--kv-dtype=" + o.kvDType}, prefillArgs: hicacheArgs(cmd.Flags()), env: env}
 		for range o.prefill {
 			plan.prefill = append(plan.prefill, prefillPorts{http: ports[0], bootstrap: ports[1]})
 			ports = ports[2:]

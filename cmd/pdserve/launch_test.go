@@ -54,15 +54,15 @@ func TestLaunchUsageErrors(t *testing.T) {
 func TestLaunchSpecs(t *testing.T) {
 	p := launchPlan{exe: "/bin/pdserve", model: "/m.gguf", routerPort: 8000, tp: 2,
 		prefill: []prefillPorts{{101, 201}, {102, 202}}, decode: []int{301}, faults: []string{"bootstrap-abort-crash"},
-		engineArgs: []string{"--hicache=true"}}
+		engineArgs: []string{"--kv-dtype=f32"}, prefillArgs: []string{"--hicache=true"}}
 	var got []string
 	for _, s := range p.specs() {
 		got = append(got, fmt.Sprintf("%s %s %s %s %s", s.Role, s.Name, s.Path, strings.Join(s.Args, " "), s.HealthURL))
 	}
 	want := []string{
-		"prefill prefill-0 /bin/pdserve prefill --model /m.gguf --port 101 --bootstrap-port 201 --tp 2 --hicache=true --fault bootstrap-abort-crash http://127.0.0.1:101/health",
-		"prefill prefill-1 /bin/pdserve prefill --model /m.gguf --port 102 --bootstrap-port 202 --tp 2 --hicache=true --fault bootstrap-abort-crash http://127.0.0.1:102/health",
-		"decode decode-0 /bin/pdserve decode --model /m.gguf --port 301 --tp 2 --prefill-bootstrap http://127.0.0.1:201,http://127.0.0.1:202 --hicache=true http://127.0.0.1:301/health",
+		"prefill prefill-0 /bin/pdserve prefill --model /m.gguf --port 101 --bootstrap-port 201 --tp 2 --hicache=true --kv-dtype=f32 --fault bootstrap-abort-crash http://127.0.0.1:101/health",
+		"prefill prefill-1 /bin/pdserve prefill --model /m.gguf --port 102 --bootstrap-port 202 --tp 2 --hicache=true --kv-dtype=f32 --fault bootstrap-abort-crash http://127.0.0.1:102/health",
+		"decode decode-0 /bin/pdserve decode --model /m.gguf --port 301 --tp 2 --prefill-bootstrap http://127.0.0.1:201,http://127.0.0.1:202 --kv-dtype=f32 http://127.0.0.1:301/health",
 		"router router /bin/pdserve router --port 8000 --prefill http://127.0.0.1:101,http://127.0.0.1:102 --decode http://127.0.0.1:301 http://127.0.0.1:8000/health",
 	}
 	if !slices.Equal(got, want) {
@@ -193,7 +193,7 @@ func TestLaunchEndToEnd(t *testing.T) {
 	}
 	for _, re := range []string{
 		`prefill --model \S+model\.gguf --port \d+ --bootstrap-port \d+ --tp 2 --hicache=true --hicache-size=64MiB --hicache-write-policy=write-back --kv-dtype=bf16 --fault bootstrap-abort-crash\n`,
-		`decode --model \S+model\.gguf --port \d+ --tp 2 --prefill-bootstrap http://127\.0\.0\.1:\d+,http://127\.0\.0\.1:\d+ --hicache=true --hicache-size=64MiB --hicache-write-policy=write-back --kv-dtype=bf16\n`,
+		`decode --model \S+model\.gguf --port \d+ --tp 2 --prefill-bootstrap http://127\.0\.0\.1:\d+,http://127\.0\.0\.1:\d+ --kv-dtype=bf16\n`,
 		`router --port \d+ --prefill http://127\.0\.0\.1:\d+,http://127\.0\.0\.1:\d+ --decode http://127\.0\.0\.1:\d+\n`,
 	} {
 		if !regexp.MustCompile(re).MatchString(all) {

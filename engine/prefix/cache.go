@@ -238,6 +238,7 @@ func (c *Cache) insert(tokens, pages []int32, cold bool) (added int, err error) 
 		}
 		if !cold {
 			child.last = c.clock
+			c.inserted(child)
 		}
 		nd = child
 	}

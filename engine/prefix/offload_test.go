@@ -12,7 +12,7 @@ import (
 // the device deepest first, the next match loads the same bytes back; a
 // locked node, and the nodes above it, stay on the device.
 func TestOffloadMovesAPathToHost(t *testing.T) {
-	for _, policy := range []Policy{WriteThrough, WriteBack} {
+	for _, policy := range Policies {
 		t.Run(policy.String(), func(t *testing.T) {
 			r := newTierRig(t, 16, 16, policy)
 			a := toks(13, 1) // 3 whole pages and a token

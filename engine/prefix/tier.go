@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/pdkit/pdkit/engine/hicache"
@@ -17,11 +18,13 @@ import (
 // a tier), on host (a host entry under the node's key holds its page's KV),
 // or both:
 //
-//   - Backups run on the Writer's goroutine, never on the caller's. Under
-//     WriteThrough a node is queued for backup once it is reused: the first
-//     Match that passes through it (the reference's hit threshold of 1),
-//     provided its parent is on host or queued already (the writer is FIFO),
-//     so that what is on host is always a path from the root. Under
+//   - Backups run on the Writer's goroutine, never on the caller's: the
+//     loop's steps go on while they copy. Under WriteThrough a node is
+//     queued for backup when it is inserted (a finished request's pages
+//     indexed); under WriteThroughSelective once it is reused, at the first
+//     Match that passes through it. Either way only when its parent is on
+//     host or queued already (the writer is FIFO), so that what is on host
+//     is always a path from the root. Under
 //     WriteBack a node is backed up when Evict takes it off the device:
 //     Evict queues the backups of the nodes it takes and waits for them
 //     before it frees their pages (a page being copied stays allocated). A
@@ -71,17 +74,29 @@ import (
 // Policy is when the cache backs a node up to host.
 type Policy int
 
+// The policies are SGLang's three, by their names (its write_through,
+// write_through_selective and write_back).
 const (
-	// WriteThrough backs a node up once a Match reuses it (the default).
+	// WriteThrough backs a node up as soon as it is cached (inserted):
+	// the host tier then holds every prefix the device held, so that one
+	// evicted before it came back still loads from host (the default).
 	WriteThrough Policy = iota
+	// WriteThroughSelective backs a node up once a Match reuses it: only
+	// prefixes that came back once go to host.
+	WriteThroughSelective
 	// WriteBack backs a node up when it is evicted from the device.
 	WriteBack
 )
+
+// Policies lists the policies in the order help texts name them.
+var Policies = []Policy{WriteThrough, WriteThroughSelective, WriteBack}
 
 func (p Policy) String() string {
 	switch p {
 	case WriteThrough:
 		return "write-through"
+	case WriteThroughSelective:
+		return "write-through-selective"
 	case WriteBack:
 		return "write-back"
 	}
@@ -90,14 +105,25 @@ func (p Policy) String() string {
 
 // ParsePolicy reads a policy's name.
 func ParsePolicy(s string) (Policy, error) {
-	switch s {
-	case "write-through":
-		return WriteThrough, nil
-	case "write-back":
-		return WriteBack, nil
+	for _, p := range Policies {
+		if p.String() == s {
+			return p, nil
+		}
 	}
-	return 0, fmt.Errorf("prefix: unknown write policy %q (write-through or write-back)", s)
+	return 0, fmt.Errorf("prefix: unknown write policy %q (%s)", s, PolicyNames())
 }
+
+// PolicyNames is the policies' names, for a help text or an error.
+func PolicyNames() string {
+	names := make([]string, len(Policies))
+	for i, p := range Policies {
+		names[i] = p.String()
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}
+
+// valid reports whether p is one of the policies.
+func (p Policy) valid() bool { return slices.Contains(Policies, p) }
 
 // Location is where a node's KV is.
 type Location int
@@ -159,7 +185,7 @@ func (c *Cache) AttachHost(host *hicache.HostPool, loader *hicache.Loader, write
 		return errors.New("prefix: attach host: nil host pool, loader or writer")
 	case c.tier.host != nil:
 		return errors.New("prefix: attach host: a host tier is already attached")
-	case policy != WriteThrough && policy != WriteBack:
+	case !policy.valid():
 		return fmt.Errorf("prefix: attach host: unknown policy %v", policy)
 	case host.UsedPages() != 0:
 		return errors.New("prefix: attach host: the host pool is not empty")
@@ -328,8 +354,9 @@ func (c *Cache) hasDeviceChild(nd *node) bool {
 	return false
 }
 
-// hit counts a Match through the path ending at nd and, under WriteThrough,
-// queues backups of the path's reused nodes, root first.
+// hit counts a Match through the path ending at nd, marks its nodes'
+// host copies used and, under WriteThroughSelective, queues backups of the
+// path's reused nodes, root first.
 func (c *Cache) hit(nd *node) {
 	if c.tier.host == nil {
 		return
@@ -341,10 +368,32 @@ func (c *Cache) hit(nd *node) {
 	for i := len(path) - 1; i >= 0; i-- {
 		x := path[i]
 		x.hits++
-		if c.tier.policy == WriteThrough && !x.onHost && x.backup == nil && x.loading == nil &&
-			(x.parent == c.root || x.parent.onHost || x.parent.backup != nil) {
-			c.queueBackup(x)
+		if x.onHost {
+			// A prefix in use on the device is one to keep on host too:
+			// the host pool evicts by use, as the device does.
+			c.tier.host.Touch(x.hkey)
 		}
+		if c.tier.policy == WriteThroughSelective {
+			c.backUpInPath(x)
+		}
+	}
+}
+
+// backUpInPath queues a backup of device node x when it has none and its
+// parent is on host or queued (the root's children always are), so that
+// the host copies stay path-closed from the root.
+func (c *Cache) backUpInPath(x *node) {
+	if !x.onHost && x.backup == nil && x.loading == nil && x.page >= 0 &&
+		(x.parent == c.root || x.parent.onHost || x.parent.backup != nil) {
+		c.queueBackup(x)
+	}
+}
+
+// inserted queues, under WriteThrough, the backup of a node Insert just
+// put on the device (its path's nodes come root first).
+func (c *Cache) inserted(x *node) {
+	if c.tier.host != nil && c.tier.policy == WriteThrough {
+		c.backUpInPath(x)
 	}
 }
 

@@ -484,7 +484,7 @@ func TestAttachHostRefuses(t *testing.T) {
 	if c.Attached() {
 		t.Fatal("a refused AttachHost attached")
 	}
-	for _, p := range []Policy{WriteThrough, WriteBack} {
+	for _, p := range Policies {
 		if got, err := ParsePolicy(p.String()); err != nil || got != p {
 			t.Fatalf("ParsePolicy(%v) = %v, %v", p, got, err)
 		}
@@ -494,8 +494,8 @@ func TestAttachHostRefuses(t *testing.T) {
 	}
 }
 
-func TestWriteThroughBacksUpOnReuse(t *testing.T) {
-	r := newTierRig(t, 8, 8, WriteThrough)
+func TestWriteThroughSelectiveBacksUpOnReuse(t *testing.T) {
+	r := newTierRig(t, 8, 8, WriteThroughSelective)
 	a := toks(8, 1)
 	r.serve(a)
 	r.where(a, OnDevice, OnDevice)
@@ -549,6 +549,29 @@ func TestWriteThroughBacksUpOnReuse(t *testing.T) {
 	if r.c.Pages() != 0 || r.c.HostOnly() != 3 || r.pool.FreePages() != 8 || r.host.UsedPages() != 3 {
 		t.Fatalf("device %d, host-only %d, free %d, host used %d", r.c.Pages(), r.c.HostOnly(), r.pool.FreePages(), r.host.UsedPages())
 	}
+	r.check()
+}
+
+// Under WriteThrough (the default) a prefix is backed up as soon as it is
+// cached, root first, before anything reuses it; what is already on host
+// is not backed up again.
+func TestWriteThroughBacksUpOnInsert(t *testing.T) {
+	r := newTierRig(t, 8, 8, WriteThrough)
+	a := toks(8, 1)
+	r.serve(a)
+	waitfor.For(t, "the inserted pages' backups", 10*time.Second, func() bool { n, _, _, _ := r.w.Stats(); return n == 2 })
+	r.c.Match(nil) // takes finished backups in
+	r.where(a, OnBoth, OnBoth)
+	// Reusing them queues nothing more.
+	r.hitOnce(a)
+	if n, _, _, _ := r.w.Stats(); n != 2 || r.w.Queued() != 0 {
+		t.Fatalf("a reuse of backed-up pages: %d backups, %d queued", n, r.w.Queued())
+	}
+	// Evicted, they stay on host and load back.
+	if got := r.c.Evict(2); got != 2 {
+		t.Fatalf("evicted %d pages, want 2", got)
+	}
+	r.where(a, OnHost, OnHost)
 	r.check()
 }
 
@@ -967,7 +990,7 @@ func TestPartlyReadLoadKeepsItsNodes(t *testing.T) {
 // loading node. Abandoning the load takes them off the device too, as Evict
 // would.
 func TestAbandonTakesPagesInsertedBelow(t *testing.T) {
-	for _, policy := range []Policy{WriteThrough, WriteBack} {
+	for _, policy := range []Policy{WriteThroughSelective, WriteBack} {
 		t.Run(policy.String(), func(t *testing.T) {
 			r := newTierRig(t, 8, 8, policy)
 			a, long := toks(4, 1), toks(12, 1)
@@ -1135,7 +1158,7 @@ func TestLoadBackWaitingForSlotFails(t *testing.T) {
 // later one first: a backup that evicted an earlier one's entry must not
 // leave the earlier node marked on host.
 func TestBackupsTakenInOrder(t *testing.T) {
-	r := newTierRig(t, 8, 1, WriteThrough)
+	r := newTierRig(t, 8, 1, WriteThroughSelective)
 	x, y := toks(4, 1), toks(4, 100)
 	r.serve(x)
 	r.serve(y)
@@ -1166,7 +1189,7 @@ func TestBackupsTakenInOrder(t *testing.T) {
 // waits for them, forgets the host-only nodes and leaves the device nodes
 // as they were.
 func TestDetachHost(t *testing.T) {
-	r := newTierRig(t, 12, 12, WriteThrough)
+	r := newTierRig(t, 12, 12, WriteThroughSelective)
 	a, b, e := toks(8, 1), toks(8, 100), toks(8, 200)
 	wantA := kvtest.PageBytes(r.pool, r.serve(a))
 	r.hitOnce(a)

@@ -254,7 +254,7 @@ func (c Config) Validate(m *model.Model) error {
 	if c.Heartbeat <= 0 {
 		bad("heartbeat %v must be positive", c.Heartbeat)
 	}
-	c.HiCache.validate(c.DisablePrefixCache, bad)
+	c.HiCache.validate(c.DisablePrefixCache, c.Role, bad)
 	switch c.Schedule {
 	case ScheduleLockstep, ScheduleOverlap:
 	case ScheduleAuto:

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/hicache"
 	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/engine/prefix"
@@ -67,21 +69,42 @@ func (c *HiCacheConfig) setDefaults() {
 // before it starts its servers).
 func (c HiCacheConfig) Validate(disablePrefix bool) error {
 	var errs []error
-	c.validate(disablePrefix, func(format string, args ...any) { errs = append(errs, fmt.Errorf("serve: "+format, args...)) })
+	c.validate(disablePrefix, "", func(format string, args ...any) { errs = append(errs, fmt.Errorf("serve: "+format, args...)) })
 	return errors.Join(errs...)
 }
 
-func (c HiCacheConfig) validate(disablePrefix bool, bad func(string, ...any)) {
+func (c HiCacheConfig) validate(disablePrefix bool, role string, bad func(string, ...any)) {
 	switch {
 	case c.Enabled && disablePrefix:
 		bad("--hicache needs the prefix cache, which --no-prefix-cache turns off: drop one of them (the host tier lies under the prefix cache)")
+	case c.Enabled && role == pdproto.RoleDecode:
+		bad("--hicache on a decode server: %s", NoTierOnDecode)
 	case c.Bytes < 0 || c.Ratio < 0 || math.IsNaN(c.Ratio) || math.IsInf(c.Ratio, 0):
 		bad("hicache size %d bytes / ratio %v (--hicache-size, --hicache-ratio): want non-negative", c.Bytes, c.Ratio)
 	case c.LoadBandwidth < 0:
 		bad("hicache load bandwidth %d (--hicache-load-bandwidth): want non-negative (0 is unlimited)", c.LoadBandwidth)
-	case c.Policy != prefix.WriteThrough && c.Policy != prefix.WriteBack:
-		bad("hicache policy %v (--hicache-write-policy): want write-through or write-back", c.Policy)
+	case !slices.Contains(prefix.Policies, c.Policy):
+		bad("hicache policy %v (--hicache-write-policy): want %s", c.Policy, prefix.PolicyNames())
 	}
+}
+
+// NoTierOnDecode is why a decode server keeps no host tier. SGLang's
+// decode can offload its KV to a storage tier that the prefill servers
+// share and read; pdkit has no such shared tier, and the decode's own
+// prefix cache is never matched (a request's prompt KV arrives from the
+// prefill), so a host tier there would copy pages no request loads back.
+const NoTierOnDecode = "a decode server keeps no host tier: its requests' prompt KV comes from the prefill, and nothing matches its own prefix cache, so its backups would never be loaded back; give --hicache to the prefill servers"
+
+// NoHostTier says why the server has no host tier to switch on; "" when
+// it can have one.
+func (c Config) NoHostTier() string {
+	switch {
+	case c.DisablePrefixCache:
+		return "hicache needs the prefix cache, which is off on this server (--no-prefix-cache)"
+	case c.Role == pdproto.RoleDecode:
+		return NoTierOnDecode
+	}
+	return ""
 }
 
 // FaultHiCacheIndexKUngated makes the index-K read path skip its per-layer

@@ -12,6 +12,7 @@ import (
 	"github.com/pdkit/pdkit/engine/hicache"
 	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/engine/kvcache/kvtest"
+	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/internal/testmodel"
 	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
@@ -227,7 +228,11 @@ func TestHiCacheLiveToggles(t *testing.T) {
 	cfg := Config{TP: 2, PageSize: 4, KVTokens: 256, MaxRunning: 6, MaxBatchTokens: 64, PrefillChunk: 16, IndexK: kernels.IndexBF16}
 	want := runChats(t, newEngine(t, m, cfg), ss, maxTok)
 	on := cfg
-	on.HiCache = HiCacheConfig{Enabled: true, Ratio: 8}
+	// Selective: the 60 chats' histories are several times the host pool
+	// and are revisited in order, a cyclic scan in which writing every
+	// prefix through evicts each one from host just before it is revisited
+	// (least recently used); backing up only the reused ones keeps hits.
+	on.HiCache = HiCacheConfig{Enabled: true, Ratio: 8, Policy: prefix.WriteThroughSelective}
 	before := hicache.MappedBytes()
 	e := newEngine(t, m, on)
 	stop := make(chan struct{})

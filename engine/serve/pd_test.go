@@ -36,6 +36,7 @@ func newPDPair(t *testing.T, cfg Config) *pdPair {
 	m := tinyModel(t)
 	pc, dc := cfg, cfg
 	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
+	dc.HiCache.Enabled = false // a decode keeps no host tier
 	p := newEngine(t, m, pc)
 	d := newEngine(t, m, dc)
 	url := serveRegistry(t, p, p.View().Ranks())

@@ -32,8 +32,8 @@ func (e *Engine) SetFault(name string, on bool) error {
 // loads, and frees the host pool; on starts empty. It returns once the
 // switch is queued for the loops; View.HiCache shows when it took effect.
 func (e *Engine) SetHiCache(on bool) error {
-	if e.cfg.DisablePrefixCache {
-		return errors.New("serve: hicache needs the prefix cache, which is off on this server")
+	if why := e.cfg.NoHostTier(); why != "" {
+		return errors.New("serve: " + why)
 	}
 	op := tierOp{off: !on}
 	if on {

@@ -86,6 +86,19 @@ type HiCacheConfig struct {
 	SpeedSessions int
 	// SpeedTurns is the measured turns of each speed session (default 8).
 	SpeedTurns int
+
+	// SkipPolicies leaves the write-policy part out.
+	SkipPolicies bool
+	// Policies are the write policies the policy part compares, each
+	// against HiCache off (default all three).
+	Policies []prefix.Policy
+	// PolicyPrompts distinct prompts of PolicyPrompt tokens are each sent
+	// PolicyRounds times, in rounds, MaxRunning at a time, on a device
+	// pool of two such prompts (defaults 12, 249 and 3).
+	PolicyPrompts, PolicyPrompt, PolicyRounds int
+	// PolicyTokens is the greedy tokens of each of its requests, the
+	// decode that the backups run beside (default 32).
+	PolicyTokens int
 }
 
 // The speed part's goals.
@@ -126,6 +139,13 @@ func (c *HiCacheConfig) setDefaults(mc model.Config) {
 	setDefault(&c.Prefix, 1024)
 	setDefault(&c.SpeedSessions, 4)
 	setDefault(&c.SpeedTurns, 8)
+	if len(c.Policies) == 0 {
+		c.Policies = slices.Clone(prefix.Policies)
+	}
+	setDefault(&c.PolicyPrompts, 12)
+	setDefault(&c.PolicyPrompt, 249)
+	setDefault(&c.PolicyRounds, 3)
+	setDefault(&c.PolicyTokens, 32)
 }
 
 // HiCacheRun is one run of the incident workload on a fresh engine.
@@ -253,6 +273,7 @@ type HiCacheReport struct {
 	RefSeconds                       float64 // computing the references, all precisions
 	Cells                            []HiCacheCell
 	Speed                            *HiCacheSpeed
+	Policies                         *HiCachePolicies
 }
 
 // FaultOffDiffer is the differing outputs over every fault-off cell.
@@ -311,6 +332,13 @@ func RunHiCache(ctx context.Context, cfg HiCacheConfig, progress io.Writer) (rep
 			return rep, err
 		}
 		rep.Speed = &sp
+	}
+	if !cfg.SkipPolicies {
+		pp, err := runHiCachePolicies(ctx, m, cfg, log, progress)
+		if err != nil {
+			return rep, err
+		}
+		rep.Policies = &pp
 	}
 	return rep, nil
 }
@@ -842,6 +870,9 @@ func (r *HiCacheReport) Print(w io.Writer) {
 		if n := r.FaultOffDiffer(); n > 0 {
 			fmt.Fprintf(w, "FAIL: %d outputs differ with the fault off: HiCache changed what was generated\n", n)
 		}
+	}
+	if p := r.Policies; p != nil {
+		p.print(w, c)
 	}
 	if s := r.Speed; s != nil {
 		fmt.Fprintf(w, "\nspeed: %d sessions over their own %d-token prefixes, taking turns one request at a time on a device pool of %d tokens per rank (one session's prompt); %d measured turns per setup, loader pacing unlimited\n\n",

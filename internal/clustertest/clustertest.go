@@ -85,7 +85,8 @@ func NewNode(t testing.TB, m *model.Model, cfg serve.Config, opts server.Options
 // Options says what New builds.
 type Options struct {
 	Model *model.Model
-	// Config is both servers' configuration; New sets each one's Role.
+	// Config is both servers' configuration; New sets each one's Role,
+	// and leaves the decode's host tier off (a decode keeps none).
 	Config serve.Config
 	// Decode, when set, changes the decode's configuration after that:
 	// a pair that disagrees (a mismatch the handshake refuses).
@@ -140,6 +141,7 @@ func New(t testing.TB, o Options) *Cluster {
 
 	pc, dc := o.Config, o.Config
 	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
+	dc.HiCache.Enabled = false // a decode keeps no host tier
 	if o.Decode != nil {
 		o.Decode(&dc)
 	}

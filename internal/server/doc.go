@@ -282,7 +282,8 @@
 // switch and answers debug.HiCacheSwitchResponse: 200 with the new state
 // (changed false when every rank already was so), 202 with pending true
 // when a loop has not taken it yet; 409 when another switch is pending,
-// the host memory does not suffice, or the server has no prefix cache.
+// the host memory does not suffice, or the server has no prefix cache or
+// is a decode (which keeps no host tier).
 // POST /admin/v1/hicache/bandwidth paces every rank's loads back from host
 // to bytes_per_second (the query's, else the JSON body's; 0: unlimited;
 // 400 when missing or negative). Each switch counts in

@@ -24,7 +24,7 @@ const hicacheSwitchWait = 2 * time.Second
 // hicacheState is every rank's host tier as the ranks last published it.
 func (s *Server) hicacheState() debug.HiCacheResponse {
 	snaps := s.eng.View().HiCache()
-	resp := debug.HiCacheResponse{PrefixCache: !s.eng.Config().DisablePrefixCache, On: len(snaps) > 0,
+	resp := debug.HiCacheResponse{PrefixCache: !s.eng.Config().DisablePrefixCache, NoTier: s.eng.Config().NoHostTier(), On: len(snaps) > 0,
 		Ranks: make([]debug.HiCacheRank, 0, len(snaps))}
 	for _, ts := range snaps {
 		resp.Ranks = append(resp.Ranks, debugTier(ts))
@@ -89,9 +89,9 @@ func (s *Server) adminHiCache(on bool) http.HandlerFunc {
 		dir = "on"
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		if s.eng.Config().DisablePrefixCache {
-			setResult(r, "hicache %s: no prefix cache", dir)
-			errNoPrefixCache.WriteJSON(w)
+		if why := s.eng.Config().NoHostTier(); why != "" {
+			setResult(r, "hicache %s: %s", dir, why)
+			(&openai.Error{Status: http.StatusConflict, Type: openai.TypeInvalidRequest, Message: why}).WriteJSON(w)
 			return
 		}
 		done := func(st debug.HiCacheResponse) bool {

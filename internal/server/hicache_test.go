@@ -13,6 +13,7 @@ import (
 
 	"github.com/pdkit/pdkit/api/debug"
 	"github.com/pdkit/pdkit/api/openai"
+	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/prefix"
 	"github.com/pdkit/pdkit/engine/serve"
 	"github.com/pdkit/pdkit/internal/waitfor"
@@ -256,5 +257,19 @@ func TestHiCacheNoPrefixCache(t *testing.T) {
 	}
 	if hasPrefix(scrape(t, e), "pdkit_hicache_enabled") {
 		t.Error("hicache metrics without a prefix cache")
+	}
+}
+
+// A decode server keeps no host tier: the debug API says why, and the
+// switch is refused with that reason.
+func TestHiCacheNoneOnDecode(t *testing.T) {
+	e := newEnvWith(t, serve.Config{Role: pdproto.RoleDecode, PageSize: 4, MaxRunning: 2}, Options{Loopback: true})
+	var h debug.HiCacheResponse
+	getJSON(t, e, debug.HiCachePath, &h)
+	if !h.PrefixCache || h.On || !strings.Contains(h.NoTier, "keeps no host tier") {
+		t.Errorf("a decode's tier: %+v", h)
+	}
+	if code, b := e.admin(t, debug.HiCacheOnPath, "", ""); code != http.StatusConflict || !strings.Contains(string(b), "keeps no host tier") {
+		t.Errorf("POST %s: %d %s", debug.HiCacheOnPath, code, b)
 	}
 }
