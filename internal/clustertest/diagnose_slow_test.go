@@ -12,10 +12,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pdkit/pdkit/internal/waitfor"
 )
 
 // TestDiagnoseStarvedDecode starves a running decode server of CPU the
@@ -167,28 +170,24 @@ func stream(base, prompt string, n int) (ttft time.Duration, tokens int, took ti
 	}
 }
 
-// waitSteps waits until the server at url has run n decode steps, so that
-// its baseline is set.
+// waitSteps waits until the server at url has run n decode steps of one
+// bucket, so that its baseline is set.
 func waitSteps(t *testing.T, url string, n uint64) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
+	type rate struct {
+		Phase string `json:"phase"`
+		Steps uint64 `json:"steps"`
+	}
+	var rates []rate
+	if !waitfor.Poll(2*time.Minute, func() bool {
 		var steps struct {
-			Rates []struct {
-				Phase string `json:"phase"`
-				Steps uint64 `json:"steps"`
-			} `json:"rates"`
+			Rates []rate `json:"rates"`
 		}
 		getJSON(t, url+"/debug/v1/steps", &steps)
-		for _, r := range steps.Rates {
-			if r.Phase == "decode" && r.Steps >= n {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s ran fewer than %d decode steps of one bucket within 2 minutes: %+v", url, n, steps.Rates)
-		}
-		time.Sleep(200 * time.Millisecond) // polling a live server's counters
+		rates = steps.Rates
+		return slices.ContainsFunc(rates, func(r rate) bool { return r.Phase == "decode" && r.Steps >= n })
+	}) {
+		t.Fatalf("%s ran fewer than %d decode steps of one bucket within 2 minutes: %+v", url, n, rates)
 	}
 }
 
