@@ -423,3 +423,25 @@ func TestRegistryMismatch(t *testing.T) {
 		}
 	}
 }
+
+// KV that reached a decode rank and waits for its loop is not in transit:
+// with the window's KV pending in the rank's mailbox, pd-link-slow says
+// nothing (a busy or stalled decode loop is not a slow link).
+func TestPDLinkSlowCountsPendingAsLanded(t *testing.T) {
+	w := readWindow(t, filepath.Join("testdata", "pd-link-slow", "slow_link.json"))
+	if got := checkPDLinkSlow(w); len(got) == 0 {
+		t.Fatal("the fixture gives no finding to start with")
+	}
+	for i := range w.Samples {
+		for j := range w.Samples[i].Servers {
+			if pd := w.Samples[i].Servers[j].PD; pd != nil && pd.Role == "decode" {
+				for k := range pd.Ranks {
+					pd.Ranks[k].PendingKVBytes = 1 << 30
+				}
+			}
+		}
+	}
+	if got := checkPDLinkSlow(w); len(got) != 0 {
+		t.Errorf("with the KV pending in the mailbox: %s", render(got))
+	}
+}

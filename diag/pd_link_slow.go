@@ -64,6 +64,11 @@ func checkPDLinkSlow(w Window) []Finding {
 				missing += t.sent - t.got
 				longest = max(longest, t.since)
 			}
+			// KV the rank received and its loop has not applied is not
+			// in transit: a busy or stalled decode loop, not the link.
+			if missing -= int(r.PendingKVBytes); missing <= 0 {
+				continue
+			}
 			slices.Sort(rooms)
 			p := stuck[0]
 			out = append(out, Finding{Rule: "pd-link-slow", Severity: Warning, Server: s.URL, Rank: AtRank(r.Rank),

@@ -153,7 +153,7 @@ func checkPeerUnreachable(w Window) []Finding {
 			}
 			if part := partitionOf(w, peers); part != nil {
 				out = append(out, Finding{
-					Rule: "peer-unreachable", Severity: Critical, Server: s.URL, Rank: AtRank(r.Rank),
+					Rule: "peer-unreachable", Severity: Critical, Server: s.URL, Rank: AtRank(r.Rank), Seen: seen(w, OverWindow),
 					Summary: fmt.Sprintf("the PD link between prefill %s and decode rank %d is cut (%s failed): %s",
 						part.server, r.Rank, nRooms(len(rooms)), part.direction),
 					Evidence: append(evidence, part.evidence...),
@@ -237,15 +237,18 @@ func judgeLostPeer(w Window, url string, rank int, p debug.PDPeer, owner *Server
 			Evidence: []Evidence{lost, heard},
 			Remedy:   "the rooms in flight then failed and their clients got errors; read the prefill's log for why it restarted, and pdctl status for the servers now in the cluster."}
 	}
-	if p.Boot != "" && prefillRank.Boot != "" && p.Boot != prefillRank.Boot {
+	// The boot the peer had when it was lost: a restart on the same
+	// endpoint answers the decode's later probes with its new one.
+	bootThen := or(p.BootAtLoss, p.Boot)
+	if bootThen != "" && prefillRank.Boot != "" && bootThen != prefillRank.Boot {
 		return &Finding{Rule: "peer-unreachable", Severity: Warning, Server: url, Rank: AtRank(rank),
-			Summary:  fmt.Sprintf("prefill %s restarted under decode rank %d (boot %s, now %s): %s in flight failed", owner.URL, rank, p.Boot, prefillRank.Boot, nRooms(int(p.LostRooms))),
-			Evidence: []Evidence{lost, heard, ev("prefill", "%s rank %d answers with boot %s; the decode last heard boot %s", owner.URL, prefillRank.Rank, prefillRank.Boot, p.Boot)},
+			Summary:  fmt.Sprintf("prefill %s restarted under decode rank %d (boot %s, now %s): %s in flight failed", owner.URL, rank, bootThen, prefillRank.Boot, nRooms(int(p.LostRooms))),
+			Evidence: []Evidence{lost, heard, ev("prefill", "%s rank %d answers with boot %s; before the loss the decode heard boot %s", owner.URL, prefillRank.Rank, prefillRank.Boot, bootThen)},
 			Remedy: "a restart, not a partition: the prefill's log says why it restarted (pdctl diagnose names an engine restart loop as engine-restarts); " +
 				"its rooms in flight failed and their clients got errors."}
 	}
 	evidence := []Evidence{lost, heard,
-		ev("prefill", "%s answers HTTP and its rank %d still has boot %s, the one the decode last heard: no restart", owner.URL, prefillRank.Rank, or(p.Boot, "(none heard)"))}
+		ev("prefill", "%s answers HTTP and its rank %d still has boot %s, the one the decode heard before the loss: no restart", owner.URL, prefillRank.Rank, or(bootThen, "(none heard)"))}
 	direction := ""
 	if first := w.First().Server(owner.URL); len(w.Samples) > 1 && first != nil && first.Reachable && first.PD != nil {
 		if br := pdRank(first.PD, prefillRank.Rank); br != nil {

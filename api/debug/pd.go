@@ -84,6 +84,9 @@ type PDRank struct {
 	// Peers is a decode rank's table of the prefill ranks it probed, by
 	// endpoint; absent on a prefill.
 	Peers []PDPeer `json:"peers,omitempty"`
+	// PendingKVBytes is, on a decode rank, the KV payload its socket
+	// received and its loop has not applied yet: landed, not in transit.
+	PendingKVBytes int64 `json:"pending_kv_bytes,omitempty"`
 	// Counts has every queue's length on the rank, whatever the filter.
 	Counts map[string]int `json:"counts"`
 	// Entries are the rank's PD requests as the rank last published them
@@ -113,6 +116,10 @@ type PDPeer struct {
 	// past the heartbeat timeout, LastLost the last of them.
 	LostRooms uint64     `json:"lost_rooms"`
 	LastLost  *time.Time `json:"last_lost,omitempty"`
+	// BootAtLoss is the peer's boot as last heard before that loss: a
+	// prefill that restarted on the same endpoint answers with another
+	// boot later, which Boot then shows.
+	BootAtLoss string `json:"boot_at_loss,omitempty"`
 }
 
 // PDSocket is a rank's PD socket: the receive loop of its inbox (control

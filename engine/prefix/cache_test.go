@@ -259,8 +259,8 @@ func TestCheckCatchesCorruption(t *testing.T) {
 }
 
 // A probe's pages go to the cache cold: newer than a client's, they are
-// still evicted first, and a probe through a client's prefix does not
-// refresh it.
+// still evicted first; its Finish does not refresh the client pages it
+// shares (its Match does, as any use).
 func TestFinishColdIsEvictedFirst(t *testing.T) {
 	pool, c := newCache(t, 4, 16)
 	client := []int32{1, 2, 3, 4, 5, 6, 7, 8}

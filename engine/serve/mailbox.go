@@ -189,6 +189,17 @@ func (mb *pdMailbox) peers() []mailbox.PeerState {
 	return mb.m.Peers(mb.now())
 }
 
+// pendingKV is the KV filed for the loop and not yet taken; 0 on a
+// prefill.
+func (mb *pdMailbox) pendingKV() int64 {
+	if mb.prefill {
+		return 0
+	}
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	return mb.m.PendingKV()
+}
+
 // take returns the room's mail and empties it, leaving the room's entry
 // in place (a second TRANSFER_INFO stays refused).
 func (mb *pdMailbox) take(room uint64) rooms.Mail {

@@ -291,7 +291,7 @@ func (v *PDView) Links() []PDLink {
 	loops := v.sup.cur().loops
 	out := make([]PDLink, len(loops))
 	for r, l := range loops {
-		out[r] = PDLink{Rank: r, Advertised: l.pd.endpoint, Boot: l.pd.boot, Peers: l.pd.mb.peers(), Inbox: l.pd.inbox.Stats(), Outbox: l.pd.outbox.Stats(), Late: l.pd.mb.late.Load(), Misplaced: l.pd.mb.bad.Load(), Faulted: l.pd.mb.faulted.Load(),
+		out[r] = PDLink{Rank: r, Advertised: l.pd.endpoint, Boot: l.pd.boot, Peers: l.pd.mb.peers(), PendingKV: l.pd.mb.pendingKV(), Inbox: l.pd.inbox.Stats(), Outbox: l.pd.outbox.Stats(), Late: l.pd.mb.late.Load(), Misplaced: l.pd.mb.bad.Load(), Faulted: l.pd.mb.faulted.Load(),
 			KVBytes: l.pd.bytes.Load(), OverQuota: l.pd.mb.overQuota.Load(), RepliesDropped: l.pd.replies.dropped.Load()}
 	}
 	return out
@@ -305,6 +305,8 @@ type PDLink struct {
 	// Peers is a decode rank's table of the prefill ranks it probed
 	// (nil on a prefill).
 	Peers []mailbox.PeerState
+	// PendingKV is the KV a decode rank received and has not applied.
+	PendingKV int64
 	// Advertised is the endpoint the rank hands to its peers (and a
 	// prefill registers); Inbox.Endpoint is the one it bound.
 	Advertised string

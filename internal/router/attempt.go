@@ -309,6 +309,9 @@ func (a *attempt) restarted(u *upstream, signedFor string) bool {
 	if a.second || signedFor == "" {
 		return false
 	}
+	if healthy, info := u.state(); healthy && info.ID != "" && info.ID != signedFor {
+		return true // another request's check, or the health loop's, saw it already
+	}
 	a.rt.check(a.ctx, u)
 	healthy, info := u.state()
 	return healthy && info.ID != "" && info.ID != signedFor

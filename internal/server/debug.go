@@ -235,7 +235,7 @@ func (s *Server) pd(w http.ResponseWriter, r *http.Request) {
 	for _, l := range links {
 		if l.Rank >= 0 && l.Rank < len(resp.Ranks) {
 			rr := &resp.Ranks[l.Rank]
-			rr.Socket, rr.Boot, rr.Peers = debugPDSocket(l), strconv.FormatUint(l.Boot, 10), debugPDPeers(l.Peers)
+			rr.Socket, rr.Boot, rr.Peers, rr.PendingKVBytes = debugPDSocket(l), strconv.FormatUint(l.Boot, 10), debugPDPeers(l.Peers), l.PendingKV
 		}
 	}
 	for rank, es := range entries {
@@ -284,6 +284,9 @@ func debugPDPeers(ps []mailbox.PeerState) []debug.PDPeer {
 			LostRooms: p.Lost, LastLost: at(p.LostAt)}
 		if p.Boot != 0 {
 			out[i].Boot = strconv.FormatUint(p.Boot, 10)
+		}
+		if p.LostBoot != 0 {
+			out[i].BootAtLoss = strconv.FormatUint(p.LostBoot, 10)
 		}
 	}
 	return out

@@ -363,7 +363,7 @@ func (h *harness) peers(a targs, out *strings.Builder) error {
 		return t.Sub(base).String()
 	}
 	for _, p := range h.m.Peers(now) {
-		fmt.Fprintf(out, "%s boot=%d heard=%s probed=%s silent=%v lost=%d at %s\n", p.Endpoint, p.Boot, at(p.Heard), at(p.Probed), p.Silent, p.Lost, at(p.LostAt))
+		fmt.Fprintf(out, "%s boot=%d heard=%s probed=%s silent=%v lost=%d at %s boot then %d\n", p.Endpoint, p.Boot, at(p.Heard), at(p.Probed), p.Silent, p.Lost, at(p.LostAt), p.LostBoot)
 	}
 	return nil
 }

@@ -49,6 +49,7 @@ type peer struct {
 	heard      time.Time // the peer's last word: a reply, or mail for a room expected from it
 	lost       uint64    // rooms failed for its silence (Lost)
 	lostAt     time.Time // the last of them
+	lostBoot   uint64    // its boot number then: a later reply overwrites boot
 }
 
 // New returns an empty mailbox.
@@ -283,8 +284,19 @@ func (m *Machine) Liveness(now time.Time, endpoint string) rooms.Liveness {
 func (m *Machine) Lost(now time.Time, endpoint string) {
 	if p := m.peers[endpoint]; p != nil {
 		p.lost++
-		p.lostAt = now
+		p.lostAt, p.lostBoot = now, p.boot
 	}
+}
+
+// PendingKV is the KV payload filed for the loop and not yet taken, all
+// rooms together: KV that reached the rank but that its loop has not
+// applied (a busy or stalled loop), not KV still on the wire.
+func (m *Machine) PendingKV() int64 {
+	var n int64
+	for _, x := range m.rooms {
+		n += x.kvBytes
+	}
+	return n
 }
 
 // PeerState is what a decode rank knows of one prefill rank it probed.
@@ -296,13 +308,16 @@ type PeerState struct {
 	Silent   time.Duration
 	Lost     uint64    // rooms failed for its silence
 	LostAt   time.Time // the last of them; zero when none
+	// LostBoot is the peer's boot number as last heard before that loss:
+	// a restart on the same endpoint answers with another one later.
+	LostBoot uint64
 }
 
 // Peers returns the peer table at now, by endpoint.
 func (m *Machine) Peers(now time.Time) []PeerState {
 	out := make([]PeerState, 0, len(m.peers))
 	for e, p := range m.peers {
-		st := PeerState{Endpoint: e, Boot: p.boot, Heard: p.heard, Probed: p.probedAt, Lost: p.lost, LostAt: p.lostAt}
+		st := PeerState{Endpoint: e, Boot: p.boot, Heard: p.heard, Probed: p.probedAt, Lost: p.lost, LostAt: p.lostAt, LostBoot: p.lostBoot}
 		if !p.unanswered.IsZero() {
 			st.Silent = now.Sub(p.unanswered)
 		}
