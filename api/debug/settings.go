@@ -233,7 +233,8 @@ const ModelVerifyPath = "/admin/v1/model/verify"
 
 // ModelVerifyResponse is the body of POST /admin/v1/model/verify: the
 // file's full hash now against the baseline (taken at load, or by the
-// first verify, which sets it: First).
+// first verify, which sets it: First, and then Matches is false, for
+// nothing was compared).
 type ModelVerifyResponse struct {
 	Path     string  `json:"path"`
 	SHA256   string  `json:"sha256"`

@@ -83,8 +83,9 @@ type FullCheck struct {
 	Took  time.Duration
 }
 
-// Matches reports whether the file is whole what the baseline was.
-func (c FullCheck) Matches() bool { return c.First || c.SHA256 == c.Baseline }
+// Matches reports whether the file is whole what the baseline was; false
+// on a first verify, which compared nothing (it set the baseline).
+func (c FullCheck) Matches() bool { return !c.First && c.SHA256 == c.Baseline }
 
 // ErrVerifying is VerifyFile's answer while another verify reads the file.
 var ErrVerifying = errors.New("model: a full rehash of the model file is under way")
@@ -181,7 +182,7 @@ func (m *Model) VerifyFile(ctx context.Context, now func() time.Time) (FullCheck
 	switch {
 	case c.First:
 		w.full = sum
-	case !c.Matches() && w.fullChanged == "":
+	case !c.Matches() && w.fullChanged == "": // not a first verify: the case above
 		w.fullChanged = fmt.Sprintf("its full hash changed under the running server (%s now, %s at load)", sum, w.full)
 	}
 	w.last.SHA256, w.last.Verified = w.full, now()

@@ -5,6 +5,7 @@ package procstat
 import (
 	"bufio"
 	"os"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,19 +21,28 @@ func CPUOf() (CPU, error) {
 	}
 	c := CPU{Used: time.Duration(ru.Utime.Nano() + ru.Stime.Nano())}
 	own, _ := os.ReadFile("/proc/self/cgroup")
+	var chosen map[string]uint64
 	for _, f := range cgroupStatFiles(string(own)) {
-		if vals, err := readStat(f.path); err == nil {
-			if _, ok := vals["nr_periods"]; !ok && f.kind == "v2" {
-				continue // a v2 cgroup without the cpu controller (a hybrid host): its v1 one holds the quota
-			}
-			c.Cgroup = f.kind
-			c.Periods, c.Throttled = vals["nr_periods"], vals["nr_throttled"]
-			if us, ok := vals["throttled_usec"]; ok { // v2
-				c.ThrottledTime = time.Duration(us) * time.Microsecond
-			} else { // v1: nanoseconds
-				c.ThrottledTime = time.Duration(vals["throttled_time"])
-			}
-			break
+		vals, err := readStat(f.path)
+		if err != nil {
+			continue
+		}
+		if _, ok := vals["nr_periods"]; !ok && f.kind == "v2" {
+			continue // a v2 cgroup without the cpu controller (a hybrid host): its v1 one holds the quota
+		}
+		if chosen == nil || vals["nr_periods"] > 0 {
+			chosen, c.Cgroup = vals, f.kind
+		}
+		if vals["nr_periods"] > 0 {
+			break // the nearest cgroup that enforces a quota: the process's own, or an ancestor's
+		}
+	}
+	if chosen != nil {
+		c.Periods, c.Throttled = chosen["nr_periods"], chosen["nr_throttled"]
+		if us, ok := chosen["throttled_usec"]; ok { // v2
+			c.ThrottledTime = time.Duration(us) * time.Microsecond
+		} else { // v1: nanoseconds
+			c.ThrottledTime = time.Duration(chosen["throttled_time"])
 		}
 	}
 	return c, nil
@@ -44,9 +54,11 @@ type statFile struct{ path, kind string }
 // cgroupStatFiles lists the cpu.stat files that may hold the quota
 // counters of the cgroup the process is in (own is /proc/self/cgroup),
 // most specific first: its own cgroup's under each usual mount of v2 and
-// v1, then the mounts' roots, which are its own cgroup inside a container
-// with a cgroup namespace. The process is read, not assumed, because it
-// can be moved between cgroups while it runs.
+// v1, then its ancestors' (a quota set on a parent slice throttles the
+// whole subtree), then the mounts' roots, which are its own cgroup inside
+// a container with a cgroup namespace. CPUOf takes the first that
+// enforces a quota. The process is read, not assumed, because it can be
+// moved between cgroups while it runs.
 func cgroupStatFiles(own string) []statFile {
 	var out []statFile
 	for line := range strings.Lines(own) {
@@ -54,12 +66,18 @@ func cgroupStatFiles(own string) []statFile {
 		if len(parts) != 3 || parts[2] == "/" || strings.Contains(parts[2], "..") {
 			continue
 		}
-		dir := parts[2]
+		var mounts []string
+		kind := "v1"
 		switch ctrls := strings.Split(parts[1], ","); {
 		case parts[0] == "0" && parts[1] == "":
-			out = append(out, statFile{"/sys/fs/cgroup" + dir + "/cpu.stat", "v2"}, statFile{"/sys/fs/cgroup/unified" + dir + "/cpu.stat", "v2"})
+			mounts, kind = []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}, "v2"
 		case slices.Contains(ctrls, "cpu"):
-			out = append(out, statFile{"/sys/fs/cgroup/cpu" + dir + "/cpu.stat", "v1"}, statFile{"/sys/fs/cgroup/cpu,cpuacct" + dir + "/cpu.stat", "v1"})
+			mounts = []string{"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"}
+		}
+		for dir := parts[2]; dir != "/" && dir != "" && dir != "."; dir = path.Dir(dir) {
+			for _, m := range mounts {
+				out = append(out, statFile{m + dir + "/cpu.stat", kind})
+			}
 		}
 	}
 	return append(out, statFile{"/sys/fs/cgroup/cpu.stat", "v2"}, statFile{"/sys/fs/cgroup/cpu/cpu.stat", "v1"},
