@@ -39,6 +39,9 @@ type pdMailbox struct {
 	// the engine's clock once the rank sets it (newRankPD), the wall
 	// clock for a mailbox on its own.
 	now func() time.Time
+	// forgotAt is when forgetPeers last walked the peer table (guarded by
+	// mu).
+	forgotAt time.Time
 }
 
 // maxUnknownRooms bounds the rooms a prefill keeps mail for before their
@@ -187,6 +190,25 @@ func (mb *pdMailbox) peers() []mailbox.PeerState {
 	mb.mu.Lock()
 	defer mb.mu.Unlock()
 	return mb.m.Peers(mb.now())
+}
+
+// peerMemory is how long a decode rank remembers a prefill peer that it
+// no longer probes, hears or loses (and no room expects): well past the
+// two minutes pdctl diagnose reads a loss for.
+const peerMemory = 10 * time.Minute
+
+// forgetPeers drops the peers not seen since peerMemory before now, at
+// most once a minute: the loop calls it every iteration, and the walk is
+// over every peer and room.
+func (mb *pdMailbox) forgetPeers() {
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	now := mb.now()
+	if now.Sub(mb.forgotAt) < time.Minute {
+		return
+	}
+	mb.forgotAt = now
+	mb.m.ForgetPeers(now.Add(-peerMemory))
 }
 
 // pendingKV is the KV filed for the loop and not yet taken; 0 on a

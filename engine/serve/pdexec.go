@@ -63,6 +63,7 @@ func (pd *rankPD) admit(now time.Duration, a addMsg) error {
 // wait for one, and the liveness of the prefill peers (probing them).
 func (pd *rankPD) observe(lp pdLoop) error {
 	pd.mb.expire(pd.host.now().Add(-pd.cfg.BootstrapTimeout))
+	pd.mb.forgetPeers()
 	for id := range pd.reqs { // filing only writes chunks, never ends a room
 		if err := pd.fileMail(lp, id); err != nil {
 			return err

@@ -34,6 +34,7 @@ import (
 //	expect room= [peer=]
 //	lost t= [peer=]
 //	peers t=
+//	forget-peers t=
 //	state
 //
 // file, admit, take and forget take n=: the command runs for the n rooms
@@ -102,6 +103,10 @@ func (h *harness) run(line string) (string, error) {
 		h.m.Lost(now, a.Str("peer", "tcp://prefill"))
 	case "peers":
 		err = h.peers(a, &out)
+	case "forget-peers":
+		now, e := a.at()
+		err = e
+		h.m.ForgetPeers(now)
 	case "state":
 		h.state(&out)
 	default:

@@ -288,6 +288,21 @@ func (m *Machine) Lost(now time.Time, endpoint string) {
 	}
 }
 
+// ForgetPeers drops the peers neither probed nor lost since older, that
+// no room expects: prefills that left, or restarted on new endpoints, do
+// not grow the table for ever.
+func (m *Machine) ForgetPeers(older time.Time) {
+	expected := map[string]bool{}
+	for _, e := range m.expect {
+		expected[e] = true
+	}
+	for e, p := range m.peers {
+		if !expected[e] && p.probedAt.Before(older) && p.lostAt.Before(older) && p.heard.Before(older) {
+			delete(m.peers, e)
+		}
+	}
+}
+
 // PendingKV is the KV payload filed for the loop and not yet taken, all
 // rooms together: KV that reached the rank but that its loop has not
 // applied (a busy or stalled loop), not KV still on the wire.
