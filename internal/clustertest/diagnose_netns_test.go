@@ -110,28 +110,30 @@ func TestDiagnoseNetworkFaults(t *testing.T) {
 		heal(t)
 	})
 
-	t.Run("cut both ways", func(t *testing.T) {
-		ip(t, "-n", prefillNS.name, "route", "add", "blackhole", decodePD+"/32")
-		ip(t, "-n", decodeNS.name, "route", "add", "blackhole", prefillPD+"/32")
+	// cut drops the PD packets each route names (namespace, then the
+	// address it can no longer reach), sends requests over the cut link,
+	// checks that diagnose names a cut link, and mends it.
+	type route struct{ ns, to string }
+	cut := func(t *testing.T, name string, routes ...route) {
+		for _, r := range routes {
+			ip(t, "-n", r.ns, "route", "add", "blackhole", r.to+"/32")
+		}
 		fault := time.Now()
-		done := send(4, "cut")
+		done := send(4, name)
 		named(t, fault, "peer-unreachable", "is cut")
 		done()
-		ip(t, "-n", prefillNS.name, "route", "del", "blackhole", decodePD+"/32")
-		ip(t, "-n", decodeNS.name, "route", "del", "blackhole", prefillPD+"/32")
+		for _, r := range routes {
+			ip(t, "-n", r.ns, "route", "del", "blackhole", r.to+"/32")
+		}
 		heal(t)
+	}
+	t.Run("cut both ways", func(t *testing.T) {
+		cut(t, "cut", route{prefillNS.name, decodePD}, route{decodeNS.name, prefillPD})
 	})
-
 	t.Run("cut one way", func(t *testing.T) {
 		// The prefill's packets to the decode are lost; the decode's
 		// reach the prefill.
-		ip(t, "-n", prefillNS.name, "route", "add", "blackhole", decodePD+"/32")
-		fault := time.Now()
-		done := send(4, "oneway")
-		named(t, fault, "peer-unreachable", "is cut")
-		done()
-		ip(t, "-n", prefillNS.name, "route", "del", "blackhole", decodePD+"/32")
-		heal(t)
+		cut(t, "oneway", route{prefillNS.name, decodePD})
 	})
 
 	t.Run("prefill restarted", func(t *testing.T) {
