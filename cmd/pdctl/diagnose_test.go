@@ -103,17 +103,27 @@ func TestDiagnoseHealthyUnderLoad(t *testing.T) {
 }
 
 // TestDiagnoseQuietUnder100Streams: a hundred streaming sessions at once
-// fill the decode's pool (128 tokens a rank) and queue the rest: load,
-// not sickness. diagnose raises nothing at all, slowness included (the
-// steps are timed per batch size, so a bigger batch is not a slower
-// server), run after run.
+// take the decode's pool (128 tokens a rank) and queue the rest for its
+// memory: load, not sickness. diagnose raises nothing at all, slowness
+// included (the steps are timed per batch size, so a bigger batch is not
+// a slower server), run after run. The test waits for rooms queued for
+// the decode's memory, not for a full pool: the decode keeps room for
+// its requests' growth, and the prefill's pace decides how close to full
+// the pool comes (on a quiet machine it touches 90% a few times in 15 s,
+// on a loaded one it may never).
 func TestDiagnoseQuietUnder100Streams(t *testing.T) {
 	c := newCluster(t)
 	served, stop := load(t, c.router, 100)
 	defer stop()
-	waitfor.For(t, "the decode's pool full", 30*time.Second, func() bool {
-		snap := c.decode.eng.View().Snapshot()
-		return snap != nil && snap.Queue.TotalPages > 0 && snap.Queue.HeldPages*10 >= snap.Queue.TotalPages*9
+	waitfor.For(t, "rooms queued for the decode's memory", 30*time.Second, func() bool {
+		for _, es := range c.decode.eng.PD().QueueEntries() {
+			for _, e := range es {
+				if e.Position > 0 {
+					return true
+				}
+			}
+		}
+		return false
 	})
 	waitfor.For(t, "the load served 100 completions", 30*time.Second, func() bool { return served() >= 100 })
 	for run := range 2 {
