@@ -375,9 +375,9 @@ func (h *HostPool) copyFromDevice(hostPages []int32, dev *kvcache.Pool, devPages
 			ko, vo, io, so := l.layerOffsets(hp, layer)
 			k, v := dev.AppendKV(layer, slots, h.mem[ko:ko:vo], h.mem[vo:vo:io])
 			rows, scales := dev.AppendIndexK(layer, slots, h.mem[io:io:so], h.mem[so:so:so+l.ScaleBytes])
-			if len(k) != l.KVBytes || len(v) != l.KVBytes || len(rows) != l.IndexBytes || len(scales) != l.ScaleBytes {
+			if len(k) != l.KVBytes || len(v) != l.VBytes || len(rows) != l.IndexBytes || len(scales) != l.ScaleBytes {
 				return fmt.Errorf("%w: layer %d of device page %d gave %d/%d/%d/%d bytes, host page holds %d/%d/%d/%d",
-					ErrShape, layer, devPages[i], len(k), len(v), len(rows), len(scales), l.KVBytes, l.KVBytes, l.IndexBytes, l.ScaleBytes)
+					ErrShape, layer, devPages[i], len(k), len(v), len(rows), len(scales), l.KVBytes, l.VBytes, l.IndexBytes, l.ScaleBytes)
 			}
 		}
 	}

@@ -12,18 +12,21 @@ import (
 // shape. Pages are page-first: a page's layers are contiguous, and each layer
 // is K rows | V rows | index-K rows | index-K scales, in the byte formats of
 // kvcache's AppendKV and AppendIndexK: K and V rows in the device pool's
-// element type (KVType), so a 16-bit pool's pages take half the KV bytes.
+// element type (KVType), so a 16-bit pool's pages take half the KV bytes. A
+// latent pool's layer has no V rows: its K rows are the latent rows.
 type Layout struct {
 	Layers      int
 	PageSize    int
 	KVType      kernels.DType // element type of the K and V rows: F32, BF16 or F16
-	KVBytes     int           // K (or V) rows of one layer of one page
+	KVBytes     int           // K rows of one layer of one page
+	VBytes      int           // V rows of one layer of one page: KVBytes, or 0 for a latent pool
 	IndexBytes  int           // index-K rows of one layer of one page
 	ScaleBytes  int           // index-K scales of one layer of one page (fp8 only)
-	LayerBytes  int           // 2*KVBytes + IndexBytes + ScaleBytes
+	LayerBytes  int           // KVBytes + VBytes + IndexBytes + ScaleBytes
 	PageBytes   int           // Layers * LayerBytes
 	indexConfig *kvcache.IndexKConfig
 	kvDim       int
+	latent      bool
 }
 
 // LayoutOf is the host layout that mirrors device pool configuration c.
@@ -31,7 +34,7 @@ func LayoutOf(c kvcache.Config) (Layout, error) {
 	if err := c.Validate(); err != nil {
 		return Layout{}, err
 	}
-	l := Layout{Layers: c.Layers, PageSize: c.PageSize, KVType: c.KVType, kvDim: c.KVDim}
+	l := Layout{Layers: c.Layers, PageSize: c.PageSize, KVType: c.KVType, kvDim: c.KVDim, latent: c.Latent}
 	big := func(a, b int) (int, error) {
 		if a != 0 && b > math.MaxInt/a {
 			return 0, fmt.Errorf("hicache: page layout overflows (%d*%d)", a, b)
@@ -41,6 +44,9 @@ func LayoutOf(c kvcache.Config) (Layout, error) {
 	var err error
 	if l.KVBytes, err = big(c.PageSize*c.KVDim, c.KVElemBytes()); err != nil {
 		return Layout{}, err
+	}
+	if !c.Latent {
+		l.VBytes = l.KVBytes
 	}
 	if ik := c.IndexK; ik != nil {
 		cp := *ik
@@ -53,7 +59,7 @@ func LayoutOf(c kvcache.Config) (Layout, error) {
 			l.IndexBytes = c.PageSize * ik.Dim * 2
 		}
 	}
-	l.LayerBytes = 2*l.KVBytes + l.IndexBytes + l.ScaleBytes
+	l.LayerBytes = l.KVBytes + l.VBytes + l.IndexBytes + l.ScaleBytes
 	if l.PageBytes, err = big(l.LayerBytes, c.Layers); err != nil {
 		return Layout{}, err
 	}
@@ -67,9 +73,9 @@ func (l Layout) check(c kvcache.Config) error {
 		return fmt.Errorf("%w: the device pool stores KV as %s, the host pool as %s: both tiers must use one --kv-dtype",
 			ErrShape, kernels.KVName(c.KVType), kernels.KVName(l.KVType))
 	}
-	if c.Layers != l.Layers || c.PageSize != l.PageSize || c.KVDim != l.kvDim {
-		return fmt.Errorf("%w: device pool of %d layers, page size %d, KV dim %d for a host layout of %d layers, page size %d, KV dim %d",
-			ErrShape, c.Layers, c.PageSize, c.KVDim, l.Layers, l.PageSize, l.kvDim)
+	if c.Layers != l.Layers || c.PageSize != l.PageSize || c.KVDim != l.kvDim || c.Latent != l.latent {
+		return fmt.Errorf("%w: device pool of %d layers, page size %d, KV dim %d (latent %v) for a host layout of %d layers, page size %d, KV dim %d (latent %v)",
+			ErrShape, c.Layers, c.PageSize, c.KVDim, c.Latent, l.Layers, l.PageSize, l.kvDim, l.latent)
 	}
 	a, b := c.IndexK, l.indexConfig
 	if (a == nil) != (b == nil) || (a != nil && *a != *b) {
@@ -119,7 +125,7 @@ func (l Layout) layerOffsets(hp int32, layer int) (k, v, idx, scale int) {
 	base := int(hp)*l.PageBytes + layer*l.LayerBytes
 	k = base
 	v = k + l.KVBytes
-	idx = v + l.KVBytes
+	idx = v + l.VBytes
 	scale = idx + l.IndexBytes
 	return
 }

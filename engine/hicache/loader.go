@@ -251,8 +251,9 @@ func (ld *Loader) next() *Load {
 	}
 }
 
-// copyLayers copies l layer by layer: layer i's K and V of every page, then
-// layer i's index-K rows and scales, marking each part done as it lands. It
+// copyLayers copies l layer by layer: layer i's K and V (or latent rows) of
+// every page, then layer i's index-K rows and scales, marking each part done
+// as it lands and pacing each part by its bytes (see pace). It
 // stops before any step once l is aborted or the loader closes.
 func (ld *Loader) copyLayers(l *Load) error {
 	lay := ld.host.layout
@@ -274,7 +275,7 @@ func (ld *Loader) copyLayers(l *Load) error {
 			}
 		}
 		ld.mark(l, layer, false)
-		if err := ld.pace(l, 2*lay.KVBytes*len(hostPages), start); err != nil {
+		if err := ld.pace(l, (lay.KVBytes+lay.VBytes)*len(hostPages), start); err != nil {
 			return err
 		}
 		if err := ld.hold.park(holdPoint{layer: layer, index: true}, l, ld.stop); err != nil {

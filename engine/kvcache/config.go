@@ -48,6 +48,11 @@ type Config struct {
 	// written row to nearest even (kernels.EncodeKV) and takes half the
 	// bytes per token, in memory and in transfer.
 	KVType kernels.DType
+	// Latent says the pool stores one row per token and layer, of KVDim
+	// elements, and no V rows: a multi-head latent attention model's
+	// latent and RoPE key, which attention reads as its keys and its
+	// values alike. Transfers and host pages then carry K rows only.
+	Latent bool
 }
 
 // IndexKConfig describes the sparse indexer's per-layer key buffer; nil in a
@@ -68,6 +73,18 @@ func (c Config) KVElemBytes() int { return kernels.KVElemBytes(c.KVType) }
 // KVRowBytes is the size of one token's K row (or V row) as stored and as
 // moved by AppendKV and PutKV: KVDim elements of KVElemBytes.
 func (c Config) KVRowBytes() int { return c.KVDim * c.KVElemBytes() }
+
+// VDim is the width of one token's V row: KVDim, or 0 for a latent pool.
+func (c Config) VDim() int {
+	if c.Latent {
+		return 0
+	}
+	return c.KVDim
+}
+
+// VRowBytes is the size of one token's V row as stored and moved: 0 for a
+// latent pool.
+func (c Config) VRowBytes() int { return c.VDim() * c.KVElemBytes() }
 
 // PagesFor is the number of pages that hold tokens tokens.
 func (c Config) PagesFor(tokens int) int {
@@ -165,7 +182,10 @@ func (c Config) bytes() (int64, error) {
 	if !ok || kvLen > math.MaxInt/4 {
 		return 0, overflow("per-layer K/V length")
 	}
-	perLayer := int64(kvLen) * int64(c.KVElemBytes()) * 2 // K and V
+	perLayer := int64(kvLen) * int64(c.KVElemBytes()) // K
+	if !c.Latent {
+		perLayer *= 2 // and V
+	}
 	if c.IndexK != nil {
 		n, ok := mul(slots, c.IndexK.Dim)
 		if !ok || n > math.MaxInt/2 {

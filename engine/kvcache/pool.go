@@ -129,13 +129,13 @@ func NewPool(cfg Config) (*Pool, error) {
 		p.k, p.v = make([][]float32, cfg.Layers), make([][]float32, cfg.Layers)
 		for l := range cfg.Layers {
 			p.k[l] = make([]float32, slots*cfg.KVDim)
-			p.v[l] = make([]float32, slots*cfg.KVDim)
+			p.v[l] = make([]float32, slots*cfg.VDim())
 		}
 	} else {
 		p.k16, p.v16 = make([][]uint16, cfg.Layers), make([][]uint16, cfg.Layers)
 		for l := range cfg.Layers {
 			p.k16[l] = make([]uint16, slots*cfg.KVDim)
-			p.v16[l] = make([]uint16, slots*cfg.KVDim)
+			p.v16[l] = make([]uint16, slots*cfg.VDim())
 		}
 	}
 	if ic := cfg.IndexK; ic != nil {
@@ -242,27 +242,32 @@ func (p *Pool) V16(layer int) []uint16 {
 }
 
 // AttentionKV points a at layer's K and V arrays, whatever their type: K
-// and V for an F32 pool, K16 and V16 for a 16-bit one, and KVType.
+// and V for an F32 pool, K16 and V16 for a 16-bit one, and KVType. A latent
+// pool's rows are its keys and its values both.
 func (p *Pool) AttentionKV(layer int, a *kernels.AttentionArgs) {
 	a.KVType = p.cfg.KVType
 	a.K, a.V, a.K16, a.V16 = p.K(layer), p.V(layer), p.K16(layer), p.V16(layer)
+	if p.cfg.Latent {
+		a.V, a.V16 = a.K, a.K16
+	}
 }
 
 // ReadKV widens the K and V rows stored at slot of layer into k and v
-// (KVDim each): exactly what attention reads.
+// (KVDim and VDim each; v is empty for a latent pool): exactly what
+// attention reads.
 func (p *Pool) ReadKV(layer int, slot int32, k, v []float32) {
-	d := p.cfg.KVDim
-	if len(k) != d || len(v) != d {
-		panic(fmt.Sprintf("kvcache: ReadKV: K row of %d and V row of %d, want %d", len(k), len(v), d))
+	d, vd := p.cfg.KVDim, p.cfg.VDim()
+	if len(k) != d || len(v) != vd {
+		panic(fmt.Sprintf("kvcache: ReadKV: K row of %d and V row of %d, want %d and %d", len(k), len(v), d, vd))
 	}
-	off := int(slot) * d
+	off, voff := int(slot)*d, int(slot)*vd
 	if p.k != nil {
 		copy(k, p.k[layer][off:off+d])
-		copy(v, p.v[layer][off:off+d])
+		copy(v, p.v[layer][voff:voff+vd])
 		return
 	}
 	kernels.DecodeKV(k, p.k16[layer][off:off+d], p.cfg.KVType)
-	kernels.DecodeKV(v, p.v16[layer][off:off+d], p.cfg.KVType)
+	kernels.DecodeKV(v, p.v16[layer][voff:voff+vd], p.cfg.KVType)
 }
 
 // IndexKeys is layer's index-K buffer, nil when the model has no indexer.
@@ -518,24 +523,25 @@ func (p *Pool) row(s *Seq) []int32 {
 	return p.table[s.row*mc : (s.row+1)*mc]
 }
 
-// WriteKV stores one token's K and V rows (KVDim each) into slot of layer,
-// rounded to nearest even in a 16-bit pool.
+// WriteKV stores one token's K and V rows (KVDim and VDim each; no V row
+// for a latent pool) into slot of layer, rounded to nearest even in a
+// 16-bit pool.
 func (p *Pool) WriteKV(layer int, slot int32, k, v []float32) {
-	d := p.cfg.KVDim
-	if len(k) != d || len(v) != d {
-		panic(fmt.Sprintf("kvcache: WriteKV: K row of %d and V row of %d, want %d", len(k), len(v), d))
+	d, vd := p.cfg.KVDim, p.cfg.VDim()
+	if len(k) != d || len(v) != vd {
+		panic(fmt.Sprintf("kvcache: WriteKV: K row of %d and V row of %d, want %d and %d", len(k), len(v), d, vd))
 	}
 	if invariants {
 		p.checkSlot("WriteKV", slot)
 	}
-	off := int(slot) * d
+	off, voff := int(slot)*d, int(slot)*vd
 	if p.k != nil {
 		copy(p.k[layer][off:off+d], k)
-		copy(p.v[layer][off:off+d], v)
+		copy(p.v[layer][voff:voff+vd], v)
 		return
 	}
 	kernels.EncodeKV(p.k16[layer][off:off+d], k, p.cfg.KVType)
-	kernels.EncodeKV(p.v16[layer][off:off+d], v, p.cfg.KVType)
+	kernels.EncodeKV(p.v16[layer][voff:voff+vd], v, p.cfg.KVType)
 }
 
 // WriteIndexK stores one token's index key into slot of layer, quantized by

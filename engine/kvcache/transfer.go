@@ -11,7 +11,8 @@ import (
 
 // Moving KV between pools of two processes (PD disaggregation): the sender
 // appends the rows of some slots as bytes, the receiver puts them into its
-// own slots. K and V rows are the stored elements, KVDim per token:
+// own slots. K and V rows are the stored elements, KVDim per token (a
+// latent pool's rows are K rows only, and its V bytes are empty):
 // little-endian float32 in an F32 pool, the little-endian 16-bit codes in a
 // BF16 or F16 pool (half the bytes);
 // index-K rows are the stored codes (one byte per element for fp8, two
@@ -22,16 +23,16 @@ import (
 
 // AppendKV appends the K and V rows of slots in layer to k and v.
 func (p *Pool) AppendKV(layer int, slots []int32, k, v []byte) ([]byte, []byte) {
-	d := p.cfg.KVDim
+	d, vd := p.cfg.KVDim, p.cfg.VDim()
 	for i := 0; i < len(slots); {
 		n := run(slots[i:])
-		off := int(slots[i]) * d
+		off, voff := int(slots[i])*d, int(slots[i])*vd
 		if p.k != nil {
 			k = appendF32(k, p.k[layer][off:off+n*d])
-			v = appendF32(v, p.v[layer][off:off+n*d])
+			v = appendF32(v, p.v[layer][voff:voff+n*vd])
 		} else {
 			k = appendU16(k, p.k16[layer][off:off+n*d])
-			v = appendU16(v, p.v16[layer][off:off+n*d])
+			v = appendU16(v, p.v16[layer][voff:voff+n*vd])
 		}
 		i += n
 	}
@@ -87,9 +88,10 @@ func (p *Pool) FillKV(layer int, slots []int32, k, v []byte) error {
 // putKV checks each slot's holders under op's name (none when op is empty).
 func (p *Pool) putKV(layer int, slots []int32, k, v []byte, op string) error {
 	d, rb := p.cfg.KVDim, p.cfg.KVRowBytes()
-	if len(k) != len(slots)*rb || len(v) != len(k) {
-		return fmt.Errorf("kvcache: put %s KV of layer %d: %d K and %d V bytes for %d tokens of %d bytes",
-			kernels.KVName(p.cfg.KVType), layer, len(k), len(v), len(slots), rb)
+	vd, vrb := p.cfg.VDim(), p.cfg.VRowBytes()
+	if len(k) != len(slots)*rb || len(v) != len(slots)*vrb {
+		return fmt.Errorf("kvcache: put %s KV of layer %d: %d K and %d V bytes for %d tokens of %d and %d bytes",
+			kernels.KVName(p.cfg.KVType), layer, len(k), len(v), len(slots), rb, vrb)
 	}
 	if err := p.checkSlots(slots); err != nil {
 		return fmt.Errorf("kvcache: put KV of layer %d: %w", layer, err)
@@ -101,13 +103,13 @@ func (p *Pool) putKV(layer int, slots []int32, k, v []byte, op string) error {
 	}
 	for i := 0; i < len(slots); {
 		n := run(slots[i:])
-		off := int(slots[i]) * d
+		off, voff := int(slots[i])*d, int(slots[i])*vd
 		if p.k != nil {
 			getF32(p.k[layer][off:off+n*d], k[i*rb:])
-			getF32(p.v[layer][off:off+n*d], v[i*rb:])
+			getF32(p.v[layer][voff:voff+n*vd], v[i*vrb:])
 		} else {
 			getU16(p.k16[layer][off:off+n*d], k[i*rb:])
-			getU16(p.v16[layer][off:off+n*d], v[i*rb:])
+			getU16(p.v16[layer][voff:voff+n*vd], v[i*vrb:])
 		}
 		i += n
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/kernels"
@@ -49,8 +50,15 @@ type Exec struct {
 	chunkBytes         int                       // the chunks' logits bound; 0: greedyChunkBytes
 	heads, kvHeads     int
 	qDim, kvDim        int
+	aDim               int // this rank's attention output width (its heads' values)
 	dim, hidden, vocab int
+	mla                []mlaHeads // per layer, this rank's heads' expansions (MLA only)
 }
+
+// mlaHeads are one layer's per-head latent expansions for this rank's
+// heads: kb[h] absorbs head h's position-free query into the latent's
+// space, vb[h] expands its attention output to its value.
+type mlaHeads struct{ kb, vb []*kernels.Matrix }
 
 // Gatherer joins, across the ranks of a tensor-parallel group, every rank's
 // rows×width piece into rows×(ranks·width), pieces side by side in rank
@@ -65,7 +73,9 @@ type Gatherer interface {
 // activations are gathered after each split matmul. Each output element is
 // thus still one full-length dot product computed by the same batch-invariant
 // kernel, so any number of ranks gives bit-identical logits to one rank. The
-// residual stream and the sparse indexer are replicated on every rank.
+// residual stream and the sparse indexer are replicated on every rank, and so
+// is the latent attention's KV row (every rank's heads read the whole latent,
+// as in DeepSeek's MLA under tensor parallelism): its projection is not split.
 type Shard struct {
 	Rank, Size int
 	Gather     Gatherer // nil when Size is 1
@@ -93,13 +103,17 @@ func (c *Config) CheckShards(n int) error {
 	if n < 1 {
 		return fmt.Errorf("tensor parallelism %d must be at least 1", n)
 	}
-	for _, d := range []struct {
+	dims := []struct {
 		what string
 		v    int
 	}{
 		{"attention heads", c.Heads}, {"KV heads", c.KVHeads}, {"embedding length", c.Dim},
 		{"feed-forward length", c.Hidden}, {"vocabulary size", c.VocabSize},
-	} {
+	}
+	if c.MLA != nil {
+		dims = slices.Delete(dims, 1, 2) // the latent row is replicated, not split
+	}
+	for _, d := range dims {
 		if d.v%n != 0 {
 			return fmt.Errorf("tensor parallelism %d must divide the %d %s", n, d.v, d.what)
 		}
@@ -115,6 +129,10 @@ type workspace struct {
 	x, xn, q, k, v, a, o []float32
 	gate, up, h          []float32
 	iq, ik, iw           []float32
+	// latent attention scratch (mla.go)
+	mq, mo        []float32 // absorbed queries and their outputs: [token][head][latent+rope]
+	mLat, mRope   []float32 // the latent being normalised; RoPE parts being rotated
+	mIn, mOut     []float32 // one head's slice in and out of its expansion
 	logitRows            []int
 	lx, lLocal           []float32
 	lChunk, greedyMax    []float32 // output projection chunks (greedy.go)
@@ -149,8 +167,9 @@ func (m *Model) NewShardedExec(b kernels.Backend, pool *kvcache.Pool, sh Shard) 
 	}
 	n := sh.Size
 	pc := pool.Config()
-	if pc.Layers != c.Layers || pc.KVDim != c.KVDim()/n {
-		return nil, fmt.Errorf("model: pool has %d layers × KV dim %d, model needs %d × %d", pc.Layers, pc.KVDim, c.Layers, c.KVDim()/n)
+	if want := m.ShardPoolConfig(n, pc.PageSize, pc.Pages, pc.MaxSeqs, 0); pc.Layers != want.Layers || pc.KVDim != want.KVDim || pc.Latent != want.Latent {
+		return nil, fmt.Errorf("model: pool has %d layers × KV dim %d (latent %v), model needs %d × %d (latent %v)",
+			pc.Layers, pc.KVDim, pc.Latent, want.Layers, want.KVDim, want.Latent)
 	}
 	if (pc.IndexK != nil) != (c.Indexer != nil) {
 		return nil, errors.New("model: pool index-K buffers do not match the model's indexer")
@@ -162,16 +181,46 @@ func (m *Model) NewShardedExec(b kernels.Backend, pool *kvcache.Pool, sh Shard) 
 		heads: c.Heads / n, kvHeads: c.KVHeads / n,
 		dim: c.Dim / n, hidden: c.Hidden / n, vocab: c.VocabSize / n,
 	}
-	e.qDim, e.kvDim = e.heads*c.HeadDim, e.kvHeads*c.HeadDim
+	e.qDim, e.kvDim, e.aDim = e.heads*c.HeadDim, e.kvHeads*c.HeadDim, e.heads*c.HeadDim
 	r := sh.Rank
 	e.layers = make([]Layer, len(m.Layers))
 	for l, w := range m.Layers {
-		w.Q, w.K, w.V, w.O = rowShard(w.Q, r, n), rowShard(w.K, r, n), rowShard(w.V, r, n), rowShard(w.O, r, n)
+		w.Q, w.O = rowShard(w.Q, r, n), rowShard(w.O, r, n)
+		if c.MLA == nil {
+			w.K, w.V = rowShard(w.K, r, n), rowShard(w.V, r, n)
+		}
 		w.Gate, w.Up, w.Down = rowShard(w.Gate, r, n), rowShard(w.Up, r, n), rowShard(w.Down, r, n)
-		e.layers[l] = w // norms and indexer stay whole: they are replicated
+		e.layers[l] = w // norms, indexer and latent projection stay whole: they are replicated
+	}
+	if ml := c.MLA; ml != nil {
+		e.kvHeads, e.kvDim, e.aDim = 1, c.KVDim(), e.heads*ml.VDim
+		e.mla = make([]mlaHeads, len(m.Layers))
+		for l, w := range m.Layers {
+			e.mla[l] = mlaHeads{kb: headMatrices(w.KB, r*e.heads, e.heads, ml.KVRank), vb: headMatrices(w.VB, r*e.heads, e.heads, ml.VDim)}
+		}
 	}
 	e.output = rowShard(m.Output, r, n)
 	return e, nil
+}
+
+// headMatrices are heads per-head matrices of rows rows each from a stack
+// of them (Layer.KB, Layer.VB), starting at head first, without copying.
+func headMatrices(w *kernels.Matrix, first, heads, rows int) []*kernels.Matrix {
+	out := make([]*kernels.Matrix, heads)
+	for h := range out {
+		out[h] = rowRange(w, (first+h)*rows, rows)
+	}
+	return out
+}
+
+// rowRange is rows [lo, lo+k) of w, without copying.
+func rowRange(w *kernels.Matrix, lo, k int) *kernels.Matrix {
+	rb := w.RowBytes()
+	s, err := kernels.NewMatrix(w.DType, k, w.Cols, w.Data[lo*rb:(lo+k)*rb])
+	if err != nil { // unreachable: the callers' ranges lie inside w
+		panic(fmt.Sprintf("model: rows %d..%d of a %d×%d %v matrix: %v", lo, lo+k, w.Rows, w.Cols, w.DType, err))
+	}
+	return s
 }
 
 // rowShard is rows [r·R/n, (r+1)·R/n) of w, without copying.
@@ -179,12 +228,8 @@ func rowShard(w *kernels.Matrix, r, n int) *kernels.Matrix {
 	if n == 1 {
 		return w
 	}
-	k, rb := w.Rows/n, w.RowBytes()
-	s, err := kernels.NewMatrix(w.DType, k, w.Cols, w.Data[r*k*rb:(r+1)*k*rb])
-	if err != nil { // unreachable: CheckShards made the rows divide
-		panic(fmt.Sprintf("model: slicing a %d×%d %v matrix: %v", w.Rows, w.Cols, w.DType, err))
-	}
-	return s
+	k := w.Rows / n // CheckShards made the rows divide
+	return rowRange(w, r*k, k)
 }
 
 // gather joins a split activation across the group (with one rank, the
@@ -208,11 +253,13 @@ func (m *Model) PoolConfig(pageSize, pages, maxSeqs int, indexK kernels.IndexKDT
 
 // ShardPoolConfig is PoolConfig for one rank of a group of n: it holds that
 // rank's KV heads, and the whole index-K cache (the indexer is replicated).
+// A latent-attention model's pool holds the whole latent row on every rank,
+// and no V rows (the latent is read as both).
 func (m *Model) ShardPoolConfig(n, pageSize, pages, maxSeqs int, indexK kernels.IndexKDType) kvcache.Config {
 	c := &m.Config
 	pc := kvcache.Config{
-		Layers: c.Layers, KVDim: c.KVDim() / max(n, 1), PageSize: pageSize, Pages: pages,
-		MaxSeqs: maxSeqs, MaxContext: min(c.ContextLen, pageSize*pages),
+		Layers: c.Layers, KVDim: c.RankKVDim(n), PageSize: pageSize, Pages: pages,
+		MaxSeqs: maxSeqs, MaxContext: min(c.ContextLen, pageSize*pages), Latent: c.MLA != nil,
 	}
 	if c.Indexer != nil {
 		pc.IndexK = &kvcache.IndexKConfig{DType: indexK, Dim: c.Indexer.Dim}
@@ -379,9 +426,18 @@ func (e *Exec) prepare(batch []SeqInput, n int) {
 	ws.xn = grow(ws.xn, n*c.Dim)
 	ws.o = grow(ws.o, n*e.dim)
 	ws.q = grow(ws.q, n*e.qDim)
-	ws.a = grow(ws.a, n*e.qDim)
+	ws.a = grow(ws.a, n*e.aDim)
 	ws.k = grow(ws.k, n*e.kvDim)
 	ws.v = grow(ws.v, n*e.kvDim)
+	if ml := c.MLA; ml != nil {
+		row := e.kvDim // latent and RoPE key: what a query head reads in the absorbed form
+		ws.mq = grow(ws.mq, n*e.heads*row)
+		ws.mo = grow(ws.mo, n*e.heads*row)
+		ws.mLat = grow(ws.mLat, n*ml.KVRank)
+		ws.mRope = grow(ws.mRope, n*max(e.heads, 1)*c.RopeDim)
+		ws.mIn = grow(ws.mIn, n*max(ml.NopeDim, ml.KVRank))
+		ws.mOut = grow(ws.mOut, n*max(ml.KVRank, ml.VDim))
+	}
 	ws.gate = grow(ws.gate, n*e.hidden)
 	ws.up = grow(ws.up, n*e.hidden)
 	ws.h = grow(ws.h, n*e.hidden)
@@ -397,36 +453,17 @@ func (e *Exec) layer(l, n int) error {
 	w := &e.layers[l]
 	b := e.b
 	ws := &e.ws
-	kvd := e.kvDim
 
 	b.RMSNorm(ws.xn, ws.x, w.AttnNorm, n, c.NormEps)
 	b.MatMul(ws.q, ws.xn, w.Q, n)
-	b.MatMul(ws.k, ws.xn, w.K, n)
-	b.MatMul(ws.v, ws.xn, w.V, n)
-	b.RoPE(ws.q, ws.pos, e.heads, c.HeadDim, c.RopeDim, c.RopeTheta)
-	b.RoPE(ws.k, ws.pos, e.kvHeads, c.HeadDim, c.RopeDim, c.RopeTheta)
-	for i := range n {
-		e.pool.WriteKV(l, ws.slot[i], ws.k[i*kvd:(i+1)*kvd], ws.v[i*kvd:(i+1)*kvd])
-	}
-	copy(ws.attn, ws.ctx)
-	if c.Indexer != nil {
-		if err := e.index(l, n); err != nil {
+	if c.MLA != nil {
+		if err := e.latentAttention(l, n); err != nil {
 			return err
 		}
+	} else if err := e.attention(l, n); err != nil {
+		return err
 	}
-	if len(ws.gated) > 0 {
-		if err := e.waitKV(l); err != nil {
-			return err
-		}
-	}
-	aa := kernels.AttentionArgs{
-		Out: ws.a, Q: ws.q, Slots: ws.attn[:n],
-		NHeads: e.heads, NKVHeads: e.kvHeads, HeadDim: c.HeadDim,
-		Scale: float32(1 / math.Sqrt(float64(c.HeadDim))),
-	}
-	e.pool.AttentionKV(l, &aa) // K and V in the pool's element type
-	b.Attention(&aa)
-	a, err := e.gather(ws.a, n, e.qDim, &ws.aFull)
+	a, err := e.gather(ws.a, n, e.aDim, &ws.aFull)
 	if err != nil {
 		return err
 	}
@@ -450,6 +487,52 @@ func (e *Exec) layer(l, n int) error {
 		return err
 	}
 	addInPlace(ws.x, o)
+	return nil
+}
+
+// attention is layer l's grouped-query attention over ws.q into ws.a: it
+// writes every batch token's K and V rows, lets the indexer narrow what
+// each token reads, waits for the layer's gates, and attends.
+func (e *Exec) attention(l, n int) error {
+	c := &e.m.Config
+	w := &e.layers[l]
+	b := e.b
+	ws := &e.ws
+	kvd := e.kvDim
+	b.MatMul(ws.k, ws.xn, w.K, n)
+	b.MatMul(ws.v, ws.xn, w.V, n)
+	b.RoPE(ws.q, ws.pos, e.heads, c.HeadDim, c.RopeDim, c.RopeTheta)
+	b.RoPE(ws.k, ws.pos, e.kvHeads, c.HeadDim, c.RopeDim, c.RopeTheta)
+	for i := range n {
+		e.pool.WriteKV(l, ws.slot[i], ws.k[i*kvd:(i+1)*kvd], ws.v[i*kvd:(i+1)*kvd])
+	}
+	if err := e.narrowAndWait(l, n); err != nil {
+		return err
+	}
+	aa := kernels.AttentionArgs{
+		Out: ws.a, Q: ws.q, Slots: ws.attn[:n],
+		NHeads: e.heads, NKVHeads: e.kvHeads, HeadDim: c.HeadDim,
+		Scale: float32(1 / math.Sqrt(float64(c.HeadDim))),
+	}
+	e.pool.AttentionKV(l, &aa) // K and V in the pool's element type
+	b.Attention(&aa)
+	return nil
+}
+
+// narrowAndWait sets what each batch token attends to in layer l: its
+// whole context, or the indexer's top-k of it; then it waits for the
+// layer's KV gates. The layer's K and V (or latent) rows are written.
+func (e *Exec) narrowAndWait(l, n int) error {
+	ws := &e.ws
+	copy(ws.attn, ws.ctx)
+	if e.m.Config.Indexer != nil {
+		if err := e.index(l, n); err != nil {
+			return err
+		}
+	}
+	if len(ws.gated) > 0 {
+		return e.waitKV(l)
+	}
 	return nil
 }
 

@@ -30,12 +30,20 @@ type Model struct {
 
 // Layer is one transformer block's weights.
 type Layer struct {
-	AttnNorm       []float32
-	Q, K, V, O     *kernels.Matrix
+	AttnNorm   []float32
+	Q, K, V, O *kernels.Matrix // K and V: the llama architectures only
+	// The latent attention's (the MLA architectures only): the latent and
+	// RoPE key projection (attn_kv_a_mqa), the latent's norm, and per head
+	// the latent's key and value expansions, head after head: KB is
+	// Heads·KVRank × NopeDim (absorbed into the query), VB Heads·VDim ×
+	// KVRank (applied to the attention output).
+	KVA            *kernels.Matrix
+	KVANorm        []float32
+	KB, VB         *kernels.Matrix
 	FFNNorm        []float32
 	Gate, Up, Down *kernels.Matrix
-	IndexQ, IndexK *kernels.Matrix // indexer projections (ArchLlamaDSA only)
-	IndexW         *kernels.Matrix // per-head weight projection (ArchLlamaDSA only)
+	IndexQ, IndexK *kernels.Matrix // indexer projections (the indexer architectures only)
+	IndexW         *kernels.Matrix // per-head weight projection (the indexer architectures only)
 }
 
 // Open maps a GGUF file and loads the model in it.
@@ -97,8 +105,8 @@ func ReadConfig(f *gguf.File) (Config, error) {
 	if arch == "" {
 		return Config{}, errors.New("model: general.architecture is missing")
 	}
-	if arch != ArchLlama && arch != ArchLlamaDSA {
-		return Config{}, fmt.Errorf("model: unsupported architecture %q (pdkit runs %s and %s)", arch, ArchLlama, ArchLlamaDSA)
+	if !slices.Contains(Archs, arch) {
+		return Config{}, fmt.Errorf("model: unsupported architecture %q (pdkit runs %s)", arch, ArchList())
 	}
 	var missing []string
 	need := func(key string) int {
@@ -126,21 +134,28 @@ func ReadConfig(f *gguf.File) (Config, error) {
 	c.Hidden = need("feed_forward_length")
 	c.Heads = need("attention.head_count")
 	c.ContextLen = need("context_length")
-	if arch == ArchLlamaDSA {
+	if HasIndexer(arch) {
 		c.Indexer = &IndexerConfig{
 			Heads: need("indexer.head_count"),
 			Dim:   need("indexer.key_length"),
 			TopK:  need("indexer.top_k"),
 		}
 	}
+	if IsMLA(arch) {
+		if err := readMLA(&c, need, opt); err != nil {
+			return Config{}, err
+		}
+	}
 	if len(missing) > 0 {
 		return Config{}, fmt.Errorf("model: missing metadata %v", missing)
 	}
-	c.KVHeads = opt("attention.head_count_kv", c.Heads)
-	if c.Heads > 0 {
-		c.HeadDim = opt("attention.key_length", c.Dim/c.Heads)
+	if c.MLA == nil {
+		c.KVHeads = opt("attention.head_count_kv", c.Heads)
+		if c.Heads > 0 {
+			c.HeadDim = opt("attention.key_length", c.Dim/c.Heads)
+		}
+		c.RopeDim = opt("rope.dimension_count", c.HeadDim)
 	}
-	c.RopeDim = opt("rope.dimension_count", c.HeadDim)
 	c.RopeTheta = optf("rope.freq_base", 10000)
 	c.NormEps = optf("attention.layer_norm_rms_epsilon", 1e-5)
 	c.VocabSize = opt("vocab_size", 0)
@@ -160,10 +175,40 @@ func ReadConfig(f *gguf.File) (Config, error) {
 	if _, ok := f.Tensor("rope_freqs.weight"); ok {
 		return Config{}, errors.New("model: per-dimension RoPE frequencies (rope_freqs.weight, as in Llama 3.1) are not supported")
 	}
-	if v, ok := f.Uint(arch + ".attention.value_length"); ok && int(v) != c.HeadDim {
+	if v, ok := f.Uint(arch + ".attention.value_length"); ok && c.MLA == nil && int(v) != c.HeadDim {
 		return Config{}, fmt.Errorf("model: value length %d differs from key length %d; not supported", v, c.HeadDim)
 	}
 	return c, c.Validate()
+}
+
+// readMLA reads the latent attention's shape as llama.cpp's deepseek2
+// files write it (the absorbed form): the cache row is a single KV head
+// whose key is the latent plus the RoPE key (attention.key_length) and
+// whose value is the latent (attention.value_length); a query head's key
+// and value lengths are the *_mla keys. Shapes this forward pass does not
+// run are refused: a low-rank query (q_lora_rank), mixture-of-experts
+// layers (any layer past leading_dense_block_count).
+func readMLA(c *Config, need func(string) int, opt func(string, int) int) error {
+	m := &MLAConfig{KVRank: need("attention.kv_lora_rank")}
+	c.RopeDim = need("rope.dimension_count")
+	c.HeadDim = need("attention.key_length_mla")
+	m.VDim = need("attention.value_length_mla")
+	m.NopeDim = c.HeadDim - c.RopeDim
+	c.KVHeads = opt("attention.head_count_kv", 1)
+	c.MLA = m
+	if q := opt("attention.q_lora_rank", 0); q != 0 {
+		return fmt.Errorf("model: a low-rank query (q_lora_rank %d) is not supported; pdkit runs attn_q directly", q)
+	}
+	if dense := opt("leading_dense_block_count", c.Layers); dense < c.Layers {
+		return fmt.Errorf("model: %d of %d blocks are mixture-of-experts (leading_dense_block_count %d); pdkit runs dense blocks only", c.Layers-dense, c.Layers, dense)
+	}
+	if k := opt("attention.key_length", m.KVRank+c.RopeDim); k != m.KVRank+c.RopeDim {
+		return fmt.Errorf("model: cache key length %d is not the latent %d plus the RoPE key %d", k, m.KVRank, c.RopeDim)
+	}
+	if v := opt("attention.value_length", m.KVRank); v != m.KVRank {
+		return fmt.Errorf("model: cache value length %d is not the latent rank %d", v, m.KVRank)
+	}
+	return nil
 }
 
 // ReadVocab reads the tokenizer.ggml.* keys.
@@ -265,9 +310,20 @@ func (m *Model) loadWeights(f *gguf.File) error {
 		p := fmt.Sprintf("blk.%d.", i)
 		l.AttnNorm = vec(p+"attn_norm.weight", c.Dim)
 		l.Q = mat(p+"attn_q.weight", c.QDim(), c.Dim)
-		l.K = mat(p+"attn_k.weight", c.KVDim(), c.Dim)
-		l.V = mat(p+"attn_v.weight", c.KVDim(), c.Dim)
-		l.O = mat(p+"attn_output.weight", c.Dim, c.QDim())
+		if ml := c.MLA; ml != nil {
+			l.KVA = mat(p+"attn_kv_a_mqa.weight", c.KVDim(), c.Dim)
+			l.KVANorm = vec(p+"attn_kv_a_norm.weight", ml.KVRank)
+			if err == nil {
+				l.KB, err = loadHeads(f, p+"attn_k_b.weight", c.Heads, ml.KVRank, ml.NopeDim)
+			}
+			if err == nil {
+				l.VB, err = loadHeads(f, p+"attn_v_b.weight", c.Heads, ml.VDim, ml.KVRank)
+			}
+		} else {
+			l.K = mat(p+"attn_k.weight", c.KVDim(), c.Dim)
+			l.V = mat(p+"attn_v.weight", c.KVDim(), c.Dim)
+		}
+		l.O = mat(p+"attn_output.weight", c.Dim, c.AttnOutDim())
 		l.FFNNorm = vec(p+"ffn_norm.weight", c.Dim)
 		l.Gate = mat(p+"ffn_gate.weight", c.Hidden, c.Dim)
 		l.Up = mat(p+"ffn_up.weight", c.Hidden, c.Dim)
@@ -283,10 +339,28 @@ func (m *Model) loadWeights(f *gguf.File) error {
 
 // layerTensors is the number of tensors each block of c holds.
 func layerTensors(c *Config) int {
-	if c.Indexer != nil {
-		return 12
+	n := 9
+	if c.MLA != nil {
+		n = 11 // attn_kv_a_mqa, attn_kv_a_norm, attn_k_b, attn_v_b for attn_k, attn_v
 	}
-	return 9
+	if c.Indexer != nil {
+		n += 3
+	}
+	return n
+}
+
+// loadHeads loads a per-head stack of heads matrices of rows×cols each
+// (GGUF ne = [cols, rows, heads]) as one matrix of heads·rows rows, head
+// after head, so that a tensor-parallel rank's heads are a row range.
+func loadHeads(f *gguf.File, name string, heads, rows, cols int) (*kernels.Matrix, error) {
+	t, ok := f.Tensor(name)
+	if !ok {
+		return nil, fmt.Errorf("model: tensor %q is missing", name)
+	}
+	if want := []uint64{uint64(cols), uint64(rows), uint64(heads)}; !equalShape(t.Shape, want) {
+		return nil, fmt.Errorf("model: tensor %q has shape %v, want %v", name, t.Shape, want)
+	}
+	return tensorMatrix(f, t, name, heads*rows, cols)
 }
 
 // loadMatrix checks a tensor's shape (GGUF ne = [cols, rows]; a vector is
@@ -304,6 +378,11 @@ func loadMatrix(f *gguf.File, name string, rows, cols int) (*kernels.Matrix, err
 	if !equalShape(shape, want) {
 		return nil, fmt.Errorf("model: tensor %q has shape %v, want %v", name, shape, want)
 	}
+	return tensorMatrix(f, t, name, rows, cols)
+}
+
+// tensorMatrix wraps tensor t's mapped bytes as a rows×cols matrix.
+func tensorMatrix(f *gguf.File, t *gguf.TensorInfo, name string, rows, cols int) (*kernels.Matrix, error) {
 	dt, err := dtypeOf(t.Type)
 	if err != nil {
 		return nil, fmt.Errorf("model: tensor %q: %w", name, err)

@@ -44,7 +44,7 @@ func (e *Engine) maxMessageBytes() int64 {
 		pages := (tokens + int64(e.cfg.PageSize) - 1) / int64(e.cfg.PageSize)
 		return 4*pages + messageHeadroom
 	}
-	row := int64(c.KVDim()/e.cfg.TP) * int64(kernels.KVElemBytes(e.cfg.KVType)) // K or V as the pool stores them
+	row := int64(c.RankKVDim(e.cfg.TP)) * int64(kernels.KVElemBytes(e.cfg.KVType)) // K or V (or latent) as the pool stores them
 	if ix := c.Indexer; ix != nil {
 		row = max(row, int64(ix.Dim)*2) // bf16 index-K; fp8 is smaller
 	}

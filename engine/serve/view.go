@@ -356,6 +356,12 @@ func (v *View) decodeInfo() pdproto.DecodeInfo {
 	if fp := v.m.Fingerprint(); fp != "" {
 		name += "@" + fp
 	}
+	// A rank's rows are its KV heads' share, or with latent attention
+	// the one latent row every rank holds whole.
+	kvHeads, headDim := c.KVHeads/v.cfg.TP, c.HeadDim
+	if c.MLA != nil {
+		kvHeads, headDim = 1, c.KVDim()
+	}
 	return pdproto.DecodeInfo{TPSize: v.cfg.TP, PageSize: v.cfg.PageSize, KVDType: kernels.KVName(v.cfg.KVType), IndexKDType: v.indexKName(),
-		Model: name, Layers: c.Layers, KVHeads: c.KVHeads / v.cfg.TP, HeadDim: c.HeadDim}
+		Model: name, Layers: c.Layers, KVHeads: kvHeads, HeadDim: headDim}
 }

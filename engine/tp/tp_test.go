@@ -191,8 +191,9 @@ func sameBits(t *testing.T, name string, got, want trace) {
 // (prefill in chunks, then greedy decoding) and equal tokens.
 func TestBitExact(t *testing.T) {
 	for _, spec := range []builtin.Spec{
-		tiny(model.ArchLlama), tiny(model.ArchLlamaDSA),
+		tiny(model.ArchLlama), tiny(model.ArchLlamaDSA), tiny(model.ArchDeepSeek2), tiny(model.ArchDeepSeek2DSA),
 		{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.Q8_0},
+		{Arch: model.ArchDeepSeek2DSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.Q8_0},
 	} {
 		t.Run(spec.FileName(), func(t *testing.T) {
 			m := testmodel.Open(t, spec)
@@ -234,7 +235,13 @@ func TestBitExact(t *testing.T) {
 // rank does, so TP=1, 2 and 4 equal model.Exec bit for bit; and the rounding
 // is real (the logits differ from the F32 pool's).
 func TestBitExactKV16(t *testing.T) {
-	m := testmodel.Open(t, tiny(model.ArchLlamaDSA))
+	for _, arch := range []string{model.ArchLlamaDSA, model.ArchDeepSeek2DSA} {
+		t.Run(arch, func(t *testing.T) { bitExactKV16(t, arch) })
+	}
+}
+
+func bitExactKV16(t *testing.T, arch string) {
+	m := testmodel.Open(t, tiny(arch))
 	v := m.Config.VocabSize
 	ps := prompts(7, 3, v)
 	f32 := run(t, v, ps, execStep(t, m))

@@ -1,9 +1,10 @@
-// Package builtin generates pdkit's built-in models: llama-family GGUF files
-// whose weights come deterministically from a seed, so that a fresh machine
-// can run, test and benchmark the whole system with nothing to download. The
-// weights are random, so the text is meaningless, but every code path (GGUF,
-// tokenizer, forward pass, indexer, KV, sampling) is the real one, and the
-// llama variant loads in llama.cpp.
+// Package builtin generates pdkit's built-in models: llama- and
+// DeepSeek-shaped GGUF files whose weights come deterministically from a
+// seed, so that a fresh machine can run, test and benchmark the whole system
+// with nothing to download. The weights are random, so the text is
+// meaningless, but every code path (GGUF, tokenizer, forward pass, latent
+// attention, indexer, KV, sampling) is the real one, and the variants
+// without an indexer (llama, deepseek2) load in llama.cpp.
 package builtin
 
 import (
@@ -13,6 +14,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/pdkit/pdkit/engine/gguf"
@@ -38,7 +40,7 @@ const DefaultSeed = 1
 
 // Spec names one built-in model.
 type Spec struct {
-	Arch string // model.ArchLlama or model.ArchLlamaDSA
+	Arch string // one of model.Archs
 	Size string // one of Sizes
 	Seed uint64
 	Type kernels.DType // weight type of the matrices (norms stay F32)
@@ -72,14 +74,41 @@ func Shape(arch, size string) (model.Config, error) {
 	c.RopeDim = c.HeadDim
 	c.RopeTheta = 10000
 	c.NormEps = 1e-5
-	switch arch {
-	case model.ArchLlamaDSA:
-	case model.ArchLlama:
+	if !slices.Contains(model.Archs, arch) {
+		return c, fmt.Errorf("builtin: unknown architecture %q (want %s)", arch, model.ArchList())
+	}
+	if model.IsMLA(arch) {
+		deepSeekShape(&c, size)
+	}
+	if !model.HasIndexer(arch) {
 		c.Indexer = nil
-	default:
-		return c, fmt.Errorf("builtin: unknown architecture %q (want %s or %s)", arch, model.ArchLlama, model.ArchLlamaDSA)
 	}
 	return c, c.Validate()
+}
+
+// deepSeekShape turns the llama shape c of size into its DeepSeek-shaped
+// sibling: the same width, depth, feed-forward and vocabulary, with
+// multi-head latent attention in DeepSeek-V2/V3's proportions (a latent of
+// eight times the RoPE key, a position-free query/key part of twice it)
+// and DeepSeek-V3.2's index keys (128 dims against a 512+64 latent row).
+// medium has DeepSeek-V3's very attention sizes (latent 512, RoPE 64,
+// position-free 128, value 128, index keys 128); small and tiny scale them
+// down, tiny keeping each matrix's columns a multiple of 32 (Q8_0 blocks).
+func deepSeekShape(c *model.Config, size string) {
+	var rope, nope, rank, vdim, heads int
+	switch size {
+	case SizeTiny:
+		heads, rope, nope, rank, vdim = 4, 8, 32, 64, 32
+		c.Indexer = &model.IndexerConfig{Heads: 2, Dim: 16, TopK: 8}
+	case SizeSmall:
+		heads, rope, nope, rank, vdim = 6, 32, 64, 256, 64
+		c.Indexer = &model.IndexerConfig{Heads: 4, Dim: 64, TopK: 128}
+	default: // SizeMedium
+		heads, rope, nope, rank, vdim = 12, 64, 128, 512, 128
+		c.Indexer = &model.IndexerConfig{Heads: 8, Dim: 128, TopK: 256}
+	}
+	c.Heads, c.KVHeads, c.RopeDim, c.HeadDim = heads, 1, rope, nope+rope
+	c.MLA = &model.MLAConfig{KVRank: rank, NopeDim: nope, VDim: vdim}
 }
 
 // SizeList names the sizes for messages and help: "tiny, small or medium".
@@ -200,6 +229,23 @@ func newWriter(s Spec, c model.Config) (*gguf.Writer, error) {
 	w.Add(a+".attention.layer_norm_rms_epsilon", c.NormEps)
 	w.Add(a+".rope.dimension_count", uint32(c.RopeDim))
 	w.Add(a+".rope.freq_base", c.RopeTheta)
+	if ml := c.MLA; ml != nil {
+		// llama.cpp's deepseek2 keys for the absorbed form: the cache row
+		// is one KV head whose key is the latent plus the RoPE key and
+		// whose value is the latent; every block is dense.
+		w.Add(a+".attention.key_length", uint32(c.KVDim()))
+		w.Add(a+".attention.value_length", uint32(ml.KVRank))
+		w.Add(a+".attention.key_length_mla", uint32(c.HeadDim))
+		w.Add(a+".attention.value_length_mla", uint32(ml.VDim))
+		w.Add(a+".attention.kv_lora_rank", uint32(ml.KVRank))
+		w.Add(a+".attention.q_lora_rank", uint32(0))
+		w.Add(a+".leading_dense_block_count", uint32(c.Layers))
+		w.Add(a+".expert_count", uint32(0))
+		w.Add(a+".expert_used_count", uint32(0))
+		w.Add(a+".expert_shared_count", uint32(0))
+		w.Add(a+".expert_feed_forward_length", uint32(0))
+		w.Add(a+".expert_weights_scale", float32(1))
+	}
 	if ix := c.Indexer; ix != nil {
 		w.Add(a+".indexer.head_count", uint32(ix.Heads))
 		w.Add(a+".indexer.key_length", uint32(ix.Dim))
@@ -231,6 +277,7 @@ type tensorPlan struct {
 	name       string
 	kind       tensorKind
 	rows, cols int // a vector has one row
+	heads      int // > 1: a stack of heads matrices of rows/heads rows each (GGUF ne [cols, rows/heads, heads])
 	std        float64
 }
 
@@ -244,7 +291,8 @@ type tensorPlan struct {
 func tensors(c model.Config) []tensorPlan {
 	resid := 1 / math.Sqrt(2*float64(c.Layers))
 	in := 1 / math.Sqrt(float64(c.Dim))
-	vec := func(name string) tensorPlan { return tensorPlan{name: name, kind: normWeight, rows: 1, cols: c.Dim} }
+	vecN := func(name string, n int) tensorPlan { return tensorPlan{name: name, kind: normWeight, rows: 1, cols: n} }
+	vec := func(name string) tensorPlan { return vecN(name, c.Dim) }
 	proj := func(name string, rows, cols int, std float64) tensorPlan {
 		return tensorPlan{name: name, kind: projection, rows: rows, cols: cols, std: std}
 	}
@@ -257,12 +305,25 @@ func tensors(c model.Config) []tensorPlan {
 	}
 	for l := range c.Layers {
 		p := fmt.Sprintf("blk.%d.", l)
+		ts = append(ts, vec(p+"attn_norm.weight"), proj(p+"attn_q.weight", c.QDim(), c.Dim, in))
+		if ml := c.MLA; ml != nil {
+			heads := func(name string, rows, cols int) tensorPlan {
+				return tensorPlan{name: name, kind: projection, rows: c.Heads * rows, cols: cols, heads: c.Heads, std: 1 / math.Sqrt(float64(cols))}
+			}
+			ts = append(ts,
+				proj(p+"attn_kv_a_mqa.weight", c.KVDim(), c.Dim, in),
+				vecN(p+"attn_kv_a_norm.weight", ml.KVRank),
+				heads(p+"attn_k_b.weight", ml.KVRank, ml.NopeDim),
+				heads(p+"attn_v_b.weight", ml.VDim, ml.KVRank),
+			)
+		} else {
+			ts = append(ts,
+				proj(p+"attn_k.weight", c.KVDim(), c.Dim, in),
+				proj(p+"attn_v.weight", c.KVDim(), c.Dim, in),
+			)
+		}
 		ts = append(ts,
-			vec(p+"attn_norm.weight"),
-			proj(p+"attn_q.weight", c.QDim(), c.Dim, in),
-			proj(p+"attn_k.weight", c.KVDim(), c.Dim, in),
-			proj(p+"attn_v.weight", c.KVDim(), c.Dim, in),
-			proj(p+"attn_output.weight", c.Dim, c.QDim(), resid/math.Sqrt(float64(c.QDim()))),
+			proj(p+"attn_output.weight", c.Dim, c.AttnOutDim(), resid/math.Sqrt(float64(c.AttnOutDim()))),
 			vec(p+"ffn_norm.weight"),
 			proj(p+"ffn_gate.weight", c.Hidden, c.Dim, in),
 			proj(p+"ffn_up.weight", c.Hidden, c.Dim, in),
@@ -347,7 +408,7 @@ func (g *gen) draw(t tensorPlan) {
 	case embedding:
 		g.embedding(t.name, t.rows, t.cols, t.std)
 	default:
-		g.matrix(t.name, t.rows, t.cols, t.std)
+		g.matrix(t.name, t.rows, t.cols, t.heads, t.std)
 	}
 }
 
@@ -391,12 +452,17 @@ func (g *gen) embedding(name string, rows, cols int, std float64) {
 	g.encode(name, rows, cols, v)
 }
 
-func (g *gen) matrix(name string, rows, cols int, std float64) {
-	g.encode(name, rows, cols, g.normals(rows*cols, std))
+func (g *gen) matrix(name string, rows, cols, heads int, std float64) {
+	g.encodeHeads(name, rows, cols, heads, g.normals(rows*cols, std))
 }
 
 // encode stores a rows×cols f32 matrix in the spec's weight type.
 func (g *gen) encode(name string, rows, cols int, v []float32) {
+	g.encodeHeads(name, rows, cols, 1, v)
+}
+
+// encodeHeads is encode for a stack of heads matrices of rows/heads rows.
+func (g *gen) encodeHeads(name string, rows, cols, heads int, v []float32) {
 	rb, err := kernels.RowBytes(g.typ, cols)
 	if err != nil {
 		g.err = err
@@ -422,7 +488,11 @@ func (g *gen) encode(name string, rows, cols int, v []float32) {
 			kernels.QuantizeQ8Row(dst, src)
 		}
 	}
-	g.add(name, ggufType(g.typ), []uint64{uint64(cols), uint64(rows)}, data)
+	shape := []uint64{uint64(cols), uint64(rows)}
+	if heads > 1 {
+		shape = []uint64{uint64(cols), uint64(rows / heads), uint64(heads)}
+	}
+	g.add(name, ggufType(g.typ), shape, data)
 }
 
 func (g *gen) add(name string, t gguf.Type, shape []uint64, data []byte) {
