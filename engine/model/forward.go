@@ -130,14 +130,14 @@ type workspace struct {
 	gate, up, h          []float32
 	iq, ik, iw           []float32
 	// latent attention scratch (mla.go)
-	mq, mo        []float32 // absorbed queries and their outputs: [token][head][latent+rope]
-	mLat, mRope   []float32 // the latent being normalised; RoPE parts being rotated
-	mIn, mOut     []float32 // one head's slice in and out of its expansion
-	logitRows            []int
-	lx, lLocal           []float32
-	lChunk, greedyMax    []float32 // output projection chunks (greedy.go)
-	greedy               []int32   // each logits row's greedy choice (greedy.go)
-	aFull, oFull, hFull  []float32 // gathered activations (tensor parallelism)
+	mq, mo              []float32 // absorbed queries and their outputs: [token][head][latent+rope]
+	mLat, mRope         []float32 // the latent being normalised; RoPE parts being rotated
+	mIn, mOut           []float32 // one head's slice in and out of its expansion
+	logitRows           []int
+	lx, lLocal          []float32
+	lChunk, greedyMax   []float32 // output projection chunks (greedy.go)
+	greedy              []int32   // each logits row's greedy choice (greedy.go)
+	aFull, oFull, hFull []float32 // gathered activations (tensor parallelism)
 	// indexer selection scratch
 	selTok   []int       // tokens whose context exceeds top-k
 	selSlots [][]int32   // their candidate slots
