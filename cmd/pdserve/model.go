@@ -30,6 +30,11 @@ func newModelInitCmd() *cobra.Command {
 		Long: `Write a built-in model as a GGUF file. Its weights come deterministically from
 the seed, so the same flags always give the same file. The llama architecture
 loads in llama.cpp; llama-dsa adds a sparse-attention indexer (docs/llama-dsa.md).
+deepseek2 is DeepSeek-V2/V3's multi-head latent attention with dense
+feed-forward layers, written as llama.cpp's deepseek2 family (it loads there);
+deepseek2-dsa adds DeepSeek-V3.2's indexer (docs/deepseek2.md). Their KV is
+one latent row per token: at medium, DeepSeek-V3's 512-element latent plus a
+64-element RoPE key, with 128-dimensional index keys.
 
 Sizes: tiny (dim 64, 2 layers, vocab 512; for tests), small (the shape of
 stories15M: dim 288, 6 layers, 6 heads, hidden 768, vocab 32000; 62 MB as F32)
@@ -41,7 +46,7 @@ models do.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return modelInitRun(cmd.ErrOrStderr(), o) },
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.arch, "arch", model.ArchLlamaDSA, "architecture: llama or llama-dsa")
+	f.StringVar(&o.arch, "arch", model.ArchLlamaDSA, "architecture: "+model.ArchList())
 	f.StringVar(&o.size, "size", builtin.SizeSmall, "size: "+builtin.SizeList())
 	f.StringVar(&o.typ, "type", "f32", "weight type: f32, f16, bf16 or q8_0")
 	f.Uint64Var(&o.seed, "seed", builtin.DefaultSeed, "seed of the weights")

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/pdproto"
+	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/pd/bootstrap"
 	"github.com/pdkit/pdkit/engine/pd/mailbox"
 	"github.com/pdkit/pdkit/engine/pd/rooms"
@@ -33,7 +34,12 @@ type pdPair struct {
 
 func newPDPair(t *testing.T, cfg Config) *pdPair {
 	t.Helper()
-	m := tinyModel(t)
+	return newPDPairOf(t, tinyModel(t), cfg)
+}
+
+// newPDPairOf is newPDPair over model m.
+func newPDPairOf(t *testing.T, m *model.Model, cfg Config) *pdPair {
+	t.Helper()
 	pc, dc := cfg, cfg
 	pc.Role, dc.Role = pdproto.RolePrefill, pdproto.RoleDecode
 	dc.HiCache.Enabled = false // a decode keeps no host tier

@@ -32,9 +32,15 @@ import (
 // hit against recomputing the same prefix, and the loader's copy rate against
 // a plain copy.
 type HiCacheConfig struct {
-	Home    string        // cache folder for the built-in models
-	Size    string        // built-in llama-dsa size (default small)
-	Type    kernels.DType // weight type (the zero value is F32)
+	Home string // cache folder for the built-in models
+	// Arch is the built-in architecture, one with the sparse indexer
+	// (default llama-dsa; deepseek2-dsa is the seed's model family).
+	Arch string
+	Size string        // built-in size (default small)
+	Type kernels.DType // weight type (the zero value is F32)
+	// KVType is the element type the pools store K and V (or the latent)
+	// in: F32 (the zero value), BF16 or F16.
+	KVType  kernels.DType
 	TP      int           // tensor-parallel ranks (default 1)
 	Threads int           // kernel threads per rank (default: every CPU / TP, at least 1)
 	// PageSize is the KV page size in tokens (default 16).
@@ -290,15 +296,17 @@ func (r *HiCacheReport) FaultOffDiffer() int {
 // ErrRaceDetector: the fault-on cells do not run under the race detector.
 var ErrRaceDetector = errors.New("bench: the hicache-indexk-ungated fault is a data race by design: build the benchmark without -race to run it")
 
-// RunHiCache runs the benchmark on the built-in llama-dsa model (the one
-// with a sparse-attention indexer) in process.
+// RunHiCache runs the benchmark on a built-in model with a sparse-attention
+// indexer (llama-dsa by default) in process.
 func RunHiCache(ctx context.Context, cfg HiCacheConfig, progress io.Writer) (rep HiCacheReport, err error) {
-	if cfg.Size == "" {
-		cfg.Size = builtin.SizeSmall
-	}
-	mc, err := builtin.Shape(model.ArchLlamaDSA, cfg.Size)
+	setDefault(&cfg.Arch, model.ArchLlamaDSA)
+	setDefault(&cfg.Size, builtin.SizeSmall)
+	mc, err := builtin.Shape(cfg.Arch, cfg.Size)
 	if err != nil {
 		return rep, err
+	}
+	if mc.Indexer == nil {
+		return rep, fmt.Errorf("bench: architecture %s has no sparse indexer: the HiCache benchmark needs one (llama-dsa or deepseek2-dsa)", cfg.Arch)
 	}
 	cfg.setDefaults(mc)
 	if cfg.Fault && raceDetector {
@@ -313,14 +321,14 @@ func RunHiCache(ctx context.Context, cfg HiCacheConfig, progress io.Writer) (rep
 	if n := cfg.Prefix + (2+cfg.SpeedTurns)*speedMsg + cfg.MaxTokens; !cfg.SkipSpeed && n > mc.ContextLen {
 		return rep, fmt.Errorf("bench: the speed part's prompts (%d-token prefix, %d turns of %d tokens) plus %d to generate exceed the context length %d", cfg.Prefix, 2+cfg.SpeedTurns, speedMsg, cfg.MaxTokens, mc.ContextLen)
 	}
-	m, path, err := openBuiltin(cfg.Home, builtin.Spec{Arch: model.ArchLlamaDSA, Size: cfg.Size, Seed: builtin.DefaultSeed, Type: cfg.Type})
+	m, path, err := openBuiltin(cfg.Home, builtin.Spec{Arch: cfg.Arch, Size: cfg.Size, Seed: builtin.DefaultSeed, Type: cfg.Type})
 	if err != nil {
 		return rep, err
 	}
 	defer m.Close()
 	rep = HiCacheReport{Config: cfg, Model: m.Config, ModelFile: path}
 	log := warnLog(progress)
-	fmt.Fprintf(progress, "hicache bench: llama-dsa %s (%v), TP %d, %d thread(s) per rank\n", cfg.Size, cfg.Type, cfg.TP, cfg.Threads)
+	fmt.Fprintf(progress, "hicache bench: %s %s (%v, KV %s), TP %d, %d thread(s) per rank\n", cfg.Arch, cfg.Size, cfg.Type, kernels.KVName(cfg.KVType), cfg.TP, cfg.Threads)
 	if !cfg.SkipIncident {
 		if err := runIncident(ctx, m, &rep, log, progress); err != nil {
 			return rep, err
@@ -418,7 +426,7 @@ func hcDo(ctx context.Context, e *serve.Engine, prompt []int32, maxTok int, time
 
 // hcEngineConfig is what every engine of the benchmark shares.
 func hcEngineConfig(cfg HiCacheConfig, log *slog.Logger) serve.Config {
-	return serve.Config{TP: cfg.TP, Backend: cpuBackends(cfg.Threads), PageSize: cfg.PageSize,
+	return serve.Config{TP: cfg.TP, Backend: cpuBackends(cfg.Threads), PageSize: cfg.PageSize, KVType: cfg.KVType,
 		RequestTimeout: cfg.RequestTimeout, Name: "bench-hicache", Logger: log}
 }
 
@@ -831,8 +839,9 @@ func rateString(bps int64) string {
 // Print writes the report.
 func (r *HiCacheReport) Print(w io.Writer) {
 	c, mc := r.Config, r.Model
-	fmt.Fprintf(w, "\nhicache: built-in llama-dsa %s model, %v (dim %d, %d layers, indexer top-k %d), TP %d, %d thread(s) per rank, page %d tokens, write policy %v, %d greedy tokens per request\n",
-		c.Size, c.Type, mc.Dim, mc.Layers, mc.Indexer.TopK, c.TP, c.Threads, c.PageSize, c.Policy, c.MaxTokens)
+	fmt.Fprintf(w, "\nhicache: built-in %s %s model, %v (dim %d, %d layers, indexer top-k %d), KV %s, TP %d, %d thread(s) per rank, page %d tokens, write policy %v, %d greedy tokens per request\n",
+		c.Arch, c.Size, c.Type, mc.Dim, mc.Layers, mc.Indexer.TopK, kernels.KVName(c.KVType), c.TP, c.Threads, c.PageSize, c.Policy, c.MaxTokens)
+	fmt.Fprintf(w, "bytes per token and layer, one rank: %s\n", tokenBytes(mc, c.TP, c.KVType))
 	if !c.SkipIncident {
 		fmt.Fprintf(w, "\nincident (HiCache index-K race): %d concurrent sessions, %d requests per run, conversations of %d turns over a %d-token system prefix, prompts %d–%d tokens (mean %d); device pool %d tokens per rank (max %d running), host pool %.0f× it; references: every prompt alone, prefix cache and HiCache off (%.0fs)\n\n",
 			c.Sessions, c.RequestsPerCell, c.Turns, c.System, r.PromptMin, r.PromptMax, r.PromptMean, r.PoolTokens, c.MaxRunning, r.HostRatio, r.RefSeconds)
@@ -891,6 +900,34 @@ func (r *HiCacheReport) Print(w io.Writer) {
 		}
 		fmt.Fprintln(w, "TTFT: submission to the first token; loader copy rate: the engine's HiCache totals, LoadBytes / LoadSeconds (rank 0), while the forward pass runs beside it")
 	}
+}
+
+// tokenBytes says what one token's KV costs per layer on one rank of tp:
+// its K and V rows (or its latent and RoPE key), and index-K in each
+// precision with its share of the layer's bytes. The share is the race's
+// window: the ungated read overlaps a load of index-K, whose copy time is
+// its bytes at the loader's pace.
+func tokenBytes(mc model.Config, tp int, kv kernels.DType) string {
+	eb := kernels.KVElemBytes(kv)
+	var kvBytes int
+	var what string
+	if ml := mc.MLA; ml != nil {
+		kvBytes = (ml.KVRank + mc.RopeDim) * eb
+		what = fmt.Sprintf("latent %d B + RoPE key %d B", ml.KVRank*eb, mc.RopeDim*eb)
+	} else {
+		kvBytes = 2 * mc.RankKVDim(tp) * eb
+		what = fmt.Sprintf("K %d B + V %d B", kvBytes/2, kvBytes/2)
+	}
+	out := what
+	if ix := mc.Indexer; ix != nil {
+		for _, p := range []struct {
+			name  string
+			bytes int
+		}{{"fp8", ix.Dim + 4}, {"bf16", 2 * ix.Dim}} {
+			out += fmt.Sprintf("; index-K %s %d B (%.1f%% of the layer)", p.name, p.bytes, 100*float64(p.bytes)/float64(p.bytes+kvBytes))
+		}
+	}
+	return out
 }
 
 func met(ok bool) string {
