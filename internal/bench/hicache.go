@@ -41,8 +41,8 @@ type HiCacheConfig struct {
 	// KVType is the element type the pools store K and V (or the latent)
 	// in: F32 (the zero value), BF16 or F16.
 	KVType  kernels.DType
-	TP      int           // tensor-parallel ranks (default 1)
-	Threads int           // kernel threads per rank (default: every CPU / TP, at least 1)
+	TP      int // tensor-parallel ranks (default 1)
+	Threads int // kernel threads per rank (default: every CPU / TP, at least 1)
 	// PageSize is the KV page size in tokens (default 16).
 	PageSize int
 	// MaxTokens is the greedy tokens generated per request, EOS ignored
