@@ -342,14 +342,15 @@ var defaultHiCachePacings = []string{"0", "64MiB/s"}
 
 func newBenchHiCacheCmd() *cobra.Command {
 	cfg := bench.HiCacheConfig{}
-	var size, typ, policy string
+	var arch, size, typ, kvType, policy string
 	var precisions, pacings, policies []string
 	var noFault bool
 	cmd := &cobra.Command{
 		Use:   "hicache",
 		Short: "Reproduce the HiCache index-K race (outputs against references, index-K fp8 and bf16, fault off and on), measure host hits against recompute and compare the write policies",
-		Long: `hicache runs, in one process, the workload of production incident 3 on the built-in
-llama-dsa model (the one with a sparse-attention indexer): --sessions concurrent multi-turn
+		Long: `hicache runs, in one process, the workload of production incident 3 on a built-in
+model with a sparse-attention indexer (--arch: llama-dsa, or deepseek2-dsa, the seed's
+DeepSeek shape, whose KV is one latent row per token): --sessions concurrent multi-turn
 sessions over one shared system prefix, with scripted histories and greedy decoding, on a
 device KV pool sized from the prompts so small that the sessions' prefixes go to the host
 tier and are loaded back. Every prompt is first run alone with the prefix cache and HiCache
@@ -383,6 +384,9 @@ The fault-on cells are a data race by design: a binary built with -race refuses 
 		Example: `  # The incident (fp8 and bf16, fault off and on) and the speed part, built-in small model
   $ pdserve bench hicache
 
+  # The incident on the DeepSeek-shaped model, the latent in bf16, the loader at a GPU's pace
+  $ pdserve bench hicache --arch deepseek2-dsa --kv-dtype bf16 --load-bandwidth 64MiB/s --skip-speed --skip-policies
+
   # A short run on the tiny model
   $ pdserve bench hicache --size tiny --requests-per-cell 200 --runs 2 --prefix 256
 
@@ -397,11 +401,18 @@ The fault-on cells are a data race by design: a binary built with -race refuses 
 			if err != nil {
 				return usageError{err}
 			}
-			shape, err := builtin.Shape(model.ArchLlamaDSA, size)
+			shape, err := builtin.Shape(arch, size)
 			if err != nil {
 				return usageError{err}
 			}
-			cfg.Size, cfg.Type, cfg.Fault = size, dt, !noFault
+			if shape.Indexer == nil {
+				return usagef("--arch %s has no sparse indexer: want %s or %s", arch, model.ArchLlamaDSA, model.ArchDeepSeek2DSA)
+			}
+			kv, err := kernels.ParseKVType(kvType)
+			if err != nil {
+				return usagef("--kv-dtype: %v", err)
+			}
+			cfg.Arch, cfg.Size, cfg.Type, cfg.KVType, cfg.Fault = arch, size, dt, kv, !noFault
 			cfg.LoadBandwidths = cfg.LoadBandwidths[:0]
 			for _, p := range pacings {
 				bw, err := config.ParseRate(p)
@@ -471,8 +482,10 @@ The fault-on cells are a data race by design: a binary built with -race refuses 
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&size, "size", builtin.SizeSmall, "built-in llama-dsa size: "+builtin.SizeList())
+	f.StringVar(&arch, "arch", model.ArchLlamaDSA, "built-in architecture with a sparse indexer: "+model.ArchLlamaDSA+" or "+model.ArchDeepSeek2DSA)
+	f.StringVar(&size, "size", builtin.SizeSmall, "built-in size: "+builtin.SizeList())
 	f.StringVar(&typ, "type", "f32", "weight type")
+	f.StringVar(&kvType, "kv-dtype", "f32", "element type of the KV pools (K and V, or the latent): f32, bf16 or f16")
 	f.IntVar(&cfg.TP, "tp", 1, "tensor-parallel ranks of every engine")
 	f.IntVar(&cfg.Threads, "threads", 0, "kernel threads per rank (0: every CPU / tp)")
 	f.IntVar(&cfg.Sessions, "sessions", 60, "concurrent multi-turn sessions of the incident workload")
@@ -553,7 +566,7 @@ type modelFlags struct{ arch, size, typ string }
 
 // register adds --arch, --size and, with weightType, --type.
 func (m *modelFlags) register(f *pflag.FlagSet, weightType bool) {
-	f.StringVar(&m.arch, "arch", model.ArchLlama, "built-in architecture: llama or llama-dsa")
+	f.StringVar(&m.arch, "arch", model.ArchLlama, "built-in architecture: "+model.ArchList())
 	f.StringVar(&m.size, "size", builtin.SizeSmall, "built-in size: "+builtin.SizeList())
 	if weightType {
 		f.StringVar(&m.typ, "type", "f32", "weight type")

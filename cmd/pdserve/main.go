@@ -55,8 +55,9 @@ config: the effective settings of a command and where each comes from).
 
 Without --model, commands use the built-in model: a llama-family GGUF whose
 weights are random (generated deterministically from a seed), so its text is
-gibberish by construction. --model runs a GGUF of architecture llama (or
-llama-dsa) with F32, F16, BF16 or Q8_0 weights and the tokenizer it
+gibberish by construction. --model runs a GGUF of architecture llama,
+llama-dsa, deepseek2 (every block dense, attn_q without a low rank) or
+deepseek2-dsa with F32, F16, BF16 or Q8_0 weights and the tokenizer it
 carries; pdserve model info FILE says whether one loads.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,

@@ -252,52 +252,59 @@ func (ld *Loader) next() *Load {
 }
 
 // copyLayers copies l layer by layer: layer i's K and V (or latent rows) of
-// every page, then layer i's index-K rows and scales, marking each part done
-// as it lands and pacing each part by its bytes (see pace). It
-// stops before any step once l is aborted or the loader closes.
+// every page, then layer i's index-K rows and scales, marking each part
+// done once all of it has landed. It stops before any step once l is
+// aborted or the loader closes.
 func (ld *Loader) copyLayers(l *Load) error {
 	lay := ld.host.layout
 	slots := make([]int32, lay.PageSize)
-	hostPages := l.hostPages // fixed while pinned
 	for layer := range ld.layers {
-		if err := ld.hold.park(holdPoint{layer: layer}, l, ld.stop); err != nil {
-			return err
-		}
-		if err := ld.stopped(l); err != nil {
-			return err
-		}
-		start := time.Now()
-		for i, hp := range hostPages {
-			pageSlots(slots, l.devPages[i], lay.PageSize)
-			k, v := ld.host.hostKV(hp, layer)
-			if err := ld.dev.FillKV(layer, slots, k, v); err != nil {
+		for _, index := range []bool{false, true} {
+			if err := ld.hold.park(holdPoint{layer: layer, index: index}, l, ld.stop); err != nil {
 				return err
 			}
+			if err := ld.stopped(l); err != nil {
+				return err
+			}
+			if err := ld.copyPart(l, layer, index, slots); err != nil {
+				return err
+			}
+			ld.mark(l, layer, index)
 		}
-		ld.mark(l, layer, false)
-		if err := ld.pace(l, (lay.KVBytes+lay.VBytes)*len(hostPages), start); err != nil {
-			return err
-		}
-		if err := ld.hold.park(holdPoint{layer: layer, index: true}, l, ld.stop); err != nil {
-			return err
-		}
-		if err := ld.stopped(l); err != nil {
-			return err
-		}
-		if lay.IndexBytes == 0 {
-			ld.mark(l, layer, true)
-			continue
-		}
-		start = time.Now()
-		for i, hp := range hostPages {
-			pageSlots(slots, l.devPages[i], lay.PageSize)
+	}
+	return nil
+}
+
+// copyPart copies one part of layer (its K and V rows, or with index its
+// index-K rows and scales) of every page of l, as a DMA engine lands it:
+// page after page, each page's bytes paced at the loader's bandwidth from
+// the part's start (see pace), so that a reader that does not wait at the
+// part's gate sees the pages landed so far new and the rest stale, and the
+// part takes its bytes' time: the bigger the part, the longer its window.
+func (ld *Loader) copyPart(l *Load, layer int, index bool, slots []int32) error {
+	lay := ld.host.layout
+	pageBytes := lay.KVBytes + lay.VBytes
+	if index {
+		pageBytes = lay.IndexBytes + lay.ScaleBytes
+	}
+	if pageBytes == 0 {
+		return nil // no index-K in this model
+	}
+	start := time.Now()
+	for i, hp := range l.hostPages { // fixed while pinned
+		pageSlots(slots, l.devPages[i], lay.PageSize)
+		var err error
+		if index {
 			rows, scales := ld.host.hostIndexK(hp, layer)
-			if err := ld.dev.FillIndexK(layer, slots, rows, scales); err != nil {
-				return err
-			}
+			err = ld.dev.FillIndexK(layer, slots, rows, scales)
+		} else {
+			k, v := ld.host.hostKV(hp, layer)
+			err = ld.dev.FillKV(layer, slots, k, v)
 		}
-		ld.mark(l, layer, true)
-		if err := ld.pace(l, (lay.IndexBytes+lay.ScaleBytes)*len(hostPages), start); err != nil {
+		if err != nil {
+			return err
+		}
+		if err := ld.pace(l, (i+1)*pageBytes, start); err != nil {
 			return err
 		}
 	}
