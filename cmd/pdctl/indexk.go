@@ -17,7 +17,7 @@ func newCmdIndexK(f *factory) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "indexk <command>",
 		Short: "Show and switch the servers' index-K precision (the sparse indexer's keys)",
-		Long: `A model with a sparse indexer (llama-dsa) stores an index key per token, in
+		Long: `A model with a sparse indexer (llama-dsa, deepseek2-dsa) stores an index key per token, in
 one of two precisions: fp8 (e4m3 with a scale per token) or bf16. "indexk
 status" shows every server's precision, whether its model has an indexer,
 and the live switches it has done. "indexk set fp8|bf16" switches the whole

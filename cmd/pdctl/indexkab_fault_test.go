@@ -16,7 +16,9 @@ import (
 	"time"
 
 	"github.com/pdkit/pdkit/api/client"
+	"github.com/pdkit/pdkit/engine/model"
 	"github.com/pdkit/pdkit/engine/serve"
+	"github.com/pdkit/pdkit/kernels"
 )
 
 // TestIndexKABFault runs the matrix with the prefill's index-K reads
@@ -25,9 +27,21 @@ import (
 // forward step of the tiny model: the HiCache-on cells report corrupt
 // outputs, the HiCache-off cells none (nothing loads back), the exit status
 // is 1 and its message names the fault; the servers end as found, the
-// fault still on (indexk ab leaves faults alone).
+// fault still on (indexk ab leaves faults alone). It runs on llama-dsa and
+// on the DeepSeek-shaped model with a bf16 latent.
 func TestIndexKABFault(t *testing.T) {
-	c := newABCluster(t, abConfig)
+	for _, arch := range []string{model.ArchLlamaDSA, model.ArchDeepSeek2DSA} {
+		t.Run(arch, func(t *testing.T) {
+			cfg := abConfig
+			if arch == model.ArchDeepSeek2DSA {
+				cfg.KVType = kernels.BF16
+			}
+			indexKABFault(t, newABClusterOf(t, arch, cfg))
+		})
+	}
+}
+
+func indexKABFault(t *testing.T, c *cluster) {
 	if _, err := client.New(c.prefill.ts.URL, "", nil).SetFault(t.Context(), serve.FaultHiCacheIndexKUngated, true); err != nil {
 		t.Fatal(err)
 	}

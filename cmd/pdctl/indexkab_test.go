@@ -39,7 +39,13 @@ var abArgs = []string{"indexk", "ab", "--sessions", "8", "--requests", "48", "--
 
 func newABCluster(t *testing.T, cfg serve.Config) *cluster {
 	t.Helper()
-	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
+	return newABClusterOf(t, model.ArchLlamaDSA, cfg)
+}
+
+// newABClusterOf is newABCluster over the tiny built-in model of arch.
+func newABClusterOf(t *testing.T, arch string, cfg serve.Config) *cluster {
+	t.Helper()
+	m := testmodel.Open(t, builtin.Spec{Arch: arch, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
 	cc := clustertest.New(t, clustertest.Options{Model: m, Config: cfg,
 		Router: router.Options{HealthInterval: 20 * time.Millisecond}, HealthyWithin: 10 * time.Second})
 	return &cluster{m: m, prefill: nodeOf(cc.Prefill), decode: nodeOf(cc.Decode), registry: cc.Registry, router: cc.Router.URL}
@@ -244,6 +250,33 @@ const abWantJSON = `{
   "restored": true
 }
 `
+
+// TestIndexKABDeepSeekShaped: the matrix runs on the DeepSeek-shaped
+// model (latent attention, a bf16 latent row per token beside its index
+// keys) as on llama-dsa: with every fault off no output is corrupt in any
+// of the four cells, the HiCache-on cells load prefixes back from host,
+// and the exit status is 0.
+func TestIndexKABDeepSeekShaped(t *testing.T) {
+	cfg := abConfig
+	cfg.KVType = kernels.BF16
+	c := newABClusterOf(t, model.ArchDeepSeek2DSA, cfg)
+	code, stdout, stderr := c.abPdctl(t, false, append(abArgs, "--load-bandwidth", "64MiB/s", "--json")...)
+	var rep abReport
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+		t.Fatalf("exit %d: %v\nstdout:\n%s\nstderr:\n%s", code, err, stdout, stderr)
+	}
+	if code != exitOK || len(rep.Cells) != 4 {
+		t.Fatalf("exit %d with %d cells, want 0 and 4\n%s", code, len(rep.Cells), stderr)
+	}
+	for _, cell := range rep.Cells {
+		if cell.Corrupt != 0 || cell.Compared != 48 || cell.Timeouts != 0 || cell.Errors != 0 {
+			t.Errorf("%s with hicache %s: %d of %d corrupt, %d timeouts, %d errors", cell.IndexK, cell.HiCache, cell.Corrupt, cell.Compared, cell.Timeouts, cell.Errors)
+		}
+		if cell.HiCache == "on" && cell.HostHits == 0 {
+			t.Errorf("%s with hicache on: no host hit", cell.IndexK)
+		}
+	}
+}
 
 // TestIndexKABCannotRun: what indexk ab refuses before it switches
 // anything (exit 2), and its flags.

@@ -485,7 +485,7 @@ The fault-on cells are a data race by design: a binary built with -race refuses 
 	f.StringVar(&arch, "arch", model.ArchLlamaDSA, "built-in architecture with a sparse indexer: "+model.ArchLlamaDSA+" or "+model.ArchDeepSeek2DSA)
 	f.StringVar(&size, "size", builtin.SizeSmall, "built-in size: "+builtin.SizeList())
 	f.StringVar(&typ, "type", "f32", "weight type")
-	f.StringVar(&kvType, "kv-dtype", "f32", "element type of the KV pools (K and V, or the latent): f32, bf16 or f16")
+	f.StringVar(&kvType, "kv-dtype", kvDTypeFlagHelp.def, kvDTypeFlagHelp.usage)
 	f.IntVar(&cfg.TP, "tp", 1, "tensor-parallel ranks of every engine")
 	f.IntVar(&cfg.Threads, "threads", 0, "kernel threads per rank (0: every CPU / tp)")
 	f.IntVar(&cfg.Sessions, "sessions", 60, "concurrent multi-turn sessions of the incident workload")

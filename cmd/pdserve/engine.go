@@ -37,7 +37,7 @@ func (e *engineFlags) register(f *pflag.FlagSet) {
 // kvDTypeFlagHelp is --kv-dtype's default and help, the same on every
 // command that has the flag.
 var kvDTypeFlagHelp = struct{ def, usage string }{"f32",
-	"element type the KV cache stores K and V in: f32, bf16 or f16 (16-bit: half the KV memory and PD transfer bytes per token, " +
+	"element type the KV cache stores K and V (or a deepseek2 model's latent) in: f32, bf16 or f16 (16-bit: half the KV memory and PD transfer bytes per token, " +
 		"K and V rounded to nearest; a prefill and its decodes must agree)"}
 
 // kvType reads --kv-dtype.
