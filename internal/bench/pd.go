@@ -416,10 +416,16 @@ func drain(s *serve.Stream) *serve.Finish {
 
 // chunkShape is a KV_CHUNK of tokens tokens of one rank's shard of every
 // layer. perTok is one rank's KV bytes per token as the PD run measured
-// them (0: computed from the model's shape, K and V of kvType); what
-// exceeds K and V (index-K and its scales) goes in the index-K frame.
+// them (0: computed from the model's shape, K and V of kvType, or the
+// latent row alone of a latent-attention model); what exceeds K and V
+// (index-K and its scales) goes in the index-K frame.
 func chunkShape(c *model.Config, tp, perTok, tokens int, kvType kernels.DType) *pdproto.KVChunk {
-	kv := 2 * c.KVHeads / tp * c.HeadDim * kernels.KVElemBytes(kvType) // K and V of one token, one layer
+	row := c.RankKVDim(tp) * kernels.KVElemBytes(kvType) // K (or latent) of one token, one layer
+	vRow := row
+	if c.MLA != nil {
+		vRow = 0
+	}
+	kv := row + vRow
 	layer := kv
 	if perTok > 0 && c.Layers > 0 {
 		layer = perTok / c.Layers
@@ -432,7 +438,8 @@ func chunkShape(c *model.Config, tp, perTok, tokens int, kvType kernels.DType) *
 	ch := &pdproto.KVChunk{Room: 1, End: uint32(tokens), Final: &pdproto.ChunkFinal{PromptTokens: uint32(tokens)}}
 	for l := range c.Layers {
 		b := buf[l*layer*tokens : (l+1)*layer*tokens]
-		k, v, ik := kv/2*tokens, (kv-kv/2)*tokens, (layer-kv)*tokens
+		k := kv * row / (row + vRow) * tokens
+		v, ik := kv*tokens-k, (layer-kv)*tokens
 		ch.Layers = append(ch.Layers, pdproto.LayerKV{K: b[:k], V: b[k : k+v], IndexK: b[k+v : k+v+ik]})
 	}
 	return ch

@@ -85,7 +85,7 @@ func parameters(ts []tensorPlan) int {
 // TestMediumMetadata reads medium's metadata back as the loader does,
 // without drawing its 110M weights.
 func TestMediumMetadata(t *testing.T) {
-	for _, arch := range []string{model.ArchLlama, model.ArchLlamaDSA} {
+	for _, arch := range model.Archs {
 		s := Spec{Arch: arch, Size: SizeMedium, Seed: 1, Type: kernels.Q8_0}
 		want, err := Shape(arch, SizeMedium)
 		if err != nil {
@@ -123,31 +123,63 @@ func TestMediumMetadata(t *testing.T) {
 // TestPlanIsWhatBuildWrites ties tensors to the file: every planned tensor,
 // in order, with its shape, and nothing else.
 func TestPlanIsWhatBuildWrites(t *testing.T) {
-	s := Spec{Arch: model.ArchLlamaDSA, Size: SizeTiny, Seed: 1, Type: kernels.F32}
-	f, err := gguf.Parse(encode(t, s))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, _ := Shape(s.Arch, s.Size)
-	plan := tensors(c)
-	if len(f.Tensors) != len(plan) {
-		t.Fatalf("file has %d tensors, plan %d", len(f.Tensors), len(plan))
-	}
-	for i, p := range plan {
-		got := f.Tensors[i]
-		want := []uint64{uint64(p.cols), uint64(p.rows)}
-		if p.kind == normWeight {
-			want = want[:1]
+	for _, arch := range []string{model.ArchLlamaDSA, model.ArchDeepSeek2DSA} {
+		s := Spec{Arch: arch, Size: SizeTiny, Seed: 1, Type: kernels.F32}
+		f, err := gguf.Parse(encode(t, s))
+		if err != nil {
+			t.Fatal(err)
 		}
-		if got.Name != p.name || !slices.Equal(got.Shape, want) {
-			t.Errorf("tensor %d is %s %v, plan %s %v", i, got.Name, got.Shape, p.name, want)
+		c, _ := Shape(s.Arch, s.Size)
+		plan := tensors(c)
+		if len(f.Tensors) != len(plan) {
+			t.Fatalf("%s: file has %d tensors, plan %d", arch, len(f.Tensors), len(plan))
 		}
+		for i, p := range plan {
+			got := f.Tensors[i]
+			want := []uint64{uint64(p.cols), uint64(p.rows)}
+			switch {
+			case p.kind == normWeight:
+				want = want[:1]
+			case p.heads > 1:
+				want = []uint64{uint64(p.cols), uint64(p.rows / p.heads), uint64(p.heads)}
+			}
+			if got.Name != p.name || !slices.Equal(got.Shape, want) {
+				t.Errorf("%s: tensor %d is %s %v, plan %s %v", arch, i, got.Name, got.Shape, p.name, want)
+			}
+		}
+	}
+}
+
+// TestDeepSeekShapes: the DeepSeek-shaped sizes keep DeepSeek's
+// attention proportions, medium its very sizes, and index keys of 2/9 of
+// the latent row (DeepSeek-V3.2's 128 against 512 + 64).
+func TestDeepSeekShapes(t *testing.T) {
+	for _, size := range Sizes {
+		c, err := Shape(model.ArchDeepSeek2DSA, size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ml, ix := c.MLA, c.Indexer
+		if ml == nil || ix == nil || c.KVHeads != 1 || ml.KVRank != 8*c.RopeDim || ix.Dim*9 != 2*(ml.KVRank+c.RopeDim) {
+			t.Errorf("%s: %+v, latent %+v, indexer %+v", size, c, ml, ix)
+		}
+		if size != SizeTiny && ml.NopeDim != 2*c.RopeDim {
+			t.Errorf("%s: position-free key %d, RoPE %d", size, ml.NopeDim, c.RopeDim)
+		}
+		plain, _ := Shape(model.ArchDeepSeek2, size)
+		if plain.Indexer != nil || plain.MLA == nil || *plain.MLA != *ml {
+			t.Errorf("%s deepseek2: %+v", size, plain)
+		}
+	}
+	m, _ := Shape(model.ArchDeepSeek2DSA, SizeMedium)
+	if ml := m.MLA; ml.KVRank != 512 || m.RopeDim != 64 || ml.NopeDim != 128 || ml.VDim != 128 || m.Indexer.Dim != 128 {
+		t.Errorf("medium is not DeepSeek-V3's attention: %+v, %+v, indexer %+v", m, ml, m.Indexer)
 	}
 }
 
 func TestEveryShapeValid(t *testing.T) {
 	for _, size := range Sizes {
-		for _, arch := range []string{model.ArchLlama, model.ArchLlamaDSA} {
+		for _, arch := range model.Archs {
 			if _, err := Shape(arch, size); err != nil {
 				t.Errorf("%s %s: %v", arch, size, err)
 			}

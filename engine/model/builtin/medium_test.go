@@ -20,7 +20,7 @@ import (
 // as F32, so it is kept out of make test by the medium tag), loads it and
 // generates greedily, twice, for each architecture.
 func TestMediumGeneratesLoadsAndRuns(t *testing.T) {
-	for _, arch := range []string{model.ArchLlama, model.ArchLlamaDSA} {
+	for _, arch := range model.Archs {
 		for _, typ := range []kernels.DType{kernels.F32, kernels.Q8_0} {
 			spec := builtin.Spec{Arch: arch, Size: builtin.SizeMedium, Seed: 1, Type: typ}
 			path := filepath.Join(t.TempDir(), spec.FileName())
