@@ -18,7 +18,11 @@ import (
 )
 
 // The engine's logits are checked against reftest, an independent float64
-// forward pass written from docs/llama-dsa.md.
+// forward pass written from docs/llama-dsa.md and, for deepseek2 and
+// deepseek2-dsa, from llama.cpp's deepseek2 layout. The reference computes
+// latent attention in the uncompressed form (each head's key and value
+// expanded from the latent, then ordinary multi-head attention), the engine
+// in the absorbed one (mla.go), so agreement also checks the absorption.
 //
 // Tolerance. Every weight format the tiny model uses (F32, F16, BF16, Q8_0)
 // decodes exactly into float32, so the engine and the reference see the same
@@ -31,51 +35,86 @@ import (
 // with scale the largest |logit| of the reference for that model (about 4),
 // so that the absolute part follows the logit scale: a logit near zero
 // carries the rounding error of the sums that produced it, not a relative
-// error of its own. Measured on amd64, the worst error over every case is
-// 9.3e-7 of the scale (3.5e-6 absolute) with the ref backend and 5.6e-7 with
-// the cpu backend, a float32 rounding error accumulated over ~100-term sums;
-// 5e-6 leaves 5x headroom for other accumulation orders (FMA, SIMD widths)
-// and is still far below any real bug: TestReferenceIsSensitive runs
-// deliberately broken references and requires each to fail. The smallest of
-// them, RMSNorm ε doubled, is off by 1.4e-3 of the scale on llama (~270x the
-// bound; on llama-dsa it also flips a selection);
-// the rest (no RoPE, the other RoPE pairing, the wrong KV head, no final norm,
-// and on llama-dsa no indexer RoPE, scoring unquantized or bf16 keys, dense
-// attention, top_k+1) are off by 0.15 to 1.2 of the scale.
+// error of its own. Measured on amd64 (F32 KV, worst over weight types,
+// index-K precisions, chunkings and pages), as a fraction of the scale:
+//
+//	               ref backend   cpu backend
+//	llama          1.2e-6        8.5e-7
+//	llama-dsa      8.5e-7        4.9e-7
+//	deepseek2      1.4e-6        6.1e-7
+//	deepseek2-dsa  1.7e-6        6.1e-7   (6.8e-6 absolute, Q8_0 weights)
+//
+// a float32 rounding error accumulated over ~100-term sums (latent
+// attention has a few more float32 stages: the latent's norm, the absorbed
+// query, the value expansion). 5e-6 leaves 2.9x headroom over the worst
+// for other accumulation orders (FMA, SIMD widths) and is still far below
+// any real bug: TestReferenceIsSensitive runs deliberately broken references
+// and requires each to fail. The smallest of them, RMSNorm ε doubled, is off
+// by 1.8e-2 of the scale on deepseek2 (~3400x the bound) and 4.0e-2 on llama
+// (~7400x; on the indexer models it also flips selections, 0.26 and 0.71);
+// the rest (no RoPE, the other RoPE pairing, the wrong KV head, no final
+// norm, on the indexer models no indexer RoPE, scoring unquantized or bf16
+// keys, dense attention, top_k+1, and on the latent-attention models the
+// latent not normalised, RoPE on the position-free part, scores scaled by
+// the latent row's length, the RoPE rows read first, attn_k_b read in the
+// other orientation) are off by 0.33 to 1.8 of the scale.
 const (
 	refAtol = 5e-6
 	refRtol = 5e-6
 )
 
 // A 16-bit KV pool (BF16, F16) is checked against the reference whose K and
-// V are rounded as the pool stores them: the float64 row rounded to float32,
-// then to the 16-bit type (reftest.Options.KV). The engine rounds its own
-// float32 row, which differs from the correctly rounded one by float32
-// rounding; where that row lies within this difference of a 16-bit rounding
-// boundary, the two round to neighbouring 16-bit values, one element off by
-// one 16-bit ulp (2^-8 relative for bf16, 2^-11 for f16). That is the only
-// error beyond refAtol's, and it is measured: on amd64 the worst over every
-// case is 5.6e-5 of the logit scale (f16, a few flips in 5120 stored
-// elements; bf16 5.4e-5). refKV16Atol = 2.5e-4 leaves 4.5x headroom and is
-// still below the error of not rounding at all (f16 against the unrounded
-// reference: 5.5e-4 to 8.5e-4 of the scale; bf16: 5.4e-3 and more), which
-// TestKV16IsRoundedAsStored requires: the check sees whether the pool
-// rounds, and to which type.
+// V (with latent attention: the latent row, latent and RoPE key) are rounded
+// as the pool stores them: the float64 row rounded to float32, then to the
+// 16-bit type (reftest.Options.KV). The engine rounds its own float32 row,
+// which differs from the correctly rounded one by float32 rounding; where
+// that row lies within this difference of a 16-bit rounding boundary, the
+// two round to neighbouring 16-bit values, one element off by one 16-bit ulp
+// (2^-8 relative for bf16, 2^-11 for f16), and the next layer's inputs then
+// differ by that much, which can flip more elements there. That is the only
+// error beyond refAtol's, so the bound is per ulp: refF16KVAtol for f16 and
+// 8 times it for bf16. Measured on amd64, worst over every case, as a
+// fraction of the logit scale:
+//
+//	               f16      bf16
+//	llama          5.6e-5   5.4e-5
+//	llama-dsa      5.2e-5   3.6e-5
+//	deepseek2      7.7e-5   6.1e-4   bf16: ref backend, BF16 weights
+//	deepseek2-dsa  5.9e-5   5.2e-4   bf16: ref backend, BF16 weights
+//
+// The bf16 worst is one element: the RoPE key of token 10 in layer 0, whose
+// float64 value lies 1.8e-7 (3 float32 ulps) from a bf16 midpoint and which
+// the ref backend's float32 RoPE rounds the other way (the cpu backend
+// agrees with the reference there: 5e-7); a latent row element feeds every
+// head's key, and the shifted layer-0 output flips 110 latent elements of
+// layer 1. The bounds leave 3.3x headroom and stay below the error of not
+// rounding at all (f16 against the unrounded reference: 4.9e-4 to 8.5e-4 of
+// the scale; bf16: 4.4e-3 and more), which TestKV16IsRoundedAsStored
+// requires: the check sees whether the pool rounds, and to which type. It
+// is a check of this sequence, not a bound for every one: over token seeds
+// 1 to 13 the bf16 worst reaches 3.1e-3 (llama, ref backend), as large as not
+// rounding on some seeds, and f16 2.3e-4 (deepseek2).
 const (
-	refKV16Atol = 2.5e-4
-	refKV16Rtol = refRtol
+	refF16KVAtol  = 2.5e-4
+	refBF16KVAtol = 8 * refF16KVAtol // bf16's ulp is 8 times f16's
+	refKV16Rtol   = refRtol
 )
 
-// refTol is the bound for a KV element type: refAtol for F32, refKV16Atol
-// for BF16 and F16.
+// refTol is the bound for a KV element type: refAtol for F32, refF16KVAtol
+// for F16, refBF16KVAtol for BF16.
 func refTol(kv kernels.DType) (atol, rtol float64) {
-	if kv == kernels.F32 {
+	switch kv {
+	case kernels.F32:
 		return refAtol, refRtol
+	case kernels.F16:
+		return refF16KVAtol, refKV16Rtol
 	}
-	return refKV16Atol, refKV16Rtol
+	return refBF16KVAtol, refKV16Rtol
 }
 
-// Tiny built-in model: vocab 512, dim 64, 2 layers, indexer top_k 8.
+// Tiny built-in model: vocab 512, dim 64, 2 layers, indexer top_k 8; the
+// deepseek2 ones have 4 heads of a 32-element position-free part and an
+// 8-element RoPE part, a latent of 64 and values of 32.
 const (
 	refSeed    = 3  // built-in model seed
 	refTokSeed = 11 // token sequence seed: picked before any run; seeds 1 to 13 all pass, with no indexer near-tie
@@ -83,7 +122,7 @@ const (
 )
 
 var (
-	refArchs = []string{model.ArchLlama, model.ArchLlamaDSA}
+	refArchs = []string{model.ArchLlama, model.ArchLlamaDSA, model.ArchDeepSeek2, model.ArchDeepSeek2DSA}
 	refTypes = []kernels.DType{kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0}
 	// Chunk sizes (0: the whole prompt in one step) and page sizes: 16 holds
 	// the prompt in few pages, 3 makes every chunk of 7 span page boundaries.
@@ -207,7 +246,7 @@ func refBackends(t *testing.T) []refBackend {
 }
 
 func indexKFor(arch string) []kernels.IndexKDType {
-	if arch == model.ArchLlamaDSA {
+	if model.HasIndexer(arch) {
 		return []kernels.IndexKDType{kernels.IndexFP8, kernels.IndexBF16}
 	}
 	return []kernels.IndexKDType{kernels.IndexFP8} // no indexer: the precision is unused
@@ -235,11 +274,12 @@ func kvRuns(kv kernels.DType, runs []refRun) []refRun {
 	return out
 }
 
-// TestForwardMatchesReference checks every logit of every position, for both
-// architectures, every weight type, both backends, both index-K precisions,
-// every KV element type, and several chunkings and page sizes, against the
-// float64 reference (with K and V rounded as the pool stores them, within
-// refTol), and that every position's argmax (the greedy token) is the same.
+// TestForwardMatchesReference checks every logit of every position, for every
+// architecture (refArchs), every weight type, both backends, both index-K
+// precisions (on the indexer models), every KV element type, and several
+// chunkings and page sizes, against the float64 reference (with K and V, or
+// the latent rows, rounded as the pool stores them, within refTol), and that
+// every position's argmax (the greedy token) is the same.
 func TestForwardMatchesReference(t *testing.T) {
 	for _, arch := range refArchs {
 		for _, typ := range refTypes {
@@ -255,7 +295,7 @@ func TestForwardMatchesReference(t *testing.T) {
 						if err != nil {
 							t.Fatal(err)
 						}
-						if arch == model.ArchLlamaDSA {
+						if model.HasIndexer(arch) {
 							// 2 layers × positions 8..39 use the top-k path.
 							if wantRows := m.Config.Layers * (refTokens - m.Config.Indexer.TopK); want.SparseRows != wantRows {
 								t.Fatalf("reference used the sparse path for %d (layer, token) rows, want %d", want.SparseRows, wantRows)
@@ -322,15 +362,22 @@ func selectionDiffs(a, b *reftest.Result) (n int, first string) {
 // TestReferenceIsSensitive shows that the tolerance above catches real bugs:
 // each deliberately broken reference must disagree with the engine by more
 // than the bound that the exact reference satisfies, including a small,
-// smooth error (RMSNorm ε doubled). It also shows that the engine's
-// selections follow the stored index keys: a reference that scores from bf16
-// keys, or from unquantized keys, selects differently from one that scores
-// from fp8 keys on this sequence, and must then disagree with the engine run
-// with fp8.
+// smooth error (RMSNorm ε doubled). On the latent-attention models it breaks
+// the latent attention's own steps (the latent's norm, where RoPE goes, the
+// score's scale, the row layout of attn_q and attn_kv_a_mqa, the orientation
+// of attn_k_b). It also shows that the engine's selections follow the stored
+// index keys: a reference that scores from bf16 keys, or from unquantized
+// keys, selects differently from one that scores from fp8 keys on this
+// sequence, and must then disagree with the engine run with fp8.
 func TestReferenceIsSensitive(t *testing.T) {
 	t.Parallel()
-	common := []reftest.Perturbation{reftest.NoRoPE, reftest.HalfSplitRoPE, reftest.WrongKVHead,
+	common := []reftest.Perturbation{reftest.NoRoPE, reftest.HalfSplitRoPE,
 		reftest.NoFinalNorm, reftest.DoubledEps}
+	// Grouped-query attention only: latent attention has one KV row for
+	// every head, so no head can read the wrong one.
+	gqa := []reftest.Perturbation{reftest.WrongKVHead}
+	mla := []reftest.Perturbation{reftest.NoLatentNorm, reftest.RoPEOnNope, reftest.LatentRowScale,
+		reftest.RoPERowsFirst, reftest.KBMisread}
 	indexer := []reftest.Perturbation{reftest.NoIndexerRoPE, reftest.UnquantizedIndexK,
 		reftest.DenseIndexer, reftest.TopKPlusOne}
 	for _, arch := range refArchs {
@@ -351,10 +398,13 @@ func TestReferenceIsSensitive(t *testing.T) {
 				opt  reftest.Options
 			}
 			var vs []variant
-			ps := common
-			if arch == model.ArchLlamaDSA {
+			ps := slices.Concat(common, gqa)
+			if model.IsMLA(arch) {
+				ps = slices.Concat(common, mla)
+			}
+			if model.HasIndexer(arch) {
 				vs = append(vs, variant{"bf16 index keys", reftest.Options{IndexK: "bf16"}})
-				ps = slices.Concat(common, indexer)
+				ps = slices.Concat(ps, indexer)
 			}
 			for _, p := range ps {
 				vs = append(vs, variant{p.String(), reftest.Options{IndexK: "fp8", Perturb: p}})
@@ -408,38 +458,43 @@ func TestIndexKPrecisionChangesSelection(t *testing.T) {
 }
 
 // TestKV16IsRoundedAsStored shows that the 16-bit check above sees the
-// rounding: a BF16 or F16 engine is within refKV16Atol of the reference
-// rounded to its own type, and outside it against the unrounded reference
-// and the reference rounded to the other 16-bit type.
+// rounding: a BF16 or F16 engine is within its type's bound (refTol) of the
+// reference rounded to its own type, and outside it against the unrounded
+// reference and the reference rounded to the other 16-bit type. On deepseek2
+// it shows that the latent rows (latent and RoPE key) are what the pool
+// rounds.
 func TestKV16IsRoundedAsStored(t *testing.T) {
 	t.Parallel()
-	m, f := refModel(t, model.ArchLlama, kernels.F32)
-	tokens := refTokenSeq(refTokens, m.Config.VocabSize, refTokSeed)
-	for _, kv := range []kernels.DType{kernels.BF16, kernels.F16} {
-		got, err := m.ScorePrompt(ref.New(), tokens, kernels.IndexFP8, kv, 16, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, rk := range []string{"f32", "bf16", "f16"} {
-			want, err := reftest.Run(f, tokens, reftest.Options{IndexK: "fp8", KV: rk})
+	for _, arch := range []string{model.ArchLlama, model.ArchDeepSeek2} {
+		m, f := refModel(t, arch, kernels.F32)
+		tokens := refTokenSeq(refTokens, m.Config.VocabSize, refTokSeed)
+		for _, kv := range []kernels.DType{kernels.BF16, kernels.F16} {
+			got, err := m.ScorePrompt(ref.New(), tokens, kernels.IndexFP8, kv, 16, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			d := compareWithin(got, want.Logits, refKV16Atol, refKV16Rtol)
-			t.Logf("KV %s against the reference rounded to %s: %v", kernels.KVName(kv), rk, d)
-			if same := rk == kernels.KVName(kv); same != (d.maxRatio <= 1) {
-				t.Errorf("KV %s against the reference rounded to %s: %v", kernels.KVName(kv), rk, d)
+			atol, rtol := refTol(kv)
+			for _, rk := range []string{"f32", "bf16", "f16"} {
+				want, err := reftest.Run(f, tokens, reftest.Options{IndexK: "fp8", KV: rk})
+				if err != nil {
+					t.Fatal(err)
+				}
+				d := compareWithin(got, want.Logits, atol, rtol)
+				t.Logf("%s KV %s against the reference rounded to %s: %v", arch, kernels.KVName(kv), rk, d)
+				if same := rk == kernels.KVName(kv); same != (d.maxRatio <= 1) {
+					t.Errorf("%s KV %s against the reference rounded to %s: %v", arch, kernels.KVName(kv), rk, d)
+				}
 			}
 		}
-	}
-	if _, err := reftest.Run(f, tokens, reftest.Options{IndexK: "fp8", KV: "fp8"}); err == nil {
-		t.Error("reftest took KV fp8")
+		if _, err := reftest.Run(f, tokens, reftest.Options{IndexK: "fp8", KV: "fp8"}); err == nil {
+			t.Error("reftest took KV fp8")
+		}
 	}
 }
 
 // The default KV type, F32, is checked against the unrounded float64
 // reference by TestForwardMatchesReference with refAtol: greedy tokens equal
-// at every position, logits within 5e-6 of the scale (measured worst 1.2e-6).
+// at every position, logits within 5e-6 of the scale (measured worst 1.7e-6).
 // A 16-bit pool's own rounding is an error of the model's output, not of the
 // engine; TestKV16AgainstExactReference measures it against the unrounded
 // reference and holds the bounds below, for users choosing --kv-dtype.
@@ -447,23 +502,37 @@ func TestKV16IsRoundedAsStored(t *testing.T) {
 // Measured on amd64 over the four weight types, whole prompt, cpu backend,
 // both index-K precisions, as a fraction of the logit scale (about 4):
 //
-//	llama      f16  6.1e-4 .. 8.5e-4   greedy tokens all equal
-//	llama-dsa  f16  5.5e-4 .. 7.3e-4   greedy tokens equal but where the
-//	                                   reference's own top two are within
-//	                                   the bound of each other
-//	llama      bf16 5.4e-3 .. 8.5e-3   greedy tokens all equal
-//	llama-dsa  bf16 5.4e-3 .. 0.62     the rounding flips indexer selections
-//	                                   in layer 1 with BF16 and Q8_0 weights
-//	                                   (0.47 to 0.62 there, 8.8e-3 at most
-//	                                   with F32 and F16); greedy tokens then
-//	                                   differ at 1–2 of 40 positions
-//	                                   (reference gaps 0.02 to 0.34): no
-//	                                   useful logit bound
+//	llama          f16  6.1e-4 .. 8.5e-4   greedy tokens all equal
+//	llama-dsa      f16  5.5e-4 .. 7.3e-4   greedy tokens equal but where the
+//	                                       reference's own top two are within
+//	                                       the bound of each other
+//	deepseek2      f16  5.3e-4 .. 6.7e-4   greedy tokens all equal
+//	deepseek2-dsa  f16  4.9e-4 .. 0.52     the rounding flips an indexer
+//	                                       selection in layer 1 with BF16
+//	                                       weights (0.51, 0.52; greedy token
+//	                                       differs at 1 of 40 positions),
+//	                                       6.6e-4 at most with the others
+//	llama          bf16 5.4e-3 .. 8.5e-3   greedy tokens all equal
+//	llama-dsa      bf16 5.4e-3 .. 0.62     the rounding flips indexer selections
+//	                                       in layer 1 with BF16 and Q8_0 weights
+//	                                       (0.47 to 0.62 there, 8.8e-3 at most
+//	                                       with F32 and F16); greedy tokens then
+//	                                       differ at 1–2 of 40 positions
+//	                                       (reference gaps 0.02 to 0.34)
+//	deepseek2      bf16 4.4e-3 .. 5.3e-3   greedy tokens all equal
+//	deepseek2-dsa  bf16 5.1e-3 .. 0.71     the rounding flips selections in
+//	                                       6 of the 8 cases (0.21 to 0.71,
+//	                                       greedy token differing at 1 of 40
+//	                                       positions in one); 6.3e-3 at most
+//	                                       in the other two
 //
-// exactF16Atol and exactBF16Atol are 3.5x the worst measured where a bound
-// holds (f16 on both models, bf16 on the dense one). bf16 on the sparse
-// model, the built-in default, changes outputs: one reason the default KV
-// type stays F32.
+// Where the rounding flips a selection there is no useful logit bound; the
+// test sees it in the reference itself (the rounded reference selects
+// differently from the unrounded one in some row, which is so in exactly
+// the cases above) and skips the bound there. exactF16Atol and
+// exactBF16Atol are 3.5x the worst measured where a bound holds. bf16 on
+// the sparse models, the built-in default among them, changes outputs: one
+// reason the default KV type stays F32.
 const (
 	exactF16Atol  = 3e-3
 	exactBF16Atol = 3e-2
@@ -486,8 +555,18 @@ func TestKV16AgainstExactReference(t *testing.T) {
 					kv   kernels.DType
 					atol float64
 				}{{kernels.F16, exactF16Atol}, {kernels.BF16, exactBF16Atol}} {
-					if kt.kv == kernels.BF16 && arch == model.ArchLlamaDSA {
-						continue // no bound: see above
+					if model.HasIndexer(arch) {
+						// Where the rounding itself flips a selection (in
+						// the reference: rounded against unrounded), there
+						// is no logit bound; see above.
+						rounded, err := reftest.Run(f, tokens, reftest.Options{IndexK: ik.String(), KV: kernels.KVName(kt.kv)})
+						if err != nil {
+							t.Fatal(err)
+						}
+						if n, first := selectionDiffs(want, rounded); n > 0 {
+							t.Logf("%s/%v index-K %v KV %s: the rounding flips %d selections (first %s): no bound", arch, typ, ik, kernels.KVName(kt.kv), n, first)
+							continue
+						}
 					}
 					got, err := m.ScorePrompt(c, tokens, ik, kt.kv, 16, 0)
 					if err != nil {

@@ -1,11 +1,22 @@
 // Package reftest is an independent float64 forward pass of the llama and
-// llama-dsa architectures (docs/llama-dsa.md), used to check the engine's
-// logits. It is written from the specification, not from the engine: it reads
-// the configuration and the raw tensor bytes straight from the GGUF file and
-// decodes F32, F16, BF16 and Q8_0 with its own decoders, computes everything
-// in float64, and models only what the specification says the engine stores
-// with less precision: the indexer's keys, which are quantized (fp8 e4m3 with
-// a per-token scale, or bf16) before they are scored.
+// llama-dsa architectures (docs/llama-dsa.md) and of deepseek2 and
+// deepseek2-dsa (docs/deepseek2.md; llama.cpp's deepseek2 GGUF layout: DeepSeek-V2's
+// multi-head latent attention with dense SwiGLU layers, and for -dsa the
+// llama-dsa indexer), used to check the engine's logits. It is written from
+// the specifications, not from the engine: it reads the configuration and
+// the raw tensor bytes straight from the GGUF file and decodes F32, F16,
+// BF16 and Q8_0 with its own decoders, computes everything in float64, and
+// models only what the specifications say the engine stores with less
+// precision: the indexer's keys, which are quantized (fp8 e4m3 with a
+// per-token scale, or bf16) before they are scored, and, on request
+// (Options.KV), the KV cache's rows in a 16-bit type.
+//
+// Latent attention is computed in the uncompressed (naive) form, not in the
+// absorbed one the engine runs: every head's position-free key and its
+// value are expanded from the token's latent (attn_k_b, attn_v_b) and the
+// head attends as in ordinary multi-head attention, its key the expanded
+// position-free part followed by the shared RoPE key. The two forms are
+// equal in exact arithmetic, so agreement checks the absorption too.
 //
 // It is slow and simple on purpose: the whole sequence goes through one layer
 // after another, every position attending over its candidates (or its top_k
@@ -24,7 +35,8 @@ import (
 
 // Forward returns the logits of every position of tokens, run as one fresh
 // sequence (positions 0..len-1). indexK is the index-K precision, "fp8" or
-// "bf16"; it only matters for llama-dsa.
+// "bf16"; it only matters for the indexer architectures (llama-dsa,
+// deepseek2-dsa).
 func Forward(f *gguf.File, tokens []int32, indexK string) ([][]float64, error) {
 	r, err := Run(f, tokens, Options{IndexK: indexK})
 	if err != nil {
@@ -50,6 +62,14 @@ const (
 	HalfSplitRoPE                         // attention RoPE pairs (i, i+rope_dim/2) (the "neox" layout) instead of (2i, 2i+1)
 	DoubledEps                            // RMSNorm ε is twice the file's: a small, smooth error
 	TopKPlusOne                           // the indexer selects top_k+1 tokens
+
+	// Latent attention only (deepseek2, deepseek2-dsa).
+
+	NoLatentNorm   // the latent is used as projected: attn_kv_a_norm's RMSNorm is skipped
+	RoPEOnNope     // RoPE rotates the first rope_dim elements of each head's query and key (llama's layout, inside the position-free part), not the RoPE part
+	LatentRowScale // scores are scaled by 1/√(kv_lora_rank+rope_dim), the cache row's length, not 1/√(nope+rope), the head's
+	RoPERowsFirst  // each query head's rows and attn_kv_a_mqa's rows are read RoPE part first
+	KBMisread      // attn_k_b is read as ne [kv_lora_rank, nope, heads] (each head nope×kv_lora_rank row-major): the same bytes, the other orientation
 )
 
 func (p Perturbation) String() string {
@@ -74,6 +94,16 @@ func (p Perturbation) String() string {
 		return "doubled-eps"
 	case TopKPlusOne:
 		return "top-k-plus-one"
+	case NoLatentNorm:
+		return "no-latent-norm"
+	case RoPEOnNope:
+		return "rope-on-nope"
+	case LatentRowScale:
+		return "latent-row-scale"
+	case RoPERowsFirst:
+		return "rope-rows-first"
+	case KBMisread:
+		return "k-b-misread"
 	}
 	return fmt.Sprintf("Perturbation(%d)", int(p))
 }
@@ -84,9 +114,11 @@ type Options struct {
 	IndexK string // "fp8" or "bf16"
 	// KV is the KV cache's element type: "" or "f32" keeps K and V in
 	// float64 (the exact forward pass); "bf16" or "f16" reads every K and V
-	// row back as a 16-bit pool stores it: the float64 row rounded to
-	// float32 (the engine computes it in float32), then to the nearest
-	// 16-bit value, ties to even.
+	// row (with latent attention, every latent row: the normalised latent
+	// and the rotated RoPE key, from which the heads' keys and values are
+	// then expanded) back as a 16-bit pool stores it: the float64 row
+	// rounded to float32 (the engine computes it in float32), then to the
+	// nearest 16-bit value, ties to even.
 	KV      string
 	Perturb Perturbation
 }
@@ -96,8 +128,8 @@ type Result struct {
 	Logits [][]float64 // [position][vocab]
 
 	// Selected[layer][t] is the positions token t attended to, in position
-	// order, for llama-dsa rows that used the top-k path; nil for dense rows
-	// (and for llama).
+	// order, for the rows of an indexer architecture that used the top-k
+	// path; nil for dense rows (and for llama and deepseek2).
 	Selected [][][]int
 	// SparseRows counts the (layer, token) pairs that used the top-k path.
 	SparseRows int
@@ -135,16 +167,34 @@ type Config struct {
 	Heads, KVHeads, HeadDim int
 	RopeDim                 int
 	RopeTheta, NormEps      float64
-	// Indexer (llama-dsa only; IdxHeads == 0 for llama).
+	// Indexer (llama-dsa and deepseek2-dsa; IdxHeads == 0 otherwise).
 	IdxHeads, IdxDim, TopK int
+	// Latent attention (deepseek2 and deepseek2-dsa; KVRank == 0
+	// otherwise): the latent's length (kv_lora_rank), a head's
+	// position-free query/key length and its value length. HeadDim is then
+	// a head's query/key length, NopeDim + RopeDim (key_length_mla), and
+	// KVHeads is 1.
+	KVRank, NopeDim, VDim int
 }
+
+// MLA says whether c is a latent-attention model.
+func (c *Config) MLA() bool { return c.KVRank > 0 }
 
 // ReadConfig reads the model shape from the {arch}.* keys.
 func ReadConfig(f *gguf.File) (Config, error) {
 	var c Config
 	c.Arch = f.Architecture()
-	if c.Arch != "llama" && c.Arch != "llama-dsa" {
-		return c, fmt.Errorf("reftest: architecture %q is neither llama nor llama-dsa", c.Arch)
+	var mla, indexer bool
+	switch c.Arch {
+	case "llama":
+	case "llama-dsa":
+		indexer = true
+	case "deepseek2":
+		mla = true
+	case "deepseek2-dsa":
+		mla, indexer = true, true
+	default:
+		return c, fmt.Errorf("reftest: architecture %q is none of llama, llama-dsa, deepseek2, deepseek2-dsa", c.Arch)
 	}
 	var err error
 	u := func(key string, def int, required bool) int {
@@ -175,6 +225,25 @@ func ReadConfig(f *gguf.File) (Config, error) {
 	c.RopeDim = u("rope.dimension_count", c.HeadDim, false)
 	c.RopeTheta = fl("rope.freq_base", 10000)
 	c.NormEps = fl("attention.layer_norm_rms_epsilon", 1e-5)
+	if mla {
+		// llama.cpp's deepseek2 keys: key_length and value_length are the
+		// cache row's (the latent plus the RoPE key; the latent), the
+		// head's are the *_mla ones.
+		c.KVRank = u("attention.kv_lora_rank", 0, true)
+		c.RopeDim = u("rope.dimension_count", 0, true)
+		c.HeadDim = u("attention.key_length_mla", 0, true)
+		c.VDim = u("attention.value_length_mla", 0, true)
+		c.NopeDim = c.HeadDim - c.RopeDim
+		if err != nil {
+			return c, err
+		}
+		if k := u("attention.key_length", c.KVRank+c.RopeDim, false); k != c.KVRank+c.RopeDim {
+			return c, fmt.Errorf("reftest: %s.attention.key_length is %d, not kv_lora_rank %d + rope %d", c.Arch, k, c.KVRank, c.RopeDim)
+		}
+		if v := u("attention.value_length", c.KVRank, false); v != c.KVRank {
+			return c, fmt.Errorf("reftest: %s.attention.value_length is %d, not kv_lora_rank %d", c.Arch, v, c.KVRank)
+		}
+	}
 	c.Vocab = u("vocab_size", 0, false)
 	if c.Vocab == 0 {
 		t, ok := f.Tensor("token_embd.weight")
@@ -183,7 +252,7 @@ func ReadConfig(f *gguf.File) (Config, error) {
 		}
 		c.Vocab = int(t.Shape[1])
 	}
-	if c.Arch == "llama-dsa" {
+	if indexer {
 		c.IdxHeads = u("indexer.head_count", 0, true)
 		c.IdxDim = u("indexer.key_length", 0, true)
 		c.TopK = u("indexer.top_k", 0, true)
@@ -195,7 +264,10 @@ func ReadConfig(f *gguf.File) (Config, error) {
 		c.Heads%c.KVHeads != 0 || c.RopeDim <= 0 || c.RopeDim > c.HeadDim || c.RopeDim%2 != 0 {
 		return c, fmt.Errorf("reftest: unusable shape %+v", c)
 	}
-	if c.Arch == "llama-dsa" && (c.IdxHeads <= 0 || c.IdxDim <= 0 || c.IdxDim%2 != 0 || c.TopK <= 0) {
+	if mla && (c.KVRank <= 0 || c.NopeDim <= 0 || c.VDim <= 0 || c.KVHeads != 1) {
+		return c, fmt.Errorf("reftest: unusable latent-attention shape %+v", c)
+	}
+	if indexer && (c.IdxHeads <= 0 || c.IdxDim <= 0 || c.IdxDim%2 != 0 || c.TopK <= 0) {
 		return c, fmt.Errorf("reftest: unusable indexer shape %+v", c)
 	}
 	return c, nil
@@ -223,22 +295,50 @@ func (m *matrix) mul(x []float64) []float64 {
 // loadMatrix decodes the named tensor, checking it is rows × cols (GGUF
 // shape [cols, rows], or [cols] for a vector).
 func loadMatrix(f *gguf.File, name string, rows, cols int) (*matrix, error) {
+	return loadShaped(f, name, []int{cols, rows})
+}
+
+// loadHeads decodes the named stack of heads matrices of rows × cols each
+// (GGUF shape [cols, rows, heads]: head h's rows follow head h-1's).
+func loadHeads(f *gguf.File, name string, heads, rows, cols int) ([]*matrix, error) {
+	m, err := loadShaped(f, name, []int{cols, rows, heads})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*matrix, heads)
+	for h := range out {
+		out[h] = &matrix{rows: rows, cols: cols, w: m.w[h*rows : (h+1)*rows]}
+	}
+	return out, nil
+}
+
+// trimShape drops trailing dimensions of 1 (but keeps the first).
+func trimShape[T int | uint64](s []T) []T {
+	for len(s) > 1 && s[len(s)-1] == 1 {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// loadShaped decodes the named tensor, checking its GGUF shape is want
+// (fastest-varying first, trailing 1s ignored), as a matrix of want[0]
+// columns and the product of the other dimensions rows.
+func loadShaped(f *gguf.File, name string, want []int) (*matrix, error) {
 	t, ok := f.Tensor(name)
 	if !ok {
 		return nil, fmt.Errorf("reftest: tensor %q is missing", name)
 	}
-	shape := t.Shape
-	for len(shape) > 1 && shape[len(shape)-1] == 1 {
-		shape = shape[:len(shape)-1]
-	}
-	okShape := len(shape) >= 1 && int(shape[0]) == cols
-	if rows == 1 {
-		okShape = okShape && len(shape) == 1
-	} else {
-		okShape = okShape && len(shape) == 2 && int(shape[1]) == rows
+	shape, w := trimShape(t.Shape), trimShape(want)
+	okShape := len(shape) == len(w)
+	for i := 0; okShape && i < len(w); i++ {
+		okShape = int(shape[i]) == w[i]
 	}
 	if !okShape {
-		return nil, fmt.Errorf("reftest: tensor %q has shape %v, want [%d %d]", name, t.Shape, cols, rows)
+		return nil, fmt.Errorf("reftest: tensor %q has shape %v, want %v", name, t.Shape, want)
+	}
+	cols, rows := want[0], 1
+	for _, d := range want[1:] {
+		rows *= d
 	}
 	data, err := f.TensorData(name)
 	if err != nil {
@@ -480,6 +580,144 @@ type layer struct {
 	q, k, v, o        *matrix
 	gate, up, down    *matrix
 	idxQ, idxK, idxW  *matrix
+	// Latent attention: attn_kv_a_mqa (the latent's rows, then the shared
+	// RoPE key's), the latent's norm weight, and per head KB (KVRank ×
+	// NopeDim, attn_k_b) and VB (VDim × KVRank, attn_v_b).
+	kva     *matrix
+	kvaNorm []float64
+	kb, vb  []*matrix
+}
+
+// headInputs are one layer's attention inputs in multi-head form: for every
+// token and query head, the query it asks with and the key and value it
+// offers to later tokens, [token][head][].
+type headInputs struct{ q, k, v [][][]float64 }
+
+func newHeadInputs(n, heads int) headInputs {
+	hi := headInputs{make([][][]float64, n), make([][][]float64, n), make([][][]float64, n)}
+	for t := range n {
+		hi.q[t], hi.k[t], hi.v[t] = make([][]float64, heads), make([][]float64, heads), make([][]float64, heads)
+	}
+	return hi
+}
+
+// roundRows rounds, in place, each row as a 16-bit KV pool stores it: to
+// float32 first, then with round.
+func roundRows(round func(float64) float64, rows ...[]float64) {
+	if round == nil {
+		return
+	}
+	for _, row := range rows {
+		for i, e := range row {
+			row[i] = round(float64(float32(e)))
+		}
+	}
+}
+
+// gqaInputs are llama's grouped-query attention inputs: query head h reads
+// KV head h / (heads / kv_heads).
+func gqaInputs(c Config, l *layer, h [][]float64, opt Options, roundKV func(float64) float64) headInputs {
+	hi := newHeadInputs(len(h), c.Heads)
+	group := c.Heads / c.KVHeads
+	hd := c.HeadDim
+	for t := range h {
+		q, k, v := l.q.mul(h[t]), l.k.mul(h[t]), l.v.mul(h[t])
+		switch opt.Perturb {
+		case NoRoPE:
+		case HalfSplitRoPE:
+			ropeHalfSplit(q, t, hd, c.RopeDim, c.RopeTheta)
+			ropeHalfSplit(k, t, hd, c.RopeDim, c.RopeTheta)
+		default:
+			rope(q, t, hd, c.RopeDim, c.RopeTheta)
+			rope(k, t, hd, c.RopeDim, c.RopeTheta)
+		}
+		roundRows(roundKV, k, v)
+		for qh := range c.Heads {
+			kvh := qh / group
+			if opt.Perturb == WrongKVHead {
+				kvh = qh % c.KVHeads
+			}
+			hi.q[t][qh] = q[qh*hd : (qh+1)*hd]
+			hi.k[t][qh] = k[kvh*hd : (kvh+1)*hd]
+			hi.v[t][qh] = v[kvh*hd : (kvh+1)*hd]
+		}
+	}
+	return hi
+}
+
+// mlaInputs are deepseek2's latent attention inputs in the uncompressed
+// form. For token t: q = attn_q·h, each head's rows the position-free part
+// (NopeDim) then the RoPE part (RopeDim); kva = attn_kv_a_mqa·h, the latent
+// (KVRank) then the shared RoPE key (RopeDim); the latent is RMS-normalised
+// (attn_kv_a_norm), the RoPE parts rotated as llama's (pairs (2i, 2i+1) over
+// the RopeDim elements), and the row (latent | RoPE key) is what the cache
+// stores. Head h's key is then (KB_hᵀ·latent | RoPE key), its value
+// VB_h·latent, its query (position-free part | rotated RoPE part).
+func mlaInputs(c Config, l *layer, h [][]float64, opt Options, roundKV func(float64) float64) headInputs {
+	hi := newHeadInputs(len(h), c.Heads)
+	rank, nope, r, hd := c.KVRank, c.NopeDim, c.RopeDim, c.HeadDim
+	rotate := func(x []float64, pos int) { // one head of RopeDim elements
+		switch opt.Perturb {
+		case NoRoPE, RoPEOnNope:
+		case HalfSplitRoPE:
+			ropeHalfSplit(x, pos, r, r, c.RopeTheta)
+		default:
+			rope(x, pos, r, r, c.RopeTheta)
+		}
+	}
+	// kNope is head qh's position-free key, KB_hᵀ·latent: element d is
+	// Σ_c KB_h[c][d]·latent[c].
+	kNope := func(qh int, lat []float64) []float64 {
+		out := make([]float64, nope)
+		for ci, row := range l.kb[qh].w {
+			for d, w := range row {
+				out[d] += w * lat[ci]
+			}
+		}
+		return out
+	}
+	if opt.Perturb == KBMisread {
+		kNope = func(qh int, lat []float64) []float64 {
+			flat := slices.Concat(l.kb[qh].w...)
+			out := make([]float64, nope)
+			for d := range out {
+				for ci := range rank {
+					out[d] += flat[d*rank+ci] * lat[ci]
+				}
+			}
+			return out
+		}
+	}
+	for t := range h {
+		q, kva := l.q.mul(h[t]), l.kva.mul(h[t])
+		lat, kpe := kva[:rank], slices.Clone(kva[rank:])
+		if opt.Perturb == RoPERowsFirst {
+			kpe, lat = slices.Clone(kva[:r]), kva[r:]
+		}
+		if opt.Perturb == NoLatentNorm {
+			lat = slices.Clone(lat)
+		} else {
+			lat = rmsNorm(lat, l.kvaNorm, c.NormEps)
+		}
+		rotate(kpe, t)
+		roundRows(roundKV, lat, kpe) // the cache row, as stored
+		for qh := range c.Heads {
+			qrow := q[qh*hd : (qh+1)*hd]
+			qn, qp := qrow[:nope], qrow[nope:]
+			if opt.Perturb == RoPERowsFirst {
+				qp, qn = qrow[:r], qrow[r:]
+			}
+			qf := slices.Concat(qn, qp)
+			kf := slices.Concat(kNope(qh, lat), kpe)
+			rotate(qf[nope:], t)
+			if opt.Perturb == RoPEOnNope {
+				rope(qf, t, hd, r, c.RopeTheta)
+				rope(kf, t, hd, r, c.RopeTheta)
+			}
+			hi.q[t][qh], hi.k[t][qh], hi.v[t][qh] = qf, kf, l.vb[qh].mul(lat)
+		}
+	}
+	return hi
 }
 
 // Run is Forward with the indexer's selections and statistics.
@@ -508,6 +746,10 @@ func Run(f *gguf.File, tokens []int32, opt Options) (*Result, error) {
 		c.TopK++
 	}
 	qDim, kvDim := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
+	outDim := qDim // the attention output: every head's value
+	if c.MLA() {
+		outDim = c.Heads * c.VDim
+	}
 	var errs []error
 	mat := func(name string, rows, cols int) *matrix {
 		m, err := loadMatrix(f, name, rows, cols)
@@ -523,6 +765,13 @@ func Run(f *gguf.File, tokens []int32, opt Options) (*Result, error) {
 		}
 		return m.w[0]
 	}
+	stack := func(name string, rows, cols int) []*matrix {
+		m, err := loadHeads(f, name, c.Heads, rows, cols)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		return m
+	}
 	embd := mat("token_embd.weight", c.Vocab, c.Dim)
 	outNorm := vec("output_norm.weight", c.Dim)
 	output := embd
@@ -535,9 +784,16 @@ func Run(f *gguf.File, tokens []int32, opt Options) (*Result, error) {
 		p := fmt.Sprintf("blk.%d.", i)
 		l.attnNorm = vec(p+"attn_norm.weight", c.Dim)
 		l.q = mat(p+"attn_q.weight", qDim, c.Dim)
-		l.k = mat(p+"attn_k.weight", kvDim, c.Dim)
-		l.v = mat(p+"attn_v.weight", kvDim, c.Dim)
-		l.o = mat(p+"attn_output.weight", c.Dim, qDim)
+		if c.MLA() {
+			l.kva = mat(p+"attn_kv_a_mqa.weight", c.KVRank+c.RopeDim, c.Dim)
+			l.kvaNorm = vec(p+"attn_kv_a_norm.weight", c.KVRank)
+			l.kb = stack(p+"attn_k_b.weight", c.KVRank, c.NopeDim)
+			l.vb = stack(p+"attn_v_b.weight", c.VDim, c.KVRank)
+		} else {
+			l.k = mat(p+"attn_k.weight", kvDim, c.Dim)
+			l.v = mat(p+"attn_v.weight", kvDim, c.Dim)
+		}
+		l.o = mat(p+"attn_output.weight", c.Dim, outDim)
 		l.ffnNorm = vec(p+"ffn_norm.weight", c.Dim)
 		l.gate = mat(p+"ffn_gate.weight", c.Hidden, c.Dim)
 		l.up = mat(p+"ffn_up.weight", c.Hidden, c.Dim)
@@ -565,35 +821,25 @@ func Run(f *gguf.File, tokens []int32, opt Options) (*Result, error) {
 		MinTieDot: math.Inf(1), MinTieLayer: -1, MinTieToken: -1,
 		Selected: make([][][]int, c.Layers),
 	}
-	group := c.Heads / c.KVHeads
+	// Scores are scaled by the head's query/key length (for latent
+	// attention too: nope + rope, the uncompressed head's).
 	scale := 1 / math.Sqrt(float64(c.HeadDim))
+	if c.MLA() && opt.Perturb == LatentRowScale {
+		scale = 1 / math.Sqrt(float64(c.KVRank+c.RopeDim))
+	}
 	for li := range layers {
 		l := &layers[li]
 		res.Selected[li] = make([][]int, n)
 		// Attention inputs of every token (the KV cache of a fresh sequence).
 		h := make([][]float64, n)
-		q := make([][]float64, n)
-		k := make([][]float64, n)
-		v := make([][]float64, n)
 		for t := range n {
 			h[t] = rmsNorm(x[t], l.attnNorm, c.NormEps)
-			q[t], k[t], v[t] = l.q.mul(h[t]), l.k.mul(h[t]), l.v.mul(h[t])
-			switch opt.Perturb {
-			case NoRoPE:
-			case HalfSplitRoPE:
-				ropeHalfSplit(q[t], t, c.HeadDim, c.RopeDim, c.RopeTheta)
-				ropeHalfSplit(k[t], t, c.HeadDim, c.RopeDim, c.RopeTheta)
-			default:
-				rope(q[t], t, c.HeadDim, c.RopeDim, c.RopeTheta)
-				rope(k[t], t, c.HeadDim, c.RopeDim, c.RopeTheta)
-			}
-			if roundKV != nil {
-				for _, row := range [][]float64{k[t], v[t]} {
-					for i, e := range row {
-						row[i] = roundKV(float64(float32(e)))
-					}
-				}
-			}
+		}
+		var hi headInputs
+		if c.MLA() {
+			hi = mlaInputs(c, l, h, opt, roundKV)
+		} else {
+			hi = gqaInputs(c, l, h, opt, roundKV)
 		}
 		// Indexer: queries, weights and stored keys.
 		var iq, iw, ik [][]float64
@@ -629,17 +875,13 @@ func Run(f *gguf.File, tokens []int32, opt Options) (*Result, error) {
 				sel = res.selectTopK(c, iq[t], iw[t], ik[:t+1], li, t)
 				res.Selected[li][t] = sel
 			}
-			out := make([]float64, qDim)
+			out := make([]float64, 0, outDim)
 			for hd := range c.Heads {
-				kvh := hd / group
-				if opt.Perturb == WrongKVHead {
-					kvh = hd % c.KVHeads
-				}
-				qh := q[t][hd*c.HeadDim : (hd+1)*c.HeadDim]
+				qh := hi.q[t][hd]
 				sc := make([]float64, len(sel))
 				m := math.Inf(-1)
 				for i, s := range sel {
-					kh := k[s][kvh*c.HeadDim : (kvh+1)*c.HeadDim]
+					kh := hi.k[s][hd]
 					var d float64
 					for j := range qh {
 						d += qh[j] * kh[j]
@@ -652,14 +894,14 @@ func Run(f *gguf.File, tokens []int32, opt Options) (*Result, error) {
 					sc[i] = math.Exp(sc[i] - m)
 					sum += sc[i]
 				}
-				oh := out[hd*c.HeadDim : (hd+1)*c.HeadDim]
+				oh := make([]float64, len(hi.v[t][hd]))
 				for i, s := range sel {
 					p := sc[i] / sum
-					vh := v[s][kvh*c.HeadDim : (kvh+1)*c.HeadDim]
-					for j := range oh {
-						oh[j] += p * vh[j]
+					for j, e := range hi.v[s][hd] {
+						oh[j] += p * e
 					}
 				}
+				out = append(out, oh...)
 			}
 			attn[t] = out
 		}

@@ -3,8 +3,11 @@ package reftest
 import (
 	"math"
 	"math/rand/v2"
+	"path/filepath"
 	"testing"
 
+	"github.com/pdkit/pdkit/engine/gguf"
+	"github.com/pdkit/pdkit/engine/model/builtin"
 	"github.com/pdkit/pdkit/kernels"
 )
 
@@ -133,6 +136,39 @@ func TestQuantizeIndexKey(t *testing.T) {
 	for i, v := range k {
 		if math.Abs(b[i]-v) > math.Abs(v)/256 {
 			t.Errorf("bf16 key[%d] = %v, from %v", i, b[i], v)
+		}
+	}
+}
+
+// TestReadConfigDeepSeek2 checks that the latent-attention shape is read from
+// llama.cpp's deepseek2 keys: the head's lengths from the *_mla keys, not
+// from key_length and value_length (the cache row's).
+func TestReadConfigDeepSeek2(t *testing.T) {
+	for _, arch := range []string{"deepseek2", "deepseek2-dsa"} {
+		path := filepath.Join(t.TempDir(), "tiny.gguf")
+		if err := builtin.WriteFile(path, builtin.Spec{Arch: arch, Size: builtin.SizeTiny, Seed: 1, Type: kernels.F32}); err != nil {
+			t.Fatal(err)
+		}
+		f, err := gguf.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := ReadConfig(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := builtin.Shape(arch, builtin.SizeTiny)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := [...]int{c.Heads, c.KVHeads, c.HeadDim, c.RopeDim, c.KVRank, c.NopeDim, c.VDim}
+		exp := [...]int{want.Heads, 1, want.HeadDim, want.RopeDim, want.MLA.KVRank, want.MLA.NopeDim, want.MLA.VDim}
+		if got != exp || !c.MLA() {
+			t.Errorf("%s: heads, kv heads, head dim, rope, rank, nope, value = %v, want %v", arch, got, exp)
+		}
+		if hasIdx := c.IdxHeads > 0; hasIdx != (arch == "deepseek2-dsa") {
+			t.Errorf("%s: indexer heads %d", arch, c.IdxHeads)
 		}
 	}
 }
