@@ -202,10 +202,13 @@ func (ls Loads) WaitIndexK(ctx context.Context, layer int) error {
 
 // Gate is the forward pass's gate over a sequence's unsettled loads, as a
 // server runs it: Waited (if set) is told how long each read waited, and
-// when IndexKUngated (if set) reports true the index-K read does not wait
-// at all, while the KV read still does: the HiCache index-K race of
-// production incident 3, on a switch. The indexer then scores whatever the
-// pages hold at that moment.
+// when IndexKUngated (if set) reports true the index-K read waits for the
+// layer's KV instead of its index-K: the HiCache index-K race of production
+// incident 3, on a switch. The incident's code waited once per layer, at its
+// top, for the layer's KV alone, and the indexer then read the index-K
+// sidecar, which lands after the KV, without a wait of its own; it scored
+// whatever the pages held at that moment, for as long as the layer's
+// index-K took to land.
 type Gate struct {
 	Loads         Loads
 	IndexKUngated func() bool
@@ -222,10 +225,11 @@ func (g Gate) WaitKV(ctx context.Context, layer int) error {
 	return err
 }
 
-// WaitIndexK waits for layer's index-K of every load, unless IndexKUngated.
+// WaitIndexK waits for layer's index-K of every load; under IndexKUngated,
+// for layer's KV only (see Gate).
 func (g Gate) WaitIndexK(ctx context.Context, layer int) error {
 	if g.IndexKUngated != nil && g.IndexKUngated() {
-		return nil
+		return g.WaitKV(ctx, layer)
 	}
 	start := time.Now()
 	err := g.Loads.WaitIndexK(ctx, layer)

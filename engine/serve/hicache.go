@@ -107,10 +107,11 @@ func (c Config) NoHostTier() string {
 	return ""
 }
 
-// FaultHiCacheIndexKUngated makes the index-K read path skip its per-layer
-// wait for a load back from host while the KV read keeps its own: the
-// sparse indexer scores what was in the pages before the load landed
-// (production incident 3, the HiCache index-K race).
+// FaultHiCacheIndexKUngated makes the index-K read path wait, for a load
+// back from host, for the layer's KV instead of its index-K, as the
+// incident's one wait per layer did: the sparse indexer scores what was in
+// the pages before the layer's index-K landed (production incident 3, the
+// HiCache index-K race).
 const FaultHiCacheIndexKUngated = "hicache-indexk-ungated"
 
 var idxIndexKUngated = faultIndex(FaultHiCacheIndexKUngated)
