@@ -95,6 +95,9 @@ func printModelInfo(w io.Writer, m *model.Model) {
 	c := m.Config
 	fmt.Fprintf(w, "name\t%s\narch\t%s\nvocab\t%d\ndim\t%d\nlayers\t%d\nhidden\t%d\nheads\t%d (kv %d, head dim %d, rope dim %d, theta %g)\ncontext\t%d\nweights\t%v, output tied: %v\n",
 		m.Name, c.Arch, c.VocabSize, c.Dim, c.Layers, c.Hidden, c.Heads, c.KVHeads, c.HeadDim, c.RopeDim, c.RopeTheta, c.ContextLen, m.Layers[0].Q.DType, c.TiedOutput)
+	if ml := c.MLA; ml != nil {
+		fmt.Fprintf(w, "latent\t%d + rope key %d per token (query/key %d position-free, value %d per head)\n", ml.KVRank, c.RopeDim, ml.NopeDim, ml.VDim)
+	}
 	if ix := c.Indexer; ix != nil {
 		fmt.Fprintf(w, "indexer\t%d heads × %d, top-k %d\n", ix.Heads, ix.Dim, ix.TopK)
 	}

@@ -202,13 +202,14 @@ func (ls Loads) WaitIndexK(ctx context.Context, layer int) error {
 
 // Gate is the forward pass's gate over a sequence's unsettled loads, as a
 // server runs it: Waited (if set) is told how long each read waited, and
-// when IndexKUngated (if set) reports true the index-K read waits for the
-// layer's KV instead of its index-K: the HiCache index-K race of production
-// incident 3, on a switch. The incident's code waited once per layer, at its
-// top, for the layer's KV alone, and the indexer then read the index-K
-// sidecar, which lands after the KV, without a wait of its own; it scored
-// whatever the pages held at that moment, for as long as the layer's
-// index-K took to land.
+// when IndexKUngated (if set) reports true the layer waits for its KV as it
+// begins (WaitLayer) and the index-K read does not wait at all: the HiCache
+// index-K race of production incident 3, on a switch. The incident's code
+// waited once per layer, at its top, for the layer's KV alone; the indexer
+// then read the index-K sidecar, which lands after the KV, once the layer's
+// projections were computed, and scored whatever the pages held at that
+// moment. It is exposed when the layer's index-K takes longer to land than
+// those projections take to compute.
 type Gate struct {
 	Loads         Loads
 	IndexKUngated func() bool
@@ -225,11 +226,19 @@ func (g Gate) WaitKV(ctx context.Context, layer int) error {
 	return err
 }
 
-// WaitIndexK waits for layer's index-K of every load; under IndexKUngated,
-// for layer's KV only (see Gate).
-func (g Gate) WaitIndexK(ctx context.Context, layer int) error {
+// WaitLayer waits, under IndexKUngated, for layer's K and V of every load
+// as the layer begins (see Gate); otherwise each read waits for itself.
+func (g Gate) WaitLayer(ctx context.Context, layer int) error {
 	if g.IndexKUngated != nil && g.IndexKUngated() {
 		return g.WaitKV(ctx, layer)
+	}
+	return nil
+}
+
+// WaitIndexK waits for layer's index-K of every load, unless IndexKUngated.
+func (g Gate) WaitIndexK(ctx context.Context, layer int) error {
+	if g.IndexKUngated != nil && g.IndexKUngated() {
+		return nil
 	}
 	start := time.Now()
 	err := g.Loads.WaitIndexK(ctx, layer)

@@ -454,6 +454,11 @@ func (e *Exec) layer(l, n int) error {
 	b := e.b
 	ws := &e.ws
 
+	if len(ws.gated) > 0 {
+		if err := e.waitLayer(l); err != nil {
+			return err
+		}
+	}
 	b.RMSNorm(ws.xn, ws.x, w.AttnNorm, n, c.NormEps)
 	b.MatMul(ws.q, ws.xn, w.Q, n)
 	if c.MLA != nil {

@@ -26,6 +26,29 @@ type LayerGate interface {
 	WaitIndexK(ctx context.Context, layer int) error
 }
 
+// LayerEntryGate is a LayerGate that also waits as each layer begins,
+// before any of the layer's reads. engine/hicache's Gate is one: under the
+// hicache-indexk-ungated fault it waits there for the layer's KV, as the
+// incident's code did, and its index-K read then does not wait.
+type LayerEntryGate interface {
+	LayerGate
+	// WaitLayer returns once layer may begin.
+	WaitLayer(ctx context.Context, layer int) error
+}
+
+// waitLayer passes every gated sequence's entry gate of layer l, if it
+// has one, before the layer computes anything.
+func (e *Exec) waitLayer(l int) error {
+	for _, g := range e.ws.gated {
+		if eg, ok := g.gate.(LayerEntryGate); ok {
+			if err := eg.WaitLayer(e.ctx, l); err != nil {
+				return fmt.Errorf("model: waiting for layer %d: %w", l, err)
+			}
+		}
+	}
+	return nil
+}
+
 // gated is one batch sequence with a gate; its tokens end before batch
 // token end.
 type gated struct {

@@ -461,13 +461,21 @@ func TestGateError(t *testing.T) {
 // peekGate reads the loading pages' bytes when the forward pass's index-K
 // read of layer passes its gate: what the indexer is about to score.
 type peekGate struct {
-	gate  model.LayerGate
+	gate  model.LayerEntryGate
 	layer int
 	read  func() [][]byte
 	seen  [][]byte
+	// entered records the layers whose entry gate passed before their
+	// index-K read.
+	entered []int
 }
 
 func (p *peekGate) WaitKV(ctx context.Context, layer int) error { return p.gate.WaitKV(ctx, layer) }
+
+func (p *peekGate) WaitLayer(ctx context.Context, layer int) error {
+	p.entered = append(p.entered, layer)
+	return p.gate.WaitLayer(ctx, layer)
+}
 
 func (p *peekGate) WaitIndexK(ctx context.Context, layer int) error {
 	err := p.gate.WaitIndexK(ctx, layer)
@@ -479,11 +487,11 @@ func (p *peekGate) WaitIndexK(ctx context.Context, layer int) error {
 
 // The server's gate (hicache.Gate) holds the index-K read like a load does;
 // with its IndexKUngated switch on (the hicache-indexk-ungated fault), the
-// index-K read of a layer whose index-K has not landed passes at once and
-// the indexer scores what the pages held before the load (another prompt's
-// keys), while attention still waits for, and reads, the loaded KV: the
-// logits come out wrong. The bytes read are shown, so the fault is proven
-// the cause.
+// layer waits for its KV as it begins, as the incident's code did, and the
+// index-K read of a layer whose index-K has not landed passes at once: the
+// indexer scores what the pages held before the load (another prompt's
+// keys), while attention reads the loaded KV: the logits come out wrong.
+// The bytes read are shown, so the fault is proven the cause.
 func TestGateIndexKUngatedReadsStaleKeys(t *testing.T) {
 	for _, dt := range gateDTypes {
 		t.Run(dt.String(), func(t *testing.T) {
@@ -543,6 +551,8 @@ func TestGateIndexKUngatedReadsStaleKeys(t *testing.T) {
 				t.Fatal("layer 1's index-K read saw the loaded keys")
 			case !bytes.Equal(peek.seen[k1], loaded2[k1]):
 				t.Fatal("layer 1's K was not loaded when the ungated index-K read happened")
+			case !slices.Equal(peek.entered, []int{0, 1}):
+				t.Fatalf("entry gates passed for layers %v, want 0 and 1", peek.entered)
 			case slices.Equal(got, c2.want):
 				t.Fatal("stale index keys gave the loaded prefix's logits")
 			}

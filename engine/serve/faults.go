@@ -88,7 +88,7 @@ var faultSpecs = func() []FaultInfo {
 		{Name: FaultOverlapLocalDecision, Roles: pd,
 			Doc: "in the overlap loop the highest TP rank takes the idle branch when its own PD socket filed no mail since its last iteration, while its peers enter the agreed poll: a collective mismatch or a hang (the overlap-schedule desync)"},
 		{Name: FaultHiCacheIndexKUngated, Roles: []string{pdproto.RoleColocated, pdproto.RolePrefill},
-			Doc: "the sparse indexer reads index-K of a prefix loading back from host once the layer's KV has landed, without waiting for the layer's index-K, which lands after it; attention still waits (the HiCache index-K race)"},
+			Doc: "each layer of a prefix loading back from host waits once, as it begins, for its KV alone, and the sparse indexer then reads index-K without waiting for the layer's index-K, which lands after the KV (the HiCache index-K race)"},
 	}
 	for _, t := range pdproto.Types {
 		specs = append(specs, FaultInfo{Name: FaultDrop(t), Roles: receivers[t],

@@ -107,9 +107,9 @@ func (c Config) NoHostTier() string {
 	return ""
 }
 
-// FaultHiCacheIndexKUngated makes the index-K read path wait, for a load
-// back from host, for the layer's KV instead of its index-K, as the
-// incident's one wait per layer did: the sparse indexer scores what was in
+// FaultHiCacheIndexKUngated makes each layer wait, for a load back from
+// host, once as it begins and for its KV alone, as the incident's code
+// did, and the index-K read not wait: the sparse indexer scores what was in
 // the pages before the layer's index-K landed (production incident 3, the
 // HiCache index-K race).
 const FaultHiCacheIndexKUngated = "hicache-indexk-ungated"

@@ -873,7 +873,7 @@ func (r *HiCacheReport) Print(w io.Writer) {
 				}
 			}
 		}
-		fmt.Fprintln(w, "\ndiffer: share of completed outputs whose greedy tokens differ from the prompt's reference (mean, min and max over the runs); fault: hicache-indexk-ungated (the indexer reads index-K of a loading prefix once the layer's KV has landed, without waiting for its index-K)")
+		fmt.Fprintln(w, "\ndiffer: share of completed outputs whose greedy tokens differ from the prompt's reference (mean, min and max over the runs); fault: hicache-indexk-ungated (each layer of a loading prefix waits once, as it begins, for its KV alone, and the indexer then reads index-K without waiting for it)")
 		fmt.Fprintln(w, "loader pacing: each rank's loads back from host paced to that many bytes per second (unlimited: as fast as the loader copies); load ms: a load's mean duration, pacing included; step ms: a forward step's mean duration (rank 0); load/step: their ratio, the copy-to-compute ratio of the run")
 		fmt.Fprintln(w, "index-K wait: seconds the forward pass waited at the index-K gates (0 with the fault on: it does not wait); a request that read stale index-K computes its new tokens' KV from a wrong top-k, and that KV enters the prefix cache, so later turns of its conversation can differ too")
 		if n := r.FaultOffDiffer(); n > 0 {
