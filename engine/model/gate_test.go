@@ -18,7 +18,6 @@ import (
 	"github.com/pdkit/pdkit/internal/testmodel"
 	"github.com/pdkit/pdkit/internal/waitfor"
 	"github.com/pdkit/pdkit/kernels"
-	"github.com/pdkit/pdkit/kernels/cpu"
 )
 
 func TestMain(m *testing.M) { testmodel.Main(m) }
@@ -88,14 +87,7 @@ func newGateRig(t *testing.T, dt kernels.IndexKDType) *gateRig {
 	t.Helper()
 	m := testmodel.Open(t, builtin.Spec{Arch: model.ArchLlamaDSA, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
 	pc := m.PoolConfig(gatePage, 48, 8, dt)
-	pool, err := kvcache.NewPool(pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := m.NewExec(cpu.New(1), pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, pool := execOn(t, m, pc)
 	host, err := hicache.NewHostPool(pc, 16, 1<<30)
 	if err != nil {
 		t.Fatal(err)

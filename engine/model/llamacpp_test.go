@@ -84,14 +84,7 @@ func greedyTokens(t *testing.T, m *model.Model, kv kernels.DType, prompt []int32
 	const page = 16
 	pc := m.PoolConfig(page, (len(prompt)+n)/page+1, 1, kernels.IndexFP8)
 	pc.KVType = kv
-	pool, err := kvcache.NewPool(pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := m.NewExec(cpu.New(1), pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, pool := execOn(t, m, pc)
 	seq, err := pool.NewSeq(0)
 	if err != nil {
 		t.Fatal(err)
@@ -115,4 +108,18 @@ func greedyTokens(t *testing.T, m *model.Model, kv kernels.DType, prompt []int32
 		in = []int32{int32(best)}
 	}
 	return out
+}
+
+// execOn is an Exec of m on one-thread cpu kernels over a new pool of pc.
+func execOn(t *testing.T, m *model.Model, pc kvcache.Config) (*model.Exec, *kvcache.Pool) {
+	t.Helper()
+	pool, err := kvcache.NewPool(pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := m.NewExec(cpu.New(1), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, pool
 }
