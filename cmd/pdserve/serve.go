@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -23,6 +24,7 @@ import (
 	"github.com/pdkit/pdkit/internal/config"
 	"github.com/pdkit/pdkit/internal/gpu"
 	"github.com/pdkit/pdkit/internal/metrics"
+	"github.com/pdkit/pdkit/internal/procstat"
 	"github.com/pdkit/pdkit/internal/server"
 	"github.com/pdkit/pdkit/kernels"
 )
@@ -42,6 +44,7 @@ type serveOptions struct {
 	http        httpFlags
 
 	noPrefixCache bool
+	kvMemory      config.Budget
 	hicache       hicacheFlags
 	adminToken    string
 	bootstrapPort int // prefill: the registry's port
@@ -114,7 +117,8 @@ func newEngineCmd(role, use, short string) *cobra.Command {
 	f.IntVar(&o.cfg.TP, "tp", def.TP, "tensor-parallel ranks; must divide the model's head counts")
 	f.IntVar(&o.cfg.MaxRunning, "max-running", def.MaxRunning, "requests admitted at once")
 	f.IntVar(&o.cfg.PageSize, "page-size", def.PageSize, "KV page size in tokens")
-	f.IntVar(&o.cfg.KVTokens, "kv-tokens", 0, "KV capacity per rank in tokens (0: max-running × context length)")
+	f.IntVar(&o.cfg.KVTokens, "kv-tokens", 0, "KV capacity per rank in tokens (0: from --kv-memory, else max-running × context length)")
+	f.Var(&o.kvMemory, "kv-memory", "memory for the KV pools of every rank together, as bytes (e.g. 2GiB) or a share of the memory this process may use (0.25 or 25%: of the machine's, or its cgroup's limit when smaller); each rank holds as many pages as its share fits, at the bytes a token takes in --kv-dtype; instead of --kv-tokens")
 	f.IntVar(&o.cfg.MaxBatchTokens, "max-batch-tokens", def.MaxBatchTokens, "tokens per step, prefill and decode together")
 	f.IntVar(&o.cfg.PrefillChunk, "prefill-chunk", def.PrefillChunk, "prompt tokens per request per step")
 	f.BoolVar(&o.noPrefixCache, "no-prefix-cache", false, "turn the radix prefix cache off (every prompt computed from its first token)")
@@ -174,6 +178,9 @@ func serveRun(cmd *cobra.Command, o serveOptions) error {
 		return err
 	}
 	cfg := o.cfg
+	if cfg.KVMemory, err = kvMemoryBytes(o.kvMemory, cfg.KVTokens, stderr); err != nil {
+		return err
+	}
 	cfg.Schedule = schedule
 	cfg.IndexK = ik
 	cfg.KVType = kv
@@ -365,4 +372,31 @@ func (o serveOptions) advertisedHosts(pd *serve.PDConfig) (httpHost string, err 
 func isLoopback(a net.Addr) bool {
 	ta, ok := a.(*net.TCPAddr)
 	return ok && ta.IP.IsLoopback()
+}
+
+// kvMemoryBytes turns --kv-memory into bytes: a share is taken of the
+// memory this process may use, which is said on stderr. --kv-tokens and
+// --kv-memory together are refused: each alone sizes the pool.
+func kvMemoryBytes(b config.Budget, kvTokens int, stderr io.Writer) (int64, error) {
+	if b.IsZero() {
+		return 0, nil
+	}
+	if kvTokens != 0 {
+		return 0, usagef("--kv-tokens and --kv-memory both size the KV pool: give one")
+	}
+	if b.Fraction == 0 {
+		return b.Bytes, nil
+	}
+	mem, err := procstat.MemoryOf()
+	if err != nil {
+		return 0, fmt.Errorf("--kv-memory %v: %w", &b, err)
+	}
+	n := b.Of(mem.Limit())
+	from := "the machine's"
+	if mem.Limit() < mem.Machine {
+		from = "the cgroup's limit (" + mem.CgroupFile + ")"
+	}
+	gib := func(n int64) string { return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30)) }
+	fmt.Fprintf(stderr, "kv-memory: %v of %s %s: %s for the KV pools\n", &b, from, gib(mem.Limit()), gib(n))
+	return n, nil
 }

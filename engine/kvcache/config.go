@@ -208,6 +208,20 @@ func (c Config) bytes() (int64, error) {
 	return total, nil
 }
 
+// TokenBytes is the memory one token takes in a pool of c's shape: its K
+// and V rows (or latent row) and index key with its scale, every layer.
+// Pages and PageSize do not enter; sizing a pool from a memory budget
+// divides by it.
+func (c Config) TokenBytes() int64 {
+	one := c
+	one.Pages, one.PageSize, one.MaxSeqs, one.MaxContext = 1, 1, 1, 1
+	b, err := one.bytes()
+	if err != nil {
+		return 0
+	}
+	return b
+}
+
 // mul multiplies non-negative ints, reporting overflow.
 func mul(a, b int) (int, bool) {
 	if a == 0 || b == 0 {

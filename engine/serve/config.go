@@ -22,7 +22,13 @@ type Config struct {
 	Backend func(rank int) kernels.Backend `json:"-"`
 
 	PageSize       int                 // tokens per KV page (default 16)
-	KVTokens       int                 // KV capacity per rank in tokens (default MaxRunning × context length)
+	KVTokens       int                 // KV capacity per rank in tokens (default: from KVMemory, else MaxRunning × context length)
+	// KVMemory, when KVTokens is 0, sizes every rank's KV pool from a
+	// memory budget for the whole server's pools, in bytes: each rank
+	// takes its share (KVMemory / TP) and holds as many whole pages as
+	// fit, at the bytes a token takes in its pool (K and V or the latent,
+	// and index-K, every layer, in KVType).
+	KVMemory int64
 	MaxRunning     int                 // admitted requests at most (default 8)
 	MaxBatchTokens int                 // tokens per step, prefill and decode together (default 512); at least MaxRunning
 	PrefillChunk   int                 // prompt tokens per request per step (default 256)
@@ -147,7 +153,11 @@ func (c *Config) setDefaults(m *model.Model) {
 		c.MaxRunning = 8
 	}
 	if c.KVTokens == 0 && m != nil {
-		c.KVTokens = c.MaxRunning * m.Config.ContextLen
+		if c.KVMemory > 0 {
+			c.KVTokens = c.tokensIn(m, c.KVMemory)
+		} else {
+			c.KVTokens = c.MaxRunning * m.Config.ContextLen
+		}
 	}
 	if c.MaxBatchTokens == 0 {
 		c.MaxBatchTokens = max(512, c.MaxRunning)
@@ -215,6 +225,24 @@ func (c Config) Pages() int {
 // ("page size 0 (--page-size)"; CollectiveWatchdog is --stall-after), and
 // a setting no flag sets by its field. The PD machine's settings are
 // checked by the machine's own rules (rooms.Config.Validate), in its words.
+// tokenBytes is what one token takes in one rank's pool of model m.
+func (c *Config) tokenBytes(m *model.Model) int64 {
+	pc := m.ShardPoolConfig(max(c.TP, 1), max(c.PageSize, 1), 1, 1, c.IndexK)
+	pc.KVType = c.KVType
+	return pc.TokenBytes()
+}
+
+// tokensIn is the KV capacity per rank, in whole pages, that a budget of
+// bytes for every rank's pool together holds.
+func (c *Config) tokensIn(m *model.Model, bytes int64) int {
+	tb, ps := c.tokenBytes(m), int64(max(c.PageSize, 1))
+	if tb <= 0 {
+		return 0
+	}
+	tokens := bytes / int64(max(c.TP, 1)) / tb / ps * ps
+	return int(min(tokens, 1<<31-1))
+}
+
 func (c Config) Validate(m *model.Model) error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("serve: "+format, args...)) }
@@ -236,7 +264,11 @@ func (c Config) Validate(m *model.Model) error {
 	default:
 		bad("KV type %v (--kv-dtype): want f32, bf16 or f16", c.KVType)
 	}
-	if c.KVTokens < 1 {
+	switch {
+	case c.KVTokens < 1 && c.KVMemory > 0 && m != nil:
+		bad("a KV memory of %d bytes (--kv-memory) holds no page of %d tokens on each of %d ranks (%d bytes a token)",
+			c.KVMemory, c.PageSize, max(c.TP, 1), c.tokenBytes(m))
+	case c.KVTokens < 1:
 		bad("KV capacity of %d tokens (--kv-tokens) must be positive", c.KVTokens)
 	}
 	if c.MaxRunning < 1 {

@@ -2,6 +2,7 @@ package serve
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/pdkit/pdkit/engine/model"
@@ -79,4 +80,45 @@ func runChatsRevisit(t *testing.T, e *Engine, ss []chat, maxTok int) [][][]int32
 		out[i] = append(out[i], r[0])
 	}
 	return out
+}
+
+// A KV memory budget sizes every rank's pool in whole pages at the bytes
+// a token takes there: a 16-bit pool holds twice the tokens of an f32
+// one, a latent model's replicated row is counted on every rank, and a
+// budget that holds no page is refused naming --kv-memory.
+func TestKVMemorySizesThePool(t *testing.T) {
+	for _, tc := range []struct {
+		arch   string
+		tp     int
+		kv     kernels.DType
+		perTok int64 // bytes one token takes in one rank's pool
+		tokens int
+	}{
+		// llama-dsa tiny: 2 layers × (K and V of 16 per rank at TP 2, or 32) + fp8 index-K of 16 and its scale.
+		{model.ArchLlamaDSA, 1, kernels.F32, 2 * (2*32*4 + 16 + 4), 1 << 20 / (2 * (2*32*4 + 16 + 4)) / 4 * 4},
+		{model.ArchLlamaDSA, 2, kernels.F32, 2 * (2*16*4 + 16 + 4), 1 << 20 / 2 / (2 * (2*16*4 + 16 + 4)) / 4 * 4},
+		{model.ArchLlamaDSA, 1, kernels.BF16, 2 * (2*32*2 + 16 + 4), 1 << 20 / (2 * (2*32*2 + 16 + 4)) / 4 * 4},
+		// deepseek2-dsa tiny: 2 layers × (a latent row of 72, whole on every rank) + index-K.
+		{model.ArchDeepSeek2DSA, 2, kernels.BF16, 2 * (72*2 + 16 + 4), 1 << 20 / 2 / (2 * (72*2 + 16 + 4)) / 4 * 4},
+	} {
+		m := testmodel.Open(t, builtin.Spec{Arch: tc.arch, Size: builtin.SizeTiny, Seed: 11, Type: kernels.F32})
+		cfg := Config{TP: tc.tp, PageSize: 4, KVMemory: 1 << 20, KVType: tc.kv, Backend: cpuBackend}
+		cfg.setDefaults(m)
+		if got := cfg.tokenBytes(m); got != tc.perTok {
+			t.Errorf("%s TP %d %s: %d bytes a token, want %d", tc.arch, tc.tp, kernels.KVName(tc.kv), got, tc.perTok)
+		}
+		if cfg.KVTokens != tc.tokens || cfg.KVTokens%4 != 0 {
+			t.Errorf("%s TP %d %s: %d KV tokens per rank from 1 MiB, want %d", tc.arch, tc.tp, kernels.KVName(tc.kv), cfg.KVTokens, tc.tokens)
+		}
+		e := newEngine(t, m, cfg)
+		if used, _, total := e.View().KVPages(0); total*4 != tc.tokens || used != 0 {
+			t.Errorf("%s: the engine's pool has %d pages, want %d", tc.arch, total, tc.tokens/4)
+		}
+	}
+	m := tinyModel(t)
+	cfg := Config{PageSize: 16, KVMemory: 1000, Backend: cpuBackend}
+	cfg.setDefaults(m)
+	if err := cfg.Validate(m); err == nil || !strings.Contains(err.Error(), "a KV memory of 1000 bytes (--kv-memory) holds no page of 16 tokens") {
+		t.Errorf("a budget of 1000 bytes: %v", err)
+	}
 }

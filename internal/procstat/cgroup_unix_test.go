@@ -39,3 +39,31 @@ func TestCgroupStatFiles(t *testing.T) {
 		}
 	}
 }
+
+// The memory limit files come from the same walk: memory.max under the
+// unified hierarchy, memory.limit_in_bytes under v1's memory mount.
+func TestCgroupMemoryFiles(t *testing.T) {
+	var got []string
+	for _, f := range cgroupFiles("5:memory:/kubepods/pod1\n0::/user.slice\n", "memory", "memory.max", "memory.limit_in_bytes") {
+		got = append(got, f.kind+" "+f.path)
+	}
+	want := []string{
+		"v1 /sys/fs/cgroup/memory/kubepods/pod1/memory.limit_in_bytes", "v1 /sys/fs/cgroup/memory/kubepods/memory.limit_in_bytes",
+		"v2 /sys/fs/cgroup/user.slice/memory.max", "v2 /sys/fs/cgroup/unified/user.slice/memory.max",
+		"v2 /sys/fs/cgroup/memory.max", "v1 /sys/fs/cgroup/memory/memory.limit_in_bytes",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("got %q\nwant %q", got, want)
+	}
+}
+
+// MemoryOf reads this machine: a positive total, and a limit no larger.
+func TestMemoryOf(t *testing.T) {
+	m, err := MemoryOf()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Machine <= 0 || m.Limit() <= 0 || m.Limit() > m.Machine || (m.Cgroup > 0) != (m.CgroupFile != "") {
+		t.Errorf("%+v, limit %d", m, m.Limit())
+	}
+}

@@ -60,6 +60,14 @@ type statFile struct{ path, kind string }
 // enforces a quota. The process is read, not assumed, because it can be
 // moved between cgroups while it runs.
 func cgroupStatFiles(own string) []statFile {
+	return cgroupFiles(own, "cpu", "cpu.stat", "cpu.stat")
+}
+
+// cgroupFiles lists, as cgroupStatFiles does, a controller's file in the
+// process's cgroup and its ancestors under each usual mount, then at the
+// mounts' roots: v2's file under the unified hierarchy, v1's under the
+// controller's own mount (ctrl, and for cpu its cpu,cpuacct twin).
+func cgroupFiles(own, ctrl, v2File, v1File string) []statFile {
 	var out []statFile
 	for line := range strings.Lines(own) {
 		parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
@@ -67,21 +75,32 @@ func cgroupStatFiles(own string) []statFile {
 			continue
 		}
 		var mounts []string
-		kind := "v1"
+		kind, file := "v1", v1File
 		switch ctrls := strings.Split(parts[1], ","); {
 		case parts[0] == "0" && parts[1] == "":
-			mounts, kind = []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}, "v2"
-		case slices.Contains(ctrls, "cpu"):
-			mounts = []string{"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"}
+			mounts, kind, file = []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}, "v2", v2File
+		case slices.Contains(ctrls, ctrl):
+			mounts = v1Mounts(ctrl)
 		}
 		for dir := parts[2]; dir != "/" && dir != "" && dir != "."; dir = path.Dir(dir) {
 			for _, m := range mounts {
-				out = append(out, statFile{m + dir + "/cpu.stat", kind})
+				out = append(out, statFile{m + dir + "/" + file, kind})
 			}
 		}
 	}
-	return append(out, statFile{"/sys/fs/cgroup/cpu.stat", "v2"}, statFile{"/sys/fs/cgroup/cpu/cpu.stat", "v1"},
-		statFile{"/sys/fs/cgroup/cpu,cpuacct/cpu.stat", "v1"})
+	out = append(out, statFile{"/sys/fs/cgroup/" + v2File, "v2"})
+	for _, m := range v1Mounts(ctrl) {
+		out = append(out, statFile{m + "/" + v1File, "v1"})
+	}
+	return out
+}
+
+// v1Mounts are where cgroup v1 mounts controller ctrl.
+func v1Mounts(ctrl string) []string {
+	if ctrl == "cpu" {
+		return []string{"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"}
+	}
+	return []string{"/sys/fs/cgroup/" + ctrl}
 }
 
 // readStat reads a "key value" file of counters.

@@ -1,0 +1,10 @@
+//go:build !unix
+
+package procstat
+
+import "errors"
+
+// MemoryOf is not implemented on this system.
+func MemoryOf() (Memory, error) {
+	return Memory{}, errors.New("procstat: memory limits are read on unix systems only")
+}
