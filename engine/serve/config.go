@@ -21,14 +21,14 @@ type Config struct {
 	// returns, closing backends that have a Close method.
 	Backend func(rank int) kernels.Backend `json:"-"`
 
-	PageSize       int                 // tokens per KV page (default 16)
-	KVTokens       int                 // KV capacity per rank in tokens (default: from KVMemory, else MaxRunning × context length)
+	PageSize int // tokens per KV page (default 16)
+	KVTokens int // KV capacity per rank in tokens (default: from KVMemory, else MaxRunning × context length)
 	// KVMemory, when KVTokens is 0, sizes every rank's KV pool from a
 	// memory budget for the whole server's pools, in bytes: each rank
 	// takes its share (KVMemory / TP) and holds as many whole pages as
 	// fit, at the bytes a token takes in its pool (K and V or the latent,
 	// and index-K, every layer, in KVType).
-	KVMemory int64
+	KVMemory       int64
 	MaxRunning     int                 // admitted requests at most (default 8)
 	MaxBatchTokens int                 // tokens per step, prefill and decode together (default 512); at least MaxRunning
 	PrefillChunk   int                 // prompt tokens per request per step (default 256)
