@@ -25,13 +25,16 @@ type Settings struct {
 	TPSize int    `json:"tp_size"`
 
 	// KV pool and batching, per rank.
-	PageSize       int  `json:"page_size"` // tokens per KV page
-	KVTokens       int  `json:"kv_tokens"` // KV capacity per rank in tokens
-	KVPages        int  `json:"kv_pages"`  // pages of each rank's pool
-	MaxRunning     int  `json:"max_running"`
-	MaxBatchTokens int  `json:"max_batch_tokens"` // tokens per step, prefill and decode together
-	PrefillChunk   int  `json:"prefill_chunk"`    // prompt tokens per request per step
-	PrefixCache    bool `json:"prefix_cache"`     // the radix prefix cache is on
+	PageSize int `json:"page_size"` // tokens per KV page
+	KVTokens int `json:"kv_tokens"` // KV capacity per rank in tokens
+	// KVMemoryBytes is the memory budget the pools were sized from
+	// (--kv-memory, every rank together); 0 when sized in tokens.
+	KVMemoryBytes  int64 `json:"kv_memory_bytes"`
+	KVPages        int   `json:"kv_pages"` // pages of each rank's pool
+	MaxRunning     int   `json:"max_running"`
+	MaxBatchTokens int   `json:"max_batch_tokens"` // tokens per step, prefill and decode together
+	PrefillChunk   int   `json:"prefill_chunk"`    // prompt tokens per request per step
+	PrefixCache    bool  `json:"prefix_cache"`     // the radix prefix cache is on
 	// Schedule is the rank loop: lockstep or overlap.
 	Schedule string `json:"schedule"`
 	// KVDType is the element type the pools store K and V in (f32, bf16

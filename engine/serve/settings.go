@@ -17,7 +17,7 @@ import (
 func settingsOf(cfg Config, indexer bool, faultsOn []string) debug.Settings {
 	s := debug.Settings{
 		Role: cfg.Role, Name: cfg.Name, TPSize: cfg.TP,
-		PageSize: cfg.PageSize, KVTokens: cfg.KVTokens, KVPages: cfg.Pages(), MaxRunning: cfg.MaxRunning,
+		PageSize: cfg.PageSize, KVTokens: cfg.KVTokens, KVMemoryBytes: cfg.KVMemory, KVPages: cfg.Pages(), MaxRunning: cfg.MaxRunning,
 		MaxBatchTokens: cfg.MaxBatchTokens, PrefillChunk: cfg.PrefillChunk, PrefixCache: !cfg.DisablePrefixCache, Schedule: cfg.Schedule,
 		IndexK: cfg.IndexK.String(), Indexer: indexer, KVDType: kernels.KVName(cfg.KVType),
 		HeartbeatMS:       msOf(cfg.Heartbeat),

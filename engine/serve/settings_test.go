@@ -35,7 +35,7 @@ var notSettings = map[string]string{
 // published maps each Config and PDConfig field to the Settings JSON
 // field it is published as.
 var published = map[string]string{
-	"TP": "tp_size", "PageSize": "page_size", "KVTokens": "kv_tokens", "MaxRunning": "max_running",
+	"TP": "tp_size", "PageSize": "page_size", "KVTokens": "kv_tokens", "KVMemory": "kv_memory_bytes", "MaxRunning": "max_running",
 	"MaxBatchTokens": "max_batch_tokens", "PrefillChunk": "prefill_chunk", "IndexK": "index_k", "KVType": "kv_dtype",
 	"DisablePrefixCache": "prefix_cache", "Schedule": "schedule", "Name": "name", "Role": "role",
 	"FlightRecorderLen": "flight_recorder_len", "DecisionLogLen": "decision_log_len", "CollectiveWatchdog": "collective_watchdog_ms", "CollectiveTimeout": "collective_timeout_ms",
