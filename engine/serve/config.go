@@ -218,13 +218,6 @@ func (c Config) Pages() int {
 	return (c.KVTokens + c.PageSize - 1) / c.PageSize
 }
 
-// Validate refuses impossible combinations, after defaults, for model m
-// (nil skips the model checks). It is the one check of these settings:
-// pdserve's engine commands pass its error on as a usage error, unchanged,
-// so each error names a setting the commands take as a flag by that flag
-// ("page size 0 (--page-size)"; CollectiveWatchdog is --stall-after), and
-// a setting no flag sets by its field. The PD machine's settings are
-// checked by the machine's own rules (rooms.Config.Validate), in its words.
 // tokenBytes is what one token takes in one rank's pool of model m.
 func (c *Config) tokenBytes(m *model.Model) int64 {
 	pc := m.ShardPoolConfig(max(c.TP, 1), max(c.PageSize, 1), 1, 1, c.IndexK)
@@ -243,19 +236,9 @@ func (c *Config) tokensIn(m *model.Model, bytes int64) int {
 	return int(min(tokens, 1<<31-1))
 }
 
-func (c Config) Validate(m *model.Model) error {
-	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("serve: "+format, args...)) }
-	if c.TP < 1 {
-		bad("tp %d (--tp) must be positive", c.TP)
-	} else if m != nil {
-		if err := m.Config.CheckShards(c.TP); err != nil {
-			bad("tp %d (--tp): %v", c.TP, err)
-		}
-	}
-	if c.Backend == nil {
-		bad("no kernel backend (Config.Backend)")
-	}
+// validatePool checks the KV pool's shape: its page size, element type
+// and capacity, by tokens or by a memory budget.
+func (c Config) validatePool(m *model.Model, bad func(string, ...any)) {
 	if c.PageSize < 1 {
 		bad("page size %d (--page-size) must be positive", c.PageSize)
 	}
@@ -271,6 +254,29 @@ func (c Config) Validate(m *model.Model) error {
 	case c.KVTokens < 1:
 		bad("KV capacity of %d tokens (--kv-tokens) must be positive", c.KVTokens)
 	}
+}
+
+// Validate refuses impossible combinations, after defaults, for model m
+// (nil skips the model checks). It is the one check of these settings:
+// pdserve's engine commands pass its error on as a usage error, unchanged,
+// so each error names a setting the commands take as a flag by that flag
+// ("page size 0 (--page-size)"; CollectiveWatchdog is --stall-after), and
+// a setting no flag sets by its field. The PD machine's settings are
+// checked by the machine's own rules (rooms.Config.Validate), in its words.
+func (c Config) Validate(m *model.Model) error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("serve: "+format, args...)) }
+	if c.TP < 1 {
+		bad("tp %d (--tp) must be positive", c.TP)
+	} else if m != nil {
+		if err := m.Config.CheckShards(c.TP); err != nil {
+			bad("tp %d (--tp): %v", c.TP, err)
+		}
+	}
+	if c.Backend == nil {
+		bad("no kernel backend (Config.Backend)")
+	}
+	c.validatePool(m, bad)
 	if c.MaxRunning < 1 {
 		bad("max running %d (--max-running) must be positive", c.MaxRunning)
 	}
