@@ -33,6 +33,7 @@ type launchOptions struct {
 	faults       []string
 	hicache      hicacheFlags
 	kvDType      string
+	kvMemory     config.Budget
 	readyTimeout time.Duration
 	grace        time.Duration
 }
@@ -68,6 +69,7 @@ for pdctl's --cluster-secret-file and removes when it ends.`,
 	f.StringArrayVar(&o.faults, "fault", nil, "fault switch to turn on in the servers of its role (repeatable; e.g. bootstrap-abort-crash)")
 	o.hicache.register(f)
 	f.StringVar(&o.kvDType, "kv-dtype", kvDTypeFlagHelp.def, kvDTypeFlagHelp.usage)
+	f.Var(&o.kvMemory, "kv-memory", "memory for each prefill and decode server's KV pools, every rank of it together: bytes (e.g. 2GiB) or a share of the memory a server may use (0.25 or 25%), each server taking its own (serve --kv-memory); default: max-running × context length")
 	f.DurationVar(&o.readyTimeout, "ready-timeout", 2*time.Minute, "longest wait for every server to answer /health")
 	f.DurationVar(&o.grace, "stop-timeout", 15*time.Second, "how long a stop waits after SIGTERM before it kills a server")
 	return cmd
@@ -234,7 +236,7 @@ func launchRun(cmd *cobra.Command, o launchOptions) error {
 			return nil, err
 		}
 		plan = launchPlan{exe: exe, model: model, routerPort: o.port, routerPortFixed: o.port != 0, tp: o.tp, faults: o.faults,
-			engineArgs: []string{"--kv-dtype=" + o.kvDType}, prefillArgs: hicacheArgs(cmd.Flags()), env: env}
+			engineArgs: engineArgs(o), prefillArgs: hicacheArgs(cmd.Flags()), env: env}
 		for range o.prefill {
 			plan.prefill = append(plan.prefill, prefillPorts{http: ports[0], bootstrap: ports[1]})
 			ports = ports[2:]
@@ -304,3 +306,13 @@ func withClusterSecret(env []string) (_ []string, file string, err error) {
 	}
 	return append(env, "PD_CLUSTER_SECRET="+text), file, nil
 }
+
+// engineArgs are the flags launch hands every prefill and decode server.
+func engineArgs(o launchOptions) []string {
+	args := []string{"--kv-dtype=" + o.kvDType}
+	if !o.kvMemory.IsZero() {
+		args = append(args, "--kv-memory="+o.kvMemory.String())
+	}
+	return args
+}
+

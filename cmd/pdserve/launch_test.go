@@ -33,6 +33,8 @@ func TestLaunchUsageErrors(t *testing.T) {
 		{"launch", "--fault", "no-such-fault"},
 		{"launch", "--stop-timeout", "0s"},
 		{"launch", "--kv-dtype", "q8_0"},
+		{"launch", "--kv-memory", "lots"},
+		{"launch", "--kv-memory", "1.5"},
 		{"launch", "extra"},
 		{"launch", "--no-such-flag"},
 	} {
@@ -160,7 +162,7 @@ func TestLaunchEndToEnd(t *testing.T) {
 	t.Setenv("PD_MAX_RUNNING", "3")
 	t.Setenv("PD_HICACHE_WRITE_POLICY", "write-back") // launch's own too: passed on as a flag
 	t.Setenv("PD_KV_DTYPE", "bf16")                   // likewise
-	dir, stdout, stderr, cancel, code := startFakeLaunch(t, "--decode", "1", "--tp", "2", "--fault", "bootstrap-abort-crash", "--hicache", "--hicache-size", "64MiB")
+	dir, stdout, stderr, cancel, code := startFakeLaunch(t, "--decode", "1", "--tp", "2", "--fault", "bootstrap-abort-crash", "--hicache", "--hicache-size", "64MiB", "--kv-memory", "0.05")
 	printed := waitfor.Poll(30*time.Second, func() bool {
 		select {
 		case c := <-code:
@@ -192,8 +194,8 @@ func TestLaunchEndToEnd(t *testing.T) {
 		all += string(b)
 	}
 	for _, re := range []string{
-		`prefill --model \S+model\.gguf --port \d+ --bootstrap-port \d+ --tp 2 --hicache=true --hicache-size=64MiB --hicache-write-policy=write-back --kv-dtype=bf16 --fault bootstrap-abort-crash\n`,
-		`decode --model \S+model\.gguf --port \d+ --tp 2 --prefill-bootstrap http://127\.0\.0\.1:\d+,http://127\.0\.0\.1:\d+ --kv-dtype=bf16\n`,
+		`prefill --model \S+model\.gguf --port \d+ --bootstrap-port \d+ --tp 2 --hicache=true --hicache-size=64MiB --hicache-write-policy=write-back --kv-dtype=bf16 --kv-memory=5% --fault bootstrap-abort-crash\n`,
+		`decode --model \S+model\.gguf --port \d+ --tp 2 --prefill-bootstrap http://127\.0\.0\.1:\d+,http://127\.0\.0\.1:\d+ --kv-dtype=bf16 --kv-memory=5%\n`,
 		`router --port \d+ --prefill http://127\.0\.0\.1:\d+,http://127\.0\.0\.1:\d+ --decode http://127\.0\.0\.1:\d+\n`,
 	} {
 		if !regexp.MustCompile(re).MatchString(all) {

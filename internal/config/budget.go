@@ -29,8 +29,8 @@ func (b *Budget) Of(limit int64) int64 {
 
 func (b *Budget) String() string {
 	switch {
-	case b.Fraction > 0:
-		return strconv.FormatFloat(b.Fraction, 'g', -1, 64)
+	case b.Fraction > 0: // as a percentage, which Set reads back as a share
+		return strconv.FormatFloat(100*b.Fraction, 'g', -1, 64) + "%"
 	case b.Bytes > 0:
 		return FormatBytes(b.Bytes)
 	}
