@@ -315,4 +315,3 @@ func engineArgs(o launchOptions) []string {
 	}
 	return args
 }
-
