@@ -428,8 +428,9 @@ func (e *Exec) prepare(batch []SeqInput, n int) {
 	ws.q = grow(ws.q, n*e.qDim)
 	ws.a = grow(ws.a, n*e.aDim)
 	ws.k = grow(ws.k, n*e.kvDim)
-	ws.v = grow(ws.v, n*e.kvDim)
-	if ml := c.MLA; ml != nil {
+	if ml := c.MLA; ml == nil {
+		ws.v = grow(ws.v, n*e.kvDim)
+	} else {
 		row := e.kvDim // latent and RoPE key: what a query head reads in the absorbed form
 		ws.mq = grow(ws.mq, n*e.heads*row)
 		ws.mo = grow(ws.mo, n*e.heads*row)

@@ -1,19 +1,16 @@
 package serve
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"slices"
-	"strconv"
-	"strings"
 
 	"github.com/pdkit/pdkit/api/pdproto"
 	"github.com/pdkit/pdkit/engine/hicache"
 	"github.com/pdkit/pdkit/engine/kvcache"
 	"github.com/pdkit/pdkit/engine/prefix"
+	"github.com/pdkit/pdkit/internal/procstat"
 )
 
 // HiCache: every rank's prefix cache gets a host tier (engine/prefix
@@ -152,23 +149,11 @@ func (c HiCacheConfig) hostPages(dev kvcache.Config, tp int) (int, error) {
 
 // memAvailable reads MemAvailable from /proc/meminfo, in bytes.
 func memAvailable() (int64, error) {
-	f, err := os.Open("/proc/meminfo")
+	n, err := procstat.MemInfo("MemAvailable")
 	if err != nil {
 		return 0, fmt.Errorf("reading available memory: %w", err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) >= 2 && fields[0] == "MemAvailable:" {
-			kb, err := strconv.ParseInt(fields[1], 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("reading available memory: %w", err)
-			}
-			return kb << 10, nil
-		}
-	}
-	return 0, errors.New("reading available memory: no MemAvailable in /proc/meminfo")
+	return n, nil
 }
 
 // TierTotals are a rank's HiCache counters since the engine started.

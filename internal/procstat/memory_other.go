@@ -8,3 +8,8 @@ import "errors"
 func MemoryOf() (Memory, error) {
 	return Memory{}, errors.New("procstat: memory limits are read on unix systems only")
 }
+
+// MemInfo is not implemented on this system.
+func MemInfo(field string) (int64, error) {
+	return 0, errors.New("procstat: /proc/meminfo is read on unix systems only")
+}

@@ -4,7 +4,6 @@ package procstat
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -13,9 +12,9 @@ import (
 
 // MemoryOf reads the machine's memory and the process's cgroup limits.
 func MemoryOf() (Memory, error) {
-	total, err := memTotal()
+	total, err := MemInfo("MemTotal")
 	if err != nil {
-		return Memory{}, err
+		return Memory{}, fmt.Errorf("reading the machine's memory: %w", err)
 	}
 	m := Memory{Machine: total}
 	own, _ := os.ReadFile("/proc/self/cgroup")
@@ -40,23 +39,24 @@ func MemoryOf() (Memory, error) {
 	return m, nil
 }
 
-// memTotal reads MemTotal from /proc/meminfo, in bytes.
-func memTotal() (int64, error) {
+// MemInfo reads field (MemTotal, MemAvailable, ...) from /proc/meminfo,
+// in bytes.
+func MemInfo(field string) (int64, error) {
 	f, err := os.Open("/proc/meminfo")
 	if err != nil {
-		return 0, fmt.Errorf("reading the machine's memory: %w", err)
+		return 0, err
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		if len(fields) >= 2 && fields[0] == "MemTotal:" {
+		if len(fields) >= 2 && fields[0] == field+":" {
 			kb, err := strconv.ParseInt(fields[1], 10, 64)
 			if err != nil {
-				return 0, fmt.Errorf("reading the machine's memory: %w", err)
+				return 0, fmt.Errorf("%s in /proc/meminfo: %w", field, err)
 			}
 			return kb << 10, nil
 		}
 	}
-	return 0, errors.New("reading the machine's memory: no MemTotal in /proc/meminfo")
+	return 0, fmt.Errorf("no %s in /proc/meminfo", field)
 }
