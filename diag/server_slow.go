@@ -72,7 +72,7 @@ func checkServerSlow(w Window) []Finding {
 		if !s.Reachable || s.Steps == nil {
 			continue
 		}
-		cpuEvidence, throttled := processEvidence(w, s)
+		cpuEvidence, throttled, held := processEvidence(w, s)
 		var worst *debug.StepRate
 		var factor float64
 		var against, what string
@@ -83,9 +83,12 @@ func checkServerSlow(w Window) []Finding {
 			// process holds it there. Without throttling, cycles that
 			// grow a little are other work on the cores (load), so only
 			// CycleStarved times slower counts.
+			// A quota that holds the process back most of the window
+			// freezes it in long gaps between bursts at full speed, which
+			// move the typical cycle little: held alone names it.
 			if r.Cycles >= slowMinSteps && r.CycleBaselineMS > 0 {
 				if f := r.CycleRecentMS / r.CycleBaselineMS; f > factor && (throttled && f >= SlowFactor && r.CycleRecentMS >= cycleMinMS ||
-					f >= CycleStarved && r.CycleRecentMS >= slowMinMS) {
+					held && f > 1 || f >= CycleStarved && r.CycleRecentMS >= slowMinMS) {
 					worst, factor, what = r, f, "cycle"
 					against = fmt.Sprintf("its own baseline of %s", fineMS(r.CycleBaselineMS))
 				}
@@ -128,11 +131,14 @@ func checkServerSlow(w Window) []Finding {
 
 // processEvidence is what server s's process figures over w say of its
 // CPU: the cores it used, and its cgroup's throttling, which throttled
-// reports.
-func processEvidence(w Window, s ServerSample) (evidence []Evidence, throttled bool) {
+// reports; held says the quota held the process back in most of the
+// window's periods for at least the window's length (held-back time is
+// counted per CPU, so a process starved on every core is held for
+// longer than the window).
+func processEvidence(w Window, s ServerSample) (evidence []Evidence, throttled, held bool) {
 	a, b := firstWithProcess(w, s.URL), s.Steps.Process
 	if a == nil || b == nil {
-		return nil, false
+		return nil, false, false
 	}
 	if wall := b.Taken.Sub(a.Taken).Seconds(); wall > 0 {
 		evidence = append(evidence, ev("cpu", "%.2f cores used over the window's %s", (b.CPUMS-a.CPUMS)/1000/wall,
@@ -140,10 +146,12 @@ func processEvidence(w Window, s ServerSample) (evidence []Evidence, throttled b
 	}
 	if b.Throttled > a.Throttled {
 		throttled = true
+		periods, heldMS := b.Periods-a.Periods, b.ThrottledMS-a.ThrottledMS
+		held = 2*(b.Throttled-a.Throttled) > periods && heldMS >= float64(b.Taken.Sub(a.Taken).Milliseconds()) && heldMS > 0
 		evidence = append(evidence, ev("cgroup", "%s: throttled in %d of %d quota periods over the window, %.1fs held back",
-			b.Cgroup, b.Throttled-a.Throttled, b.Periods-a.Periods, (b.ThrottledMS-a.ThrottledMS)/1000))
+			b.Cgroup, b.Throttled-a.Throttled, periods, heldMS/1000))
 	}
-	return evidence, throttled
+	return evidence, throttled, held
 }
 
 // firstWithProcess is url's first process figures in w.
